@@ -1,0 +1,74 @@
+# exo build. Plain make: sources are found by wildcard, so adding a module is
+# adding a file. Kernel files carry their ISA in their name (*_avx512.c,
+# *_avx2.c, *_amx.c) and get the matching -m flags; everything else is built
+# for baseline x86-64 so the binary runs anywhere and dispatches at run time.
+#
+#   make                 build/exo
+#   make test            unit tests + integration tests + ASan/UBSan unit tests + bounded fuzzing
+#   make BUILD=dir ...   build into another folder (helpers and sanitizer builds)
+#   make SANITIZE=1      -fsanitize=address,undefined
+
+BUILD    ?= build
+CC       ?= gcc
+OPT      ?= -O2
+CSTD     := -std=c17 -D_GNU_SOURCE
+WARN     := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototypes \
+            -Wpointer-arith -Wno-unused-parameter
+# -Wno-unused-parameter: vtable implementations and CLI handlers share one
+# signature and many of them legitimately ignore some arguments.
+PKGS     := jansson libpcre2-8 libutf8proc
+CFLAGS   += $(CSTD) $(OPT) -g $(WARN) -fno-strict-aliasing -pthread -Isrc \
+            $(shell pkg-config --cflags $(PKGS))
+LDLIBS   += $(shell pkg-config --libs $(PKGS)) -ldnnl -lm -pthread
+
+ifeq ($(SANITIZE),1)
+CFLAGS  += -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
+LDFLAGS += -fsanitize=address,undefined
+endif
+
+ISA_avx512 := -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni -mavx512bf16 -mfma -mf16c -mbmi2
+ISA_avx2   := -mavx2 -mfma -mf16c
+ISA_amx    := $(ISA_avx512) -mamx-tile -mamx-int8 -mamx-bf16
+
+LIB_SRC  := $(filter-out src/cli/main.c,$(wildcard src/*/*.c src/*/*/*.c))
+LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o)
+TEST_SRC := $(wildcard tests/unit/*.c)
+TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/%.o)
+
+.PHONY: all test unit clean fuzz asan integration
+all: $(BUILD)/exo
+
+$(BUILD)/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(if $(findstring _avx512.c,$<),$(ISA_avx512)) \
+	    $(if $(findstring _avx2.c,$<),$(ISA_avx2)) $(if $(findstring _amx.c,$<),$(ISA_amx)) \
+	    -MMD -MP -c $< -o $@
+
+$(BUILD)/libexo.a: $(LIB_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/exo: $(BUILD)/src/cli/main.o $(BUILD)/libexo.a
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+$(BUILD)/unit_tests: $(TEST_OBJ) $(BUILD)/libexo.a
+	$(CC) $(LDFLAGS) -o $@ $^ -lcriterion $(LDLIBS)
+
+unit: $(BUILD)/unit_tests $(BUILD)/exo
+	EXO_BIN=$(abspath $(BUILD)/exo) $(BUILD)/unit_tests --jobs 2
+
+integration: $(BUILD)/exo
+	EXO_BIN=$(abspath $(BUILD)/exo) BUILD=$(BUILD) tests/integration/run.sh
+
+asan:
+	$(MAKE) BUILD=build-asan SANITIZE=1 OPT=-O1 unit
+
+fuzz:
+	tests/fuzz/run.sh
+
+test: unit integration asan fuzz
+
+clean:
+	rm -rf build build-asan build-fuzz
+
+-include $(LIB_OBJ:.o=.d) $(TEST_OBJ:.o=.d) $(BUILD)/src/cli/main.d

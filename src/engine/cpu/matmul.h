@@ -1,0 +1,45 @@
+/* CPU matrix products against exo_linear weights: the hot path of the engine.
+ *
+ * One call multiplies one activation matrix X (T rows of `cols` f32 values)
+ * by n weights that share that input (q/k/v, or gate/up), so one thread-pool
+ * dispatch covers them all:  Y_i[t][r] = sum_c W_i[r][c] * X[t][c].
+ *
+ * Paths, chosen per call:
+ *   - T small (decode): matrix-vector kernels that stream the weight once.
+ *     Affine weights use integer dot products (AVX-512 VNNI vpdpbusd) on
+ *     int8-quantized activations, using dot(w,x) = s*dot(q,x) + b*sum(x)
+ *     per group; dense weights use f32 FMA.
+ *   - T large (prefill): weights are expanded to bf16 (or kept f32 for f32
+ *     checkpoints, for exactness) panel by panel and multiplied with oneDNN,
+ *     which uses AMX on CPUs that have it.
+ *   - a portable C reference for everything, used on CPUs without AVX-512
+ *     and by the tests as the oracle for the SIMD paths.
+ *
+ * The context owns the thread pool and scratch buffers, sized on first use
+ * and grown only when a bigger shape arrives, so steady-state decode does
+ * not allocate. A context is used by one thread at a time. */
+#ifndef EXO_ENGINE_CPU_MATMUL_H
+#define EXO_ENGINE_CPU_MATMUL_H
+
+#include "core/threadpool.h"
+#include "engine/linear.h"
+
+typedef struct exo_cpu_matmul_ctx exo_cpu_matmul_ctx;
+
+exo_cpu_matmul_ctx *exo_cpu_matmul_ctx_create(exo_pool *pool);
+void exo_cpu_matmul_ctx_free(exo_cpu_matmul_ctx *ctx);
+
+/* All w[i] must have the same cols. y[i] is (T, w[i]->rows) f32, row-major. */
+void exo_cpu_matmul(exo_cpu_matmul_ctx *ctx, int n, const exo_linear *const *w,
+                    const float *x, int T, float *const *y);
+
+/* Forces a path, for tests and benchmarks. */
+typedef enum exo_matmul_path {
+    EXO_MATMUL_AUTO = 0,
+    EXO_MATMUL_REFERENCE, /* portable C, f32 accumulation of dequantized weights */
+    EXO_MATMUL_GEMV,      /* best matrix-vector kernel for this CPU, per row of X */
+    EXO_MATMUL_GEMM,      /* oneDNN */
+} exo_matmul_path;
+void exo_cpu_matmul_force_path(exo_cpu_matmul_ctx *ctx, exo_matmul_path path);
+
+#endif
