@@ -40,7 +40,8 @@ all: $(BUILD)/exo
 
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(if $(findstring _avx512.c,$<),$(ISA_avx512)) \
+	@echo "  CC      $<"
+	@$(CC) $(CFLAGS) $(if $(findstring _avx512.c,$<),$(ISA_avx512)) \
 	    $(if $(findstring _avx2.c,$<),$(ISA_avx2)) $(if $(findstring _amx.c,$<),$(ISA_amx)) \
 	    -MMD -MP -c $< -o $@
 

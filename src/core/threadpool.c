@@ -57,7 +57,9 @@ static void *worker_main(void *p)
     exo_pool *pool = arg->pool;
     int ith = arg->ith;
     exo_free(arg);
-    unsigned seen = atomic_load(&pool->generation);
+    /* Generation 0 is the pool's creation; reading the counter here instead
+     * would skip a job published before this thread got scheduled. */
+    unsigned seen = 0;
     for (;;) {
         int spins = 0;
         unsigned g;

@@ -42,4 +42,10 @@ typedef enum exo_matmul_path {
 } exo_matmul_path;
 void exo_cpu_matmul_force_path(exo_cpu_matmul_ctx *ctx, exo_matmul_path path);
 
+/* Plain AVX2/FMA f32 GEMM (gemm_avx2.c), the benchmark's peer for the
+ * oneDNN path: C (M x N) = A (M x K) * B^T, B given as N x K weight rows,
+ * all row-major and dense. The CPU must support AVX2 and FMA. */
+void exo_gemm_f32_avx2(int M, int N, int K, const float *A, const float *B, float *C,
+                       exo_pool *pool);
+
 #endif

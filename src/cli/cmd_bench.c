@@ -1,0 +1,244 @@
+/* `exo bench MODEL_DIR | --synthetic PRESET [--quant bf16|q8|q4] [--threads N]
+ *  [--prompt-tokens N] [--gen-tokens N] [--json]`
+ *
+ * A benchmark, not a test: it prints speed next to the physical limit it
+ * is bounded by, both measured in this run.
+ *   decode  is memory bound: every token streams all weights once, so it is
+ *           reported as bytes per token, achieved GB/s and the fraction of
+ *           the machine's read bandwidth (measured here with the same
+ *           threads);
+ *   prefill is compute bound: reported as tokens/s and GFLOP/s next to a
+ *           plain AVX2 f32 GEMM of the same shape (the peer that matrix
+ *           units must beat). */
+#include "cli/args.h"
+#include "core/alloc.h"
+#include "core/clock.h"
+#include "core/cpu_features.h"
+#include "core/threadpool.h"
+#include "engine/cpu/matmul.h"
+#include "engine/cpu/membw.h"
+#include "engine/model.h"
+#include "engine/synthetic.h"
+
+#include <stdio.h>
+#include <string.h>
+
+int exo_cmd_bench(int argc, char **argv);
+
+static void usage(void)
+{
+    fprintf(stderr, "usage: exo bench MODEL_DIR | --synthetic PRESET [--quant bf16|q8|q4]\n"
+                    "  [--threads N] [--prompt-tokens N] [--gen-tokens N] [--json]\n"
+                    "presets:");
+    for (const char *const *p = exo_synth_presets(); *p; p++)
+        fprintf(stderr, " %s", *p);
+    fprintf(stderr, "\n");
+}
+
+static int argmax(const float *x, int n)
+{
+    int b = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[b])
+            b = i;
+    return b;
+}
+
+/* GFLOP/s of the AVX2 peer on an (M x K) x (K x N) f32 product. */
+static double avx2_gemm_gflops(exo_pool *pool, int M, int N, int K)
+{
+    float *A = exo_alloc_aligned(sizeof(float) * (size_t)M * K);
+    float *B = exo_alloc_aligned(sizeof(float) * (size_t)N * K);
+    float *C = exo_alloc_aligned(sizeof(float) * (size_t)M * N);
+    if (!A || !B || !C) {
+        exo_free_aligned(A);
+        exo_free_aligned(B);
+        exo_free_aligned(C);
+        return 0;
+    }
+    for (size_t i = 0; i < (size_t)M * K; i++)
+        A[i] = (float)(i % 7) * 0.1f;
+    for (size_t i = 0; i < (size_t)N * K; i++)
+        B[i] = (float)(i % 5) * 0.1f;
+    exo_gemm_f32_avx2(M, N, K, A, B, C, pool); /* warm-up */
+    double best = 1e30;
+    for (int r = 0; r < 2; r++) {
+        double t0 = exo_clock_seconds();
+        exo_gemm_f32_avx2(M, N, K, A, B, C, pool);
+        double dt = exo_clock_seconds() - t0;
+        if (dt < best)
+            best = dt;
+    }
+    exo_free_aligned(A);
+    exo_free_aligned(B);
+    exo_free_aligned(C);
+    return 2.0 * M * N * K / best / 1e9;
+}
+
+int exo_cmd_bench(int argc, char **argv)
+{
+    const char *dir = NULL, *preset = NULL, *quant = "q4", *v;
+    long threads = 0, n_prompt = 512, n_gen = 64;
+    bool json = false;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--synthetic")) {
+            if (!(preset = exo_arg_value("bench", argc, argv, &i)))
+                return 2;
+        } else if (!strcmp(argv[i], "--quant")) {
+            if (!(quant = exo_arg_value("bench", argc, argv, &i)))
+                return 2;
+        } else if (!strcmp(argv[i], "--threads")) {
+            if (!(v = exo_arg_value("bench", argc, argv, &i)) ||
+                exo_arg_int("bench", "--threads", v, 1, 1024, &threads))
+                return 2;
+        } else if (!strcmp(argv[i], "--prompt-tokens")) {
+            if (!(v = exo_arg_value("bench", argc, argv, &i)) ||
+                exo_arg_int("bench", "--prompt-tokens", v, 1, 1 << 20, &n_prompt))
+                return 2;
+        } else if (!strcmp(argv[i], "--gen-tokens")) {
+            if (!(v = exo_arg_value("bench", argc, argv, &i)) ||
+                exo_arg_int("bench", "--gen-tokens", v, 1, 1 << 20, &n_gen))
+                return 2;
+        } else if (!strcmp(argv[i], "--json")) {
+            json = true;
+        } else if (argv[i][0] == '-' || dir) {
+            fprintf(stderr, "exo bench: unexpected argument '%s'\n", argv[i]);
+            usage();
+            return 2;
+        } else {
+            dir = argv[i];
+        }
+    }
+    if (!!dir == !!preset) {
+        usage();
+        return 2;
+    }
+    exo_synth_quant sq;
+    if (!strcmp(quant, "q4"))
+        sq = EXO_SYNTH_Q4;
+    else if (!strcmp(quant, "q8"))
+        sq = EXO_SYNTH_Q8;
+    else if (!strcmp(quant, "bf16"))
+        sq = EXO_SYNTH_BF16;
+    else {
+        fprintf(stderr, "exo bench: --quant must be bf16, q8 or q4\n");
+        return 2;
+    }
+
+    exo_err err = {0};
+    exo_synth *syn = NULL;
+    exo_model *m = NULL;
+    exo_seq *seq = NULL;
+    float *logits = NULL;
+    int32_t *tokens = NULL;
+    int status = 1;
+    exo_model_opts opts = {(int)threads, (int)n_prompt};
+    double t_load = exo_clock_seconds();
+    if (preset) {
+        if (exo_synth_create(preset, sq, 1234, &syn, &err) || exo_synth_build(syn, &opts, &m, &err))
+            goto fail;
+    } else if (exo_model_load(dir, &opts, &m, &err)) {
+        goto fail;
+    }
+    t_load = exo_clock_seconds() - t_load;
+    int V = exo_model_vocab(m);
+    const exo_model_config *cfg = exo_model_get_config(m);
+    if (exo_seq_create(m, (int)(n_prompt + n_gen + 8), &seq, &err))
+        goto fail;
+    logits = exo_malloc(sizeof(float) * (size_t)V);
+    tokens = exo_malloc(sizeof(int32_t) * (size_t)n_prompt);
+    uint64_t r = 88172645463325252ull;
+    for (long i = 0; i < n_prompt; i++) {
+        r ^= r << 13, r ^= r >> 7, r ^= r << 17;
+        tokens[i] = (int32_t)(r % (uint64_t)V);
+    }
+
+    /* Memory bandwidth with the same number of threads decode uses. */
+    exo_pool *pool = exo_pool_create((int)threads);
+    int nthreads = exo_pool_size(pool);
+    double read_bw = exo_membw_read(pool, (size_t)1 << 30, 5);
+
+    /* Prefill: one warm-up pass (page faults, kernel set-up), then timed. */
+    if (exo_model_forward(m, seq, tokens, (int)n_prompt, logits, false, &err))
+        goto fail_pool;
+    exo_seq_truncate(seq, 0);
+    double t0 = exo_clock_seconds();
+    if (exo_model_forward(m, seq, tokens, (int)n_prompt, logits, false, &err))
+        goto fail_pool;
+    double prefill_s = exo_clock_seconds() - t0;
+
+    /* Decode: greedy, one token at a time, after two warm-up steps. */
+    int32_t tok = argmax(logits, V);
+    for (int i = 0; i < 2; i++) {
+        if (exo_model_forward(m, seq, &tok, 1, logits, false, &err))
+            goto fail_pool;
+        tok = argmax(logits, V);
+    }
+    t0 = exo_clock_seconds();
+    for (long i = 0; i < n_gen; i++) {
+        if (exo_model_forward(m, seq, &tok, 1, logits, false, &err))
+            goto fail_pool;
+        tok = argmax(logits, V);
+    }
+    double decode_s = exo_clock_seconds() - t0;
+
+    size_t weight_bytes = exo_model_decode_bytes(m);
+    double avg_ctx = (double)n_prompt + 2 + (double)n_gen / 2;
+    double kv_bytes = 2.0 * (double)cfg->num_hidden_layers * (double)cfg->num_key_value_heads *
+                      (double)cfg->head_dim * sizeof(float) * avg_ctx;
+    double bytes_per_token = (double)weight_bytes + kv_bytes;
+    double prefill_tps = (double)n_prompt / prefill_s, decode_tps = (double)n_gen / decode_s;
+    double achieved = bytes_per_token * decode_tps;
+    /* prefill FLOPs: every layer's matrix products over all prompt tokens
+     * plus causal attention; the LM head runs for the last token only. */
+    double D = (double)cfg->hidden_size, F = (double)cfg->intermediate_size;
+    double QD = (double)(cfg->num_attention_heads * cfg->head_dim);
+    double KD = (double)(cfg->num_key_value_heads * cfg->head_dim);
+    double layer_params = D * QD * 2 + D * KD * 2 + 3 * D * F;
+    double P = (double)n_prompt;
+    double flops = (double)cfg->num_hidden_layers *
+                       (2 * P * layer_params + 2.0 * QD * P * P) +
+                   2 * D * (double)cfg->vocab_size;
+    double prefill_gflops = flops / prefill_s / 1e9;
+    double avx2 = avx2_gemm_gflops(pool, (int)(n_prompt < 512 ? n_prompt : 512),
+                                   (int)cfg->intermediate_size, (int)cfg->hidden_size);
+    const char *name = preset ? preset : dir;
+    if (json) {
+        printf("{\"model\":\"%s\",\"quant\":\"%s\",\"threads\":%d,\"isa\":\"%s\",\"amx\":%s,"
+               "\"prompt_tokens\":%ld,\"gen_tokens\":%ld,\"prefill_tok_s\":%.3f,"
+               "\"decode_tok_s\":%.3f,\"bytes_per_token\":%.0f,\"achieved_gbs\":%.3f,"
+               "\"read_bw_gbs\":%.3f,\"bw_fraction\":%.4f,\"prefill_gflops\":%.1f,"
+               "\"avx2_gemm_gflops\":%.1f,\"prefill_vs_avx2\":%.2f,\"load_s\":%.2f}\n",
+               name, preset ? quant : "checkpoint", nthreads, exo_isa_name(exo_cpu_isa()),
+               exo_cpu_has_amx() ? "true" : "false", n_prompt, n_gen, prefill_tps, decode_tps,
+               bytes_per_token, achieved / 1e9, read_bw / 1e9, achieved / read_bw, prefill_gflops,
+               avx2, avx2 > 0 ? prefill_gflops / avx2 : 0, t_load);
+    } else {
+        printf("model            %s (%s), %d threads, isa %s%s\n", name,
+               preset ? quant : "checkpoint", nthreads, exo_isa_name(exo_cpu_isa()),
+               exo_cpu_has_amx() ? " + amx" : "");
+        printf("prefill          %ld tokens: %.1f tok/s, %.1f GFLOP/s (plain AVX2 f32 GEMM: "
+               "%.1f GFLOP/s, x%.2f)\n",
+               n_prompt, prefill_tps, prefill_gflops, avx2, avx2 > 0 ? prefill_gflops / avx2 : 0);
+        printf("decode           %ld tokens: %.2f tok/s\n", n_gen, decode_tps);
+        printf("bytes/token      %.1f MB (weights %.1f MB + KV %.1f MB)\n", bytes_per_token / 1e6,
+               (double)weight_bytes / 1e6, kv_bytes / 1e6);
+        printf("bandwidth        %.2f GB/s achieved of %.2f GB/s measured read = %.1f%%\n",
+               achieved / 1e9, read_bw / 1e9, 100 * achieved / read_bw);
+    }
+    status = 0;
+fail_pool:
+    exo_pool_free(pool);
+    if (status)
+        fprintf(stderr, "exo bench: %s\n", err.msg);
+    goto done;
+fail:
+    fprintf(stderr, "exo bench: %s\n", err.msg[0] ? err.msg : exo_strerror(err.code));
+done:
+    exo_free(tokens);
+    exo_free(logits);
+    exo_seq_free(seq);
+    exo_model_free(m);
+    exo_synth_free(syn);
+    return status;
+}

@@ -1,0 +1,90 @@
+/* The compute backend interface: what the forward pass asks of a device.
+ *
+ * The model's forward pass (model.c) is written once against this vtable.
+ * A backend owns its memory: activations, KV cache and the weights of the
+ * layers assigned to it. All float pointers passed to an op are memory of
+ * that backend (host memory for the CPU backend, device memory for CUDA);
+ * crossing from one backend to the next copies the residual stream through
+ * to_host/to_device. Each model layer is assigned to one backend (or, later,
+ * to a remote node), so CPU+GPU splits and pipeline shards are the same
+ * mechanism.
+ *
+ * Ops are synchronous from the caller's point of view on CPU; a GPU backend
+ * may queue them and only synchronise in `sync` and `to_host`.
+ *
+ * Shapes: activations are row-major (T, dim) f32 with T tokens per call.
+ * q is (T, n_heads, head_dim), k and v are (T, n_kv_heads, head_dim). The KV
+ * cache of one layer is (capacity, n_kv_heads, head_dim) f32 for K and V. */
+#ifndef EXO_ENGINE_BACKEND_H
+#define EXO_ENGINE_BACKEND_H
+
+#include "core/error.h"
+#include "engine/linear.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct exo_backend exo_backend;
+
+typedef struct exo_attn_shape {
+    int n_heads;
+    int n_kv_heads;
+    int head_dim;
+    int sliding_window; /* 0 = none: attend to every earlier position */
+    float scale;        /* usually 1/sqrt(head_dim) */
+} exo_attn_shape;
+
+typedef struct exo_backend_ops {
+    const char *name;
+    void (*free)(exo_backend *be);
+
+    /* Memory. alloc returns zeroed memory or NULL. */
+    void *(*alloc)(exo_backend *be, size_t bytes);
+    void  (*release)(exo_backend *be, void *p);
+    void  (*to_device)(exo_backend *be, void *dst, const void *host_src, size_t bytes);
+    void  (*to_host)(exo_backend *be, void *host_dst, const void *src, size_t bytes);
+
+    /* Weights. load_linear makes `dev` a backend-resident view or copy of a
+     * host weight (the CPU backend keeps pointing into the mmapped file).
+     * load_vector returns backend memory holding n f32 values converted from
+     * a host vector of type t (norm weights, biases). */
+    int    (*load_linear)(exo_backend *be, const exo_linear *host, exo_linear *dev, exo_err *err);
+    float *(*load_vector)(exo_backend *be, exo_dtype t, const void *host, size_t n, exo_err *err);
+
+    /* Ops. */
+    /* out[t] = row tokens[t] of table (tokens are host memory). */
+    void (*embed)(exo_backend *be, const exo_linear *table, const int32_t *tokens, int T, float *out);
+    /* out = x / rms(x) * w over rows of `dim`; out may equal x. */
+    void (*rmsnorm)(exo_backend *be, float *out, const float *x, const float *w, int rows, int dim,
+                    float eps);
+    /* y[i] = x W[i]^T for n weights sharing x (see cpu/matmul.h). */
+    void (*matmul)(exo_backend *be, int n, const exo_linear *const *w, const float *x, int T,
+                   float *const *y);
+    /* y[t][j] += b[j] */
+    void (*add_bias)(exo_backend *be, float *y, const float *b, int T, int dim);
+    /* Rotary embedding, rotate-half convention, in place on (T, n_heads,
+     * head_dim) at positions pos0..pos0+T-1. inv_freq has head_dim/2 values
+     * (backend memory); cos/sin are multiplied by mscale. */
+    void (*rope)(exo_backend *be, float *x, int T, int n_heads, int head_dim, int pos0,
+                 const float *inv_freq, float mscale);
+    /* Appends k, v (T tokens at pos0) to the layer's cache and computes
+     * causal attention of q over cache positions [0, pos0+T). */
+    void (*attention)(exo_backend *be, const exo_attn_shape *shape, float *out, const float *q,
+                      const float *k, const float *v, float *k_cache, float *v_cache, int T,
+                      int pos0);
+    /* g = silu(g) * u */
+    void (*silu_mul)(exo_backend *be, float *g, const float *u, size_t n);
+    /* x += y */
+    void (*add)(exo_backend *be, float *x, const float *y, size_t n);
+    /* Waits for queued work. */
+    void (*sync)(exo_backend *be);
+} exo_backend_ops;
+
+struct exo_backend {
+    const exo_backend_ops *ops;
+};
+
+/* The CPU backend: n_threads <= 0 uses every online CPU. */
+exo_backend *exo_backend_cpu_create(int n_threads, exo_err *err);
+
+#endif

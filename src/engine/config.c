@@ -1,0 +1,765 @@
+/* Hugging Face config.json / generation_config.json parsing (see config.h
+ * for the spellings handled and the defaults applied). Every key is read
+ * through one typed getter that looks in text_config first and the top
+ * level second, treats JSON null as absent, and turns a wrong type into an
+ * error that names the file and the key. */
+#include "engine/config.h"
+#include "core/alloc.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#define MAX_CONFIG_BYTES ((size_t)64 << 20)
+#define MAX_DIM ((int64_t)1 << 31) /* sanity bound on sizes and counts */
+
+typedef struct ctx {
+    const char *file;
+    json_t     *top;
+    json_t     *text; /* text_config or NULL */
+    exo_err    *err;
+} ctx;
+
+const char *exo_rope_type_name(exo_rope_type t)
+{
+    switch (t) {
+    case EXO_ROPE_DEFAULT: return "default";
+    case EXO_ROPE_LINEAR: return "linear";
+    case EXO_ROPE_DYNAMIC: return "dynamic";
+    case EXO_ROPE_YARN: return "yarn";
+    case EXO_ROPE_LLAMA3: return "llama3";
+    }
+    return "?";
+}
+
+/* Value of key in obj, NULL if absent or null. */
+static json_t *obj_get(json_t *obj, const char *key)
+{
+    json_t *v = obj && json_is_object(obj) ? json_object_get(obj, key) : NULL;
+    return v && !json_is_null(v) ? v : NULL;
+}
+
+static json_t *get(const ctx *c, const char *key)
+{
+    json_t *v = obj_get(c->text, key);
+    return v ? v : obj_get(c->top, key);
+}
+
+/* Typed readers. `where` is the dotted key used in messages. Each returns
+ * 1 if the value was present and stored, 0 if absent, or a negative error. */
+static int read_int(const ctx *c, json_t *v, const char *where, int64_t *out)
+{
+    if (!v)
+        return 0;
+    if (!json_is_integer(v))
+        return exo_err_set(c->err, EXO_EFORMAT, "%s: \"%s\" must be an integer", c->file, where);
+    *out = json_integer_value(v);
+    return 1;
+}
+
+static int read_num(const ctx *c, json_t *v, const char *where, double *out)
+{
+    if (!v)
+        return 0;
+    if (!json_is_number(v))
+        return exo_err_set(c->err, EXO_EFORMAT, "%s: \"%s\" must be a number", c->file, where);
+    *out = json_number_value(v);
+    if (!isfinite(*out))
+        return exo_err_set(c->err, EXO_EFORMAT, "%s: \"%s\" is not finite", c->file, where);
+    return 1;
+}
+
+static int read_bool(const ctx *c, json_t *v, const char *where, bool *out)
+{
+    if (!v)
+        return 0;
+    if (!json_is_boolean(v))
+        return exo_err_set(c->err, EXO_EFORMAT, "%s: \"%s\" must be true or false", c->file,
+                           where);
+    *out = json_is_true(v);
+    return 1;
+}
+
+static int read_str(const ctx *c, json_t *v, const char *where, char *buf, size_t cap)
+{
+    if (!v)
+        return 0;
+    if (!json_is_string(v))
+        return exo_err_set(c->err, EXO_EFORMAT, "%s: \"%s\" must be a string", c->file, where);
+    snprintf(buf, cap, "%s", json_string_value(v));
+    return 1;
+}
+
+/* A size that must be in 1..MAX_DIM. */
+static int read_size(const ctx *c, const char *key, bool required, int64_t def, int64_t *out)
+{
+    int rc = read_int(c, get(c, key), key, out);
+    if (rc < 0)
+        return rc;
+    if (rc == 0) {
+        if (required)
+            return exo_err_set(c->err, EXO_EFORMAT, "%s: missing required key \"%s\"", c->file,
+                               key);
+        *out = def;
+        return 0;
+    }
+    if (*out <= 0)
+        return exo_err_set(c->err, EXO_EFORMAT, "%s: \"%s\" must be positive (got %lld)",
+                           c->file, key, (long long)*out);
+    if (*out > MAX_DIM)
+        return exo_err_set(c->err, EXO_EFORMAT, "%s: \"%s\" is out of range (%lld)", c->file,
+                           key, (long long)*out);
+    return 0;
+}
+
+static int read_token(const ctx *c, json_t *v, const char *where, int64_t *out)
+{
+    int64_t x = 0;
+    int rc = read_int(c, v, where, &x);
+    if (rc <= 0)
+        return rc;
+    if (x < 0 || x > MAX_DIM)
+        return exo_err_set(c->err, EXO_EFORMAT, "%s: \"%s\" is not a valid token id (%lld)",
+                           c->file, where, (long long)x);
+    *out = x;
+    return 1;
+}
+
+/* eos_token_id: an int or a list of ints. */
+static int read_eos(const ctx *c, json_t *v, int64_t *ids, int *n)
+{
+    *n = 0;
+    if (!v)
+        return 0;
+    if (json_is_array(v)) {
+        if (json_array_size(v) > EXO_CONFIG_MAX_EOS)
+            return exo_err_set(c->err, EXO_EFORMAT, "%s: \"eos_token_id\" lists more than %d ids",
+                               c->file, EXO_CONFIG_MAX_EOS);
+        for (size_t i = 0; i < json_array_size(v); i++) {
+            int rc = read_token(c, json_array_get(v, i), "eos_token_id[]", &ids[*n]);
+            if (rc < 0)
+                return rc;
+            if (rc == 0)
+                return exo_err_set(c->err, EXO_EFORMAT, "%s: \"eos_token_id\" has a null entry",
+                                   c->file);
+            (*n)++;
+        }
+        return 1;
+    }
+    if (!json_is_integer(v))
+        return exo_err_set(c->err, EXO_EFORMAT,
+                           "%s: \"eos_token_id\" must be an integer or a list of integers",
+                           c->file);
+    int rc = read_token(c, v, "eos_token_id", &ids[0]);
+    if (rc == 1)
+        *n = 1;
+    return rc;
+}
+
+/* ------------------------------------------------------------------ */
+/* rope                                                                */
+
+static int parse_rope(const ctx *c, exo_model_config *cfg)
+{
+    json_t *rp = get(c, "rope_parameters");
+    json_t *rs = get(c, "rope_scaling");
+    if (rp && !json_is_object(rp))
+        return exo_err_set(c->err, EXO_EFORMAT, "%s: \"rope_parameters\" must be an object",
+                           c->file);
+    if (rs && !json_is_object(rs))
+        return exo_err_set(c->err, EXO_EFORMAT, "%s: \"rope_scaling\" must be an object or null",
+                           c->file);
+    const char *rname = "rope_parameters";
+    if (rp && !obj_get(rp, "rope_type") && !obj_get(rp, "type") && !obj_get(rp, "rope_theta") &&
+        json_object_size(rp) > 0) {
+        /* per layer type: {"full_attention": {...}, "sliding_attention": {...}} */
+        json_t *full = obj_get(rp, "full_attention");
+        if (!full && json_object_size(rp) == 1) {
+            void *it = json_object_iter(rp);
+            full = json_object_iter_value(it);
+        }
+        if (!full || !json_is_object(full))
+            return exo_err_set(c->err, EXO_EFORMAT,
+                               "%s: \"rope_parameters\" has no rope_type/rope_theta and no "
+                               "\"full_attention\" entry",
+                               c->file);
+        rp = full;
+        rname = "rope_parameters.full_attention";
+    }
+    json_t *src = rp ? rp : rs;
+    const char *sname = rp ? rname : "rope_scaling";
+
+    cfg->rope_theta = 10000.0;
+    int rc = read_num(c, obj_get(rp, "rope_theta"), "rope_parameters.rope_theta", &cfg->rope_theta);
+    if (rc == 0)
+        rc = read_num(c, get(c, "rope_theta"), "rope_theta", &cfg->rope_theta);
+    if (rc < 0)
+        return rc;
+    if (!(cfg->rope_theta > 0))
+        return exo_err_set(c->err, EXO_EFORMAT, "%s: \"rope_theta\" must be positive", c->file);
+
+    exo_rope_scaling *r = &cfg->rope;
+    memset(r, 0, sizeof *r);
+    r->factor = 1.0;
+    r->beta_fast = 32;
+    r->beta_slow = 1;
+    if (!src)
+        return 0;
+
+    char type[32] = "";
+    char where[96];
+    json_t *tv = obj_get(src, "rope_type");
+    snprintf(where, sizeof where, "%s.rope_type", sname);
+    if (!tv) {
+        tv = obj_get(src, "type");
+        snprintf(where, sizeof where, "%s.type", sname);
+    }
+    if ((rc = read_str(c, tv, where, type, sizeof type)) < 0)
+        return rc;
+    if (!type[0] || !strcmp(type, "default"))
+        r->type = EXO_ROPE_DEFAULT;
+    else if (!strcmp(type, "linear"))
+        r->type = EXO_ROPE_LINEAR;
+    else if (!strcmp(type, "dynamic"))
+        r->type = EXO_ROPE_DYNAMIC;
+    else if (!strcmp(type, "yarn"))
+        r->type = EXO_ROPE_YARN;
+    else if (!strcmp(type, "llama3"))
+        r->type = EXO_ROPE_LLAMA3;
+    else
+        return exo_err_set(c->err, EXO_EUNSUPPORTED, "%s: \"%s\": rope type \"%s\" is not supported",
+                           c->file, where, type);
+
+#define NUM(field, key)                                                                        \
+    do {                                                                                       \
+        snprintf(where, sizeof where, "%s.%s", sname, key);                                    \
+        if ((rc = read_num(c, obj_get(src, key), where, &r->field)) < 0)                       \
+            return rc;                                                                         \
+    } while (0)
+    NUM(factor, "factor");
+    bool has_factor = rc == 1;
+    NUM(low_freq_factor, "low_freq_factor");
+    bool has_low = rc == 1;
+    NUM(high_freq_factor, "high_freq_factor");
+    bool has_high = rc == 1;
+    NUM(beta_fast, "beta_fast");
+    NUM(beta_slow, "beta_slow");
+    NUM(attention_factor, "attention_factor");
+    NUM(mscale, "mscale");
+    NUM(mscale_all_dim, "mscale_all_dim");
+#undef NUM
+    snprintf(where, sizeof where, "%s.original_max_position_embeddings", sname);
+    rc = read_int(c, obj_get(src, "original_max_position_embeddings"), where,
+                  &r->original_max_position_embeddings);
+    if (rc < 0)
+        return rc;
+    if (rc == 0 && r->type == EXO_ROPE_YARN) /* 5.x may keep it at top level */
+        if ((rc = read_int(c, get(c, "original_max_position_embeddings"),
+                           "original_max_position_embeddings",
+                           &r->original_max_position_embeddings)) < 0)
+            return rc;
+    if (rc == 0 && r->type == EXO_ROPE_YARN) /* transformers: else max_position_embeddings */
+        r->original_max_position_embeddings = cfg->max_position_embeddings;
+    if (r->original_max_position_embeddings < 0 || r->original_max_position_embeddings > MAX_DIM)
+        return exo_err_set(c->err, EXO_EFORMAT,
+                           "%s: \"%s.original_max_position_embeddings\" is out of range", c->file,
+                           sname);
+
+    if (r->type != EXO_ROPE_DEFAULT) {
+        if (!has_factor)
+            return exo_err_set(c->err, EXO_EFORMAT, "%s: \"%s\": rope type %s needs \"factor\"",
+                               c->file, sname, type);
+        if (!(r->factor > 0))
+            return exo_err_set(c->err, EXO_EFORMAT, "%s: \"%s.factor\" must be positive",
+                               c->file, sname);
+    }
+    if (r->type == EXO_ROPE_DEFAULT)
+        r->factor = 1.0;
+    if (r->type == EXO_ROPE_LLAMA3) {
+        if (!has_low || !has_high || r->original_max_position_embeddings <= 0)
+            return exo_err_set(c->err, EXO_EFORMAT,
+                               "%s: \"%s\": llama3 rope needs low_freq_factor, high_freq_factor "
+                               "and original_max_position_embeddings",
+                               c->file, sname);
+        if (!(r->high_freq_factor > r->low_freq_factor) || !(r->low_freq_factor > 0))
+            return exo_err_set(c->err, EXO_EFORMAT,
+                               "%s: \"%s\": need 0 < low_freq_factor < high_freq_factor", c->file,
+                               sname);
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* quantization                                                        */
+
+static int valid_bits(int64_t b) { return b == 2 || b == 3 || b == 4 || b == 5 || b == 6 || b == 8; }
+static int valid_group(int64_t g) { return g == 32 || g == 64 || g == 128; }
+
+static int cmp_override(const void *a, const void *b)
+{
+    return strcmp(((const exo_quant_override *)a)->module, ((const exo_quant_override *)b)->module);
+}
+
+static int parse_quant(const ctx *c, exo_model_config *cfg)
+{
+    const char *qname = "quantization";
+    json_t *q = get(c, "quantization");
+    if (!q) {
+        q = get(c, "quantization_config");
+        qname = "quantization_config";
+    }
+    if (!q)
+        return 0;
+    if (!json_is_object(q))
+        return exo_err_set(c->err, EXO_EFORMAT, "%s: \"%s\" must be an object", c->file, qname);
+    exo_quant_config *qc = &cfg->quant;
+    char where[160];
+    int64_t bits = 0, gs = 0;
+    int rc;
+    snprintf(where, sizeof where, "%s.bits", qname);
+    if ((rc = read_int(c, obj_get(q, "bits"), where, &bits)) < 0)
+        return rc;
+    bool has_bits = rc == 1;
+    snprintf(where, sizeof where, "%s.group_size", qname);
+    if ((rc = read_int(c, obj_get(q, "group_size"), where, &gs)) < 0)
+        return rc;
+    bool has_gs = rc == 1;
+    if (!has_bits || !has_gs) {
+        json_t *m = obj_get(q, "quant_method");
+        if (m && json_is_string(m))
+            return exo_err_set(c->err, EXO_EUNSUPPORTED,
+                               "%s: \"%s\": quant_method \"%.40s\" is not supported", c->file,
+                               qname, json_string_value(m));
+        return exo_err_set(c->err, EXO_EFORMAT, "%s: \"%s\" needs \"bits\" and \"group_size\"",
+                           c->file, qname);
+    }
+    snprintf(qc->mode, sizeof qc->mode, "affine");
+    snprintf(where, sizeof where, "%s.mode", qname);
+    if ((rc = read_str(c, obj_get(q, "mode"), where, qc->mode, sizeof qc->mode)) < 0)
+        return rc;
+    if (strcmp(qc->mode, "affine"))
+        return exo_err_set(c->err, EXO_EUNSUPPORTED,
+                           "%s: \"%s.mode\": quantization mode \"%s\" is not supported", c->file,
+                           qname, qc->mode);
+    if (!valid_bits(bits) || !valid_group(gs))
+        return exo_err_set(c->err, EXO_EUNSUPPORTED,
+                           "%s: \"%s\": bits=%lld group_size=%lld not supported (bits 2,3,4,5,6,8; "
+                           "group_size 32,64,128)",
+                           c->file, qname, (long long)bits, (long long)gs);
+    qc->enabled = true;
+    qc->bits = (int)bits;
+    qc->group_size = (int)gs;
+
+    size_t cap = json_object_size(q);
+    qc->overrides = exo_calloc(cap ? cap : 1, sizeof *qc->overrides);
+    const char *key;
+    json_t *v;
+    json_object_foreach(q, key, v)
+    {
+        if (!strcmp(key, "bits") || !strcmp(key, "group_size") || !strcmp(key, "mode"))
+            continue;
+        exo_quant_override o = {NULL, true, qc->bits, qc->group_size};
+        if (json_is_boolean(v)) {
+            o.quantized = json_is_true(v);
+        } else if (json_is_object(v)) {
+            int64_t b = qc->bits, g = qc->group_size;
+            snprintf(where, sizeof where, "%s.%.100s.bits", qname, key);
+            if ((rc = read_int(c, obj_get(v, "bits"), where, &b)) < 0)
+                return rc;
+            snprintf(where, sizeof where, "%s.%.100s.group_size", qname, key);
+            if ((rc = read_int(c, obj_get(v, "group_size"), where, &g)) < 0)
+                return rc;
+            if (!valid_bits(b) || !valid_group(g))
+                return exo_err_set(c->err, EXO_EUNSUPPORTED,
+                                   "%s: \"%s.%.100s\": bits=%lld group_size=%lld not supported",
+                                   c->file, qname, key, (long long)b, (long long)g);
+            json_t *mv = obj_get(v, "mode");
+            if (mv && (!json_is_string(mv) || strcmp(json_string_value(mv), "affine")))
+                return exo_err_set(c->err, EXO_EUNSUPPORTED,
+                                   "%s: \"%s.%.100s.mode\": only \"affine\" is supported", c->file,
+                                   qname, key);
+            o.bits = (int)b;
+            o.group_size = (int)g;
+        } else {
+            continue; /* other scalar settings (quant_method, ...) */
+        }
+        o.module = exo_strdup(key);
+        qc->overrides[qc->n_overrides++] = o;
+    }
+    qsort(qc->overrides, qc->n_overrides, sizeof *qc->overrides, cmp_override);
+    return 0;
+}
+
+int exo_config_quant_for(const exo_model_config *cfg, const char *module_path, int *bits,
+                         int *group_size)
+{
+    const exo_quant_config *qc = &cfg->quant;
+    if (!qc->enabled || !module_path)
+        return 0;
+    exo_quant_override key = {(char *)module_path, false, 0, 0};
+    const exo_quant_override *o =
+        qc->n_overrides ? bsearch(&key, qc->overrides, qc->n_overrides, sizeof *qc->overrides,
+                                  cmp_override)
+                        : NULL;
+    if (!o) {
+        /* Wrapped models: the config may say "language_model.model.layers.0.x"
+         * where the caller asks for "model.layers.0.x", or the reverse. */
+        size_t n = strlen(module_path);
+        for (size_t i = 0; i < qc->n_overrides && !o; i++) {
+            const char *k = qc->overrides[i].module;
+            size_t kn = strlen(k);
+            if ((kn > n && k[kn - n - 1] == '.' && !strcmp(k + kn - n, module_path)) ||
+                (n > kn && module_path[n - kn - 1] == '.' && !strcmp(module_path + n - kn, k)))
+                o = &qc->overrides[i];
+        }
+    }
+    int b = qc->bits, g = qc->group_size;
+    if (o) {
+        if (!o->quantized)
+            return 0;
+        b = o->bits;
+        g = o->group_size;
+    }
+    if (bits)
+        *bits = b;
+    if (group_size)
+        *group_size = g;
+    return 1;
+}
+
+bool exo_config_is_eos(const exo_model_config *cfg, int64_t id)
+{
+    for (int i = 0; i < cfg->n_eos; i++)
+        if (cfg->eos_token_ids[i] == id)
+            return true;
+    return false;
+}
+
+/* ------------------------------------------------------------------ */
+/* config.json                                                         */
+
+static bool prefix(const char *s, const char *p) { return !strncmp(s, p, strlen(p)); }
+
+static int parse_config(const ctx *c, exo_model_config *cfg)
+{
+    int rc;
+    /* model_type: the text model's, falling back to the wrapper's */
+    if ((rc = read_str(c, get(c, "model_type"), "model_type", cfg->model_type,
+                       sizeof cfg->model_type)) < 0)
+        return rc;
+    json_t *arch = obj_get(c->top, "architectures");
+    if (!arch)
+        arch = obj_get(c->text, "architectures");
+    if (arch) {
+        if (!json_is_array(arch))
+            return exo_err_set(c->err, EXO_EFORMAT, "%s: \"architectures\" must be a list",
+                               c->file);
+        if (json_array_size(arch) &&
+            (rc = read_str(c, json_array_get(arch, 0), "architectures[0]", cfg->architecture,
+                           sizeof cfg->architecture)) < 0)
+            return rc;
+    }
+    const char *mt = cfg->model_type;
+    bool qwen2 = !strcmp(mt, "qwen2"), qwen3 = prefix(mt, "qwen3"),
+         mistral = !strcmp(mt, "mistral"), llama_like = !strcmp(mt, "llama") || mistral;
+
+    if ((rc = read_size(c, "vocab_size", true, 0, &cfg->vocab_size)) ||
+        (rc = read_size(c, "hidden_size", true, 0, &cfg->hidden_size)) ||
+        (rc = read_size(c, "intermediate_size", true, 0, &cfg->intermediate_size)) ||
+        (rc = read_size(c, "num_hidden_layers", true, 0, &cfg->num_hidden_layers)) ||
+        (rc = read_size(c, "num_attention_heads", true, 0, &cfg->num_attention_heads)) ||
+        (rc = read_size(c, "num_key_value_heads", false, cfg->num_attention_heads,
+                        &cfg->num_key_value_heads)) ||
+        (rc = read_size(c, "max_position_embeddings", false,
+                        qwen2 || qwen3 ? 32768 : mistral ? 4096 * 32 : 2048,
+                        &cfg->max_position_embeddings)))
+        return rc;
+
+    bool explicit_hd = get(c, "head_dim") != NULL;
+    if ((rc = read_size(c, "head_dim", false, 0, &cfg->head_dim)))
+        return rc;
+    if (!explicit_hd) {
+        if (qwen3) {
+            cfg->head_dim = 128;
+        } else {
+            if (cfg->hidden_size % cfg->num_attention_heads)
+                return exo_err_set(c->err, EXO_EFORMAT,
+                                   "%s: \"hidden_size\" %lld is not divisible by "
+                                   "\"num_attention_heads\" %lld and there is no \"head_dim\"",
+                                   c->file, (long long)cfg->hidden_size,
+                                   (long long)cfg->num_attention_heads);
+            cfg->head_dim = cfg->hidden_size / cfg->num_attention_heads;
+        }
+    }
+    if (cfg->num_attention_heads % cfg->num_key_value_heads)
+        return exo_err_set(c->err, EXO_EFORMAT,
+                           "%s: \"num_attention_heads\" %lld is not a multiple of "
+                           "\"num_key_value_heads\" %lld",
+                           c->file, (long long)cfg->num_attention_heads,
+                           (long long)cfg->num_key_value_heads);
+
+    cfg->rms_norm_eps = 1e-6;
+    if ((rc = read_num(c, get(c, "rms_norm_eps"), "rms_norm_eps", &cfg->rms_norm_eps)) < 0)
+        return rc;
+    if (!(cfg->rms_norm_eps > 0) || cfg->rms_norm_eps >= 1)
+        return exo_err_set(c->err, EXO_EFORMAT, "%s: \"rms_norm_eps\" must be in (0, 1)", c->file);
+
+    if ((rc = parse_rope(c, cfg)))
+        return rc;
+
+    cfg->tie_word_embeddings = false;
+    if ((rc = read_bool(c, get(c, "tie_word_embeddings"), "tie_word_embeddings",
+                        &cfg->tie_word_embeddings)) < 0)
+        return rc;
+    cfg->attention_bias = false;
+    if ((rc = read_bool(c, get(c, "attention_bias"), "attention_bias", &cfg->attention_bias)) < 0)
+        return rc;
+    if (qwen2)
+        cfg->attention_bias = true; /* Qwen2 q/k/v always have bias */
+    cfg->mlp_bias = false;
+    if ((rc = read_bool(c, get(c, "mlp_bias"), "mlp_bias", &cfg->mlp_bias)) < 0)
+        return rc;
+    snprintf(cfg->hidden_act, sizeof cfg->hidden_act, "silu");
+    if ((rc = read_str(c, get(c, "hidden_act"), "hidden_act", cfg->hidden_act,
+                       sizeof cfg->hidden_act)) < 0)
+        return rc;
+
+    cfg->bos_token_id = llama_like ? 1 : -1;
+    cfg->pad_token_id = -1;
+    if ((rc = read_token(c, get(c, "bos_token_id"), "bos_token_id", &cfg->bos_token_id)) < 0 ||
+        (rc = read_token(c, get(c, "pad_token_id"), "pad_token_id", &cfg->pad_token_id)) < 0)
+        return rc;
+    json_t *eos = get(c, "eos_token_id");
+    if (eos) {
+        if ((rc = read_eos(c, eos, cfg->eos_token_ids, &cfg->n_eos)) < 0)
+            return rc;
+    } else if (llama_like && !json_object_get(c->top, "eos_token_id") &&
+               !obj_get(c->text, "eos_token_id")) {
+        cfg->eos_token_ids[0] = 2; /* key absent (not null): the class default */
+        cfg->n_eos = 1;
+    }
+
+    json_t *dt = get(c, "torch_dtype");
+    if ((rc = read_str(c, dt ? dt : get(c, "dtype"), dt ? "torch_dtype" : "dtype",
+                       cfg->torch_dtype, sizeof cfg->torch_dtype)) < 0)
+        return rc;
+
+    cfg->sliding_window = 0;
+    json_t *sw = get(c, "sliding_window");
+    if (qwen2 || qwen3) {
+        bool use = false;
+        if ((rc = read_bool(c, get(c, "use_sliding_window"), "use_sliding_window", &use)) < 0)
+            return rc;
+        if (use && (rc = read_size(c, "sliding_window", false, 4096, &cfg->sliding_window)))
+            return rc;
+    } else if (mistral && !json_object_get(c->top, "sliding_window") &&
+               !(c->text && json_object_get(c->text, "sliding_window"))) {
+        cfg->sliding_window = 4096;
+    } else if (sw && (rc = read_size(c, "sliding_window", false, 0, &cfg->sliding_window))) {
+        return rc;
+    }
+
+    cfg->generation.temperature = 1.0;
+    cfg->generation.top_p = 1.0;
+    cfg->generation.top_k = 50;
+    cfg->generation.min_p = 0.0;
+    cfg->generation.repetition_penalty = 1.0;
+    cfg->generation.do_sample = false;
+
+    return parse_quant(c, cfg);
+}
+
+static json_t *load_json(const char *json, size_t len, const char *name, exo_err *err)
+{
+    json_error_t jerr;
+    json_t *root = json_loadb(json, len, JSON_REJECT_DUPLICATES, &jerr);
+    if (!root) {
+        exo_err_set(err, EXO_EFORMAT, "%s: not valid JSON: %s (line %d, column %d)", name,
+                    jerr.text, jerr.line, jerr.column);
+        return NULL;
+    }
+    if (!json_is_object(root)) {
+        json_decref(root);
+        exo_err_set(err, EXO_EFORMAT, "%s: not a JSON object", name);
+        return NULL;
+    }
+    return root;
+}
+
+void exo_config_free(exo_model_config *cfg)
+{
+    if (!cfg)
+        return;
+    for (size_t i = 0; i < cfg->quant.n_overrides; i++)
+        exo_free(cfg->quant.overrides[i].module);
+    exo_free(cfg->quant.overrides);
+    memset(cfg, 0, sizeof *cfg);
+}
+
+int exo_config_parse(const char *json, size_t len, const char *name, exo_model_config *out,
+                     exo_err *err)
+{
+    memset(out, 0, sizeof *out);
+    if (!name)
+        name = "config.json";
+    json_t *root = load_json(json, len, name, err);
+    if (!root)
+        return EXO_EFORMAT;
+    ctx c = {name, root, NULL, err};
+    json_t *tc = json_object_get(root, "text_config");
+    int rc = 0;
+    if (tc && !json_is_null(tc)) {
+        if (!json_is_object(tc))
+            rc = exo_err_set(err, EXO_EFORMAT, "%s: \"text_config\" must be an object", name);
+        c.text = tc;
+    }
+    if (!rc)
+        rc = parse_config(&c, out);
+    json_decref(root);
+    if (rc)
+        exo_config_free(out);
+    return rc;
+}
+
+int exo_config_apply_generation(exo_model_config *cfg, const char *json, size_t len,
+                                const char *name, exo_err *err)
+{
+    if (!name)
+        name = "generation_config.json";
+    json_t *root = load_json(json, len, name, err);
+    if (!root)
+        return EXO_EFORMAT;
+    ctx c = {name, root, NULL, err};
+    exo_model_config n = *cfg; /* shares quant.overrides; only plain fields change */
+    exo_generation_defaults *g = &n.generation;
+    int rc;
+    int64_t ids[EXO_CONFIG_MAX_EOS];
+    int nids = 0;
+    if ((rc = read_eos(&c, obj_get(root, "eos_token_id"), ids, &nids)) < 0)
+        goto out;
+    if (rc == 1) {
+        for (int i = 0; i < cfg->n_eos && nids < EXO_CONFIG_MAX_EOS; i++) {
+            bool dup = false;
+            for (int j = 0; j < nids; j++)
+                dup |= ids[j] == cfg->eos_token_ids[i];
+            if (!dup)
+                ids[nids++] = cfg->eos_token_ids[i];
+        }
+        memcpy(n.eos_token_ids, ids, sizeof ids);
+        n.n_eos = nids;
+    }
+    if ((rc = read_token(&c, obj_get(root, "bos_token_id"), "bos_token_id", &n.bos_token_id)) < 0 ||
+        (rc = read_token(&c, obj_get(root, "pad_token_id"), "pad_token_id", &n.pad_token_id)) < 0)
+        goto out;
+
+#define GEN(reader, key, field, bit)                                                           \
+    do {                                                                                       \
+        if ((rc = reader(&c, obj_get(root, key), key, &g->field)) < 0)                         \
+            goto out;                                                                          \
+        if (rc == 1)                                                                           \
+            g->set |= (bit);                                                                   \
+    } while (0)
+    GEN(read_num, "temperature", temperature, EXO_GEN_TEMPERATURE);
+    GEN(read_num, "top_p", top_p, EXO_GEN_TOP_P);
+    GEN(read_int, "top_k", top_k, EXO_GEN_TOP_K);
+    GEN(read_num, "min_p", min_p, EXO_GEN_MIN_P);
+    GEN(read_num, "repetition_penalty", repetition_penalty, EXO_GEN_REPETITION_PENALTY);
+    GEN(read_bool, "do_sample", do_sample, EXO_GEN_DO_SAMPLE);
+#undef GEN
+    rc = 0;
+    if (g->temperature < 0 || g->top_p < 0 || g->top_p > 1 || g->top_k < 0 || g->min_p < 0 ||
+        g->min_p > 1 || !(g->repetition_penalty > 0))
+        rc = exo_err_set(err, EXO_EFORMAT, "%s: a sampling default is out of range", name);
+out:
+    json_decref(root);
+    if (!rc)
+        *cfg = n;
+    return rc;
+}
+
+/* Reads a whole small file. 1 = read, 0 = does not exist, <0 = error. */
+static int read_file(const char *path, char **buf, size_t *len, exo_err *err)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return errno == ENOENT ? 0 : exo_err_set(err, EXO_EIO, "%s: %s", path, strerror(errno));
+    size_t cap = 4096, n = 0;
+    char *b = exo_malloc(cap);
+    for (;;) {
+        if (n == cap) {
+            if (cap >= MAX_CONFIG_BYTES) {
+                fclose(f);
+                exo_free(b);
+                return exo_err_set(err, EXO_ETOOBIG, "%s: larger than %zu bytes", path,
+                                   MAX_CONFIG_BYTES);
+            }
+            cap *= 2;
+            b = exo_realloc(b, cap);
+        }
+        size_t k = fread(b + n, 1, cap - n, f);
+        n += k;
+        if (k == 0)
+            break;
+    }
+    int bad = ferror(f);
+    fclose(f);
+    if (bad) {
+        exo_free(b);
+        return exo_err_set(err, EXO_EIO, "%s: read error", path);
+    }
+    *buf = b;
+    *len = n;
+    return 1;
+}
+
+int exo_config_load(const char *path, exo_model_config *out, exo_err *err)
+{
+    memset(out, 0, sizeof *out);
+    struct stat sb;
+    if (stat(path, &sb) != 0)
+        return exo_err_set(err, errno == ENOENT ? EXO_ENOENT : EXO_EIO, "%s: %s", path,
+                           strerror(errno));
+    char *cfg_path, *gen_path;
+    if (S_ISDIR(sb.st_mode)) {
+        size_t n = strlen(path);
+        cfg_path = exo_malloc(n + 16);
+        gen_path = exo_malloc(n + 32);
+        snprintf(cfg_path, n + 16, "%s/config.json", path);
+        snprintf(gen_path, n + 32, "%s/generation_config.json", path);
+    } else {
+        cfg_path = exo_strdup(path);
+        const char *slash = strrchr(path, '/');
+        size_t d = slash ? (size_t)(slash - path) + 1 : 0;
+        gen_path = exo_malloc(d + 32);
+        memcpy(gen_path, path, d);
+        snprintf(gen_path + d, 32, "generation_config.json");
+    }
+    char *buf = NULL;
+    size_t len = 0;
+    int rc = read_file(cfg_path, &buf, &len, err);
+    if (rc == 0)
+        rc = exo_err_set(err, EXO_ENOENT, "%s: no such file", cfg_path);
+    if (rc < 0)
+        goto out;
+    rc = exo_config_parse(buf, len, cfg_path, out, err);
+    exo_free(buf);
+    buf = NULL;
+    if (rc)
+        goto out;
+    rc = read_file(gen_path, &buf, &len, err);
+    if (rc == 1)
+        rc = exo_config_apply_generation(out, buf, len, gen_path, err);
+    if (rc < 0)
+        exo_config_free(out);
+    else
+        rc = 0;
+out:
+    exo_free(buf);
+    exo_free(cfg_path);
+    exo_free(gen_path);
+    return rc;
+}

@@ -1,0 +1,64 @@
+/* Internal interface between the matmul driver (matmul.c) and the ISA
+ * specific kernel files (gemv_avx512.c, gemm_avx2.c). Not a public API.
+ *
+ * The driver owns all memory and threading; kernels work on a row range
+ * [r0, r1) of one weight and write y[t*ldy + r] for t < T. */
+#ifndef EXO_ENGINE_CPU_KERNELS_H
+#define EXO_ENGINE_CPU_KERNELS_H
+
+#include "engine/linear.h"
+
+#include <stdint.h>
+
+/* Rows the GEMV kernels process together (activation loads are shared). */
+#define EXO_GEMV_ROWS 4
+
+/* One row of X quantized for integer dot products against affine weights of
+ * group size G, per 64-byte block of weight codes:
+ *   Q8 layout (8-bit codes, and 2/3/5/6-bit codes unpacked to bytes):
+ *     q[64b + i] = x[64b + i]
+ *   Q4 layout (4-bit codes: the low nibbles of a 64-byte block are the even
+ *     elements of 128, the high nibbles the odd ones):
+ *     q[128b + i] = x[128b + 2i], q[128b + 64 + i] = x[128b + 2i + 1]
+ * q is int8 = round(x / dx_g) with dx_g = max|x| / 127 over group g.
+ * dxe has one float per 32-bit lane of each 64-byte block of codes: the dx
+ * of the group that lane's codes belong to. sx[g] = dx_g * sum of q over
+ * group g (the sum of the dequantized activations). All arrays are zero-padded (see exo_qact_sizes). */
+typedef struct exo_qact {
+    int8_t *q;
+    float  *dxe;
+    float  *sx;
+} exo_qact;
+
+enum { EXO_QLAYOUT_Q8 = 0, EXO_QLAYOUT_Q4 = 1 };
+
+/* Element counts to allocate for one exo_qact of `cols` columns. */
+static inline int64_t exo_qact_q_len(int64_t cols) { return (cols + 127) / 128 * 128 + 128; }
+static inline int64_t exo_qact_dxe_len(int64_t cols) { return exo_qact_q_len(cols) / 4 + 16; }
+static inline int64_t exo_qact_sx_len(int64_t cols) { return cols / 32 + 32; }
+
+/* Per-thread scratch of the GEMV kernels. */
+typedef struct exo_gemv_scratch {
+    float   *sf;     /* EXO_GEMV_ROWS x sf_stride: row scales as f32 */
+    float   *bf;     /* EXO_GEMV_ROWS x sf_stride: row biases as f32 */
+    uint8_t *codes;  /* EXO_GEMV_ROWS x code_stride: unpacked codes */
+    int64_t  sf_stride, code_stride;
+} exo_gemv_scratch;
+
+static inline int64_t exo_gemv_sf_stride(int64_t cols) { return cols / 32 + 48; }
+static inline int64_t exo_gemv_code_stride(int64_t cols) { return (cols + 63) / 64 * 64 + 64; }
+
+/* AVX-512 (gemv_avx512.c) */
+void exo_qact_build_avx512(const float *x, int64_t cols, int G, int layout, exo_qact *out,
+                           int8_t *tmp /* exo_qact_q_len(cols) */);
+void exo_gemv_affine_avx512(const exo_linear *w, int64_t r0, int64_t r1, int T,
+                            const exo_qact *qa /* T of them */, float *y, int64_t ldy,
+                            exo_gemv_scratch *s);
+void exo_gemv_dense_avx512(const exo_linear *w, int64_t r0, int64_t r1, int T, const float *x,
+                           float *y, int64_t ldy);
+/* Rows [r0, r1) of w as bf16, (r1-r0) x cols. codes: exo_gemv_code_stride(cols) bytes. */
+void exo_dequant_rows_bf16_avx512(const exo_linear *w, int64_t r0, int64_t r1, uint16_t *out,
+                                  uint8_t *codes);
+void exo_f32_to_bf16_avx512(const float *x, int64_t n, uint16_t *out);
+
+#endif

@@ -1,0 +1,56 @@
+/* Memory read bandwidth measurement (see membw.h). */
+#include "engine/cpu/membw.h"
+#include "core/alloc.h"
+#include "core/clock.h"
+#include "core/cpu_features.h"
+
+#include <string.h>
+
+typedef struct bw_job {
+    const unsigned char *buf;
+    size_t bytes;
+    volatile unsigned long long sink;
+} bw_job;
+
+static unsigned long long sum_generic(const void *p, size_t bytes)
+{
+    const unsigned long long *v = p;
+    unsigned long long a[8] = {0};
+    size_t n = bytes / 8;
+    for (size_t i = 0; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++)
+            a[j] ^= v[i + j];
+    return a[0] ^ a[1] ^ a[2] ^ a[3] ^ a[4] ^ a[5] ^ a[6] ^ a[7];
+}
+
+static void bw_worker(void *p, int ith, int nth)
+{
+    bw_job *j = p;
+    long b, e;
+    exo_split_range((long)j->bytes, 4096, ith, nth, &b, &e);
+    unsigned long long s = exo_cpu_isa() >= EXO_ISA_AVX512
+                               ? exo_membw_sum_avx512(j->buf + b, (size_t)(e - b))
+                               : sum_generic(j->buf + b, (size_t)(e - b));
+    if (s == 42)
+        j->sink = s;
+}
+
+double exo_membw_read(exo_pool *pool, size_t bytes, int passes)
+{
+    unsigned char *buf = exo_alloc_aligned(bytes);
+    if (!buf)
+        return 0;
+    for (size_t i = 0; i < bytes; i += 4096)
+        buf[i] = (unsigned char)i; /* fault every page in before timing */
+    bw_job j = {buf, bytes, 0};
+    double best = 0;
+    for (int p = 0; p < passes; p++) {
+        double t0 = exo_clock_seconds();
+        exo_pool_run(pool, bw_worker, &j);
+        double dt = exo_clock_seconds() - t0;
+        if (dt > 0 && (double)bytes / dt > best)
+            best = (double)bytes / dt;
+    }
+    exo_free_aligned(buf);
+    return best;
+}

@@ -1,0 +1,176 @@
+/* CPU element-wise kernels and attention (see ops.h).
+ *
+ * These are a small share of decode time next to the weight-streaming matrix
+ * products, so they are plain C written so GCC vectorises them (independent
+ * accumulators instead of one serial sum) and split across the thread pool
+ * by rows or by (token, head). Numerics follow Hugging Face: RMSNorm and
+ * softmax in f32, cos/sin from f32 angles. */
+#include "engine/cpu/ops.h"
+
+#include <math.h>
+#include <string.h>
+
+float exo_cpu_dot_f32(const float *a, const float *b, int n)
+{
+    float acc[16] = {0};
+    int i = 0;
+    for (; i + 16 <= n; i += 16)
+        for (int j = 0; j < 16; j++)
+            acc[j] += a[i + j] * b[i + j];
+    float s = 0;
+    for (int j = 0; j < 16; j++)
+        s += acc[j];
+    for (; i < n; i++)
+        s += a[i] * b[i];
+    return s;
+}
+
+typedef struct rmsnorm_job {
+    float *out;
+    const float *x, *w;
+    int rows, dim;
+    float eps;
+} rmsnorm_job;
+
+static void rmsnorm_worker(void *p, int ith, int nth)
+{
+    rmsnorm_job *j = p;
+    long r0, r1;
+    exo_split_range(j->rows, 1, ith, nth, &r0, &r1);
+    for (long r = r0; r < r1; r++) {
+        const float *x = j->x + r * j->dim;
+        float *o = j->out + r * j->dim;
+        float ss = exo_cpu_dot_f32(x, x, j->dim);
+        float inv = 1.0f / sqrtf(ss / (float)j->dim + j->eps);
+        for (int i = 0; i < j->dim; i++)
+            o[i] = j->w[i] * (x[i] * inv);
+    }
+}
+
+void exo_cpu_rmsnorm(exo_pool *pool, float *out, const float *x, const float *w, int rows, int dim,
+                     float eps)
+{
+    rmsnorm_job j = {out, x, w, rows, dim, eps};
+    if ((long)rows * dim < 16384)
+        rmsnorm_worker(&j, 0, 1);
+    else
+        exo_pool_run(pool, rmsnorm_worker, &j);
+}
+
+void exo_cpu_rope(exo_pool *pool, float *x, int T, int n_heads, int head_dim, int pos0,
+                  const float *inv_freq, float mscale)
+{
+    (void)pool;
+    int half = head_dim / 2;
+    float cs[512], sn[512]; /* head_dim <= 1024 is checked at model load */
+    for (int t = 0; t < T; t++) {
+        for (int i = 0; i < half; i++) {
+            float ang = (float)(pos0 + t) * inv_freq[i];
+            cs[i] = (float)cos((double)ang) * mscale;
+            sn[i] = (float)sin((double)ang) * mscale;
+        }
+        for (int h = 0; h < n_heads; h++) {
+            float *v = x + ((long)t * n_heads + h) * head_dim;
+            for (int i = 0; i < half; i++) {
+                float a = v[i], b = v[i + half];
+                v[i] = a * cs[i] - b * sn[i];
+                v[i + half] = b * cs[i] + a * sn[i];
+            }
+        }
+    }
+}
+
+typedef struct attn_job {
+    const exo_attn_shape *shape;
+    float *out;
+    const float *q;
+    const float *k_cache, *v_cache;
+    int T, pos0;
+    float *const *scratch;
+} attn_job;
+
+static void attn_worker(void *p, int ith, int nth)
+{
+    attn_job *j = p;
+    const exo_attn_shape *s = j->shape;
+    int hd = s->head_dim, group = s->n_heads / s->n_kv_heads;
+    long kv_stride = (long)s->n_kv_heads * hd;
+    long n_items = (long)j->T * s->n_heads, i0, i1;
+    exo_split_range(n_items, 1, ith, nth, &i0, &i1);
+    float *scores = j->scratch[ith];
+    for (long it = i0; it < i1; it++) {
+        int t = (int)(it / s->n_heads), h = (int)(it % s->n_heads), kvh = h / group;
+        int qpos = j->pos0 + t;
+        int lo = 0;
+        if (s->sliding_window > 0 && qpos - s->sliding_window + 1 > 0)
+            lo = qpos - s->sliding_window + 1;
+        const float *q = j->q + it * hd;
+        float mx = -INFINITY;
+        for (int sp = lo; sp <= qpos; sp++) {
+            float d = exo_cpu_dot_f32(q, j->k_cache + sp * kv_stride + (long)kvh * hd, hd) * s->scale;
+            scores[sp] = d;
+            if (d > mx)
+                mx = d;
+        }
+        float sum = 0;
+        for (int sp = lo; sp <= qpos; sp++) {
+            scores[sp] = expf(scores[sp] - mx);
+            sum += scores[sp];
+        }
+        float inv = 1.0f / sum;
+        float *o = j->out + it * hd;
+        memset(o, 0, sizeof(float) * (size_t)hd);
+        for (int sp = lo; sp <= qpos; sp++) {
+            float pw = scores[sp] * inv;
+            const float *vv = j->v_cache + sp * kv_stride + (long)kvh * hd;
+            for (int d = 0; d < hd; d++)
+                o[d] += pw * vv[d];
+        }
+    }
+}
+
+void exo_cpu_attention(exo_pool *pool, const exo_attn_shape *shape, float *out, const float *q,
+                       const float *k, const float *v, float *k_cache, float *v_cache, int T,
+                       int pos0, float *const *scratch)
+{
+    size_t row = (size_t)shape->n_kv_heads * (size_t)shape->head_dim;
+    memcpy(k_cache + (size_t)pos0 * row, k, sizeof(float) * row * (size_t)T);
+    memcpy(v_cache + (size_t)pos0 * row, v, sizeof(float) * row * (size_t)T);
+    attn_job j = {shape, out, q, k_cache, v_cache, T, pos0, scratch};
+    exo_pool_run(pool, attn_worker, &j);
+}
+
+typedef struct ew_job {
+    float *a;
+    const float *b;
+    size_t n;
+    int op;
+} ew_job;
+
+static void ew_worker(void *p, int ith, int nth)
+{
+    ew_job *j = p;
+    long b0, b1;
+    exo_split_range((long)j->n, 64, ith, nth, &b0, &b1);
+    float *a = j->a;
+    const float *b = j->b;
+    if (j->op == 0) {
+        for (long i = b0; i < b1; i++)
+            a[i] = a[i] / (1.0f + expf(-a[i])) * b[i];
+    } else {
+        for (long i = b0; i < b1; i++)
+            a[i] += b[i];
+    }
+}
+
+static void run_ew(exo_pool *pool, float *a, const float *b, size_t n, int op)
+{
+    ew_job j = {a, b, n, op};
+    if (n < 32768)
+        ew_worker(&j, 0, 1);
+    else
+        exo_pool_run(pool, ew_worker, &j);
+}
+
+void exo_cpu_silu_mul(exo_pool *pool, float *g, const float *u, size_t n) { run_ew(pool, g, u, n, 0); }
+void exo_cpu_add(exo_pool *pool, float *x, const float *y, size_t n) { run_ew(pool, x, y, n, 1); }

@@ -1,0 +1,588 @@
+/* Model loading and the forward pass (see model.h).
+ *
+ * Loading binds every tensor the architecture needs to an exo_linear or a
+ * vector through an exo_weight_source (a checkpoint, or in-memory synthetic
+ * weights), checks every shape against the config, and hands each layer's
+ * weights to the backend that layer is assigned to.
+ *
+ * The forward pass is llama2.c's, written against the backend vtable:
+ *   x = embed(tokens)
+ *   per layer: h = rmsnorm(x); q,k,v = h Wq,Wk,Wv (+bias); [q,k = rmsnorm per
+ *              head]; rope(q,k); a = attention(q, cache+k, cache+v);
+ *              x += a Wo; h = rmsnorm(x); x += (silu(h Wg) * h Wu) Wd
+ *   logits = rmsnorm(x) Wlm
+ * Long prompts are processed in chunks of max_chunk tokens so activation
+ * buffers stay bounded; nothing is allocated per token. */
+#include "engine/model.h"
+#include "core/alloc.h"
+#include "core/log.h"
+#include "engine/backend.h"
+#include "engine/quant.h"
+#include "engine/rope.h"
+#include "engine/safetensors.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#define MAX_LOGIT_ROWS 16 /* LM-head rows computed per step when all logits are wanted */
+
+typedef struct layer {
+    exo_backend *be;
+    float *attn_norm, *mlp_norm; /* (dim) */
+    float *q_norm, *k_norm;      /* (head_dim) qwen3, else NULL */
+    float *bq, *bk, *bv, *bo;    /* (out) biases or NULL */
+    exo_linear q, k, v, o;       /* (n_heads*hd, dim) (n_kv*hd, dim) x2, (dim, n_heads*hd) */
+    exo_linear gate, up, down;   /* (ffn, dim) x2, (dim, ffn) */
+} layer;
+
+/* Activation buffers of one backend, each sized for max_chunk tokens. */
+typedef struct acts {
+    exo_backend *be;
+    float *x, *h;     /* (chunk, dim) */
+    float *q, *att;   /* (chunk, n_heads*hd) */
+    float *k, *v;     /* (chunk, n_kv*hd) */
+    float *g, *u;     /* (chunk, ffn) */
+    float *logits;    /* (MAX_LOGIT_ROWS, vocab) */
+    float *inv_freq;  /* (hd/2) */
+} acts;
+
+struct exo_model {
+    exo_model_config cfg;
+    bool owns_cfg;
+    exo_st *st;
+    exo_backend *cpu;
+    int n_layers, dim, n_heads, n_kv, hd, ffn, vocab, max_chunk;
+    float mscale, eps;
+    exo_attn_shape attn;
+    exo_linear embed;   /* on the first layer's backend */
+    exo_linear lm_head; /* on the last layer's backend */
+    float *final_norm;
+    layer *layers;
+    acts act;           /* one backend for now: the CPU */
+};
+
+struct exo_seq {
+    exo_model *m;
+    int capacity, len;
+    float **k_cache, **v_cache; /* per layer (capacity, n_kv, hd) on that layer's backend */
+};
+
+/* ---- weight sources ---------------------------------------------------- */
+
+typedef struct st_source {
+    exo_st *st;
+    const exo_model_config *cfg;
+    char prefix[64];    /* replaces a leading "model." (multimodal wrappers) */
+    exo_err *err;
+} st_source;
+
+static const exo_st_tensor *st_lookup(st_source *s, const char *name)
+{
+    char buf[512];
+    if (s->prefix[0] && !strncmp(name, "model.", 6)) {
+        snprintf(buf, sizeof buf, "%s%s", s->prefix, name + 6);
+        return exo_st_find(s->st, buf);
+    }
+    if (s->prefix[0] && !strcmp(name, "lm_head.weight")) {
+        const exo_st_tensor *t = exo_st_find(s->st, name);
+        if (t)
+            return t;
+        snprintf(buf, sizeof buf, "language_model.%s", name);
+        return exo_st_find(s->st, buf);
+    }
+    return exo_st_find(s->st, name);
+}
+
+static bool is_float_dtype(exo_dtype t)
+{
+    return t == EXO_DTYPE_F32 || t == EXO_DTYPE_F16 || t == EXO_DTYPE_BF16;
+}
+
+static int st_linear(void *ctx, const char *module, exo_linear *out)
+{
+    st_source *s = ctx;
+    char name[512];
+    snprintf(name, sizeof name, "%s.weight", module);
+    const exo_st_tensor *w = st_lookup(s, name);
+    if (!w)
+        return EXO_ENOENT;
+    snprintf(name, sizeof name, "%s.scales", module);
+    const exo_st_tensor *sc = st_lookup(s, name);
+    snprintf(name, sizeof name, "%s.biases", module);
+    const exo_st_tensor *bi = st_lookup(s, name);
+    memset(out, 0, sizeof *out);
+    if (w->ndim != 2)
+        return exo_err_set(s->err, EXO_EFORMAT, "%s: %s.weight has %d dims, expected 2", w->file,
+                           module, w->ndim);
+    if (!sc) {
+        if (!is_float_dtype(w->dtype))
+            return exo_err_set(s->err, EXO_EFORMAT, "%s: %s.weight has dtype %s and no scales",
+                               w->file, module, exo_dtype_name(w->dtype));
+        out->format = EXO_WFORMAT_DENSE;
+        out->dtype = w->dtype;
+        out->rows = w->shape[0];
+        out->cols = w->shape[1];
+        out->w = w->data;
+        return 0;
+    }
+    int bits = 0, gs = 0;
+    if (!exo_config_quant_for(s->cfg, module, &bits, &gs))
+        return exo_err_set(s->err, EXO_EFORMAT,
+                           "%s: %s has quantization scales but config.json has no quantization "
+                           "settings for it", w->file, module);
+    if (!bi || w->dtype != EXO_DTYPE_U32 || sc->ndim != 2 || bi->ndim != 2 ||
+        !is_float_dtype(sc->dtype) || sc->dtype != bi->dtype)
+        return exo_err_set(s->err, EXO_EFORMAT,
+                           "%s: %s: quantized weight needs U32 weight and matching float "
+                           "scales/biases", w->file, module);
+    int64_t rows = w->shape[0], cols = w->shape[1] * 32 / bits;
+    if (w->shape[1] * 32 % bits || sc->shape[0] != rows || bi->shape[0] != rows ||
+        sc->shape[1] * gs != cols || bi->shape[1] != sc->shape[1])
+        return exo_err_set(s->err, EXO_EFORMAT,
+                           "%s: %s: shapes weight [%lld,%lld] scales [%lld,%lld] do not match "
+                           "bits=%d group_size=%d", w->file, module, (long long)w->shape[0],
+                           (long long)w->shape[1], (long long)sc->shape[0],
+                           (long long)sc->shape[1], bits, gs);
+    int rc = exo_affine_check(bits, gs, cols, s->err);
+    if (rc)
+        return exo_err_wrap(s->err, "%s: %s", w->file, module);
+    out->format = EXO_WFORMAT_AFFINE;
+    out->dtype = sc->dtype;
+    out->rows = rows;
+    out->cols = cols;
+    out->w = w->data;
+    out->scales = sc->data;
+    out->biases = bi->data;
+    out->bits = bits;
+    out->group_size = gs;
+    return 0;
+}
+
+static int st_vector(void *ctx, const char *name, exo_dtype *dtype, const void **data, int64_t *n)
+{
+    st_source *s = ctx;
+    const exo_st_tensor *t = st_lookup(s, name);
+    if (!t)
+        return EXO_ENOENT;
+    if (t->ndim != 1 || !is_float_dtype(t->dtype))
+        return exo_err_set(s->err, EXO_EFORMAT, "%s: %s must be a 1-d float tensor", t->file, name);
+    *dtype = t->dtype;
+    *data = t->data;
+    *n = t->shape[0];
+    return 0;
+}
+
+/* ---- binding ------------------------------------------------------------ */
+
+typedef struct binder {
+    const exo_weight_source *src;
+    exo_backend *be;
+    exo_err *err;
+} binder;
+
+static int bind_linear(binder *b, const char *module, int64_t rows, int64_t cols, bool required,
+                       exo_linear *out, bool *found)
+{
+    exo_linear host;
+    int rc = b->src->linear(b->src->ctx, module, &host);
+    if (found)
+        *found = rc == 0;
+    if (rc == EXO_ENOENT) {
+        if (!required)
+            return 0;
+        return exo_err_set(b->err, EXO_EFORMAT, "missing weight %s.weight", module);
+    }
+    if (rc)
+        return rc;
+    if (host.rows != rows || host.cols != cols)
+        return exo_err_set(b->err, EXO_EFORMAT, "%s: shape [%lld, %lld], config says [%lld, %lld]",
+                           module, (long long)host.rows, (long long)host.cols, (long long)rows,
+                           (long long)cols);
+    return b->be->ops->load_linear(b->be, &host, out, b->err);
+}
+
+static int bind_vector(binder *b, const char *name, int64_t n, bool required, float **out)
+{
+    exo_dtype t;
+    const void *data;
+    int64_t len;
+    *out = NULL;
+    int rc = b->src->vector(b->src->ctx, name, &t, &data, &len);
+    if (rc == EXO_ENOENT)
+        return required ? exo_err_set(b->err, EXO_EFORMAT, "missing tensor %s", name) : 0;
+    if (rc)
+        return rc;
+    if (len != n)
+        return exo_err_set(b->err, EXO_EFORMAT, "%s: length %lld, expected %lld", name,
+                           (long long)len, (long long)n);
+    *out = b->be->ops->load_vector(b->be, t, data, (size_t)n, b->err);
+    return *out ? 0 : EXO_ENOMEM;
+}
+
+static bool arch_supported(const char *mt)
+{
+    return !strcmp(mt, "llama") || !strcmp(mt, "mistral") || !strcmp(mt, "qwen2") ||
+           !strcmp(mt, "qwen3");
+}
+
+static int check_config(const exo_model_config *c, exo_err *err)
+{
+    if (!arch_supported(c->model_type))
+        return exo_err_set(err, EXO_EUNSUPPORTED,
+                           "model_type '%s' is not supported (llama, mistral, qwen2, qwen3)",
+                           c->model_type);
+    if (strcmp(c->hidden_act, "silu") && strcmp(c->hidden_act, "swish"))
+        return exo_err_set(err, EXO_EUNSUPPORTED, "hidden_act '%s' is not supported (silu)",
+                           c->hidden_act);
+    if (c->head_dim <= 0 || c->head_dim > 1024 || c->head_dim % 2)
+        return exo_err_set(err, EXO_EUNSUPPORTED, "head_dim %lld is not supported",
+                           (long long)c->head_dim);
+    if (c->num_key_value_heads <= 0 || c->num_attention_heads % c->num_key_value_heads)
+        return exo_err_set(err, EXO_EFORMAT, "num_attention_heads %% num_key_value_heads != 0");
+    if (c->vocab_size > INT32_MAX || c->hidden_size > INT32_MAX || c->intermediate_size > INT32_MAX)
+        return exo_err_set(err, EXO_ERANGE, "model dimensions too large");
+    return 0;
+}
+
+static void free_acts(acts *a)
+{
+    if (!a->be)
+        return;
+    float **bufs[] = {&a->x, &a->h, &a->q, &a->att, &a->k, &a->v, &a->g, &a->u, &a->logits,
+                      &a->inv_freq};
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) {
+        a->be->ops->release(a->be, *bufs[i]);
+        *bufs[i] = NULL;
+    }
+}
+
+static int alloc_acts(exo_model *m, acts *a, exo_backend *be, exo_err *err)
+{
+    a->be = be;
+    size_t C = (size_t)m->max_chunk;
+    struct {
+        float **p;
+        size_t n;
+    } want[] = {
+        {&a->x, C * m->dim},           {&a->h, C * m->dim},
+        {&a->q, C * m->n_heads * m->hd}, {&a->att, C * m->n_heads * m->hd},
+        {&a->k, C * m->n_kv * m->hd},  {&a->v, C * m->n_kv * m->hd},
+        {&a->g, C * m->ffn},           {&a->u, C * m->ffn},
+        {&a->logits, (size_t)MAX_LOGIT_ROWS * m->vocab}, {&a->inv_freq, (size_t)m->hd / 2},
+    };
+    for (size_t i = 0; i < sizeof want / sizeof *want; i++) {
+        *want[i].p = be->ops->alloc(be, want[i].n * sizeof(float));
+        if (!*want[i].p)
+            return exo_err_set(err, EXO_ENOMEM, "cannot allocate activations for %zu tokens", C);
+    }
+    return 0;
+}
+
+int exo_model_build(const exo_model_config *cfg, const exo_weight_source *src,
+                    const exo_model_opts *opts, exo_model **out, exo_err *err)
+{
+    *out = NULL;
+    int rc = check_config(cfg, err);
+    if (rc)
+        return rc;
+    exo_model *m = exo_calloc(1, sizeof *m);
+    m->cfg = *cfg;
+    m->n_layers = (int)cfg->num_hidden_layers;
+    m->dim = (int)cfg->hidden_size;
+    m->n_heads = (int)cfg->num_attention_heads;
+    m->n_kv = (int)cfg->num_key_value_heads;
+    m->hd = (int)cfg->head_dim;
+    m->ffn = (int)cfg->intermediate_size;
+    m->vocab = (int)cfg->vocab_size;
+    m->eps = (float)cfg->rms_norm_eps;
+    m->max_chunk = opts && opts->max_chunk > 0 ? opts->max_chunk : 512;
+    m->attn = (exo_attn_shape){m->n_heads, m->n_kv, m->hd, (int)cfg->sliding_window,
+                               1.0f / sqrtf((float)m->hd)};
+    m->cpu = exo_backend_cpu_create(opts ? opts->n_threads : 0, err);
+    if (!m->cpu) {
+        exo_free(m);
+        return err ? err->code : EXO_EINTERNAL;
+    }
+    m->layers = exo_calloc((size_t)m->n_layers, sizeof(layer));
+    binder b = {src, m->cpu, err};
+    int64_t D = m->dim, QD = (int64_t)m->n_heads * m->hd, KD = (int64_t)m->n_kv * m->hd,
+            F = m->ffn, V = m->vocab;
+    bool qk_norm = !strcmp(cfg->model_type, "qwen3");
+    bool qkv_bias = cfg->attention_bias || !strcmp(cfg->model_type, "qwen2");
+    char name[256];
+#define TRY(x)              \
+    do {                    \
+        if ((rc = (x)))     \
+            goto fail;      \
+    } while (0)
+    TRY(bind_linear(&b, "model.embed_tokens", V, D, true, &m->embed, NULL));
+    for (int l = 0; l < m->n_layers; l++) {
+        layer *L = &m->layers[l];
+        L->be = m->cpu;
+        b.be = L->be;
+#define P(fmt) (snprintf(name, sizeof name, "model.layers.%d." fmt, l), name)
+        TRY(bind_vector(&b, P("input_layernorm.weight"), D, true, &L->attn_norm));
+        TRY(bind_vector(&b, P("post_attention_layernorm.weight"), D, true, &L->mlp_norm));
+        TRY(bind_linear(&b, P("self_attn.q_proj"), QD, D, true, &L->q, NULL));
+        TRY(bind_linear(&b, P("self_attn.k_proj"), KD, D, true, &L->k, NULL));
+        TRY(bind_linear(&b, P("self_attn.v_proj"), KD, D, true, &L->v, NULL));
+        TRY(bind_linear(&b, P("self_attn.o_proj"), D, QD, true, &L->o, NULL));
+        TRY(bind_linear(&b, P("mlp.gate_proj"), F, D, true, &L->gate, NULL));
+        TRY(bind_linear(&b, P("mlp.up_proj"), F, D, true, &L->up, NULL));
+        TRY(bind_linear(&b, P("mlp.down_proj"), D, F, true, &L->down, NULL));
+        if (qk_norm) {
+            TRY(bind_vector(&b, P("self_attn.q_norm.weight"), m->hd, true, &L->q_norm));
+            TRY(bind_vector(&b, P("self_attn.k_norm.weight"), m->hd, true, &L->k_norm));
+        }
+        TRY(bind_vector(&b, P("self_attn.q_proj.bias"), QD, qkv_bias, &L->bq));
+        TRY(bind_vector(&b, P("self_attn.k_proj.bias"), KD, qkv_bias, &L->bk));
+        TRY(bind_vector(&b, P("self_attn.v_proj.bias"), KD, qkv_bias, &L->bv));
+        TRY(bind_vector(&b, P("self_attn.o_proj.bias"), D, false, &L->bo));
+#undef P
+    }
+    TRY(bind_vector(&b, "model.norm.weight", D, true, &m->final_norm));
+    bool has_head = false;
+    TRY(bind_linear(&b, "lm_head", V, D, !cfg->tie_word_embeddings, &m->lm_head, &has_head));
+    if (!has_head)
+        m->lm_head = m->embed; /* tied: same backend in a single-backend model */
+    TRY(alloc_acts(m, &m->act, m->cpu, err));
+    {
+        float inv_freq[512];
+        exo_rope_scaling rs = cfg->rope;
+        if (!rs.original_max_position_embeddings)
+            rs.original_max_position_embeddings = cfg->max_position_embeddings;
+        TRY(exo_rope_init(&rs, cfg->rope_theta, m->hd, inv_freq, &m->mscale, err));
+        m->cpu->ops->to_device(m->cpu, m->act.inv_freq, inv_freq, sizeof(float) * (size_t)m->hd / 2);
+    }
+#undef TRY
+    *out = m;
+    return 0;
+fail:
+    exo_model_free(m);
+    return rc;
+}
+
+int exo_model_load(const char *dir, const exo_model_opts *opts, exo_model **out, exo_err *err)
+{
+    *out = NULL;
+    exo_model_config cfg;
+    int rc = exo_config_load(dir, &cfg, err);
+    if (rc)
+        return rc;
+    exo_st *st = NULL;
+    rc = exo_st_open(dir, &st, err);
+    if (rc) {
+        exo_config_free(&cfg);
+        return rc;
+    }
+    st_source s = {st, &cfg, "", err};
+    if (!exo_st_find(st, "model.embed_tokens.weight")) {
+        static const char *const prefixes[] = {"language_model.model.", "model.language_model."};
+        for (size_t i = 0; i < 2; i++) {
+            char probe[128];
+            snprintf(probe, sizeof probe, "%sembed_tokens.weight", prefixes[i]);
+            if (exo_st_find(st, probe))
+                snprintf(s.prefix, sizeof s.prefix, "%s", prefixes[i]);
+        }
+    }
+    exo_weight_source src = {&s, st_linear, st_vector};
+    exo_model *m;
+    rc = exo_model_build(&cfg, &src, opts, &m, err);
+    if (rc) {
+        exo_err_wrap(err, "loading %s", dir);
+        exo_st_close(st);
+        exo_config_free(&cfg);
+        return rc;
+    }
+    m->st = st;
+    m->owns_cfg = true;
+    *out = m;
+    return 0;
+}
+
+void exo_model_free(exo_model *m)
+{
+    if (!m)
+        return;
+    if (m->layers) {
+        for (int l = 0; l < m->n_layers; l++) {
+            layer *L = &m->layers[l];
+            exo_backend *be = L->be;
+            if (!be)
+                continue;
+            float *vecs[] = {L->attn_norm, L->mlp_norm, L->q_norm, L->k_norm,
+                             L->bq,        L->bk,       L->bv,     L->bo};
+            for (size_t i = 0; i < sizeof vecs / sizeof *vecs; i++)
+                be->ops->release(be, vecs[i]);
+        }
+    }
+    if (m->cpu) {
+        m->cpu->ops->release(m->cpu, m->final_norm);
+        free_acts(&m->act);
+        m->cpu->ops->free(m->cpu);
+    }
+    exo_free(m->layers);
+    exo_st_close(m->st);
+    if (m->owns_cfg)
+        exo_config_free(&m->cfg);
+    exo_free(m);
+}
+
+const exo_model_config *exo_model_get_config(const exo_model *m) { return &m->cfg; }
+int exo_model_vocab(const exo_model *m) { return m->vocab; }
+
+size_t exo_model_decode_bytes(const exo_model *m)
+{
+    size_t total = exo_linear_bytes(&m->lm_head);
+    for (int l = 0; l < m->n_layers; l++) {
+        const layer *L = &m->layers[l];
+        const exo_linear *ws[] = {&L->q, &L->k, &L->v, &L->o, &L->gate, &L->up, &L->down};
+        for (size_t i = 0; i < 7; i++)
+            total += exo_linear_bytes(ws[i]);
+    }
+    return total;
+}
+
+/* ---- sequences ---------------------------------------------------------- */
+
+int exo_seq_create(exo_model *m, int capacity, exo_seq **out, exo_err *err)
+{
+    *out = NULL;
+    if (capacity <= 0)
+        return exo_err_set(err, EXO_EINVAL, "sequence capacity must be > 0");
+    exo_seq *s = exo_calloc(1, sizeof *s);
+    s->m = m;
+    s->capacity = capacity;
+    s->k_cache = exo_calloc((size_t)m->n_layers, sizeof(float *));
+    s->v_cache = exo_calloc((size_t)m->n_layers, sizeof(float *));
+    size_t bytes = (size_t)capacity * (size_t)m->n_kv * (size_t)m->hd * sizeof(float);
+    for (int l = 0; l < m->n_layers; l++) {
+        exo_backend *be = m->layers[l].be;
+        s->k_cache[l] = be->ops->alloc(be, bytes);
+        s->v_cache[l] = be->ops->alloc(be, bytes);
+        if (!s->k_cache[l] || !s->v_cache[l]) {
+            exo_seq_free(s);
+            return exo_err_set(err, EXO_ENOMEM, "cannot allocate KV cache for %d tokens", capacity);
+        }
+    }
+    *out = s;
+    return 0;
+}
+
+void exo_seq_free(exo_seq *s)
+{
+    if (!s)
+        return;
+    for (int l = 0; l < s->m->n_layers; l++) {
+        exo_backend *be = s->m->layers[l].be;
+        be->ops->release(be, s->k_cache[l]);
+        be->ops->release(be, s->v_cache[l]);
+    }
+    exo_free(s->k_cache);
+    exo_free(s->v_cache);
+    exo_free(s);
+}
+
+int exo_seq_len(const exo_seq *s) { return s->len; }
+int exo_seq_capacity(const exo_seq *s) { return s->capacity; }
+
+void exo_seq_truncate(exo_seq *s, int n)
+{
+    if (n >= 0 && n < s->len)
+        s->len = n;
+}
+
+/* ---- forward ------------------------------------------------------------ */
+
+static void layer_forward(exo_model *m, exo_seq *s, int l, int T, int pos0)
+{
+    layer *L = &m->layers[l];
+    exo_backend *be = L->be;
+    const exo_backend_ops *o = be->ops;
+    acts *a = &m->act;
+    int QD = m->n_heads * m->hd, KD = m->n_kv * m->hd;
+
+    o->rmsnorm(be, a->h, a->x, L->attn_norm, T, m->dim, m->eps);
+    const exo_linear *qkv[3] = {&L->q, &L->k, &L->v};
+    float *const qkv_out[3] = {a->q, a->k, a->v};
+    o->matmul(be, 3, qkv, a->h, T, qkv_out);
+    if (L->bq) {
+        o->add_bias(be, a->q, L->bq, T, QD);
+        o->add_bias(be, a->k, L->bk, T, KD);
+        o->add_bias(be, a->v, L->bv, T, KD);
+    }
+    if (L->q_norm) {
+        o->rmsnorm(be, a->q, a->q, L->q_norm, T * m->n_heads, m->hd, m->eps);
+        o->rmsnorm(be, a->k, a->k, L->k_norm, T * m->n_kv, m->hd, m->eps);
+    }
+    o->rope(be, a->q, T, m->n_heads, m->hd, pos0, a->inv_freq, m->mscale);
+    o->rope(be, a->k, T, m->n_kv, m->hd, pos0, a->inv_freq, m->mscale);
+    o->attention(be, &m->attn, a->att, a->q, a->k, a->v, s->k_cache[l], s->v_cache[l], T, pos0);
+
+    const exo_linear *wo[1] = {&L->o};
+    float *const ho[1] = {a->h};
+    o->matmul(be, 1, wo, a->att, T, ho);
+    if (L->bo)
+        o->add_bias(be, a->h, L->bo, T, m->dim);
+    o->add(be, a->x, a->h, (size_t)T * (size_t)m->dim);
+
+    o->rmsnorm(be, a->h, a->x, L->mlp_norm, T, m->dim, m->eps);
+    const exo_linear *gu[2] = {&L->gate, &L->up};
+    float *const gu_out[2] = {a->g, a->u};
+    o->matmul(be, 2, gu, a->h, T, gu_out);
+    o->silu_mul(be, a->g, a->u, (size_t)T * (size_t)m->ffn);
+    const exo_linear *wd[1] = {&L->down};
+    o->matmul(be, 1, wd, a->g, T, ho);
+    o->add(be, a->x, a->h, (size_t)T * (size_t)m->dim);
+}
+
+/* Final norm and LM head for `rows` consecutive rows of a->x starting at
+ * row r0; logits land in host memory at out. */
+static void head_forward(exo_model *m, int r0, int rows, float *out)
+{
+    exo_backend *be = m->layers[m->n_layers - 1].be;
+    acts *a = &m->act;
+    float *x = a->x + (size_t)r0 * (size_t)m->dim;
+    be->ops->rmsnorm(be, a->h, x, m->final_norm, rows, m->dim, m->eps);
+    const exo_linear *w[1] = {&m->lm_head};
+    float *const y[1] = {a->logits};
+    be->ops->matmul(be, 1, w, a->h, rows, y);
+    be->ops->to_host(be, out, a->logits, sizeof(float) * (size_t)rows * (size_t)m->vocab);
+}
+
+int exo_model_forward(exo_model *m, exo_seq *s, const int32_t *tokens, int T, float *logits,
+                      bool all_logits, exo_err *err)
+{
+    if (T <= 0)
+        return exo_err_set(err, EXO_EINVAL, "forward: no tokens");
+    if (s->m != m)
+        return exo_err_set(err, EXO_EINVAL, "forward: sequence belongs to another model");
+    if (T > s->capacity - s->len)
+        return exo_err_set(err, EXO_ERANGE, "context full: %d + %d tokens > capacity %d", s->len,
+                           T, s->capacity);
+    for (int t = 0; t < T; t++)
+        if (tokens[t] < 0 || tokens[t] >= m->vocab)
+            return exo_err_set(err, EXO_ERANGE, "token id %d out of range [0, %d)", tokens[t],
+                               m->vocab);
+    exo_backend *first = m->layers[0].be;
+    for (int t0 = 0; t0 < T; t0 += m->max_chunk) {
+        int n = T - t0 < m->max_chunk ? T - t0 : m->max_chunk;
+        int pos0 = s->len;
+        first->ops->embed(first, &m->embed, tokens + t0, n, m->act.x);
+        for (int l = 0; l < m->n_layers; l++)
+            layer_forward(m, s, l, n, pos0);
+        s->len += n;
+        if (!logits)
+            continue;
+        if (all_logits) {
+            for (int r = 0; r < n; r += MAX_LOGIT_ROWS) {
+                int rows = n - r < MAX_LOGIT_ROWS ? n - r : MAX_LOGIT_ROWS;
+                head_forward(m, r, rows, logits + (size_t)(t0 + r) * (size_t)m->vocab);
+            }
+        } else if (t0 + n == T) {
+            head_forward(m, n - 1, 1, logits);
+        }
+    }
+    return 0;
+}

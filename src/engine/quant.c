@@ -1,0 +1,195 @@
+/* MLX affine quantization (see quant.h), plus the exo_linear helpers that
+ * depend on it (exo_linear_bytes, exo_linear_row_f32).
+ *
+ * What MLX does, established from ml-explore/mlx (commit 846d176, 2026-08):
+ *   mlx/ops.cpp            affine_quantize() + pack_and_quantize() (fallback)
+ *   mlx/backend/cpu/quantized.cpp  quantize() (the CPU fast::Quantize)
+ *   mlx/backend/common/quantized.h get_pack_factor / get_bytes_per_pack
+ * Per group of G values, all arithmetic in f32:
+ *   n_bins = 2^bits - 1, eps = 1e-7
+ *   w_min, w_max over the group
+ *   mask  = |w_min| > |w_max|
+ *   scale = max((w_max - w_min) / n_bins, eps);  scale = mask ? scale : -scale
+ *   edge  = mask ? w_min : w_max
+ *   q0    = rint(edge / scale)           (round half to even)
+ *   if q0 != 0: scale = edge / q0, bias = edge   else bias = 0
+ *   q     = clamp(rint((w - bias) / scale), 0, n_bins)
+ * so the edge value of larger magnitude is exactly representable (q = 0 or
+ * n_bins), and zero is representable up to rounding of edge/q0; the scale is
+ * negative when the group's max has the larger magnitude. Codes are computed
+ * from the f32 scale; scales and biases are then cast to w's dtype.
+ * Packing: bits 2/4/8 put 32/bits codes in each uint32, code k at bit k*bits.
+ * Bits 3 and 5 pack 8 codes into 3 resp. 5 bytes, bits 6 packs 4 codes into
+ * 3 bytes, code k at bit k*bits of the little-endian pack, packs stored
+ * consecutively and the byte array viewed as uint32. Both are the same thing:
+ * one little-endian LSB-first bit stream per row, which is how this file
+ * reads and writes every width. Dequantization: w = scale * q + bias. */
+#include "engine/quant.h"
+
+#include <math.h>
+#include <string.h>
+
+int exo_affine_check(int bits, int group_size, int64_t cols, exo_err *err)
+{
+    if (bits != 2 && bits != 3 && bits != 4 && bits != 5 && bits != 6 && bits != 8)
+        return exo_err_set(err, EXO_EINVAL, "affine: unsupported bits %d (want 2,3,4,5,6,8)", bits);
+    if (group_size != 32 && group_size != 64 && group_size != 128)
+        return exo_err_set(err, EXO_EINVAL, "affine: unsupported group size %d (want 32,64,128)",
+                           group_size);
+    if (cols <= 0 || cols % group_size != 0)
+        return exo_err_set(err, EXO_EINVAL, "affine: %lld columns not a multiple of group size %d",
+                           (long long)cols, group_size);
+    if ((cols * bits) % 32 != 0)
+        return exo_err_set(err, EXO_EINVAL, "affine: %lld columns x %d bits not whole words",
+                           (long long)cols, bits);
+    return 0;
+}
+
+float exo_affine_param_f32(exo_dtype t, const void *p, int64_t i)
+{
+    const unsigned char *b = p;
+    if (t == EXO_DTYPE_F32) {
+        float f;
+        memcpy(&f, b + 4 * i, 4);
+        return f;
+    }
+    uint16_t h;
+    memcpy(&h, b + 2 * i, 2);
+    return t == EXO_DTYPE_BF16 ? exo_bf16_to_f32(h) : exo_f16_to_f32(h);
+}
+
+void exo_affine_pack(const uint8_t *codes, int64_t cols, int bits, uint32_t *words_out)
+{
+    uint64_t acc = 0;
+    int have = 0;
+    int64_t w = 0;
+    for (int64_t c = 0; c < cols; c++) {
+        acc |= (uint64_t)(codes[c] & ((1u << bits) - 1)) << have;
+        have += bits;
+        if (have >= 32) {
+            words_out[w++] = (uint32_t)acc;
+            acc >>= 32;
+            have -= 32;
+        }
+    }
+}
+
+void exo_affine_unpack_row(const uint32_t *words, int64_t cols, int bits, uint8_t *codes_out)
+{
+    const unsigned char *src = (const unsigned char *)words;
+    int64_t nwords = cols * bits / 32;
+    uint32_t mask = (1u << bits) - 1;
+    if (bits == 8) {
+        memcpy(codes_out, src, (size_t)cols);
+        return;
+    }
+    if (bits == 4) {
+        for (int64_t i = 0; i < cols / 2; i++) {
+            codes_out[2 * i] = src[i] & 15;
+            codes_out[2 * i + 1] = src[i] >> 4;
+        }
+        return;
+    }
+    uint64_t acc = 0;
+    int have = 0;
+    int64_t w = 0;
+    for (int64_t c = 0; c < cols; c++) {
+        if (have < bits) {
+            uint32_t word = 0;
+            if (w < nwords)
+                memcpy(&word, src + 4 * w, 4);
+            w++;
+            acc |= (uint64_t)word << have;
+            have += 32;
+        }
+        codes_out[c] = (uint8_t)(acc & mask);
+        acc >>= bits;
+        have -= bits;
+    }
+}
+
+int exo_affine_quantize_row(const float *w, int64_t cols, int bits, int group_size,
+                            uint32_t *codes_out, float *scales_out, float *biases_out)
+{
+    if (exo_affine_check(bits, group_size, cols, NULL))
+        return EXO_EINVAL;
+    const float n_bins = (float)((1 << bits) - 1);
+    const float eps = 1e-7f;
+    uint8_t q[128];
+    int64_t words_per_group = (int64_t)group_size * bits / 32;
+    for (int64_t g = 0; g < cols / group_size; g++) {
+        const float *x = w + g * group_size;
+        float w_min = INFINITY, w_max = -INFINITY;
+        for (int j = 0; j < group_size; j++) {
+            w_max = (w_max < x[j]) ? x[j] : w_max; /* std::max */
+            w_min = (x[j] < w_min) ? x[j] : w_min; /* std::min */
+        }
+        int mask = fabsf(w_min) > fabsf(w_max);
+        float scale = fmaxf((w_max - w_min) / n_bins, eps);
+        scale = mask ? scale : -scale;
+        float edge = mask ? w_min : w_max;
+        float q0 = rintf(edge / scale);
+        float bias = 0.0f;
+        if (q0 != 0.0f) {
+            scale = edge / q0;
+            bias = edge;
+        }
+        for (int j = 0; j < group_size; j++) {
+            float v = rintf((x[j] - bias) / scale);
+            v = fminf(fmaxf(v, 0.0f), n_bins);
+            q[j] = (uint8_t)v;
+        }
+        exo_affine_pack(q, group_size, bits, codes_out + g * words_per_group);
+        scales_out[g] = scale;
+        biases_out[g] = bias;
+    }
+    return 0;
+}
+
+void exo_affine_dequantize_row(const uint32_t *words, const float *scales, const float *biases,
+                               int64_t cols, int bits, int group_size, float *out)
+{
+    uint8_t q[128];
+    int64_t words_per_group = (int64_t)group_size * bits / 32;
+    for (int64_t g = 0; g < cols / group_size; g++) {
+        exo_affine_unpack_row(words + g * words_per_group, group_size, bits, q);
+        float s = scales[g], b = biases[g];
+        for (int j = 0; j < group_size; j++)
+            out[g * group_size + j] = s * (float)q[j] + b;
+    }
+}
+
+size_t exo_linear_bytes(const exo_linear *w)
+{
+    size_t rows = (size_t)w->rows, cols = (size_t)w->cols;
+    if (w->format == EXO_WFORMAT_DENSE)
+        return rows * cols * exo_dtype_size(w->dtype);
+    size_t codes = rows * (cols * (size_t)w->bits / 32) * 4;
+    size_t params = 2 * rows * (cols / (size_t)w->group_size) * exo_dtype_size(w->dtype);
+    return codes + params;
+}
+
+void exo_linear_row_f32(const exo_linear *w, int64_t r, float *out)
+{
+    int64_t cols = w->cols;
+    if (w->format == EXO_WFORMAT_DENSE) {
+        const unsigned char *base = w->w;
+        exo_convert_to_f32(w->dtype, base + (size_t)r * (size_t)cols * exo_dtype_size(w->dtype),
+                           out, (size_t)cols);
+        return;
+    }
+    int bits = w->bits, G = w->group_size;
+    int64_t ng = cols / G;
+    int64_t wpr = cols * bits / 32;
+    const uint32_t *words = (const uint32_t *)((const unsigned char *)w->w + (size_t)r * (size_t)wpr * 4);
+    uint8_t q[128];
+    for (int64_t g = 0; g < ng; g++) {
+        /* words may be unaligned only if the caller's buffer is; unpack reads bytes */
+        exo_affine_unpack_row((const uint32_t *)((const unsigned char *)words + (size_t)(g * G * bits / 8)),
+                              G, bits, q);
+        float s = exo_affine_param_f32(w->dtype, w->scales, r * ng + g);
+        float b = exo_affine_param_f32(w->dtype, w->biases, r * ng + g);
+        for (int j = 0; j < G; j++)
+            out[g * G + j] = s * (float)q[j] + b;
+    }
+}

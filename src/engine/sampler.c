@@ -1,0 +1,229 @@
+/* Sampling (see sampler.h). Filters work on a candidate list sorted by
+ * logit only when a filter needs order (top-k, top-p); greedy and min-p
+ * alone never sort the vocabulary. */
+#include "engine/sampler.h"
+#include "core/alloc.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct exo_sampler {
+    exo_sampler_params p;
+    int vocab;
+    uint64_t rng[4];
+    int32_t *cand;    /* (vocab) candidate ids */
+    float *prob;      /* (vocab) */
+    uint16_t *count;  /* (vocab) occurrences in the penalty window */
+};
+
+static uint64_t splitmix64(uint64_t *x)
+{
+    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+
+static uint64_t next_u64(uint64_t *s)
+{
+    uint64_t r = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
+    s[2] ^= s[0];
+    s[3] ^= s[1];
+    s[1] ^= s[2];
+    s[0] ^= s[3];
+    s[2] ^= t;
+    s[3] = rotl(s[3], 45);
+    return r;
+}
+
+static double next_unit(uint64_t *s) { return (double)(next_u64(s) >> 11) * 0x1.0p-53; }
+
+exo_sampler_params exo_sampler_defaults(void)
+{
+    return (exo_sampler_params){.temperature = 0, .top_k = 0, .top_p = 1, .min_p = 0,
+                                .repetition_penalty = 1, .repetition_context_size = 20,
+                                .presence_penalty = 0, .frequency_penalty = 0, .seed = 42,
+                                .top_logprobs = 0};
+}
+
+exo_sampler *exo_sampler_create(const exo_sampler_params *p, int vocab)
+{
+    exo_sampler *s = exo_calloc(1, sizeof *s);
+    s->p = *p;
+    if (s->p.repetition_context_size <= 0)
+        s->p.repetition_context_size = 20;
+    if (s->p.top_logprobs < 0)
+        s->p.top_logprobs = 0;
+    if (s->p.top_logprobs > EXO_MAX_TOP_LOGPROBS)
+        s->p.top_logprobs = EXO_MAX_TOP_LOGPROBS;
+    if (s->p.top_logprobs > vocab)
+        s->p.top_logprobs = vocab;
+    s->vocab = vocab;
+    uint64_t seed = p->seed;
+    for (int i = 0; i < 4; i++)
+        s->rng[i] = splitmix64(&seed);
+    s->cand = exo_malloc(sizeof(int32_t) * (size_t)vocab);
+    s->prob = exo_malloc(sizeof(float) * (size_t)vocab);
+    s->count = exo_calloc((size_t)vocab, sizeof(uint16_t));
+    return s;
+}
+
+void exo_sampler_free(exo_sampler *s)
+{
+    if (!s)
+        return;
+    exo_free(s->cand);
+    exo_free(s->prob);
+    exo_free(s->count);
+    exo_free(s);
+}
+
+static void apply_penalties(exo_sampler *s, float *logits, const int32_t *hist, int n)
+{
+    const exo_sampler_params *p = &s->p;
+    bool rep = p->repetition_penalty != 1.0f && p->repetition_penalty > 0;
+    bool pres = p->presence_penalty != 0 || p->frequency_penalty != 0;
+    if ((!rep && !pres) || n <= 0)
+        return;
+    int start = n > p->repetition_context_size ? n - p->repetition_context_size : 0;
+    for (int i = start; i < n; i++)
+        if (hist[i] >= 0 && hist[i] < s->vocab && s->count[hist[i]] < UINT16_MAX)
+            s->count[hist[i]]++;
+    for (int i = start; i < n; i++) {
+        int32_t t = hist[i];
+        if (t < 0 || t >= s->vocab || !s->count[t])
+            continue;
+        float l = logits[t];
+        if (rep)
+            l = l < 0 ? l * p->repetition_penalty : l / p->repetition_penalty;
+        if (pres)
+            l -= p->presence_penalty + p->frequency_penalty * (float)s->count[t];
+        logits[t] = l;
+        s->count[t] = 0; /* each distinct token once; also resets for the next call */
+    }
+}
+
+static float log_sum_exp(const float *x, int n, float *max_out)
+{
+    float mx = -INFINITY;
+    for (int i = 0; i < n; i++)
+        if (x[i] > mx)
+            mx = x[i];
+    double sum = 0;
+    for (int i = 0; i < n; i++)
+        sum += exp((double)(x[i] - mx));
+    *max_out = mx;
+    return mx + (float)log(sum);
+}
+
+static const float *sort_logits; /* qsort has no context argument */
+
+static int by_logit_desc(const void *a, const void *b)
+{
+    float la = sort_logits[*(const int32_t *)a], lb = sort_logits[*(const int32_t *)b];
+    if (la != lb)
+        return la > lb ? -1 : 1;
+    return *(const int32_t *)a - *(const int32_t *)b;
+}
+
+/* Top-n (n small) by partial selection, most likely first, ties by id. */
+static int top_n(const float *x, int vocab, int n, int32_t *ids)
+{
+    int k = 0;
+    for (int i = 0; i < vocab; i++) {
+        if (isnan(x[i]))
+            continue;
+        if (k < n) {
+            ids[k++] = i;
+        } else if (x[i] > x[ids[k - 1]]) {
+            ids[k - 1] = i;
+        } else {
+            continue;
+        }
+        for (int j = k - 1; j > 0 && x[ids[j]] > x[ids[j - 1]]; j--) {
+            int32_t t = ids[j];
+            ids[j] = ids[j - 1];
+            ids[j - 1] = t;
+        }
+    }
+    return k;
+}
+
+void exo_sampler_sample(exo_sampler *s, float *logits, const int32_t *history, int n_history,
+                        exo_sample *out)
+{
+    const exo_sampler_params *p = &s->p;
+    int V = s->vocab;
+    apply_penalties(s, logits, history, n_history);
+    float mx;
+    float lse = log_sum_exp(logits, V, &mx);
+    memset(out, 0, sizeof *out);
+
+    int32_t chosen = -1;
+    if (p->temperature <= 0) {
+        int32_t best = 0;
+        for (int i = 1; i < V; i++)
+            if (logits[i] > logits[best])
+                best = i;
+        chosen = best;
+    } else {
+        /* Candidates: everything, or the sorted prefix top-k/top-p keep. */
+        int n = V;
+        for (int i = 0; i < V; i++)
+            s->cand[i] = i;
+        bool need_sort = (p->top_k > 0 && p->top_k < V) || (p->top_p > 0 && p->top_p < 1);
+        if (need_sort) {
+            sort_logits = logits;
+            qsort(s->cand, (size_t)V, sizeof(int32_t), by_logit_desc);
+            if (p->top_k > 0 && p->top_k < n)
+                n = p->top_k;
+            if (p->top_p > 0 && p->top_p < 1) {
+                double cum = 0;
+                int keep = n;
+                for (int i = 0; i < n; i++) {
+                    cum += exp((double)(logits[s->cand[i]] - lse));
+                    if (cum >= p->top_p) {
+                        keep = i + 1;
+                        break;
+                    }
+                }
+                n = keep;
+            }
+        }
+        if (p->min_p > 0) {
+            /* keep tokens with prob >= min_p * max prob */
+            float cut = mx + logf(p->min_p);
+            int m = 0;
+            for (int i = 0; i < n; i++)
+                if (logits[s->cand[i]] >= cut)
+                    s->cand[m++] = s->cand[i];
+            n = m > 0 ? m : 1;
+        }
+        double total = 0;
+        float inv_t = 1.0f / p->temperature;
+        for (int i = 0; i < n; i++) {
+            double w = exp((double)((logits[s->cand[i]] - mx) * inv_t));
+            s->prob[i] = (float)w;
+            total += w;
+        }
+        double r = next_unit(s->rng) * total, acc = 0;
+        chosen = s->cand[n - 1];
+        for (int i = 0; i < n; i++) {
+            acc += s->prob[i];
+            if (r < acc) {
+                chosen = s->cand[i];
+                break;
+            }
+        }
+    }
+    out->id = chosen;
+    out->logprob = logits[chosen] - lse;
+    if (p->top_logprobs > 0) {
+        out->n_top = top_n(logits, V, p->top_logprobs, out->top_ids);
+        for (int i = 0; i < out->n_top; i++)
+            out->top_logprobs[i] = logits[out->top_ids[i]] - lse;
+    }
+}

@@ -1,0 +1,58 @@
+/* Token sampling: logits processors, then a sampler, with mlx-lm's semantics
+ * (what exo's users get from the original exo).
+ *
+ * Order: repetition penalty (over the last repetition_context_size tokens:
+ * positive logits divided by the penalty, negative multiplied), presence and
+ * frequency penalties (OpenAI: minus presence once, minus frequency * count,
+ * over the same window), then log-softmax. temperature == 0 is greedy
+ * (argmax, lowest id on ties). Otherwise top-k, top-p (nucleus) and min-p
+ * filter the distribution of the processed logits, and a token is drawn
+ * from softmax(logits / temperature) over what remains. The random stream
+ * is a per-sampler xoshiro256** seeded from `seed`, so the same seed gives
+ * the same tokens.
+ *
+ * Log probabilities are those of the processed distribution before
+ * temperature (log-softmax of the penalised logits), as mlx-lm reports them. */
+#ifndef EXO_ENGINE_SAMPLER_H
+#define EXO_ENGINE_SAMPLER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#define EXO_MAX_TOP_LOGPROBS 20
+
+typedef struct exo_sampler_params {
+    float    temperature;             /* 0 = greedy */
+    int      top_k;                   /* 0 = off */
+    float    top_p;                   /* 1 = off */
+    float    min_p;                   /* 0 = off */
+    float    repetition_penalty;      /* 1 = off */
+    int      repetition_context_size; /* tokens looked back; 0 = 20 */
+    float    presence_penalty;        /* 0 = off */
+    float    frequency_penalty;       /* 0 = off */
+    uint64_t seed;
+    int      top_logprobs;            /* alternatives to report, 0..EXO_MAX_TOP_LOGPROBS */
+} exo_sampler_params;
+
+/* The defaults of exo_sampler_params: greedy, no penalties, seed 42. */
+exo_sampler_params exo_sampler_defaults(void);
+
+typedef struct exo_sampler exo_sampler;
+
+exo_sampler *exo_sampler_create(const exo_sampler_params *p, int vocab);
+void         exo_sampler_free(exo_sampler *s);
+
+typedef struct exo_sample {
+    int32_t id;
+    float   logprob;                           /* of id */
+    int     n_top;
+    int32_t top_ids[EXO_MAX_TOP_LOGPROBS];     /* most likely first */
+    float   top_logprobs[EXO_MAX_TOP_LOGPROBS];
+} exo_sample;
+
+/* Picks the next token from logits (vocab floats, modified in place) given
+ * the tokens so far (history, for the penalties). */
+void exo_sampler_sample(exo_sampler *s, float *logits, const int32_t *history, int n_history,
+                        exo_sample *out);
+
+#endif
