@@ -78,6 +78,11 @@ jv   jv_ref(jv v);
 void jv_unref(jv v);
 jv   jv_str_new(const char *s, size_t n);
 jv   jv_str_cstr(const char *s);
+/* Template literals are shared by concurrent renders, so their reference
+ * count is never touched: immortal strings (rc < 0) are freed only with
+ * the template, by jv_free_immortal. */
+jv   jv_str_immortal(jv v);
+void jv_free_immortal(jv v);
 jv   jv_list_new(size_t cap);
 void jv_list_push(jv list, jv item);           /* takes ownership of item */
 jv   jv_dict_new(void);

@@ -68,7 +68,7 @@ void exo_jinja_node_free(jnode *n)
     exo_free(n->names);
     exo_free(n->ops);
     exo_free(n->name);
-    jv_unref(n->value);
+    jv_free_immortal(n->value);
     exo_free(n);
 }
 
@@ -227,7 +227,7 @@ static int parse_primary(parser *P, jnode **out)
             adv(P);
         }
         n = mk(N_LITERAL, line);
-        n->value = jbuf_to_str(&b);
+        n->value = jv_str_immortal(jbuf_to_str(&b));
     } else if (t->type == TK_INT) {
         n = mk(N_LITERAL, t->line);
         n->value = jv_int(t->i);
@@ -809,7 +809,7 @@ static int parse_stmt(parser *P, jnode **out, const char *kw, int line)
             target = mk(N_NS_REF, line);
             target->name = exo_strdup(cur(P)->s);
             target->a = mk(N_LITERAL, line);
-            target->a->value = jv_str_cstr(peek(P, 2)->s);
+            target->a->value = jv_str_immortal(jv_str_cstr(peek(P, 2)->s));
             adv(P); adv(P); adv(P);
         } else if ((rc = parse_tuple(P, &target, true, false))) {
             goto err;
@@ -944,7 +944,7 @@ static int parse_body(parser *P, jnodes *out, const char *const *ends, const cha
         }
         if (t->type == TK_TEXT) {
             jnode *n = mk(N_TEXT, t->line);
-            n->value = jv_str_new(t->s, t->slen);
+            n->value = jv_str_immortal(jv_str_new(t->s, t->slen));
             nodes_push(out, n);
             adv(P);
         } else if (t->type == TK_VAR_BEGIN) {

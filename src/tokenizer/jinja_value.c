@@ -19,7 +19,7 @@
 jv jv_ref(jv v)
 {
     switch (v.type) {
-    case JV_STRING: v.u.s->rc++; break;
+    case JV_STRING: if (v.u.s->rc >= 0) v.u.s->rc++; break;
     case JV_LIST:   v.u.l->rc++; break;
     case JV_DICT:   v.u.d->rc++; break;
     case JV_FUNC:   v.u.fn->rc++; break;
@@ -32,7 +32,7 @@ void jv_unref(jv v)
 {
     switch (v.type) {
     case JV_STRING:
-        if (--v.u.s->rc == 0)
+        if (v.u.s->rc >= 0 && --v.u.s->rc == 0)
             exo_free(v.u.s);
         break;
     case JV_LIST:
@@ -78,6 +78,21 @@ jv jv_str_new(const char *s, size_t n)
 }
 
 jv jv_str_cstr(const char *s) { return jv_str_new(s, strlen(s)); }
+
+jv jv_str_immortal(jv v)
+{
+    if (v.type == JV_STRING)
+        v.u.s->rc = -1;
+    return v;
+}
+
+void jv_free_immortal(jv v)
+{
+    if (v.type == JV_STRING && v.u.s->rc < 0)
+        exo_free(v.u.s);
+    else
+        jv_unref(v);
+}
 
 jv jv_list_new(size_t cap)
 {

@@ -307,3 +307,41 @@ Test(chat_template, pinned_now)
     json_decref(m);
     exo_chat_template_free(t);
 }
+
+/* One parsed template is shared by concurrent requests: rendering must not
+ * write to it (template literals have immortal reference counts). */
+#include <pthread.h>
+
+static exo_jinja_template *shared_tpl;
+
+static void *render_many(void *arg)
+{
+    (void)arg;
+    json_t *ctx = json_loads("{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}", 0, NULL);
+    for (int i = 0; i < 300; i++) {
+        char *out = NULL;
+        exo_err err = {0};
+        if (exo_jinja_render(shared_tpl, ctx, NULL, &out, NULL, &err) != 0 || strcmp(out, "<user>hi</user>lit"))
+            return (void *)1;
+        exo_free(out);
+    }
+    json_decref(ctx);
+    return NULL;
+}
+
+Test(jinja, concurrent_renders_share_template)
+{
+    const char *src = "{% set ns = namespace(x='lit') %}{% for m in messages %}{{ '<' ~ m.role ~ '>' }}{{ m.content }}"
+                      "{{ '</' + m.role + '>' }}{% endfor %}{{ ns.x }}";
+    exo_err err = {0};
+    cr_assert_eq(exo_jinja_parse(src, strlen(src), &shared_tpl, &err), 0, "%s", err.msg);
+    pthread_t th[4];
+    for (int i = 0; i < 4; i++)
+        pthread_create(&th[i], NULL, render_many, NULL);
+    for (int i = 0; i < 4; i++) {
+        void *r;
+        pthread_join(th[i], &r);
+        cr_assert_null(r);
+    }
+    exo_jinja_free(shared_tpl);
+}

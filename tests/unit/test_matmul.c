@@ -6,10 +6,13 @@
  * the size of the terms, not of the possibly cancelling sum):
  *   reference path vs naive double  : 1e-10 (f32 rounding of the result only)
  *   GEMV, dense weights             : 1e-9  (f32 accumulation)
- *   GEMV, affine weights            : 2e-4  (int8 activations per group: about
- *                                            (max|x|/127)^2/12 per element)
+ *   GEMV, affine weights            : 5e-4  (int8 activations per group: about
+ *                                            (max|x|/127)^2/12 per element, i.e.
+ *                                            2e-5..5e-5 for gaussian x; seen <= 2e-4)
  *   GEMM, F32 weights (oneDNN f32)  : 1e-9
- *   GEMM, other weights (bf16 AMX)  : 1e-4  (X and the weights rounded to bf16)
+ *   GEMM, other weights (bf16 AMX)  : 1e-4  (X and the weights rounded to bf16;
+ *                                            expected ~1e-5)
+ *   AUTO                            : the looser of GEMV and GEMM
  * Weights are placed so their last byte is the last byte before a PROT_NONE
  * page: any read past the end of a weight row faults. */
 #include <criterion/criterion.h>
@@ -199,11 +202,12 @@ static double nmse(const float *y, const float *ref, const double *energy, int64
 
 static double tolerance(exo_matmul_path path, const exo_linear *w)
 {
+    int f32 = w->format == EXO_WFORMAT_DENSE && w->dtype == EXO_DTYPE_F32;
     switch (path) {
     case EXO_MATMUL_REFERENCE: return 1e-10;
-    case EXO_MATMUL_GEMV: return w->format == EXO_WFORMAT_DENSE ? 1e-9 : 2e-4;
-    default:
-        return (w->format == EXO_WFORMAT_DENSE && w->dtype == EXO_DTYPE_F32) ? 1e-9 : 1e-4;
+    case EXO_MATMUL_GEMV: return w->format == EXO_WFORMAT_DENSE ? 1e-9 : 5e-4;
+    case EXO_MATMUL_GEMM: return f32 ? 1e-9 : 1e-4;
+    default: return f32 ? 1e-9 : w->format == EXO_WFORMAT_DENSE ? 1e-4 : 5e-4;
     }
 }
 
