@@ -153,4 +153,20 @@ CASES = [
     ("bos_concat", "{{ bos_token }}{{ eos_token }}|{{ bos_token is defined }}", {"bos_token": "<s>", "eos_token": "</s>"}),
     ("unicode_content", "{{ '✓ ' ~ u ~ ' 😀' }} {{ u | length }} {{ u.split(' ') }}", D),
     ("deep_dict_print", "{{ d }} {{ users[0] }}", D),
+    # --- constructs seen in other public templates (GLM, Seed-OSS, MiniMax, Command-R)
+    ("int_key_dictsort", "{%- set b = {\n  0: 0,\n  512: 128,\n  1024: 256\n} -%}{% for k, v in b | dictsort %}{{ k }}:{{ v }} {% endfor %}{{ b[512] }}", {}),
+    ("tojson_ensure_ascii_kw", "{{ {'a': 'é'} | tojson(ensure_ascii=False) }} {{ {'a': 'é'} | tojson(ensure_ascii=True) }}", {}),
+    ("for_if_attr", "{% for item in tools if item.type == 'function' %}{{ item.function.name }};{% endfor %}", {"tools": [{"type": "function", "function": {"name": "a"}}, {"type": "other"}, {"type": "function", "function": {"name": "b"}}]}),
+    ("not_is_defined", "{%- if not tools is defined or tools is none %}{%- set tools = [] %}{%- endif %}{{ tools | length }}{{ tools is iterable and tools | length > 0 }}", {"tools": None}),
+    ("multiline_tag", "{%- if a is defined\n      and a.b is defined\n      and a.b %}yes{% else %}no{% endif %}", {"a": {"b": 1}}),
+    ("tojson_string_chain", "{% for v in [1, 'x', {'k': [1]}] %}{{ v | tojson | string if v is not string else v }};{% endfor %}", {}),
+    ("macro_ws", "{%- macro py_type(t) -%}\n    {%- if t == 'string' -%}str\n    {%- elif t in ('number', 'integer') -%}int\n    {%- else -%}Any{%- endif -%}\n{%- endmacro -%}\n[{{ py_type('string') }}|{{ py_type('integer') }}|{{ py_type('x') }}]", {}),
+    ("macro_result_methods", "{%- macro vt(c) -%}{%- if c is string -%}{{ c }}{%- else -%}{%- for i in c -%}{{ i.text }}{%- endfor -%}{%- endif -%}{%- endmacro -%}{{ vt('a /nothink').endswith('/nothink') }} {{ vt([{'text': 'x'}, {'text': 'y'}]) }} {{ vt('  s ').strip() }}", {}),
+    ("list_accumulate_ns", "{%- set seen = namespace(value=[]) %}{% for m in messages[1:] %}{% if m.role|lower == 'user' %}{% set seen.value = seen.value + [m.content] %}{% else %}{% break %}{% endif %}{% endfor %}{{ seen.value }}", {"messages": [{"role": "system", "content": "s"}, {"role": "USER", "content": "u1"}, {"role": "user", "content": "u2"}, {"role": "assistant", "content": "a"}, {"role": "user", "content": "u3"}]}),
+    ("args_or_empty", "{% set _args = tc.arguments or {} %}{% for k, v in _args.items() %}{{ k }}={{ v | tojson(ensure_ascii=False) if v is not string else v }};{% endfor %}|{% for k, v in (none or {}) | items %}x{% endfor %}", {"tc": {"arguments": {"city": "Zürich", "n": [1, 2]}}}),
+    ("set_context_var", "{%- set bos_token = '<seed:bos>' -%}{{ bos_token }}", {"bos_token": "<s>"}),
+    ("last_filter_split", "{{ ('a<think>b<think>c'.split('<think>') | last) }} {{ messages[-1].tool_calls[-1].function.name }}", D),
+    ("nested_macro_calls_ns", "{%- macro count_until(items, target) %}{%- set c = namespace(value=0, seen=false) %}{%- for i in items %}{%- if i == target and not c.seen -%}{{ c.value }}{%- set c.seen = true %}{%- endif %}{%- set c.value = c.value + 1 %}{%- endfor %}{%- endmacro %}[{{ count_until(['a', 'b', 'c'], 'c') }}][{{ count_until([], 'x') }}]", {}),
+    ("chinese_comments", "{# 找到 “大于等于” #}{{ '中文' }}{# ---------- 预处理 ---------- #}\n{{ '‑‑‑' }}", {}),
 ]
+

@@ -4,6 +4,7 @@
  * hanging or exhausting memory. The byte-exact comparison with real
  * templates lives in tests/integration/test_chat_templates.sh. */
 #include <criterion/criterion.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -310,7 +311,6 @@ Test(chat_template, pinned_now)
 
 /* One parsed template is shared by concurrent requests: rendering must not
  * write to it (template literals have immortal reference counts). */
-#include <pthread.h>
 
 static exo_jinja_template *shared_tpl;
 

@@ -49,8 +49,8 @@ void exo_qact_build_avx512(const float *x, int64_t cols, int G, int layout, exo_
     int8_t *plain = layout == EXO_QLAYOUT_Q4 ? tmp : out->q;
     memset(plain + cols, 0, (size_t)(qlen - cols));
     memset(out->sx, 0, (size_t)exo_qact_sx_len(cols) * sizeof(float));
+    memset(out->dx, 0, (size_t)exo_qact_sx_len(cols) * sizeof(float));
     const __m512 absmask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
-    const int epl = layout == EXO_QLAYOUT_Q4 ? 8 : 4; /* elements per 32-bit lane */
     for (int64_t g = 0; g < ng; g++) {
         const float *xg = x + g * G;
         __m512 amax = _mm512_setzero_ps();
@@ -71,13 +71,8 @@ void exo_qact_build_avx512(const float *x, int64_t cols, int G, int layout, exo_
          * (about 7x smaller than s*q*(x - xhat) for zero-mean weights,
          * where |s*q| runs up to the group's range) */
         out->sx[g] = d * (float)_mm512_reduce_add_epi32(qsum);
-        /* lanes are numbered in block order; in both layouts lane L of the
-         * row covers elements [L*epl, L*epl + epl), which lie in one group */
-        for (int64_t L = g * G / epl; L < (g + 1) * G / epl; L++)
-            out->dxe[L] = d;
+        out->dx[g] = d;
     }
-    for (int64_t L = ng * G / epl; L < exo_qact_dxe_len(cols); L++)
-        out->dxe[L] = 0.0f;
     if (layout != EXO_QLAYOUT_Q4)
         return;
     const __m512i lo8 = _mm512_set1_epi16(0x00ff);
@@ -109,26 +104,36 @@ static void row_params(const exo_linear *w, int64_t r, int64_t ng, float *sf, fl
     _mm512_storeu_ps(bf + g, _mm512_setzero_ps());
 }
 
-static float dot_f32(const float *a, const float *b, int64_t n)
+/* Sums of four vectors: {sum a, sum b, sum c, sum d}. */
+INLINE __m128 reduce4(__m512 a, __m512 b, __m512 c, __m512 d)
 {
-    __m512 acc = _mm512_setzero_ps();
-    for (int64_t i = 0; i < n; i += 16) {
-        __mmask16 m = mask16(n - i);
-        acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i), acc);
-    }
-    return _mm512_reduce_add_ps(acc);
+    __m256 a8 = _mm256_add_ps(_mm512_castps512_ps256(a), _mm512_extractf32x8_ps(a, 1));
+    __m256 b8 = _mm256_add_ps(_mm512_castps512_ps256(b), _mm512_extractf32x8_ps(b, 1));
+    __m256 c8 = _mm256_add_ps(_mm512_castps512_ps256(c), _mm512_extractf32x8_ps(c, 1));
+    __m256 d8 = _mm256_add_ps(_mm512_castps512_ps256(d), _mm512_extractf32x8_ps(d, 1));
+    __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(a8, b8), _mm256_hadd_ps(c8, d8));
+    return _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
 }
 
-/* R rows of codes against one quantized activation row; out[i] gets the
- * scale part sum_g s_g dx_g dot_g (biases are added by the caller).
- * q4: packed 4-bit codes in the Q4 layout; else bytes in the Q8 layout.
- * lpg_shift: log2 of 32-bit lanes per group. */
+/* R rows of codes against one quantized activation row:
+ *   out[i] = sum_g sd_i[g] * dot_g(q_i, xq) + bf_i[g] * sx[g]
+ * where sd = scale * dx. q4: packed 4-bit codes against the Q4 layout; else
+ * bytes against the Q8 layout. lpg_shift: log2 of 32-bit lanes per group. */
 INLINE void affine_rows(int R, int q4, const uint8_t *const *wrow, int64_t rowbytes,
-                        const float *const *sf, const exo_qact *qa, int lpg_shift, float *out)
+                        const float *const *sd, const float *const *bf, const exo_qact *qa,
+                        int64_t ng, int lpg_shift, float *out)
 {
     __m512 acc[EXO_GEMV_ROWS];
+    #pragma GCC unroll 8
     for (int i = 0; i < R; i++)
         acc[i] = _mm512_setzero_ps();
+    /* bias terms, 16 groups at a time (arrays are zero-padded) */
+    for (int64_t g = 0; g < ng; g += 16) {
+        __m512 sx = _mm512_loadu_ps(qa->sx + g);
+        #pragma GCC unroll 8
+        for (int i = 0; i < R; i++)
+            acc[i] = _mm512_fmadd_ps(_mm512_loadu_ps(bf[i] + g), sx, acc[i]);
+    }
     const __m512i nib = _mm512_set1_epi8(0x0f);
     /* lane -> group offset inside a block */
     __m512i idx = _mm512_srli_epi32(
@@ -137,14 +142,12 @@ INLINE void affine_rows(int R, int q4, const uint8_t *const *wrow, int64_t rowby
     if (lpg_shift >= 4)
         idx = _mm512_setzero_si512();
     const int8_t *xq = qa->q;
-    const float *dxe = qa->dxe;
     int64_t nfull = rowbytes / 64;
     int64_t tail = rowbytes % 64;
     int64_t nb = nfull + (tail ? 1 : 0);
     for (int64_t b = 0; b < nb; b++) {
         __mmask64 m = b < nfull ? ~(__mmask64)0 : mask64(tail);
         int64_t g0 = (b << 4) >> lpg_shift;
-        __m512 dx = _mm512_loadu_ps(dxe + 16 * b);
         __m512i xa, xb = _mm512_setzero_si512();
         if (q4) {
             xa = _mm512_loadu_si512(xq + 128 * b);
@@ -152,6 +155,7 @@ INLINE void affine_rows(int R, int q4, const uint8_t *const *wrow, int64_t rowby
         } else {
             xa = _mm512_loadu_si512(xq + 64 * b);
         }
+        #pragma GCC unroll 8
         for (int i = 0; i < R; i++) {
             __m512i v = b < nfull ? _mm512_loadu_si512(wrow[i] + 64 * b)
                                   : _mm512_maskz_loadu_epi8(m, wrow[i] + 64 * b);
@@ -164,12 +168,18 @@ INLINE void affine_rows(int R, int q4, const uint8_t *const *wrow, int64_t rowby
             } else {
                 d = _mm512_dpbusd_epi32(_mm512_setzero_si512(), v, xa);
             }
-            __m512 c = _mm512_mul_ps(_mm512_permutexvar_ps(idx, _mm512_loadu_ps(sf[i] + g0)), dx);
+            __m512 c = lpg_shift >= 4 ? _mm512_set1_ps(sd[i][g0])
+                                      : _mm512_permutexvar_ps(idx, _mm512_loadu_ps(sd[i] + g0));
             acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), c, acc[i]);
         }
     }
-    for (int i = 0; i < R; i++)
-        out[i] = _mm512_reduce_add_ps(acc[i]);
+    if (R == 4) {
+        _mm_storeu_ps(out, reduce4(acc[0], acc[1], acc[2], acc[3]));
+    } else {
+        #pragma GCC unroll 8
+        for (int i = 0; i < R; i++)
+            out[i] = _mm512_reduce_add_ps(acc[i]);
+    }
 }
 
 static int ilog2(int v)
@@ -178,6 +188,13 @@ static int ilog2(int v)
     while ((1 << s) < v)
         s++;
     return s;
+}
+
+/* sd[g] = sf[g] * dx[g] over the zero-padded length */
+static void scale_by_dx(const float *sf, const float *dx, int64_t ng, float *sd)
+{
+    for (int64_t g = 0; g < ng; g += 16)
+        _mm512_storeu_ps(sd + g, _mm512_mul_ps(_mm512_loadu_ps(sf + g), _mm512_loadu_ps(dx + g)));
 }
 
 void exo_gemv_affine_avx512(const exo_linear *w, int64_t r0, int64_t r1, int T,
@@ -194,12 +211,12 @@ void exo_gemv_affine_avx512(const exo_linear *w, int64_t r0, int64_t r1, int T,
     for (int64_t r = r0; r < r1; r += EXO_GEMV_ROWS) {
         int R = r1 - r >= EXO_GEMV_ROWS ? EXO_GEMV_ROWS : (int)(r1 - r);
         const uint8_t *wrow[EXO_GEMV_ROWS];
-        const float *sf[EXO_GEMV_ROWS];
-        float bsum[EXO_GEMV_ROWS][8];
+        const float *sd[EXO_GEMV_ROWS], *bf[EXO_GEMV_ROWS];
         for (int i = 0; i < R; i++) {
             float *sfi = s->sf + i * s->sf_stride, *bfi = s->bf + i * s->sf_stride;
             row_params(w, r + i, ng, sfi, bfi);
-            sf[i] = sfi;
+            sd[i] = s->sd + i * s->sf_stride;
+            bf[i] = bfi;
             const uint8_t *codes = base + (size_t)(r + i) * (size_t)wbytes;
             if (q4 || q8) {
                 wrow[i] = codes;
@@ -209,30 +226,26 @@ void exo_gemv_affine_avx512(const exo_linear *w, int64_t r0, int64_t r1, int T,
                 wrow[i] = u;
             }
         }
-        for (int t0 = 0; t0 < T; t0 += 8) {
-            int tn = T - t0 < 8 ? T - t0 : 8;
+        for (int t = 0; t < T; t++) {
+            float out[EXO_GEMV_ROWS];
+            const exo_qact *q = &qa[t];
             for (int i = 0; i < R; i++)
-                for (int t = 0; t < tn; t++)
-                    bsum[i][t] = dot_f32(s->bf + i * s->sf_stride, qa[t0 + t].sx, ng);
-            for (int t = 0; t < tn; t++) {
-                float out[EXO_GEMV_ROWS];
-                const exo_qact *q = &qa[t0 + t];
-                if (R == EXO_GEMV_ROWS) {
+                scale_by_dx(s->sf + i * s->sf_stride, q->dx, ng, s->sd + i * s->sf_stride);
+            if (R == EXO_GEMV_ROWS) {
+                if (q4)
+                    affine_rows(EXO_GEMV_ROWS, 1, wrow, rowbytes, sd, bf, q, ng, lpg_shift, out);
+                else
+                    affine_rows(EXO_GEMV_ROWS, 0, wrow, rowbytes, sd, bf, q, ng, lpg_shift, out);
+            } else {
+                for (int i = 0; i < R; i++) {
                     if (q4)
-                        affine_rows(EXO_GEMV_ROWS, 1, wrow, rowbytes, sf, q, lpg_shift, out);
+                        affine_rows(1, 1, &wrow[i], rowbytes, &sd[i], &bf[i], q, ng, lpg_shift, &out[i]);
                     else
-                        affine_rows(EXO_GEMV_ROWS, 0, wrow, rowbytes, sf, q, lpg_shift, out);
-                } else {
-                    for (int i = 0; i < R; i++) {
-                        if (q4)
-                            affine_rows(1, 1, &wrow[i], rowbytes, &sf[i], q, lpg_shift, &out[i]);
-                        else
-                            affine_rows(1, 0, &wrow[i], rowbytes, &sf[i], q, lpg_shift, &out[i]);
-                    }
+                        affine_rows(1, 0, &wrow[i], rowbytes, &sd[i], &bf[i], q, ng, lpg_shift, &out[i]);
                 }
-                for (int i = 0; i < R; i++)
-                    y[(int64_t)(t0 + t) * ldy + r + i] = out[i] + bsum[i][t];
             }
+            for (int i = 0; i < R; i++)
+                y[(int64_t)t * ldy + r + i] = out[i];
         }
     }
 }
@@ -249,6 +262,7 @@ INLINE void dense_rows(int R, exo_dtype dt, const void *const *wrow, const float
                        float *out)
 {
     __m512 acc[EXO_GEMV_ROWS], acc2[EXO_GEMV_ROWS];
+    #pragma GCC unroll 8
     for (int i = 0; i < R; i++) {
         acc[i] = _mm512_setzero_ps();
         acc2[i] = _mm512_setzero_ps();
@@ -256,6 +270,7 @@ INLINE void dense_rows(int R, exo_dtype dt, const void *const *wrow, const float
     int64_t c = 0;
     for (; c + 32 <= cols; c += 32) {
         __m512 x0 = _mm512_loadu_ps(x + c), x1 = _mm512_loadu_ps(x + c + 16);
+        #pragma GCC unroll 8
         for (int i = 0; i < R; i++) {
             acc[i] = _mm512_fmadd_ps(load16_w(dt, wrow[i], c, 0xffff), x0, acc[i]);
             acc2[i] = _mm512_fmadd_ps(load16_w(dt, wrow[i], c + 16, 0xffff), x1, acc2[i]);
@@ -264,9 +279,11 @@ INLINE void dense_rows(int R, exo_dtype dt, const void *const *wrow, const float
     for (; c < cols; c += 16) {
         __mmask16 m = mask16(cols - c);
         __m512 x0 = _mm512_maskz_loadu_ps(m, x + c);
+        #pragma GCC unroll 8
         for (int i = 0; i < R; i++)
             acc[i] = _mm512_fmadd_ps(load16_w(dt, wrow[i], c, m), x0, acc[i]);
     }
+    #pragma GCC unroll 8
     for (int i = 0; i < R; i++)
         out[i] = _mm512_reduce_add_ps(_mm512_add_ps(acc[i], acc2[i]));
 }

@@ -20,13 +20,13 @@
  *   Q4 layout (4-bit codes: the low nibbles of a 64-byte block are the even
  *     elements of 128, the high nibbles the odd ones):
  *     q[128b + i] = x[128b + 2i], q[128b + 64 + i] = x[128b + 2i + 1]
- * q is int8 = round(x / dx_g) with dx_g = max|x| / 127 over group g.
- * dxe has one float per 32-bit lane of each 64-byte block of codes: the dx
- * of the group that lane's codes belong to. sx[g] = dx_g * sum of q over
- * group g (the sum of the dequantized activations). All arrays are zero-padded (see exo_qact_sizes). */
+ * q is int8 = round(x / dx_g) with dx_g = max|x| / 127 over group g, and
+ * sx[g] = dx_g * sum of q over group g (the sum of the dequantized
+ * activations, so that the GEMV computes exactly sum w * xhat). All arrays
+ * are zero-padded (see the *_len helpers). */
 typedef struct exo_qact {
     int8_t *q;
-    float  *dxe;
+    float  *dx;
     float  *sx;
 } exo_qact;
 
@@ -34,13 +34,13 @@ enum { EXO_QLAYOUT_Q8 = 0, EXO_QLAYOUT_Q4 = 1 };
 
 /* Element counts to allocate for one exo_qact of `cols` columns. */
 static inline int64_t exo_qact_q_len(int64_t cols) { return (cols + 127) / 128 * 128 + 128; }
-static inline int64_t exo_qact_dxe_len(int64_t cols) { return exo_qact_q_len(cols) / 4 + 16; }
 static inline int64_t exo_qact_sx_len(int64_t cols) { return cols / 32 + 32; }
 
 /* Per-thread scratch of the GEMV kernels. */
 typedef struct exo_gemv_scratch {
     float   *sf;     /* EXO_GEMV_ROWS x sf_stride: row scales as f32 */
     float   *bf;     /* EXO_GEMV_ROWS x sf_stride: row biases as f32 */
+    float   *sd;     /* EXO_GEMV_ROWS x sf_stride: scale * dx of the current X row */
     uint8_t *codes;  /* EXO_GEMV_ROWS x code_stride: unpacked codes */
     int64_t  sf_stride, code_stride;
 } exo_gemv_scratch;

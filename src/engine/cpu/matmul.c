@@ -187,7 +187,8 @@ static void gemv_rows(const rows_job *job, int wi, int64_t r0, int64_t r1, unsig
     s.code_stride = exo_gemv_code_stride(cols);
     s.sf = (float *)scratch;
     s.bf = s.sf + EXO_GEMV_ROWS * s.sf_stride;
-    s.codes = (uint8_t *)(s.bf + EXO_GEMV_ROWS * s.sf_stride);
+    s.sd = s.bf + EXO_GEMV_ROWS * s.sf_stride;
+    s.codes = (uint8_t *)(s.sd + EXO_GEMV_ROWS * s.sf_stride);
     exo_gemv_affine_avx512(w, r0, r1, job->T, qa, job->y[wi], w->rows, &s);
 }
 
@@ -198,7 +199,7 @@ static size_t round64(size_t n) { return (n + 63) & ~(size_t)63; }
 static size_t thr_scratch_bytes(int64_t cols)
 {
     size_t ref = round64((size_t)cols * sizeof(float));
-    size_t gemv = round64(2 * EXO_GEMV_ROWS * (size_t)exo_gemv_sf_stride(cols) * sizeof(float)) +
+    size_t gemv = round64(3 * EXO_GEMV_ROWS * (size_t)exo_gemv_sf_stride(cols) * sizeof(float)) +
                   round64(EXO_GEMV_ROWS * (size_t)exo_gemv_code_stride(cols));
     return (ref > gemv ? ref : gemv) + 64;
 }
@@ -229,7 +230,7 @@ static void run_gemv(exo_cpu_matmul_ctx *ctx, rows_job *job)
     }
     if (job->nqa) {
         size_t qb = round64((size_t)exo_qact_q_len(cols));
-        size_t db = round64((size_t)exo_qact_dxe_len(cols) * sizeof(float));
+        size_t db = round64((size_t)exo_qact_sx_len(cols) * sizeof(float));
         size_t sb = round64((size_t)exo_qact_sx_len(cols) * sizeof(float));
         size_t per = qb + db + sb;
         size_t hdr = round64(sizeof(exo_qact) * (size_t)T * MAX_QACT);
@@ -241,7 +242,7 @@ static void run_gemv(exo_cpu_matmul_ctx *ctx, rows_job *job)
             exo_qact *qa = hd + (size_t)k * (size_t)T;
             for (int t = 0; t < T; t++) {
                 qa[t].q = (int8_t *)p;
-                qa[t].dxe = (float *)(p + qb);
+                qa[t].dx = (float *)(p + qb);
                 qa[t].sx = (float *)(p + qb + db);
                 p += per;
                 exo_qact_build_avx512(job->x + (int64_t)t * cols, cols, job->qa_group[k],

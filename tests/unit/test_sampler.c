@@ -1,0 +1,174 @@
+/* Sampler: each filter and penalty against its definition, the sampled
+ * distribution against softmax(logits / T), seeds, and log probabilities. */
+#include "engine/sampler.h"
+
+#include <criterion/criterion.h>
+#include <math.h>
+#include <string.h>
+
+static exo_sample sample_once(exo_sampler_params p, const float *logits, int V,
+                              const int32_t *hist, int n_hist)
+{
+    float l[64];
+    memcpy(l, logits, sizeof(float) * (size_t)V);
+    exo_sampler *s = exo_sampler_create(&p, V);
+    exo_sample out;
+    exo_sampler_sample(s, l, hist, n_hist, &out);
+    exo_sampler_free(s);
+    return out;
+}
+
+Test(sampler, greedy_is_argmax_lowest_id_on_ties)
+{
+    float l[5] = {0.5f, 2.0f, -1.0f, 2.0f, 1.0f};
+    exo_sample s = sample_once(exo_sampler_defaults(), l, 5, NULL, 0);
+    cr_expect_eq(s.id, 1);
+}
+
+static void histogram(exo_sampler_params p, const float *logits, int V, int n, int *counts)
+{
+    exo_sampler *s = exo_sampler_create(&p, V);
+    memset(counts, 0, sizeof(int) * (size_t)V);
+    for (int i = 0; i < n; i++) {
+        float l[64];
+        memcpy(l, logits, sizeof(float) * (size_t)V);
+        exo_sample out;
+        exo_sampler_sample(s, l, NULL, 0, &out);
+        counts[out.id]++;
+    }
+    exo_sampler_free(s);
+}
+
+Test(sampler, temperature_matches_softmax)
+{
+    float l[4] = {1.0f, 0.0f, -0.5f, 2.0f};
+    exo_sampler_params p = exo_sampler_defaults();
+    p.temperature = 0.7f;
+    int counts[4], n = 40000;
+    histogram(p, l, 4, n, counts);
+    double z = 0, prob[4];
+    for (int i = 0; i < 4; i++)
+        z += exp(l[i] / 0.7);
+    for (int i = 0; i < 4; i++) {
+        prob[i] = exp(l[i] / 0.7) / z;
+        double sd = sqrt(prob[i] * (1 - prob[i]) / n);
+        /* 5 standard deviations: fails by chance about once in 10^6 runs,
+         * but the seed is fixed so the outcome is deterministic anyway */
+        cr_expect(fabs(counts[i] / (double)n - prob[i]) < 5 * sd + 1e-9, "token %d: %f vs %f", i,
+                  counts[i] / (double)n, prob[i]);
+    }
+}
+
+Test(sampler, same_seed_same_tokens_other_seed_other_tokens)
+{
+    float l[8] = {0, 0.1f, 0.2f, 0.3f, 0.4f, 0.5f, 0.6f, 0.7f};
+    exo_sampler_params p = exo_sampler_defaults();
+    p.temperature = 1.0f;
+    int a[200], b[200], c[200];
+    for (int run = 0; run < 3; run++) {
+        p.seed = run == 2 ? 43 : 42;
+        exo_sampler *s = exo_sampler_create(&p, 8);
+        for (int i = 0; i < 200; i++) {
+            float x[8];
+            memcpy(x, l, sizeof x);
+            exo_sample out;
+            exo_sampler_sample(s, x, NULL, 0, &out);
+            (run == 0 ? a : run == 1 ? b : c)[i] = out.id;
+        }
+        exo_sampler_free(s);
+    }
+    cr_expect(memcmp(a, b, sizeof a) == 0);
+    cr_expect(memcmp(a, c, sizeof a) != 0);
+}
+
+Test(sampler, top_k_keeps_k_most_likely)
+{
+    float l[6] = {3, 2.9f, 2.8f, 0, 0, 0};
+    exo_sampler_params p = exo_sampler_defaults();
+    p.temperature = 5.0f; /* flat: every token would appear without top-k */
+    p.top_k = 2;
+    int counts[6];
+    histogram(p, l, 6, 5000, counts);
+    cr_expect(counts[0] > 0 && counts[1] > 0);
+    for (int i = 2; i < 6; i++)
+        cr_expect_eq(counts[i], 0, "token %d sampled %d times", i, counts[i]);
+}
+
+Test(sampler, top_p_keeps_the_nucleus)
+{
+    /* probabilities 0.5, 0.3, 0.15, 0.05 */
+    float l[4] = {logf(0.5f), logf(0.3f), logf(0.15f), logf(0.05f)};
+    exo_sampler_params p = exo_sampler_defaults();
+    p.temperature = 1.0f;
+    p.top_p = 0.7f; /* 0.5 < 0.7 <= 0.8: tokens 0 and 1 */
+    int counts[4];
+    histogram(p, l, 4, 5000, counts);
+    cr_expect(counts[0] > 0 && counts[1] > 0);
+    cr_expect_eq(counts[2] + counts[3], 0);
+}
+
+Test(sampler, min_p_drops_tokens_below_fraction_of_max)
+{
+    float l[4] = {logf(0.5f), logf(0.3f), logf(0.15f), logf(0.05f)};
+    exo_sampler_params p = exo_sampler_defaults();
+    p.temperature = 1.0f;
+    p.min_p = 0.5f; /* keep p >= 0.25: tokens 0 and 1 */
+    int counts[4];
+    histogram(p, l, 4, 5000, counts);
+    cr_expect(counts[0] > 0 && counts[1] > 0);
+    cr_expect_eq(counts[2] + counts[3], 0);
+}
+
+Test(sampler, repetition_penalty_divides_positive_multiplies_negative_within_window)
+{
+    exo_sampler_params p = exo_sampler_defaults();
+    p.repetition_penalty = 2.0f;
+    p.repetition_context_size = 3;
+    float l[5] = {4, -4, 4, 4, 1};
+    int32_t hist[5] = {2, 0, 1, 0, 0}; /* window = last 3: {1, 0, 0}; token 2 is outside */
+    exo_sampler *s = exo_sampler_create(&p, 5);
+    exo_sample out;
+    exo_sampler_sample(s, l, hist, 5, &out);
+    exo_sampler_free(s);
+    cr_expect_float_eq(l[0], 2.0f, 1e-6);
+    cr_expect_float_eq(l[1], -8.0f, 1e-6);
+    cr_expect_float_eq(l[2], 4.0f, 1e-6);
+    cr_expect_eq(out.id, 2); /* ties 2 and 3 at 4.0: lowest id */
+}
+
+Test(sampler, presence_and_frequency_penalties)
+{
+    exo_sampler_params p = exo_sampler_defaults();
+    p.presence_penalty = 0.5f;
+    p.frequency_penalty = 0.25f;
+    float l[3] = {1, 1, 1};
+    int32_t hist[4] = {0, 0, 0, 1};
+    exo_sampler *s = exo_sampler_create(&p, 3);
+    exo_sample out;
+    exo_sampler_sample(s, l, hist, 4, &out);
+    exo_sampler_sample(s, (float[3]){1, 1, 1}, hist, 4, &out); /* counts reset between calls */
+    exo_sampler_free(s);
+    cr_expect_float_eq(l[0], 1 - 0.5f - 0.75f, 1e-6);
+    cr_expect_float_eq(l[1], 1 - 0.5f - 0.25f, 1e-6);
+    cr_expect_float_eq(l[2], 1.0f, 1e-6);
+    cr_expect_eq(out.id, 2);
+}
+
+Test(sampler, logprobs_are_log_softmax_with_sorted_alternatives)
+{
+    float l[6] = {0.1f, 2.0f, -1.0f, 1.5f, 0.3f, 1.9f};
+    exo_sampler_params p = exo_sampler_defaults();
+    p.top_logprobs = 3;
+    exo_sample s = sample_once(p, l, 6, NULL, 0);
+    double z = 0;
+    for (int i = 0; i < 6; i++)
+        z += exp(l[i]);
+    cr_expect_eq(s.id, 1);
+    cr_expect_float_eq(s.logprob, (float)(2.0 - log(z)), 1e-5);
+    cr_assert_eq(s.n_top, 3);
+    int want[3] = {1, 5, 3};
+    for (int i = 0; i < 3; i++) {
+        cr_expect_eq(s.top_ids[i], want[i]);
+        cr_expect_float_eq(s.top_logprobs[i], (float)(l[want[i]] - log(z)), 1e-5);
+    }
+}
