@@ -16,7 +16,7 @@ WARN     := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototy
             -Wpointer-arith -Wno-unused-parameter
 # -Wno-unused-parameter: vtable implementations and CLI handlers share one
 # signature and many of them legitimately ignore some arguments.
-PKGS     := jansson libpcre2-8 libutf8proc
+PKGS     := jansson libpcre2-8 libutf8proc msgpack libzstd libmicrohttpd
 CFLAGS   += $(CSTD) $(OPT) -g $(WARN) -fno-strict-aliasing -pthread -Isrc \
             $(shell pkg-config --cflags $(PKGS))
 LDLIBS   += $(shell pkg-config --libs $(PKGS)) -ldnnl -lm -pthread
@@ -35,7 +35,9 @@ LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o)
 TEST_SRC := $(wildcard tests/unit/*.c)
 TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/%.o)
 
-.PHONY: all test unit clean fuzz asan integration
+BENCH_SRC := $(wildcard bench/*.c)
+
+.PHONY: all test unit clean fuzz asan integration bench
 all: $(BUILD)/exo
 
 $(BUILD)/%.o: %.c
@@ -69,7 +71,13 @@ fuzz:
 
 test: unit integration asan fuzz
 
+# Micro-benchmarks: build/bench_<name> from bench/bench_<name>.c.
+.PRECIOUS: $(BUILD)/bench/%.o
+bench: $(BENCH_SRC:bench/%.c=$(BUILD)/%)
+$(BUILD)/bench_%: $(BUILD)/bench/bench_%.o $(BUILD)/libexo.a
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
 clean:
 	rm -rf build build-asan build-fuzz
 
--include $(LIB_OBJ:.o=.d) $(TEST_OBJ:.o=.d) $(BUILD)/src/cli/main.d
+-include $(LIB_OBJ:.o=.d) $(TEST_OBJ:.o=.d) $(BUILD)/src/cli/main.d $(BENCH_SRC:%.c=$(BUILD)/%.d)

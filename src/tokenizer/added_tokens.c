@@ -106,11 +106,11 @@ static uint32_t last_char(const char *s, size_t end)
     while (st > 0 && ((unsigned char)s[st] & 0xC0) == 0x80)
         st--;
     uint32_t cp;
-    exo_utf8_next(s, end, st, &cp);
+    exo_tok_utf8_next(s, end, st, &cp);
     return cp;
 }
 
-static bool word_char(uint32_t cp) { return cp == '_' || exo_uc_is_alnum(cp); }
+static bool word_char(uint32_t cp) { return cp == '_' || exo_tok_uc_is_alnum(cp); }
 
 void exo_tok_trie_split(const exo_tok_trie *t, const exo_tok_added *toks, const char *str,
                         size_t n, exo_tok_spans *out, exo_tok_ids *ids)
@@ -132,7 +132,7 @@ void exo_tok_trie_split(const exo_tok_trie *t, const exo_tok_added *toks, const 
                 bool ok_l = start == 0 || !word_char(last_char(str, start));
                 uint32_t cp = 0;
                 if (stop < n)
-                    exo_utf8_next(str, n, stop, &cp);
+                    exo_tok_utf8_next(str, n, stop, &cp);
                 bool ok_r = stop == n || !word_char(cp);
                 if (!ok_l || !ok_r)
                     continue;
@@ -144,8 +144,8 @@ void exo_tok_trie_split(const exo_tok_trie *t, const exo_tok_added *toks, const 
                     while (st > 0 && (s[st] & 0xC0) == 0x80)
                         st--;
                     uint32_t cp;
-                    exo_utf8_next(str, ns, st, &cp);
-                    if (!exo_uc_is_whitespace(cp))
+                    exo_tok_utf8_next(str, ns, st, &cp);
+                    if (!exo_tok_uc_is_whitespace(cp))
                         break;
                     ns = st;
                 }
@@ -154,8 +154,8 @@ void exo_tok_trie_split(const exo_tok_trie *t, const exo_tok_added *toks, const 
             if (a->rstrip)
                 while (stop < n) {
                     uint32_t cp;
-                    size_t k2 = exo_utf8_next(str, n, stop, &cp);
-                    if (!exo_uc_is_whitespace(cp))
+                    size_t k2 = exo_tok_utf8_next(str, n, stop, &cp);
+                    if (!exo_tok_uc_is_whitespace(cp))
                         break;
                     stop += k2;
                 }

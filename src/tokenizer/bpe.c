@@ -208,7 +208,7 @@ static void merge_word(const exo_tok_bpe *bpe, const exo_tok_vocab *v, const cha
         size_t k = 1;
         if (!bpe->byte_level) {
             uint32_t cp;
-            k = exo_utf8_next(w, n, i, &cp);
+            k = exo_tok_utf8_next(w, n, i, &cp);
         }
         int32_t id = find_unit(bpe, v, sc, w + i, k, i == 0, i + k == n);
         if (id >= 0) {

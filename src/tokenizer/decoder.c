@@ -48,7 +48,7 @@ static int one_char(json_t *j, const char *def, uint32_t *cp, exo_err *err)
 {
     const char *s = json_is_string(j) ? json_string_value(j) : def;
     size_t n = strlen(s);
-    if (!n || !exo_utf8_valid(s, n) || exo_utf8_next(s, n, 0, cp) != n)
+    if (!n || !exo_tok_utf8_valid(s, n) || exo_tok_utf8_next(s, n, 0, cp) != n)
         return exo_err_set(err, EXO_EFORMAT, "decoder: expected a single character, got \"%s\"", s);
     return 0;
 }
@@ -144,7 +144,7 @@ static void flush_bytes(exo_tok_buf *arena, exo_tok_spans *out, const char *byte
 {
     if (!nb)
         return;
-    if (exo_utf8_valid(bytes, nb)) {
+    if (exo_tok_utf8_valid(bytes, nb)) {
         size_t off = arena->len;
         exo_tok_buf_put(arena, bytes, nb);
         exo_tok_spans_push(out, off, nb, false);
@@ -171,11 +171,11 @@ static void run(const exo_tok_decoder *d, exo_tok_buf *arena, exo_tok_spans *tok
         exo_tok_buf raw = {0};
         for (size_t i = 0; i < toks->n; i++) {
             const char *t = arena->p + toks->v[i].off;
-            if (!exo_bytelevel_to_bytes(t, toks->v[i].len, &raw))
+            if (!exo_tok_bytelevel_to_bytes(t, toks->v[i].len, &raw))
                 exo_tok_buf_put(&raw, t, toks->v[i].len);
         }
         size_t off = arena->len;
-        exo_utf8_lossy(raw.p ? raw.p : "", raw.len, arena);
+        exo_tok_utf8_lossy(raw.p ? raw.p : "", raw.len, arena);
         exo_tok_spans_push(&out, off, arena->len - off, false);
         exo_tok_buf_free(&raw);
         break;
@@ -214,7 +214,7 @@ static void run(const exo_tok_decoder *d, exo_tok_buf *arena, exo_tok_spans *tok
             for (size_t k = 0; k < n;) {
                 uint32_t cp;
                 const char *t = arena->p + toks->v[i].off;
-                size_t len = exo_utf8_next(t, n, k, &cp);
+                size_t len = exo_tok_utf8_next(t, n, k, &cp);
                 if (cp == d->cp) {
                     if (!(i == 0 && d->prepend))
                         arena->p[arena->len++] = ' ';
@@ -256,7 +256,7 @@ static void run(const exo_tok_decoder *d, exo_tok_buf *arena, exo_tok_spans *tok
             size_t n = toks->v[i].len, b = 0, e = n;
             for (size_t k = 0; k < d->start && b < e; k++) {
                 uint32_t cp;
-                size_t len = exo_utf8_next(t, n, b, &cp);
+                size_t len = exo_tok_utf8_next(t, n, b, &cp);
                 if (cp != d->cp)
                     break;
                 b += len;
@@ -266,7 +266,7 @@ static void run(const exo_tok_decoder *d, exo_tok_buf *arena, exo_tok_spans *tok
                 while (st > b && ((unsigned char)t[st] & 0xC0) == 0x80)
                     st--;
                 uint32_t cp;
-                exo_utf8_next(t, e, st, &cp);
+                exo_tok_utf8_next(t, e, st, &cp);
                 if (cp != d->cp)
                     break;
                 e = st;

@@ -30,6 +30,9 @@ typedef struct exo_jinja_opts {
     size_t  max_output;     /* bytes; 0 = default (32 MiB) */
     int     max_depth;      /* macro/call nesting; 0 = default (64) */
     uint64_t max_steps;     /* evaluation steps; 0 = default (50M) */
+    /* bytes of values (strings, lists, dicts) a render may produce in
+     * total, which bounds its memory; 0 = default (8 x max_output) */
+    size_t  max_values;
 } exo_jinja_opts;
 
 /* Parses template text (trim_blocks and lstrip_blocks on, like HF).

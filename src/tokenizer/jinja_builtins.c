@@ -1362,15 +1362,18 @@ static int sort_by(jinja_ctx *c, jv items, jv keys, bool cs, bool reverse)
         while (j > 0) {
             int r;
             int rc = cmp_key(c, keys.u.l->items[j - 1], k, cs, &r);
-            if (rc)
+            if (!rc && (c->steps += 1) > c->max_steps)
+                rc = jinja_fail(c, EXO_ETOOBIG, "evaluation step limit exceeded");
+            if (rc) { /* slot j is the hole: refill it so the list stays a permutation */
+                items.u.l->items[j] = it;
+                keys.u.l->items[j] = k;
                 return rc;
+            }
             if (reverse ? r >= 0 : r <= 0)
                 break;
             items.u.l->items[j] = items.u.l->items[j - 1];
             keys.u.l->items[j] = keys.u.l->items[j - 1];
             j--;
-            if ((c->steps += 1) > c->max_steps)
-                return jinja_fail(c, EXO_ETOOBIG, "evaluation step limit exceeded");
         }
         items.u.l->items[j] = it;
         keys.u.l->items[j] = k;
@@ -1482,7 +1485,8 @@ static int minmax(jinja_ctx *c, jv v, const jargs *a, jv *out, bool want_max)
             bestk = k;
         }
     }
-    *out = jv_ref(best);
+    if (!rc)
+        *out = jv_ref(best);
     jv_unref(l);
     return rc;
 }

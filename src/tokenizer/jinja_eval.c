@@ -95,10 +95,18 @@ static bool contains_ref(jv hay, jv_dict *needle, int depth)
     return false;
 }
 
+/* Checks a value just produced: nesting depth and the production budget. */
 static int check_depth(jinja_ctx *c, jv v)
 {
     if (jv_depth(v) > JV_MAX_DEPTH)
         return jinja_fail(c, EXO_ETOOBIG, "value nested too deeply");
+    /* charge what was produced: total bytes made bound the live bytes */
+    size_t n = v.type == JV_STRING ? v.u.s->len
+             : v.type == JV_LIST ? v.u.l->len * sizeof(jv)
+             : v.type == JV_DICT ? v.u.d->len * 2 * sizeof(jv) : 0;
+    c->made_total += n;
+    if (c->made_total > c->max_made)
+        return jinja_fail(c, EXO_ETOOBIG, "template produced too much data");
     return 0;
 }
 
@@ -595,8 +603,8 @@ static int eval(jinja_ctx *c, jscope *s, const jnode *n, jv *out)
             if (pn[i])
                 rc = eval(c, s, pn[i], &p[i]);
         c->line = n->line;
-        if (!rc)
-            rc = slice_value(c, obj, p[0], p[1], p[2], out);
+        if (!rc && !(rc = slice_value(c, obj, p[0], p[1], p[2], out)) && (rc = check_depth(c, *out)))
+            jv_unref(*out);
         jv_unref(obj);
         for (int i = 0; i < 3; i++)
             jv_unref(p[i]);
@@ -615,8 +623,8 @@ static int eval(jinja_ctx *c, jscope *s, const jnode *n, jv *out)
             else
                 rc = jinja_call(c, fn, args, n->list.n, (const char *const *)n->names, kw, n->list2.n, out);
         }
-        if (!rc)
-            rc = check_depth(c, *out);
+        if (!rc && (rc = check_depth(c, *out)))
+            jv_unref(*out);
         free_args(n, args, kw, 0);
         jv_unref(fn);
         return rc;
@@ -631,8 +639,8 @@ static int eval(jinja_ctx *c, jscope *s, const jnode *n, jv *out)
         if (!rc)
             rc = jinja_apply_filter(c, n->name, v, args, n->list.n, (const char *const *)n->names, kw,
                                     n->list2.n, out);
-        if (!rc)
-            rc = check_depth(c, *out);
+        if (!rc && (rc = check_depth(c, *out)))
+            jv_unref(*out);
         free_args(n, args, kw, 0);
         jv_unref(v);
         return rc;
@@ -707,6 +715,8 @@ static int eval(jinja_ctx *c, jscope *s, const jnode *n, jv *out)
         rc = arith(c, n->op, a, b, out);
         jv_unref(a);
         jv_unref(b);
+        if (!rc && (rc = check_depth(c, *out)))
+            jv_unref(*out);
         return rc;
     }
     case N_COMPARE: {
@@ -1196,6 +1206,7 @@ int exo_jinja_render(const exo_jinja_template *tpl, const json_t *context,
     c.max_depth = opts && opts->max_depth > 0 ? opts->max_depth : 64;
     c.max_steps = opts && opts->max_steps ? opts->max_steps : 50u * 1000 * 1000;
     c.max_output = opts && opts->max_output ? opts->max_output : (size_t)32 << 20;
+    c.max_made = opts && opts->max_values ? opts->max_values : c.max_output * 8;
     c.now = opts ? opts->now : -1;
     c.line = 1;
     c.globals = jv_dict_new();

@@ -203,6 +203,8 @@ typedef struct jinja_ctx {
     int64_t now;
     int line;           /* line of the node being evaluated, for errors */
     size_t out_total;   /* bytes rendered so far (all buffers) */
+    size_t made_total;  /* bytes of strings/lists produced so far: bounds memory */
+    size_t max_made;
 } jinja_ctx;
 
 /* Errors: set err with "line N: ..." and return a negative code. */

@@ -98,7 +98,7 @@ static int string(scan *c, exo_tok_buf *out)
                 cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
             }
             char u[4];
-            exo_tok_buf_put(out, u, exo_utf8_encode(cp, u));
+            exo_tok_buf_put(out, u, exo_tok_utf8_encode(cp, u));
             run = c->i;
             continue;
         }
@@ -267,7 +267,7 @@ int exo_tok_vocab_parse(exo_tok_vocab *v, const char *s, size_t n, bool byte_lev
             size_t moff = off, mlen = len;
             if (byte_level) {
                 moff = v->arena.len;
-                if (exo_bytelevel_to_bytes(v->arena.p + off, len, &v->arena))
+                if (exo_tok_bytelevel_to_bytes(v->arena.p + off, len, &v->arena))
                     mlen = v->arena.len - moff;
                 else
                     mlen = UINT32_MAX;
@@ -308,29 +308,38 @@ bad:
     return exo_err_set(err, EXO_EFORMAT, "tokenizer.json: model.vocab: malformed near byte %zu of the section", c.i);
 }
 
-/* Looks up a merge half given in tokenizer.json form. */
-static int32_t find_form(const exo_tok_vocab *v, const char *s, size_t n, bool byte_level,
-                         exo_tok_buf *tmp)
+/* Appends a merge half in model form (raw bytes for byte-level models);
+ * false if it cannot be a model token. */
+static bool put_form(exo_tok_buf *out, const char *s, size_t n, bool byte_level)
 {
-    if (!byte_level)
-        return exo_tok_vocab_find(v, s, n);
-    tmp->len = 0;
-    if (!exo_bytelevel_to_bytes(s, n, tmp))
-        return -1;
-    return exo_tok_vocab_find(v, tmp->p, tmp->len);
+    if (!byte_level) {
+        exo_tok_buf_put(out, s, n);
+        return true;
+    }
+    return exo_tok_bytelevel_to_bytes(s, n, out);
 }
+
+/* One parsed merge: a, b and the merged token a+b, stored back to back in
+ * model form. */
+typedef struct mrec {
+    size_t   off;
+    uint32_t alen, blen, ablen;
+    bool     ok; /* all three have a model form */
+} mrec;
+
+enum { AHEAD = 16 }; /* prefetch distance, in merges */
 
 int exo_tok_merges_parse(exo_tok_vocab *v, const char *s, size_t n, bool byte_level,
                          const char *prefix, exo_err *err)
 {
     scan c = {s, n, 0};
-    exo_tok_buf a = {0}, b = {0}, t1 = {0}, t2 = {0}, ab = {0};
+    exo_tok_buf a = {0}, b = {0}, keys = {0};
+    mrec *recs = NULL;
+    size_t nrec = 0, cap = 0;
     size_t plen = prefix ? strlen(prefix) : 0;
-    uint32_t rank = 0;
     int rc = 0;
-    /* A guess at the count (pretty-printed "a b" entries take ~14 bytes);
-     * the table grows if it is wrong. */
-    exo__tok_vocab_merges_init(v, n / 14 + 16);
+
+    /* Pass 1: parse every merge into keys/recs. */
     ws(&c);
     if (c.i >= n || s[c.i] != '[')
         goto bad;
@@ -371,25 +380,30 @@ int exo_tok_merges_parse(exo_tok_vocab *v, const char *s, size_t n, bool byte_le
                 c.i++;
             } else
                 goto bad;
+            if (nrec == cap) {
+                cap  = cap ? cap * 2 : 4096;
+                recs = exo_realloc(recs, cap * sizeof *recs);
+            }
             {
-                int32_t ia = find_form(v, a.p, a.len, byte_level, &t1);
-                int32_t ib = find_form(v, b.p, b.len, byte_level, &t2);
+                mrec *r = &recs[nrec++];
+                r->off  = keys.len;
+                r->ok   = put_form(&keys, a.p, a.len, byte_level);
+                r->alen = (uint32_t)(keys.len - r->off);
+                size_t at = keys.len;
+                r->ok   = put_form(&keys, b.p, b.len, byte_level) && r->ok;
+                r->blen = (uint32_t)(keys.len - at);
+                at = keys.len;
                 /* merged token = a + b without b's continuing-subword prefix */
-                ab.len = 0;
-                exo_tok_buf_put(&ab, a.p, a.len);
                 size_t skip = plen && b.len >= plen && !memcmp(b.p, prefix, plen) ? plen : 0;
-                exo_tok_buf_put(&ab, b.p + skip, b.len - skip);
-                int32_t im = find_form(v, ab.p, ab.len, byte_level, &t1);
-                if (ia < 0 || ib < 0 || im < 0) {
-                    rc = exo_err_set(err, EXO_EFORMAT,
-                                     "tokenizer.json: merge %u (\"%.*s\" \"%.*s\") uses a token "
-                                     "that is not in the vocabulary",
-                                     rank, (int)(a.len > 40 ? 40 : a.len), a.p,
-                                     (int)(b.len > 40 ? 40 : b.len), b.p);
-                    goto out;
+                exo_tok_buf_put(&a, b.p + skip, b.len - skip);
+                r->ok    = put_form(&keys, a.p, a.len, byte_level) && r->ok;
+                r->ablen = (uint32_t)(keys.len - at);
+                if (!r->ok) { /* keep the text for the error message */
+                    keys.len = r->off;
+                    exo_tok_buf_put(&keys, a.p, a.len);
+                    r->alen = (uint32_t)a.len;
+                    r->blen = r->ablen = 0;
                 }
-                exo__tok_vocab_merges_put(v, ia, ib, rank, im);
-                rank++;
             }
         sep:
             ws(&c);
@@ -406,14 +420,56 @@ int exo_tok_merges_parse(exo_tok_vocab *v, const char *s, size_t n, bool byte_le
     ws(&c);
     if (c.i != n)
         goto bad;
+
+    /* Pass 2: look the three strings up with the slots of the merge AHEAD
+     * positions later prefetched (the vocab table is larger than the cache,
+     * so overlapping the misses is most of the cost), then insert the pairs
+     * the same way. */
+    {
+        uint64_t *h = exo_malloc((3 * nrec + 1) * sizeof *h);
+        int32_t *ids = exo_malloc((3 * nrec + 1) * sizeof *ids);
+        for (size_t i = 0; i < nrec; i++) {
+            const mrec *r = &recs[i];
+            const char *k = keys.p + r->off;
+            h[3 * i]     = exo_tok_hash(k, r->alen);
+            h[3 * i + 1] = exo_tok_hash(k + r->alen, r->blen);
+            h[3 * i + 2] = exo_tok_hash(k + r->alen + r->blen, r->ablen);
+        }
+        for (size_t i = 0; i < nrec; i++) {
+            if (i + AHEAD < nrec)
+                for (int k = 0; k < 3; k++)
+                    exo__tok_vocab_prefetch(v, h[3 * (i + AHEAD) + (size_t)k]);
+            const mrec *r = &recs[i];
+            const char *k = keys.p + r->off;
+            ids[3 * i]     = r->ok ? exo__tok_vocab_find_hashed(v, k, r->alen, h[3 * i]) : -1;
+            ids[3 * i + 1] = r->ok ? exo__tok_vocab_find_hashed(v, k + r->alen, r->blen, h[3 * i + 1]) : -1;
+            ids[3 * i + 2] = r->ok ? exo__tok_vocab_find_hashed(v, k + r->alen + r->blen, r->ablen, h[3 * i + 2]) : -1;
+            if (ids[3 * i] < 0 || ids[3 * i + 1] < 0 || ids[3 * i + 2] < 0) {
+                size_t shown = r->alen + r->blen + r->ablen;
+                rc = exo_err_set(err, EXO_EFORMAT,
+                                 "tokenizer.json: merge %zu (\"%.*s\") uses a token that is not in "
+                                 "the vocabulary", i, (int)(shown > 80 ? 80 : shown), k);
+                break;
+            }
+        }
+        if (!rc) {
+            exo__tok_vocab_merges_init(v, nrec);
+            for (size_t i = 0; i < nrec; i++) {
+                if (i + AHEAD < nrec)
+                    exo__tok_merges_prefetch(v, ids[3 * (i + AHEAD)], ids[3 * (i + AHEAD) + 1]);
+                exo__tok_vocab_merges_put(v, ids[3 * i], ids[3 * i + 1], (uint32_t)i, ids[3 * i + 2]);
+            }
+        }
+        exo_free(h);
+        exo_free(ids);
+    }
     goto out;
 bad:
     rc = exo_err_set(err, EXO_EFORMAT, "tokenizer.json: model.merges: malformed near byte %zu of the section", c.i);
 out:
+    exo_free(recs);
     exo_tok_buf_free(&a);
     exo_tok_buf_free(&b);
-    exo_tok_buf_free(&t1);
-    exo_tok_buf_free(&t2);
-    exo_tok_buf_free(&ab);
+    exo_tok_buf_free(&keys);
     return rc;
 }

@@ -142,7 +142,7 @@ static void unicode_form(int type, const char *s, size_t n, exo_tok_buf *out)
     } else {
         exo_tok_buf_reserve(out, (size_t)m * 4);
         for (utf8proc_ssize_t i = 0; i < m; i++)
-            out->len += exo_utf8_encode((uint32_t)cps[i], out->p + out->len);
+            out->len += exo_tok_utf8_encode((uint32_t)cps[i], out->p + out->len);
     }
     exo_free(cps);
 }
@@ -152,7 +152,7 @@ static void lowercase(const char *s, size_t n, exo_tok_buf *out)
     exo_tok_buf_reserve(out, n);
     for (size_t i = 0; i < n;) {
         uint32_t cp;
-        size_t k = exo_utf8_next(s, n, i, &cp);
+        size_t k = exo_tok_utf8_next(s, n, i, &cp);
         if (cp < 0x80) {
             exo_tok_buf_putc(out, (char)(cp >= 'A' && cp <= 'Z' ? cp + 32 : cp));
         } else if (cp == 0x130) { /* Rust: 'İ'.to_lowercase() == "i\u{307}" */
@@ -160,7 +160,7 @@ static void lowercase(const char *s, size_t n, exo_tok_buf *out)
         } else {
             char u[4];
             uint32_t lc = (uint32_t)utf8proc_tolower((utf8proc_int32_t)cp);
-            exo_tok_buf_put(out, u, exo_utf8_encode(lc, u));
+            exo_tok_buf_put(out, u, exo_tok_utf8_encode(lc, u));
         }
         i += k;
     }
@@ -172,8 +172,8 @@ static void strip(const exo_tok_normalizer *nz, const char *s, size_t n, exo_tok
     if (nz->left)
         while (b < e) {
             uint32_t cp;
-            size_t k = exo_utf8_next(s, e, b, &cp);
-            if (!exo_uc_is_whitespace(cp))
+            size_t k = exo_tok_utf8_next(s, e, b, &cp);
+            if (!exo_tok_uc_is_whitespace(cp))
                 break;
             b += k;
         }
@@ -183,8 +183,8 @@ static void strip(const exo_tok_normalizer *nz, const char *s, size_t n, exo_tok
             while (st > b && ((unsigned char)s[st] & 0xC0) == 0x80)
                 st--;
             uint32_t cp;
-            exo_utf8_next(s, e, st, &cp);
-            if (!exo_uc_is_whitespace(cp))
+            exo_tok_utf8_next(s, e, st, &cp);
+            if (!exo_tok_uc_is_whitespace(cp))
                 break;
             e = st;
         }

@@ -97,9 +97,9 @@ static int parse_into(json_t *j, exo_tok_pretok *pt, int depth, exo_err *err)
         pt->type = P_METASPACE;
         const char *rs = json_is_string(r) ? json_string_value(r) : "\xE2\x96\x81";
         size_t rl = strlen(rs);
-        if (!rl || rl > 4 || !exo_utf8_valid(rs, rl))
+        if (!rl || rl > 4 || !exo_tok_utf8_valid(rs, rl))
             return exo_err_set(err, EXO_EFORMAT, "Metaspace: replacement must be one character");
-        size_t k = exo_utf8_next(rs, rl, 0, &pt->rep_cp);
+        size_t k = exo_tok_utf8_next(rs, rl, 0, &pt->rep_cp);
         if (k != rl)
             return exo_err_set(err, EXO_EFORMAT, "Metaspace: replacement must be one character");
         memcpy(pt->rep, rs, rl);
@@ -265,7 +265,7 @@ static void char_matches(const char *s, size_t n, bool (*pred)(uint32_t), exo_to
     m->n = 0;
     for (size_t i = 0; i < n;) {
         uint32_t cp;
-        size_t k = exo_utf8_next(s, n, i, &cp);
+        size_t k = exo_tok_utf8_next(s, n, i, &cp);
         if (pred(cp))
             exo_tok_spans_push(m, i, k, true);
         i += k;
@@ -290,17 +290,17 @@ static int apply_one(const exo_tok_pretok *pt, exo_tok_buf *arena, const exo_tok
                 pt->type == P_WS ? true : pt->invert, off, first, out);
         return 0;
     case P_WSSPLIT:
-        char_matches(arena->p + off, n, exo_uc_is_whitespace, &c->m);
+        char_matches(arena->p + off, n, exo_tok_uc_is_whitespace, &c->m);
         cover(&c->m, n, &c->runs);
         regroup(&c->runs, B_REMOVED, false, off, first, out);
         return 0;
     case P_DIGITS:
-        char_matches(arena->p + off, n, exo_uc_is_numeric, &c->m);
+        char_matches(arena->p + off, n, exo_tok_uc_is_numeric, &c->m);
         cover(&c->m, n, &c->runs);
         regroup(&c->runs, pt->individual ? B_ISOLATED : B_CONTIGUOUS, false, off, first, out);
         return 0;
     case P_PUNCT:
-        char_matches(arena->p + off, n, exo_uc_is_punct, &c->m);
+        char_matches(arena->p + off, n, exo_tok_uc_is_punct, &c->m);
         cover(&c->m, n, &c->runs);
         regroup(&c->runs, pt->behavior, false, off, first, out);
         return 0;
@@ -352,7 +352,7 @@ static int apply_one(const exo_tok_pretok *pt, exo_tok_buf *arena, const exo_tok
         const char *s = arena->p + noff;
         for (size_t i = 0; i < nn;) {
             uint32_t cp;
-            size_t k = exo_utf8_next(s, nn, i, &cp);
+            size_t k = exo_tok_utf8_next(s, nn, i, &cp);
             if (is_rep_cp(cp, pt->rep_cp))
                 exo_tok_spans_push(&c->m, i, k, true);
             i += k;

@@ -100,7 +100,7 @@ int exo_tok_regex_find_all(const exo_tok_regex *re, const char *s, size_t n, exo
             if (ms >= n)
                 break;
             uint32_t cp;
-            start = ms + exo_utf8_next(s, n, ms, &cp);
+            start = ms + exo_tok_utf8_next(s, n, ms, &cp);
         }
     }
     pcre2_match_data_free(md);

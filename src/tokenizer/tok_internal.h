@@ -53,26 +53,26 @@ void exo_tok_ids_push(exo_tok_ids *ids, int32_t id);
 /* ---- UTF-8 and Unicode helpers (utf8.c) ---- */
 
 /* Decodes one valid UTF-8 character (the input must be valid). */
-size_t   exo_utf8_next(const char *s, size_t n, size_t i, uint32_t *cp);
-size_t   exo_utf8_encode(uint32_t cp, char out[4]);
-bool     exo_utf8_valid(const char *s, size_t n);
+size_t   exo_tok_utf8_next(const char *s, size_t n, size_t i, uint32_t *cp);
+size_t   exo_tok_utf8_encode(uint32_t cp, char out[4]);
+bool     exo_tok_utf8_valid(const char *s, size_t n);
 /* Appends s to out with every maximal invalid subpart replaced by U+FFFD
  * (Rust's String::from_utf8_lossy). */
-void     exo_utf8_lossy(const char *s, size_t n, exo_tok_buf *out);
+void     exo_tok_utf8_lossy(const char *s, size_t n, exo_tok_buf *out);
 /* Length of the last (complete or incomplete) character if it is an
  * incomplete but so far valid multi-byte prefix at the end of s, else 0. */
-size_t   exo_utf8_incomplete_tail(const char *s, size_t n);
-bool     exo_uc_is_whitespace(uint32_t cp); /* Rust char::is_whitespace */
-bool     exo_uc_is_alnum(uint32_t cp);      /* Rust char::is_alphanumeric */
-bool     exo_uc_is_numeric(uint32_t cp);    /* Rust char::is_numeric */
-bool     exo_uc_is_punct(uint32_t cp);      /* HF is_punc: ASCII or Unicode P* */
+size_t   exo_tok_utf8_incomplete_tail(const char *s, size_t n);
+bool     exo_tok_uc_is_whitespace(uint32_t cp); /* Rust char::is_whitespace */
+bool     exo_tok_uc_is_alnum(uint32_t cp);      /* Rust char::is_alphanumeric */
+bool     exo_tok_uc_is_numeric(uint32_t cp);    /* Rust char::is_numeric */
+bool     exo_tok_uc_is_punct(uint32_t cp);      /* HF is_punc: ASCII or Unicode P* */
 
 /* GPT-2 byte-level alphabet: byte <-> code point. */
-uint32_t exo_bytelevel_char(uint8_t b);
-int      exo_bytelevel_byte(uint32_t cp); /* -1 if not in the alphabet */
+uint32_t exo_tok_bytelevel_char(uint8_t b);
+int      exo_tok_bytelevel_byte(uint32_t cp); /* -1 if not in the alphabet */
 /* Maps a byte-level string to raw bytes; false (out untouched beyond its
  * old length) if some character is not in the alphabet. */
-bool     exo_bytelevel_to_bytes(const char *s, size_t n, exo_tok_buf *out);
+bool     exo_tok_bytelevel_to_bytes(const char *s, size_t n, exo_tok_buf *out);
 
 /* ---- regular expressions (regex.c): PCRE2 UTF+UCP, JIT; or a literal ---- */
 
@@ -134,6 +134,9 @@ void     exo__tok_vocab_build_map(exo_tok_vocab *v);
 void     exo__tok_vocab_merges_init(exo_tok_vocab *v, size_t n);
 void     exo__tok_vocab_merges_put(exo_tok_vocab *v, int32_t a, int32_t b, uint32_t rank,
                                    int32_t m);
+int32_t  exo__tok_vocab_find_hashed(const exo_tok_vocab *v, const char *s, size_t n, uint64_t hash);
+void     exo__tok_vocab_prefetch(const exo_tok_vocab *v, uint64_t hash);
+void     exo__tok_merges_prefetch(const exo_tok_vocab *v, int32_t a, int32_t b);
 #define EXO_TOK_MAX_ID (1 << 22) /* 4M ids: bounds what a hostile file can make us allocate */
 
 /* Parses model.vocab and model.merges from their JSON text (json_scan.c). */

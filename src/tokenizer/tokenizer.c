@@ -249,7 +249,7 @@ int exo_tokenizer_load_mem(const char *json, size_t json_len, const char *config
                            size_t config_len, exo_tokenizer **out, exo_err *err)
 {
     *out = NULL;
-    if (!exo_utf8_valid(json, json_len))
+    if (!exo_tok_utf8_valid(json, json_len))
         return exo_err_set(err, EXO_EFORMAT, "tokenizer.json: not valid UTF-8");
     size_t vs[2], ms[2];
     int rc = exo_tok_json_locate(json, json_len, vs, ms, err);
@@ -443,8 +443,8 @@ int exo_tokenizer_encode(const exo_tokenizer *tok, const char *text, size_t len,
     *n   = 0;
     if (!text)
         len = 0;
-    if (len && !exo_utf8_valid(text, len)) {
-        exo_utf8_lossy(text, len, &fixed);
+    if (len && !exo_tok_utf8_valid(text, len)) {
+        exo_tok_utf8_lossy(text, len, &fixed);
         text = fixed.p;
         len  = fixed.len;
     }
@@ -544,7 +544,7 @@ int32_t exo_tokenizer_token_to_id(const exo_tokenizer *tok, const char *token, s
         return exo_tok_vocab_find(v, token, len);
     exo_tok_buf b = {0};
     int32_t id = -1;
-    if (exo_bytelevel_to_bytes(token, len, &b))
+    if (exo_tok_bytelevel_to_bytes(token, len, &b))
         id = exo_tok_vocab_find(v, b.p ? b.p : "", b.len);
     exo_tok_buf_free(&b);
     if (id >= 0)

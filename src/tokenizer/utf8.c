@@ -68,7 +68,7 @@ void exo_tok_ids_push(exo_tok_ids *ids, int32_t id)
     ids->v[ids->n++] = id;
 }
 
-size_t exo_utf8_next(const char *str, size_t n, size_t i, uint32_t *cp)
+size_t exo_tok_utf8_next(const char *str, size_t n, size_t i, uint32_t *cp)
 {
     const uint8_t *s = (const uint8_t *)str;
     uint8_t c = s[i];
@@ -93,7 +93,7 @@ size_t exo_utf8_next(const char *str, size_t n, size_t i, uint32_t *cp)
     return 4;
 }
 
-size_t exo_utf8_encode(uint32_t cp, char out[4])
+size_t exo_tok_utf8_encode(uint32_t cp, char out[4])
 {
     if (cp < 0x80) {
         out[0] = (char)cp;
@@ -150,7 +150,7 @@ static int seq_len(const uint8_t *s, size_t n, size_t i)
     return need + 1;
 }
 
-bool exo_utf8_valid(const char *str, size_t n)
+bool exo_tok_utf8_valid(const char *str, size_t n)
 {
     const uint8_t *s = (const uint8_t *)str;
     size_t i = 0;
@@ -177,7 +177,7 @@ bool exo_utf8_valid(const char *str, size_t n)
     return true;
 }
 
-void exo_utf8_lossy(const char *str, size_t n, exo_tok_buf *out)
+void exo_tok_utf8_lossy(const char *str, size_t n, exo_tok_buf *out)
 {
     const uint8_t *s = (const uint8_t *)str;
     size_t i = 0, run = 0;
@@ -200,7 +200,7 @@ void exo_utf8_lossy(const char *str, size_t n, exo_tok_buf *out)
     exo_tok_buf_put(out, s + run, n - run);
 }
 
-size_t exo_utf8_incomplete_tail(const char *str, size_t n)
+size_t exo_tok_utf8_incomplete_tail(const char *str, size_t n)
 {
     const uint8_t *s = (const uint8_t *)str;
     for (size_t back = 1; back <= 3 && back <= n; back++) {
@@ -212,14 +212,14 @@ size_t exo_utf8_incomplete_tail(const char *str, size_t n)
     return 0;
 }
 
-bool exo_uc_is_whitespace(uint32_t c)
+bool exo_tok_uc_is_whitespace(uint32_t c)
 {
     return (c >= 0x09 && c <= 0x0D) || c == 0x20 || c == 0x85 || c == 0xA0 || c == 0x1680 ||
            (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F ||
            c == 0x205F || c == 0x3000;
 }
 
-bool exo_uc_is_numeric(uint32_t c)
+bool exo_tok_uc_is_numeric(uint32_t c)
 {
     if (c < 0x80)
         return c >= '0' && c <= '9';
@@ -228,16 +228,16 @@ bool exo_uc_is_numeric(uint32_t c)
            cat == UTF8PROC_CATEGORY_NO;
 }
 
-bool exo_uc_is_alnum(uint32_t c)
+bool exo_tok_uc_is_alnum(uint32_t c)
 {
     if (c < 0x80)
         return (c >= '0' && c <= '9') || ((c | 0x20) >= 'a' && (c | 0x20) <= 'z');
     utf8proc_category_t cat = utf8proc_category((utf8proc_int32_t)c);
     return (cat >= UTF8PROC_CATEGORY_LU && cat <= UTF8PROC_CATEGORY_LO) ||
-           exo_uc_is_numeric(c);
+           exo_tok_uc_is_numeric(c);
 }
 
-bool exo_uc_is_punct(uint32_t c)
+bool exo_tok_uc_is_punct(uint32_t c)
 {
     if (c < 0x80)
         return (c >= 0x21 && c <= 0x2F) || (c >= 0x3A && c <= 0x40) ||
@@ -253,7 +253,7 @@ static bool bytelevel_keeps(uint32_t b)
     return (b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
 }
 
-uint32_t exo_bytelevel_char(uint8_t b)
+uint32_t exo_tok_bytelevel_char(uint8_t b)
 {
     if (bytelevel_keeps(b))
         return b;
@@ -264,7 +264,7 @@ uint32_t exo_bytelevel_char(uint8_t b)
     return 323; /* 0xAD */
 }
 
-int exo_bytelevel_byte(uint32_t cp)
+int exo_tok_bytelevel_byte(uint32_t cp)
 {
     if (cp < 256)
         return bytelevel_keeps(cp) ? (int)cp : -1;
@@ -275,14 +275,14 @@ int exo_bytelevel_byte(uint32_t cp)
     return cp == 323 ? 0xAD : -1;
 }
 
-bool exo_bytelevel_to_bytes(const char *s, size_t n, exo_tok_buf *out)
+bool exo_tok_bytelevel_to_bytes(const char *s, size_t n, exo_tok_buf *out)
 {
     size_t start = out->len;
     exo_tok_buf_reserve(out, n);
     for (size_t i = 0; i < n;) {
         uint32_t cp;
-        i += exo_utf8_next(s, n, i, &cp);
-        int b = exo_bytelevel_byte(cp);
+        i += exo_tok_utf8_next(s, n, i, &cp);
+        int b = exo_tok_bytelevel_byte(cp);
         if (b < 0) {
             out->len = start;
             return false;

@@ -34,6 +34,19 @@ uint64_t exo_tok_hash(const char *s, size_t n)
     return h;
 }
 
+static inline uint64_t pair_key(int32_t a, int32_t b)
+{
+    return ((uint64_t)(uint32_t)a << 32) | (uint32_t)b;
+}
+
+static inline size_t pair_hash(uint64_t k)
+{
+    k ^= k >> 31;
+    k *= 0x9E3779B97F4A7C15ull;
+    k ^= k >> 29;
+    return (size_t)k;
+}
+
 static inline uint64_t head8(const char *s, size_t n)
 {
     uint64_t h = 0;
@@ -51,29 +64,32 @@ static inline bool slot_is(const exo_tok_vocab *v, const struct exo_tok_slot *sl
 
 int32_t exo_tok_vocab_find(const exo_tok_vocab *v, const char *s, size_t n)
 {
+    return exo__tok_vocab_find_hashed(v, s, n, exo_tok_hash(s, n));
+}
+
+void exo__tok_vocab_prefetch(const exo_tok_vocab *v, uint64_t hash)
+{
+    if (v->slots)
+        __builtin_prefetch(&v->slots[hash & v->mask]);
+}
+
+void exo__tok_merges_prefetch(const exo_tok_vocab *v, int32_t a, int32_t b)
+{
+    __builtin_prefetch(&v->merges[pair_hash(pair_key(a, b)) & v->mmask], 1);
+}
+
+int32_t exo__tok_vocab_find_hashed(const exo_tok_vocab *v, const char *s, size_t n, uint64_t hash)
+{
     if (!v->slots)
         return -1;
     uint64_t head = head8(s, n);
-    for (size_t i = exo_tok_hash(s, n) & v->mask;; i = (i + 1) & v->mask) {
+    for (size_t i = hash & v->mask;; i = (i + 1) & v->mask) {
         const struct exo_tok_slot *sl = &v->slots[i];
         if (sl->id < 0)
             return -1;
         if (slot_is(v, sl, s, n, head))
             return sl->id;
     }
-}
-
-static inline uint64_t pair_key(int32_t a, int32_t b)
-{
-    return ((uint64_t)(uint32_t)a << 32) | (uint32_t)b;
-}
-
-static inline size_t pair_hash(uint64_t k)
-{
-    k ^= k >> 31;
-    k *= 0x9E3779B97F4A7C15ull;
-    k ^= k >> 29;
-    return (size_t)k;
 }
 
 bool exo_tok_vocab_merge(const exo_tok_vocab *v, int32_t a, int32_t b, uint32_t *rank,

@@ -60,14 +60,14 @@ static void check(const exo_tokenizer *tok, const char *text, size_t len, bool s
                 abort();
         size_t dl;
         char *dec = exo_tokenizer_decode(tok, ids, n, false, &dl);
-        if (!exo_utf8_valid(dec, dl))
+        if (!exo_tok_utf8_valid(dec, dl))
             abort();
         exo_detok_stream *ds = exo_detok_stream_new(tok, false);
         exo_tok_buf acc = {0};
         for (size_t i = 0; i <= n; i++) {
             size_t pl;
             const char *p = i < n ? exo_detok_stream_push(ds, ids[i], &pl) : exo_detok_stream_flush(ds, &pl);
-            if (!exo_utf8_valid(p, pl))
+            if (!exo_tok_utf8_valid(p, pl))
                 abort();
             exo_tok_buf_put(&acc, p, pl);
         }

@@ -68,14 +68,15 @@ for src in "${targets[@]}"; do
     else
         opts+=("-max_total_time=$SECS")
     fi
-    echo "== fuzz $name: running ${FUZZ_BUILD_ONLY:+seeds only}${FUZZ_BUILD_ONLY:-${SECS}s}"
+    if [ -n "${FUZZ_BUILD_ONLY:-}" ]; then what="seeds only"; else what="${SECS}s"; fi
+    echo "== fuzz $name: running $what"
     if ! "$OUT/$bin" "${opts[@]}" "$work" "${seeds[@]}" >"$OUT/$name.log" 2>&1; then
         tail -60 "$OUT/$name.log" >&2
         echo "fuzz: $name FAILED (log: $OUT/$name.log)" >&2
         failed+=("$name")
         continue
     fi
-    grep -E 'stat::number_of_executed_units|Done [0-9]+ runs' "$OUT/$name.log" | tail -1
+    grep -aE 'stat::number_of_executed_units|Done [0-9]+ runs' "$OUT/$name.log" | tail -1
 done
 
 if [ ${#failed[@]} -gt 0 ]; then

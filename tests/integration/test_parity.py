@@ -14,12 +14,18 @@ by `exo quantize` (tests our quantizer: must reproduce the same files'
 logits). A copy of llama-f32 whose config.json only has transformers 5.x's
 `rope_parameters` checks that spelling.
 
-Tolerances (max abs logit error; logits are O(10)):
-  f32 weights       2e-4   (f32 everywhere; sums in another order)
-  bf16 weights      2e-3   (same, plus bf16 AMX prefill of the prompt)
-  affine quantized  3e-2   (int8 activations in the decode kernels,
-                            bf16 activations in the prefill GEMM)
-The prompt path (12 tokens) uses the prefill GEMM; single tokens use GEMV.
+Each matmul path of the real binary is pinned with EXO_MATMUL_PATH and held
+to its own tolerance (max abs logit error; logits are O(10)):
+                    gemv (decode)   gemm (prefill, AMX)
+  f32 weights       2e-4            2e-4   f32 everywhere, sums reordered
+  bf16 weights      2e-4            0.12   prefill rounds activations to bf16
+  affine quantized  3e-3            0.12   decode: activations in two int8
+                                           levels; prefill: bf16 activations and
+                                           bf16-rounded dequantized weights
+(transformers' own bf16 run differs from its f32 run by 0.10-0.13 on these
+models.) Logits of the prompt are checked on both paths, the teacher-forced
+sequence one token per step (decode path), and greedy generation with the
+gemv path up to the first near-tie (top-1/top-2 margin < 2x tolerance).
 Prints 'N passed, N failed'. Uses Debian's python3 + numpy only."""
 import json, os, shutil, subprocess, sys, tempfile
 import numpy as np
@@ -29,12 +35,12 @@ FIX = os.path.join(os.path.dirname(__file__), "..", "fixtures")
 passed = failed = 0
 
 
-def tol_for(dtype):
+def tol_for(dtype, path):
     if dtype == "float32":
         return 2e-4
-    if dtype == "bfloat16":
-        return 2e-3
-    return 3e-2
+    if path == "gemm":
+        return 0.12
+    return 2e-4 if dtype == "bfloat16" else 3e-3
 
 
 def check(name, ok, detail=""):
@@ -46,18 +52,24 @@ def check(name, ok, detail=""):
         print(f"FAIL {name} {detail}")
 
 
-def logits(model_dir, ids, V, extra=()):
+def run_env(path):
+    return dict(os.environ, EXO_MATMUL_PATH=path) if path else None
+
+
+def logits(model_dir, ids, V, extra=(), path=None):
     with tempfile.NamedTemporaryFile(suffix=".f32") as f:
         r = subprocess.run([EXO, "logits", model_dir, "--tokens", ",".join(map(str, ids)),
-                            "--out", f.name, *extra], capture_output=True, text=True)
+                            "--out", f.name, *extra], capture_output=True, text=True,
+                           env=run_env(path))
         if r.returncode:
             raise RuntimeError(r.stderr)
         return np.fromfile(f.name, dtype=np.float32).reshape(len(ids), V)
 
 
-def greedy(model_dir, ids, n):
+def greedy(model_dir, ids, n, path=None):
     r = subprocess.run([EXO, "run", model_dir, "--tokens", ",".join(map(str, ids)), "--max-tokens",
-                        str(n), "--print-ids", "--ignore-eos"], capture_output=True, text=True)
+                        str(n), "--print-ids", "--ignore-eos"], capture_output=True, text=True,
+                       env=run_env(path))
     if r.returncode:
         raise RuntimeError(r.stderr)
     return [int(x) for x in r.stdout.split()]
@@ -66,32 +78,33 @@ def greedy(model_dir, ids, n):
 def check_model(name, model_dir, ref_dir):
     ref = json.load(open(os.path.join(ref_dir, "reference.json")))
     T, V = ref["logits_shape"]
-    tol = tol_for(ref["dtype"])
     want = np.fromfile(os.path.join(ref_dir, ref["logits_file"]), dtype=np.float32).reshape(T, V)
     try:
-        got = logits(model_dir, ref["prompt_ids"], V)
-        err = float(np.abs(got - want).max())
-        check(f"{name} prompt logits", err <= tol, f"max abs err {err:.3g} > {tol}")
+        errs = []
+        for path in ("gemv", "gemm"):
+            tol = tol_for(ref["dtype"], path)
+            got = logits(model_dir, ref["prompt_ids"], V, path=path)
+            err = float(np.abs(got - want).max())
+            errs.append(f"{path} {err:.2g}")
+            check(f"{name} prompt logits ({path})", err <= tol, f"max abs err {err:.3g} > {tol}")
+        tol = tol_for(ref["dtype"], "gemv")
         S, _ = ref["sequence_logits_shape"]
         want_seq = np.fromfile(os.path.join(ref_dir, ref["sequence_logits_file"]),
                                dtype=np.float32).reshape(S, V)
-        # one token per forward: the decode (GEMV) path at every position
+        # one token per forward: the decode path at every position, default paths
         got_seq = logits(model_dir, ref["sequence_ids"], V, ("--chunk", "1"))
         err = float(np.abs(got_seq - want_seq).max())
+        errs.append(f"decode {err:.2g}")
         check(f"{name} decode-path logits", err <= tol, f"max abs err {err:.3g} > {tol}")
-        gen = greedy(model_dir, ref["prompt_ids"], len(ref["greedy_ids"]))
-        n_ok = 0
-        for g, w, margin in zip(gen, ref["greedy_ids"], ref["greedy_margins"]):
-            if margin < 2 * tol:
-                break  # a near-tie: beyond here either choice is right
-            if g != w:
-                break
-            n_ok += 1
+        gen = greedy(model_dir, ref["prompt_ids"], len(ref["greedy_ids"]), path="gemv")
         steps = next((i for i, m in enumerate(ref["greedy_margins"]) if m < 2 * tol),
                      len(ref["greedy_ids"]))
+        n_ok = next((i for i, (g, w) in enumerate(zip(gen, ref["greedy_ids"])) if g != w),
+                    min(len(gen), len(ref["greedy_ids"])))
         check(f"{name} greedy", n_ok >= steps, f"matched {n_ok} of {steps} decisive steps: "
               f"got {gen[:steps]} want {ref['greedy_ids'][:steps]}")
-        print(f"ok   {name}: prompt/decode max err within {tol}, greedy {n_ok}/{steps}")
+        print(f"ok   {name}: max abs err {', '.join(errs)}; greedy {min(n_ok, steps)}/{steps} "
+              f"decisive steps")
     except RuntimeError as e:
         check(name, False, str(e).strip())
 

@@ -77,13 +77,22 @@ if [ -n "$SHARED" ]; then
   done
 fi
 
-# stories260K converted to a HF dir (the lead's converter), if present
-for d in ${STORIES_HF_DIR:-} tests/.cache/stories260K-hf build/stories260K-hf; do
-  [ -f "$d/tokenizer.json" ] || continue
-  got=$("$EXO_BIN" tokenize "$d" --text "Once upon a time" 2>&1)
-  [ "$got" = "1 403 407 261 378" ] && ok "stories260K: Once upon a time" || bad "stories260K: got '$got'"
-  break
-done
+# stories260K converted to a HF dir by `exo convert-llama2c` (SentencePiece-
+# style BPE built from llama2.c's tok512.bin): the same oracle comparison,
+# plus the golden prompt ids from shared/models/README.md
+ST=$BUILD/stories260K-hf
+if [ -n "$SHARED" ] && [ -f "$SHARED/models/stories260K/tok512.bin" ] && [ -x "$EXO_BIN" ]; then
+  rm -rf "$ST"
+  if "$EXO_BIN" convert-llama2c "$SHARED/models/stories260K/stories260K.bin" "$SHARED/models/stories260K/tok512.bin" "$ST" >/dev/null 2>&1; then
+    if node tests/tokenizer/oracle.js "$ST" "$ST/cases.jsonl" "${CORPORA[@]}" &&
+       out=$("$CHECK" oracle "$ST" "$ST/cases.jsonl" 2>&1); then ok "stories260K $(echo "$out" | tail -1)"
+    else bad "stories260K oracle"; echo "${out:-}" | tail -40; fi
+    got=$("$EXO_BIN" tokenize "$ST" --text "Once upon a time" 2>&1)
+    [ "$got" = "1 403 407 261 378" ] && ok "stories260K: Once upon a time" || bad "stories260K: got '$got'"
+  else
+    echo "test_tokenizer: exo convert-llama2c unavailable or failed; stories260K skipped"
+  fi
+fi
 
 # the CLI
 if [ -x "$EXO_BIN" ] && [ -f "$CACHE/qwen3/tokenizer.json" ]; then

@@ -168,5 +168,6 @@ CASES = [
     ("last_filter_split", "{{ ('a<think>b<think>c'.split('<think>') | last) }} {{ messages[-1].tool_calls[-1].function.name }}", D),
     ("nested_macro_calls_ns", "{%- macro count_until(items, target) %}{%- set c = namespace(value=0, seen=false) %}{%- for i in items %}{%- if i == target and not c.seen -%}{{ c.value }}{%- set c.seen = true %}{%- endif %}{%- set c.value = c.value + 1 %}{%- endfor %}{%- endmacro %}[{{ count_until(['a', 'b', 'c'], 'c') }}][{{ count_until([], 'x') }}]", {}),
     ("chinese_comments", "{# 找到 “大于等于” #}{{ '中文' }}{# ---------- 预处理 ---------- #}\n{{ '‑‑‑' }}", {}),
+    ("sort_mixed_error", "{{ [3, 'a', 1, 2] | sort }}", {}),
+    ("sort_mixed_error_attr", "{{ [{'k': 2}, {'k': 'x'}, {'k': 1}] | sort(attribute='k') }}", {}),
 ]
-

@@ -104,10 +104,7 @@ for (const h of bad) cases.push({ hex: h });
       const ids = plain[k].getIds();
       let sids;
       if (byFlags) {
-        sids = [];
-        if (addBos && bosId !== null) sids.push(bosId);
-        sids.push(...ids);
-        if (addEos && eosId !== null) sids.push(eosId);
+        sids = (addBos && bosId !== null ? [bosId] : []).concat(ids, addEos && eosId !== null ? [eosId] : []);
       } else sids = spec[k].getIds();
       const dec = await tok.decode(ids, false);
       const sdec = await tok.decode(sids, true);

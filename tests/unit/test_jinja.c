@@ -193,7 +193,14 @@ Test(jinja, limits)
                       NULL, NULL, &rc, &err);
     cr_assert_eq(rc, EXO_ETOOBIG, "%s", err.msg);
     exo_free(out);
-    /* a namespace cannot contain itself (no reference cycles) */
+    /* memory: values kept alive in a growing list are charged as produced */
+    exo_jinja_opts o3 = {.max_output = 1 << 20};
+    out = render_opts("{% set ns = namespace(l=[]) %}{% for i in range(100000) %}"
+                      "{% set ns.l = ns.l + [('x' * 100000)[1:]] %}{% endfor %}{{ ns.l | length }}",
+                      NULL, &o3, &rc, &err);
+    cr_assert_eq(rc, EXO_ETOOBIG, "%s", err.msg);
+    exo_free(out);
+        /* a namespace cannot contain itself (no reference cycles) */
     check_err("{% set ns = namespace() %}{% set ns.me = [ns] %}", NULL, EXO_EINVAL, "itself");
 }
 

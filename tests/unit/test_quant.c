@@ -91,7 +91,7 @@ Test(quant, pack_matches_mlx_layout)
 Test(quant, scale_bias_rules_known_values)
 {
     float x[32];
-    uint32_t w[4];
+    uint32_t w[8];
     float s, b;
     for (int i = 0; i < 32; i++)
         x[i] = (float)i;

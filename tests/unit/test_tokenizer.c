@@ -343,16 +343,16 @@ Test(tokenizer, utf8_lossy_maximal_subparts)
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         exo_tok_buf b = {0};
-        exo_utf8_lossy(cases[i].in, strlen(cases[i].in), &b);
+        exo_tok_utf8_lossy(cases[i].in, strlen(cases[i].in), &b);
         int n = 0;
         for (size_t k = 0; k + 3 <= b.len; k++)
             n += !memcmp(b.p + k, "\xEF\xBF\xBD", 3);
         cr_expect_eq(n, cases[i].fffd, "case %zu: %d replacements", i, n);
-        cr_expect(exo_utf8_valid(b.p, b.len));
+        cr_expect(exo_tok_utf8_valid(b.p, b.len));
         exo_tok_buf_free(&b);
     }
-    cr_expect_eq(exo_utf8_incomplete_tail("a\xE2\x82", 3), 2);
-    cr_expect_eq(exo_utf8_incomplete_tail("a\xE2\x82\xAC", 4), 0);
+    cr_expect_eq(exo_tok_utf8_incomplete_tail("a\xE2\x82", 3), 2);
+    cr_expect_eq(exo_tok_utf8_incomplete_tail("a\xE2\x82\xAC", 4), 0);
 }
 
 Test(tokenizer, json_escapes_in_vocab)

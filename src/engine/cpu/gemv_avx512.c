@@ -5,7 +5,9 @@
  * Why integer dot products: a float-unpacking GEMV is compute-bound at well
  * under half the memory bandwidth on this class of CPU (TOOLCHAIN.md). With
  * X quantized per weight group to int8 (scale dx_g), a group's contribution
- * is  s_g*dx_g*dot(q, xq) + b_g*sum_g(x), and dot(q, xq) is one vpdpbusd
+ * is  s_g*dx_g*dot(q, xq) + b_g*dx_g*sum(xq), exactly dot(w, xhat) for the
+ * dequantized activation xhat (using sum(x) instead would make the error
+ * scale with s*q, several times larger than w). dot(q, xq) is one vpdpbusd
  * (unsigned codes x signed activations) per 64 bytes of 8-bit codes, two per
  * 64 bytes of 4-bit codes. The int32 lanes of a block are not reduced per
  * group: each lane is converted to f32 and multiplied by a per-lane factor
@@ -14,7 +16,13 @@
  * and the activation is pre-permuted to match (EXO_QLAYOUT_Q4), so weights
  * are never shuffled. EXO_GEMV_ROWS rows run together to reuse activation
  * loads; for T > 1 the rows' codes stay in L1 while each row of X passes.
- * 2/3/5/6-bit rows are unpacked to bytes first and take the 8-bit kernel.
+ * 2/3/5/6-bit rows are unpacked to bytes first (vpermw + variable shifts,
+ * 16 codes at a time) and take the 8-bit kernel: correct, but compute-bound
+ * at roughly 3-7 GB/s of codes per core.
+ * Each row block software-prefetches the same bytes of the next row block
+ * (into L2): with 1-4 KiB rows the hardware prefetcher, which stops at page
+ * boundaries, otherwise leaves too few loads in flight (measured: 131072 x
+ * 2048 q4 from DRAM went from ~6.6 to ~11-13 GB/s on one core).
  * Weight reads never go past the end of a row (masked tail loads), so a
  * weight at the very end of a mmapped file is safe. */
 #include "engine/cpu/kernels.h"
@@ -41,16 +49,35 @@ static inline __mmask64 mask64(int64_t n) { return n >= 64 ? ~(__mmask64)0 : (((
 /* ---------------------------------------------------------------------- */
 /* Activation quantization                                                */
 
+/* Q4 layout: even elements of each 128 first, then the odd ones. */
+static void permute_q4(const int8_t *plain, int64_t qlen, int8_t *q)
+{
+    const __m512i lo8 = _mm512_set1_epi16(0x00ff);
+    const __m512i fix = _mm512_set_epi64(7, 5, 3, 1, 6, 4, 2, 0);
+    for (int64_t b = 0; b < qlen / 128; b++) {
+        __m512i a = _mm512_loadu_si512(plain + 128 * b);
+        __m512i c = _mm512_loadu_si512(plain + 128 * b + 64);
+        __m512i even = _mm512_packus_epi16(_mm512_and_si512(a, lo8), _mm512_and_si512(c, lo8));
+        __m512i odd = _mm512_packus_epi16(_mm512_srli_epi16(a, 8), _mm512_srli_epi16(c, 8));
+        _mm512_storeu_si512(q + 128 * b, _mm512_permutexvar_epi64(fix, even));
+        _mm512_storeu_si512(q + 128 * b + 64, _mm512_permutexvar_epi64(fix, odd));
+    }
+}
+
 void exo_qact_build_avx512(const float *x, int64_t cols, int G, int layout, exo_qact *out,
                            int8_t *tmp)
 {
     int64_t ng = cols / G;
     int64_t qlen = exo_qact_q_len(cols);
-    int8_t *plain = layout == EXO_QLAYOUT_Q4 ? tmp : out->q;
+    int q4 = layout == EXO_QLAYOUT_Q4;
+    int8_t *plain = q4 ? tmp : out->q;
+    int8_t *plain2 = q4 ? tmp + qlen : out->q2;
     memset(plain + cols, 0, (size_t)(qlen - cols));
+    memset(plain2 + cols, 0, (size_t)(qlen - cols));
     memset(out->sx, 0, (size_t)exo_qact_sx_len(cols) * sizeof(float));
     memset(out->dx, 0, (size_t)exo_qact_sx_len(cols) * sizeof(float));
     const __m512 absmask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
+    const __m512i lim = _mm512_set1_epi32(127);
     for (int64_t g = 0; g < ng; g++) {
         const float *xg = x + g * G;
         __m512 amax = _mm512_setzero_ps();
@@ -59,49 +86,87 @@ void exo_qact_build_avx512(const float *x, int64_t cols, int G, int layout, exo_
         float m = _mm512_reduce_max_ps(amax);
         float d = m / 127.0f;
         float id = m > 0.0f ? 127.0f / m : 0.0f;
-        __m512 vid = _mm512_set1_ps(id);
+        __m512 vd = _mm512_set1_ps(d), vid = _mm512_set1_ps(id),
+               vid2 = _mm512_set1_ps(id * 256.0f);
         __m512i qsum = _mm512_setzero_si512();
         for (int j = 0; j < G; j += 16) {
-            __m512i qi = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(xg + j), vid));
-            qsum = _mm512_add_epi32(qsum, qi);
+            __m512 xv = _mm512_loadu_ps(xg + j);
+            __m512i qi = _mm512_cvtps_epi32(_mm512_mul_ps(xv, vid));
+            /* residual of the first level, exact in f32 (|r| <= d/2) */
+            __m512 r = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(qi), vd, xv);
+            __m512i q2 = _mm512_cvtps_epi32(_mm512_mul_ps(r, vid2));
+            q2 = _mm512_max_epi32(_mm512_min_epi32(q2, lim), _mm512_sub_epi32(_mm512_setzero_si512(), lim));
+            qsum = _mm512_add_epi32(qsum, _mm512_add_epi32(_mm512_slli_epi32(qi, 8), q2));
             _mm_storeu_si128((__m128i *)(plain + g * G + j), _mm512_cvtsepi32_epi8(qi));
+            _mm_storeu_si128((__m128i *)(plain2 + g * G + j), _mm512_cvtepi32_epi8(q2));
         }
         /* the sum of the dequantized activations, not of x: then the result
          * is exactly sum w * xhat, an error proportional to the weights
-         * (about 7x smaller than s*q*(x - xhat) for zero-mean weights,
+         * (several times smaller than s*q*(x - xhat) for zero-mean weights,
          * where |s*q| runs up to the group's range) */
-        out->sx[g] = d * (float)_mm512_reduce_add_epi32(qsum);
-        out->dx[g] = d;
+        float dl = d * (1.0f / 256.0f);
+        out->sx[g] = dl * (float)_mm512_reduce_add_epi32(qsum);
+        out->dx[g] = dl;
     }
-    if (layout != EXO_QLAYOUT_Q4)
-        return;
-    const __m512i lo8 = _mm512_set1_epi16(0x00ff);
-    const __m512i fix = _mm512_set_epi64(7, 5, 3, 1, 6, 4, 2, 0);
-    for (int64_t b = 0; b < qlen / 128; b++) {
-        __m512i a = _mm512_loadu_si512(plain + 128 * b);
-        __m512i c = _mm512_loadu_si512(plain + 128 * b + 64);
-        __m512i even = _mm512_packus_epi16(_mm512_and_si512(a, lo8), _mm512_and_si512(c, lo8));
-        __m512i odd = _mm512_packus_epi16(_mm512_srli_epi16(a, 8), _mm512_srli_epi16(c, 8));
-        _mm512_storeu_si512(out->q + 128 * b, _mm512_permutexvar_epi64(fix, even));
-        _mm512_storeu_si512(out->q + 128 * b + 64, _mm512_permutexvar_epi64(fix, odd));
+    if (q4) {
+        permute_q4(plain, qlen, out->q);
+        permute_q4(plain2, qlen, out->q2);
+    }
+}
+
+/* ---------------------------------------------------------------------- */
+/* Unpacking 2/3/5/6-bit codes to bytes                                   */
+
+/* 16 codes at a time: chunk c0 (a multiple of 16) starts at bit c0*bits,
+ * a multiple of 16, so at a 16-bit word. Code k of the chunk lies in the
+ * 32-bit window of words (k*bits)>>4 and the next, at shift (k*bits)&15:
+ * one vpermw gathers the 16 windows, a variable shift and a mask extract
+ * the codes, vpmovdb narrows them. Reads stay inside the row (masked). */
+static void unpack_row_avx512(const uint8_t *src, int64_t cols, int bits, uint8_t *out)
+{
+    uint16_t idx16[32];
+    uint32_t sh32[16];
+    for (int k = 0; k < 16; k++) {
+        int wi = (k * bits) >> 4;
+        idx16[2 * k] = (uint16_t)wi;
+        idx16[2 * k + 1] = (uint16_t)(wi + 1);
+        sh32[k] = (uint32_t)((k * bits) & 15);
+    }
+    const __m512i idx = _mm512_loadu_si512(idx16);
+    const __m512i sh = _mm512_loadu_si512(sh32);
+    const __m512i mask = _mm512_set1_epi32((1 << bits) - 1);
+    const int64_t rowbytes = cols * bits / 8;
+    for (int64_t c0 = 0; c0 < cols; c0 += 16) {
+        int64_t off = c0 * bits / 8;
+        int64_t left = rowbytes - off;
+        __mmask16 m = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
+        __m512i v = _mm512_castsi128_si512(_mm_maskz_loadu_epi8(m, src + off));
+        v = _mm512_permutexvar_epi16(idx, v);
+        v = _mm512_and_si512(_mm512_srlv_epi32(v, sh), mask);
+        _mm_storeu_si128((__m128i *)(out + c0), _mm512_cvtepi32_epi8(v));
     }
 }
 
 /* ---------------------------------------------------------------------- */
 /* Affine GEMV                                                            */
 
-/* Row scales and biases as f32, zero-padded to a multiple of 16 plus 16. */
-static void row_params(const exo_linear *w, int64_t r, int64_t ng, float *sf, float *bf)
+/* For row r and one quantized X row: sd[g] = scale_g * dx_g (zero-padded to
+ * a multiple of 16 plus 16, for the permuting loads of affine_rows), and
+ * the bias part sum_g bias_g * sx_g as a vector of partial sums. */
+static __m512 prep_row(const exo_linear *w, int64_t r, int64_t ng, const exo_qact *qa, float *sd)
 {
     int64_t base = r * ng;
+    __m512 bacc = _mm512_setzero_ps();
     int64_t g = 0;
     for (; g < ng; g += 16) {
         __mmask16 m = mask16(ng - g);
-        _mm512_storeu_ps(sf + g, load16_param(w->dtype, w->scales, base + g, m));
-        _mm512_storeu_ps(bf + g, load16_param(w->dtype, w->biases, base + g, m));
+        __m512 sc = load16_param(w->dtype, w->scales, base + g, m);
+        __m512 bi = load16_param(w->dtype, w->biases, base + g, m);
+        _mm512_storeu_ps(sd + g, _mm512_mul_ps(sc, _mm512_loadu_ps(qa->dx + g)));
+        bacc = _mm512_fmadd_ps(bi, _mm512_loadu_ps(qa->sx + g), bacc);
     }
-    _mm512_storeu_ps(sf + g, _mm512_setzero_ps());
-    _mm512_storeu_ps(bf + g, _mm512_setzero_ps());
+    _mm512_storeu_ps(sd + g, _mm512_setzero_ps());
+    return bacc;
 }
 
 /* Sums of four vectors: {sum a, sum b, sum c, sum d}. */
@@ -116,62 +181,89 @@ INLINE __m128 reduce4(__m512 a, __m512 b, __m512 c, __m512 d)
 }
 
 /* R rows of codes against one quantized activation row:
- *   out[i] = sum_g sd_i[g] * dot_g(q_i, xq) + bf_i[g] * sx[g]
+ *   out[i] = sum_g sd_i[g] * dot_g(q_i, xq) + (bias part, bacc[i])
  * where sd = scale * dx. q4: packed 4-bit codes against the Q4 layout; else
  * bytes against the Q8 layout. lpg_shift: log2 of 32-bit lanes per group. */
-INLINE void affine_rows(int R, int q4, const uint8_t *const *wrow, int64_t rowbytes,
-                        const float *const *sd, const float *const *bf, const exo_qact *qa,
-                        int64_t ng, int lpg_shift, float *out)
+/* One 64-byte block b of codes for R rows: acc[i] += cvt(dot) * scale. */
+INLINE void affine_block(int R, int q4, int bcast, const uint8_t *const *wrow, int64_t b,
+                         int full, __mmask64 m, const float *const *sd, int64_t g0,
+                         __m512i idx, __m512i xa, __m512i xb, __m512i xa2, __m512i xb2,
+                         int64_t pf_dist, __m512 *acc)
+{
+    const __m512i nib = _mm512_set1_epi8(0x0f);
+    #pragma GCC unroll 8
+    for (int i = 0; i < R; i++) {
+        const uint8_t *p = wrow[i] + 64 * b;
+        __m512i v;
+        if (full) {
+            /* the same block of the next row block: rows are contiguous,
+             * so this runs one row block ahead of the stream and keeps
+             * loads in flight across the 4 KiB pages that the hardware
+             * prefetcher does not cross (prefetches never fault) */
+            _mm_prefetch((const char *)p + pf_dist, _MM_HINT_T1);
+            v = _mm512_loadu_si512(p);
+        } else {
+            v = _mm512_maskz_loadu_epi8(m, p);
+        }
+        __m512i d, d2;
+        if (q4) {
+            __m512i lo = _mm512_and_si512(v, nib);
+            __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
+            d = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, xa);
+            d = _mm512_dpbusd_epi32(d, hi, xb);
+            d2 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, xa2);
+            d2 = _mm512_dpbusd_epi32(d2, hi, xb2);
+        } else {
+            d = _mm512_dpbusd_epi32(_mm512_setzero_si512(), v, xa);
+            d2 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), v, xa2);
+        }
+        /* two activation levels: 256*dot(q, xq) + dot(q, xq2); at most
+         * 4*255*127*256 + 4*255*127 per lane, far inside int32 */
+        d = _mm512_add_epi32(_mm512_slli_epi32(d, 8), d2);
+        __m512 c = bcast ? _mm512_set1_ps(sd[i][g0])
+                         : _mm512_permutexvar_ps(idx, _mm512_loadu_ps(sd[i] + g0));
+        acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), c, acc[i]);
+    }
+}
+
+/* R rows of codes against one quantized activation row:
+ *   out[i] = sum_g sd_i[g] * dot_g(q_i, xq) + (bias part, bacc[i])
+ * where sd = scale * dx. q4: packed 4-bit codes against the Q4 layout; else
+ * bytes against the Q8 layout. lpg_shift: log2 of 32-bit lanes per group;
+ * bcast: lpg_shift >= 4 (a block lies in one group). pf_dist: prefetch
+ * distance in bytes (0: prefetches the block itself, i.e. nothing). */
+INLINE void affine_rows(int R, int q4, int bcast, const uint8_t *const *wrow, int64_t rowbytes,
+                        const float *const *sd, const __m512 *bacc, const exo_qact *qa,
+                        int lpg_shift, int64_t pf_dist, float *out)
 {
     __m512 acc[EXO_GEMV_ROWS];
     #pragma GCC unroll 8
     for (int i = 0; i < R; i++)
-        acc[i] = _mm512_setzero_ps();
-    /* bias terms, 16 groups at a time (arrays are zero-padded) */
-    for (int64_t g = 0; g < ng; g += 16) {
-        __m512 sx = _mm512_loadu_ps(qa->sx + g);
-        #pragma GCC unroll 8
-        for (int i = 0; i < R; i++)
-            acc[i] = _mm512_fmadd_ps(_mm512_loadu_ps(bf[i] + g), sx, acc[i]);
-    }
-    const __m512i nib = _mm512_set1_epi8(0x0f);
+        acc[i] = bacc[i];
     /* lane -> group offset inside a block */
-    __m512i idx = _mm512_srli_epi32(
+    const __m512i idx = _mm512_srli_epi32(
         _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-        (unsigned)(lpg_shift < 4 ? lpg_shift : 4));
-    if (lpg_shift >= 4)
-        idx = _mm512_setzero_si512();
-    const int8_t *xq = qa->q;
-    int64_t nfull = rowbytes / 64;
-    int64_t tail = rowbytes % 64;
-    int64_t nb = nfull + (tail ? 1 : 0);
-    for (int64_t b = 0; b < nb; b++) {
-        __mmask64 m = b < nfull ? ~(__mmask64)0 : mask64(tail);
-        int64_t g0 = (b << 4) >> lpg_shift;
-        __m512i xa, xb = _mm512_setzero_si512();
-        if (q4) {
-            xa = _mm512_loadu_si512(xq + 128 * b);
-            xb = _mm512_loadu_si512(xq + 128 * b + 64);
-        } else {
-            xa = _mm512_loadu_si512(xq + 64 * b);
-        }
-        #pragma GCC unroll 8
-        for (int i = 0; i < R; i++) {
-            __m512i v = b < nfull ? _mm512_loadu_si512(wrow[i] + 64 * b)
-                                  : _mm512_maskz_loadu_epi8(m, wrow[i] + 64 * b);
-            __m512i d;
-            if (q4) {
-                __m512i lo = _mm512_and_si512(v, nib);
-                __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
-                d = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, xa);
-                d = _mm512_dpbusd_epi32(d, hi, xb);
-            } else {
-                d = _mm512_dpbusd_epi32(_mm512_setzero_si512(), v, xa);
-            }
-            __m512 c = lpg_shift >= 4 ? _mm512_set1_ps(sd[i][g0])
-                                      : _mm512_permutexvar_ps(idx, _mm512_loadu_ps(sd[i] + g0));
-            acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), c, acc[i]);
-        }
+        (unsigned)(bcast ? 0 : lpg_shift));
+    const int8_t *xq = qa->q, *xq2 = qa->q2;
+    const int64_t nfull = rowbytes / 64;
+    const int64_t tail = rowbytes % 64;
+    const int xstep = q4 ? 128 : 64;
+    for (int64_t b = 0; b < nfull; b++) {
+        const int8_t *xp = xq + xstep * b, *xp2 = xq2 + xstep * b;
+        __m512i xa = _mm512_loadu_si512(xp), xa2 = _mm512_loadu_si512(xp2);
+        __m512i xb = q4 ? _mm512_loadu_si512(xp + 64) : xa;
+        __m512i xb2 = q4 ? _mm512_loadu_si512(xp2 + 64) : xa2;
+        affine_block(R, q4, bcast, wrow, b, 1, 0, sd, (b << 4) >> lpg_shift, idx, xa, xb, xa2, xb2,
+                     pf_dist, acc);
+    }
+    if (tail) {
+        int64_t b = nfull;
+        const int8_t *xp = xq + xstep * b, *xp2 = xq2 + xstep * b;
+        __m512i xa = _mm512_loadu_si512(xp), xa2 = _mm512_loadu_si512(xp2);
+        __m512i xb = q4 ? _mm512_loadu_si512(xp + 64) : xa;
+        __m512i xb2 = q4 ? _mm512_loadu_si512(xp2 + 64) : xa2;
+        affine_block(R, q4, bcast, wrow, b, 0, mask64(tail), sd, (b << 4) >> lpg_shift, idx, xa,
+                     xb, xa2, xb2, 0, acc);
     }
     if (R == 4) {
         _mm_storeu_ps(out, reduce4(acc[0], acc[1], acc[2], acc[3]));
@@ -182,19 +274,41 @@ INLINE void affine_rows(int R, int q4, const uint8_t *const *wrow, int64_t rowby
     }
 }
 
+/* Constant-argument instances, so each loop is compiled without branches. */
+static void affine_rows4(int q4, int bcast, const uint8_t *const *wrow, int64_t rowbytes,
+                         const float *const *sd, const __m512 *bacc, const exo_qact *qa,
+                         int lpg_shift, int64_t pf_dist, float *out)
+{
+    if (q4 && bcast)
+        affine_rows(4, 1, 1, wrow, rowbytes, sd, bacc, qa, lpg_shift, pf_dist, out);
+    else if (q4)
+        affine_rows(4, 1, 0, wrow, rowbytes, sd, bacc, qa, lpg_shift, pf_dist, out);
+    else if (bcast)
+        affine_rows(4, 0, 1, wrow, rowbytes, sd, bacc, qa, lpg_shift, pf_dist, out);
+    else
+        affine_rows(4, 0, 0, wrow, rowbytes, sd, bacc, qa, lpg_shift, pf_dist, out);
+}
+
+static void affine_rows1(int q4, int bcast, const uint8_t *const *wrow, int64_t rowbytes,
+                         const float *const *sd, const __m512 *bacc, const exo_qact *qa,
+                         int lpg_shift, float *out)
+{
+    if (q4 && bcast)
+        affine_rows(1, 1, 1, wrow, rowbytes, sd, bacc, qa, lpg_shift, 0, out);
+    else if (q4)
+        affine_rows(1, 1, 0, wrow, rowbytes, sd, bacc, qa, lpg_shift, 0, out);
+    else if (bcast)
+        affine_rows(1, 0, 1, wrow, rowbytes, sd, bacc, qa, lpg_shift, 0, out);
+    else
+        affine_rows(1, 0, 0, wrow, rowbytes, sd, bacc, qa, lpg_shift, 0, out);
+}
+
 static int ilog2(int v)
 {
     int s = 0;
     while ((1 << s) < v)
         s++;
     return s;
-}
-
-/* sd[g] = sf[g] * dx[g] over the zero-padded length */
-static void scale_by_dx(const float *sf, const float *dx, int64_t ng, float *sd)
-{
-    for (int64_t g = 0; g < ng; g += 16)
-        _mm512_storeu_ps(sd + g, _mm512_mul_ps(_mm512_loadu_ps(sf + g), _mm512_loadu_ps(dx + g)));
 }
 
 void exo_gemv_affine_avx512(const exo_linear *w, int64_t r0, int64_t r1, int T,
@@ -208,21 +322,23 @@ void exo_gemv_affine_avx512(const exo_linear *w, int64_t r0, int64_t r1, int T,
     const int64_t rowbytes = (q4 || q8) ? wbytes : cols;
     const int lpg_shift = ilog2((q4 ? G * 4 : G * 8) / 32);
     const uint8_t *base = w->w;
+    const size_t esz = exo_dtype_size(w->dtype);
     for (int64_t r = r0; r < r1; r += EXO_GEMV_ROWS) {
         int R = r1 - r >= EXO_GEMV_ROWS ? EXO_GEMV_ROWS : (int)(r1 - r);
         const uint8_t *wrow[EXO_GEMV_ROWS];
-        const float *sd[EXO_GEMV_ROWS], *bf[EXO_GEMV_ROWS];
+        const float *sd[EXO_GEMV_ROWS];
+        __m512 bacc[EXO_GEMV_ROWS];
+        /* scales and biases of the next row block */
+        _mm_prefetch((const char *)w->scales + (size_t)((r + EXO_GEMV_ROWS) * ng) * esz, _MM_HINT_T0);
+        _mm_prefetch((const char *)w->biases + (size_t)((r + EXO_GEMV_ROWS) * ng) * esz, _MM_HINT_T0);
         for (int i = 0; i < R; i++) {
-            float *sfi = s->sf + i * s->sf_stride, *bfi = s->bf + i * s->sf_stride;
-            row_params(w, r + i, ng, sfi, bfi);
             sd[i] = s->sd + i * s->sf_stride;
-            bf[i] = bfi;
             const uint8_t *codes = base + (size_t)(r + i) * (size_t)wbytes;
             if (q4 || q8) {
                 wrow[i] = codes;
             } else {
                 uint8_t *u = s->codes + i * s->code_stride;
-                exo_affine_unpack_row((const uint32_t *)codes, cols, bits, u);
+                unpack_row_avx512(codes, cols, bits, u);
                 wrow[i] = u;
             }
         }
@@ -230,19 +346,16 @@ void exo_gemv_affine_avx512(const exo_linear *w, int64_t r0, int64_t r1, int T,
             float out[EXO_GEMV_ROWS];
             const exo_qact *q = &qa[t];
             for (int i = 0; i < R; i++)
-                scale_by_dx(s->sf + i * s->sf_stride, q->dx, ng, s->sd + i * s->sf_stride);
+                bacc[i] = prep_row(w, r + i, ng, q, s->sd + i * s->sf_stride);
+            const int bcast = lpg_shift >= 4;
             if (R == EXO_GEMV_ROWS) {
-                if (q4)
-                    affine_rows(EXO_GEMV_ROWS, 1, wrow, rowbytes, sd, bf, q, ng, lpg_shift, out);
-                else
-                    affine_rows(EXO_GEMV_ROWS, 0, wrow, rowbytes, sd, bf, q, ng, lpg_shift, out);
+                /* prefetch only on the first pass over packed codes */
+                int64_t pf = (t == 0 && (q4 || q8)) ? EXO_GEMV_ROWS * wbytes : 0;
+                affine_rows4(q4, bcast, wrow, rowbytes, sd, bacc, q, lpg_shift, pf, out);
             } else {
-                for (int i = 0; i < R; i++) {
-                    if (q4)
-                        affine_rows(1, 1, &wrow[i], rowbytes, &sd[i], &bf[i], q, ng, lpg_shift, &out[i]);
-                    else
-                        affine_rows(1, 0, &wrow[i], rowbytes, &sd[i], &bf[i], q, ng, lpg_shift, &out[i]);
-                }
+                for (int i = 0; i < R; i++)
+                    affine_rows1(q4, bcast, &wrow[i], rowbytes, &sd[i], &bacc[i], q, lpg_shift,
+                                 &out[i]);
             }
             for (int i = 0; i < R; i++)
                 y[(int64_t)t * ldy + r + i] = out[i];
@@ -259,8 +372,9 @@ INLINE __m512 load16_w(exo_dtype t, const void *row, int64_t c, __mmask16 m)
 }
 
 INLINE void dense_rows(int R, exo_dtype dt, const void *const *wrow, const float *x, int64_t cols,
-                       float *out)
+                       int64_t pf_dist, float *out)
 {
+    const int64_t esz = dt == EXO_DTYPE_F32 ? 4 : 2;
     __m512 acc[EXO_GEMV_ROWS], acc2[EXO_GEMV_ROWS];
     #pragma GCC unroll 8
     for (int i = 0; i < R; i++) {
@@ -272,6 +386,8 @@ INLINE void dense_rows(int R, exo_dtype dt, const void *const *wrow, const float
         __m512 x0 = _mm512_loadu_ps(x + c), x1 = _mm512_loadu_ps(x + c + 16);
         #pragma GCC unroll 8
         for (int i = 0; i < R; i++) {
+            if (pf_dist) /* one row block ahead, see affine_rows */
+                _mm_prefetch((const char *)wrow[i] + c * esz + pf_dist, _MM_HINT_T1);
             acc[i] = _mm512_fmadd_ps(load16_w(dt, wrow[i], c, 0xffff), x0, acc[i]);
             acc2[i] = _mm512_fmadd_ps(load16_w(dt, wrow[i], c + 16, 0xffff), x1, acc2[i]);
         }
@@ -304,20 +420,21 @@ void exo_gemv_dense_avx512(const exo_linear *w, int64_t r0, int64_t r1, int T, c
             float out[EXO_GEMV_ROWS];
             const float *xt = x + (int64_t)t * cols;
             if (R == EXO_GEMV_ROWS) {
+                int64_t pf = t == 0 ? EXO_GEMV_ROWS * cols * (int64_t)esz : 0;
                 if (dt == EXO_DTYPE_BF16)
-                    dense_rows(EXO_GEMV_ROWS, EXO_DTYPE_BF16, wrow, xt, cols, out);
+                    dense_rows(EXO_GEMV_ROWS, EXO_DTYPE_BF16, wrow, xt, cols, pf, out);
                 else if (dt == EXO_DTYPE_F16)
-                    dense_rows(EXO_GEMV_ROWS, EXO_DTYPE_F16, wrow, xt, cols, out);
+                    dense_rows(EXO_GEMV_ROWS, EXO_DTYPE_F16, wrow, xt, cols, pf, out);
                 else
-                    dense_rows(EXO_GEMV_ROWS, EXO_DTYPE_F32, wrow, xt, cols, out);
+                    dense_rows(EXO_GEMV_ROWS, EXO_DTYPE_F32, wrow, xt, cols, pf, out);
             } else {
                 for (int i = 0; i < R; i++) {
                     if (dt == EXO_DTYPE_BF16)
-                        dense_rows(1, EXO_DTYPE_BF16, &wrow[i], xt, cols, &out[i]);
+                        dense_rows(1, EXO_DTYPE_BF16, &wrow[i], xt, cols, 0, &out[i]);
                     else if (dt == EXO_DTYPE_F16)
-                        dense_rows(1, EXO_DTYPE_F16, &wrow[i], xt, cols, &out[i]);
+                        dense_rows(1, EXO_DTYPE_F16, &wrow[i], xt, cols, 0, &out[i]);
                     else
-                        dense_rows(1, EXO_DTYPE_F32, &wrow[i], xt, cols, &out[i]);
+                        dense_rows(1, EXO_DTYPE_F32, &wrow[i], xt, cols, 0, &out[i]);
                 }
             }
             for (int i = 0; i < R; i++)
@@ -378,7 +495,7 @@ void exo_dequant_rows_bf16_avx512(const exo_linear *w, int64_t r0, int64_t r1, u
         const uint8_t *src = base + (size_t)r * (size_t)wbytes;
         uint16_t *o = out + (r - r0) * cols;
         if (bits != 4 && bits != 8) {
-            exo_affine_unpack_row((const uint32_t *)src, cols, bits, codes);
+            unpack_row_avx512(src, cols, bits, codes);
             src = codes;
         }
         for (int64_t g = 0; g < ng; g++) {

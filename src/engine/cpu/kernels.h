@@ -14,18 +14,25 @@
 #define EXO_GEMV_ROWS 4
 
 /* One row of X quantized for integer dot products against affine weights of
- * group size G, per 64-byte block of weight codes:
+ * group size G, in two int8 levels so the product keeps ~16 bits of the
+ * activation: per group g, with d_g = max|x| / 127,
+ *   q[i]  = round(x[i] / d_g)                      (int8)
+ *   q2[i] = round((x[i] - d_g*q[i]) * 256 / d_g)   (int8, clamped to +-127)
+ *   xhat[i] = dx_g * (256*q[i] + q2[i]),  dx_g = d_g / 256.
+ * One level alone (int8 activations) moved the tiny parity models' logits
+ * by ~0.2 (2%); two levels cost one more vpdpbusd per code vector and
+ * bring the error below the f32 summation noise of the bias terms.
+ * Element order per 64-byte block of weight codes:
  *   Q8 layout (8-bit codes, and 2/3/5/6-bit codes unpacked to bytes):
  *     q[64b + i] = x[64b + i]
  *   Q4 layout (4-bit codes: the low nibbles of a 64-byte block are the even
  *     elements of 128, the high nibbles the odd ones):
  *     q[128b + i] = x[128b + 2i], q[128b + 64 + i] = x[128b + 2i + 1]
- * q is int8 = round(x / dx_g) with dx_g = max|x| / 127 over group g, and
- * sx[g] = dx_g * sum of q over group g (the sum of the dequantized
- * activations, so that the GEMV computes exactly sum w * xhat). All arrays
- * are zero-padded (see the *_len helpers). */
+ * (q2 likewise). sx[g] = sum of xhat over group g, so that the GEMV computes
+ * exactly sum w * xhat. All arrays are zero-padded (see the *_len helpers). */
 typedef struct exo_qact {
     int8_t *q;
+    int8_t *q2;
     float  *dx;
     float  *sx;
 } exo_qact;
@@ -38,8 +45,6 @@ static inline int64_t exo_qact_sx_len(int64_t cols) { return cols / 32 + 32; }
 
 /* Per-thread scratch of the GEMV kernels. */
 typedef struct exo_gemv_scratch {
-    float   *sf;     /* EXO_GEMV_ROWS x sf_stride: row scales as f32 */
-    float   *bf;     /* EXO_GEMV_ROWS x sf_stride: row biases as f32 */
     float   *sd;     /* EXO_GEMV_ROWS x sf_stride: scale * dx of the current X row */
     uint8_t *codes;  /* EXO_GEMV_ROWS x code_stride: unpacked codes */
     int64_t  sf_stride, code_stride;
@@ -50,7 +55,7 @@ static inline int64_t exo_gemv_code_stride(int64_t cols) { return (cols + 63) / 
 
 /* AVX-512 (gemv_avx512.c) */
 void exo_qact_build_avx512(const float *x, int64_t cols, int G, int layout, exo_qact *out,
-                           int8_t *tmp /* exo_qact_q_len(cols) */);
+                           int8_t *tmp /* 2 * exo_qact_q_len(cols) */);
 void exo_gemv_affine_avx512(const exo_linear *w, int64_t r0, int64_t r1, int T,
                             const exo_qact *qa /* T of them */, float *y, int64_t ldy,
                             exo_gemv_scratch *s);

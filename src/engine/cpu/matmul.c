@@ -2,18 +2,22 @@
  * thread splitting, the portable reference path and the oneDNN GEMM path.
  *
  * Design:
- *  - One exo_pool_run per call for the GEMV and reference paths: the rows of
- *    all n weights are concatenated and split into contiguous ranges, so a
- *    q/k/v or gate/up call costs one fork-join.
+ *  - One exo_pool_run per call: the rows of all n weights are concatenated,
+ *    so a q/k/v or gate/up call costs one fork-join. GEMV/reference threads
+ *    take ~48 KiB chunks of rows from a shared counter (dynamic, because on
+ *    shared cores one thread is often slowed by other processes).
  *  - The GEMV path quantizes each row of X once per (layout, group size)
  *    that the call's affine weights need, before the dispatch.
- *  - The GEMM path hands whole weights to oneDNN when they are already in a
- *    type it multiplies (F32 -> f32 matmul, exact; BF16 -> bf16 matmul) and
- *    otherwise expands panels of rows to bf16 (threaded through the pool)
- *    so a 128256-row LM head never exists in bf16 all at once. oneDNN
- *    primitives are cached per shape (creating one costs far more than a
- *    small matmul). The weight is given to oneDNN as a K x N matrix with
- *    strides (1, K), i.e. the row-major N x K weight itself, no copy.
+ *  - The GEMM path runs oneDNN inside the pool: each pool thread owns a
+ *    slice of every weight's output columns and multiplies it with its own
+ *    single-threaded primitives (OpenMP team of one), so oneDNN's OpenMP
+ *    threads never spin against the pool's on the same cores. F32 weights
+ *    go to an f32 matmul (exact) and BF16 ones to a bf16 matmul in place;
+ *    affine and F16 ones are expanded to bf16 in per-thread panels of about
+ *    2 MiB, so a 128256-row LM head never exists in bf16 all at once. The
+ *    weight is given to oneDNN as a K x N matrix with strides (1, K), i.e.
+ *    the row-major N x K weight itself. Primitives are cached per shape and
+ *    thread (creating one costs far more than a small matmul).
  *  - Scratch buffers live in the context and only grow.
  * Without AVX-512 the GEMV path falls back to the reference path and GEMM
  * panels are f32. */
@@ -24,12 +28,19 @@
 #include "engine/cpu/kernels.h"
 #include "engine/quant.h"
 
+#include <dlfcn.h>
+#include <stdatomic.h>
 #include <oneapi/dnnl/dnnl.h>
 #include <stdlib.h>
 #include <string.h>
 
-#define GEMV_MAX_T 4          /* AUTO: T <= this takes the GEMV path */
-#define PANEL_BYTES (8u << 20) /* target size of one expanded weight panel */
+/* AUTO takes the GEMV path for T <= GEMV_MAX_T, or T <= GEMV_MAX_T_EXPAND
+ * when some weight would have to be expanded to bf16 for the GEMM (affine,
+ * F16): expansion costs about as much as 8-16 GEMV passes over the weight
+ * (measured on 2048x2048 q4: GEMV 0.4-0.8 ms at T = 4..16, GEMM > 1.5 ms). */
+#define GEMV_MAX_T 4
+#define GEMV_MAX_T_EXPAND 16
+#define PANEL_BYTES (2u << 20) /* target size of one thread's expanded weight panel */
 #define PRIM_CACHE 32
 #define MAX_QACT 6            /* (2 layouts) x (3 group sizes) */
 
@@ -47,16 +58,24 @@ typedef struct prim_entry {
     dnnl_memory_t src, wei, dst;
 } prim_entry;
 
+/* oneDNN state of one pool thread: each thread runs its own single-threaded
+ * primitives on its own slice of the output (see run_gemm). */
+typedef struct dnnl_slot {
+    dnnl_stream_t strm;
+    prim_entry cache[PRIM_CACHE];
+    unsigned long tick;
+    buf panel, dtmp, codes;
+    int rc;
+} dnnl_slot;
+
 struct exo_cpu_matmul_ctx {
     exo_pool *pool;
     int nth;
     exo_matmul_path force;
-    buf act, thr, panel, xb;
+    buf act, thr, xb;
     int dnnl_state; /* 0 untried, 1 ok, -1 failed */
     dnnl_engine_t eng;
-    dnnl_stream_t strm;
-    prim_entry cache[PRIM_CACHE];
-    unsigned long tick;
+    dnnl_slot *slot; /* nth of them */
 };
 
 static void *buf_get(buf *b, size_t need)
@@ -79,29 +98,49 @@ exo_cpu_matmul_ctx *exo_cpu_matmul_ctx_create(exo_pool *pool)
     exo_cpu_matmul_ctx *ctx = exo_calloc(1, sizeof *ctx);
     ctx->pool = pool;
     ctx->nth = exo_pool_size(pool);
+    ctx->slot = exo_calloc((size_t)ctx->nth, sizeof *ctx->slot);
+    /* EXO_MATMUL_PATH pins a path for a whole process: the parity tests use
+     * it to check each path of the real binary against transformers. */
+    const char *path = getenv("EXO_MATMUL_PATH");
+    if (path && !strcmp(path, "reference"))
+        ctx->force = EXO_MATMUL_REFERENCE;
+    else if (path && !strcmp(path, "gemv"))
+        ctx->force = EXO_MATMUL_GEMV;
+    else if (path && !strcmp(path, "gemm"))
+        ctx->force = EXO_MATMUL_GEMM;
     return ctx;
+}
+
+static void prim_release(prim_entry *e)
+{
+    if (!e->used)
+        return;
+    dnnl_primitive_destroy(e->prim);
+    dnnl_memory_destroy(e->src);
+    dnnl_memory_destroy(e->wei);
+    dnnl_memory_destroy(e->dst);
+    e->used = 0;
 }
 
 void exo_cpu_matmul_ctx_free(exo_cpu_matmul_ctx *ctx)
 {
     if (!ctx)
         return;
-    for (int i = 0; i < PRIM_CACHE; i++) {
-        prim_entry *e = &ctx->cache[i];
-        if (!e->used)
-            continue;
-        dnnl_primitive_destroy(e->prim);
-        dnnl_memory_destroy(e->src);
-        dnnl_memory_destroy(e->wei);
-        dnnl_memory_destroy(e->dst);
+    for (int t = 0; t < ctx->nth; t++) {
+        dnnl_slot *sl = &ctx->slot[t];
+        for (int i = 0; i < PRIM_CACHE; i++)
+            prim_release(&sl->cache[i]);
+        if (sl->strm)
+            dnnl_stream_destroy(sl->strm);
+        exo_free_aligned(sl->panel.p);
+        exo_free_aligned(sl->dtmp.p);
+        exo_free_aligned(sl->codes.p);
     }
-    if (ctx->strm)
-        dnnl_stream_destroy(ctx->strm);
+    exo_free(ctx->slot);
     if (ctx->eng)
         dnnl_engine_destroy(ctx->eng);
     exo_free_aligned(ctx->act.p);
     exo_free_aligned(ctx->thr.p);
-    exo_free_aligned(ctx->panel.p);
     exo_free_aligned(ctx->xb.p);
     exo_free(ctx);
 }
@@ -121,6 +160,9 @@ typedef struct rows_job {
     /* GEMV */
     const exo_qact *qa[MAX_QACT]; /* T each */
     int qa_layout[MAX_QACT], qa_group[MAX_QACT], nqa;
+    /* work distribution (rows_for_thread) */
+    _Atomic int64_t next;
+    int64_t chunk;
     /* per-thread scratch */
     unsigned char *thr;
     size_t thr_stride;
@@ -129,17 +171,43 @@ typedef struct rows_job {
 
 typedef void (*rows_fn)(const rows_job *job, int wi, int64_t r0, int64_t r1, unsigned char *scratch);
 
-static void rows_for_thread(const rows_job *job, int ith, int nth, rows_fn fn)
+/* Threads take chunks of ~CHUNK_BYTES of weight from a shared counter
+ * rather than fixed halves: on shared cores one thread is often slowed by
+ * other processes, and with a static split the other one then waits (seen:
+ * ~20% of decode time spinning in the pool). */
+#define CHUNK_BYTES (48u << 10)
+
+static int64_t chunk_rows(const rows_job *job, int nth)
 {
-    long b, e;
-    exo_split_range((long)job->total, EXO_GEMV_ROWS, ith, nth, &b, &e);
-    int64_t off = 0;
-    for (int i = 0; i < job->n && b < e; i++) {
-        int64_t rows = job->w[i]->rows;
-        int64_t lo = b > off ? b - off : 0, hi = e - off < rows ? e - off : rows;
-        if (lo < hi)
-            fn(job, i, lo, hi, job->thr + (size_t)ith * job->thr_stride);
-        off += rows;
+    int64_t bytes = 0;
+    for (int i = 0; i < job->n; i++)
+        bytes += (int64_t)exo_linear_bytes(job->w[i]);
+    int64_t row_bytes = job->total ? bytes / job->total : 1;
+    int64_t c = (int64_t)CHUNK_BYTES / (row_bytes > 0 ? row_bytes : 1);
+    /* at least a few chunks per thread */
+    int64_t cap = job->total / (4 * (int64_t)nth);
+    if (c > cap)
+        c = cap;
+    c = c / EXO_GEMV_ROWS * EXO_GEMV_ROWS;
+    return c < EXO_GEMV_ROWS ? EXO_GEMV_ROWS : c;
+}
+
+static void rows_for_thread(rows_job *job, int ith, int nth, rows_fn fn)
+{
+    (void)nth;
+    for (;;) {
+        int64_t b = atomic_fetch_add_explicit(&job->next, job->chunk, memory_order_relaxed);
+        if (b >= job->total)
+            break;
+        int64_t e = b + job->chunk < job->total ? b + job->chunk : job->total;
+        int64_t off = 0;
+        for (int i = 0; i < job->n && off < e; i++) {
+            int64_t rows = job->w[i]->rows;
+            int64_t lo = b > off ? b - off : 0, hi = e - off < rows ? e - off : rows;
+            if (lo < hi)
+                fn(job, i, lo, hi, job->thr + (size_t)ith * job->thr_stride);
+            off += rows;
+        }
     }
 }
 
@@ -185,9 +253,7 @@ static void gemv_rows(const rows_job *job, int wi, int64_t r0, int64_t r1, unsig
     exo_gemv_scratch s;
     s.sf_stride = exo_gemv_sf_stride(cols);
     s.code_stride = exo_gemv_code_stride(cols);
-    s.sf = (float *)scratch;
-    s.bf = s.sf + EXO_GEMV_ROWS * s.sf_stride;
-    s.sd = s.bf + EXO_GEMV_ROWS * s.sf_stride;
+    s.sd = (float *)scratch;
     s.codes = (uint8_t *)(s.sd + EXO_GEMV_ROWS * s.sf_stride);
     exo_gemv_affine_avx512(w, r0, r1, job->T, qa, job->y[wi], w->rows, &s);
 }
@@ -199,13 +265,15 @@ static size_t round64(size_t n) { return (n + 63) & ~(size_t)63; }
 static size_t thr_scratch_bytes(int64_t cols)
 {
     size_t ref = round64((size_t)cols * sizeof(float));
-    size_t gemv = round64(3 * EXO_GEMV_ROWS * (size_t)exo_gemv_sf_stride(cols) * sizeof(float)) +
+    size_t gemv = round64(EXO_GEMV_ROWS * (size_t)exo_gemv_sf_stride(cols) * sizeof(float)) +
                   round64(EXO_GEMV_ROWS * (size_t)exo_gemv_code_stride(cols));
     return (ref > gemv ? ref : gemv) + 64;
 }
 
 static void setup_thr(exo_cpu_matmul_ctx *ctx, rows_job *job)
 {
+    atomic_store(&job->next, 0);
+    job->chunk = chunk_rows(job, ctx->nth);
     job->thr_stride = thr_scratch_bytes(job->cols);
     job->thr = buf_get(&ctx->thr, job->thr_stride * (size_t)ctx->nth);
 }
@@ -232,18 +300,19 @@ static void run_gemv(exo_cpu_matmul_ctx *ctx, rows_job *job)
         size_t qb = round64((size_t)exo_qact_q_len(cols));
         size_t db = round64((size_t)exo_qact_sx_len(cols) * sizeof(float));
         size_t sb = round64((size_t)exo_qact_sx_len(cols) * sizeof(float));
-        size_t per = qb + db + sb;
+        size_t per = 2 * qb + db + sb;
         size_t hdr = round64(sizeof(exo_qact) * (size_t)T * MAX_QACT);
-        unsigned char *mem = buf_get(&ctx->act, hdr + qb + per * (size_t)T * (size_t)job->nqa);
+        unsigned char *mem = buf_get(&ctx->act, hdr + 2 * qb + per * (size_t)T * (size_t)job->nqa);
         exo_qact *hd = (exo_qact *)mem;
         int8_t *tmp = (int8_t *)(mem + hdr);
-        unsigned char *p = mem + hdr + qb;
+        unsigned char *p = mem + hdr + 2 * qb;
         for (int k = 0; k < job->nqa; k++) {
             exo_qact *qa = hd + (size_t)k * (size_t)T;
             for (int t = 0; t < T; t++) {
                 qa[t].q = (int8_t *)p;
-                qa[t].dx = (float *)(p + qb);
-                qa[t].sx = (float *)(p + qb + db);
+                qa[t].q2 = (int8_t *)(p + qb);
+                qa[t].dx = (float *)(p + 2 * qb);
+                qa[t].sx = (float *)(p + 2 * qb + db);
                 p += per;
                 exo_qact_build_avx512(job->x + (int64_t)t * cols, cols, job->qa_group[k],
                                       job->qa_layout[k], &qa[t], tmp);
@@ -262,8 +331,11 @@ static int dnnl_init(exo_cpu_matmul_ctx *ctx)
 {
     if (ctx->dnnl_state == 0) {
         ctx->dnnl_state = -1;
-        if (dnnl_engine_create(&ctx->eng, dnnl_cpu, 0) == dnnl_success &&
-            dnnl_stream_create(&ctx->strm, ctx->eng, dnnl_stream_default_flags) == dnnl_success)
+        int ok = dnnl_engine_create(&ctx->eng, dnnl_cpu, 0) == dnnl_success;
+        for (int t = 0; ok && t < ctx->nth; t++)
+            ok = dnnl_stream_create(&ctx->slot[t].strm, ctx->eng, dnnl_stream_default_flags) ==
+                 dnnl_success;
+        if (ok)
             ctx->dnnl_state = 1;
         else
             EXO_LOG_WARN("matmul: oneDNN unavailable, prefill uses the reference path");
@@ -271,32 +343,27 @@ static int dnnl_init(exo_cpu_matmul_ctx *ctx)
     return ctx->dnnl_state == 1;
 }
 
-/* y (M x N, row stride ldc) = x (M x K) * W^T, W given as N x K rows. */
-static prim_entry *prim_get(exo_cpu_matmul_ctx *ctx, int bf16, int64_t M, int64_t K, int64_t N,
-                            int64_t ldc)
+/* A cached primitive for y (M x N, dense) = x (M x K) * W^T, W given as
+ * N x K rows (a K x N matrix with strides (1, K)). */
+static prim_entry *prim_get(dnnl_engine_t eng, dnnl_slot *sl, int bf16, int64_t M, int64_t K,
+                            int64_t N)
 {
     prim_entry *victim = NULL;
     for (int i = 0; i < PRIM_CACHE; i++) {
-        prim_entry *e = &ctx->cache[i];
-        if (e->used && e->bf16 == bf16 && e->M == M && e->K == K && e->N == N && e->ldc == ldc) {
-            e->last = ++ctx->tick;
+        prim_entry *e = &sl->cache[i];
+        if (e->used && e->bf16 == bf16 && e->M == M && e->K == K && e->N == N) {
+            e->last = ++sl->tick;
             return e;
         }
         if (!victim || (victim->used && (!e->used || e->last < victim->last)))
             victim = e;
     }
-    if (victim->used) {
-        dnnl_primitive_destroy(victim->prim);
-        dnnl_memory_destroy(victim->src);
-        dnnl_memory_destroy(victim->wei);
-        dnnl_memory_destroy(victim->dst);
-        victim->used = 0;
-    }
+    prim_release(victim);
     dnnl_data_type_t in = bf16 ? dnnl_bf16 : dnnl_f32;
     dnnl_memory_desc_t src_md, wei_md, dst_md;
     dnnl_dims_t sd = {M, K}, ss = {K, 1};
     dnnl_dims_t wd = {K, N}, ws = {1, K};
-    dnnl_dims_t dd = {M, N}, ds = {ldc, 1};
+    dnnl_dims_t dd = {M, N}, ds = {N, 1};
     dnnl_matmul_desc_t md;
     dnnl_primitive_desc_t pd = NULL;
     dnnl_primitive_t prim = NULL;
@@ -304,33 +371,50 @@ static prim_entry *prim_get(exo_cpu_matmul_ctx *ctx, int bf16, int64_t M, int64_
         dnnl_memory_desc_init_by_strides(&wei_md, 2, wd, in, ws) != dnnl_success ||
         dnnl_memory_desc_init_by_strides(&dst_md, 2, dd, dnnl_f32, ds) != dnnl_success ||
         dnnl_matmul_desc_init(&md, &src_md, &wei_md, NULL, &dst_md) != dnnl_success ||
-        dnnl_primitive_desc_create(&pd, &md, NULL, ctx->eng, NULL) != dnnl_success)
+        dnnl_primitive_desc_create(&pd, &md, NULL, eng, NULL) != dnnl_success)
         return NULL;
     int ok = dnnl_primitive_create(&prim, pd) == dnnl_success;
     dnnl_primitive_desc_destroy(pd);
     if (!ok)
         return NULL;
-    victim->prim = prim;
-    if (dnnl_memory_create(&victim->src, &src_md, ctx->eng, DNNL_MEMORY_NONE) != dnnl_success ||
-        dnnl_memory_create(&victim->wei, &wei_md, ctx->eng, DNNL_MEMORY_NONE) != dnnl_success ||
-        dnnl_memory_create(&victim->dst, &dst_md, ctx->eng, DNNL_MEMORY_NONE) != dnnl_success) {
+    if (dnnl_memory_create(&victim->src, &src_md, eng, DNNL_MEMORY_NONE) != dnnl_success ||
+        dnnl_memory_create(&victim->wei, &wei_md, eng, DNNL_MEMORY_NONE) != dnnl_success ||
+        dnnl_memory_create(&victim->dst, &dst_md, eng, DNNL_MEMORY_NONE) != dnnl_success) {
         EXO_LOG_ERROR("matmul: oneDNN memory creation failed");
         abort();
     }
+    victim->prim = prim;
     victim->used = 1;
-    victim->last = ++ctx->tick;
+    victim->last = ++sl->tick;
     victim->bf16 = bf16;
     victim->M = M;
     victim->K = K;
     victim->N = N;
-    victim->ldc = ldc;
     return victim;
 }
 
-static int dnnl_mm(exo_cpu_matmul_ctx *ctx, int bf16, int64_t M, int64_t K, int64_t N,
-                   const void *x, const void *w, float *y, int64_t ldc)
+/* oneDNN here is built on OpenMP. Each pool thread calls it with an OpenMP
+ * team of one (omp_set_num_threads is per calling thread), so no OpenMP
+ * worker threads exist to spin against the pool on our two shared cores
+ * (they did: alternating pool-parallel weight expansion and OpenMP-parallel
+ * matmuls made each side's spinning steal the other's core). libgomp is
+ * loaded by libdnnl, so its entry point is looked up, not linked. */
+static void omp_threads(int n)
 {
-    prim_entry *e = prim_get(ctx, bf16, M, K, N, ldc);
+    static void (*set_fn)(int);
+    static atomic_int looked;
+    if (!atomic_load(&looked)) {
+        *(void **)&set_fn = dlsym(RTLD_DEFAULT, "omp_set_num_threads");
+        atomic_store(&looked, 1);
+    }
+    if (set_fn)
+        set_fn(n);
+}
+
+static int dnnl_mm(dnnl_engine_t eng, dnnl_slot *sl, int bf16, int64_t M, int64_t K, int64_t N,
+                   const void *x, const void *w, float *y)
+{
+    prim_entry *e = prim_get(eng, sl, bf16, M, K, N);
     if (!e)
         return EXO_EUNSUPPORTED;
     dnnl_memory_set_data_handle(e->src, (void *)x);
@@ -338,36 +422,73 @@ static int dnnl_mm(exo_cpu_matmul_ctx *ctx, int bf16, int64_t M, int64_t K, int6
     dnnl_memory_set_data_handle(e->dst, y);
     dnnl_exec_arg_t args[3] = {
         {DNNL_ARG_SRC, e->src}, {DNNL_ARG_WEIGHTS, e->wei}, {DNNL_ARG_DST, e->dst}};
-    if (dnnl_primitive_execute(e->prim, ctx->strm, 3, args) != dnnl_success)
+    if (dnnl_primitive_execute(e->prim, sl->strm, 3, args) != dnnl_success)
         return EXO_EINTERNAL;
-    dnnl_stream_wait(ctx->strm);
+    dnnl_stream_wait(sl->strm);
     return 0;
 }
 
-typedef struct panel_job {
-    const exo_linear *w;
-    int64_t r0, r1;
-    int bf16;
-    void *out;
-    unsigned char *thr;
-    size_t thr_stride;
-} panel_job;
+typedef struct gemm_job {
+    exo_cpu_matmul_ctx *ctx;
+    int n;
+    const exo_linear *const *w;
+    float *const *y;
+    const float *x;
+    const uint16_t *xb;
+    int T;
+    int avx512;
+} gemm_job;
 
-static void panel_thread(void *p, int ith, int nth)
+/* Thread ith computes output columns [r0, r1) of every weight: slices of
+ * up to P rows are expanded (affine, F16) or used in place (F32, BF16),
+ * multiplied into a dense T x P buffer (oneDNN 2.6 only takes its AMX
+ * kernel for a dense destination) and copied out. */
+static void gemm_thread(void *p, int ith, int nth)
 {
-    const panel_job *job = p;
-    long b, e;
-    exo_split_range((long)(job->r1 - job->r0), 1, ith, nth, &b, &e);
-    if (b >= e)
-        return;
-    int64_t cols = job->w->cols;
-    if (job->bf16) {
-        exo_dequant_rows_bf16_avx512(job->w, job->r0 + b, job->r0 + e,
-                                     (uint16_t *)job->out + b * cols,
-                                     job->thr + (size_t)ith * job->thr_stride);
-    } else {
-        for (long r = b; r < e; r++)
-            exo_linear_row_f32(job->w, job->r0 + r, (float *)job->out + r * cols);
+    gemm_job *job = p;
+    exo_cpu_matmul_ctx *ctx = job->ctx;
+    dnnl_slot *sl = &ctx->slot[ith];
+    const int T = job->T;
+    sl->rc = 0;
+    omp_threads(1);
+    for (int i = 0; i < job->n && sl->rc == 0; i++) {
+        const exo_linear *w = job->w[i];
+        const int64_t K = w->cols, N = w->rows;
+        long r0, r1;
+        exo_split_range((long)N, 16, ith, nth, &r0, &r1);
+        if (r0 >= r1)
+            continue;
+        const int f32 = w->format == EXO_WFORMAT_DENSE && w->dtype == EXO_DTYPE_F32;
+        const int direct = f32 || (w->format == EXO_WFORMAT_DENSE && w->dtype == EXO_DTYPE_BF16 &&
+                                   job->avx512);
+        const int bf16 = !f32 && job->avx512;
+        const size_t esz = bf16 ? 2 : 4;
+        int64_t P = (int64_t)(PANEL_BYTES / ((size_t)K * esz));
+        P = P < 64 ? 64 : P / 64 * 64;
+        if (P > r1 - r0)
+            P = r1 - r0;
+        float *dt = buf_get(&sl->dtmp, (size_t)T * (size_t)P * sizeof(float));
+        void *panel = direct ? NULL : buf_get(&sl->panel, (size_t)P * (size_t)K * esz);
+        uint8_t *codes = direct ? NULL : buf_get(&sl->codes, (size_t)exo_gemv_code_stride(K));
+        const void *src = bf16 ? (const void *)job->xb : (const void *)job->x;
+        for (int64_t p0 = r0; p0 < r1 && sl->rc == 0; p0 += P) {
+            int64_t pn = r1 - p0 < P ? r1 - p0 : P;
+            const void *wp;
+            if (direct) {
+                wp = (const unsigned char *)w->w + (size_t)p0 * (size_t)K * esz;
+            } else {
+                if (bf16) {
+                    exo_dequant_rows_bf16_avx512(w, p0, p0 + pn, panel, codes);
+                } else {
+                    for (int64_t r = 0; r < pn; r++)
+                        exo_linear_row_f32(w, p0 + r, (float *)panel + r * K);
+                }
+                wp = panel;
+            }
+            sl->rc = dnnl_mm(ctx->eng, sl, bf16, T, K, pn, src, wp, dt);
+            for (int64_t t = 0; t < T && sl->rc == 0; t++)
+                memcpy(job->y[i] + t * N + p0, dt + t * pn, (size_t)pn * sizeof(float));
+        }
     }
 }
 
@@ -377,47 +498,20 @@ static int run_gemm(exo_cpu_matmul_ctx *ctx, int n, const exo_linear *const *w, 
     if (!dnnl_init(ctx))
         return EXO_EUNSUPPORTED;
     int64_t K = w[0]->cols;
-    int avx512 = exo_cpu_isa() >= EXO_ISA_AVX512;
-    const uint16_t *xb = NULL;
-    for (int i = 0; i < n; i++) {
-        int is_f32 = w[i]->format == EXO_WFORMAT_DENSE && w[i]->dtype == EXO_DTYPE_F32;
-        if (!is_f32 && avx512 && !xb) {
-            uint16_t *b = buf_get(&ctx->xb, (size_t)T * (size_t)K * 2);
-            exo_f32_to_bf16_avx512(x, (int64_t)T * K, b);
-            xb = b;
-        }
+    gemm_job job = {.ctx = ctx, .n = n, .w = w, .y = y, .x = x, .T = T,
+                    .avx512 = exo_cpu_isa() >= EXO_ISA_AVX512};
+    int need_bf16 = 0;
+    for (int i = 0; i < n; i++)
+        need_bf16 |= !(w[i]->format == EXO_WFORMAT_DENSE && w[i]->dtype == EXO_DTYPE_F32);
+    if (need_bf16 && job.avx512) {
+        uint16_t *b = buf_get(&ctx->xb, (size_t)T * (size_t)K * 2);
+        exo_f32_to_bf16_avx512(x, (int64_t)T * K, b);
+        job.xb = b;
     }
-    for (int i = 0; i < n; i++) {
-        const exo_linear *wi = w[i];
-        int64_t N = wi->rows;
-        int rc;
-        if (wi->format == EXO_WFORMAT_DENSE && wi->dtype == EXO_DTYPE_F32) {
-            rc = dnnl_mm(ctx, 0, T, K, N, x, wi->w, y[i], N);
-        } else if (wi->format == EXO_WFORMAT_DENSE && wi->dtype == EXO_DTYPE_BF16 && avx512) {
-            rc = dnnl_mm(ctx, 1, T, K, N, xb, wi->w, y[i], N);
-        } else {
-            size_t esz = avx512 ? 2 : 4;
-            int64_t P = (int64_t)(PANEL_BYTES / ((size_t)K * esz));
-            P = P < 64 ? 64 : P / 64 * 64;
-            if (P > N)
-                P = N;
-            void *panel = buf_get(&ctx->panel, (size_t)P * (size_t)K * esz);
-            panel_job pj = {.w = wi, .bf16 = avx512, .out = panel};
-            pj.thr_stride = round64((size_t)exo_gemv_code_stride(K));
-            pj.thr = buf_get(&ctx->thr, pj.thr_stride * (size_t)ctx->nth);
-            rc = 0;
-            for (int64_t p0 = 0; p0 < N && rc == 0; p0 += P) {
-                int64_t pn = N - p0 < P ? N - p0 : P;
-                pj.r0 = p0;
-                pj.r1 = p0 + pn;
-                exo_pool_run(ctx->pool, panel_thread, &pj);
-                rc = dnnl_mm(ctx, avx512, T, K, pn, avx512 ? (const void *)xb : (const void *)x,
-                             panel, y[i] + p0, N);
-            }
-        }
-        if (rc)
-            return rc;
-    }
+    exo_pool_run(ctx->pool, gemm_thread, &job);
+    for (int t = 0; t < ctx->nth; t++)
+        if (ctx->slot[t].rc)
+            return ctx->slot[t].rc;
     return 0;
 }
 
@@ -433,8 +527,13 @@ void exo_cpu_matmul(exo_cpu_matmul_ctx *ctx, int n, const exo_linear *const *w, 
         job.total += w[i]->rows;
     exo_matmul_path path = ctx->force;
     int avx512 = exo_cpu_isa() >= EXO_ISA_AVX512;
-    if (path == EXO_MATMUL_AUTO)
-        path = T <= GEMV_MAX_T ? EXO_MATMUL_GEMV : EXO_MATMUL_GEMM;
+    if (path == EXO_MATMUL_AUTO) {
+        int expand = 0;
+        for (int i = 0; i < n; i++)
+            expand |= w[i]->format == EXO_WFORMAT_AFFINE || w[i]->dtype == EXO_DTYPE_F16;
+        int max_t = expand ? GEMV_MAX_T_EXPAND : GEMV_MAX_T;
+        path = T <= max_t ? EXO_MATMUL_GEMV : EXO_MATMUL_GEMM;
+    }
     if (path == EXO_MATMUL_GEMM && run_gemm(ctx, n, w, x, T, y) == 0)
         return;
     if (path == EXO_MATMUL_GEMV && avx512) {

@@ -1,0 +1,507 @@
+/* Append-only event log with verified recovery (see event_log.h).
+ *
+ * In memory we keep only the file offset of every record (8 bytes per
+ * event), so read_range is one pread per record and opening a log costs one
+ * sequential read of the file. Records are always re-verified on read: the
+ * offset index is trusted, the file contents are not. */
+#include "cluster/event_log.h"
+
+#include "cluster/crc32c.h"
+#include "cluster/state.h"
+#include "core/alloc.h"
+#include "core/log.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <sys/time.h>
+#include <time.h>
+#include <unistd.h>
+#include <zstd.h>
+
+struct exo_event_log {
+    int       fd;
+    char     *path;
+    uint64_t *offsets;   /* offsets[i] = file offset of record i */
+    uint64_t  n, cap;
+    uint64_t  end;       /* file offset after the last record */
+    bool      dirty;     /* appended since the last flush */
+    bool      broken;    /* a failed append could not be undone */
+};
+
+static void put_le32(uint8_t *p, uint32_t v)
+{
+    p[0] = (uint8_t)v;
+    p[1] = (uint8_t)(v >> 8);
+    p[2] = (uint8_t)(v >> 16);
+    p[3] = (uint8_t)(v >> 24);
+}
+
+static uint32_t get_le32(const uint8_t *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+/* Full pread; returns bytes read (< n only at end of file) or -1. */
+static ssize_t pread_full(int fd, void *buf, size_t n, uint64_t off)
+{
+    size_t got = 0;
+    while (got < n) {
+        ssize_t r = pread(fd, (char *)buf + got, n - got, (off_t)(off + got));
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0)
+            return -1;
+        if (r == 0)
+            break;
+        got += (size_t)r;
+    }
+    return (ssize_t)got;
+}
+
+static int pwrite_full(int fd, const void *buf, size_t n, uint64_t off)
+{
+    size_t put = 0;
+    while (put < n) {
+        ssize_t r = pwrite(fd, (const char *)buf + put, n - put, (off_t)(off + put));
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            return -1;
+        put += (size_t)r;
+    }
+    return 0;
+}
+
+static void index_push(exo_event_log *log, uint64_t off)
+{
+    if (log->n == log->cap) {
+        log->cap = log->cap ? log->cap * 2 : 64;
+        log->offsets = exo_realloc(log->offsets, log->cap * sizeof *log->offsets);
+    }
+    log->offsets[log->n++] = off;
+}
+
+static void sync_dir_of(const char *path)
+{
+    char *copy = exo_strdup(path);
+    int dfd = open(dirname(copy), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd >= 0) {
+        fsync(dfd);
+        close(dfd);
+    }
+    exo_free(copy);
+}
+
+/* Scans the file, filling the offset index; sets *good_end to the end of
+ * the intact prefix and describes the first bad record in reason. */
+static int scan(exo_event_log *log, uint64_t size, uint64_t *good_end, char *reason, size_t reason_len,
+                exo_err *err)
+{
+    uint64_t off = 0;
+    uint8_t hdr[EXO_EVENT_LOG_HEADER];
+    uint8_t *buf = NULL;
+    size_t buf_cap = 0;
+    int rc = 0;
+    reason[0] = 0;
+    while (off < size) {
+        if (size - off < EXO_EVENT_LOG_HEADER) {
+            snprintf(reason, reason_len, "record %llu: torn header", (unsigned long long)log->n);
+            break;
+        }
+        if (pread_full(log->fd, hdr, sizeof hdr, off) != (ssize_t)sizeof hdr) {
+            rc = exo_err_set(err, EXO_EIO, "%s: read at %llu: %s", log->path, (unsigned long long)off,
+                             strerror(errno));
+            break;
+        }
+        uint32_t len = get_le32(hdr), crc = get_le32(hdr + 4);
+        if (len == 0 || len > EXO_EVENT_LOG_MAX_RECORD) {
+            snprintf(reason, reason_len, "record %llu: bad length %u", (unsigned long long)log->n, len);
+            break;
+        }
+        if (size - off - EXO_EVENT_LOG_HEADER < len) {
+            snprintf(reason, reason_len, "record %llu: torn payload", (unsigned long long)log->n);
+            break;
+        }
+        if (len > buf_cap) {
+            exo_free(buf);
+            buf_cap = len;
+            buf = exo_malloc(buf_cap);
+        }
+        if (pread_full(log->fd, buf, len, off + EXO_EVENT_LOG_HEADER) != (ssize_t)len) {
+            rc = exo_err_set(err, EXO_EIO, "%s: read at %llu: %s", log->path, (unsigned long long)off,
+                             strerror(errno));
+            break;
+        }
+        if (exo_crc32c(0, buf, len) != crc) {
+            snprintf(reason, reason_len, "record %llu: checksum mismatch", (unsigned long long)log->n);
+            break;
+        }
+        index_push(log, off);
+        off += EXO_EVENT_LOG_HEADER + (uint64_t)len;
+    }
+    exo_free(buf);
+    *good_end = off;
+    return rc;
+}
+
+int exo_event_log_open(const char *path, exo_event_log **out, exo_event_log_recovery *rec, exo_err *err)
+{
+    *out = NULL;
+    if (rec)
+        memset(rec, 0, sizeof *rec);
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return exo_err_set(err, errno == ENOENT ? EXO_ENOENT : EXO_EIO, "%s: open: %s", path, strerror(errno));
+    if (flock(fd, LOCK_EX | LOCK_NB) < 0) {
+        int e = errno;
+        close(fd);
+        return exo_err_set(err, e == EWOULDBLOCK ? EXO_EBUSY : EXO_EIO, "%s: lock: %s", path,
+                           e == EWOULDBLOCK ? "held by another writer" : strerror(e));
+    }
+    struct stat sb;
+    if (fstat(fd, &sb) < 0 || !S_ISREG(sb.st_mode)) {
+        close(fd);
+        return exo_err_set(err, EXO_EIO, "%s: not a regular file", path);
+    }
+    exo_event_log *log = exo_calloc(1, sizeof *log);
+    log->fd = fd;
+    log->path = exo_strdup(path);
+    uint64_t size = (uint64_t)sb.st_size, good = 0;
+    char reason[128];
+    int rc = scan(log, size, &good, reason, sizeof reason, err);
+    if (rc == 0 && good < size) {
+        EXO_LOG_WARN("event log %s: %s; truncating %llu bytes at offset %llu (%llu intact records kept)", path,
+                     reason, (unsigned long long)(size - good), (unsigned long long)good,
+                     (unsigned long long)log->n);
+        if (ftruncate(fd, (off_t)good) < 0 || fdatasync(fd) < 0)
+            rc = exo_err_set(err, EXO_EIO, "%s: truncate to %llu: %s", path, (unsigned long long)good,
+                             strerror(errno));
+    }
+    if (rc < 0) {
+        exo_free(log->offsets);
+        exo_free(log->path);
+        close(fd);
+        exo_free(log);
+        return rc;
+    }
+    log->end = good;
+    sync_dir_of(path);
+    if (rec) {
+        rec->records = log->n;
+        rec->bytes_kept = good;
+        rec->bytes_truncated = size - good;
+        snprintf(rec->reason, sizeof rec->reason, "%s", good < size ? reason : "");
+    }
+    *out = log;
+    return 0;
+}
+
+uint64_t exo_event_log_count(const exo_event_log *log) { return log->n; }
+
+int exo_event_log_append(exo_event_log *log, const void *payload, size_t len, uint64_t *idx, exo_err *err)
+{
+    if (log->broken)
+        return exo_err_set(err, EXO_EIO, "%s: log is unusable after a failed write or sync", log->path);
+    if (len == 0)
+        return exo_err_set(err, EXO_EINVAL, "%s: empty record", log->path);
+    if (len > EXO_EVENT_LOG_MAX_RECORD)
+        return exo_err_set(err, EXO_ETOOBIG, "%s: record of %zu bytes (max %zu)", log->path, len,
+                           (size_t)EXO_EVENT_LOG_MAX_RECORD);
+    /* One buffer, one pwrite: a crash tears at most this record. */
+    uint8_t *rec = exo_try_malloc(EXO_EVENT_LOG_HEADER + len);
+    if (!rec)
+        return exo_err_set(err, EXO_ENOMEM, "%s: record buffer", log->path);
+    put_le32(rec, (uint32_t)len);
+    put_le32(rec + 4, exo_crc32c(0, payload, len));
+    memcpy(rec + EXO_EVENT_LOG_HEADER, payload, len);
+    int w = pwrite_full(log->fd, rec, EXO_EVENT_LOG_HEADER + len, log->end);
+    int e = errno;
+    exo_free(rec);
+    if (w < 0) {
+        if (ftruncate(log->fd, (off_t)log->end) < 0)
+            log->broken = true;
+        return exo_err_set(err, EXO_EIO, "%s: append: %s", log->path, strerror(e));
+    }
+    index_push(log, log->end);
+    log->end += EXO_EVENT_LOG_HEADER + (uint64_t)len;
+    log->dirty = true;
+    if (idx)
+        *idx = log->n - 1;
+    return 0;
+}
+
+int exo_event_log_append_event(exo_event_log *log, const exo_event *ev, uint64_t *idx, exo_err *err)
+{
+    uint8_t *buf;
+    size_t len;
+    int rc = exo_event_encode(ev, &buf, &len, err);
+    if (rc < 0)
+        return rc;
+    rc = exo_event_log_append(log, buf, len, idx, err);
+    exo_free(buf);
+    return rc;
+}
+
+int exo_event_log_flush(exo_event_log *log, exo_err *err)
+{
+    if (log->broken)
+        return exo_err_set(err, EXO_EIO, "%s: log is unusable after a failed write or sync", log->path);
+    if (!log->dirty)
+        return 0;
+    if (fdatasync(log->fd) < 0) {
+        log->broken = true;
+        return exo_err_set(err, EXO_EIO, "%s: fdatasync: %s", log->path, strerror(errno));
+    }
+    log->dirty = false;
+    return 0;
+}
+
+int exo_event_log_read(exo_event_log *log, uint64_t idx, uint8_t **payload, size_t *len, exo_err *err)
+{
+    *payload = NULL;
+    *len = 0;
+    if (idx >= log->n)
+        return exo_err_set(err, EXO_ERANGE, "%s: record %llu of %llu", log->path, (unsigned long long)idx,
+                           (unsigned long long)log->n);
+    uint64_t off = log->offsets[idx];
+    uint64_t next = idx + 1 < log->n ? log->offsets[idx + 1] : log->end;
+    uint8_t hdr[EXO_EVENT_LOG_HEADER];
+    if (pread_full(log->fd, hdr, sizeof hdr, off) != (ssize_t)sizeof hdr)
+        return exo_err_set(err, EXO_EIO, "%s: record %llu: short read", log->path, (unsigned long long)idx);
+    uint32_t n = get_le32(hdr), crc = get_le32(hdr + 4);
+    if (n == 0 || n > EXO_EVENT_LOG_MAX_RECORD || off + EXO_EVENT_LOG_HEADER + n != next)
+        return exo_err_set(err, EXO_EFORMAT, "%s: record %llu: length changed on disk", log->path,
+                           (unsigned long long)idx);
+    uint8_t *buf = exo_malloc(n);
+    if (pread_full(log->fd, buf, n, off + EXO_EVENT_LOG_HEADER) != (ssize_t)n) {
+        exo_free(buf);
+        return exo_err_set(err, EXO_EIO, "%s: record %llu: short read", log->path, (unsigned long long)idx);
+    }
+    if (exo_crc32c(0, buf, n) != crc) {
+        exo_free(buf);
+        return exo_err_set(err, EXO_EFORMAT, "%s: record %llu: checksum mismatch", log->path,
+                           (unsigned long long)idx);
+    }
+    *payload = buf;
+    *len = n;
+    return 0;
+}
+
+void exo_event_log_free_events(exo_event *events, size_t n)
+{
+    if (!events)
+        return;
+    for (size_t i = 0; i < n; i++)
+        exo_event_clear(&events[i]);
+    exo_free(events);
+}
+
+int exo_event_log_read_range(exo_event_log *log, uint64_t from_idx, size_t max, exo_event **events,
+                             size_t *n, exo_err *err)
+{
+    *events = NULL;
+    *n = 0;
+    if (from_idx > log->n)
+        return exo_err_set(err, EXO_ERANGE, "%s: read from %llu of %llu records", log->path,
+                           (unsigned long long)from_idx, (unsigned long long)log->n);
+    uint64_t avail = log->n - from_idx;
+    size_t want = avail < (uint64_t)max ? (size_t)avail : max;
+    if (want == 0)
+        return 0;
+    exo_event *evs = exo_calloc(want, sizeof *evs);
+    for (size_t i = 0; i < want; i++) {
+        uint8_t *buf;
+        size_t len;
+        int rc = exo_event_log_read(log, from_idx + i, &buf, &len, err);
+        if (rc == 0) {
+            rc = exo_event_decode(buf, len, &evs[i], err);
+            exo_free(buf);
+            if (rc < 0)
+                exo_err_wrap(err, "%s: record %llu", log->path, (unsigned long long)(from_idx + i));
+        }
+        if (rc < 0) {
+            exo_event_log_free_events(evs, i);
+            return rc;
+        }
+    }
+    *events = evs;
+    *n = want;
+    return 0;
+}
+
+int exo_event_log_replay(exo_event_log *log, exo_state *st, exo_err *err)
+{
+    int64_t next = exo_state_last_event_applied_idx(st) + 1;
+    if ((uint64_t)next > log->n)
+        return exo_err_set(err, EXO_ERANGE, "%s: state is at event %lld but the log has %llu", log->path,
+                           (long long)next - 1, (unsigned long long)log->n);
+    for (; (uint64_t)next < log->n; next++) {
+        uint8_t *buf;
+        size_t len;
+        exo_event ev;
+        int rc = exo_event_log_read(log, (uint64_t)next, &buf, &len, err);
+        if (rc == 0) {
+            rc = exo_event_decode(buf, len, &ev, err);
+            exo_free(buf);
+            if (rc == 0) {
+                rc = exo_state_apply(st, next, &ev, err);
+                exo_event_clear(&ev);
+            }
+        }
+        if (rc < 0)
+            return exo_err_wrap(err, "%s: replay of record %lld", log->path, (long long)next);
+    }
+    return 0;
+}
+
+/* ---- archiving ---- */
+
+static int compress_file(int in_fd, uint64_t size, const char *dst, exo_err *err)
+{
+    int out = open(dst, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (out < 0)
+        return exo_err_set(err, EXO_EIO, "%s: create: %s", dst, strerror(errno));
+    ZSTD_CCtx *cctx = ZSTD_createCCtx();
+    size_t in_cap = ZSTD_CStreamInSize(), out_cap = ZSTD_CStreamOutSize();
+    uint8_t *in_buf = exo_malloc(in_cap), *out_buf = exo_malloc(out_cap);
+    int rc = cctx ? 0 : exo_err_set(err, EXO_ENOMEM, "zstd context");
+    if (rc == 0)
+        ZSTD_CCtx_setParameter(cctx, ZSTD_c_compressionLevel, 3);
+    uint64_t off = 0;
+    bool last = false;
+    while (rc == 0 && !last) {
+        size_t want = size - off < in_cap ? (size_t)(size - off) : in_cap;
+        ssize_t got = pread_full(in_fd, in_buf, want, off);
+        if (got != (ssize_t)want) {
+            rc = exo_err_set(err, EXO_EIO, "archive: read failed");
+            break;
+        }
+        off += want;
+        last = off == size;
+        ZSTD_inBuffer ib = {in_buf, want, 0};
+        ZSTD_EndDirective mode = last ? ZSTD_e_end : ZSTD_e_continue;
+        bool done = false;
+        while (!done) {
+            ZSTD_outBuffer ob = {out_buf, out_cap, 0};
+            size_t remaining = ZSTD_compressStream2(cctx, &ob, &ib, mode);
+            if (ZSTD_isError(remaining)) {
+                rc = exo_err_set(err, EXO_EIO, "archive: zstd: %s", ZSTD_getErrorName(remaining));
+                break;
+            }
+            if (ob.pos && write(out, out_buf, ob.pos) != (ssize_t)ob.pos) {
+                rc = exo_err_set(err, EXO_EIO, "%s: write: %s", dst, strerror(errno));
+                break;
+            }
+            done = last ? remaining == 0 : ib.pos == ib.size;
+        }
+    }
+    if (rc == 0 && fsync(out) < 0)
+        rc = exo_err_set(err, EXO_EIO, "%s: fsync: %s", dst, strerror(errno));
+    close(out);
+    if (rc < 0)
+        unlink(dst);
+    ZSTD_freeCCtx(cctx);
+    exo_free(in_buf);
+    exo_free(out_buf);
+    return rc;
+}
+
+static bool is_archive_name(const char *name)
+{
+    size_t n = strlen(name);
+    return n > strlen("events.") + strlen(".bin.zst") && strncmp(name, "events.", 7) == 0 &&
+           strcmp(name + n - 8, ".bin.zst") == 0;
+}
+
+static int cmp_str(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* Deletes all but the newest `keep` archives (names sort by time). */
+static void prune_archives(const char *dir, int keep)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return;
+    char **names = NULL;
+    size_t n = 0, cap = 0;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        if (!is_archive_name(de->d_name))
+            continue;
+        if (n == cap) {
+            cap = cap ? cap * 2 : 16;
+            names = exo_realloc(names, cap * sizeof *names);
+        }
+        names[n++] = exo_strdup(de->d_name);
+    }
+    closedir(d);
+    if (n)
+        qsort(names, n, sizeof *names, cmp_str);
+    for (size_t i = 0; i < n; i++) {
+        if (n - i > (size_t)keep) {
+            char p[PATH_MAX + 512];
+            snprintf(p, sizeof p, "%s/%s", dir, names[i]);
+            unlink(p);
+        }
+        exo_free(names[i]);
+    }
+    exo_free(names);
+}
+
+static int archive(exo_event_log *log, exo_err *err)
+{
+    char *copy = exo_strdup(log->path);
+    char dir[PATH_MAX];
+    snprintf(dir, sizeof dir, "%s", dirname(copy));
+    exo_free(copy);
+    struct timeval tv;
+    gettimeofday(&tv, NULL);
+    struct tm tm;
+    gmtime_r(&tv.tv_sec, &tm);
+    char stamp[64];
+    strftime(stamp, sizeof stamp, "%Y%m%dT%H%M%S", &tm);
+    char dst[PATH_MAX + 128];
+    int rc = EXO_EIO;
+    for (int attempt = 0; attempt < 100; attempt++) {
+        if (attempt == 0)
+            snprintf(dst, sizeof dst, "%s/events.%s.%06ld.bin.zst", dir, stamp, (long)tv.tv_usec);
+        else
+            snprintf(dst, sizeof dst, "%s/events.%s.%06ld-%02d.bin.zst", dir, stamp, (long)tv.tv_usec, attempt);
+        if (access(dst, F_OK) == 0)
+            continue;
+        rc = compress_file(log->fd, log->end, dst, err);
+        break;
+    }
+    if (rc < 0)
+        return rc;
+    if (unlink(log->path) < 0)
+        return exo_err_set(err, EXO_EIO, "%s: unlink after archiving: %s", log->path, strerror(errno));
+    sync_dir_of(log->path);
+    prune_archives(dir, EXO_EVENT_LOG_MAX_ARCHIVES);
+    EXO_LOG_INFO("event log %s: %llu events archived to %s", log->path, (unsigned long long)log->n, dst);
+    return 0;
+}
+
+int exo_event_log_close(exo_event_log *log, bool archive_it, exo_err *err)
+{
+    if (!log)
+        return 0;
+    int rc = exo_event_log_flush(log, err);
+    if (rc == 0 && archive_it && log->n > 0)
+        rc = archive(log, err);
+    close(log->fd);
+    exo_free(log->offsets);
+    exo_free(log->path);
+    exo_free(log);
+    return rc;
+}

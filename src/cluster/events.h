@@ -1,0 +1,147 @@
+/* Commands (imperative requests to the master) and events (past-tense facts
+ * the State is folded from), their msgpack codec and their JSON rendering.
+ *
+ * Wire/disk format, version 1 (EXO_CODEC_VERSION): one msgpack map
+ *   {"v": 1, "kind": "<EventName>", "id": "<event or command id>", "body": {...}}
+ * where body is a map with snake_case string keys, documented per kind in
+ * events.c. Decoding is strict about what it reads (types, ranges, ids,
+ * UTF-8, sizes, duplicate keys, nesting depth, trailing bytes) because the
+ * bytes come from disk or, later, from other nodes; it never asserts and
+ * reports EXO_EFORMAT with the offending field. Keys it does not know are
+ * skipped, so a later version may add optional fields without bumping "v";
+ * a change of meaning bumps "v" and the decoder keeps a branch for every
+ * older version, so old logs stay readable. Records with a newer "v" are
+ * EXO_EUNSUPPORTED.
+ *
+ * JSON rendering follows exo's external tagging: {"InstanceCreated":
+ * {"eventId": ..., "instance": {...}}} with camelCase keys (for GET /events
+ * and GET /state). Nested tagged unions are tagged too: runner statuses
+ * ({"RunnerReady": {}}), tasks ({"TextGeneration": {...}}) and instances
+ * ({"MlxRingInstance": {...}}).
+ *
+ * Ownership: an exo_event / exo_command owns its heap members (see types.h);
+ * exo_event_clear / exo_command_clear free them. Decoding fills a caller
+ * struct; on failure it is left cleared.
+ *
+ * Example usage:
+ *   exo_event ev;
+ *   exo_event_init(&ev, EXO_EVENT_TASK_DELETED);
+ *   exo_id_set(&ev.u.task_deleted.task_id, task_id, NULL);
+ *   uint8_t *buf; size_t len;
+ *   exo_event_encode(&ev, &buf, &len, &err);   // buf: exo_free
+ *   exo_event back;
+ *   if (exo_event_decode(buf, len, &back, &err) < 0) ...
+ *   json_t *j = exo_event_to_json(&back);      // json_decref
+ *   exo_event_clear(&back); exo_event_clear(&ev); exo_free(buf); */
+#ifndef EXO_CLUSTER_EVENTS_H
+#define EXO_CLUSTER_EVENTS_H
+
+#include "cluster/types.h"
+#include "core/error.h"
+
+#include <jansson.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define EXO_CODEC_VERSION 1
+/* Largest encoded event or command accepted by the codec (the event log uses
+ * the same cap for its records). */
+#define EXO_CODEC_MAX_BYTES ((size_t)16 * 1024 * 1024)
+
+#define EXO_EVENT_KIND_MAP(XX)                                                      \
+    XX(INSTANCE_CREATED, "InstanceCreated") XX(INSTANCE_DELETED, "InstanceDeleted") \
+    XX(RUNNER_STATUS_UPDATED, "RunnerStatusUpdated")                                \
+    XX(RUNNER_DELETED, "RunnerDeleted") XX(TASK_CREATED, "TaskCreated")             \
+    XX(TASK_STATUS_UPDATED, "TaskStatusUpdated") XX(TASK_FAILED, "TaskFailed")      \
+    XX(TASK_DELETED, "TaskDeleted") XX(NODE_GATHERED_INFO, "NodeGatheredInfo")      \
+    XX(NODE_TIMED_OUT, "NodeTimedOut")
+
+#define EXO_COMMAND_KIND_MAP(XX)                                                    \
+    XX(PLACE_INSTANCE, "PlaceInstance") XX(CREATE_INSTANCE, "CreateInstance")       \
+    XX(DELETE_INSTANCE, "DeleteInstance") XX(TEXT_GENERATION, "TextGeneration")     \
+    XX(TASK_CANCELLED, "TaskCancelled") XX(TASK_FINISHED, "TaskFinished")
+
+#define XX(n, s) EXO__ENUM_ITEM(EXO_EVENT_, n, s)
+typedef enum exo_event_kind { EXO_EVENT_KIND_MAP(XX) EXO_EVENT__COUNT } exo_event_kind;
+#undef XX
+#define XX(n, s) EXO__ENUM_ITEM(EXO_COMMAND_, n, s)
+typedef enum exo_command_kind { EXO_COMMAND_KIND_MAP(XX) EXO_COMMAND__COUNT } exo_command_kind;
+#undef XX
+
+const char *exo_event_kind_name(exo_event_kind k);
+int         exo_event_kind_parse(const char *s, size_t len);
+const char *exo_command_kind_name(exo_command_kind k);
+int         exo_command_kind_parse(const char *s, size_t len);
+
+typedef struct exo_event {
+    exo_event_kind kind;
+    exo_id         event_id;
+    union {
+        struct { exo_instance instance; } instance_created;
+        struct { exo_id instance_id; } instance_deleted;
+        struct { exo_id runner_id; exo_runner_status status; } runner_status_updated;
+        struct { exo_id runner_id; } runner_deleted;
+        struct { exo_task task; } task_created;
+        struct { exo_id task_id; exo_task_status status; } task_status_updated;
+        struct { exo_id task_id; char *error_type; char *error_message; } task_failed;
+        struct { exo_id task_id; } task_deleted;
+        /* when_ms: wall clock (Unix ms) stamped by the master */
+        struct { exo_id node_id; int64_t when_ms; exo_node_info info; } node_gathered_info;
+        struct { exo_id node_id; } node_timed_out;
+    } u;
+} exo_event;
+
+typedef struct exo_command {
+    exo_command_kind kind;
+    exo_id           command_id;
+    union {
+        struct {
+            char model_id[EXO_MODEL_ID_MAX];
+            exo_sharding sharding;
+            exo_instance_meta meta;
+            int32_t min_nodes;
+        } place_instance;
+        struct { exo_instance instance; } create_instance;
+        struct { exo_id instance_id; } delete_instance;
+        /* command_id above identifies the request; params_json is the API
+         * layer's canonical request as JSON text (heap, required) */
+        struct { char model_id[EXO_MODEL_ID_MAX]; char *params_json; } text_generation;
+        struct { exo_id cancelled_command_id; } task_cancelled;
+        struct { exo_id finished_command_id; } task_finished;
+    } u;
+} exo_command;
+
+/* Zeroes ev, sets kind and a fresh event id (and the kind's defaults:
+ * runner status Idle with port -1). */
+void exo_event_init(exo_event *ev, exo_event_kind kind);
+void exo_event_copy(exo_event *dst, const exo_event *src);
+void exo_event_clear(exo_event *ev);
+bool exo_event_equal(const exo_event *a, const exo_event *b);
+/* The invariants the decoder enforces, for events built in memory. */
+int  exo_event_validate(const exo_event *ev, exo_err *err);
+
+/* Encodes a valid event (EXO_EINVAL if not, see exo_event_validate) into a
+ * fresh heap buffer (*out, free with exo_free). */
+int exo_event_encode(const exo_event *ev, uint8_t **out, size_t *out_len, exo_err *err);
+/* Decodes exactly len bytes into *ev (cleared on failure). */
+int exo_event_decode(const uint8_t *buf, size_t len, exo_event *ev, exo_err *err);
+/* {"<Kind>": {...}}; never NULL. */
+json_t *exo_event_to_json(const exo_event *ev);
+
+void exo_command_init(exo_command *cmd, exo_command_kind kind);
+void exo_command_copy(exo_command *dst, const exo_command *src);
+void exo_command_clear(exo_command *cmd);
+bool exo_command_equal(const exo_command *a, const exo_command *b);
+int  exo_command_validate(const exo_command *cmd, exo_err *err);
+int  exo_command_encode(const exo_command *cmd, uint8_t **out, size_t *out_len, exo_err *err);
+int  exo_command_decode(const uint8_t *buf, size_t len, exo_command *cmd, exo_err *err);
+json_t *exo_command_to_json(const exo_command *cmd);
+
+/* JSON pieces the State rendering shares (tagged, camelCase). */
+json_t *exo_instance_to_json(const exo_instance *inst);
+json_t *exo_task_to_json(const exo_task *t);
+json_t *exo_runner_status_to_json(const exo_runner_status *st);
+/* RFC 3339 UTC with milliseconds ("2026-01-02T03:04:05.678Z"). */
+json_t *exo__time_ms_to_json(int64_t unix_ms);
+
+#endif

@@ -1,0 +1,435 @@
+/* The State fold (see state.h for the reducers and ownership rules).
+ *
+ * Storage is four insertion-ordered arrays searched linearly: a cluster has
+ * a handful of nodes and instances, and tasks are deleted when their command
+ * finishes, so the sets stay small; ordered arrays also make the JSON
+ * rendering deterministic without sorting. If task counts grow into the
+ * thousands, an id -> index hash goes in front of `tasks` without changing
+ * the API. Removal keeps order (memmove).
+ *
+ * Atomicity: every reducer validates first and then mutates with operations
+ * that cannot fail (allocation failure aborts by policy), so an error return
+ * always means "nothing changed". */
+#include "cluster/state.h"
+
+#include "core/alloc.h"
+
+#include <string.h>
+
+typedef struct runner_entry {
+    exo_id            runner_id;
+    exo_runner_status status;
+} runner_entry;
+
+struct exo_state {
+    int64_t         last_idx;
+    exo_instance   *instances;
+    size_t          n_instances, cap_instances;
+    runner_entry   *runners;
+    size_t          n_runners, cap_runners;
+    exo_task       *tasks;
+    size_t          n_tasks, cap_tasks;
+    exo_state_node *nodes;
+    size_t          n_nodes, cap_nodes;
+};
+
+/* Grows *arr so one more element fits. */
+static void *grow(void *arr, size_t n, size_t *cap, size_t elem)
+{
+    if (n < *cap)
+        return arr;
+    size_t ncap = *cap ? *cap * 2 : 8;
+    *cap = ncap;
+    return exo_realloc(arr, ncap * elem);
+}
+
+static void remove_at(void *arr, size_t *n, size_t i, size_t elem)
+{
+    char *base = arr;
+    memmove(base + i * elem, base + (i + 1) * elem, (*n - i - 1) * elem);
+    (*n)--;
+}
+
+exo_state *exo_state_new(void)
+{
+    exo_state *st = exo_calloc(1, sizeof *st);
+    st->last_idx = -1;
+    return st;
+}
+
+void exo_state_free(exo_state *st)
+{
+    if (!st)
+        return;
+    for (size_t i = 0; i < st->n_instances; i++)
+        exo_instance_clear(&st->instances[i]);
+    for (size_t i = 0; i < st->n_runners; i++)
+        exo_runner_status_clear(&st->runners[i].status);
+    for (size_t i = 0; i < st->n_tasks; i++)
+        exo_task_clear(&st->tasks[i]);
+    exo_free(st->instances);
+    exo_free(st->runners);
+    exo_free(st->tasks);
+    exo_free(st->nodes);
+    exo_free(st);
+}
+
+exo_state *exo_state_clone(const exo_state *src)
+{
+    exo_state *st = exo_state_new();
+    st->last_idx = src->last_idx;
+#define CLONE_ARRAY(field, n, cap)                                                   \
+    st->cap = src->n ? src->n : 0;                                                   \
+    st->n = src->n;                                                                  \
+    st->field = src->n ? exo_calloc(src->n, sizeof *st->field) : NULL;
+    CLONE_ARRAY(instances, n_instances, cap_instances)
+    CLONE_ARRAY(runners, n_runners, cap_runners)
+    CLONE_ARRAY(tasks, n_tasks, cap_tasks)
+    CLONE_ARRAY(nodes, n_nodes, cap_nodes)
+#undef CLONE_ARRAY
+    for (size_t i = 0; i < src->n_instances; i++)
+        exo_instance_copy(&st->instances[i], &src->instances[i]);
+    for (size_t i = 0; i < src->n_runners; i++) {
+        st->runners[i].runner_id = src->runners[i].runner_id;
+        exo_runner_status_copy(&st->runners[i].status, &src->runners[i].status);
+    }
+    for (size_t i = 0; i < src->n_tasks; i++)
+        exo_task_copy(&st->tasks[i], &src->tasks[i]);
+    if (src->n_nodes)
+        memcpy(st->nodes, src->nodes, src->n_nodes * sizeof *st->nodes);
+    return st;
+}
+
+int64_t exo_state_last_event_applied_idx(const exo_state *st) { return st->last_idx; }
+
+/* ---- index lookups ---- */
+
+static ptrdiff_t find_instance(const exo_state *st, const exo_id *id)
+{
+    for (size_t i = 0; i < st->n_instances; i++)
+        if (exo_id_eq(&st->instances[i].instance_id, id))
+            return (ptrdiff_t)i;
+    return -1;
+}
+
+static ptrdiff_t find_runner(const exo_state *st, const exo_id *id)
+{
+    for (size_t i = 0; i < st->n_runners; i++)
+        if (exo_id_eq(&st->runners[i].runner_id, id))
+            return (ptrdiff_t)i;
+    return -1;
+}
+
+static ptrdiff_t find_task(const exo_state *st, const exo_id *id)
+{
+    for (size_t i = 0; i < st->n_tasks; i++)
+        if (exo_id_eq(&st->tasks[i].task_id, id))
+            return (ptrdiff_t)i;
+    return -1;
+}
+
+static ptrdiff_t find_node(const exo_state *st, const exo_id *id)
+{
+    for (size_t i = 0; i < st->n_nodes; i++)
+        if (exo_id_eq(&st->nodes[i].node_id, id))
+            return (ptrdiff_t)i;
+    return -1;
+}
+
+/* ---- reducers ---- */
+
+static void remove_runner(exo_state *st, const exo_id *runner_id)
+{
+    ptrdiff_t r = find_runner(st, runner_id);
+    if (r < 0)
+        return;
+    exo_runner_status_clear(&st->runners[r].status);
+    remove_at(st->runners, &st->n_runners, (size_t)r, sizeof *st->runners);
+}
+
+static void apply_instance_created(exo_state *st, const exo_instance *inst)
+{
+    ptrdiff_t i = find_instance(st, &inst->instance_id);
+    if (i >= 0) {
+        exo_instance_clear(&st->instances[i]);
+        exo_instance_copy(&st->instances[i], inst);
+        return;
+    }
+    st->instances = grow(st->instances, st->n_instances, &st->cap_instances, sizeof *st->instances);
+    exo_instance_copy(&st->instances[st->n_instances++], inst);
+}
+
+static void apply_instance_deleted(exo_state *st, const exo_id *id)
+{
+    ptrdiff_t i = find_instance(st, id);
+    if (i < 0)
+        return;
+    exo_instance *inst = &st->instances[i];
+    for (size_t s = 0; s < inst->n_shards; s++)
+        remove_runner(st, &inst->shards[s].runner_id);
+    exo_instance_clear(inst);
+    remove_at(st->instances, &st->n_instances, (size_t)i, sizeof *st->instances);
+}
+
+static void apply_runner_status(exo_state *st, const exo_id *runner_id, const exo_runner_status *status)
+{
+    if (status->kind == EXO_RUNNER_SHUTDOWN) {
+        remove_runner(st, runner_id);
+        return;
+    }
+    ptrdiff_t r = find_runner(st, runner_id);
+    if (r < 0) {
+        st->runners = grow(st->runners, st->n_runners, &st->cap_runners, sizeof *st->runners);
+        r = (ptrdiff_t)st->n_runners++;
+        st->runners[r].runner_id = *runner_id;
+    } else {
+        exo_runner_status_clear(&st->runners[r].status);
+    }
+    exo_runner_status_copy(&st->runners[r].status, status);
+}
+
+static void apply_task_created(exo_state *st, const exo_task *t)
+{
+    ptrdiff_t i = find_task(st, &t->task_id);
+    if (i >= 0) {
+        exo_task_clear(&st->tasks[i]);
+        exo_task_copy(&st->tasks[i], t);
+        return;
+    }
+    st->tasks = grow(st->tasks, st->n_tasks, &st->cap_tasks, sizeof *st->tasks);
+    exo_task_copy(&st->tasks[st->n_tasks++], t);
+}
+
+static void apply_task_status(exo_state *st, const exo_id *id, exo_task_status status)
+{
+    ptrdiff_t i = find_task(st, id);
+    if (i < 0)
+        return;
+    exo_task *t = &st->tasks[i];
+    t->status = status;
+    if (status != EXO_TASK_FAILED) {
+        exo_free(t->error_type);
+        exo_free(t->error_message);
+        t->error_type = t->error_message = NULL;
+    }
+}
+
+static void apply_task_failed(exo_state *st, const exo_id *id, const char *type, const char *msg)
+{
+    ptrdiff_t i = find_task(st, id);
+    if (i < 0)
+        return;
+    exo_task *t = &st->tasks[i];
+    exo_free(t->error_type);
+    exo_free(t->error_message);
+    t->error_type = exo__strdup_null(type);
+    t->error_message = exo__strdup_null(msg);
+}
+
+static void apply_task_deleted(exo_state *st, const exo_id *id)
+{
+    ptrdiff_t i = find_task(st, id);
+    if (i < 0)
+        return;
+    exo_task_clear(&st->tasks[i]);
+    remove_at(st->tasks, &st->n_tasks, (size_t)i, sizeof *st->tasks);
+}
+
+static void apply_node_info(exo_state *st, const exo_id *id, int64_t when_ms, const exo_node_info *info)
+{
+    ptrdiff_t i = find_node(st, id);
+    if (i < 0) {
+        st->nodes = grow(st->nodes, st->n_nodes, &st->cap_nodes, sizeof *st->nodes);
+        i = (ptrdiff_t)st->n_nodes++;
+        st->nodes[i].node_id = *id;
+    }
+    st->nodes[i].info = *info;
+    st->nodes[i].last_seen_ms = when_ms;
+}
+
+static void apply_node_timed_out(exo_state *st, const exo_id *id)
+{
+    ptrdiff_t i = find_node(st, id);
+    if (i >= 0)
+        remove_at(st->nodes, &st->n_nodes, (size_t)i, sizeof *st->nodes);
+}
+
+int exo_state_apply(exo_state *st, int64_t idx, const exo_event *ev, exo_err *err)
+{
+    if (idx != st->last_idx + 1)
+        return exo_err_set(err, EXO_EINVAL, "event index %lld applied to a state at %lld (expected %lld)",
+                           (long long)idx, (long long)st->last_idx, (long long)st->last_idx + 1);
+    int rc = exo_event_validate(ev, err);
+    if (rc < 0)
+        return exo_err_wrap(err, "event %lld", (long long)idx);
+    switch (ev->kind) {
+    case EXO_EVENT_INSTANCE_CREATED: apply_instance_created(st, &ev->u.instance_created.instance); break;
+    case EXO_EVENT_INSTANCE_DELETED: apply_instance_deleted(st, &ev->u.instance_deleted.instance_id); break;
+    case EXO_EVENT_RUNNER_STATUS_UPDATED:
+        apply_runner_status(st, &ev->u.runner_status_updated.runner_id, &ev->u.runner_status_updated.status);
+        break;
+    case EXO_EVENT_RUNNER_DELETED: remove_runner(st, &ev->u.runner_deleted.runner_id); break;
+    case EXO_EVENT_TASK_CREATED: apply_task_created(st, &ev->u.task_created.task); break;
+    case EXO_EVENT_TASK_STATUS_UPDATED:
+        apply_task_status(st, &ev->u.task_status_updated.task_id, ev->u.task_status_updated.status);
+        break;
+    case EXO_EVENT_TASK_FAILED:
+        apply_task_failed(st, &ev->u.task_failed.task_id, ev->u.task_failed.error_type,
+                          ev->u.task_failed.error_message);
+        break;
+    case EXO_EVENT_TASK_DELETED: apply_task_deleted(st, &ev->u.task_deleted.task_id); break;
+    case EXO_EVENT_NODE_GATHERED_INFO:
+        apply_node_info(st, &ev->u.node_gathered_info.node_id, ev->u.node_gathered_info.when_ms,
+                        &ev->u.node_gathered_info.info);
+        break;
+    case EXO_EVENT_NODE_TIMED_OUT: apply_node_timed_out(st, &ev->u.node_timed_out.node_id); break;
+    default: return exo_err_set(err, EXO_EINTERNAL, "unhandled event kind %d", (int)ev->kind);
+    }
+    st->last_idx = idx;
+    return 0;
+}
+
+/* ---- lookups ---- */
+
+size_t exo_state_instance_count(const exo_state *st) { return st->n_instances; }
+
+const exo_instance *exo_state_instance_at(const exo_state *st, size_t i)
+{
+    return i < st->n_instances ? &st->instances[i] : NULL;
+}
+
+const exo_instance *exo_state_instance(const exo_state *st, const exo_id *instance_id)
+{
+    ptrdiff_t i = find_instance(st, instance_id);
+    return i >= 0 ? &st->instances[i] : NULL;
+}
+
+size_t exo_state_instances_for_model(const exo_state *st, const char *model_id,
+                                     const exo_instance **out, size_t max)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < st->n_instances; i++) {
+        if (strcmp(st->instances[i].model_id, model_id) != 0)
+            continue;
+        if (n < max)
+            out[n] = &st->instances[i];
+        n++;
+    }
+    return n;
+}
+
+const exo_instance *exo_state_instance_of_runner(const exo_state *st, const exo_id *runner_id)
+{
+    for (size_t i = 0; i < st->n_instances; i++)
+        if (exo_instance_shard_of_runner(&st->instances[i], runner_id))
+            return &st->instances[i];
+    return NULL;
+}
+
+const exo_runner_status *exo_state_runner_status(const exo_state *st, const exo_id *runner_id)
+{
+    ptrdiff_t r = find_runner(st, runner_id);
+    return r >= 0 ? &st->runners[r].status : NULL;
+}
+
+size_t exo_state_task_count(const exo_state *st) { return st->n_tasks; }
+
+const exo_task *exo_state_task_at(const exo_state *st, size_t i)
+{
+    return i < st->n_tasks ? &st->tasks[i] : NULL;
+}
+
+const exo_task *exo_state_task(const exo_state *st, const exo_id *task_id)
+{
+    ptrdiff_t i = find_task(st, task_id);
+    return i >= 0 ? &st->tasks[i] : NULL;
+}
+
+const exo_task *exo_state_task_for_command(const exo_state *st, const exo_id *command_id)
+{
+    for (size_t i = 0; i < st->n_tasks; i++)
+        if (st->tasks[i].kind == EXO_TASK_KIND_TEXT_GENERATION && exo_id_eq(&st->tasks[i].command_id, command_id))
+            return &st->tasks[i];
+    return NULL;
+}
+
+size_t exo_state_tasks_of_instance(const exo_state *st, const exo_id *instance_id,
+                                   const exo_task **out, size_t max)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < st->n_tasks; i++) {
+        if (!exo_id_eq(&st->tasks[i].instance_id, instance_id))
+            continue;
+        if (n < max)
+            out[n] = &st->tasks[i];
+        n++;
+    }
+    return n;
+}
+
+size_t exo_state_active_task_count(const exo_state *st, const exo_id *instance_id)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < st->n_tasks; i++)
+        if (exo_id_eq(&st->tasks[i].instance_id, instance_id) &&
+            (st->tasks[i].status == EXO_TASK_PENDING || st->tasks[i].status == EXO_TASK_RUNNING))
+            n++;
+    return n;
+}
+
+size_t exo_state_node_count(const exo_state *st) { return st->n_nodes; }
+
+const exo_state_node *exo_state_node_at(const exo_state *st, size_t i)
+{
+    return i < st->n_nodes ? &st->nodes[i] : NULL;
+}
+
+const exo_state_node *exo_state_node_find(const exo_state *st, const exo_id *node_id)
+{
+    ptrdiff_t i = find_node(st, node_id);
+    return i >= 0 ? &st->nodes[i] : NULL;
+}
+
+/* ---- JSON ---- */
+
+json_t *exo_state_to_json(const exo_state *st)
+{
+    json_t *root = json_object();
+    json_t *instances = json_object(), *runners = json_object(), *tasks = json_object();
+    json_t *last_seen = json_object(), *ident = json_object(), *mem = json_object(), *backends = json_object();
+    for (size_t i = 0; i < st->n_instances; i++)
+        json_object_set_new(instances, st->instances[i].instance_id.s, exo_instance_to_json(&st->instances[i]));
+    for (size_t i = 0; i < st->n_runners; i++)
+        json_object_set_new(runners, st->runners[i].runner_id.s, exo_runner_status_to_json(&st->runners[i].status));
+    for (size_t i = 0; i < st->n_tasks; i++)
+        json_object_set_new(tasks, st->tasks[i].task_id.s, exo_task_to_json(&st->tasks[i]));
+    for (size_t i = 0; i < st->n_nodes; i++) {
+        const exo_state_node *n = &st->nodes[i];
+        json_object_set_new(last_seen, n->node_id.s, exo__time_ms_to_json(n->last_seen_ms));
+        json_t *id = json_object();
+        json_t *name = json_string(n->info.friendly_name);
+        json_object_set_new(id, "friendlyName", name ? name : json_null());
+        json_object_set_new(id, "cpuCount", json_integer(n->info.cpu_count));
+        json_object_set_new(ident, n->node_id.s, id);
+        json_t *m = json_object(), *tot = json_object(), *av = json_object();
+        json_object_set_new(tot, "inBytes", json_integer((json_int_t)n->info.memory_total));
+        json_object_set_new(av, "inBytes", json_integer((json_int_t)n->info.memory_available));
+        json_object_set_new(m, "ramTotal", tot);
+        json_object_set_new(m, "ramAvailable", av);
+        json_object_set_new(mem, n->node_id.s, m);
+        json_t *b = json_array();
+        for (int k = 0; k < EXO_BACKEND__COUNT; k++)
+            if (n->info.backends & (1u << k))
+                json_array_append_new(b, json_string(exo_backend_name((exo_backend_kind)k)));
+        json_object_set_new(backends, n->node_id.s, b);
+    }
+    json_object_set_new(root, "instances", instances);
+    json_object_set_new(root, "runners", runners);
+    json_object_set_new(root, "tasks", tasks);
+    json_object_set_new(root, "lastSeen", last_seen);
+    json_object_set_new(root, "nodeIdentities", ident);
+    json_object_set_new(root, "nodeMemory", mem);
+    json_object_set_new(root, "nodeBackends", backends);
+    json_object_set_new(root, "lastEventAppliedIdx", json_integer(st->last_idx));
+    return root;
+}

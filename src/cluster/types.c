@@ -1,0 +1,430 @@
+/* Cluster value types: ids, enum name tables, deep copy / clear / equality
+ * and invariant checks (see types.h). The validators are what the codecs
+ * run on every decoded record, so they are written for hostile input: no
+ * asserts, every bound checked, a message naming the offending field. */
+#include "cluster/types.h"
+
+#include "core/alloc.h"
+
+#include <jansson.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+
+/* ---- ids ---------------------------------------------------------------- */
+
+void exo_id_new(exo_id *out)
+{
+    uint8_t b[16];
+    size_t got = 0;
+    while (got < sizeof b) {
+        ssize_t n = getrandom(b + got, sizeof b - got, 0);
+        if (n <= 0) {
+            fprintf(stderr, "exo: getrandom failed\n");
+            abort();
+        }
+        got += (size_t)n;
+    }
+    b[6] = (uint8_t)((b[6] & 0x0f) | 0x40); /* version 4 */
+    b[8] = (uint8_t)((b[8] & 0x3f) | 0x80); /* RFC 4122 variant */
+    static const char hex[] = "0123456789abcdef";
+    char *p = out->s;
+    for (int i = 0; i < 16; i++) {
+        if (i == 4 || i == 6 || i == 8 || i == 10)
+            *p++ = '-';
+        *p++ = hex[b[i] >> 4];
+        *p++ = hex[b[i] & 15];
+    }
+    *p = 0;
+}
+
+bool exo_id_valid(const char *s, size_t len)
+{
+    if (!s || len == 0 || len >= EXO_ID_MAX)
+        return false;
+    for (size_t i = 0; i < len; i++) {
+        char c = s[i];
+        bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                  c == '.' || c == '_' || c == ':' || c == '-';
+        if (!ok)
+            return false;
+    }
+    return true;
+}
+
+int exo_id_set(exo_id *out, const char *s, exo_err *err)
+{
+    size_t len = s ? strlen(s) : 0;
+    if (!exo_id_valid(s, len))
+        return exo_err_set(err, EXO_EINVAL, "invalid id \"%.80s\"", s ? s : "(null)");
+    memcpy(out->s, s, len + 1);
+    return 0;
+}
+
+bool exo_id_eq(const exo_id *a, const exo_id *b) { return strcmp(a->s, b->s) == 0; }
+bool exo_id_is_empty(const exo_id *id) { return id->s[0] == 0; }
+
+bool exo_model_id_valid(const char *s, size_t len)
+{
+    if (!s || len == 0 || len >= EXO_MODEL_ID_MAX)
+        return false;
+    for (size_t i = 0; i < len; i++)
+        if ((unsigned char)s[i] <= 0x20 || (unsigned char)s[i] >= 0x7f)
+            return false;
+    return true;
+}
+
+bool exo_cluster_utf8_valid(const char *str, size_t len)
+{
+    const unsigned char *s = (const unsigned char *)str;
+    size_t i = 0;
+    while (i < len) {
+        unsigned c = s[i];
+        if (c == 0)
+            return false;
+        if (c < 0x80) {
+            i++;
+            continue;
+        }
+        size_t n;
+        unsigned cp;
+        if ((c & 0xe0) == 0xc0) { n = 1; cp = c & 0x1f; }
+        else if ((c & 0xf0) == 0xe0) { n = 2; cp = c & 0x0f; }
+        else if ((c & 0xf8) == 0xf0) { n = 3; cp = c & 0x07; }
+        else return false;
+        if (len - i <= n)
+            return false;
+        for (size_t k = 1; k <= n; k++) {
+            if ((s[i + k] & 0xc0) != 0x80)
+                return false;
+            cp = (cp << 6) | (s[i + k] & 0x3f);
+        }
+        /* overlong forms, surrogates, past U+10FFFF */
+        if ((n == 1 && cp < 0x80) || (n == 2 && cp < 0x800) || (n == 3 && cp < 0x10000) ||
+            (cp >= 0xd800 && cp <= 0xdfff) || cp > 0x10ffff)
+            return false;
+        i += n + 1;
+    }
+    return true;
+}
+
+/* ---- enum tables ----------------------------------------------------------- */
+
+#define NAME_ITEM(n, s) s,
+static const char *const runner_names[] = {EXO_RUNNER_STATUS_MAP(NAME_ITEM)};
+static const char *const task_status_names[] = {EXO_TASK_STATUS_MAP(NAME_ITEM)};
+static const char *const task_kind_names[] = {EXO_TASK_KIND_MAP(NAME_ITEM)};
+static const char *const sharding_names[] = {EXO_SHARDING_MAP(NAME_ITEM)};
+static const char *const meta_names[] = {EXO_INSTANCE_META_MAP(NAME_ITEM)};
+static const char *const backend_names[] = {EXO_BACKEND_MAP(NAME_ITEM)};
+#undef NAME_ITEM
+
+static const char *table_name(const char *const *t, size_t n, int v)
+{
+    return v >= 0 && (size_t)v < n ? t[v] : "?";
+}
+
+static int table_parse(const char *const *t, size_t n, const char *s, size_t len)
+{
+    for (size_t i = 0; i < n; i++)
+        if (strlen(t[i]) == len && memcmp(t[i], s, len) == 0)
+            return (int)i;
+    return -1;
+}
+
+#define ENUM_FUNCS(fname, type, table)                                         \
+    const char *exo_##fname##_name(type v)                                     \
+    {                                                                          \
+        return table_name(table, sizeof table / sizeof *table, (int)v);        \
+    }                                                                          \
+    int exo_##fname##_parse(const char *s, size_t len)                         \
+    {                                                                          \
+        return table_parse(table, sizeof table / sizeof *table, s, len);       \
+    }
+ENUM_FUNCS(runner_status, exo_runner_status_kind, runner_names)
+ENUM_FUNCS(task_status, exo_task_status, task_status_names)
+ENUM_FUNCS(task_kind, exo_task_kind, task_kind_names)
+ENUM_FUNCS(sharding, exo_sharding, sharding_names)
+ENUM_FUNCS(instance_meta, exo_instance_meta, meta_names)
+ENUM_FUNCS(backend, exo_backend_kind, backend_names)
+#undef ENUM_FUNCS
+
+_Static_assert(sizeof runner_names / sizeof *runner_names == EXO_RUNNER__COUNT, "table");
+_Static_assert(sizeof task_kind_names / sizeof *task_kind_names == EXO_TASK_KIND__COUNT, "table");
+_Static_assert(EXO_BACKEND__COUNT <= 32, "backends are a 32-bit set");
+
+/* ---- string helpers --------------------------------------------------------- */
+
+bool exo__str_eq_null(const char *a, const char *b)
+{
+    if (!a || !b)
+        return a == b;
+    return strcmp(a, b) == 0;
+}
+
+char *exo__strdup_null(const char *s) { return s ? exo_strdup(s) : NULL; }
+
+static int check_msg(const char *s, size_t max, const char *what, exo_err *err)
+{
+    if (!s)
+        return 0;
+    size_t len = strlen(s);
+    if (len > max)
+        return exo_err_set(err, EXO_EINVAL, "%s: longer than %zu bytes", what, max);
+    if (!exo_cluster_utf8_valid(s, len))
+        return exo_err_set(err, EXO_EINVAL, "%s: not valid UTF-8", what);
+    return 0;
+}
+
+static int check_id(const exo_id *id, const char *what, exo_err *err)
+{
+    size_t len = strnlen(id->s, EXO_ID_MAX);
+    if (!exo_id_valid(id->s, len))
+        return exo_err_set(err, EXO_EINVAL, "%s: invalid id", what);
+    return 0;
+}
+
+int exo__check_params_json(const char *s, exo_err *err)
+{
+    int rc = check_msg(s, EXO_PARAMS_MAX, "params", err);
+    if (rc < 0)
+        return rc;
+    json_error_t jerr;
+    json_t *j = json_loads(s, JSON_REJECT_DUPLICATES, &jerr);
+    bool obj = json_is_object(j);
+    json_decref(j);
+    if (!obj)
+        return exo_err_set(err, EXO_EINVAL, "params are not a JSON object");
+    return 0;
+}
+
+/* ---- runner status ------------------------------------------------------------ */
+
+void exo_runner_status_init(exo_runner_status *st, exo_runner_status_kind kind)
+{
+    memset(st, 0, sizeof *st);
+    st->kind = kind;
+    st->prefill_server_port = -1;
+}
+
+void exo_runner_status_copy(exo_runner_status *dst, const exo_runner_status *src)
+{
+    *dst = *src;
+    dst->error_message = exo__strdup_null(src->error_message);
+}
+
+void exo_runner_status_clear(exo_runner_status *st)
+{
+    exo_free(st->error_message);
+    memset(st, 0, sizeof *st);
+}
+
+bool exo_runner_status_equal(const exo_runner_status *a, const exo_runner_status *b)
+{
+    return a->kind == b->kind && a->layers_loaded == b->layers_loaded &&
+           a->total_layers == b->total_layers && a->prefill_server_port == b->prefill_server_port &&
+           exo__str_eq_null(a->error_message, b->error_message);
+}
+
+int exo_runner_status_validate(const exo_runner_status *st, exo_err *err)
+{
+    if ((unsigned)st->kind >= EXO_RUNNER__COUNT)
+        return exo_err_set(err, EXO_EINVAL, "runner status: unknown kind %d", (int)st->kind);
+    if (st->kind == EXO_RUNNER_LOADING) {
+        if (st->layers_loaded < 0 || st->total_layers < 0 || st->layers_loaded > st->total_layers)
+            return exo_err_set(err, EXO_EINVAL, "runner status Loading: %d of %d layers",
+                               (int)st->layers_loaded, (int)st->total_layers);
+    } else if (st->layers_loaded != 0 || st->total_layers != 0) {
+        return exo_err_set(err, EXO_EINVAL, "runner status %s: layer counts set",
+                           exo_runner_status_name(st->kind));
+    }
+    if (st->prefill_server_port != -1 &&
+        (st->kind != EXO_RUNNER_READY || st->prefill_server_port < 1 || st->prefill_server_port > 65535))
+        return exo_err_set(err, EXO_EINVAL, "runner status %s: bad prefill server port %d",
+                           exo_runner_status_name(st->kind), (int)st->prefill_server_port);
+    if (st->error_message && st->kind != EXO_RUNNER_FAILED)
+        return exo_err_set(err, EXO_EINVAL, "runner status %s: error message set",
+                           exo_runner_status_name(st->kind));
+    return check_msg(st->error_message, EXO_MESSAGE_MAX, "runner status error message", err);
+}
+
+/* ---- instances -------------------------------------------------------------------- */
+
+void exo_instance_copy(exo_instance *dst, const exo_instance *src)
+{
+    *dst = *src;
+    dst->shards = NULL;
+    if (src->n_shards) {
+        dst->shards = exo_calloc(src->n_shards, sizeof *dst->shards);
+        memcpy(dst->shards, src->shards, src->n_shards * sizeof *dst->shards);
+    }
+}
+
+void exo_instance_clear(exo_instance *inst)
+{
+    exo_free(inst->shards);
+    memset(inst, 0, sizeof *inst);
+}
+
+bool exo_instance_equal(const exo_instance *a, const exo_instance *b)
+{
+    if (!exo_id_eq(&a->instance_id, &b->instance_id) || strcmp(a->model_id, b->model_id) != 0 ||
+        a->sharding != b->sharding || a->meta != b->meta || a->n_shards != b->n_shards)
+        return false;
+    for (size_t i = 0; i < a->n_shards; i++) {
+        const exo_shard *x = &a->shards[i], *y = &b->shards[i];
+        if (!exo_id_eq(&x->runner_id, &y->runner_id) || !exo_id_eq(&x->node_id, &y->node_id) ||
+            x->device_rank != y->device_rank || x->world_size != y->world_size ||
+            x->start_layer != y->start_layer || x->end_layer != y->end_layer ||
+            x->n_layers != y->n_layers)
+            return false;
+    }
+    return true;
+}
+
+int exo_instance_validate(const exo_instance *inst, exo_err *err)
+{
+    int rc;
+    if ((rc = check_id(&inst->instance_id, "instance id", err)) < 0)
+        return rc;
+    if (!exo_model_id_valid(inst->model_id, strnlen(inst->model_id, EXO_MODEL_ID_MAX)))
+        return exo_err_set(err, EXO_EINVAL, "instance %s: invalid model id", inst->instance_id.s);
+    if ((unsigned)inst->sharding >= EXO_SHARDING__COUNT || (unsigned)inst->meta >= EXO_INSTANCE_META__COUNT)
+        return exo_err_set(err, EXO_EINVAL, "instance %s: bad sharding or meta", inst->instance_id.s);
+    if (inst->n_shards == 0 || inst->n_shards > EXO_MAX_SHARDS || !inst->shards)
+        return exo_err_set(err, EXO_EINVAL, "instance %s: %zu shards (1..%d allowed)",
+                           inst->instance_id.s, inst->n_shards, EXO_MAX_SHARDS);
+    for (size_t i = 0; i < inst->n_shards; i++) {
+        const exo_shard *s = &inst->shards[i];
+        if ((rc = check_id(&s->runner_id, "shard runner id", err)) < 0 ||
+            (rc = check_id(&s->node_id, "shard node id", err)) < 0)
+            return exo_err_wrap(err, "instance %s", inst->instance_id.s);
+        if (s->device_rank != (int32_t)i || s->world_size != (int32_t)inst->n_shards)
+            return exo_err_set(err, EXO_EINVAL, "instance %s: shard %zu has rank %d of %d",
+                               inst->instance_id.s, i, (int)s->device_rank, (int)s->world_size);
+        if (s->n_layers < 1 || s->start_layer < 0 || s->start_layer >= s->end_layer ||
+            s->end_layer > s->n_layers || s->n_layers != inst->shards[0].n_layers)
+            return exo_err_set(err, EXO_EINVAL, "instance %s: shard %zu layers [%d, %d) of %d",
+                               inst->instance_id.s, i, (int)s->start_layer, (int)s->end_layer,
+                               (int)s->n_layers);
+        for (size_t j = 0; j < i; j++) {
+            if (exo_id_eq(&s->runner_id, &inst->shards[j].runner_id) ||
+                exo_id_eq(&s->node_id, &inst->shards[j].node_id))
+                return exo_err_set(err, EXO_EINVAL, "instance %s: shards %zu and %zu share a runner or node",
+                                   inst->instance_id.s, j, i);
+        }
+    }
+    return 0;
+}
+
+const exo_shard *exo_instance_shard_of_runner(const exo_instance *inst, const exo_id *runner_id)
+{
+    for (size_t i = 0; i < inst->n_shards; i++)
+        if (exo_id_eq(&inst->shards[i].runner_id, runner_id))
+            return &inst->shards[i];
+    return NULL;
+}
+
+const exo_shard *exo_instance_shard_of_node(const exo_instance *inst, const exo_id *node_id)
+{
+    for (size_t i = 0; i < inst->n_shards; i++)
+        if (exo_id_eq(&inst->shards[i].node_id, node_id))
+            return &inst->shards[i];
+    return NULL;
+}
+
+/* ---- tasks --------------------------------------------------------------------------- */
+
+void exo_task_copy(exo_task *dst, const exo_task *src)
+{
+    *dst = *src;
+    dst->params_json = exo__strdup_null(src->params_json);
+    dst->error_type = exo__strdup_null(src->error_type);
+    dst->error_message = exo__strdup_null(src->error_message);
+}
+
+void exo_task_clear(exo_task *t)
+{
+    exo_free(t->params_json);
+    exo_free(t->error_type);
+    exo_free(t->error_message);
+    memset(t, 0, sizeof *t);
+}
+
+bool exo_task_equal(const exo_task *a, const exo_task *b)
+{
+    return exo_id_eq(&a->task_id, &b->task_id) && a->kind == b->kind && a->status == b->status &&
+           exo_id_eq(&a->instance_id, &b->instance_id) && exo_id_eq(&a->command_id, &b->command_id) &&
+           exo_id_eq(&a->runner_id, &b->runner_id) && exo_id_eq(&a->node_id, &b->node_id) &&
+           exo_id_eq(&a->cancelled_task_id, &b->cancelled_task_id) &&
+           exo__str_eq_null(a->params_json, b->params_json) &&
+           exo__str_eq_null(a->error_type, b->error_type) &&
+           exo__str_eq_null(a->error_message, b->error_message);
+}
+
+/* An optional id is either empty or valid. */
+static int check_opt_id(const exo_id *id, bool required, bool allowed, const char *what, exo_err *err)
+{
+    if (exo_id_is_empty(id)) {
+        if (required)
+            return exo_err_set(err, EXO_EINVAL, "%s: missing", what);
+        return 0;
+    }
+    if (!allowed)
+        return exo_err_set(err, EXO_EINVAL, "%s: not used by this task kind", what);
+    return check_id(id, what, err);
+}
+
+int exo_task_validate(const exo_task *t, exo_err *err)
+{
+    int rc;
+    if ((rc = check_id(&t->task_id, "task id", err)) < 0)
+        return rc;
+    if ((unsigned)t->kind >= EXO_TASK_KIND__COUNT || (unsigned)t->status >= EXO_TASK_STATUS__COUNT)
+        return exo_err_set(err, EXO_EINVAL, "task %s: bad kind or status", t->task_id.s);
+    bool gen = t->kind == EXO_TASK_KIND_TEXT_GENERATION;
+    bool create = t->kind == EXO_TASK_KIND_CREATE_RUNNER;
+    bool cancel = t->kind == EXO_TASK_KIND_CANCEL_TASK;
+    bool shutdown = t->kind == EXO_TASK_KIND_SHUTDOWN;
+    if ((rc = check_id(&t->instance_id, "task instance id", err)) < 0 ||
+        (rc = check_opt_id(&t->command_id, gen, gen, "task command id", err)) < 0 ||
+        (rc = check_opt_id(&t->runner_id, create || cancel || shutdown, create || cancel || shutdown,
+                           "task runner id", err)) < 0 ||
+        (rc = check_opt_id(&t->node_id, create, create, "task node id", err)) < 0 ||
+        (rc = check_opt_id(&t->cancelled_task_id, cancel, cancel, "task cancelled task id", err)) < 0)
+        return exo_err_wrap(err, "task %s", t->task_id.s);
+    if (gen != (t->params_json != NULL))
+        return exo_err_set(err, EXO_EINVAL, "task %s: params are for TextGeneration tasks only "
+                           "and required there", t->task_id.s);
+    if ((t->params_json && (rc = exo__check_params_json(t->params_json, err)) < 0) ||
+        (rc = check_msg(t->error_type, EXO_MESSAGE_MAX, "task error type", err)) < 0 ||
+        (rc = check_msg(t->error_message, EXO_MESSAGE_MAX, "task error message", err)) < 0)
+        return exo_err_wrap(err, "task %s", t->task_id.s);
+    return 0;
+}
+
+/* ---- node info ---------------------------------------------------------------------------- */
+
+bool exo_node_info_equal(const exo_node_info *a, const exo_node_info *b)
+{
+    return a->memory_total == b->memory_total && a->memory_available == b->memory_available &&
+           a->cpu_count == b->cpu_count && strcmp(a->friendly_name, b->friendly_name) == 0 &&
+           a->backends == b->backends;
+}
+
+int exo_node_info_validate(const exo_node_info *info, exo_err *err)
+{
+    size_t len = strnlen(info->friendly_name, EXO_NAME_MAX);
+    if (len == EXO_NAME_MAX || !exo_cluster_utf8_valid(info->friendly_name, len))
+        return exo_err_set(err, EXO_EINVAL, "node info: friendly name not UTF-8 or too long");
+    for (size_t i = 0; i < len; i++)
+        if ((unsigned char)info->friendly_name[i] < 0x20 || info->friendly_name[i] == 0x7f)
+            return exo_err_set(err, EXO_EINVAL, "node info: control character in friendly name");
+    if (info->cpu_count < 0)
+        return exo_err_set(err, EXO_EINVAL, "node info: negative cpu count");
+    if (info->backends >> EXO_BACKEND__COUNT)
+        return exo_err_set(err, EXO_EINVAL, "node info: unknown backend bits");
+    return 0;
+}
