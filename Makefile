@@ -49,13 +49,16 @@ $(BUILD)/%.o: %.c
 
 $(BUILD)/libexo.a: $(LIB_OBJ)
 	@rm -f $@
-	ar rcs $@ $^
+	@echo "  AR      $@"
+	@ar rcs $@ $^
 
 $(BUILD)/exo: $(BUILD)/src/cli/main.o $(BUILD)/libexo.a
-	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+	@echo "  LD      $@"
+	@$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
 $(BUILD)/unit_tests: $(TEST_OBJ) $(BUILD)/libexo.a
-	$(CC) $(LDFLAGS) -o $@ $^ -lcriterion $(LDLIBS)
+	@echo "  LD      $@"
+	@$(CC) $(LDFLAGS) -o $@ $^ -lcriterion $(LDLIBS)
 
 unit: $(BUILD)/unit_tests $(BUILD)/exo
 	EXO_BIN=$(abspath $(BUILD)/exo) $(BUILD)/unit_tests --jobs 2

@@ -29,6 +29,16 @@ typedef enum exo_api_family {
     EXO_API_OLLAMA_GENERATE, /* /ollama/api/generate */
 } exo_api_family;
 
+/* The generation endpoints (POST) and their families, exo's aliases
+ * included, for the node's routing table. */
+typedef struct exo_api_route {
+    const char    *path;
+    exo_api_family family;
+} exo_api_route;
+
+extern const exo_api_route exo_api_generation_routes[];
+extern const int           exo_api_n_generation_routes;
+
 /* Parses and validates a request body. On failure returns a negative EXO_E*
  * code, sets err, and stores the HTTP status to answer with (400, 413). */
 int exo_api_parse_request(exo_api_family f, const char *body, size_t len, exo_gen_request *out,

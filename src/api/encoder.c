@@ -11,6 +11,20 @@
 #include <string.h>
 #include <time.h>
 
+const exo_api_route exo_api_generation_routes[] = {
+    {"/v1/chat/completions", EXO_API_OPENAI_CHAT},
+    {"/ollama/v1/chat/completions", EXO_API_OPENAI_CHAT},
+    {"/bench/chat/completions", EXO_API_BENCH_CHAT},
+    {"/v1/messages", EXO_API_CLAUDE},
+    {"/v1/responses", EXO_API_RESPONSES},
+    {"/ollama/api/chat", EXO_API_OLLAMA_CHAT},
+    {"/ollama/api/api/chat", EXO_API_OLLAMA_CHAT},
+    {"/ollama/api/v1/chat", EXO_API_OLLAMA_CHAT},
+    {"/ollama/api/generate", EXO_API_OLLAMA_GENERATE},
+};
+const int exo_api_n_generation_routes =
+    (int)(sizeof exo_api_generation_routes / sizeof *exo_api_generation_routes);
+
 static const exo_api_encoder_vt *vt_of(exo_api_family f)
 {
     switch (f) {

@@ -25,6 +25,20 @@ text=$("$EXO_BIN" run "$tmp/s" --prompt "Once upon a time" --max-tokens 28 --ign
 want=", there was a little girl named Lily. She loved to play outside in the park. One"
 case "$text" in *"$want"*) ok "story text from --prompt";; *) bad "story text: '$text'";; esac
 
+# --chat: the model has no chat template, so attach a Llama-2 style one (our
+# own, for this test). The chat path must equal rendering the template with
+# `exo chat-template`, tokenizing it without adding special tokens again, and
+# generating from those ids.
+printf '%s' "{{ bos_token }}{% for m in messages %}{% if m['role'] == 'user' %}[INST] {{ m['content'] | trim }} [/INST]{% else %}{{ m['content'] }}{% endif %}{% endfor %}" > "$tmp/s/chat_template.jinja"
+echo '[{"role":"user","content":"Once upon a time"}]' > "$tmp/msgs.json"
+rendered=$("$EXO_BIN" chat-template "$tmp/s" --messages "$tmp/msgs.json" --add-generation-prompt)
+[ "$rendered" = "<s>[INST] Once upon a time [/INST]" ] && ok "chat template rendered" || bad "chat template: '$rendered'"
+chat_ids=$("$EXO_BIN" tokenize "$tmp/s" --text "$rendered" --no-special | tr -s ' \n' ',' | sed 's/,$//')
+a=$("$EXO_BIN" run "$tmp/s" --chat "Once upon a time" --max-tokens 20 --print-ids --ignore-eos)
+b=$("$EXO_BIN" run "$tmp/s" --tokens "$chat_ids" --max-tokens 20 --print-ids --ignore-eos)
+[ -n "$a" ] && [ "$a" = "$b" ] && ok "--chat = template + tokenize + --tokens" || bad "--chat: '$a' vs '$b' (ids $chat_ids)"
+rm "$tmp/s/chat_template.jinja"
+
 # thread counts must not change greedy output
 got1=$("$EXO_BIN" run "$tmp/s" --tokens 1 --max-tokens 32 --print-ids --ignore-eos --threads 1)
 [ "$got1" = "$golden" ] && ok "1 thread" || bad "1 thread: $got1"

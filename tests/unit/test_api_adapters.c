@@ -2,6 +2,7 @@
  * family's format), and the wire bytes of every encoder, streaming and not:
  * SSE framing, event order, sequence numbers, logprobs, usage, NDJSON. */
 #include "api/api.h"
+#include "api/gen_response.h"
 #include "core/alloc.h"
 
 #include <criterion/criterion.h>
@@ -80,6 +81,14 @@ Test(api_adapters, openai_rejects)
         cr_assert_neq(parse(EXO_API_OPENAI_CHAT, bad[i], &r, &err), 0, "accepted %s", bad[i]);
         cr_assert(err.msg[0]);
     }
+}
+
+Test(api_adapters, route_table_matches_path_families)
+{
+    cr_assert_eq(exo_api_n_generation_routes, 9);
+    for (int i = 0; i < exo_api_n_generation_routes; i++)
+        cr_assert_eq(exo_api_family_for_path(exo_api_generation_routes[i].path), exo_api_generation_routes[i].family,
+                     "%s", exo_api_generation_routes[i].path);
 }
 
 Test(api_adapters, error_bodies)
