@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Tokenizer benchmark: exo's C tokenizer vs HF's Rust `tokenizers` (npm) on
 # the same text in the same run, single-threaded (RAYON_NUM_THREADS=1 for HF).
-# Reports load time (best of 5) and encode throughput (whole file as one
-# string, best of 3) per tokenizer family.
+# Reports load time (best of 5) and encode throughput per tokenizer family:
+# the whole file as one string, and paragraph by paragraph (split at blank
+# lines, one encode call each: prompt-sized inputs), best of 3.
 #
 #   bench/bench_tokenizer.sh [FILE] [family...]     (BUILD=build by default)
 #
@@ -25,11 +26,11 @@ tests/tokenizer/fetch.sh $FAMILIES >/dev/null
 [ -d tests/node_modules/tokenizers ] || (cd tests && npm ci --no-audit --no-fund >/dev/null)
 bytes=$(stat -c %s "$FILE")
 echo "input: $FILE ($bytes bytes); machine load: $(cut -d' ' -f1-3 /proc/loadavg)"
-printf '%-14s %10s %10s %12s %12s %10s\n' family exo_load hf_load exo_MB/s hf_MB/s tokens
+printf '%-13s %9s %9s %9s %9s %10s %10s %15s\n' family exo_load hf_load exo_MB/s hf_MB/s exo_para hf_para tokens
 for name in $FAMILIES; do
   dir=tests/.cache/tokenizers/$name
-  read -r _ c_load _ c_mbps _ c_tok _ _ < <("$BIN" "$dir" "$FILE" 3)
-  read -r h_load h_mbps h_tok < <(cd tests && RAYON_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false node -e '
+  read -r _ c_load _ c_mbps _ c_tok _ _ _ c_para < <("$BIN" "$dir" "$FILE" 3)
+  read -r h_load h_mbps h_tok h_para < <(cd tests && RAYON_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false node -e '
     const {Tokenizer}=require("tokenizers"); const fs=require("fs");
     const [tj, file] = process.argv.slice(1);
     const text=fs.readFileSync(file,"utf8"); const bytes=Buffer.byteLength(text);
@@ -40,6 +41,11 @@ for name in $FAMILIES; do
       for (let i=0;i<3;i++){ const t0=process.hrtime.bigint();
         const e=await t.encode(text,null,{addSpecialTokens:false}); n=e.getIds().length;
         best=Math.min(best, Number(process.hrtime.bigint()-t0)/1e9); }
-      console.log(load.toFixed(1), (bytes/best/1e6).toFixed(2), n); })();' "../$dir/tokenizer.json" "$FILE")
-  printf '%-14s %8sms %8sms %12s %12s %10s\n' "$name" "$c_load" "$h_load" "$c_mbps" "$h_mbps" "$c_tok/$h_tok"
+      const paras=[]; for (let p=0;p<text.length;){ let q=text.indexOf("\n\n",p); q=q<0?text.length:q+2; paras.push(text.slice(p,q)); p=q; }
+      let pbest=1e9;
+      for (let i=0;i<3;i++){ const t0=process.hrtime.bigint();
+        await t.encodeBatch(paras,{addSpecialTokens:false});
+        pbest=Math.min(pbest, Number(process.hrtime.bigint()-t0)/1e9); }
+      console.log(load.toFixed(1), (bytes/best/1e6).toFixed(2), n, (bytes/pbest/1e6).toFixed(2)); })();' "../$dir/tokenizer.json" "$FILE")
+  printf '%-13s %7sms %7sms %9s %9s %10s %10s %15s\n' "$name" "$c_load" "$h_load" "$c_mbps" "$h_mbps" "$c_para" "$h_para" "$c_tok/$h_tok"
 done

@@ -36,7 +36,8 @@ typedef struct cand {
  * skips the whole merge loop. It lives in the scratch (one per call), so the
  * tokenizer itself stays immutable and shareable between threads. */
 #define CACHE_MAX_WORD  48
-#define CACHE_MAX_SLOTS (1u << 16)
+#define CACHE_MIN_SLOTS 256u       /* grows by doubling at half full ... */
+#define CACHE_MAX_SLOTS (1u << 16) /* ... up to this, then stops inserting */
 
 typedef struct centry {
     uint32_t key_off, key_len; /* in cache_keys */
@@ -50,8 +51,8 @@ struct exo_tok_bpe_scratch {
     cand       *heap;
     size_t      heap_n, heap_cap;
     exo_tok_buf tmp;
-    centry     *cache;        /* CACHE_MAX_SLOTS entries, key_len 0 = empty */
-    size_t      cache_n;
+    centry     *cache;        /* cache_cap entries, key_len 0 = empty */
+    size_t      cache_n, cache_cap;
     exo_tok_buf cache_keys;
     exo_tok_ids cache_ids;
 };
@@ -167,11 +168,13 @@ void exo_tok_bpe_encode_word(const exo_tok_bpe *bpe, const exo_tok_vocab *v, con
         merge_word(bpe, v, w, n, sc, out);
         return;
     }
-    if (!sc->cache)
-        sc->cache = exo_calloc(CACHE_MAX_SLOTS, sizeof *sc->cache);
+    if (!sc->cache) {
+        sc->cache_cap = CACHE_MIN_SLOTS;
+        sc->cache     = exo_calloc(sc->cache_cap, sizeof *sc->cache);
+    }
     uint64_t h = exo_tok_hash(w, n);
-    size_t i = h & (CACHE_MAX_SLOTS - 1);
-    for (; sc->cache[i].key_len; i = (i + 1) & (CACHE_MAX_SLOTS - 1)) {
+    size_t mask = sc->cache_cap - 1, i = h & mask;
+    for (; sc->cache[i].key_len; i = (i + 1) & mask) {
         const centry *c = &sc->cache[i];
         if (c->hash == h && c->key_len == n && !memcmp(sc->cache_keys.p + c->key_off, w, n)) {
             for (uint32_t k = 0; k < c->ids_n; k++)
@@ -181,8 +184,25 @@ void exo_tok_bpe_encode_word(const exo_tok_bpe *bpe, const exo_tok_vocab *v, con
     }
     size_t first = out->n;
     merge_word(bpe, v, w, n, sc, out);
-    if (sc->cache_n * 2 >= CACHE_MAX_SLOTS) /* full: stop caching */
-        return;
+    if ((sc->cache_n + 1) * 2 > sc->cache_cap) {
+        if (sc->cache_cap >= CACHE_MAX_SLOTS)
+            return; /* full: stop caching */
+        size_t ncap = sc->cache_cap * 2;
+        centry *nc = exo_calloc(ncap, sizeof *nc);
+        for (size_t k = 0; k < sc->cache_cap; k++) {
+            if (!sc->cache[k].key_len)
+                continue;
+            size_t j = sc->cache[k].hash & (ncap - 1);
+            while (nc[j].key_len)
+                j = (j + 1) & (ncap - 1);
+            nc[j] = sc->cache[k];
+        }
+        exo_free(sc->cache);
+        sc->cache     = nc;
+        sc->cache_cap = ncap;
+        for (i = h & (ncap - 1); nc[i].key_len; i = (i + 1) & (ncap - 1))
+            ;
+    }
     centry c = {(uint32_t)sc->cache_keys.len, (uint32_t)n, (uint32_t)sc->cache_ids.n,
                 (uint32_t)(out->n - first), h};
     exo_tok_buf_put(&sc->cache_keys, w, n);

@@ -10,6 +10,8 @@
 #include "engine/cpu/matmul.h"
 #include "engine/cpu/ops.h"
 
+#include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 typedef struct cpu_backend {
@@ -18,7 +20,12 @@ typedef struct cpu_backend {
     exo_cpu_matmul_ctx *mm;
     float **scratch;   /* per-thread attention score rows */
     size_t scratch_len;
+    float *att_buf;    /* batched attention: K, V^T, Q, scores, output of one KV head */
+    size_t att_len;
 } cpu_backend;
+
+/* Prompts of at least this many tokens take the batched attention path. */
+#define BATCHED_ATTENTION_MIN_T 8
 
 static cpu_backend *cpu(exo_backend *be) { return (cpu_backend *)be; }
 
@@ -29,6 +36,7 @@ static void cpu_free(exo_backend *be)
     for (int i = 0; i < n; i++)
         exo_free_aligned(c->scratch ? c->scratch[i] : NULL);
     exo_free(c->scratch);
+    exo_free_aligned(c->att_buf);
     exo_cpu_matmul_ctx_free(c->mm);
     exo_pool_free(c->pool);
     exo_free(c);
@@ -92,11 +100,100 @@ static void cpu_rope(exo_backend *be, float *x, int T, int n_heads, int head_dim
     exo_cpu_rope(cpu(be)->pool, x, T, n_heads, head_dim, pos0, inv_freq, mscale);
 }
 
+/* Prefill attention as two matrix products per KV head, so it runs on the
+ * same GEMM kernels as the projections instead of one dot product per
+ * (query, key): the group's query heads are stacked into one
+ * (T*group, hd) matrix Q, S = Q K^T (K: the head's cached keys, L x hd),
+ * a causal (and sliding-window) softmax per row, then O = S V. Causality
+ * makes half of S wasted work, which costs less than splitting the GEMMs. */
+typedef struct softmax_job {
+    float *scores; /* (T*group, L) */
+    int T, group, L, pos0, window;
+    float scale;
+} softmax_job;
+
+static void softmax_rows(void *p, int ith, int nth)
+{
+    softmax_job *j = p;
+    long r0, r1;
+    exo_split_range((long)j->T * j->group, 1, ith, nth, &r0, &r1);
+    for (long r = r0; r < r1; r++) {
+        int qpos = j->pos0 + (int)(r / j->group);
+        int lo = j->window > 0 && qpos - j->window + 1 > 0 ? qpos - j->window + 1 : 0;
+        float *row = j->scores + r * j->L;
+        float mx = -INFINITY;
+        for (int sp = lo; sp <= qpos; sp++) {
+            row[sp] *= j->scale;
+            if (row[sp] > mx)
+                mx = row[sp];
+        }
+        float sum = 0;
+        for (int sp = lo; sp <= qpos; sp++) {
+            row[sp] = expf(row[sp] - mx);
+            sum += row[sp];
+        }
+        float inv = 1.0f / sum;
+        for (int sp = 0; sp < j->L; sp++)
+            row[sp] = sp >= lo && sp <= qpos ? row[sp] * inv : 0.0f;
+    }
+}
+
+static void attention_batched(cpu_backend *c, const exo_attn_shape *sh, float *out,
+                              const float *q, const float *k_cache, const float *v_cache, int T,
+                              int pos0)
+{
+    int L = pos0 + T, hd = sh->head_dim, H = sh->n_heads, KV = sh->n_kv_heads, group = H / KV;
+    size_t rows = (size_t)T * (size_t)group;
+    size_t need = 2 * (size_t)L * hd + 2 * rows * hd + rows * (size_t)L;
+    if (need > c->att_len) {
+        exo_free_aligned(c->att_buf);
+        c->att_len = need + need / 2;
+        c->att_buf = exo_alloc_aligned(c->att_len * sizeof(float));
+        if (!c->att_buf)
+            abort(); /* bounded by max_chunk x capacity, sized like the KV cache */
+    }
+    float *kh = c->att_buf, *vt = kh + (size_t)L * hd, *qh = vt + (size_t)L * hd;
+    float *oh = qh + rows * hd, *sc = oh + rows * hd;
+    size_t kv_stride = (size_t)KV * hd;
+    for (int g = 0; g < KV; g++) {
+        for (int sp = 0; sp < L; sp++) {
+            const float *kr = k_cache + sp * kv_stride + (size_t)g * hd;
+            const float *vr = v_cache + sp * kv_stride + (size_t)g * hd;
+            memcpy(kh + (size_t)sp * hd, kr, sizeof(float) * (size_t)hd);
+            for (int d = 0; d < hd; d++)
+                vt[(size_t)d * L + sp] = vr[d];
+        }
+        for (int t = 0; t < T; t++)
+            memcpy(qh + (size_t)t * group * hd, q + ((size_t)t * H + (size_t)g * group) * hd,
+                   sizeof(float) * (size_t)group * hd);
+        exo_linear wk = {.format = EXO_WFORMAT_DENSE, .dtype = EXO_DTYPE_F32, .rows = L, .cols = hd,
+                         .w = kh};
+        exo_linear wv = {.format = EXO_WFORMAT_DENSE, .dtype = EXO_DTYPE_F32, .rows = hd, .cols = L,
+                         .w = vt};
+        const exo_linear *pk[1] = {&wk}, *pv[1] = {&wv};
+        float *const ys[1] = {sc}, *const yo[1] = {oh};
+        exo_cpu_matmul(c->mm, 1, pk, qh, (int)rows, ys);
+        softmax_job sj = {sc, T, group, L, pos0, sh->sliding_window, sh->scale};
+        exo_pool_run(c->pool, softmax_rows, &sj);
+        exo_cpu_matmul(c->mm, 1, pv, sc, (int)rows, yo);
+        for (int t = 0; t < T; t++)
+            memcpy(out + ((size_t)t * H + (size_t)g * group) * hd, oh + (size_t)t * group * hd,
+                   sizeof(float) * (size_t)group * hd);
+    }
+}
+
 static void cpu_attention(exo_backend *be, const exo_attn_shape *shape, float *out, const float *q,
                           const float *k, const float *v, float *k_cache, float *v_cache, int T,
                           int pos0)
 {
     cpu_backend *c = cpu(be);
+    if (T >= BATCHED_ATTENTION_MIN_T) {
+        size_t row = (size_t)shape->n_kv_heads * (size_t)shape->head_dim;
+        memcpy(k_cache + (size_t)pos0 * row, k, sizeof(float) * row * (size_t)T);
+        memcpy(v_cache + (size_t)pos0 * row, v, sizeof(float) * row * (size_t)T);
+        attention_batched(c, shape, out, q, k_cache, v_cache, T, pos0);
+        return;
+    }
     size_t need = (size_t)pos0 + (size_t)T;
     if (need > c->scratch_len) {
         int n = exo_pool_size(c->pool);

@@ -10,7 +10,12 @@
 #include <math.h>
 #include <string.h>
 
-float exo_cpu_dot_f32(const float *a, const float *b, int n)
+/* The loops below are plain C; this clones each hot function for AVX-512
+ * and lets the loader pick the clone the CPU supports (GCC's ifunc
+ * dispatch), so the same source runs 16 lanes wide where it can. */
+#define EXO_SIMD_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+
+static inline float dot_f32(const float *a, const float *b, int n)
 {
     float acc[16] = {0};
     int i = 0;
@@ -25,6 +30,9 @@ float exo_cpu_dot_f32(const float *a, const float *b, int n)
     return s;
 }
 
+EXO_SIMD_CLONES
+float exo_cpu_dot_f32(const float *a, const float *b, int n) { return dot_f32(a, b, n); }
+
 typedef struct rmsnorm_job {
     float *out;
     const float *x, *w;
@@ -32,6 +40,7 @@ typedef struct rmsnorm_job {
     float eps;
 } rmsnorm_job;
 
+EXO_SIMD_CLONES
 static void rmsnorm_worker(void *p, int ith, int nth)
 {
     rmsnorm_job *j = p;
@@ -40,7 +49,7 @@ static void rmsnorm_worker(void *p, int ith, int nth)
     for (long r = r0; r < r1; r++) {
         const float *x = j->x + r * j->dim;
         float *o = j->out + r * j->dim;
-        float ss = exo_cpu_dot_f32(x, x, j->dim);
+        float ss = dot_f32(x, x, j->dim);
         float inv = 1.0f / sqrtf(ss / (float)j->dim + j->eps);
         for (int i = 0; i < j->dim; i++)
             o[i] = j->w[i] * (x[i] * inv);
@@ -89,6 +98,7 @@ typedef struct attn_job {
     float *const *scratch;
 } attn_job;
 
+EXO_SIMD_CLONES
 static void attn_worker(void *p, int ith, int nth)
 {
     attn_job *j = p;
@@ -107,7 +117,7 @@ static void attn_worker(void *p, int ith, int nth)
         const float *q = j->q + it * hd;
         float mx = -INFINITY;
         for (int sp = lo; sp <= qpos; sp++) {
-            float d = exo_cpu_dot_f32(q, j->k_cache + sp * kv_stride + (long)kvh * hd, hd) * s->scale;
+            float d = dot_f32(q, j->k_cache + sp * kv_stride + (long)kvh * hd, hd) * s->scale;
             scores[sp] = d;
             if (d > mx)
                 mx = d;
