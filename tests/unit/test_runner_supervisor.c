@@ -1,0 +1,792 @@
+/* Supervisor + real runner processes (EXO_BIN runner --fd 3) on stories260K
+ * converted to a HF dir with a small Llama-2 style chat template: load with
+ * per-layer progress to Ready, greedy text equal to `exo run --chat`,
+ * finish reasons (length, stop at an eos id from generation_config.json,
+ * stop sequence), cancel of the running and of a queued request, FIFO
+ * without interleaving, SIGKILL mid-request -> error chunks + Failed, bad
+ * model dir -> Failed with the reason, clean shutdown, and fake runners
+ * (shell scripts) that send malformed frames or die. */
+#include "core/alloc.h"
+#include "runner/supervisor.h"
+
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#define TEMPLATE                                                                                   \
+    "{{ bos_token }}{% for m in messages %}{% if m['role'] == 'user' %}[INST] {{ m['content'] | " \
+    "trim }} [/INST]{% else %}{{ m['content'] }}{% endif %}{% endfor %}"
+
+/* A request long enough that it is still running when the test acts on it
+ * (the context is sized for it; stories260K is fast). */
+#define LONG     8000
+#define LONG_CTX 8192
+
+static char tmpdir[PATH_MAX];
+static char model[PATH_MAX + 16];
+static char log_path[PATH_MAX + 16];
+
+static const char *exo_bin(void)
+{
+    const char *b = getenv("EXO_BIN");
+    return b ? b : "build/exo";
+}
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static void write_file(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    cr_assert(f, "%s", path);
+    fputs(text, f);
+    fclose(f);
+}
+
+static void setup(void)
+{
+    strcpy(tmpdir, "/tmp/exo-runner-test-XXXXXX");
+    cr_assert(mkdtemp(tmpdir));
+    snprintf(model, sizeof model, "%s/s", tmpdir);
+    snprintf(log_path, sizeof log_path, "%s/runner.log", tmpdir);
+    const char *shared = getenv("EXO_SHARED") ? getenv("EXO_SHARED") : "../shared";
+    char cmd[4 * PATH_MAX];
+    snprintf(cmd, sizeof cmd,
+             "'%s' convert-llama2c '%s/models/stories260K/stories260K.bin' "
+             "'%s/models/stories260K/tok512.bin' '%s' >/dev/null 2>&1",
+             exo_bin(), shared, shared, model);
+    cr_assert_eq(system(cmd), 0, "convert failed: %s", cmd);
+    char p[PATH_MAX + 64];
+    snprintf(p, sizeof p, "%s/chat_template.jinja", model);
+    write_file(p, TEMPLATE);
+}
+
+static void teardown(void)
+{
+    char cmd[PATH_MAX + 16];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
+    if (tmpdir[0] && system(cmd) != 0)
+        fprintf(stderr, "cannot remove %s\n", tmpdir);
+}
+
+/* `exo run DIR --chat PROMPT --max-tokens N` without its final newline. */
+static char *cli_text(const char *dir, const char *prompt, int max_tokens)
+{
+    char cmd[2 * PATH_MAX];
+    snprintf(cmd, sizeof cmd, "'%s' run '%s' --chat '%s' --max-tokens %d --threads 1", exo_bin(),
+             dir, prompt, max_tokens);
+    FILE *f = popen(cmd, "r");
+    cr_assert(f);
+    exo_sbuf b;
+    exo_sbuf_init(&b);
+    char buf[4096];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, f)) > 0)
+        exo_sbuf_append(&b, buf, n);
+    cr_assert_eq(pclose(f), 0, "%s", cmd);
+    cr_assert(b.len > 0 && b.data[b.len - 1] == '\n');
+    b.data[--b.len] = 0;
+    return exo_sbuf_take(&b);
+}
+
+/* ---- recording callbacks ------------------------------------------------ */
+
+enum { EV_STATUS, EV_CHUNK, EV_DONE };
+
+typedef struct ev {
+    int               what;
+    char              id[EXO_RUNNER_ID_MAX + 1];
+    exo_chunk         chunk;
+    exo_runner_status status;
+    double            t;
+} ev;
+
+typedef struct rec {
+    ev  *evs;
+    int  n, cap;
+    /* wait targets */
+    const char *want_done;
+    exo_runner_status_kind want_status;
+    const char *want_chunk_of;
+} rec;
+
+static ev *push(rec *r, int what, const char *id)
+{
+    if (r->n == r->cap) {
+        r->cap = r->cap ? 2 * r->cap : 64;
+        r->evs = exo_realloc(r->evs, sizeof *r->evs * (size_t)r->cap);
+    }
+    ev *e = &r->evs[r->n++];
+    memset(e, 0, sizeof *e);
+    e->what = what;
+    e->t = now();
+    if (id)
+        snprintf(e->id, sizeof e->id, "%s", id);
+    return e;
+}
+
+static void on_status(void *ctx, const exo_runner_status *st)
+{
+    exo_runner_status_copy(&push(ctx, EV_STATUS, NULL)->status, st);
+}
+
+static void on_chunk(void *ctx, const char *id, const exo_chunk *c)
+{
+    exo_chunk_copy(&push(ctx, EV_CHUNK, id)->chunk, c);
+}
+
+static void on_done(void *ctx, const char *id) { push(ctx, EV_DONE, id); }
+
+static void rec_free(rec *r)
+{
+    for (int i = 0; i < r->n; i++) {
+        exo_chunk_free(&r->evs[i].chunk);
+        exo_runner_status_clear(&r->evs[i].status);
+    }
+    exo_free(r->evs);
+}
+
+static bool is_done(const rec *r, const char *id)
+{
+    for (int i = 0; i < r->n; i++)
+        if (r->evs[i].what == EV_DONE && !strcmp(r->evs[i].id, id))
+            return true;
+    return false;
+}
+
+static bool until_done(void *ctx)
+{
+    rec *r = ctx;
+    return is_done(r, r->want_done);
+}
+
+static bool until_status(void *ctx)
+{
+    rec *r = ctx;
+    for (int i = 0; i < r->n; i++)
+        if (r->evs[i].what == EV_STATUS && r->evs[i].status.kind == r->want_status)
+            return true;
+    return false;
+}
+
+static bool until_chunk(void *ctx)
+{
+    rec *r = ctx;
+    for (int i = 0; i < r->n; i++)
+        if (r->evs[i].what == EV_CHUNK && !strcmp(r->evs[i].id, r->want_chunk_of))
+            return true;
+    return false;
+}
+
+/* Concatenated TOKEN text of a command. */
+static char *text_of(const rec *r, const char *id)
+{
+    exo_sbuf b;
+    exo_sbuf_init(&b);
+    exo_sbuf_puts(&b, "");
+    for (int i = 0; i < r->n; i++)
+        if (r->evs[i].what == EV_CHUNK && !strcmp(r->evs[i].id, id) &&
+            r->evs[i].chunk.kind == EXO_CHUNK_TOKEN)
+            exo_sbuf_puts(&b, r->evs[i].chunk.text);
+    return exo_sbuf_take(&b);
+}
+
+/* The single terminal chunk of a command (asserts there is exactly one and
+ * that it is the last chunk, followed by exactly one Done). */
+static const exo_chunk *terminal_of(const rec *r, const char *id)
+{
+    const exo_chunk *t = NULL;
+    int n_done = 0;
+    for (int i = 0; i < r->n; i++) {
+        const ev *e = &r->evs[i];
+        if (strcmp(e->id, id))
+            continue;
+        if (e->what == EV_DONE) {
+            cr_assert(t, "%s: Done before a terminal chunk", id);
+            n_done++;
+        } else if (e->what == EV_CHUNK) {
+            cr_assert_null(t, "%s: chunk after the terminal one", id);
+            if (e->chunk.kind == EXO_CHUNK_FINISH || e->chunk.kind == EXO_CHUNK_ERROR)
+                t = &e->chunk;
+        }
+    }
+    cr_assert(t, "%s: no terminal chunk", id);
+    cr_assert_eq(n_done, 1, "%s: %d Done", id, n_done);
+    return t;
+}
+
+static exo_supervisor *spawn(rec *r)
+{
+    exo_supervisor_opts o = {exo_bin(), log_path, false};
+    exo_supervisor_callbacks cb = {r, on_status, on_chunk, on_done};
+    exo_supervisor *s;
+    exo_err err = {0};
+    cr_assert_eq(exo_supervisor_spawn(&o, &cb, &s, &err), 0, "%s", err.msg);
+    return s;
+}
+
+static void load(exo_supervisor *s, rec *r, const char *dir, int ctx)
+{
+    exo_runner_load l = {(char *)dir, 1, ctx, 4};
+    exo_err err = {0};
+    cr_assert_eq(exo_supervisor_load(s, &l, &err), 0, "%s", err.msg);
+    r->want_status = EXO_RUNNER_READY;
+    cr_assert_eq(exo_supervisor_wait(s, 60000, until_status, r), 1, "runner never became Ready");
+}
+
+static void request(exo_gen_request *q, const char *prompt, int max_tokens)
+{
+    exo_gen_request_init(q);
+    q->model = exo_strdup("stories260K");
+    q->messages = json_pack("[{s:s,s:s}]", "role", "user", "content", prompt);
+    q->max_tokens = max_tokens;
+    q->sampling.temperature = 0;
+    q->has = EXO_GEN_HAS_MAX_TOKENS | EXO_GEN_HAS_TEMPERATURE;
+}
+
+static void generate(exo_supervisor *s, const char *id, exo_gen_request *q)
+{
+    exo_err err = {0};
+    cr_assert_eq(exo_supervisor_generate(s, id, q, &err), 0, "%s", err.msg);
+}
+
+static void wait_done(exo_supervisor *s, rec *r, const char *id)
+{
+    r->want_done = id;
+    cr_assert_eq(exo_supervisor_wait(s, 60000, until_done, r), 1, "%s never finished", id);
+}
+
+static bool until_ready_now(void *ctx) { return exo_supervisor_status(ctx)->kind == EXO_RUNNER_READY; }
+
+/* The runner reports Ready right after the Done of its last request. */
+static void wait_ready(exo_supervisor *s)
+{
+    cr_assert_eq(exo_supervisor_wait(s, 10000, until_ready_now, s), 1, "not Ready again");
+}
+
+TestSuite(runner_supervisor, .init = setup, .fini = teardown, .timeout = 120);
+
+Test(runner_supervisor, load_reports_progress_then_ready)
+{
+    rec r = {0};
+    exo_supervisor *s = spawn(&r);
+    load(s, &r, model, 512);
+    /* Idle, Loading{0,0}, Loading{0,5}, Loading{..,5} ..., Loaded, WarmingUp, Ready */
+    exo_runner_status_kind order[] = {EXO_RUNNER_IDLE, EXO_RUNNER_LOADING, EXO_RUNNER_LOADED,
+                                      EXO_RUNNER_WARMING_UP, EXO_RUNNER_READY};
+    int k = 0, last_loaded = -1, total = 0;
+    for (int i = 0; i < r.n; i++) {
+        const exo_runner_status *st = &r.evs[i].status;
+        cr_assert_eq(r.evs[i].what, EV_STATUS);
+        while (k < 5 && order[k] != st->kind)
+            k++;
+        cr_assert_lt(k, 5, "status %s out of order", exo_runner_status_name(st->kind));
+        if (st->kind == EXO_RUNNER_LOADING) {
+            cr_assert_geq(st->layers_loaded, last_loaded < 0 ? 0 : last_loaded);
+            last_loaded = st->layers_loaded;
+            total = st->total_layers;
+        }
+    }
+    cr_assert_eq(total, 5);
+    cr_assert_eq(last_loaded, 5);
+    cr_assert_eq(exo_supervisor_status(s)->kind, EXO_RUNNER_READY);
+    exo_supervisor_free(s);
+    rec_free(&r);
+}
+
+Test(runner_supervisor, greedy_text_equals_cli)
+{
+    char *want = cli_text(model, "Once upon a time", 40);
+    rec r = {0};
+    exo_supervisor *s = spawn(&r);
+    load(s, &r, model, 512);
+    exo_gen_request q;
+    request(&q, "Once upon a time", 40);
+    generate(s, "a", &q);
+    cr_assert_eq(exo_supervisor_in_flight(s), 1);
+    wait_done(s, &r, "a");
+    char *got = text_of(&r, "a");
+    cr_assert_str_eq(got, want);
+    const exo_chunk *fin = terminal_of(&r, "a");
+    cr_assert_eq(fin->kind, EXO_CHUNK_FINISH);
+    cr_assert_eq(fin->reason, EXO_FR_LENGTH);
+    cr_assert_eq(fin->usage.completion_tokens, 40);
+    cr_assert_eq(fin->usage.prompt_tokens, 20); /* <s>[INST] Once upon a time [/INST] */
+    cr_assert_gt(fin->generation_tps, 0);
+    cr_assert_eq(exo_supervisor_in_flight(s), 0);
+    /* Running while generating, Ready after */
+    r.want_status = EXO_RUNNER_RUNNING;
+    cr_assert(until_status(&r));
+    wait_ready(s);
+    exo_gen_request_free(&q);
+    exo_free(got);
+    exo_free(want);
+    exo_supervisor_free(s);
+    rec_free(&r);
+}
+
+Test(runner_supervisor, stops_at_generation_config_eos)
+{
+    /* Greedy ids from this prompt start 426 410 459 363 328 432: making 432
+     * an eos id ends the text after five tokens. */
+    char p[PATH_MAX + 64];
+    snprintf(p, sizeof p, "%s/generation_config.json", model);
+    write_file(p, "{\"eos_token_id\": 432}");
+    char *want = cli_text(model, "Once upon a time", 40);
+    char *five = cli_text(model, "Once upon a time", 5);
+    cr_assert_str_eq(want, five);
+    rec r = {0};
+    exo_supervisor *s = spawn(&r);
+    load(s, &r, model, 512);
+    exo_gen_request q;
+    request(&q, "Once upon a time", 40);
+    generate(s, "eos", &q);
+    wait_done(s, &r, "eos");
+    char *got = text_of(&r, "eos");
+    cr_assert_str_eq(got, want);
+    const exo_chunk *fin = terminal_of(&r, "eos");
+    cr_assert_eq(fin->kind, EXO_CHUNK_FINISH);
+    cr_assert_eq(fin->reason, EXO_FR_STOP);
+    cr_assert_eq(fin->usage.completion_tokens, 5);
+    exo_gen_request_free(&q);
+    exo_free(got);
+    exo_free(want);
+    exo_free(five);
+    exo_supervisor_free(s);
+    rec_free(&r);
+}
+
+Test(runner_supervisor, stop_sequence_and_logprobs)
+{
+    char *full = cli_text(model, "Once upon a time", 40);
+    const char *stop = "special";
+    char *at = strstr(full, stop);
+    cr_assert(at, "'%s' not in '%s'", stop, full);
+    rec r = {0};
+    exo_supervisor *s = spawn(&r);
+    load(s, &r, model, 512);
+    exo_gen_request q;
+    request(&q, "Once upon a time", 40);
+    exo_err err;
+    cr_assert_eq(exo_gen_add_stop(&q, stop, &err), 0);
+    q.logprobs = true;
+    q.sampling.top_logprobs = 3;
+    generate(s, "stop", &q);
+    wait_done(s, &r, "stop");
+    char *got = text_of(&r, "stop");
+    cr_assert_eq(strlen(got), (size_t)(at - full));
+    cr_assert(!strncmp(got, full, strlen(got)));
+    const exo_chunk *fin = terminal_of(&r, "stop");
+    cr_assert_eq(fin->reason, EXO_FR_STOP);
+    cr_assert_str_eq(fin->stop_sequence, stop);
+    cr_assert_lt(fin->usage.completion_tokens, 40);
+    int with_lp = 0;
+    for (int i = 0; i < r.n; i++) {
+        const exo_chunk *c = &r.evs[i].chunk;
+        if (r.evs[i].what == EV_CHUNK && c->kind == EXO_CHUNK_TOKEN && c->token_id >= 0) {
+            cr_assert(c->has_logprob);
+            cr_assert_eq(c->n_top, 3);
+            cr_assert_leq(c->logprob, 0);
+            with_lp++;
+        }
+    }
+    cr_assert_gt(with_lp, 0);
+    exo_gen_request_free(&q);
+    exo_free(got);
+    exo_free(full);
+    exo_supervisor_free(s);
+    rec_free(&r);
+}
+
+Test(runner_supervisor, cancel_running_request_stops_promptly)
+{
+    rec r = {0};
+    exo_supervisor *s = spawn(&r);
+    load(s, &r, model, LONG_CTX);
+    exo_gen_request q;
+    request(&q, "Once upon a time", LONG);
+    generate(s, "long", &q);
+    r.want_chunk_of = "long";
+    cr_assert_eq(exo_supervisor_wait(s, 60000, until_chunk, &r), 1);
+    double t0 = now();
+    exo_err err;
+    cr_assert_eq(exo_supervisor_cancel(s, "long", &err), 0);
+    wait_done(s, &r, "long");
+    double dt = now() - t0;
+    const exo_chunk *fin = terminal_of(&r, "long");
+    cr_assert_eq(fin->kind, EXO_CHUNK_FINISH);
+    cr_assert_eq(fin->reason, EXO_FR_CANCELLED);
+    cr_assert_lt(fin->usage.completion_tokens, LONG);
+    fprintf(stderr, "cancelled after %d tokens\n", fin->usage.completion_tokens);
+    cr_assert_lt(dt, 2.0, "cancel took %.3f s", dt);
+    /* the runner is ready for more */
+    exo_gen_request q2;
+    request(&q2, "Once upon a time", 3);
+    generate(s, "next", &q2);
+    wait_done(s, &r, "next");
+    cr_assert_eq(terminal_of(&r, "next")->reason, EXO_FR_LENGTH);
+    exo_gen_request_free(&q);
+    exo_gen_request_free(&q2);
+    exo_supervisor_free(s);
+    rec_free(&r);
+}
+
+Test(runner_supervisor, queued_requests_run_in_order_without_interleaving)
+{
+    char *want_a = cli_text(model, "Once upon a time", 30);
+    char *want_b = cli_text(model, "The dog", 30);
+    rec r = {0};
+    exo_supervisor *s = spawn(&r);
+    load(s, &r, model, 512);
+    exo_gen_request qa, qb;
+    request(&qa, "Once upon a time", 30);
+    request(&qb, "The dog", 30);
+    generate(s, "A", &qa);
+    generate(s, "B", &qb);
+    cr_assert_eq(exo_supervisor_in_flight(s), 2);
+    wait_done(s, &r, "B");
+    int last_a = -1, first_b = -1;
+    for (int i = 0; i < r.n; i++) {
+        if (r.evs[i].what == EV_STATUS)
+            continue;
+        if (!strcmp(r.evs[i].id, "A"))
+            last_a = i;
+        else if (first_b < 0 && !strcmp(r.evs[i].id, "B"))
+            first_b = i;
+    }
+    cr_assert(last_a >= 0 && first_b > last_a, "A's events end at %d, B's start at %d", last_a,
+              first_b);
+    char *ta = text_of(&r, "A"), *tb = text_of(&r, "B");
+    cr_assert_str_eq(ta, want_a);
+    cr_assert_str_eq(tb, want_b);
+    cr_assert_eq(terminal_of(&r, "A")->reason, EXO_FR_LENGTH);
+    cr_assert_eq(terminal_of(&r, "B")->reason, EXO_FR_LENGTH);
+    exo_free(ta);
+    exo_free(tb);
+    exo_free(want_a);
+    exo_free(want_b);
+    exo_gen_request_free(&qa);
+    exo_gen_request_free(&qb);
+    exo_supervisor_free(s);
+    rec_free(&r);
+}
+
+Test(runner_supervisor, cancel_queued_request)
+{
+    rec r = {0};
+    exo_supervisor *s = spawn(&r);
+    load(s, &r, model, 512);
+    exo_gen_request qa, qb;
+    request(&qa, "Once upon a time", 200);
+    request(&qb, "The dog", 30);
+    generate(s, "A", &qa);
+    generate(s, "B", &qb);
+    r.want_chunk_of = "A";
+    cr_assert_eq(exo_supervisor_wait(s, 60000, until_chunk, &r), 1);
+    exo_err err;
+    cr_assert_eq(exo_supervisor_cancel(s, "B", &err), 0);
+    wait_done(s, &r, "B");
+    cr_assert(!is_done(&r, "A"), "B should be answered while A still runs");
+    const exo_chunk *fb = terminal_of(&r, "B");
+    cr_assert_eq(fb->reason, EXO_FR_CANCELLED);
+    cr_assert_eq(fb->usage.completion_tokens, 0);
+    wait_done(s, &r, "A");
+    cr_assert_eq(terminal_of(&r, "A")->reason, EXO_FR_LENGTH);
+    cr_assert_eq(terminal_of(&r, "A")->usage.completion_tokens, 200);
+    exo_gen_request_free(&qa);
+    exo_gen_request_free(&qb);
+    exo_supervisor_free(s);
+    rec_free(&r);
+}
+
+Test(runner_supervisor, sigkill_mid_request_fails_in_flight_commands)
+{
+    rec r = {0};
+    exo_supervisor *s = spawn(&r);
+    load(s, &r, model, LONG_CTX);
+    exo_gen_request qa, qb;
+    request(&qa, "Once upon a time", LONG);
+    request(&qb, "The dog", 30);
+    generate(s, "A", &qa);
+    generate(s, "B", &qb);
+    r.want_chunk_of = "A";
+    cr_assert_eq(exo_supervisor_wait(s, 60000, until_chunk, &r), 1);
+    cr_assert_eq(kill(exo_supervisor_pid(s), SIGKILL), 0);
+    cr_assert_eq(exo_supervisor_wait(s, 10000, NULL, NULL), -1);
+    cr_assert(!exo_supervisor_alive(s));
+    const char *want = "runner exited (signal 9) before completing the request";
+    const exo_chunk *ta = terminal_of(&r, "A"), *tb = terminal_of(&r, "B");
+    cr_assert_eq(ta->kind, EXO_CHUNK_ERROR);
+    cr_assert_str_eq(ta->error, want);
+    cr_assert_eq(tb->kind, EXO_CHUNK_ERROR);
+    cr_assert_str_eq(tb->error, want);
+    const exo_runner_status *st = exo_supervisor_status(s);
+    cr_assert_eq(st->kind, EXO_RUNNER_FAILED);
+    cr_assert(st->error_message && strstr(st->error_message, "signal 9"), "%s", st->error_message);
+    cr_assert_eq(r.evs[r.n - 1].what, EV_STATUS); /* Failed comes after the error chunks */
+    cr_assert_eq(exo_supervisor_in_flight(s), 0);
+    cr_assert_eq(exo_supervisor_process(s), 1);
+    exo_err err;
+    cr_assert_eq(exo_supervisor_generate(s, "C", &qb, &err), EXO_EIO);
+    cr_assert_eq(exo_supervisor_fd(s), -1);
+    exo_gen_request_free(&qa);
+    exo_gen_request_free(&qb);
+    exo_supervisor_free(s);
+    rec_free(&r);
+}
+
+Test(runner_supervisor, bad_model_dir_fails_with_reason)
+{
+    rec r = {0};
+    exo_supervisor *s = spawn(&r);
+    exo_runner_load l = {"/nonexistent/exo-model", 1, 0, 4};
+    exo_err err = {0};
+    cr_assert_eq(exo_supervisor_load(s, &l, &err), 0);
+    r.want_status = EXO_RUNNER_FAILED;
+    cr_assert_eq(exo_supervisor_wait(s, 30000, until_status, &r), 1);
+    const exo_runner_status *st = exo_supervisor_status(s);
+    cr_assert_eq(st->kind, EXO_RUNNER_FAILED);
+    cr_assert(st->error_message && strstr(st->error_message, "/nonexistent/exo-model"), "%s",
+              st->error_message);
+    /* requests are answered, not left hanging */
+    exo_gen_request q;
+    request(&q, "hi", 5);
+    generate(s, "x", &q);
+    wait_done(s, &r, "x");
+    const exo_chunk *t = terminal_of(&r, "x");
+    cr_assert_eq(t->kind, EXO_CHUNK_ERROR);
+    cr_assert(strstr(t->error, "failed to load"), "%s", t->error);
+    /* and it still shuts down cleanly */
+    cr_assert_eq(exo_supervisor_shutdown(s, &err), 0);
+    cr_assert_eq(exo_supervisor_wait(s, 10000, NULL, NULL), -1);
+    cr_assert_eq(exo_supervisor_status(s)->kind, EXO_RUNNER_SHUTDOWN);
+    exo_gen_request_free(&q);
+    exo_supervisor_free(s);
+    rec_free(&r);
+}
+
+Test(runner_supervisor, no_tokenizer_and_long_prompt_give_error_chunks)
+{
+    rec r = {0};
+    exo_supervisor *s = spawn(&r);
+    load(s, &r, "tests/fixtures/qwen3-f32", 64); /* warm-up runs on plain ids */
+    exo_gen_request q;
+    request(&q, "hi", 5);
+    generate(s, "x", &q);
+    wait_done(s, &r, "x");
+    const exo_chunk *t = terminal_of(&r, "x");
+    cr_assert_eq(t->kind, EXO_CHUNK_ERROR);
+    cr_assert(strstr(t->error, "tokenizer"), "%s", t->error);
+    exo_supervisor_free(s);
+    rec_free(&r);
+
+    rec r2 = {0};
+    s = spawn(&r2);
+    load(s, &r2, model, 16);
+    exo_gen_request_free(&q);
+    request(&q, "Once upon a time there was a little girl named Lily who loved to play", 5);
+    generate(s, "long", &q);
+    wait_done(s, &r2, "long");
+    t = terminal_of(&r2, "long");
+    cr_assert_eq(t->kind, EXO_CHUNK_ERROR);
+    cr_assert(strstr(t->error, "context"), "%s", t->error);
+    wait_ready(s);
+    exo_gen_request_free(&q);
+    exo_supervisor_free(s);
+    rec_free(&r2);
+}
+
+Test(runner_supervisor, shutdown_is_clean)
+{
+    rec r = {0};
+    exo_supervisor *s = spawn(&r);
+    load(s, &r, model, LONG_CTX);
+    exo_gen_request q;
+    request(&q, "Once upon a time", LONG);
+    generate(s, "A", &q);
+    r.want_chunk_of = "A";
+    cr_assert_eq(exo_supervisor_wait(s, 60000, until_chunk, &r), 1);
+    exo_err err;
+    cr_assert_eq(exo_supervisor_shutdown(s, &err), 0);
+    cr_assert_eq(exo_supervisor_wait(s, 10000, NULL, NULL), -1);
+    cr_assert_eq(terminal_of(&r, "A")->reason, EXO_FR_CANCELLED);
+    r.want_status = EXO_RUNNER_SHUTTING_DOWN;
+    cr_assert(until_status(&r));
+    cr_assert_eq(exo_supervisor_status(s)->kind, EXO_RUNNER_SHUTDOWN);
+    cr_assert_eq(exo_supervisor_generate(s, "B", &q, &err), EXO_EIO);
+    exo_gen_request_free(&q);
+    exo_supervisor_free(s);
+    rec_free(&r);
+}
+
+Test(runner_supervisor, free_stops_a_busy_runner)
+{
+    rec r = {0};
+    exo_supervisor *s = spawn(&r);
+    load(s, &r, model, LONG_CTX);
+    exo_gen_request q;
+    request(&q, "Once upon a time", LONG);
+    generate(s, "A", &q);
+    pid_t pid = exo_supervisor_pid(s);
+    double t0 = now();
+    exo_supervisor_free(s); /* no callbacks; the child is gone afterwards */
+    cr_assert_lt(now() - t0, 5.0);
+    cr_assert_eq(kill(pid, 0), -1);
+    cr_assert_eq(errno, ESRCH);
+    exo_gen_request_free(&q);
+    rec_free(&r);
+}
+
+Test(runner_supervisor, missing_binary_fails_to_spawn)
+{
+    rec r = {0};
+    exo_supervisor_opts o = {"/nonexistent/exo", NULL, false};
+    exo_supervisor_callbacks cb = {&r, on_status, on_chunk, on_done};
+    exo_supervisor *s;
+    exo_err err = {0};
+    cr_assert_eq(exo_supervisor_spawn(&o, &cb, &s, &err), EXO_ENOENT);
+    cr_assert(strstr(err.msg, "/nonexistent/exo"), "%s", err.msg);
+    cr_assert_null(s);
+}
+
+/* A fake runner: a bash script run as `SCRIPT runner --fd 3`. */
+static exo_supervisor *spawn_fake(rec *r, const char *body)
+{
+    char p[PATH_MAX + 32];
+    snprintf(p, sizeof p, "%s/fake-runner.sh", tmpdir);
+    char script[4096];
+    snprintf(script, sizeof script, "#!/bin/bash\n%s\n", body);
+    write_file(p, script);
+    chmod(p, 0755);
+    exo_supervisor_opts o = {p, log_path, false};
+    exo_supervisor_callbacks cb = {r, on_status, on_chunk, on_done};
+    exo_supervisor *s;
+    exo_err err = {0};
+    cr_assert_eq(exo_supervisor_spawn(&o, &cb, &s, &err), 0, "%s", err.msg);
+    return s;
+}
+
+Test(runner_supervisor, malformed_frames_fail_the_runner)
+{
+    static const char *const bodies[] = {
+        "printf '\\xff\\xff\\xff\\xff' >&3; sleep 30",              /* length over the cap */
+        "printf '\\x00\\x00\\x00\\x00' >&3; sleep 30",              /* zero length */
+        "printf '\\x05\\x00\\x00\\x00hello' >&3; sleep 30",         /* not JSON */
+        "printf '\\x13\\x00\\x00\\x00{\"type\":\"Shutdown\"}' >&3; sleep 30", /* wrong direction */
+        "printf '\\x27\\x00\\x00\\x00{\"type\":\"Status\",\"status\":{\"kind\":\"?\"}}' >&3; sleep 30",
+    };
+    for (size_t i = 0; i < sizeof bodies / sizeof *bodies; i++) {
+        rec r = {0};
+        exo_supervisor *s = spawn_fake(&r, bodies[i]);
+        exo_gen_request q;
+        request(&q, "hi", 5);
+        generate(s, "x", &q);
+        double t0 = now();
+        cr_assert_eq(exo_supervisor_wait(s, 10000, NULL, NULL), -1, "case %zu", i);
+        cr_assert_lt(now() - t0, 5.0);
+        const exo_runner_status *st = exo_supervisor_status(s);
+        cr_assert_eq(st->kind, EXO_RUNNER_FAILED, "case %zu", i);
+        cr_assert(strstr(st->error_message, "protocol error"), "case %zu: %s", i, st->error_message);
+        const exo_chunk *t = terminal_of(&r, "x");
+        cr_assert_eq(t->kind, EXO_CHUNK_ERROR);
+        cr_assert(strstr(t->error, "before completing the request"), "%s", t->error);
+        exo_gen_request_free(&q);
+        exo_supervisor_free(s);
+        rec_free(&r);
+    }
+}
+
+Test(runner_supervisor, runner_exit_code_and_log_line_reported)
+{
+    rec r = {0};
+    exo_supervisor *s = spawn_fake(&r, "sleep 0.3; echo 'fatal: out of cheese' >&2; exit 3");
+    exo_gen_request q;
+    request(&q, "hi", 5);
+    generate(s, "x", &q);
+    cr_assert_eq(exo_supervisor_wait(s, 10000, NULL, NULL), -1);
+    const exo_chunk *t = terminal_of(&r, "x");
+    cr_assert_str_eq(t->error, "runner exited (exit code 3) before completing the request");
+    const exo_runner_status *st = exo_supervisor_status(s);
+    cr_assert_eq(st->kind, EXO_RUNNER_FAILED);
+    cr_assert_str_eq(st->error_message, "runner exited (exit code 3): fatal: out of cheese");
+    exo_gen_request_free(&q);
+    exo_supervisor_free(s);
+    rec_free(&r);
+}
+
+Test(runner_supervisor, done_without_result_gets_an_error_chunk)
+{
+    rec r = {0};
+    exo_supervisor *s =
+        spawn_fake(&r, "sleep 0.2; printf '\\x20\\x00\\x00\\x00{\"type\":\"Done\",\"command_id\":\"x\"}' >&3; sleep 30");
+    exo_gen_request q;
+    request(&q, "hi", 5);
+    generate(s, "x", &q);
+    wait_done(s, &r, "x");
+    const exo_chunk *t = terminal_of(&r, "x");
+    cr_assert_eq(t->kind, EXO_CHUNK_ERROR);
+    cr_assert(strstr(t->error, "without a result"), "%s", t->error);
+    cr_assert(exo_supervisor_alive(s));
+    exo_gen_request_free(&q);
+    exo_supervisor_free(s); /* the script ignores Shutdown: killed after the grace period */
+    rec_free(&r);
+}
+
+Test(runner_supervisor, invalid_request_is_answered_by_the_runner)
+{
+    rec r = {0};
+    exo_supervisor *s = spawn(&r);
+    load(s, &r, model, 512);
+    exo_gen_request q;
+    request(&q, "hi", 5);
+    q.sampling.temperature = 500; /* the runner's decoder validates what the node sends */
+    generate(s, "bad", &q);
+    wait_done(s, &r, "bad");
+    const exo_chunk *t = terminal_of(&r, "bad");
+    cr_assert_eq(t->kind, EXO_CHUNK_ERROR);
+    cr_assert(strstr(t->error, "invalid request") && strstr(t->error, "temperature"), "%s", t->error);
+    cr_assert(exo_supervisor_alive(s));
+    exo_gen_request_free(&q);
+    exo_supervisor_free(s);
+    rec_free(&r);
+}
+
+Test(runner_supervisor, template_that_opens_think_streams_reasoning)
+{
+    /* The prompt ends inside <think>: every token is reasoning (the model
+     * never closes it), and usage counts them as reasoning tokens. */
+    char p[PATH_MAX + 64];
+    snprintf(p, sizeof p, "%s/chat_template.jinja", model);
+    write_file(p, TEMPLATE "{% if add_generation_prompt %}<think>\n{% endif %}");
+    rec r = {0};
+    exo_supervisor *s = spawn(&r);
+    load(s, &r, model, 512);
+    exo_gen_request q;
+    request(&q, "Once upon a time", 12);
+    generate(s, "t", &q);
+    wait_done(s, &r, "t");
+    const exo_chunk *fin = terminal_of(&r, "t");
+    cr_assert_eq(fin->reason, EXO_FR_LENGTH);
+    cr_assert_eq(fin->usage.reasoning_tokens, 12);
+    int n_tok = 0;
+    for (int i = 0; i < r.n; i++)
+        if (r.evs[i].what == EV_CHUNK && r.evs[i].chunk.kind == EXO_CHUNK_TOKEN) {
+            cr_assert(r.evs[i].chunk.is_thinking);
+            n_tok++;
+        }
+    cr_assert_gt(n_tok, 0);
+    exo_gen_request_free(&q);
+    exo_supervisor_free(s);
+    rec_free(&r);
+}
