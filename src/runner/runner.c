@@ -322,13 +322,15 @@ static long layer_of(const char *name)
 }
 
 /* Pages the checkpoint in layer by layer, reporting Loading{i, L} after
- * each (non-layer tensors first: embeddings, norms, head). */
-static void page_in(runner *r, const char *dir, int n_layers)
+ * each (non-layer tensors first: embeddings, norms, head). Frames that
+ * arrive meanwhile are handled between layers; returns false when a
+ * Shutdown (or the node going away) interrupted it. */
+static bool page_in(runner *r, const char *dir, int n_layers)
 {
     exo_st *st = NULL;
     exo_err err = {0};
     if (exo_st_open(dir, &st, &err)) /* the model opened it a moment ago */
-        return;
+        return true;
     size_t n = exo_st_count(st);
     for (size_t i = 0; i < n; i++) {
         const exo_st_tensor *t = exo_st_at(st, i);
@@ -348,8 +350,12 @@ static void page_in(runner *r, const char *dir, int n_layers)
             send_status(r, EXO_RUNNER_LOADING, l + 1, n_layers, NULL);
             last = now;
         }
+        drain(r, false);
+        if (r->shutdown || r->peer_gone)
+            break;
     }
     exo_st_close(st);
+    return !r->shutdown && !r->peer_gone;
 }
 
 static void unload(runner *r)
@@ -382,6 +388,15 @@ static int eos_list(runner *r, int64_t *eos)
             eos[n++] = ids[i];
     }
     return n;
+}
+
+/* Warm-up tokens also poll the socket, so a Shutdown need not wait. */
+static int warm_token(void *ctx, const exo_sample *s)
+{
+    runner *r = ctx;
+    (void)s;
+    drain(r, false);
+    return r->shutdown || r->peer_gone;
 }
 
 static void warm_up(runner *r, int n_tokens)
@@ -422,7 +437,7 @@ static void warm_up(runner *r, int n_tokens)
         exo_gen_stats st;
         double t0 = exo_clock_seconds();
         exo_seq_truncate(r->seq, 0);
-        if (exo_generate(r->model, r->seq, ids, (int)n, &gp, NULL, NULL, &st, &err))
+        if (exo_generate(r->model, r->seq, ids, (int)n, &gp, warm_token, r, &st, &err))
             EXO_LOG_WARN("runner: warm-up failed: %s", err.msg);
         else
             EXO_LOG_INFO("runner: warmed up (%d prompt + %d tokens in %.2f s)", st.prompt_tokens,
@@ -438,7 +453,6 @@ static void do_load(runner *r)
     const char *dir = r->load.model_dir;
     exo_err err = {0};
     exo_model_config cfg;
-    send_status(r, EXO_RUNNER_LOADING, 0, 0, NULL);
     if (exo_config_load(dir, &cfg, &err))
         goto fail;
     int L = (int)cfg.num_hidden_layers;
@@ -459,13 +473,18 @@ static void do_load(runner *r)
     r->ctx = r->load.ctx > 0 ? r->load.ctx : (max_pos && max_pos < DEFAULT_CTX ? max_pos : DEFAULT_CTX);
     if (exo_seq_create(r->model, r->ctx, &r->seq, &err))
         goto fail;
-    page_in(r, dir, L);
+    if (!page_in(r, dir, L)) {
+        unload(r); /* shutting down: the main loop takes it from here */
+        return;
+    }
     EXO_LOG_INFO("runner: loaded %s (%d layers, ctx %d) in %.2f s", dir, L, r->ctx,
                  exo_clock_seconds() - t0);
     send_status(r, EXO_RUNNER_LOADED, 0, 0, NULL);
     send_status(r, EXO_RUNNER_WARMING_UP, 0, 0, NULL);
     if (r->load.warmup_tokens > 0)
         warm_up(r, r->load.warmup_tokens);
+    if (r->shutdown || r->peer_gone)
+        return;
     send_status(r, EXO_RUNNER_READY, 0, 0, NULL);
     return;
 fail:

@@ -428,7 +428,6 @@ Test(runner_supervisor, cancel_running_request_stops_promptly)
     cr_assert_eq(fin->kind, EXO_CHUNK_FINISH);
     cr_assert_eq(fin->reason, EXO_FR_CANCELLED);
     cr_assert_lt(fin->usage.completion_tokens, LONG);
-    fprintf(stderr, "cancelled after %d tokens\n", fin->usage.completion_tokens);
     cr_assert_lt(dt, 2.0, "cancel took %.3f s", dt);
     /* the runner is ready for more */
     exo_gen_request q2;
@@ -786,6 +785,61 @@ Test(runner_supervisor, template_that_opens_think_streams_reasoning)
             n_tok++;
         }
     cr_assert_gt(n_tok, 0);
+    exo_gen_request_free(&q);
+    exo_supervisor_free(s);
+    rec_free(&r);
+}
+
+Test(runner_supervisor, requests_sent_before_ready_wait_for_the_model)
+{
+    char *want = cli_text(model, "Once upon a time", 10);
+    rec r = {0};
+    exo_supervisor *s = spawn(&r);
+    exo_runner_load l = {model, 1, 512, 4};
+    exo_err err = {0};
+    exo_gen_request q;
+    request(&q, "Once upon a time", 10);
+    generate(s, "early", &q); /* queued in Idle, before the model is even named */
+    cr_assert_eq(exo_supervisor_load(s, &l, &err), 0, "%s", err.msg);
+    wait_done(s, &r, "early");
+    char *got = text_of(&r, "early");
+    cr_assert_str_eq(got, want);
+    cr_assert_eq(terminal_of(&r, "early")->reason, EXO_FR_LENGTH);
+    /* it ran only once the runner was Ready */
+    int ready_at = -1, first_chunk = -1;
+    for (int i = 0; i < r.n; i++) {
+        if (ready_at < 0 && r.evs[i].what == EV_STATUS && r.evs[i].status.kind == EXO_RUNNER_READY)
+            ready_at = i;
+        if (first_chunk < 0 && r.evs[i].what == EV_CHUNK)
+            first_chunk = i;
+    }
+    cr_assert(ready_at >= 0 && first_chunk > ready_at);
+    exo_free(got);
+    exo_free(want);
+    exo_gen_request_free(&q);
+    exo_supervisor_free(s);
+    rec_free(&r);
+}
+
+Test(runner_supervisor, shutdown_during_load_answers_queued_requests)
+{
+    rec r = {0};
+    exo_supervisor *s = spawn(&r);
+    exo_runner_load l = {model, 1, 512, 64};
+    exo_err err = {0};
+    exo_gen_request q;
+    request(&q, "Once upon a time", 10);
+    cr_assert_eq(exo_supervisor_load(s, &l, &err), 0, "%s", err.msg);
+    generate(s, "q", &q);
+    cr_assert_eq(exo_supervisor_shutdown(s, &err), 0);
+    cr_assert_eq(exo_supervisor_wait(s, 10000, NULL, NULL), -1);
+    cr_assert_eq(exo_supervisor_status(s)->kind, EXO_RUNNER_SHUTDOWN);
+    /* answered: normally before it started; were the Shutdown late, cancelled */
+    const exo_chunk *t = terminal_of(&r, "q");
+    if (t->kind == EXO_CHUNK_ERROR)
+        cr_assert(strstr(t->error, "shut down"), "%s", t->error);
+    else
+        cr_assert_eq(t->reason, EXO_FR_CANCELLED);
     exo_gen_request_free(&q);
     exo_supervisor_free(s);
     rec_free(&r);
