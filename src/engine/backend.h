@@ -14,7 +14,11 @@
  *
  * Shapes: activations are row-major (T, dim) f32 with T tokens per call.
  * q is (T, n_heads, head_dim), k and v are (T, n_kv_heads, head_dim). The KV
- * cache of one layer is (capacity, n_kv_heads, head_dim) f32 for K and V. */
+ * cache of one layer is exo_kv_cache_floats(capacity, ...) f32 each for K and
+ * V, laid out as the backend likes (the CPU keeps K transposed per head,
+ * (n_kv_heads, head_dim, capacity), so decode scores 16 keys per vector
+ * instruction; V is (capacity, n_kv_heads, head_dim)). capacity must be a
+ * multiple of EXO_KV_BLOCK. */
 #ifndef EXO_ENGINE_BACKEND_H
 #define EXO_ENGINE_BACKEND_H
 
@@ -25,6 +29,8 @@
 #include <stdint.h>
 
 typedef struct exo_backend exo_backend;
+
+#define EXO_KV_BLOCK 16
 
 typedef struct exo_attn_shape {
     int n_heads;
@@ -67,11 +73,12 @@ typedef struct exo_backend_ops {
      * (backend memory); cos/sin are multiplied by mscale. */
     void (*rope)(exo_backend *be, float *x, int T, int n_heads, int head_dim, int pos0,
                  const float *inv_freq, float mscale);
-    /* Appends k, v (T tokens at pos0) to the layer's cache and computes
-     * causal attention of q over cache positions [0, pos0+T). */
+    /* Appends k, v (T tokens at pos0) to the layer's cache (of `capacity`
+     * positions) and computes causal attention of q over cache positions
+     * [0, pos0+T). */
     void (*attention)(exo_backend *be, const exo_attn_shape *shape, float *out, const float *q,
-                      const float *k, const float *v, float *k_cache, float *v_cache, int T,
-                      int pos0);
+                      const float *k, const float *v, float *k_cache, float *v_cache,
+                      int capacity, int T, int pos0);
     /* g = silu(g) * u */
     void (*silu_mul)(exo_backend *be, float *g, const float *u, size_t n);
     /* x += y */

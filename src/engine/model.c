@@ -65,6 +65,7 @@ struct exo_model {
 struct exo_seq {
     exo_model *m;
     int capacity, len;
+    int alloc_capacity;         /* capacity rounded up to EXO_KV_BLOCK */
     float **k_cache, **v_cache; /* per layer (capacity, n_kv, hd) on that layer's backend */
 };
 
@@ -453,10 +454,15 @@ int exo_seq_create(exo_model *m, int capacity, exo_seq **out, exo_err *err)
         return exo_err_set(err, EXO_EINVAL, "sequence capacity must be > 0");
     exo_seq *s = exo_calloc(1, sizeof *s);
     s->m = m;
+    if (capacity > INT32_MAX - EXO_KV_BLOCK) {
+        exo_free(s);
+        return exo_err_set(err, EXO_ERANGE, "sequence capacity %d too large", capacity);
+    }
     s->capacity = capacity;
+    s->alloc_capacity = (capacity + EXO_KV_BLOCK - 1) / EXO_KV_BLOCK * EXO_KV_BLOCK;
     s->k_cache = exo_calloc((size_t)m->n_layers, sizeof(float *));
     s->v_cache = exo_calloc((size_t)m->n_layers, sizeof(float *));
-    size_t bytes = (size_t)capacity * (size_t)m->n_kv * (size_t)m->hd * sizeof(float);
+    size_t bytes = (size_t)s->alloc_capacity * (size_t)m->n_kv * (size_t)m->hd * sizeof(float);
     for (int l = 0; l < m->n_layers; l++) {
         exo_backend *be = m->layers[l].be;
         s->k_cache[l] = be->ops->alloc(be, bytes);
@@ -518,7 +524,8 @@ static void layer_forward(exo_model *m, exo_seq *s, int l, int T, int pos0)
     }
     o->rope(be, a->q, T, m->n_heads, m->hd, pos0, a->inv_freq, m->mscale);
     o->rope(be, a->k, T, m->n_kv, m->hd, pos0, a->inv_freq, m->mscale);
-    o->attention(be, &m->attn, a->att, a->q, a->k, a->v, s->k_cache[l], s->v_cache[l], T, pos0);
+    o->attention(be, &m->attn, a->att, a->q, a->k, a->v, s->k_cache[l], s->v_cache[l],
+                 s->alloc_capacity, T, pos0);
 
     const exo_linear *wo[1] = {&L->o};
     float *const ho[1] = {a->h};

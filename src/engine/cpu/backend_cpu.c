@@ -139,8 +139,8 @@ static void softmax_rows(void *p, int ith, int nth)
 }
 
 static void attention_batched(cpu_backend *c, const exo_attn_shape *sh, float *out,
-                              const float *q, const float *k_cache, const float *v_cache, int T,
-                              int pos0)
+                              const float *q, const float *k_cache, const float *v_cache,
+                              int capacity, int T, int pos0)
 {
     int L = pos0 + T, hd = sh->head_dim, H = sh->n_heads, KV = sh->n_kv_heads, group = H / KV;
     size_t rows = (size_t)T * (size_t)group;
@@ -156,10 +156,14 @@ static void attention_batched(cpu_backend *c, const exo_attn_shape *sh, float *o
     float *oh = qh + rows * hd, *sc = oh + rows * hd;
     size_t kv_stride = (size_t)KV * hd;
     for (int g = 0; g < KV; g++) {
+        /* K is cached transposed (hd, capacity): kh = its first L columns,
+         * transposed back; vt = V of this head, transposed */
+        const float *kt = k_cache + (size_t)g * hd * capacity;
+        for (int d = 0; d < hd; d++)
+            for (int sp = 0; sp < L; sp++)
+                kh[(size_t)sp * hd + d] = kt[(size_t)d * capacity + sp];
         for (int sp = 0; sp < L; sp++) {
-            const float *kr = k_cache + sp * kv_stride + (size_t)g * hd;
             const float *vr = v_cache + sp * kv_stride + (size_t)g * hd;
-            memcpy(kh + (size_t)sp * hd, kr, sizeof(float) * (size_t)hd);
             for (int d = 0; d < hd; d++)
                 vt[(size_t)d * L + sp] = vr[d];
         }
@@ -183,28 +187,28 @@ static void attention_batched(cpu_backend *c, const exo_attn_shape *sh, float *o
 }
 
 static void cpu_attention(exo_backend *be, const exo_attn_shape *shape, float *out, const float *q,
-                          const float *k, const float *v, float *k_cache, float *v_cache, int T,
-                          int pos0)
+                          const float *k, const float *v, float *k_cache, float *v_cache,
+                          int capacity, int T, int pos0)
 {
     cpu_backend *c = cpu(be);
     if (T >= BATCHED_ATTENTION_MIN_T) {
-        size_t row = (size_t)shape->n_kv_heads * (size_t)shape->head_dim;
-        memcpy(k_cache + (size_t)pos0 * row, k, sizeof(float) * row * (size_t)T);
-        memcpy(v_cache + (size_t)pos0 * row, v, sizeof(float) * row * (size_t)T);
-        attention_batched(c, shape, out, q, k_cache, v_cache, T, pos0);
+        exo_cpu_kv_append(shape, k, v, k_cache, v_cache, capacity, T, pos0);
+        attention_batched(c, shape, out, q, k_cache, v_cache, capacity, T, pos0);
         return;
     }
-    size_t need = (size_t)pos0 + (size_t)T;
+    size_t need = (size_t)capacity * (size_t)(shape->n_heads / shape->n_kv_heads);
     if (need > c->scratch_len) {
         int n = exo_pool_size(c->pool);
-        size_t len = need < 1024 ? 1024 : need * 2;
         for (int i = 0; i < n; i++) {
             exo_free_aligned(c->scratch[i]);
-            c->scratch[i] = exo_alloc_aligned(len * sizeof(float));
+            c->scratch[i] = exo_alloc_aligned(need * sizeof(float));
+            if (!c->scratch[i])
+                abort(); /* the size of one layer's K cache per thread */
         }
-        c->scratch_len = len;
+        c->scratch_len = need;
     }
-    exo_cpu_attention(c->pool, shape, out, q, k, v, k_cache, v_cache, T, pos0, c->scratch);
+    exo_cpu_attention(c->pool, shape, out, q, k, v, k_cache, v_cache, capacity, T, pos0,
+                      c->scratch);
 }
 
 static void cpu_silu_mul(exo_backend *be, float *g, const float *u, size_t n)

@@ -89,12 +89,19 @@ void exo_cpu_rope(exo_pool *pool, float *x, int T, int n_heads, int head_dim, in
     }
 }
 
+/* Decode attention, per (token, KV head): the query heads that share the KV
+ * head are processed together so each key and value is loaded once for all
+ * of them. K is cached transposed, Kt[kv][d][pos], so the scores of 16
+ * consecutive keys are 16 lanes of one vector and accumulate with plain
+ * FMAs over d, with no horizontal sums (the cache is padded to a multiple of
+ * 16 positions, so the last block may read past qpos but never past the
+ * cache; those lanes are ignored). */
 typedef struct attn_job {
     const exo_attn_shape *shape;
     float *out;
     const float *q;
     const float *k_cache, *v_cache;
-    int T, pos0;
+    int capacity, T, pos0;
     float *const *scratch;
 } attn_job;
 
@@ -103,50 +110,80 @@ static void attn_worker(void *p, int ith, int nth)
 {
     attn_job *j = p;
     const exo_attn_shape *s = j->shape;
-    int hd = s->head_dim, group = s->n_heads / s->n_kv_heads;
+    int hd = s->head_dim, group = s->n_heads / s->n_kv_heads, cap = j->capacity;
     long kv_stride = (long)s->n_kv_heads * hd;
-    long n_items = (long)j->T * s->n_heads, i0, i1;
+    long n_items = (long)j->T * s->n_kv_heads, i0, i1;
     exo_split_range(n_items, 1, ith, nth, &i0, &i1);
-    float *scores = j->scratch[ith];
+    float *scores = j->scratch[ith]; /* (group, cap) */
     for (long it = i0; it < i1; it++) {
-        int t = (int)(it / s->n_heads), h = (int)(it % s->n_heads), kvh = h / group;
+        int t = (int)(it / s->n_kv_heads), kvh = (int)(it % s->n_kv_heads);
         int qpos = j->pos0 + t;
         int lo = 0;
         if (s->sliding_window > 0 && qpos - s->sliding_window + 1 > 0)
             lo = qpos - s->sliding_window + 1;
-        const float *q = j->q + it * hd;
-        float mx = -INFINITY;
-        for (int sp = lo; sp <= qpos; sp++) {
-            float d = dot_f32(q, j->k_cache + sp * kv_stride + (long)kvh * hd, hd) * s->scale;
-            scores[sp] = d;
-            if (d > mx)
-                mx = d;
+        const float *kt = j->k_cache + (long)kvh * hd * cap;
+        const float *q = j->q + ((long)t * s->n_heads + (long)kvh * group) * hd;
+        for (int b = lo / 16 * 16; b <= qpos; b += 16) {
+            /* one head at a time keeps its 16 scores in a register; the
+             * 16-key block of K (head_dim lines) stays in L1 across heads */
+            for (int g = 0; g < group; g++) {
+                const float *qg = q + (long)g * hd;
+                float acc[16] = {0};
+                for (int d = 0; d < hd; d++) {
+                    const float *kr = kt + (long)d * cap + b;
+                    float qv = qg[d];
+                    for (int x = 0; x < 16; x++)
+                        acc[x] += qv * kr[x];
+                }
+                float *sc = scores + (long)g * cap + b;
+                for (int x = 0; x < 16; x++)
+                    sc[x] = acc[x] * s->scale;
+            }
         }
-        float sum = 0;
-        for (int sp = lo; sp <= qpos; sp++) {
-            scores[sp] = expf(scores[sp] - mx);
-            sum += scores[sp];
-        }
-        float inv = 1.0f / sum;
-        float *o = j->out + it * hd;
-        memset(o, 0, sizeof(float) * (size_t)hd);
-        for (int sp = lo; sp <= qpos; sp++) {
-            float pw = scores[sp] * inv;
-            const float *vv = j->v_cache + sp * kv_stride + (long)kvh * hd;
+        for (int g = 0; g < group; g++) {
+            float *sc = scores + (long)g * cap;
+            float mx = -INFINITY;
+            for (int sp = lo; sp <= qpos; sp++)
+                mx = sc[sp] > mx ? sc[sp] : mx;
+            float sum = 0;
+            for (int sp = lo; sp <= qpos; sp++) {
+                sc[sp] = expf(sc[sp] - mx);
+                sum += sc[sp];
+            }
+            float inv = 1.0f / sum;
+            /* restrict: out and the cache never overlap, and saying so is
+             * what lets the compiler vectorise this loop */
+            float *restrict o = j->out + ((long)t * s->n_heads + (long)kvh * group + g) * hd;
             for (int d = 0; d < hd; d++)
-                o[d] += pw * vv[d];
+                o[d] = 0.0f;
+            for (int sp = lo; sp <= qpos; sp++) {
+                float pw = sc[sp] * inv;
+                const float *restrict vv = j->v_cache + sp * kv_stride + (long)kvh * hd;
+                for (int d = 0; d < hd; d++)
+                    o[d] += pw * vv[d];
+            }
         }
     }
 }
 
-void exo_cpu_attention(exo_pool *pool, const exo_attn_shape *shape, float *out, const float *q,
-                       const float *k, const float *v, float *k_cache, float *v_cache, int T,
-                       int pos0, float *const *scratch)
+void exo_cpu_kv_append(const exo_attn_shape *shape, const float *k, const float *v,
+                       float *k_cache, float *v_cache, int capacity, int T, int pos0)
 {
-    size_t row = (size_t)shape->n_kv_heads * (size_t)shape->head_dim;
-    memcpy(k_cache + (size_t)pos0 * row, k, sizeof(float) * row * (size_t)T);
+    int hd = shape->head_dim, KV = shape->n_kv_heads;
+    size_t row = (size_t)KV * (size_t)hd;
     memcpy(v_cache + (size_t)pos0 * row, v, sizeof(float) * row * (size_t)T);
-    attn_job j = {shape, out, q, k_cache, v_cache, T, pos0, scratch};
+    for (int t = 0; t < T; t++)
+        for (int h = 0; h < KV; h++)
+            for (int d = 0; d < hd; d++)
+                k_cache[((size_t)h * hd + d) * capacity + pos0 + t] = k[(size_t)t * row + (size_t)h * hd + d];
+}
+
+void exo_cpu_attention(exo_pool *pool, const exo_attn_shape *shape, float *out, const float *q,
+                       const float *k, const float *v, float *k_cache, float *v_cache, int capacity,
+                       int T, int pos0, float *const *scratch)
+{
+    exo_cpu_kv_append(shape, k, v, k_cache, v_cache, capacity, T, pos0);
+    attn_job j = {shape, out, q, k_cache, v_cache, capacity, T, pos0, scratch};
     exo_pool_run(pool, attn_worker, &j);
 }
 
