@@ -142,6 +142,14 @@ static void set_template(exo_tokenizer *tok, const int32_t *pre, size_t npre, co
     tok->n_pp_post = npost;
 }
 
+/* Ids the post-processor inserts reach the model's embedding lookup, so
+ * they are checked here rather than trusted. */
+static bool id_in_vocab(const exo_tokenizer *tok, const json_t *x)
+{
+    return json_is_integer(x) && json_integer_value(x) >= 0 &&
+           (size_t)json_integer_value(x) < tok->vocab.n;
+}
+
 static int parse_post(exo_tokenizer *tok, json_t *pp, int depth, exo_err *err)
 {
     if (!pp || json_is_null(pp))
@@ -165,6 +173,8 @@ static int parse_post(exo_tokenizer *tok, json_t *pp, int depth, exo_err *err)
         json_t *ci = json_array_get(cls, 1), *si = json_array_get(sep, 1);
         if (!json_is_integer(ci) || !json_is_integer(si))
             return exo_err_set(err, EXO_EFORMAT, "post_processor %s: bad cls/sep", type);
+        if (!id_in_vocab(tok, ci) || !id_in_vocab(tok, si))
+            return exo_err_set(err, EXO_EFORMAT, "post_processor %s: cls/sep id out of range", type);
         int32_t a = (int32_t)json_integer_value(ci), b = (int32_t)json_integer_value(si);
         set_template(tok, &a, 1, &b, 1);
         return 0;
@@ -191,8 +201,8 @@ static int parse_post(exo_tokenizer *tok, json_t *pp, int depth, exo_err *err)
             }
             for (size_t k = 0; k < json_array_size(ids); k++) {
                 json_t *x = json_array_get(ids, k);
-                if (!json_is_integer(x)) {
-                    rc = exo_err_set(err, EXO_EFORMAT, "post_processor: bad id");
+                if (!id_in_vocab(tok, x)) {
+                    rc = exo_err_set(err, EXO_EFORMAT, "post_processor: bad or out-of-range id");
                     break;
                 }
                 exo_tok_ids_push(seen_a ? &post : &pre, (int32_t)json_integer_value(x));

@@ -378,6 +378,11 @@ Test(tokenizer, load_errors)
         {"{\"pre_tokenizer\":{\"type\":\"Split\",\"pattern\":{\"Regex\":\"(\"}},\"model\":{\"type\":\"BPE\",\"vocab\":{},\"merges\":[]}}", EXO_EFORMAT},
         {"{\"model\":{\"type\":\"BPE\",\"vocab\":{\"\\ud800\":0},\"merges\":[]}}", EXO_EFORMAT},
         {"{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0}}} trailing", EXO_EFORMAT},
+        /* post-processor ids must name vocabulary entries (found by fuzzing) */
+        {"{\"post_processor\":{\"type\":\"TemplateProcessing\",\"single\":[{\"SpecialToken\":{\"id\":\"<s>\"}}],"
+         "\"special_tokens\":{\"<s>\":{\"ids\":[6]}}},\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0},\"merges\":[]}}", EXO_EFORMAT},
+        {"{\"post_processor\":{\"type\":\"BertProcessing\",\"cls\":[\"a\",0],\"sep\":[\"b\",-1]},"
+         "\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0},\"merges\":[]}}", EXO_EFORMAT},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         exo_tokenizer *t = NULL;
