@@ -205,7 +205,7 @@ int exo_cmd_run(int argc, char **argv)
     out.tok = tok;
     if (tok && !print_ids)
         out.ds = exo_detok_stream_new(tok, true);
-    exo_gen_params gp = {sp, (int)max_tokens, eos, n_eos};
+    exo_gen_params gp = {.sampling = sp, .max_tokens = (int)max_tokens, .eos_ids = eos, .n_eos = n_eos};
     exo_gen_stats st;
     if (exo_generate(m, seq, ids, n_ids, &gp, on_token, &out, &st, &err))
         goto fail;

@@ -15,8 +15,10 @@ int exo_cmd_chat_template(int argc, char **argv);
 int exo_cmd_tokenize(int argc, char **argv);
 int exo_cmd_detokenize(int argc, char **argv);
 int exo_cmd_runner(int argc, char **argv);
+int exo_cmd_serve(int argc, char **argv);
 
 static const exo_command commands[] = {
+    {"serve", exo_cmd_serve, "run the node daemon: HTTP API on :52415 (the default command)"},
     {"run", exo_cmd_run, "generate text from a local model directory"},
     {"logits", exo_cmd_logits, "write every position's logits of one prefill (f32 [T, vocab])"},
     {"convert-llama2c", exo_cmd_convert_llama2c, "convert a llama2.c checkpoint to a HF Llama dir"},
@@ -31,17 +33,19 @@ static const exo_command commands[] = {
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: exo <command> [args]\n\ncommands:\n");
+    fprintf(f, "usage: exo [<command>] [args]     (no command: exo serve)\n\ncommands:\n");
     for (const exo_command *c = commands; c->name; c++)
         fprintf(f, "  %-16s %s\n", c->name, c->summary);
 }
 
 int main(int argc, char **argv)
 {
-    if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
-        usage(argc < 2 ? stderr : stdout);
-        return argc < 2 ? 2 : 0;
+    if (argc >= 2 && (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help"))) {
+        usage(stdout);
+        return 0;
     }
+    if (argc < 2 || argv[1][0] == '-') /* `exo` and `exo --api-port ...` are the daemon */
+        return exo_cmd_serve(argc, argv);
     for (const exo_command *c = commands; c->name; c++)
         if (!strcmp(c->name, argv[1]))
             return c->fn(argc - 1, argv + 1);

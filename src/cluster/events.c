@@ -1271,3 +1271,114 @@ json_t *exo_command_to_json(const exo_command *cmd)
     }
     return tagged(exo_command_kind_name(cmd->kind), b);
 }
+
+/* ---- instance from JSON (POST /instance) ---------------------------------- */
+
+/* camelCase or snake_case member */
+static json_t *member(const json_t *o, const char *camel, const char *snake)
+{
+    json_t *v = json_object_get(o, camel);
+    return v ? v : json_object_get(o, snake);
+}
+
+/* {"Tag": body}: the tag (one key) and its body object. */
+static const char *untag(const json_t *j, json_t **body)
+{
+    if (!json_is_object(j) || json_object_size(j) != 1)
+        return NULL;
+    const char *tag = json_object_iter_key(json_object_iter((json_t *)j));
+    *body = json_object_iter_value(json_object_iter((json_t *)j));
+    return json_is_object(*body) ? tag : NULL;
+}
+
+static int int_member(const json_t *o, const char *camel, const char *snake, int32_t *out, exo_err *err)
+{
+    json_t *v = member(o, camel, snake);
+    if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > INT32_MAX)
+        return exo_err_set(err, EXO_EINVAL, "instance: %s must be a non-negative integer", camel);
+    *out = (int32_t)json_integer_value(v);
+    return 0;
+}
+
+int exo_instance_from_json(const json_t *j, exo_instance *out, exo_err *err)
+{
+    memset(out, 0, sizeof *out);
+    json_t *body;
+    const char *tag = untag(j, &body);
+    if (!tag)
+        return exo_err_set(err, EXO_EINVAL, "instance: expected {\"MlxRingInstance\": {...}}");
+    size_t tl = strlen(tag);
+    int meta = tl > 8 && !strcmp(tag + tl - 8, "Instance") ? exo_instance_meta_parse(tag, tl - 8) : -1;
+    if (meta < 0)
+        return exo_err_set(err, EXO_EINVAL, "instance: unknown instance type %.64s", tag);
+    out->meta = (exo_instance_meta)meta;
+    const char *id = json_string_value(member(body, "instanceId", "instance_id"));
+    json_t *sa = member(body, "shardAssignments", "shard_assignments");
+    json_t *r2s = member(sa, "runnerToShard", "runner_to_shard");
+    json_t *n2r = member(sa, "nodeToRunner", "node_to_runner");
+    const char *model = json_string_value(member(sa, "modelId", "model_id"));
+    int rc = 0;
+    if (!id || exo_id_set(&out->instance_id, id, NULL))
+        return exo_err_set(err, EXO_EINVAL, "instance: instanceId must be an id string");
+    if (!model || !exo_model_id_valid(model, strlen(model)))
+        return exo_err_set(err, EXO_EINVAL, "instance: shardAssignments.modelId must be a model id");
+    snprintf(out->model_id, sizeof out->model_id, "%s", model);
+    if (!json_is_object(r2s) || !json_is_object(n2r) || !json_object_size(r2s) ||
+        json_object_size(r2s) > EXO_MAX_SHARDS || json_object_size(n2r) != json_object_size(r2s))
+        return exo_err_set(err, EXO_EINVAL,
+                           "instance: runnerToShard and nodeToRunner must be non-empty objects of equal size");
+    out->n_shards = json_object_size(r2s);
+    out->shards = exo_calloc(out->n_shards, sizeof *out->shards);
+    const char *rid;
+    json_t *tagged_shard;
+    size_t i = 0;
+    int sharding = -1;
+    json_object_foreach(r2s, rid, tagged_shard) {
+        json_t *sb;
+        const char *st = untag(tagged_shard, &sb);
+        int sk = !st ? -1 : !strcmp(st, "PipelineShardMetadata") ? EXO_SHARDING_PIPELINE
+                          : !strcmp(st, "TensorShardMetadata")   ? EXO_SHARDING_TENSOR : -1;
+        if (sk < 0 || (sharding >= 0 && sk != sharding)) {
+            rc = exo_err_set(err, EXO_EINVAL, "instance: shard of runner %.64s: expected one kind of "
+                             "{\"PipelineShardMetadata\"|\"TensorShardMetadata\": {...}}", rid);
+            break;
+        }
+        sharding = sk;
+        exo_shard *s = &out->shards[i++];
+        if ((rc = exo_id_set(&s->runner_id, rid, err)) ||
+            (rc = int_member(sb, "deviceRank", "device_rank", &s->device_rank, err)) ||
+            (rc = int_member(sb, "worldSize", "world_size", &s->world_size, err)) ||
+            (rc = int_member(sb, "startLayer", "start_layer", &s->start_layer, err)) ||
+            (rc = int_member(sb, "endLayer", "end_layer", &s->end_layer, err)) ||
+            (rc = int_member(sb, "nLayers", "n_layers", &s->n_layers, err)))
+            break;
+        const char *nid;
+        json_t *rv;
+        bool found = false;
+        json_object_foreach(n2r, nid, rv) {
+            if (json_is_string(rv) && !strcmp(json_string_value(rv), rid)) {
+                if ((rc = exo_id_set(&s->node_id, nid, err)))
+                    break;
+                found = true;
+            }
+        }
+        if (!rc && !found)
+            rc = exo_err_set(err, EXO_EINVAL, "instance: runner %.64s has no node in nodeToRunner", rid);
+        if (rc)
+            break;
+    }
+    if (!rc) {
+        out->sharding = (exo_sharding)sharding;
+        /* shards are ordered by rank, as exo_instance_validate expects */
+        for (size_t a = 1; a < out->n_shards; a++)
+            for (size_t b = a; b > 0 && out->shards[b - 1].device_rank > out->shards[b].device_rank; b--) {
+                exo_shard t = out->shards[b];
+                out->shards[b] = out->shards[b - 1];
+                out->shards[b - 1] = t;
+            }
+        rc = exo_instance_validate(out, err);
+    }
+    if (rc)
+        exo_instance_clear(out);
+    return rc;
+}

@@ -139,6 +139,11 @@ json_t *exo_command_to_json(const exo_command *cmd);
 
 /* JSON pieces the State rendering shares (tagged, camelCase). */
 json_t *exo_instance_to_json(const exo_instance *inst);
+/* The inverse, for POST /instance: a tagged instance as exo_instance_to_json
+ * writes it (snake_case keys are accepted too, as exo's models do). The
+ * result is validated (exo_instance_validate); EXO_EINVAL naming the field
+ * otherwise, *out left zeroed. */
+int     exo_instance_from_json(const json_t *j, exo_instance *out, exo_err *err);
 json_t *exo_task_to_json(const exo_task *t);
 json_t *exo_runner_status_to_json(const exo_runner_status *st);
 /* RFC 3339 UTC with milliseconds ("2026-01-02T03:04:05.678Z"). */

@@ -1,7 +1,12 @@
 /* The generation loop: prefill a prompt, then sample and decode one token at
  * a time until an end-of-sequence id, max_tokens, or the caller says stop.
  * Each generated token is handed to a callback as soon as it exists, so the
- * CLI prints and the API streams without buffering. */
+ * CLI prints and the API streams without buffering.
+ *
+ * A long prompt can be prefilled in chunks (prefill_chunk tokens per
+ * forward call, only the last one computing logits), with a progress
+ * callback between chunks that can also cancel: that is how the runner
+ * reports prefill progress and honours a Cancel before the first token. */
 #ifndef EXO_ENGINE_GENERATE_H
 #define EXO_ENGINE_GENERATE_H
 
@@ -22,6 +27,14 @@ typedef struct exo_gen_params {
     int            max_tokens;  /* > 0 */
     const int64_t *eos_ids;     /* generation stops at any of these (not reported) */
     int            n_eos;
+    /* Optional (zero = off). prefill_chunk: at most this many prompt tokens
+     * per forward call; <= 0: the whole prompt in one call. on_prefill
+     * (with the ctx passed to exo_generate): called after every prefill
+     * chunk but the last with the prompt tokens processed so far (< total);
+     * nonzero stops before any token is sampled (finish = CANCEL,
+     * generated_tokens = 0; the sequence keeps the processed tokens). */
+    int            prefill_chunk;
+    int          (*on_prefill)(void *ctx, int processed, int total);
 } exo_gen_params;
 
 typedef struct exo_gen_stats {
@@ -35,7 +48,8 @@ typedef struct exo_gen_stats {
 typedef int (*exo_gen_token_fn)(void *ctx, const exo_sample *tok);
 
 /* Generates from `prompt` appended to `seq` (which may already hold a
- * prefix). Errors are those of exo_model_forward. */
+ * prefix). Errors are those of exo_model_forward; an error during the
+ * prefill leaves `seq` at its length before the call. */
 int exo_generate(exo_model *m, exo_seq *seq, const int32_t *prompt, int n_prompt,
                  const exo_gen_params *p, exo_gen_token_fn on_token, void *ctx,
                  exo_gen_stats *stats, exo_err *err);

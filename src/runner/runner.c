@@ -1,7 +1,10 @@
 /* Runner process main loop (see runner.h): load + per-layer page-in with
  * progress, warm-up, and a FIFO of generation requests whose token callback
  * detokenizes, parses (think / tool calls / stop sequences) and streams
- * chunks up the socket while polling it for cancels. */
+ * chunks up the socket while polling it for cancels. Prompts are prefilled
+ * in chunks of PREFILL_CHUNK tokens; between chunks a PREFILL progress
+ * chunk goes up and the socket is polled the same way, so a Cancel also
+ * stops a long prefill. */
 #include "runner/runner.h"
 
 #include "api/output_parser.h"
@@ -26,6 +29,7 @@
 #define DEFAULT_CTX        4096
 #define DEFAULT_MAX_TOKENS 32168 /* exo's MAX_TOKENS when the client sets none */
 #define WARMUP_PROMPT      "Prompt to warm up the inference engine. Repeat this."
+#define PREFILL_CHUNK      512   /* prompt tokens per forward call between progress chunks */
 
 typedef struct job {
     char            id[EXO_RUNNER_ID_MAX + 1];
@@ -433,7 +437,8 @@ static void warm_up(runner *r, int n_tokens)
         max = r->ctx - (int)n;
     if (max > 0) {
         int64_t eos[EXO_CONFIG_MAX_EOS + 8];
-        exo_gen_params gp = {exo_sampler_defaults(), max, eos, eos_list(r, eos)};
+        exo_gen_params gp = {.sampling = exo_sampler_defaults(), .max_tokens = max,
+                             .eos_ids = eos, .n_eos = eos_list(r, eos)};
         exo_gen_stats st;
         double t0 = exo_clock_seconds();
         exo_seq_truncate(r->seq, 0);
@@ -537,6 +542,19 @@ static int on_token(void *ctx, const exo_sample *s)
     return g->stopped || r->cancel_cur || r->peer_gone;
 }
 
+/* Between prefill chunks: progress up, cancels in. */
+static int on_prefill(void *ctx, int processed, int total)
+{
+    gen_ctx *g = ctx;
+    runner *r = g->r;
+    exo_chunk c;
+    exo_chunk_prefill(&c, processed, total);
+    send_chunk(r, g->j->id, &c);
+    exo_chunk_free(&c);
+    drain(r, false);
+    return r->cancel_cur || r->peer_gone;
+}
+
 static void sampling_for(const runner *r, const exo_gen_request *q, exo_sampler_params *sp)
 {
     const exo_generation_defaults *g = &exo_model_get_config(r->model)->generation;
@@ -630,12 +648,14 @@ static void run_job(runner *r, job *j)
     bool keep_special = !q->bench && (pc.tool_format != EXO_TOOL_FMT_NONE || pc.think_start);
     g.ds = exo_detok_stream_new(r->tok, !keep_special);
 
-    exo_gen_params gp;
+    exo_gen_params gp = {0};
     sampling_for(r, q, &gp.sampling);
     gp.max_tokens = q->has & EXO_GEN_HAS_MAX_TOKENS ? q->max_tokens : DEFAULT_MAX_TOKENS;
     int64_t eos[EXO_CONFIG_MAX_EOS + 8];
     gp.eos_ids = eos;
     gp.n_eos = q->bench ? 0 : eos_list(r, eos);
+    gp.prefill_chunk = PREFILL_CHUNK;
+    gp.on_prefill = on_prefill;
 
     exo_gen_stats st;
     exo_seq_truncate(r->seq, 0);
@@ -666,7 +686,9 @@ static void run_job(runner *r, job *j)
     fr = exo_output_parser_finish(g.parser, fr, emit, &g);
     exo_usage usage = {(int)n_ids, st.generated_tokens,
                        exo_output_parser_reasoning_tokens(g.parser), 0};
-    double ptps = st.prefill_seconds > 0 ? n_ids / st.prefill_seconds : 0;
+    /* a prefill cancelled part way has no meaningful prompt speed */
+    bool prefilled = st.finish != EXO_FINISH_CANCEL || st.generated_tokens > 0;
+    double ptps = prefilled && st.prefill_seconds > 0 ? n_ids / st.prefill_seconds : 0;
     double gtps = st.decode_seconds > 0 && st.generated_tokens > 1
                       ? (st.generated_tokens - 1) / st.decode_seconds : 0;
     exo_chunk fin;

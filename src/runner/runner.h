@@ -33,8 +33,10 @@
  * (none for bench requests). Special tokens stay in the text when the
  * output parser needs them (a tool-call format or think tags detected in
  * the template), and are skipped otherwise, as `exo run` does.
- * Not yet: cancel during a prompt's prefill (checked per token only),
- * PREFILL progress chunks, prefix caching, batching. */
+ * Prompts prefill in chunks of 512 tokens; after each chunk the runner
+ * sends a PREFILL progress chunk and checks for a Cancel, so a cancel is
+ * honoured within one chunk or one token. Not yet: prefix caching,
+ * continuous batching (requests run one at a time, FIFO). */
 #ifndef EXO_RUNNER_RUNNER_H
 #define EXO_RUNNER_RUNNER_H
 

@@ -356,7 +356,7 @@ int exo_tok_merges_parse(exo_tok_vocab *v, const char *s, size_t n, bool byte_le
                     goto bad;
                 if (a.len >= 8 && !memcmp(a.p, "#version", 8))
                     goto sep;
-                char *sp = memchr(a.p, ' ', a.len);
+                char *sp = a.len ? memchr(a.p, ' ', a.len) : NULL; /* "" has no buffer */
                 if (!sp || memchr(sp + 1, ' ', a.len - (size_t)(sp + 1 - a.p)))
                     goto bad;
                 size_t la = (size_t)(sp - a.p);

@@ -8,8 +8,10 @@
  *   3: bytes split into payloads (1-byte length prefixes) and framed with
  *      valid CRCs, so recovery accepts them and decoding/folding of log
  *      records is exercised past the checksum
+ *   4: bytes -> JSON -> exo_instance_from_json (POST /instance bodies); an
+ *      accepted instance validates and survives to_json -> from_json equal
  * Invariants are checked with abort(), which libFuzzer reports as a crash. */
-// FUZZ_SOURCES: src/cluster/*.c src/core/alloc.c src/core/error.c src/core/log.c src/core/clock.c
+// FUZZ_SOURCES: src/cluster/types.c src/cluster/events.c src/cluster/state.c src/cluster/event_log.c src/cluster/crc32c.c src/core/alloc.c src/core/error.c src/core/log.c src/core/clock.c
 // FUZZ_LIBS: -lmsgpackc -lzstd
 #include "cluster/crc32c.h"
 #include "cluster/event_log.h"
@@ -174,6 +176,25 @@ static void fuzz_framed(const uint8_t *data, size_t size)
     exo_free(out);
 }
 
+static void fuzz_instance_json(const uint8_t *data, size_t size)
+{
+    json_t *j = json_loadb((const char *)data, size, JSON_DECODE_ANY, NULL);
+    if (!j)
+        return;
+    exo_instance inst, back;
+    exo_err err;
+    if (exo_instance_from_json(j, &inst, &err) == 0) {
+        CHECK(exo_instance_validate(&inst, &err) == 0);
+        json_t *again = exo_instance_to_json(&inst);
+        CHECK(exo_instance_from_json(again, &back, &err) == 0);
+        CHECK(exo_instance_equal(&inst, &back));
+        exo_instance_clear(&back);
+        json_decref(again);
+        exo_instance_clear(&inst);
+    }
+    json_decref(j);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     static int quiet;
@@ -183,6 +204,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     if (size == 0)
         return 0;
+    if (data[0] & 4) {
+        fuzz_instance_json(data + 1, size - 1);
+        return 0;
+    }
     switch (data[0] & 3) {
     case 0: fuzz_event(data + 1, size - 1); break;
     case 1: fuzz_command(data + 1, size - 1); break;

@@ -2,7 +2,9 @@
  * converted to a HF dir with a small Llama-2 style chat template: load with
  * per-layer progress to Ready, greedy text equal to `exo run --chat`,
  * finish reasons (length, stop at an eos id from generation_config.json,
- * stop sequence), cancel of the running and of a queued request, FIFO
+ * stop sequence), cancel of the running and of a queued request, PREFILL
+ * progress chunks of a prompt over 512 tokens and a cancel during its
+ * prefill, FIFO
  * without interleaving, SIGKILL mid-request -> error chunks + Failed, bad
  * model dir -> Failed with the reason, clean shutdown, and fake runners
  * (shell scripts) that send malformed frames or die. */
@@ -119,6 +121,10 @@ typedef struct rec {
     const char *want_done;
     exo_runner_status_kind want_status;
     const char *want_chunk_of;
+    /* when set, on_chunk cancels this command at its first PREFILL chunk */
+    exo_supervisor *sup;
+    const char     *cancel_at_prefill;
+    double          cancel_t;
 } rec;
 
 static ev *push(rec *r, int what, const char *id)
@@ -143,7 +149,14 @@ static void on_status(void *ctx, const exo_runner_status *st)
 
 static void on_chunk(void *ctx, const char *id, const exo_chunk *c)
 {
-    exo_chunk_copy(&push(ctx, EV_CHUNK, id)->chunk, c);
+    rec *r = ctx;
+    exo_chunk_copy(&push(r, EV_CHUNK, id)->chunk, c);
+    if (r->cancel_at_prefill && c->kind == EXO_CHUNK_PREFILL && !strcmp(id, r->cancel_at_prefill)) {
+        exo_err err = {0};
+        cr_assert_eq(exo_supervisor_cancel(r->sup, id, &err), 0, "%s", err.msg);
+        r->cancel_at_prefill = NULL;
+        r->cancel_t = now();
+    }
 }
 
 static void on_done(void *ctx, const char *id) { push(ctx, EV_DONE, id); }
@@ -435,6 +448,110 @@ Test(runner_supervisor, cancel_running_request_stops_promptly)
     generate(s, "next", &q2);
     wait_done(s, &r, "next");
     cr_assert_eq(terminal_of(&r, "next")->reason, EXO_FR_LENGTH);
+    exo_gen_request_free(&q);
+    exo_gen_request_free(&q2);
+    exo_supervisor_free(s);
+    rec_free(&r);
+}
+
+/* A user message of about 1.7 tokens per word with stories260K's
+ * 512-token vocabulary (600 words: 1,016 prompt tokens). */
+static char *long_prompt(int n_words)
+{
+    static const char *const words[] = {"The", "cat", "sat", "on", "the", "mat."};
+    exo_sbuf b;
+    exo_sbuf_init(&b);
+    for (int i = 0; i < n_words; i++) {
+        exo_sbuf_puts(&b, i ? " " : "");
+        exo_sbuf_puts(&b, words[i % 6]);
+    }
+    return exo_sbuf_take(&b);
+}
+
+Test(runner_supervisor, long_prompt_reports_prefill_progress)
+{
+    char *prompt = long_prompt(800); /* ~1,350 tokens: progress at 512 and 1,024 */
+    char *want = cli_text(model, prompt, 10);
+    rec r = {0};
+    exo_supervisor *s = spawn(&r);
+    load(s, &r, model, LONG_CTX);
+    exo_gen_request q;
+    request(&q, prompt, 10);
+    generate(s, "p", &q);
+    wait_done(s, &r, "p");
+    const exo_chunk *fin = terminal_of(&r, "p");
+    cr_assert_eq(fin->kind, EXO_CHUNK_FINISH);
+    cr_assert_eq(fin->reason, EXO_FR_LENGTH);
+    cr_assert_eq(fin->usage.completion_tokens, 10);
+    int total = fin->usage.prompt_tokens;
+    cr_assert_gt(total, 1024, "the prompt is only %d tokens", total);
+    /* PREFILL 512, 1024, ... (< total) every one before the first TOKEN */
+    int n_prefill = 0, n_token = 0;
+    for (int i = 0; i < r.n; i++) {
+        const exo_chunk *c = &r.evs[i].chunk;
+        if (r.evs[i].what != EV_CHUNK || strcmp(r.evs[i].id, "p"))
+            continue;
+        if (c->kind == EXO_CHUNK_PREFILL) {
+            cr_assert_eq(n_token, 0, "PREFILL after a TOKEN");
+            n_prefill++;
+            cr_assert_eq(c->processed, 512 * n_prefill);
+            cr_assert_lt(c->processed, total);
+            cr_assert_eq(c->total, total);
+        } else if (c->kind == EXO_CHUNK_TOKEN) {
+            n_token++;
+        }
+    }
+    cr_assert_eq(n_prefill, (total + 511) / 512 - 1);
+    cr_assert_gt(n_token, 0);
+    /* the chunked prefill changes nothing in the text */
+    char *got = text_of(&r, "p");
+    cr_assert_str_eq(got, want);
+    exo_free(got);
+    exo_free(want);
+    exo_free(prompt);
+    exo_gen_request_free(&q);
+    exo_supervisor_free(s);
+    rec_free(&r);
+}
+
+Test(runner_supervisor, cancel_during_prefill_stops_before_any_token)
+{
+    char *prompt = long_prompt(1500); /* ~2,500 tokens: progress at 512, ..., 2,048 */
+    rec r = {0};
+    exo_supervisor *s = spawn(&r);
+    load(s, &r, model, LONG_CTX);
+    exo_gen_request q;
+    request(&q, prompt, 10);
+    r.sup = s;
+    r.cancel_at_prefill = "c"; /* the Cancel leaves as the first PREFILL arrives */
+    generate(s, "c", &q);
+    wait_done(s, &r, "c");
+    double dt = now() - r.cancel_t;
+    cr_assert_null(r.cancel_at_prefill, "no PREFILL chunk came");
+    const exo_chunk *fin = terminal_of(&r, "c");
+    cr_assert_eq(fin->kind, EXO_CHUNK_FINISH);
+    cr_assert_eq(fin->reason, EXO_FR_CANCELLED);
+    cr_assert_eq(fin->usage.completion_tokens, 0);
+    int n_prefill = 0;
+    for (int i = 0; i < r.n; i++) {
+        const exo_chunk *c = &r.evs[i].chunk;
+        if (r.evs[i].what != EV_CHUNK || strcmp(r.evs[i].id, "c"))
+            continue;
+        cr_assert_neq(c->kind, EXO_CHUNK_TOKEN, "a TOKEN chunk after the cancel");
+        n_prefill += c->kind == EXO_CHUNK_PREFILL;
+    }
+    /* stopped at the next chunk boundary, well before the prompt's end */
+    cr_assert_lt(n_prefill, (fin->usage.prompt_tokens + 511) / 512 - 1, "%d PREFILL chunks",
+                 n_prefill);
+    cr_assert_lt(dt, 2.0, "cancel took %.3f s", dt);
+    /* the runner is ready for more */
+    wait_ready(s);
+    exo_gen_request q2;
+    request(&q2, "Once upon a time", 3);
+    generate(s, "next", &q2);
+    wait_done(s, &r, "next");
+    cr_assert_eq(terminal_of(&r, "next")->reason, EXO_FR_LENGTH);
+    exo_free(prompt);
     exo_gen_request_free(&q);
     exo_gen_request_free(&q2);
     exo_supervisor_free(s);

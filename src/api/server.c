@@ -1,0 +1,613 @@
+/* The node's HTTP API (see server.h). Handlers run on libmicrohttpd
+ * threads; they read the State through exo_node_read_state and submit work
+ * through the node's thread-safe calls, so nothing here keeps state of its
+ * own beyond the per-generation glue (struct api_gen). */
+#include "api/server.h"
+
+#include "api/gen_response.h"
+#include "cluster/events.h"
+#include "core/alloc.h"
+#include "core/log.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+struct exo_api_server {
+    exo_node        *node;
+    exo_http_server *http;
+};
+
+/* ---- small helpers ------------------------------------------------------------ */
+
+static void respond_json(exo_http_request *r, int status, json_t *j)
+{
+    char *s = json_dumps(j, JSON_COMPACT | JSON_ENCODE_ANY);
+    exo_http_respond(r, status, "application/json", s, strlen(s));
+    free(s);
+    json_decref(j);
+}
+
+static void respond_error(exo_http_request *r, int status, const char *message)
+{
+    exo_http_respond_error(r, status, message);
+}
+
+static json_t *command_received(const exo_id *command_id)
+{
+    return json_pack("{s:s, s:s}", "message", "Command received.", "command_id", command_id->s);
+}
+
+/* A JSON object body, or NULL after answering 400. */
+static json_t *json_body(exo_http_request *r)
+{
+    size_t len;
+    const char *body = exo_http_body(r, &len);
+    json_error_t jerr;
+    json_t *j = json_loadb(body, len, JSON_REJECT_DUPLICATES, &jerr);
+    if (!json_is_object(j)) {
+        char msg[256];
+        snprintf(msg, sizeof msg, j ? "the body must be a JSON object" : "invalid JSON: %s", jerr.text);
+        json_decref(j);
+        respond_error(r, 400, msg);
+        return NULL;
+    }
+    return j;
+}
+
+/* Optional enum member: default when absent, -1 (after answering 400) when bad. */
+static int enum_member(exo_http_request *r, const char *value, const char *name, int dflt,
+                       int (*parse)(const char *, size_t))
+{
+    if (!value)
+        return dflt;
+    int v = parse(value, strlen(value));
+    if (v < 0) {
+        char msg[256];
+        snprintf(msg, sizeof msg, "%s: unknown value '%.64s'", name, value);
+        respond_error(r, 400, msg);
+    }
+    return v;
+}
+
+static int status_for(int code) { return code == EXO_ENOENT ? 404 : code == EXO_ECANCELED ? 503 : 400; }
+
+/* ---- node and state ------------------------------------------------------------ */
+
+static void h_node_id(exo_http_request *r, void *ud)
+{
+    exo_api_server *s = ud;
+    respond_json(r, 200, json_string(exo_node_id(s->node)));
+}
+
+static void grab_state(void *ctx, const exo_state *st) { *(json_t **)ctx = exo_state_to_json(st); }
+
+static json_t *state_json(exo_api_server *s)
+{
+    json_t *j = NULL;
+    exo_node_read_state(s->node, grab_state, &j);
+    return j;
+}
+
+static void h_state(exo_http_request *r, void *ud)
+{
+    json_t *j = state_json(ud);
+    const char *path = exo_http_param(r, "path");
+    if (!path || !*path) {
+        respond_json(r, 200, j);
+        return;
+    }
+    /* "/"-separated object keys and array indices, as exo's /state/{path} */
+    json_t *at = j;
+    char *copy = exo_strdup(path), *save = NULL;
+    for (char *seg = strtok_r(copy, "/", &save); seg && at; seg = strtok_r(NULL, "/", &save)) {
+        if (json_is_object(at)) {
+            at = json_object_get(at, seg);
+        } else if (json_is_array(at)) {
+            char *end;
+            long i = strtol(seg, &end, 10);
+            at = *end || i < 0 ? NULL : json_array_get(at, (size_t)i);
+        } else {
+            at = NULL;
+        }
+    }
+    exo_free(copy);
+    if (at)
+        respond_json(r, 200, json_incref(at));
+    else
+        respond_error(r, 404, "unable to find path");
+    json_decref(j);
+}
+
+static void h_events(exo_http_request *r, void *ud)
+{
+    exo_api_server *s = ud;
+    const char *since = exo_http_query(r, "since");
+    char *end = NULL;
+    long long from = since ? strtoll(since, &end, 10) : 0;
+    if (since && (*end || from < 0)) {
+        respond_error(r, 400, "since must be a non-negative integer");
+        return;
+    }
+    exo_err err = {0};
+    json_t *j = exo_node_events_json(s->node, from, &err);
+    if (!j)
+        respond_error(r, 500, err.msg);
+    else
+        respond_json(r, 200, j);
+}
+
+/* ---- instances ------------------------------------------------------------------ */
+
+static json_t *model_card(exo_api_server *s, const char *model_id)
+{
+    exo_model_store *models = exo_node_models(s->node);
+    const exo_model_entry *m = exo_model_store_find(models, model_id);
+    json_t *j = m ? exo_model_entry_to_json(m) : json_pack("{s:s}", "model_id", model_id);
+    exo_model_store_free(models);
+    return j;
+}
+
+typedef struct placement_args {
+    const char       *model_id;
+    int               sharding, meta, min_nodes;
+} placement_args;
+
+/* Reads model_id / sharding / instance_meta / min_nodes from a JSON body or
+ * the query; false after answering 400. */
+static bool placement_from(exo_http_request *r, json_t *body, placement_args *a)
+{
+    const char *sharding, *meta;
+    json_t *mn = NULL;
+    if (body) {
+        a->model_id = json_string_value(json_object_get(body, "model_id"));
+        sharding = json_string_value(json_object_get(body, "sharding"));
+        meta = json_string_value(json_object_get(body, "instance_meta"));
+        mn = json_object_get(body, "min_nodes");
+        if ((json_object_get(body, "sharding") && !sharding) ||
+            (json_object_get(body, "instance_meta") && !meta) || (mn && !json_is_integer(mn))) {
+            respond_error(r, 400, "sharding and instance_meta must be strings, min_nodes an integer");
+            return false;
+        }
+        a->min_nodes = mn ? (int)json_integer_value(mn) : 1;
+        if (mn && (json_integer_value(mn) < 1 || json_integer_value(mn) > EXO_MAX_SHARDS)) {
+            respond_error(r, 400, "min_nodes must be between 1 and 256");
+            return false;
+        }
+    } else {
+        a->model_id = exo_http_query(r, "model_id");
+        sharding = exo_http_query(r, "sharding");
+        meta = exo_http_query(r, "instance_meta");
+        const char *q = exo_http_query(r, "min_nodes");
+        a->min_nodes = q ? atoi(q) : 1;
+        if (a->min_nodes < 1 || a->min_nodes > EXO_MAX_SHARDS) {
+            respond_error(r, 400, "min_nodes must be between 1 and 256");
+            return false;
+        }
+    }
+    if (!a->model_id || !exo_model_id_valid(a->model_id, strlen(a->model_id))) {
+        respond_error(r, 400, "model_id is required");
+        return false;
+    }
+    if ((a->sharding = enum_member(r, sharding, "sharding", EXO_SHARDING_PIPELINE, exo_sharding_parse)) < 0 ||
+        (a->meta = enum_member(r, meta, "instance_meta", EXO_INSTANCE_META_MLX_RING,
+                               exo_instance_meta_parse)) < 0)
+        return false;
+    return true;
+}
+
+static void h_place_instance(exo_http_request *r, void *ud)
+{
+    exo_api_server *s = ud;
+    json_t *body = json_body(r);
+    placement_args a;
+    if (!body || !placement_from(r, body, &a)) {
+        json_decref(body);
+        return;
+    }
+    exo_id cmd;
+    exo_err err = {0};
+    int rc = exo_node_place_instance(s->node, a.model_id, (exo_sharding)a.sharding,
+                                     (exo_instance_meta)a.meta, a.min_nodes, NULL, &cmd, &err);
+    if (rc) {
+        respond_error(r, status_for(rc), err.msg);
+    } else {
+        json_t *j = command_received(&cmd);
+        json_object_set_new(j, "model_card", model_card(s, a.model_id));
+        respond_json(r, 200, j);
+    }
+    json_decref(body);
+}
+
+static void h_placement(exo_http_request *r, void *ud)
+{
+    exo_api_server *s = ud;
+    placement_args a;
+    if (!placement_from(r, NULL, &a))
+        return;
+    exo_instance inst;
+    exo_err err = {0};
+    int rc = exo_node_preview_placement(s->node, a.model_id, (exo_sharding)a.sharding,
+                                        (exo_instance_meta)a.meta, a.min_nodes, &inst, &err);
+    if (rc) {
+        respond_error(r, status_for(rc) == 404 ? 404 : 400, err.msg);
+        return;
+    }
+    respond_json(r, 200, exo_instance_to_json(&inst));
+    exo_instance_clear(&inst);
+}
+
+static void count_nodes(void *ctx, const exo_state *st) { *(size_t *)ctx = exo_state_node_count(st); }
+
+/* Every sharding x meta x node count, deduplicated by outcome, as exo's
+ * /instance/previews. memory_delta_by_node spreads the weights evenly over
+ * the instance's nodes, as exo does. */
+static void h_previews(exo_http_request *r, void *ud)
+{
+    exo_api_server *s = ud;
+    const char *model_id = exo_http_query(r, "model_id");
+    if (!model_id) {
+        respond_error(r, 400, "model_id is required");
+        return;
+    }
+    exo_model_store *models = exo_node_models(s->node);
+    const exo_model_entry *m = exo_model_store_find(models, model_id);
+    int64_t storage = m ? m->storage_bytes : 0;
+    exo_model_store_free(models);
+    json_t *list = json_array(), *seen = json_object();
+    size_t n_nodes = 0;
+    exo_node_read_state(s->node, count_nodes, &n_nodes);
+    for (int sh = 0; sh < EXO_SHARDING__COUNT; sh++)
+        for (int me = 0; me < EXO_INSTANCE_META__COUNT; me++)
+            for (int k = 1; k <= (int)(n_nodes ? n_nodes : 1); k++) {
+                exo_instance inst;
+                exo_err err = {0};
+                int rc = exo_node_preview_placement(s->node, model_id, (exo_sharding)sh,
+                                                    (exo_instance_meta)me, k, &inst, &err);
+                char key[EXO_ERR_LEN + 64];
+                if (rc)
+                    snprintf(key, sizeof key, "%d/%d/%s", sh, me, err.msg);
+                else
+                    snprintf(key, sizeof key, "%d/%d/%zu", inst.sharding, inst.meta, inst.n_shards);
+                if (json_object_get(seen, key)) {
+                    if (!rc)
+                        exo_instance_clear(&inst);
+                    continue;
+                }
+                json_object_set_new(seen, key, json_true());
+                json_t *p = json_pack("{s:s, s:s, s:s}", "model_id", model_id, "sharding",
+                                      exo_sharding_name(rc ? (exo_sharding)sh : inst.sharding),
+                                      "instance_meta",
+                                      exo_instance_meta_name(rc ? (exo_instance_meta)me : inst.meta));
+                json_t *delta = json_object();
+                if (!rc) {
+                    for (size_t i = 0; i < inst.n_shards; i++)
+                        json_object_set_new(delta, inst.shards[i].node_id.s,
+                                            json_integer(storage / (int64_t)inst.n_shards));
+                    json_object_set_new(p, "instance", exo_instance_to_json(&inst));
+                    json_object_set_new(p, "error", json_null());
+                    exo_instance_clear(&inst);
+                } else {
+                    json_object_set_new(p, "instance", json_null());
+                    json_object_set_new(p, "error", json_string(err.msg));
+                }
+                json_object_set_new(p, "memory_delta_by_node", delta);
+                json_array_append_new(list, p);
+            }
+    json_decref(seen);
+    respond_json(r, 200, json_pack("{s:o}", "previews", list));
+}
+
+static void h_create_instance(exo_http_request *r, void *ud)
+{
+    exo_api_server *s = ud;
+    json_t *body = json_body(r);
+    if (!body)
+        return;
+    exo_instance inst;
+    exo_err err = {0};
+    int rc = exo_instance_from_json(json_object_get(body, "instance"), &inst, &err);
+    exo_id cmd;
+    if (!rc) {
+        rc = exo_node_create_instance(s->node, &inst, &cmd, &err);
+        if (!rc) {
+            json_t *j = command_received(&cmd);
+            json_object_set_new(j, "model_card", model_card(s, inst.model_id));
+            respond_json(r, 200, j);
+        }
+        exo_instance_clear(&inst);
+    }
+    if (rc)
+        respond_error(r, 400, err.msg);
+    json_decref(body);
+}
+
+typedef struct find_instance {
+    exo_id  id;
+    json_t *out;
+} find_instance;
+
+static void grab_instance(void *ctx, const exo_state *st)
+{
+    find_instance *f = ctx;
+    const exo_instance *inst = exo_state_instance(st, &f->id);
+    f->out = inst ? exo_instance_to_json(inst) : NULL;
+}
+
+static void h_get_instance(exo_http_request *r, void *ud)
+{
+    exo_api_server *s = ud;
+    find_instance f = {{{0}}, NULL};
+    if (!exo_id_set(&f.id, exo_http_param(r, "id"), NULL))
+        exo_node_read_state(s->node, grab_instance, &f);
+    if (f.out)
+        respond_json(r, 200, f.out);
+    else
+        respond_error(r, 404, "Instance not found");
+}
+
+static void h_delete_instance(exo_http_request *r, void *ud)
+{
+    exo_api_server *s = ud;
+    exo_id id, cmd;
+    exo_err err = {0};
+    if (exo_id_set(&id, exo_http_param(r, "id"), NULL)) {
+        respond_error(r, 404, "Instance not found");
+        return;
+    }
+    int rc = exo_node_delete_instance(s->node, &id, &cmd, &err);
+    if (rc) {
+        respond_error(r, status_for(rc), rc == EXO_ENOENT ? "Instance not found" : err.msg);
+        return;
+    }
+    json_t *j = command_received(&cmd);
+    json_object_set_new(j, "instance_id", json_string(id.s));
+    respond_json(r, 200, j);
+}
+
+/* ---- models ------------------------------------------------------------------------ */
+
+static void h_models(exo_http_request *r, void *ud)
+{
+    exo_api_server *s = ud;
+    exo_model_store *models = exo_node_models(s->node);
+    json_t *data = json_array();
+    for (size_t i = 0; i < exo_model_store_count(models); i++)
+        json_array_append_new(data, exo_model_entry_to_json(exo_model_store_at(models, i)));
+    exo_model_store_free(models);
+    respond_json(r, 200, json_pack("{s:s, s:o}", "object", "list", "data", data));
+}
+
+/* The Ollama formatters take a flat list with running flags. */
+typedef struct model_infos {
+    exo_model_store    *store;
+    exo_api_model_info *v;
+    int                 n;
+} model_infos;
+
+static void mark_running(void *ctx, const exo_state *st)
+{
+    model_infos *mi = ctx;
+    for (int i = 0; i < mi->n; i++)
+        mi->v[i].running = exo_state_instances_for_model(st, mi->v[i].id, NULL, 0) > 0;
+}
+
+static void model_infos_load(exo_api_server *s, model_infos *mi)
+{
+    mi->store = exo_node_models(s->node);
+    mi->n = (int)exo_model_store_count(mi->store);
+    mi->v = exo_calloc((size_t)mi->n + 1, sizeof *mi->v);
+    for (int i = 0; i < mi->n; i++) {
+        const exo_model_entry *m = exo_model_store_at(mi->store, (size_t)i);
+        mi->v[i] = (exo_api_model_info){m->id, m->model_type, m->quantization, m->storage_bytes,
+                                        m->context_length, m->supports_tools, false, true, false};
+    }
+    exo_node_read_state(s->node, mark_running, mi);
+}
+
+static void model_infos_free(model_infos *mi)
+{
+    exo_free(mi->v);
+    exo_model_store_free(mi->store);
+}
+
+static void respond_owned(exo_http_request *r, int status, char *body)
+{
+    exo_http_respond(r, status, "application/json", body, strlen(body));
+    exo_free(body);
+}
+
+static void h_ollama_tags(exo_http_request *r, void *ud)
+{
+    model_infos mi;
+    model_infos_load(ud, &mi);
+    respond_owned(r, 200, exo_ollama_tags_json(mi.v, mi.n));
+    model_infos_free(&mi);
+}
+
+static void h_ollama_ps(exo_http_request *r, void *ud)
+{
+    model_infos mi;
+    model_infos_load(ud, &mi);
+    respond_owned(r, 200, exo_ollama_ps_json(mi.v, mi.n));
+    model_infos_free(&mi);
+}
+
+static void h_ollama_version(exo_http_request *r, void *ud)
+{
+    respond_owned(r, 200, exo_ollama_version_json());
+}
+
+static void h_ollama_show(exo_http_request *r, void *ud)
+{
+    model_infos mi;
+    model_infos_load(ud, &mi);
+    size_t len;
+    const char *body = exo_http_body(r, &len);
+    char *out = NULL;
+    int status = 200;
+    if (exo_ollama_show_json(body, len, mi.v, mi.n, &out, &status) == 0)
+        respond_owned(r, 200, out);
+    else
+        respond_error(r, status, status == 404 ? "model not found" : "model name is required");
+    model_infos_free(&mi);
+}
+
+/* ---- generation ---------------------------------------------------------------------- */
+
+typedef struct api_gen {
+    exo_api_server   *srv;
+    exo_api_response *resp;
+    exo_id            command_id;
+} api_gen;
+
+static void gen_on_close(void *ud, bool client_gone)
+{
+    api_gen *g = ud;
+    if (client_gone)
+        exo_node_cancel(g->srv->node, g->command_id.s); /* ENOENT if it already ended */
+}
+
+static void gen_on_chunk(void *ctx, const exo_chunk *c)
+{
+    api_gen *g = ctx;
+    exo_api_response_push(g->resp, c);
+}
+
+static void gen_on_end(void *ctx)
+{
+    api_gen *g = ctx;
+    exo_api_response_release(g->resp);
+    exo_free(g);
+}
+
+static void h_generate(exo_http_request *r, void *ud)
+{
+    exo_api_server *s = ud;
+    const char *path = exo_http_path(r);
+    exo_api_family f = exo_api_family_for_path(path);
+    for (int i = 0; i < exo_api_n_generation_routes; i++)
+        if (!strcmp(exo_api_generation_routes[i].path, path))
+            f = exo_api_generation_routes[i].family;
+    size_t len;
+    const char *body = exo_http_body(r, &len);
+    exo_gen_request req;
+    exo_gen_request_init(&req);
+    exo_err err = {0};
+    int status = 400;
+    if (exo_api_parse_request(f, body, len, &req, &status, &err)) {
+        respond_error(r, status, err.msg);
+        exo_gen_request_free(&req);
+        return;
+    }
+    if (!exo_node_serves_model(s->node, req.model)) {
+        char msg[EXO_MODEL_ID_MAX + 64];
+        snprintf(msg, sizeof msg, "No instance found for model %s", req.model);
+        respond_error(r, 404, msg);
+        exo_gen_request_free(&req);
+        return;
+    }
+    api_gen *g = exo_calloc(1, sizeof *g);
+    g->srv = s;
+    exo_id_new(&g->command_id);
+    g->resp = exo_api_response_open(r, f, &req, g->command_id.s, gen_on_close, g);
+    if (!g->resp) {
+        exo_free(g);
+        respond_error(r, 500, "cannot open the response stream");
+        exo_gen_request_free(&req);
+        return;
+    }
+    exo_gen_sink sink = {g, gen_on_chunk, gen_on_end};
+    if (exo_node_generate(s->node, &req, &sink, &g->command_id, &err)) {
+        /* lost a race with an instance deletion, or the node is stopping */
+        exo_chunk c;
+        exo_chunk_error(&c, err.msg);
+        exo_api_response_push(g->resp, &c);
+        exo_chunk_free(&c);
+        gen_on_end(g);
+    }
+    exo_gen_request_free(&req);
+}
+
+static void h_cancel(exo_http_request *r, void *ud)
+{
+    exo_api_server *s = ud;
+    const char *id = exo_http_param(r, "command_id");
+    if (exo_node_cancel(s->node, id)) {
+        respond_error(r, 404, "Command not found or already completed");
+        return;
+    }
+    respond_json(r, 200, json_pack("{s:s, s:s}", "message", "Command cancelled.", "command_id", id));
+}
+
+/* ---- start / stop ------------------------------------------------------------------ */
+
+typedef struct route {
+    const char      *method, *pattern;
+    exo_http_handler handler;
+} route;
+
+static const route routes[] = {
+    {"GET", "/node_id", h_node_id},
+    {"GET", "/state", h_state},
+    {"GET", "/state/{path:path}", h_state},
+    {"GET", "/events", h_events},
+    {"POST", "/instance", h_create_instance},
+    {"POST", "/place_instance", h_place_instance},
+    {"GET", "/instance/placement", h_placement},
+    {"GET", "/instance/previews", h_previews},
+    {"GET", "/instance/{id}", h_get_instance},
+    {"DELETE", "/instance/{id}", h_delete_instance},
+    {"GET", "/models", h_models},
+    {"GET", "/v1/models", h_models},
+    {"POST", "/v1/cancel/{command_id}", h_cancel},
+    {"GET", "/ollama/api/tags", h_ollama_tags},
+    {"GET", "/ollama/api/api/tags", h_ollama_tags},
+    {"GET", "/ollama/api/v1/tags", h_ollama_tags},
+    {"GET", "/ollama/api/ps", h_ollama_ps},
+    {"GET", "/ollama/api/version", h_ollama_version},
+    {"GET", "/ollama/", h_ollama_version},
+    {"POST", "/ollama/api/show", h_ollama_show},
+};
+
+int exo_api_server_start(exo_node *node, const exo_api_server_config *cfg, exo_api_server **out,
+                         exo_err *err)
+{
+    *out = NULL;
+    exo_api_server *s = exo_calloc(1, sizeof *s);
+    s->node = node;
+    exo_http_config hc = {
+        .bind_addr = cfg->bind_addr,
+        .port = cfg->port,
+        .keepalive_s = cfg->keepalive_s,
+        .error_body = exo_api_error_for_path,
+    };
+    s->http = exo_http_create(&hc);
+    int rc = 0;
+    for (size_t i = 0; i < sizeof routes / sizeof *routes && !rc; i++)
+        rc = exo_http_route(s->http, routes[i].method, routes[i].pattern, routes[i].handler, s);
+    for (int i = 0; i < exo_api_n_generation_routes && !rc; i++)
+        rc = exo_http_route(s->http, "POST", exo_api_generation_routes[i].path, h_generate, s);
+    if (rc) {
+        exo_err_set(err, rc, "cannot register the API routes");
+    } else {
+        rc = exo_http_start(s->http, err);
+    }
+    if (rc) {
+        exo_api_server_free(s);
+        return rc;
+    }
+    *out = s;
+    return 0;
+}
+
+int exo_api_server_port(const exo_api_server *s) { return exo_http_port(s->http); }
+
+void exo_api_server_free(exo_api_server *s)
+{
+    if (!s)
+        return;
+    exo_http_destroy(s->http);
+    exo_free(s);
+}

@@ -1,0 +1,176 @@
+/* `exo` / `exo serve`: the node daemon. Resolves its directories, takes the
+ * data dir's pid-file lock, starts the node (master + worker + event log)
+ * and the HTTP API, then waits for SIGINT/SIGTERM. The first signal shuts
+ * down cleanly (open generations end with an error, runners exit, the
+ * event log is archived); a second one exits at once.
+ *
+ * Signals are blocked in every thread and taken synchronously with
+ * sigwait in the main thread, so no handler runs inside library code. */
+#include "api/server.h"
+#include "cli/args.h"
+#include "cluster/node.h"
+#include "core/alloc.h"
+#include "core/log.h"
+#include "core/paths.h"
+
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#define DEFAULT_API_PORT 52415
+#define MAX_MODELS_DIRS  64
+
+int exo_cmd_serve(int argc, char **argv);
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: exo [serve] [options]\n"
+            "  --api-port N        HTTP API port (default 52415; 0: any free port)\n"
+            "  --host ADDR         bind address (default all interfaces)\n"
+            "  --models-dir DIR    a models directory (repeatable; also EXO_MODELS_DIRS,\n"
+            "                      EXO_MODELS_READ_ONLY_DIRS); models live in DIR/<org>--<name>/\n"
+            "  --data-dir DIR      event log, node id and pid file (default XDG data dir)\n"
+            "  --no-worker         do not run models on this node\n"
+            "  --no-api            do not serve the HTTP API\n"
+            "  --threads N         threads per runner (default: all CPUs)\n"
+            "  --ctx N             KV cache tokens per runner (default: the model's, at most 4096)\n"
+            "  --warmup-tokens N   tokens generated to warm a runner up (default 4)\n"
+            "  -v, -q              more / less logging\n");
+}
+
+/* Many SSE clients mean many sockets: raise the soft limit to the hard
+ * one (exo asks for at least 65535). */
+static void raise_fd_limit(void)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+        rl.rlim_cur = rl.rlim_max;
+        if (setrlimit(RLIMIT_NOFILE, &rl))
+            EXO_LOG_WARN("cannot raise the open-file limit to %llu", (unsigned long long)rl.rlim_max);
+    }
+}
+
+static void exit_now(int sig)
+{
+    static const char msg[] = "exo: second signal, exiting now\n";
+    if (write(2, msg, sizeof msg - 1) < 0) { /* nothing to do: we are leaving */ }
+    _exit(1);
+}
+
+int exo_cmd_serve(int argc, char **argv)
+{
+    long port = DEFAULT_API_PORT, threads = 0, ctx = 0, warmup = 4;
+    const char *host = NULL, *data_dir = NULL;
+    const char *models_dirs[MAX_MODELS_DIRS];
+    int n_models_dirs = 0, verbosity = 0;
+    bool worker = true, api = true;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v;
+        if (!strcmp(a, "--api-port")) {
+            if (!(v = exo_arg_value("serve", argc, argv, &i)) ||
+                exo_arg_int("serve", a, v, 0, 65535, &port))
+                return 2;
+        } else if (!strcmp(a, "--host")) {
+            if (!(host = exo_arg_value("serve", argc, argv, &i)))
+                return 2;
+        } else if (!strcmp(a, "--models-dir")) {
+            if (!(v = exo_arg_value("serve", argc, argv, &i)))
+                return 2;
+            if (n_models_dirs == MAX_MODELS_DIRS) {
+                fprintf(stderr, "exo serve: at most %d --models-dir\n", MAX_MODELS_DIRS);
+                return 2;
+            }
+            models_dirs[n_models_dirs++] = v;
+        } else if (!strcmp(a, "--data-dir")) {
+            if (!(data_dir = exo_arg_value("serve", argc, argv, &i)))
+                return 2;
+        } else if (!strcmp(a, "--threads") || !strcmp(a, "--ctx") || !strcmp(a, "--warmup-tokens")) {
+            long *dst = a[2] == 't' ? &threads : a[2] == 'c' ? &ctx : &warmup;
+            if (!(v = exo_arg_value("serve", argc, argv, &i)) ||
+                exo_arg_int("serve", a, v, 0, 1 << 24, dst))
+                return 2;
+        } else if (!strcmp(a, "--no-worker")) {
+            worker = false;
+        } else if (!strcmp(a, "--no-api")) {
+            api = false;
+        } else if (a[0] == '-' && a[1] != '-' && a[1] && strspn(a + 1, "vq") == strlen(a + 1)) {
+            for (const char *c = a + 1; *c; c++)
+                verbosity += *c == 'v' ? 1 : -1;
+        } else if (!strcmp(a, "--verbose")) {
+            verbosity++;
+        } else if (!strcmp(a, "--quiet")) {
+            verbosity--;
+        } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage(stdout);
+            return 0;
+        } else {
+            fprintf(stderr, "exo serve: unknown option '%s'\n", a);
+            usage(stderr);
+            return 2;
+        }
+    }
+    int level = EXO_LOG_INFO + verbosity;
+    exo_log_set_level(level < EXO_LOG_ERROR ? EXO_LOG_ERROR : level > EXO_LOG_DEBUG ? EXO_LOG_DEBUG
+                                                                                 : (exo_log_level)level);
+    raise_fd_limit();
+
+    exo_err err = {0};
+    exo_paths paths;
+    if (exo_paths_resolve(data_dir, models_dirs, n_models_dirs, &paths, &err)) {
+        fprintf(stderr, "exo: %s\n", err.msg);
+        return 1;
+    }
+    int pid_fd = -1;
+    if (exo_pidfile_acquire(paths.pid_file, &pid_fd, &err)) {
+        fprintf(stderr, "exo: %s\n", err.msg);
+        exo_paths_free(&paths);
+        return 1;
+    }
+    for (int i = 0; i < paths.n_models_dirs; i++)
+        EXO_LOG_INFO("models dir %s%s", paths.models_dirs[i].path,
+                     paths.models_dirs[i].read_only ? " (read-only)" : "");
+
+    sigset_t sigs;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGINT);
+    sigaddset(&sigs, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &sigs, NULL); /* inherited by every thread we start */
+    signal(SIGPIPE, SIG_IGN);
+
+    int status = 1;
+    exo_node *node = NULL;
+    exo_api_server *server = NULL;
+    exo_node_config nc = {&paths, worker, NULL, (int)threads, (int)ctx, (int)warmup, verbosity > 0};
+    if (exo_node_start(&nc, &node, &err)) {
+        fprintf(stderr, "exo: %s\n", err.msg);
+        goto out;
+    }
+    if (api) {
+        exo_api_server_config ac = {host, (int)port, 0};
+        if (exo_api_server_start(node, &ac, &server, &err)) {
+            fprintf(stderr, "exo: API on port %ld: %s\n", port, err.msg);
+            goto out;
+        }
+        EXO_LOG_INFO("API listening on http://%s:%d", host ? host : "0.0.0.0",
+                     exo_api_server_port(server));
+    }
+    int sig = 0;
+    sigwait(&sigs, &sig);
+    EXO_LOG_INFO("%s: shutting down (again to exit at once)", sig == SIGINT ? "SIGINT" : "SIGTERM");
+    signal(SIGINT, exit_now);
+    signal(SIGTERM, exit_now);
+    pthread_sigmask(SIG_UNBLOCK, &sigs, NULL);
+    status = 0;
+out:
+    exo_node_stop(node);          /* generations end, runners exit */
+    exo_api_server_free(server);  /* then the connections close */
+    exo_node_free(node);          /* and the log is archived */
+    exo_pidfile_release(pid_fd, paths.pid_file);
+    exo_paths_free(&paths);
+    return status;
+}

@@ -1,0 +1,309 @@
+/* Placement (layer split, memory, forced single-node Pipeline, tensor
+ * divisibility, min_nodes), the master's command -> event rules, and the
+ * POST /instance JSON decoder (round trip and rejections). */
+#include "cluster/master.h"
+#include "cluster/placement.h"
+#include "core/alloc.h"
+
+#include <criterion/criterion.h>
+#include <string.h>
+
+#define GIB (1024ull * 1024 * 1024)
+
+static void apply(exo_state *st, exo_event *ev)
+{
+    exo_err err = {0};
+    cr_assert_eq(exo_state_apply(st, exo_state_last_event_applied_idx(st) + 1, ev, &err), 0, "%s",
+                 err.msg);
+}
+
+static void add_node(exo_state *st, const char *id, uint64_t avail)
+{
+    exo_event ev;
+    exo_event_init(&ev, EXO_EVENT_NODE_GATHERED_INFO);
+    cr_assert_eq(exo_id_set(&ev.u.node_gathered_info.node_id, id, NULL), 0);
+    ev.u.node_gathered_info.when_ms = 1;
+    exo_node_info *in = &ev.u.node_gathered_info.info;
+    in->memory_total = avail * 2;
+    in->memory_available = avail;
+    in->cpu_count = 4;
+    snprintf(in->friendly_name, sizeof in->friendly_name, "%s", id);
+    in->backends = 1u << EXO_BACKEND_CPU;
+    apply(st, &ev);
+    exo_event_clear(&ev);
+}
+
+static exo_model_entry model(int layers, uint64_t bytes)
+{
+    exo_model_entry m;
+    memset(&m, 0, sizeof m);
+    snprintf(m.id, sizeof m.id, "org/model");
+    m.n_layers = layers;
+    m.storage_bytes = (int64_t)bytes;
+    m.hidden_size = 64;
+    m.n_kv_heads = 4;
+    return m;
+}
+
+Test(placement, split_layers_proportional_largest_remainder)
+{
+    int32_t starts[3];
+    uint64_t w[3] = {2, 1, 1};
+    cr_assert_eq(exo_placement_split_layers(10, w, 3, starts, NULL), 0);
+    /* 7 spare layers: 3.5, 1.75, 1.75 -> 3+1+1 = 5, remainders .75 .75 .5 give
+     * the two extras to nodes 1 and 2: counts 1+3, 1+2, 1+2 = 4, 3, 3 */
+    cr_assert_eq(starts[0], 0);
+    cr_assert_eq(starts[1], 4);
+    cr_assert_eq(starts[2], 7);
+    uint64_t eq[2] = {5, 5};
+    cr_assert_eq(exo_placement_split_layers(2, eq, 2, starts, NULL), 0);
+    cr_assert_eq(starts[1], 1);
+    cr_assert_eq(exo_placement_split_layers(1, eq, 2, starts, NULL), EXO_EINVAL);
+}
+
+Test(placement, single_node_is_pipeline_ring_with_all_layers)
+{
+    exo_state *st = exo_state_new();
+    add_node(st, "n1", 8 * GIB);
+    exo_model_entry m = model(16, 1 * GIB);
+    exo_placement_request req = {&m, EXO_SHARDING_TENSOR, EXO_INSTANCE_META_MLX_JACCL, 1};
+    exo_instance inst;
+    exo_err err = {0};
+    cr_assert_eq(exo_placement_place(st, &req, &inst, &err), 0, "%s", err.msg);
+    cr_assert_eq(inst.n_shards, 1);
+    cr_assert_eq(inst.sharding, EXO_SHARDING_PIPELINE);
+    cr_assert_eq(inst.meta, EXO_INSTANCE_META_MLX_RING);
+    cr_assert_eq(inst.shards[0].start_layer, 0);
+    cr_assert_eq(inst.shards[0].end_layer, 16);
+    cr_assert_str_eq(inst.shards[0].node_id.s, "n1");
+    cr_assert_eq(exo_instance_validate(&inst, &err), 0, "%s", err.msg);
+    exo_instance_clear(&inst);
+    exo_state_free(st);
+}
+
+Test(placement, fewest_nodes_that_fit_most_memory_first)
+{
+    exo_state *st = exo_state_new();
+    add_node(st, "small", 2 * GIB);
+    add_node(st, "big", 6 * GIB);
+    add_node(st, "mid", 4 * GIB);
+    exo_model_entry m = model(20, 9 * GIB);
+    exo_placement_request req = {&m, EXO_SHARDING_PIPELINE, EXO_INSTANCE_META_MLX_RING, 1};
+    exo_instance inst;
+    exo_err err = {0};
+    cr_assert_eq(exo_placement_place(st, &req, &inst, &err), 0, "%s", err.msg);
+    cr_assert_eq(inst.n_shards, 2, "big + mid hold 10 GiB >= 9");
+    cr_assert_str_eq(inst.shards[0].node_id.s, "big");
+    cr_assert_str_eq(inst.shards[1].node_id.s, "mid");
+    cr_assert_eq(inst.shards[0].end_layer, inst.shards[1].start_layer);
+    cr_assert_eq(inst.shards[1].end_layer, 20);
+    cr_assert_eq(inst.shards[0].end_layer, 12, "6:4 split of 20 layers");
+    exo_instance_clear(&inst);
+
+    m.storage_bytes = (int64_t)(13 * GIB);
+    cr_assert_eq(exo_placement_place(st, &req, &inst, &err), EXO_EINVAL);
+    cr_assert(strstr(err.msg, "not enough memory"), "%s", err.msg);
+
+    m.storage_bytes = (int64_t)GIB;
+    req.min_nodes = 4;
+    cr_assert_eq(exo_placement_place(st, &req, &inst, &err), EXO_EINVAL);
+    cr_assert(strstr(err.msg, "min_nodes"), "%s", err.msg);
+
+    req.min_nodes = 3;
+    req.sharding = EXO_SHARDING_TENSOR;
+    cr_assert_eq(exo_placement_place(st, &req, &inst, &err), EXO_EINVAL, "64 %% 3 != 0");
+    cr_assert(strstr(err.msg, "divisible"), "%s", err.msg);
+    req.min_nodes = 2;
+    cr_assert_eq(exo_placement_place(st, &req, &inst, &err), 0, "%s", err.msg);
+    cr_assert_eq(inst.sharding, EXO_SHARDING_TENSOR);
+    for (size_t i = 0; i < inst.n_shards; i++) {
+        cr_assert_eq(inst.shards[i].start_layer, 0);
+        cr_assert_eq(inst.shards[i].end_layer, 20);
+    }
+    exo_instance_clear(&inst);
+    exo_state_free(st);
+}
+
+Test(placement, no_nodes)
+{
+    exo_state *st = exo_state_new();
+    exo_model_entry m = model(4, 1);
+    exo_placement_request req = {&m, EXO_SHARDING_PIPELINE, EXO_INSTANCE_META_MLX_RING, 1};
+    exo_instance inst;
+    exo_err err = {0};
+    cr_assert_eq(exo_placement_place(st, &req, &inst, &err), EXO_EINVAL);
+    cr_assert(strstr(err.msg, "no nodes"), "%s", err.msg);
+    exo_state_free(st);
+}
+
+/* A state with one node and one instance of org/model on it. */
+static exo_state *with_instance(exo_instance *inst_out)
+{
+    exo_state *st = exo_state_new();
+    add_node(st, "n1", 8 * GIB);
+    exo_model_entry m = model(4, GIB);
+    exo_placement_request req = {&m, EXO_SHARDING_PIPELINE, EXO_INSTANCE_META_MLX_RING, 1};
+    exo_event ev;
+    exo_event_init(&ev, EXO_EVENT_INSTANCE_CREATED);
+    cr_assert_eq(exo_placement_place(st, &req, &ev.u.instance_created.instance, NULL), 0);
+    exo_instance_copy(inst_out, &ev.u.instance_created.instance);
+    apply(st, &ev);
+    exo_event_clear(&ev);
+    return st;
+}
+
+static void handle_apply(exo_state *st, const exo_command *cmd, exo_event_list *out)
+{
+    exo_err err = {0};
+    size_t from = out->n;
+    cr_assert_eq(exo_master_handle(st, cmd, NULL, out, &err), 0, "%s", err.msg);
+    for (size_t i = from; i < out->n; i++)
+        apply(st, &out->v[i]);
+}
+
+static exo_command text_gen(void)
+{
+    exo_command c;
+    exo_command_init(&c, EXO_COMMAND_TEXT_GENERATION);
+    snprintf(c.u.text_generation.model_id, EXO_MODEL_ID_MAX, "org/model");
+    c.u.text_generation.params_json = exo_strdup("{\"model\":\"org/model\"}");
+    return c;
+}
+
+Test(master, text_generation_lifecycle)
+{
+    exo_instance inst;
+    exo_state *st = with_instance(&inst);
+    exo_event_list out = {0};
+    exo_command gen = text_gen();
+    handle_apply(st, &gen, &out);
+    cr_assert_eq(out.n, 1);
+    cr_assert_eq(out.v[0].kind, EXO_EVENT_TASK_CREATED);
+    const exo_task *t = exo_state_task_for_command(st, &gen.command_id);
+    cr_assert(t);
+    cr_assert_eq(t->status, EXO_TASK_PENDING);
+    cr_assert(exo_id_eq(&t->instance_id, &inst.instance_id));
+    cr_assert_str_eq(t->params_json, "{\"model\":\"org/model\"}");
+
+    exo_command cancel;
+    exo_command_init(&cancel, EXO_COMMAND_TASK_CANCELLED);
+    cancel.u.task_cancelled.cancelled_command_id = gen.command_id;
+    handle_apply(st, &cancel, &out);
+    cr_assert_eq(out.n, 2);
+    cr_assert_eq(exo_state_task_for_command(st, &gen.command_id)->status, EXO_TASK_CANCELLED);
+    handle_apply(st, &cancel, &out);
+    cr_assert_eq(out.n, 2, "cancelling a cancelled task emits nothing");
+
+    exo_command fin;
+    exo_command_init(&fin, EXO_COMMAND_TASK_FINISHED);
+    fin.u.task_finished.finished_command_id = gen.command_id;
+    handle_apply(st, &fin, &out);
+    cr_assert_eq(out.v[2].kind, EXO_EVENT_TASK_DELETED);
+    cr_assert_null(exo_state_task_for_command(st, &gen.command_id));
+
+    exo_err err = {0};
+    cr_assert_eq(exo_master_handle(st, &fin, NULL, &out, &err), EXO_ENOENT);
+    cr_assert_eq(out.n, 3, "errors emit nothing");
+
+    exo_command other = text_gen();
+    snprintf(other.u.text_generation.model_id, EXO_MODEL_ID_MAX, "org/absent");
+    cr_assert_eq(exo_master_handle(st, &other, NULL, &out, &err), EXO_ENOENT);
+    cr_assert(strstr(err.msg, "No instance found for model org/absent"), "%s", err.msg);
+    exo_command place;
+    exo_command_init(&place, EXO_COMMAND_PLACE_INSTANCE);
+    snprintf(place.u.place_instance.model_id, EXO_MODEL_ID_MAX, "org/absent");
+    cr_assert_eq(exo_master_handle(st, &place, NULL, &out, &err), EXO_ENOENT);
+
+    exo_command_clear(&gen);
+    exo_command_clear(&other);
+    exo_event_list_clear(&out);
+    exo_instance_clear(&inst);
+    exo_state_free(st);
+}
+
+Test(master, least_loaded_instance_and_delete_cancels)
+{
+    exo_instance a, b;
+    exo_state *st = with_instance(&a);
+    exo_event ev;
+    exo_event_init(&ev, EXO_EVENT_INSTANCE_CREATED);
+    exo_instance_copy(&ev.u.instance_created.instance, &a);
+    exo_id_new(&ev.u.instance_created.instance.instance_id);
+    exo_id_new(&ev.u.instance_created.instance.shards[0].runner_id);
+    exo_instance_copy(&b, &ev.u.instance_created.instance);
+    apply(st, &ev);
+    exo_event_clear(&ev);
+
+    exo_event_list out = {0};
+    exo_command g[3];
+    for (int i = 0; i < 3; i++) {
+        g[i] = text_gen();
+        handle_apply(st, &g[i], &out);
+    }
+    const exo_task *t0 = exo_state_task_for_command(st, &g[0].command_id);
+    const exo_task *t1 = exo_state_task_for_command(st, &g[1].command_id);
+    cr_assert(!exo_id_eq(&t0->instance_id, &t1->instance_id), "second request goes to the idle instance");
+    cr_assert_eq(exo_state_active_task_count(st, &a.instance_id), 2);
+
+    exo_command del;
+    exo_command_init(&del, EXO_COMMAND_DELETE_INSTANCE);
+    del.u.delete_instance.instance_id = a.instance_id;
+    size_t from = out.n;
+    handle_apply(st, &del, &out);
+    cr_assert_eq(out.n - from, 3, "two cancels, then the deletion");
+    cr_assert_eq(out.v[from].kind, EXO_EVENT_TASK_STATUS_UPDATED);
+    cr_assert_eq(out.v[from + 2].kind, EXO_EVENT_INSTANCE_DELETED);
+    cr_assert_null(exo_state_instance(st, &a.instance_id));
+    cr_assert_eq(exo_state_active_task_count(st, &b.instance_id), 1);
+    exo_err err = {0};
+    cr_assert_eq(exo_master_handle(st, &del, NULL, &out, &err), EXO_ENOENT);
+
+    for (int i = 0; i < 3; i++)
+        exo_command_clear(&g[i]);
+    exo_event_list_clear(&out);
+    exo_instance_clear(&a);
+    exo_instance_clear(&b);
+    exo_state_free(st);
+}
+
+Test(master, instance_json_round_trip_and_rejections)
+{
+    exo_instance inst, back;
+    exo_state *st = with_instance(&inst);
+    json_t *j = exo_instance_to_json(&inst);
+    exo_err err = {0};
+    cr_assert_eq(exo_instance_from_json(j, &back, &err), 0, "%s", err.msg);
+    cr_assert(exo_instance_equal(&inst, &back));
+    exo_instance_clear(&back);
+    json_decref(j);
+
+    const char *bad[] = {
+        "null", "{}", "{\"Bogus\":{}}", "{\"MlxRingInstance\":{}}",
+        "{\"MlxRingInstance\":{\"instanceId\":\"i\",\"shardAssignments\":{\"modelId\":\"o/m\","
+        "\"runnerToShard\":{},\"nodeToRunner\":{}}}}",
+        "{\"MlxRingInstance\":{\"instanceId\":\"i\",\"shardAssignments\":{\"modelId\":\"o/m\","
+        "\"runnerToShard\":{\"r\":{\"PipelineShardMetadata\":{\"deviceRank\":0,\"worldSize\":1,"
+        "\"startLayer\":0,\"endLayer\":9,\"nLayers\":4}}},\"nodeToRunner\":{\"n\":\"r\"}}}}",
+        "{\"MlxRingInstance\":{\"instanceId\":\"i\",\"shardAssignments\":{\"modelId\":\"o/m\","
+        "\"runnerToShard\":{\"r\":{\"PipelineShardMetadata\":{\"deviceRank\":-1,\"worldSize\":1,"
+        "\"startLayer\":0,\"endLayer\":4,\"nLayers\":4}}},\"nodeToRunner\":{\"n\":\"r\"}}}}",
+        "{\"MlxRingInstance\":{\"instanceId\":\"i\",\"shardAssignments\":{\"modelId\":\"o/m\","
+        "\"runnerToShard\":{\"r\":{\"PipelineShardMetadata\":{\"deviceRank\":0,\"worldSize\":1,"
+        "\"startLayer\":0,\"endLayer\":4,\"nLayers\":4}}},\"nodeToRunner\":{\"n\":\"other\"}}}}",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        json_t *b = json_loads(bad[i], JSON_DECODE_ANY, NULL);
+        cr_assert_eq(exo_instance_from_json(b, &back, &err), EXO_EINVAL, "case %zu accepted", i);
+        json_decref(b);
+    }
+    const char *good = "{\"MlxRingInstance\":{\"instance_id\":\"i\",\"shard_assignments\":{\"model_id\":\"o/m\","
+                       "\"runner_to_shard\":{\"r\":{\"PipelineShardMetadata\":{\"device_rank\":0,\"world_size\":1,"
+                       "\"start_layer\":0,\"end_layer\":4,\"n_layers\":4}}},\"node_to_runner\":{\"n\":\"r\"}}}}";
+    json_t *g = json_loads(good, 0, NULL);
+    cr_assert_eq(exo_instance_from_json(g, &back, &err), 0, "snake_case: %s", err.msg);
+    cr_assert_str_eq(back.shards[0].node_id.s, "n");
+    exo_instance_clear(&back);
+    json_decref(g);
+    exo_instance_clear(&inst);
+    exo_state_free(st);
+}

@@ -1,0 +1,195 @@
+/* exo_generate's chunked prefill on the tiny HF fixtures (llama f32, qwen3
+ * q4): greedy tokens with prefill_chunk = 3 (also with no callback, and
+ * with a chunk as long as the prompt) equal those of a single-call
+ * prefill, from an empty sequence and after a prefix; the progress
+ * callback sees 3, 6, ... < total; a nonzero return from it cancels before
+ * any token (finish CANCEL, no on_token calls); a failing chunk leaves the
+ * sequence as it was. */
+#include "core/alloc.h"
+#include "engine/generate.h"
+
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#define N_PROMPT 20
+#define N_GEN    12
+#define MAX_CALLS 64
+
+typedef struct rec {
+    int     n_tok;
+    int32_t ids[N_GEN];
+    float   logprobs[N_GEN];
+    int     n_prefill;
+    int     processed[MAX_CALLS], total[MAX_CALLS];
+    int     cancel_at; /* on_prefill returns nonzero on this call (1-based); 0: never */
+} rec;
+
+static int on_token(void *ctx, const exo_sample *s)
+{
+    rec *r = ctx;
+    cr_assert_lt(r->n_tok, N_GEN);
+    r->ids[r->n_tok] = s->id;
+    r->logprobs[r->n_tok++] = s->logprob;
+    return 0;
+}
+
+static int on_prefill(void *ctx, int processed, int total)
+{
+    rec *r = ctx;
+    cr_assert_lt(r->n_prefill, MAX_CALLS);
+    cr_assert_eq(r->n_tok, 0, "progress after a token");
+    r->processed[r->n_prefill] = processed;
+    r->total[r->n_prefill++] = total;
+    return r->cancel_at == r->n_prefill;
+}
+
+static exo_model *load(const char *name)
+{
+    char dir[256];
+    snprintf(dir, sizeof dir, "tests/fixtures/%s", name);
+    exo_model_opts o = {1, 0};
+    exo_model *m = NULL;
+    exo_err err = {0};
+    cr_assert_eq(exo_model_load(dir, &o, &m, &err), 0, "%s: %s", dir, err.msg);
+    return m;
+}
+
+static void prompt_ids(const exo_model *m, int32_t *ids, int n)
+{
+    int V = exo_model_vocab(m);
+    for (int i = 0; i < n; i++)
+        ids[i] = (int32_t)((i * 37 + 11) % V);
+}
+
+static exo_gen_params params(int chunk, int (*cb)(void *, int, int))
+{
+    exo_gen_params p = {.sampling = exo_sampler_defaults(), .max_tokens = N_GEN,
+                        .prefill_chunk = chunk, .on_prefill = cb};
+    p.sampling.temperature = 0;
+    return p;
+}
+
+/* Generates N_GEN greedy tokens from a fresh sequence (after `prefix`
+ * prompt tokens already in it, when prefix > 0). */
+static void run(exo_model *m, int prefix, const exo_gen_params *p, rec *r, exo_gen_stats *st)
+{
+    int32_t ids[N_PROMPT];
+    prompt_ids(m, ids, N_PROMPT);
+    exo_seq *s;
+    exo_err err = {0};
+    cr_assert_eq(exo_seq_create(m, 128, &s, &err), 0, "%s", err.msg);
+    if (prefix)
+        cr_assert_eq(exo_model_forward(m, s, ids, prefix, NULL, false, &err), 0, "%s", err.msg);
+    cr_assert_eq(exo_generate(m, s, ids + prefix, N_PROMPT - prefix, p, on_token, r, st, &err), 0,
+                 "%s", err.msg);
+    if (st->finish != EXO_FINISH_CANCEL)
+        cr_assert_eq(exo_seq_len(s), N_PROMPT + N_GEN - 1);
+    exo_seq_free(s);
+}
+
+static void same_tokens(const char *fixture, float lp_tol)
+{
+    exo_model *m = load(fixture);
+    for (int prefix = 0; prefix <= 4; prefix += 4) {
+        int n = N_PROMPT - prefix;
+        rec whole = {0}, chunked = {0}, silent = {0}, big = {0};
+        exo_gen_stats sw, sc, ss, sb;
+        exo_gen_params pw = params(0, on_prefill), pc = params(3, on_prefill),
+                       ps = params(3, NULL), pb = params(n, on_prefill);
+        run(m, prefix, &pw, &whole, &sw);
+        run(m, prefix, &pc, &chunked, &sc);
+        run(m, prefix, &ps, &silent, &ss);
+        run(m, prefix, &pb, &big, &sb);
+        cr_assert_eq(sw.finish, EXO_FINISH_LENGTH);
+        cr_assert_eq(sw.generated_tokens, N_GEN);
+        cr_assert_eq(whole.n_tok, N_GEN);
+        const rec *other[] = {&chunked, &silent, &big};
+        const exo_gen_stats *ost[] = {&sc, &ss, &sb};
+        for (int k = 0; k < 3; k++) {
+            cr_assert_eq(ost[k]->finish, EXO_FINISH_LENGTH);
+            cr_assert_eq(ost[k]->generated_tokens, N_GEN);
+            cr_assert_eq(ost[k]->prompt_tokens, n);
+            cr_assert_eq(other[k]->n_tok, N_GEN);
+            for (int i = 0; i < N_GEN; i++) {
+                cr_assert_eq(other[k]->ids[i], whole.ids[i], "%s prefix %d case %d token %d",
+                             fixture, prefix, k, i);
+                cr_assert_lt(fabsf(other[k]->logprobs[i] - whole.logprobs[i]), lp_tol, "lp %g vs %g", other[k]->logprobs[i], whole.logprobs[i]);
+            }
+        }
+        /* progress: after every chunk but the last, never when off */
+        cr_assert_eq(whole.n_prefill, 0);
+        cr_assert_eq(big.n_prefill, 0);
+        cr_assert_eq(chunked.n_prefill, (n + 2) / 3 - 1);
+        for (int i = 0; i < chunked.n_prefill; i++) {
+            cr_assert_eq(chunked.processed[i], 3 * (i + 1));
+            cr_assert_lt(chunked.processed[i], n);
+            cr_assert_eq(chunked.total[i], n);
+        }
+    }
+    exo_model_free(m);
+}
+
+Test(generate, chunked_prefill_gives_the_same_tokens_llama) { same_tokens("llama-f32", 1e-3f); }
+
+/* Quantized weights: the CPU matmul picks its path by the row count (GEMV
+ * for a few rows, a bf16 GEMM for more), so 3-token chunks and a 20-token
+ * prompt differ by more than rounding; the tokens do not. */
+Test(generate, chunked_prefill_gives_the_same_tokens_qwen3_q4) { same_tokens("qwen3-q4g64", 5e-2f); }
+
+Test(generate, prefill_callback_cancels_before_any_token)
+{
+    exo_model *m = load("llama-f32");
+    for (int at = 1; at <= 6; at += 5) { /* the first and the last progress call */
+        rec r = {.cancel_at = at};
+        exo_gen_stats st;
+        exo_gen_params p = params(3, on_prefill);
+        int32_t ids[N_PROMPT];
+        prompt_ids(m, ids, N_PROMPT);
+        exo_seq *s;
+        exo_err err = {0};
+        cr_assert_eq(exo_seq_create(m, 128, &s, &err), 0);
+        cr_assert_eq(exo_generate(m, s, ids, N_PROMPT, &p, on_token, &r, &st, &err), 0, "%s",
+                     err.msg);
+        cr_assert_eq(st.finish, EXO_FINISH_CANCEL);
+        cr_assert_eq(st.generated_tokens, 0);
+        cr_assert_eq(st.prompt_tokens, N_PROMPT);
+        cr_assert_eq(r.n_tok, 0);
+        cr_assert_eq(r.n_prefill, at);
+        cr_assert_eq(r.processed[at - 1], 3 * at);
+        cr_assert_eq(exo_seq_len(s), 3 * at); /* the processed tokens stay */
+        exo_seq_free(s);
+    }
+    exo_model_free(m);
+}
+
+Test(generate, failing_chunk_leaves_the_sequence_as_it_was)
+{
+    exo_model *m = load("llama-f32");
+    int32_t ids[N_PROMPT];
+    prompt_ids(m, ids, N_PROMPT);
+    exo_seq *s;
+    exo_err err = {0};
+    cr_assert_eq(exo_seq_create(m, 24, &s, &err), 0);
+    cr_assert_eq(exo_model_forward(m, s, ids, 2, NULL, false, &err), 0);
+    rec r = {0};
+    exo_gen_stats st;
+    exo_gen_params p = params(3, on_prefill);
+    /* a bad id in the fourth chunk: three chunks ran, then rolled back */
+    ids[10] = exo_model_vocab(m);
+    cr_assert_eq(exo_generate(m, s, ids, N_PROMPT, &p, on_token, &r, &st, &err), EXO_ERANGE);
+    cr_assert(strstr(err.msg, "out of range"), "%s", err.msg);
+    cr_assert_eq(exo_seq_len(s), 2);
+    cr_assert_eq(r.n_tok, 0);
+    /* no room for the prompt: refused before any chunk runs */
+    prompt_ids(m, ids, N_PROMPT);
+    memset(&r, 0, sizeof r);
+    cr_assert_eq(exo_model_forward(m, s, ids, 3, NULL, false, &err), 0);
+    cr_assert_eq(exo_generate(m, s, ids, N_PROMPT, &p, on_token, &r, &st, &err), EXO_ERANGE);
+    cr_assert(strstr(err.msg, "context full"), "%s", err.msg);
+    cr_assert_eq(r.n_prefill, 0);
+    cr_assert_eq(exo_seq_len(s), 5);
+    exo_seq_free(s);
+    exo_model_free(m);
+}

@@ -1,0 +1,104 @@
+/* Node info: memory agrees with the kernel's own view (sysinfo and
+ * MemAvailable), available never exceeds total, the CPU count is the online count, the host name
+ * becomes the friendly name, Cpu is always offered and Cuda only where
+ * libcuda.so.1 loads (EXO_EXPECT_CUDA=1 on a GPU machine makes Cuda
+ * required), and the result passes exo_node_info_validate. */
+#include "cluster/node_info.h"
+#include "core/log.h"
+
+#include <criterion/criterion.h>
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/sysinfo.h>
+#include <unistd.h>
+
+/* The kB value of one /proc/meminfo line, 0 if absent. */
+static uint64_t meminfo_kb(const char *key)
+{
+    FILE *f = fopen("/proc/meminfo", "r");
+    cr_assert_not_null(f);
+    char buf[8192];
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    const char *p = strstr(buf, key);
+    return p ? strtoull(p + strlen(key), NULL, 10) : 0;
+}
+
+static void setup(void) { exo_log_set_level(EXO_LOG_ERROR); }
+
+TestSuite(node_info, .init = setup);
+
+Test(node_info, gather)
+{
+    exo_node_info info;
+    memset(&info, 0xab, sizeof info);
+    exo_err err = {0};
+    cr_assert_eq(exo_node_info_gather(&info, &err), 0, "%s", err.msg);
+
+    cr_assert_gt(info.memory_total, 0);
+    cr_assert_gt(info.memory_available, 0);
+    cr_assert_leq(info.memory_available, info.memory_total);
+    /* MemTotal and sysinfo's totalram are the same kernel number */
+    struct sysinfo si;
+    cr_assert_eq(sysinfo(&si), 0);
+    uint64_t total = (uint64_t)si.totalram * si.mem_unit;
+    cr_assert_leq(info.memory_total > total ? info.memory_total - total : total - info.memory_total,
+                  total / 100, "meminfo %llu vs sysinfo %llu", (unsigned long long)info.memory_total,
+                  (unsigned long long)total);
+    cr_assert_eq(info.memory_total % 1024, 0, "kB from /proc/meminfo scaled to bytes");
+    /* available is MemAvailable (read here independently; it moves, so
+     * within 5% of total) */
+    uint64_t avail_kb = meminfo_kb("MemAvailable:");
+    if (avail_kb) {
+        uint64_t a = avail_kb * 1024;
+        cr_assert_leq(info.memory_available > a ? info.memory_available - a : a - info.memory_available,
+                      info.memory_total / 20, "MemAvailable %llu vs %llu", (unsigned long long)a,
+                      (unsigned long long)info.memory_available);
+    }
+
+    cr_assert_geq(info.cpu_count, 1);
+    cr_assert_eq(info.cpu_count, (int32_t)sysconf(_SC_NPROCESSORS_ONLN));
+
+    char host[256] = {0};
+    cr_assert_eq(gethostname(host, sizeof host - 1), 0);
+    if (host[0])
+        cr_assert_eq(strncmp(info.friendly_name, host, sizeof info.friendly_name - 1), 0, "%s vs %s",
+                     info.friendly_name, host);
+    cr_assert_gt(strlen(info.friendly_name), 0);
+
+    cr_assert(info.backends & (1u << EXO_BACKEND_CPU), "Cpu is always offered");
+    cr_assert_eq(info.backends >> EXO_BACKEND__COUNT, 0, "no unknown backend bits");
+    cr_assert_eq(exo_node_info_validate(&info, &err), 0, "%s", err.msg);
+}
+
+Test(node_info, cuda_only_with_a_driver)
+{
+    exo_node_info info;
+    exo_err err = {0};
+    cr_assert_eq(exo_node_info_gather(&info, &err), 0, "%s", err.msg);
+    bool cuda = info.backends & (1u << EXO_BACKEND_CUDA);
+    void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
+    if (!lib)
+        lib = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
+    if (!lib)
+        cr_assert_not(cuda, "Cuda offered without libcuda.so.1");
+    const char *expect = getenv("EXO_EXPECT_CUDA");
+    if (expect && !strcmp(expect, "1"))
+        cr_assert(cuda, "EXO_EXPECT_CUDA=1 but no Cuda backend (libcuda %s)", lib ? "loads" : "missing");
+    cr_log_info("backends: Cpu%s", cuda ? " Cuda" : "");
+}
+
+Test(node_info, repeated_gather_is_stable)
+{
+    exo_node_info a, b;
+    exo_err err = {0};
+    cr_assert_eq(exo_node_info_gather(&a, &err), 0, "%s", err.msg);
+    cr_assert_eq(exo_node_info_gather(&b, &err), 0, "%s", err.msg);
+    cr_assert_eq(a.memory_total, b.memory_total);
+    cr_assert_eq(a.cpu_count, b.cpu_count);
+    cr_assert_eq(a.backends, b.backends, "the CUDA probe is cached and must not flip");
+    cr_assert_str_eq(a.friendly_name, b.friendly_name);
+}
