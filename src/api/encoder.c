@@ -189,6 +189,7 @@ static void aggregate(exo_api_encoder *e, const exo_chunk *c)
         e->usage = c->usage;
         e->prompt_tps = c->prompt_tps;
         e->gen_tps = c->generation_tps;
+        e->peak_memory = c->peak_memory_bytes;
         exo_free(e->stop_seq);
         e->stop_seq = c->stop_sequence ? exo_strdup(c->stop_sequence) : NULL;
         break;

@@ -28,6 +28,7 @@ struct exo_api_encoder {
     exo_finish_reason reason;
     exo_usage usage;
     double   prompt_tps, gen_tps;
+    int64_t  peak_memory;
     char    *stop_seq;
     /* streaming state */
     int  seq;           /* Responses sequence_number */

@@ -526,6 +526,8 @@ json_t *exo_chunk_to_json(const exo_chunk *c)
                             json_real(isfinite(c->generation_tps) ? c->generation_tps : 0));
         if (c->stop_sequence)
             json_object_set_new(j, "stop_sequence", json_string(c->stop_sequence));
+        if (c->peak_memory_bytes > 0)
+            json_object_set_new(j, "peak_memory", json_integer(c->peak_memory_bytes));
         break;
     }
     return j;
@@ -643,7 +645,7 @@ int exo_chunk_from_json(const json_t *j, exo_chunk *out, exo_err *err)
         TRY(get_string_dup(j, "message", &out->error, err));
     } else if (strcmp(type, "finish") == 0) {
         static const char *const k[] = {"type", "reason", "usage", "prompt_tps", "generation_tps",
-                                        "stop_sequence", NULL};
+                                        "stop_sequence", "peak_memory", NULL};
         static const char *const uk[] = {"prompt_tokens", "completion_tokens", "reasoning_tokens",
                                          "cached_tokens", NULL};
         TRY(exo_ju_only_keys(j, k, "finish chunk", err));
@@ -663,6 +665,12 @@ int exo_chunk_from_json(const json_t *j, exo_chunk *out, exo_err *err)
         TRY(get_count(u, "cached_tokens", &out->usage.cached_tokens, err));
         TRY(exo_ju_num(j, "prompt_tps", &out->prompt_tps, NULL, err));
         TRY(exo_ju_num(j, "generation_tps", &out->generation_tps, NULL, err));
+        json_t *peak = json_object_get(j, "peak_memory");
+        if (peak && (!json_is_integer(peak) || json_integer_value(peak) < 0)) {
+            rc = exo_err_set(err, EXO_EINVAL, "chunk: peak_memory must be a non-negative integer");
+            goto fail;
+        }
+        out->peak_memory_bytes = peak ? json_integer_value(peak) : 0;
         const char *stop = NULL;
         TRY(exo_ju_str(j, "stop_sequence", &stop, false, err));
         if (stop)

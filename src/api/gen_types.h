@@ -152,6 +152,7 @@ typedef struct exo_chunk {
     exo_finish_reason reason;
     exo_usage usage;
     double    prompt_tps, generation_tps;
+    int64_t   peak_memory_bytes; /* the runner's peak resident memory; 0 unknown */
     char     *stop_sequence; /* owned; the stop sequence that ended the text, or NULL */
 } exo_chunk;
 

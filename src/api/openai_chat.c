@@ -229,8 +229,8 @@ static void stats_comment(exo_api_encoder *e, exo_sbuf *out)
     exo_sbuf_json_num(out, e->prompt_tps);
     exo_sbuf_puts(out, ",\"generation_tps\":");
     exo_sbuf_json_num(out, e->gen_tps);
-    exo_sbuf_printf(out, ",\"prompt_tokens\":%d,\"generation_tokens\":%d}\n\n",
-                    e->usage.prompt_tokens, e->usage.completion_tokens);
+    exo_sbuf_printf(out, ",\"prompt_tokens\":%d,\"generation_tokens\":%d,\"peak_memory_usage\":%lld}\n\n",
+                    e->usage.prompt_tokens, e->usage.completion_tokens, (long long)e->peak_memory);
 }
 
 static void oa_feed(exo_api_encoder *e, const exo_chunk *c, exo_sbuf *out)
@@ -342,8 +342,8 @@ static void oa_body(exo_api_encoder *e, exo_sbuf *out)
         exo_sbuf_json_num(out, e->prompt_tps);
         exo_sbuf_puts(out, ",\"generation_tps\":");
         exo_sbuf_json_num(out, e->gen_tps);
-        exo_sbuf_printf(out, ",\"prompt_tokens\":%d,\"generation_tokens\":%d,\"peak_memory_usage\":0}",
-                        e->usage.prompt_tokens, e->usage.completion_tokens);
+        exo_sbuf_printf(out, ",\"prompt_tokens\":%d,\"generation_tokens\":%d,\"peak_memory_usage\":%lld}",
+                        e->usage.prompt_tokens, e->usage.completion_tokens, (long long)e->peak_memory);
     }
     exo_sbuf_putc(out, '}');
 }

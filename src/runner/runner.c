@@ -24,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 
 #define DEFAULT_CTX        4096
@@ -694,6 +695,9 @@ static void run_job(runner *r, job *j)
     exo_chunk fin;
     exo_chunk_finish(&fin, fr, &usage, ptps, gtps);
     exo_chunk_set_stop_sequence(&fin, exo_output_parser_stop_sequence(g.parser));
+    struct rusage ru;
+    if (getrusage(RUSAGE_SELF, &ru) == 0)
+        fin.peak_memory_bytes = (int64_t)ru.ru_maxrss * 1024; /* Linux reports KiB */
     send_chunk(r, j->id, &fin);
     exo_chunk_free(&fin);
     send_done(r, j->id);

@@ -242,6 +242,7 @@ static char *run_encoder(exo_api_family f, bool stream, bool logprobs, exo_finis
     } else {
         exo_usage u = {.prompt_tokens = 10, .completion_tokens = 4, .reasoning_tokens = 1};
         exo_chunk_finish(&c, reason, &u, 100, 50);
+        c.peak_memory_bytes = 123456789;
     }
     cr_assert(exo_api_encoder_feed(e, &c, &out));
     exo_chunk_free(&c);
@@ -343,7 +344,13 @@ Test(api_adapters, openai_body_and_error)
     free(s);
     s = run_encoder(EXO_API_BENCH_CHAT, false, false, EXO_FR_LENGTH, false);
     j = json_loads(s, 0, NULL);
-    cr_assert(json_object_get(j, "generation_stats"));
+    json_t *gs = json_object_get(j, "generation_stats");
+    cr_assert(gs, "%s", s);
+    cr_assert_float_eq(json_number_value(json_object_get(gs, "prompt_tps")), 100, 1e-9);
+    cr_assert_float_eq(json_number_value(json_object_get(gs, "generation_tps")), 50, 1e-9);
+    cr_assert_eq(json_integer_value(json_object_get(gs, "generation_tokens")), 4);
+    cr_assert_eq(json_integer_value(json_object_get(gs, "peak_memory_usage")), 123456789,
+                 "the runner's peak memory is passed through");
     json_decref(j);
     free(s);
 }

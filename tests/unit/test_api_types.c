@@ -114,6 +114,7 @@ static void roundtrip(const exo_chunk *c)
     json_t *j2 = exo_chunk_to_json(&b);
     cr_assert(json_equal(j, j2));
     cr_assert_eq(b.kind, c->kind);
+    cr_assert_eq(b.peak_memory_bytes, c->peak_memory_bytes);
     json_decref(j);
     json_decref(j2);
     exo_chunk_free(&b);
@@ -148,6 +149,8 @@ Test(api_types, chunk_roundtrips)
     roundtrip(&c);
     exo_chunk_set_stop_sequence(&c, "###");
     roundtrip(&c);
+    c.peak_memory_bytes = (int64_t)3 << 30;
+    roundtrip(&c);
     exo_chunk_free(&c);
 }
 
@@ -164,6 +167,8 @@ Test(api_types, chunk_strict)
         "{\"type\":\"finish\",\"reason\":\"bored\",\"usage\":{\"prompt_tokens\":0,\"completion_tokens\":0,"
         "\"reasoning_tokens\":0,\"cached_tokens\":0}}",
         "{\"type\":\"finish\",\"reason\":\"stop\"}",
+        "{\"type\":\"finish\",\"reason\":\"stop\",\"usage\":{\"prompt_tokens\":0,\"completion_tokens\":0,"
+        "\"reasoning_tokens\":0,\"cached_tokens\":0},\"peak_memory\":-1}",
         "{\"type\":\"mystery\"}",
         "{\"text\":\"a\"}",
     };
