@@ -105,6 +105,19 @@ static void deliver(exo_output_parser *p, const char *s, size_t n, bool thinking
     exo_chunk_free(&c);
 }
 
+static void deliver_meta_only(exo_output_parser *p, bool thinking)
+{
+    exo_chunk c;
+    exo_chunk_token(&c, "", 0, p->cur->token_id, thinking);
+    c.has_logprob = true;
+    c.logprob = p->cur->logprob;
+    for (int i = 0; i < p->cur->n_top; i++)
+        exo_chunk_set_top(&c, i, p->cur->top[i].token, p->cur->top[i].logprob);
+    p->meta_used = true;
+    p->emit(p->ctx, &c);
+    exo_chunk_free(&c);
+}
+
 /* ---- tool-call validation ------------------------------------------------ */
 
 static const json_t *find_tool(const json_t *tools, const char *name)
@@ -745,6 +758,13 @@ bool exo_output_parser_feed(exo_output_parser *p, const exo_chunk *tok, exo_chun
                                                        : p->in_think;
     if (p->thought_this_feed || (!p->raw && in_reasoning))
         p->reasoning_tokens++;
+    if (!p->meta_used && tok->has_logprob && !p->stopped) {
+        /* The token's text is held back (an incomplete UTF-8 character, a
+         * possible stop sequence or markup): its logprob entry still goes
+         * out now, with empty text, so a client gets one entry per token
+         * and the entries' texts still add up to the content. */
+        deliver_meta_only(p, in_reasoning);
+    }
     p->cur = NULL;
     return p->stopped;
 }

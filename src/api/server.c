@@ -482,6 +482,9 @@ static void gen_on_end(void *ctx)
     exo_free(g);
 }
 
+static bool ollama_preload(exo_api_family f, const exo_gen_request *req);
+static void respond_preload(exo_http_request *r, exo_api_family f, const char *model);
+
 static void h_generate(exo_http_request *r, void *ud)
 {
     exo_api_server *s = ud;
@@ -508,6 +511,11 @@ static void h_generate(exo_http_request *r, void *ud)
         exo_gen_request_free(&req);
         return;
     }
+    if (ollama_preload(f, &req)) {
+        respond_preload(r, f, req.model);
+        exo_gen_request_free(&req);
+        return;
+    }
     api_gen *g = exo_calloc(1, sizeof *g);
     g->srv = s;
     exo_id_new(&g->command_id);
@@ -528,6 +536,40 @@ static void h_generate(exo_http_request *r, void *ud)
         gen_on_end(g);
     }
     exo_gen_request_free(&req);
+}
+
+/* Ollama clients load a model by sending a chat with no messages (or a
+ * generate with an empty prompt) and expect done_reason "load" at once. */
+static bool ollama_preload(exo_api_family f, const exo_gen_request *req)
+{
+    if (f != EXO_API_OLLAMA_CHAT && f != EXO_API_OLLAMA_GENERATE)
+        return false;
+    size_t i;
+    json_t *m;
+    json_array_foreach(req->messages, i, m) {
+        json_t *c = json_object_get(m, "content");
+        if (!json_is_string(c) || json_string_length(c))
+            return false;
+    }
+    return true;
+}
+
+static void respond_preload(exo_http_request *r, exo_api_family f, const char *model)
+{
+    char now[64];
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    struct tm tm;
+    gmtime_r(&ts.tv_sec, &tm);
+    size_t k = strftime(now, sizeof now, "%Y-%m-%dT%H:%M:%S", &tm);
+    snprintf(now + k, sizeof now - k, ".%09ldZ", ts.tv_nsec);
+    json_t *j = json_pack("{s:s, s:s, s:b, s:s}", "model", model, "created_at", now, "done", 1,
+                          "done_reason", "load");
+    if (f == EXO_API_OLLAMA_CHAT)
+        json_object_set_new(j, "message", json_pack("{s:s, s:s}", "role", "assistant", "content", ""));
+    else
+        json_object_set_new(j, "response", json_string(""));
+    respond_json(r, 200, j);
 }
 
 static void h_cancel(exo_http_request *r, void *ud)

@@ -510,7 +510,28 @@ typedef struct gen_ctx {
     exo_output_parser *parser;
     exo_detok_stream  *ds;
     bool               stopped; /* a stop sequence matched */
+    int32_t            prev_id; /* the token before the one being reported */
 } gen_ctx;
+
+/* The text an alternative token would have added after prev: decoding it
+ * alone would apply start-of-text rules (SentencePiece strips the leading
+ * space of the first piece), so it is decoded after its real predecessor
+ * and the predecessor's own text is cut off. */
+static char *alt_text(const exo_tokenizer *tok, int32_t prev, int32_t alt)
+{
+    size_t pl, bl;
+    int32_t pair[2] = {prev, alt};
+    char *p = exo_tokenizer_decode(tok, &prev, 1, false, &pl);
+    char *both = exo_tokenizer_decode(tok, pair, 2, false, &bl);
+    char *out;
+    if (prev >= 0 && bl >= pl && !memcmp(both, p, pl))
+        out = exo_strndup(both + pl, bl - pl);
+    else
+        out = exo_tokenizer_decode(tok, &alt, 1, false, &bl);
+    exo_free(p);
+    exo_free(both);
+    return out;
+}
 
 static void emit(void *ctx, const exo_chunk *c)
 {
@@ -530,12 +551,12 @@ static int on_token(void *ctx, const exo_sample *s)
         c.has_logprob = true;
         c.logprob = s->logprob;
         for (int i = 0; i < s->n_top; i++) {
-            size_t tl;
-            char *t = exo_tokenizer_decode(r->tok, &s->top_ids[i], 1, false, &tl);
+            char *t = alt_text(r->tok, g->prev_id, s->top_ids[i]);
             exo_chunk_set_top(&c, i, t, s->top_logprobs[i]);
             exo_free(t);
         }
     }
+    g->prev_id = s->id;
     if (exo_output_parser_feed(g->parser, &c, emit, g))
         g->stopped = true;
     exo_chunk_free(&c);
@@ -600,7 +621,7 @@ static void run_job(runner *r, job *j)
     char *prompt = NULL;
     int32_t *ids = NULL;
     size_t n_ids = 0;
-    gen_ctx g = {r, j, NULL, NULL, false};
+    gen_ctx g = {r, j, NULL, NULL, false, -1};
     char msg[EXO_ERR_LEN + 64];
 
     if (!r->tok || !r->tpl) {
@@ -638,6 +659,7 @@ static void run_job(runner *r, job *j)
         goto out;
     }
 
+    g.prev_id = ids[n_ids - 1];
     exo_output_parser_config pc = {0};
     exo_output_parser_detect(r->tpl_source, prompt, &pc);
     pc.stop = (const char *const *)q->stop;

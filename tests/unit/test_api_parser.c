@@ -11,6 +11,8 @@ typedef struct coll {
     exo_sbuf text, think;
     json_t  *calls;
     int      n_token_chunks;
+    int      n_logprob_entries;
+    int32_t  lp_ids[16];
 } coll;
 
 static void collect(void *ctx, const exo_chunk *c)
@@ -19,6 +21,8 @@ static void collect(void *ctx, const exo_chunk *c)
     if (c->kind == EXO_CHUNK_TOKEN) {
         exo_sbuf_puts(c->is_thinking ? &k->think : &k->text, c->text);
         k->n_token_chunks++;
+        if (c->has_logprob && k->n_logprob_entries < 16)
+            k->lp_ids[k->n_logprob_entries++] = c->token_id;
     } else if (c->kind == EXO_CHUNK_TOOL_CALLS) {
         for (int i = 0; i < c->n_tool_calls; i++) {
             cr_assert(strncmp(c->tool_calls[i].id, "call_", 5) == 0);
@@ -285,6 +289,36 @@ Test(api_parser, metadata_rides_on_first_chunk)
     exo_output_parser_feed(p, &t, collect, &k);
     exo_chunk_free(&t);
     cr_assert_eq(exo_output_parser_reasoning_tokens(p), 1);
+    exo_output_parser_free(p);
+    json_decref(k.calls);
+    exo_sbuf_free(&k.text);
+    exo_sbuf_free(&k.think);
+}
+
+/* With logprobs, every token gets exactly one entry, in order, even when its
+ * text is held back (incomplete character, a possible stop sequence). */
+Test(api_parser, one_logprob_entry_per_token)
+{
+    const char *stops[] = {"END"};
+    exo_output_parser_config cfg = {.stop = stops, .n_stop = 1};
+    exo_output_parser *p = exo_output_parser_create(&cfg);
+    coll k = {.calls = json_array()};
+    exo_sbuf_init(&k.text);
+    exo_sbuf_init(&k.think);
+    const char *pieces[] = {"a", "", "", "\xe4\xbd\xa0", "E", "N", "x", "E", "ND"};
+    for (int i = 0; i < 9; i++) {
+        exo_chunk t;
+        exo_chunk_token(&t, pieces[i], strlen(pieces[i]), 10 + i, false);
+        t.has_logprob = true;
+        t.logprob = -1.0f;
+        bool stopped = exo_output_parser_feed(p, &t, collect, &k);
+        exo_chunk_free(&t);
+        cr_assert_eq(stopped, i == 8);
+    }
+    cr_assert_str_eq(k.text.data, "a\xe4\xbd\xa0" "ENx");
+    cr_assert_eq(k.n_logprob_entries, 8, "one entry per token before the stop: %d", k.n_logprob_entries);
+    for (int i = 0; i < 8; i++)
+        cr_assert_eq(k.lp_ids[i], 10 + i, "entry %d", i);
     exo_output_parser_free(p);
     json_decref(k.calls);
     exo_sbuf_free(&k.text);
