@@ -31,7 +31,7 @@
  *   bench_api --port P [--host 127.0.0.1] [--model karpathy/stories260K]
  *             [--exo build/exo --model-dir DIR --threads 1 --ctx 8192]
  *             [--latency-n 300] [--warmup 20] [--stream-tokens 2000]
- *             [--deep-tokens 1000] [--deep-reps 200] [--trials 3]
+ *             [--deep-tokens 1000] [--deep-reps 200 (0: no deep setting)] [--trials 3]
  *             [--idle-n 1000] [--long-tokens 7000] [--only latency|stream|idle]
  *             [--daemon-pid PID --runner-pid PID]
  *
@@ -678,6 +678,11 @@ static int stream_setting(const char *name, const char *prompt, int max_tokens)
                "   cost per token over bare: %.1f us\n",
                best_client / best_bare, best_engine / best_bare, bare_pass ? "PASS" : "FAIL",
                (1 / best_client - 1 / best_bare) * 1e6);
+    if (nr && min_events < max_tokens) /* e.g. byte tokens of one UTF-8 character */
+        printf("          note: %d content events for %d tokens (the detokenizer sends incomplete "
+               "UTF-8 along with the next token), so the client rate, (events - 1) / time, reads "
+               "up to %.1f%% low\n",
+               min_events, max_tokens, 100 * (1 - (min_events - 1.0) / (max_tokens - 1.0)));
     if (cpu_runner < 1e9 || cpu_daemon < 1e9) {
         printf("          CPU per token:");
         if (cpu_runner < 1e9)
@@ -698,6 +703,8 @@ static int bench_stream(void)
            "the first and the last content event vs generation_tps of the same stream%s\n",
            g_exo ? ", and vs the bare engine run interleaved" : "");
     int rc = stream_setting("short", SHORT_PROMPT, g_stream_tokens);
+    if (!g_deep_reps || !g_deep_tokens) /* --deep-reps 0: the short setting only */
+        return rc;
     buf deep = {0};
     for (int i = 0; i < g_deep_reps; i++)
         buf_add(&deep, "Lily had a big red ball. ", 25);

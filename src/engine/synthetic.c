@@ -1,36 +1,64 @@
-/* Synthetic models (see synthetic.h). Tensors are generated on first
- * request by the weight source and owned by the exo_synth. Scales are
- * chosen so a random weight row has about unit gain (std ~ 1/sqrt(cols)). */
+/* Synthetic models (see synthetic.h). For exo_synth_build, tensors are
+ * generated on first request by the weight source and owned by the
+ * exo_synth; exo_synth_write produces the same bytes as deferred tensors of
+ * a safetensors writer. Each tensor has its own xorshift stream seeded from
+ * (seed, name). Scales are chosen so a random weight row has about unit
+ * gain (std ~ 1/sqrt(cols)). */
 #include "engine/synthetic.h"
 #include "core/alloc.h"
+#include "engine/safetensors.h"
 
+#include <errno.h>
+#include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 typedef struct preset {
     const char *name;
     const char *model_type;
+    const char *architecture;
     int dim, ffn, layers, heads, kv, head_dim, vocab;
     bool tied;
     double theta;
+    double eps;
+    int max_pos;
+    double llama3_factor; /* llama3 RoPE scaling factor (low 1, high 4, original 8192); 0: none */
+    int bos;              /* -1: none */
+    int eos[3];           /* 0-terminated (no preset uses id 0) */
 } preset;
 
 static const preset presets[] = {
-    {"llama-3.2-1b", "llama", 2048, 8192, 16, 32, 8, 64, 128256, true, 500000},
-    {"llama-3.2-3b", "llama", 3072, 8192, 28, 24, 8, 128, 128256, true, 500000},
-    {"llama-3.1-8b", "llama", 4096, 14336, 32, 32, 8, 128, 128256, false, 500000},
-    {"qwen3-0.6b", "qwen3", 1024, 3072, 28, 16, 8, 128, 151936, true, 1000000},
-    {"qwen3-1.7b", "qwen3", 2048, 6144, 28, 16, 8, 128, 151936, true, 1000000},
-    {"qwen3-4b", "qwen3", 2560, 9728, 36, 32, 8, 128, 151936, true, 1000000},
-    {"qwen3-8b", "qwen3", 4096, 12288, 36, 32, 8, 128, 151936, false, 1000000},
+    {"llama-3.2-1b", "llama", "LlamaForCausalLM", 2048, 8192, 16, 32, 8, 64, 128256, true, 500000,
+     1e-5, 131072, 32, 128000, {128001, 128008, 128009}},
+    {"llama-3.2-3b", "llama", "LlamaForCausalLM", 3072, 8192, 28, 24, 8, 128, 128256, true, 500000,
+     1e-5, 131072, 32, 128000, {128001, 128008, 128009}},
+    {"llama-3.1-8b", "llama", "LlamaForCausalLM", 4096, 14336, 32, 32, 8, 128, 128256, false,
+     500000, 1e-5, 131072, 8, 128000, {128001, 128008, 128009}},
+    {"qwen3-0.6b", "qwen3", "Qwen3ForCausalLM", 1024, 3072, 28, 16, 8, 128, 151936, true, 1000000,
+     1e-6, 40960, 0, 151643, {151645}},
+    {"qwen3-1.7b", "qwen3", "Qwen3ForCausalLM", 2048, 6144, 28, 16, 8, 128, 151936, true, 1000000,
+     1e-6, 40960, 0, 151643, {151645}},
+    {"qwen3-4b", "qwen3", "Qwen3ForCausalLM", 2560, 9728, 36, 32, 8, 128, 151936, true, 1000000,
+     1e-6, 40960, 0, 151643, {151645}},
+    {"qwen3-8b", "qwen3", "Qwen3ForCausalLM", 4096, 12288, 36, 32, 8, 128, 151936, false, 1000000,
+     1e-6, 40960, 0, 151643, {151645}},
+    /* test-sized: every linear's input width is a multiple of the group size 64 */
+    {"tiny-llama", "llama", "LlamaForCausalLM", 64, 192, 2, 4, 2, 16, 512, false, 10000, 1e-5,
+     2048, 0, 1, {2}},
+    {"tiny-qwen3", "qwen3", "Qwen3ForCausalLM", 64, 192, 2, 4, 2, 32, 512, true, 1000000, 1e-6,
+     2048, 0, 1, {2}},
 };
 #define N_PRESETS (sizeof presets / sizeof *presets)
 
+#define GROUP_SIZE 64
+
 struct exo_synth {
     exo_model_config cfg;
+    const preset *p;
     exo_synth_quant quant;
-    uint64_t rng;
+    uint64_t seed;
     void **blocks;
     size_t n_blocks, cap_blocks;
 };
@@ -51,6 +79,21 @@ static uint64_t next(uint64_t *x)
     return *x;
 }
 
+/* The random stream of one tensor: FNV-1a of its name mixed with the seed
+ * (splitmix64 finaliser); xorshift needs a nonzero state. */
+static uint64_t tensor_rng(const exo_synth *s, const char *name)
+{
+    uint64_t h = 14695981039346656037ull;
+    for (const unsigned char *c = (const unsigned char *)name; *c; c++)
+        h = (h ^ *c) * 1099511628211ull;
+    h ^= s->seed;
+    h += 0x9e3779b97f4a7c15ull;
+    h = (h ^ (h >> 30)) * 0xbf58476d1ce4e5b9ull;
+    h = (h ^ (h >> 27)) * 0x94d049bb133111ebull;
+    h ^= h >> 31;
+    return h | 1;
+}
+
 static void *keep(exo_synth *s, size_t bytes)
 {
     void *p = exo_alloc_aligned(bytes);
@@ -64,97 +107,143 @@ static void *keep(exo_synth *s, size_t bytes)
     return p;
 }
 
-static void fill_random(exo_synth *s, void *p, size_t bytes)
+static void fill_random(uint64_t *rng, void *p, size_t bytes)
 {
     uint64_t *w = p;
     size_t n = bytes / 8;
     for (size_t i = 0; i < n; i++)
-        w[i] = next(&s->rng);
+        w[i] = next(rng);
     for (size_t i = n * 8; i < bytes; i++)
-        ((unsigned char *)p)[i] = (unsigned char)next(&s->rng);
+        ((unsigned char *)p)[i] = (unsigned char)next(rng);
 }
 
 /* Uniform in [-a, a) as bf16. */
-static void fill_bf16(exo_synth *s, uint16_t *p, size_t n, float a)
+static void fill_bf16(uint64_t *rng, uint16_t *p, size_t n, float a)
 {
     for (size_t i = 0; i < n; i++) {
-        float u = (float)(next(&s->rng) >> 40) * (1.0f / 16777216.0f);
+        float u = (float)(next(rng) >> 40) * (1.0f / 16777216.0f);
         p[i] = exo_f32_to_bf16((2 * u - 1) * a);
     }
+}
+
+static void fill_const_bf16(uint16_t *p, size_t n, float v)
+{
+    uint16_t h = exo_f32_to_bf16(v);
+    for (size_t i = 0; i < n; i++)
+        p[i] = h;
+}
+
+static bool ends_with(const char *s, const char *suffix)
+{
+    size_t a = strlen(s), b = strlen(suffix);
+    return a >= b && !strcmp(s + a - b, suffix);
+}
+
+/* Shape of a linear module (path without ".weight"); EXO_ENOENT for
+ * anything else, and for lm_head when the embeddings are tied. */
+static int linear_shape(const exo_model_config *c, const char *module, int64_t *rows,
+                        int64_t *cols)
+{
+    int64_t D = c->hidden_size, F = c->intermediate_size, V = c->vocab_size;
+    int64_t QD = c->num_attention_heads * c->head_dim, KD = c->num_key_value_heads * c->head_dim;
+    if (!strcmp(module, "model.embed_tokens") || !strcmp(module, "lm_head")) {
+        if (!strcmp(module, "lm_head") && c->tie_word_embeddings)
+            return EXO_ENOENT;
+        *rows = V, *cols = D;
+    } else if (ends_with(module, ".q_proj")) {
+        *rows = QD, *cols = D;
+    } else if (ends_with(module, ".k_proj") || ends_with(module, ".v_proj")) {
+        *rows = KD, *cols = D;
+    } else if (ends_with(module, ".o_proj")) {
+        *rows = D, *cols = QD;
+    } else if (ends_with(module, ".gate_proj") || ends_with(module, ".up_proj")) {
+        *rows = F, *cols = D;
+    } else if (ends_with(module, ".down_proj")) {
+        *rows = D, *cols = F;
+    } else {
+        return EXO_ENOENT;
+    }
+    return 0;
+}
+
+static int quant_bits(const exo_synth *s) { return s->quant == EXO_SYNTH_Q4 ? 4 : 8; }
+
+/* Weights are scaled so a random row has about unit gain (std ~ 1/sqrt(cols)):
+ * bf16 uniform in +-a, affine codes uniform over the levels spanning +-a. */
+static float linear_amplitude(int64_t cols) { return 1.0f / sqrtf((float)cols) * 1.73f; }
+
+static float affine_scale(const exo_synth *s, int64_t cols)
+{
+    return linear_amplitude(cols) * 2 / (float)((1 << quant_bits(s)) - 1);
+}
+
+static float affine_bias(const exo_synth *s, int64_t cols)
+{
+    return -affine_scale(s, cols) * (float)((1 << quant_bits(s)) - 1) / 2;
 }
 
 static int synth_linear(void *ctx, const char *module, exo_linear *out)
 {
     exo_synth *s = ctx;
-    const exo_model_config *c = &s->cfg;
-    int64_t D = c->hidden_size, F = c->intermediate_size, V = c->vocab_size;
-    int64_t QD = c->num_attention_heads * c->head_dim, KD = c->num_key_value_heads * c->head_dim;
     int64_t rows, cols;
-    if (!strcmp(module, "model.embed_tokens") || !strcmp(module, "lm_head")) {
-        if (!strcmp(module, "lm_head") && c->tie_word_embeddings)
-            return EXO_ENOENT;
-        rows = V, cols = D;
-    } else if (strstr(module, "q_proj")) {
-        rows = QD, cols = D;
-    } else if (strstr(module, "k_proj") || strstr(module, "v_proj")) {
-        rows = KD, cols = D;
-    } else if (strstr(module, "o_proj")) {
-        rows = D, cols = QD;
-    } else if (strstr(module, "gate_proj") || strstr(module, "up_proj")) {
-        rows = F, cols = D;
-    } else if (strstr(module, "down_proj")) {
-        rows = D, cols = F;
-    } else {
-        return EXO_ENOENT;
-    }
+    int rc = linear_shape(&s->cfg, module, &rows, &cols);
+    if (rc)
+        return rc;
     memset(out, 0, sizeof *out);
     out->rows = rows;
     out->cols = cols;
-    float gain = 1.0f / sqrtf((float)cols);
+    uint64_t rng = tensor_rng(s, module);
     if (s->quant == EXO_SYNTH_BF16) {
         uint16_t *w = keep(s, sizeof(uint16_t) * (size_t)(rows * cols));
         if (!w)
             return EXO_ENOMEM;
-        fill_bf16(s, w, (size_t)(rows * cols), gain * 1.73f);
+        fill_bf16(&rng, w, (size_t)(rows * cols), linear_amplitude(cols));
         out->format = EXO_WFORMAT_DENSE;
         out->dtype = EXO_DTYPE_BF16;
         out->w = w;
         return 0;
     }
-    int bits = s->quant == EXO_SYNTH_Q4 ? 4 : 8, gs = 64;
-    int64_t groups = cols / gs, levels = (1 << bits) - 1;
+    int bits = quant_bits(s);
+    int64_t groups = cols / GROUP_SIZE;
     void *codes = keep(s, (size_t)(rows * cols * bits / 8));
     uint16_t *sc = keep(s, sizeof(uint16_t) * (size_t)(rows * groups));
     uint16_t *bi = keep(s, sizeof(uint16_t) * (size_t)(rows * groups));
     if (!codes || !sc || !bi)
         return EXO_ENOMEM;
-    fill_random(s, codes, (size_t)(rows * cols * bits / 8));
-    float scale = gain * 1.73f * 2 / (float)levels;
-    for (int64_t i = 0; i < rows * groups; i++) {
-        sc[i] = exo_f32_to_bf16(scale);
-        bi[i] = exo_f32_to_bf16(-scale * (float)levels / 2);
-    }
+    fill_random(&rng, codes, (size_t)(rows * cols * bits / 8));
+    fill_const_bf16(sc, (size_t)(rows * groups), affine_scale(s, cols));
+    fill_const_bf16(bi, (size_t)(rows * groups), affine_bias(s, cols));
     out->format = EXO_WFORMAT_AFFINE;
     out->dtype = EXO_DTYPE_BF16;
     out->w = codes;
     out->scales = sc;
     out->biases = bi;
     out->bits = bits;
-    out->group_size = gs;
+    out->group_size = GROUP_SIZE;
+    return 0;
+}
+
+/* Length of a norm vector; EXO_ENOENT for anything else (no biases in
+ * these presets). Norm weights are all ones. */
+static int vector_len(const exo_model_config *c, const char *name, int64_t *len)
+{
+    if (ends_with(name, "layernorm.weight") || !strcmp(name, "model.norm.weight"))
+        *len = c->hidden_size;
+    else if (!strcmp(c->model_type, "qwen3") &&
+             (ends_with(name, ".q_norm.weight") || ends_with(name, ".k_norm.weight")))
+        *len = c->head_dim;
+    else
+        return EXO_ENOENT;
     return 0;
 }
 
 static int synth_vector(void *ctx, const char *name, exo_dtype *dtype, const void **data, int64_t *n)
 {
     exo_synth *s = ctx;
-    const exo_model_config *c = &s->cfg;
     int64_t len;
-    if (strstr(name, "layernorm") || !strcmp(name, "model.norm.weight"))
-        len = c->hidden_size;
-    else if (strstr(name, "q_norm") || strstr(name, "k_norm"))
-        len = c->head_dim;
-    else
-        return EXO_ENOENT; /* no biases in these presets */
+    int rc = vector_len(&s->cfg, name, &len);
+    if (rc)
+        return rc;
     float *v = keep(s, sizeof(float) * (size_t)len);
     if (!v)
         return EXO_ENOMEM;
@@ -182,11 +271,14 @@ int exo_synth_create(const char *name, exo_synth_quant q, uint64_t seed, exo_syn
         return exo_err_set(err, EXO_EINVAL, "unknown synthetic preset '%s' (known: %s)", name, list);
     }
     exo_synth *s = exo_calloc(1, sizeof *s);
+    s->p = p;
     s->quant = q;
-    s->rng = seed | 1;
+    s->seed = seed;
     exo_model_config *c = &s->cfg;
     snprintf(c->model_type, sizeof c->model_type, "%s", p->model_type);
+    snprintf(c->architecture, sizeof c->architecture, "%s", p->architecture);
     snprintf(c->hidden_act, sizeof c->hidden_act, "silu");
+    snprintf(c->torch_dtype, sizeof c->torch_dtype, "bfloat16");
     c->vocab_size = p->vocab;
     c->hidden_size = p->dim;
     c->intermediate_size = p->ffn;
@@ -194,14 +286,31 @@ int exo_synth_create(const char *name, exo_synth_quant q, uint64_t seed, exo_syn
     c->num_attention_heads = p->heads;
     c->num_key_value_heads = p->kv;
     c->head_dim = p->head_dim;
-    c->rms_norm_eps = 1e-5;
+    c->rms_norm_eps = p->eps;
     c->rope_theta = p->theta;
     c->rope.type = EXO_ROPE_DEFAULT;
     c->rope.factor = 1;
-    c->max_position_embeddings = 131072;
+    c->rope.beta_fast = 32;
+    c->rope.beta_slow = 1;
+    if (p->llama3_factor > 0) {
+        c->rope.type = EXO_ROPE_LLAMA3;
+        c->rope.factor = p->llama3_factor;
+        c->rope.low_freq_factor = 1;
+        c->rope.high_freq_factor = 4;
+        c->rope.original_max_position_embeddings = 8192;
+    }
+    c->max_position_embeddings = p->max_pos;
     c->tie_word_embeddings = p->tied;
-    c->bos_token_id = -1;
+    c->bos_token_id = p->bos;
     c->pad_token_id = -1;
+    for (int i = 0; i < 3 && p->eos[i]; i++)
+        c->eos_token_ids[c->n_eos++] = p->eos[i];
+    if (q != EXO_SYNTH_BF16) {
+        c->quant.enabled = true;
+        c->quant.bits = quant_bits(s);
+        c->quant.group_size = GROUP_SIZE;
+        snprintf(c->quant.mode, sizeof c->quant.mode, "affine");
+    }
     *out = s;
     return 0;
 }
@@ -222,4 +331,214 @@ int exo_synth_build(exo_synth *s, const exo_model_opts *opts, exo_model **out, e
 {
     exo_weight_source src = {s, synth_linear, synth_vector};
     return exo_model_build(&s->cfg, &src, opts, out, err);
+}
+
+/* ---- writing a model directory ----------------------------------------- */
+
+/* Deferred fill of one tensor of model.safetensors, from its name alone. */
+static int fill_tensor(void *ctx, const char *name, void *dst, size_t nbytes, exo_err *err)
+{
+    exo_synth *s = ctx;
+    char module[256];
+    const char *dot = strrchr(name, '.');
+    if (!dot || (size_t)(dot - name) >= sizeof module)
+        return exo_err_set(err, EXO_EINTERNAL, "synthetic tensor '%s'", name);
+    snprintf(module, sizeof module, "%.*s", (int)(dot - name), name);
+    int64_t rows, cols, len;
+    if (!linear_shape(&s->cfg, module, &rows, &cols)) {
+        size_t n = nbytes / sizeof(uint16_t);
+        if (!strcmp(dot, ".scales")) {
+            fill_const_bf16(dst, n, affine_scale(s, cols));
+        } else if (!strcmp(dot, ".biases")) {
+            fill_const_bf16(dst, n, affine_bias(s, cols));
+        } else {
+            uint64_t rng = tensor_rng(s, module);
+            if (s->quant == EXO_SYNTH_BF16)
+                fill_bf16(&rng, dst, n, linear_amplitude(cols));
+            else
+                fill_random(&rng, dst, nbytes);
+        }
+        return 0;
+    }
+    if (!vector_len(&s->cfg, name, &len)) {
+        fill_const_bf16(dst, nbytes / sizeof(uint16_t), 1.0f);
+        return 0;
+    }
+    return exo_err_set(err, EXO_EINTERNAL, "synthetic tensor '%s' has no generator", name);
+}
+
+static int add_tensor(exo_st_writer *w, exo_synth *s, const char *name, exo_dtype dt, int64_t rows,
+                      int64_t cols, size_t *bytes, exo_err *err)
+{
+    int64_t shape[2] = {rows, cols};
+    int ndim = cols ? 2 : 1;
+    size_t nbytes = (size_t)rows * (size_t)(cols ? cols : 1) * exo_dtype_size(dt);
+    *bytes += nbytes;
+    return exo_st_writer_add_deferred(w, name, dt, ndim, shape, nbytes, fill_tensor, s, err);
+}
+
+static int add_linear(exo_st_writer *w, exo_synth *s, const char *module, size_t *bytes,
+                      exo_err *err)
+{
+    int64_t rows, cols;
+    if (linear_shape(&s->cfg, module, &rows, &cols))
+        return 0; /* tied lm_head */
+    char name[300];
+    snprintf(name, sizeof name, "%s.weight", module);
+    if (s->quant == EXO_SYNTH_BF16)
+        return add_tensor(w, s, name, EXO_DTYPE_BF16, rows, cols, bytes, err);
+    int rc = add_tensor(w, s, name, EXO_DTYPE_U32, rows, cols * quant_bits(s) / 32, bytes, err);
+    snprintf(name, sizeof name, "%s.scales", module);
+    if (!rc)
+        rc = add_tensor(w, s, name, EXO_DTYPE_BF16, rows, cols / GROUP_SIZE, bytes, err);
+    snprintf(name, sizeof name, "%s.biases", module);
+    if (!rc)
+        rc = add_tensor(w, s, name, EXO_DTYPE_BF16, rows, cols / GROUP_SIZE, bytes, err);
+    return rc;
+}
+
+static int add_vector(exo_st_writer *w, exo_synth *s, const char *name, size_t *bytes,
+                      exo_err *err)
+{
+    int64_t len;
+    if (vector_len(&s->cfg, name, &len))
+        return exo_err_set(err, EXO_EINTERNAL, "synthetic vector '%s'", name);
+    return add_tensor(w, s, name, EXO_DTYPE_BF16, len, 0, bytes, err);
+}
+
+/* Every tensor exo_model_build binds for these architectures. */
+static int add_all(exo_st_writer *w, exo_synth *s, size_t *bytes, exo_err *err)
+{
+    static const char *const linears[] = {"self_attn.q_proj", "self_attn.k_proj",
+                                          "self_attn.v_proj", "self_attn.o_proj",
+                                          "mlp.gate_proj",    "mlp.up_proj",
+                                          "mlp.down_proj"};
+    static const char *const norms[] = {"input_layernorm.weight",
+                                        "post_attention_layernorm.weight",
+                                        "self_attn.q_norm.weight", "self_attn.k_norm.weight"};
+    bool qk_norm = !strcmp(s->cfg.model_type, "qwen3");
+    char name[256];
+    int rc = add_linear(w, s, "model.embed_tokens", bytes, err);
+    for (int64_t l = 0; !rc && l < s->cfg.num_hidden_layers; l++) {
+        for (size_t i = 0; !rc && i < sizeof linears / sizeof *linears; i++) {
+            snprintf(name, sizeof name, "model.layers.%lld.%s", (long long)l, linears[i]);
+            rc = add_linear(w, s, name, bytes, err);
+        }
+        for (size_t i = 0; !rc && i < (qk_norm ? 4u : 2u); i++) {
+            snprintf(name, sizeof name, "model.layers.%lld.%s", (long long)l, norms[i]);
+            rc = add_vector(w, s, name, bytes, err);
+        }
+    }
+    if (!rc)
+        rc = add_vector(w, s, "model.norm.weight", bytes, err);
+    if (!rc)
+        rc = add_linear(w, s, "lm_head", bytes, err);
+    return rc;
+}
+
+/* config.json as the real model's (the fields exo and transformers read). */
+static json_t *config_json(const exo_synth *s)
+{
+    const exo_model_config *c = &s->cfg;
+    const preset *p = s->p;
+    bool qwen3 = !strcmp(c->model_type, "qwen3");
+    json_t *j = json_object();
+    json_object_set_new(j, "architectures", json_pack("[s]", p->architecture));
+    json_object_set_new(j, "model_type", json_string(c->model_type));
+    json_object_set_new(j, "vocab_size", json_integer(c->vocab_size));
+    json_object_set_new(j, "hidden_size", json_integer(c->hidden_size));
+    json_object_set_new(j, "intermediate_size", json_integer(c->intermediate_size));
+    json_object_set_new(j, "num_hidden_layers", json_integer(c->num_hidden_layers));
+    json_object_set_new(j, "num_attention_heads", json_integer(c->num_attention_heads));
+    json_object_set_new(j, "num_key_value_heads", json_integer(c->num_key_value_heads));
+    json_object_set_new(j, "head_dim", json_integer(c->head_dim));
+    json_object_set_new(j, "hidden_act", json_string(c->hidden_act));
+    json_object_set_new(j, "rms_norm_eps", json_real(c->rms_norm_eps));
+    json_object_set_new(j, "rope_theta", json_real(c->rope_theta));
+    if (c->rope.type == EXO_ROPE_LLAMA3)
+        json_object_set_new(j, "rope_scaling",
+                            json_pack("{s:f,s:f,s:f,s:I,s:s}", "factor", c->rope.factor,
+                                      "low_freq_factor", c->rope.low_freq_factor,
+                                      "high_freq_factor", c->rope.high_freq_factor,
+                                      "original_max_position_embeddings",
+                                      (json_int_t)c->rope.original_max_position_embeddings,
+                                      "rope_type", "llama3"));
+    else
+        json_object_set_new(j, "rope_scaling", json_null());
+    json_object_set_new(j, "max_position_embeddings", json_integer(c->max_position_embeddings));
+    json_object_set_new(j, "tie_word_embeddings", json_boolean(c->tie_word_embeddings));
+    json_object_set_new(j, "attention_bias", json_false());
+    if (qwen3) {
+        json_object_set_new(j, "use_sliding_window", json_false());
+        json_object_set_new(j, "sliding_window", json_null());
+    } else {
+        json_object_set_new(j, "mlp_bias", json_false());
+    }
+    json_object_set_new(j, "attention_dropout", json_real(0));
+    json_object_set_new(j, "initializer_range", json_real(0.02));
+    json_object_set_new(j, "use_cache", json_true());
+    if (c->bos_token_id >= 0)
+        json_object_set_new(j, "bos_token_id", json_integer(c->bos_token_id));
+    if (c->n_eos == 1) {
+        json_object_set_new(j, "eos_token_id", json_integer(c->eos_token_ids[0]));
+    } else if (c->n_eos > 1) {
+        json_t *a = json_array();
+        for (int i = 0; i < c->n_eos; i++)
+            json_array_append_new(a, json_integer(c->eos_token_ids[i]));
+        json_object_set_new(j, "eos_token_id", a);
+    }
+    json_object_set_new(j, "torch_dtype", json_string("bfloat16"));
+    if (c->quant.enabled) {
+        json_t *q = json_pack("{s:i,s:i,s:s}", "group_size", c->quant.group_size, "bits",
+                              c->quant.bits, "mode", "affine");
+        json_object_set(j, "quantization", q);
+        json_object_set_new(j, "quantization_config", q);
+    }
+    return j;
+}
+
+static int write_text(const char *path, const char *text, exo_err *err)
+{
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "wb");
+    size_t n = strlen(text);
+    bool ok = f && fwrite(text, 1, n, f) == n && fputc('\n', f) != EOF && !fflush(f) &&
+              !fsync(fileno(f));
+    int saved = errno;
+    if (f && fclose(f))
+        ok = false;
+    if (!ok || rename(tmp, path)) {
+        unlink(tmp);
+        return exo_err_set(err, EXO_EIO, "cannot write %s: %s", path, strerror(ok ? errno : saved));
+    }
+    return 0;
+}
+
+int exo_synth_write(exo_synth *s, const char *dir, size_t *bytes, exo_err *err)
+{
+    size_t total = 0;
+    char path[4096];
+    exo_st_writer *w = exo_st_writer_new();
+    exo_st_writer_set_metadata(w, "format", s->quant == EXO_SYNTH_BF16 ? "pt" : "mlx");
+    int rc = add_all(w, s, &total, err);
+    if (!rc) {
+        snprintf(path, sizeof path, "%s/model.safetensors", dir);
+        rc = exo_st_writer_write(w, path, err);
+    }
+    exo_st_writer_free(w);
+    if (rc)
+        return rc;
+    /* config.json last: a directory without it is not a loadable model */
+    json_t *cfg = config_json(s);
+    char *text = json_dumps(cfg, JSON_INDENT(2) | JSON_REAL_PRECISION(15));
+    json_decref(cfg);
+    if (!text)
+        return exo_err_set(err, EXO_ENOMEM, "cannot serialise config.json");
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    rc = write_text(path, text, err);
+    free(text); /* jansson allocates with malloc */
+    if (!rc && bytes)
+        *bytes = total;
+    return rc;
 }

@@ -1,7 +1,12 @@
 /* Random-weight models with the exact shapes of real ones, built in memory,
  * so `exo bench` measures real-size speed without downloading anything.
  * Weights are random but well scaled (activations stay finite); codes,
- * scales and biases have exactly the layout a checkpoint would have. */
+ * scales and biases have exactly the layout a checkpoint would have.
+ *
+ * Every tensor is generated from its own random stream, seeded by (seed,
+ * tensor name), so a tensor's bytes do not depend on the order tensors are
+ * asked for: exo_synth_write produces the same weights as exo_synth_build
+ * for the same preset, quantization and seed, one tensor at a time. */
 #ifndef EXO_ENGINE_SYNTHETIC_H
 #define EXO_ENGINE_SYNTHETIC_H
 
@@ -17,7 +22,11 @@ typedef enum exo_synth_quant {
 typedef struct exo_synth exo_synth;
 
 /* Presets: llama-3.2-1b, llama-3.2-3b, llama-3.1-8b, qwen3-0.6b, qwen3-1.7b,
- * qwen3-4b, qwen3-8b. The names are listed by exo_synth_presets(). */
+ * qwen3-4b, qwen3-8b (the real models' config.json values: sizes, RoPE,
+ * norm eps, tied embeddings, bos/eos ids), and two tiny ones for tests:
+ * tiny-llama (2 layers, hidden 64, vocab 512, untied) and tiny-qwen3 (the
+ * same with qk-norm and tied embeddings). The names are listed by
+ * exo_synth_presets() (NULL-terminated). */
 const char *const *exo_synth_presets(void);
 int  exo_synth_create(const char *preset, exo_synth_quant q, uint64_t seed, exo_synth **out,
                       exo_err *err);
@@ -25,5 +34,15 @@ void exo_synth_free(exo_synth *s);
 const exo_model_config *exo_synth_config(const exo_synth *s);
 /* Builds the model; the exo_synth must outlive it. */
 int exo_synth_build(exo_synth *s, const exo_model_opts *opts, exo_model **out, exo_err *err);
+
+/* Writes the model as a Hugging Face directory that exo_model_load reads
+ * back to the same weights: `dir`/model.safetensors (MLX layout for q4/q8:
+ * <module>.weight U32 codes, .scales, .biases in bf16; bf16 norms), then
+ * `dir`/config.json (with the "quantization" block for q4/q8). `dir` must
+ * exist. Tensors are produced while the file is written, one at a time, so
+ * memory stays at one tensor. Each file goes through a temporary name and a
+ * rename; config.json comes last. *bytes (may be NULL) receives the size of
+ * model.safetensors' tensor data. Errors: EXO_EIO, EXO_ENOMEM. */
+int exo_synth_write(exo_synth *s, const char *dir, size_t *bytes, exo_err *err);
 
 #endif
