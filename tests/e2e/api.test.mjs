@@ -330,6 +330,63 @@ test('node, models and Ollama listing endpoints', T_TEST, async () => {
   assert.equal(Object.keys((await D.getJson(base, '/state')).instances).length, 2);
 });
 
+test('placement preview, POST /instance, GET/DELETE /instance/{id}, /events?since', T_TEST, async () => {
+  const nodeId = await D.getJson(base, '/node_id');
+  const q = (o) => new URLSearchParams(o).toString();
+  const pl = await fetch(`${base}/instance/placement?${q({ model_id: STORIES_ID })}`);
+  assert.equal(pl.status, 200);
+  const inst = await pl.json();
+  const body = inst.MlxRingInstance;
+  assert.ok(body, JSON.stringify(inst));
+  const shards = Object.values(body.shardAssignments.runnerToShard).map((x) => x.PipelineShardMetadata);
+  assert.equal(shards.length, 1);
+  assert.deepEqual([shards[0].startLayer, shards[0].endLayer, shards[0].nLayers], [0, 5, 5]);
+  assert.deepEqual(Object.keys(body.shardAssignments.nodeToRunner), [nodeId]);
+  assert.equal((await fetch(`${base}/instance/placement?${q({ model_id: 'nobody/nothing' })}`)).status, 404);
+  const two = await fetch(`${base}/instance/placement?${q({ model_id: STORIES_ID, min_nodes: 2 })}`);
+  assert.equal(two.status, 400);
+  assert.match((await two.json()).error.message, /min_nodes/);
+
+  const pv = await D.getJson(base, `/instance/previews?${q({ model_id: STORIES_ID })}`);
+  const ok = pv.previews.filter((x) => x.instance && x.error === null);
+  assert.ok(ok.length >= 1, JSON.stringify(pv));
+  assert.ok(ok[0].memory_delta_by_node[nodeId] > 0);
+  const keys = pv.previews.map((x) => JSON.stringify([x.sharding, x.instance_meta, x.error]));
+  assert.equal(new Set(keys).size, keys.length, 'previews are deduplicated');
+
+  const before = (await D.getJson(base, '/events')).length;
+  const bad = await D.postJson(base, '/instance', { instance: { Bogus: {} } });
+  assert.equal(bad.status, 400);
+  const made = await D.postJson(base, '/instance', { instance: inst });
+  assert.equal(made.status, 200, made.text);
+  assert.equal(made.json.message, 'Command received.');
+  const id = body.instanceId;
+  const t0 = Date.now();
+  for (;;) {
+    const st = await D.getJson(base, '/state');
+    const rid = Object.keys(body.shardAssignments.runnerToShard)[0];
+    if (st.instances[id] && st.runners[rid] && 'RunnerReady' in st.runners[rid]) break;
+    assert.ok(Date.now() - t0 < 15000, 'the created instance gets a Ready runner');
+    await D.sleep(50);
+  }
+  assert.equal(Object.values(await D.getJson(base, `/instance/${id}`))[0].instanceId, id);
+  const since = await D.getJson(base, `/events?since=${before}`);
+  assert.ok(since.length > 0 && 'InstanceCreated' in since[0], JSON.stringify(since[0]));
+  assert.equal((await fetch(`${base}/events?since=-1`)).status, 400);
+  // two instances of one model now: requests still get their greedy text
+  const r = await viaOpenAI(STORIES_ID, P.stories, { max: 8 });
+  assert.equal(r.text, ref(STORIES_ID, P.stories, 8).text);
+  const del = await fetch(`${base}/instance/${id}`, { method: 'DELETE' });
+  assert.equal(del.status, 200);
+  assert.equal((await del.json()).instance_id, id);
+  for (const t1 = Date.now(); (await fetch(`${base}/instance/${id}`)).status !== 404;) {
+    assert.ok(Date.now() - t1 < 5000, 'deleted instance disappears');
+    await D.sleep(20);
+  }
+  assert.equal((await fetch(`${base}/instance/${id}`, { method: 'DELETE' })).status, 404);
+  assert.equal(Object.keys((await D.getJson(base, '/state')).instances).length, 2);
+});
+
 // ---- greedy parity: every client, both modes, both models -----------------------------
 
 test('greedy parity with exo run: stories260K', T_TEST, async (t) => {
