@@ -68,8 +68,11 @@ unit: $(BUILD)/unit_tests $(BUILD)/exo
 integration: $(BUILD)/exo
 	EXO_BIN=$(abspath $(BUILD)/exo) BUILD=$(BUILD) tests/integration/run.sh
 
+# The sanitizer build runs the unit tests and the end-to-end daemon suite
+# (the daemon and its runners under ASan+UBSan, driven by the npm clients).
 asan:
 	$(MAKE) BUILD=build-asan SANITIZE=1 OPT=-O1 unit
+	EXO_BIN=$(abspath build-asan/exo) tests/integration/test_e2e_api.sh
 
 fuzz:
 	tests/fuzz/run.sh

@@ -449,6 +449,8 @@ static void h_ollama_show(exo_http_request *r, void *ud)
     int status = 200;
     if (exo_ollama_show_json(body, len, mi.v, mi.n, &out, &status) == 0)
         respond_owned(r, 200, out);
+    else if (out) /* already an Ollama error body */
+        respond_owned(r, status, out);
     else
         respond_error(r, status, status == 404 ? "model not found" : "model name is required");
     model_infos_free(&mi);

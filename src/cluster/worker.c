@@ -85,7 +85,7 @@ static void emit_task_failed(exo_worker *w, const exo_id *task_id, const char *m
     exo_event_init(&ev, EXO_EVENT_TASK_FAILED);
     ev.u.task_failed.task_id = *task_id;
     ev.u.task_failed.error_type = exo_strdup("RunnerError");
-    ev.u.task_failed.error_message = exo_strndup(message, EXO_MESSAGE_MAX - 1);
+    ev.u.task_failed.error_message = exo_strndup(message, strnlen(message, EXO_MESSAGE_MAX - 1));
     w->host.emit(w->host.ctx, &ev);
     emit_task_status(w, task_id, EXO_TASK_FAILED);
 }

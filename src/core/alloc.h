@@ -14,6 +14,8 @@ void *exo_malloc(size_t n);
 void *exo_calloc(size_t count, size_t size);
 void *exo_realloc(void *p, size_t n);
 char *exo_strdup(const char *s);
+/* Copies exactly n bytes of s (which need not be NUL-terminated within
+ * them) and adds a NUL: unlike strndup it does not stop at a NUL. */
 char *exo_strndup(const char *s, size_t n);
 void  exo_free(void *p);
 

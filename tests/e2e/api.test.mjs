@@ -1075,6 +1075,7 @@ test('client disconnect cancels the generation; the next request is served at on
 // first runs: the others end without a token, and nothing is left behind.
 test('queued requests: a disconnect or /v1/cancel removes them before they run', T_TEST, async () => {
   let first, second, third, t0;
+  assert.notEqual(await tasksGone(5000), Infinity, 'the previous test left tasks running');
   await withRunnerPaused(async () => {
     first = await D.openStream(base, '/v1/chat/completions', { ...chatBody(STORIES_ID, P.stories, 8), stream: true });
     await waitTaskCount(1);

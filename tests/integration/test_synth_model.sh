@@ -21,7 +21,7 @@ E=$EXO_BIN
 for p in tiny-llama tiny-qwen3; do
   for q in q4 q8 bf16; do
     d=$tmp/$p-$q
-    if out=$("$E" synth-model "$p" "$d" --quant "$q" --verify 2>&1) && echo "$out" | grep -q '^verified:'; then
+    if out=$("$E" synth-model "$p" "$d" --quant "$q" --verify 2>&1) && grep -q '^verified:' <<<"$out"; then
       ok "$p $q: written logits identical to the in-memory model"
     else bad "$p $q: synth-model --verify: $out"; continue; fi
     ids=$("$E" run "$d" --tokens 1,2,3 --max-tokens 5 --print-ids --ignore-eos 2>&1)
@@ -32,11 +32,11 @@ done
 # the MLX layout and the config of a quantized model
 d=$tmp/tiny-llama-q4
 hdr=$(head -c 65536 "$d/model.safetensors" | tr -d '\0')
-if echo "$hdr" | grep -q '"model.layers.0.mlp.down_proj.weight":{"dtype":"U32","shape":\[64,24\]' &&
-   echo "$hdr" | grep -q '"model.layers.0.mlp.down_proj.scales":{"dtype":"BF16","shape":\[64,3\]' &&
-   echo "$hdr" | grep -q '"model.layers.0.mlp.down_proj.biases":{"dtype":"BF16","shape":\[64,3\]' &&
-   echo "$hdr" | grep -q '"lm_head.weight":{"dtype":"U32"' &&
-   echo "$hdr" | grep -q '"model.norm.weight":{"dtype":"BF16","shape":\[64\]'; then
+if grep -q '"model.layers.0.mlp.down_proj.weight":{"dtype":"U32","shape":\[64,24\]' <<<"$hdr" &&
+   grep -q '"model.layers.0.mlp.down_proj.scales":{"dtype":"BF16","shape":\[64,3\]' <<<"$hdr" &&
+   grep -q '"model.layers.0.mlp.down_proj.biases":{"dtype":"BF16","shape":\[64,3\]' <<<"$hdr" &&
+   grep -q '"lm_head.weight":{"dtype":"U32"' <<<"$hdr" &&
+   grep -q '"model.norm.weight":{"dtype":"BF16","shape":\[64\]' <<<"$hdr"; then
   ok "q4 tensors: U32 codes [rows, cols*4/32], bf16 scales/biases [rows, cols/64], untied lm_head"
 else bad "q4 safetensors header: $(echo "$hdr" | head -c 600)"; fi
 cfg=$(tr -d ' \n' < "$d/config.json")
@@ -45,8 +45,8 @@ case "$cfg" in *'"quantization":{"group_size":64,"bits":4'*'"model_type":"llama"
 grep -q '"quantization"' "$tmp/tiny-llama-bf16/config.json" && bad "bf16 config.json has a quantization block" ||
   ok "bf16 config.json has no quantization block"
 hdr=$(head -c 65536 "$tmp/tiny-qwen3-q8/model.safetensors" | tr -d '\0')
-if echo "$hdr" | grep -q '"model.layers.1.self_attn.k_norm.weight":{"dtype":"BF16","shape":\[32\]' &&
-   ! echo "$hdr" | grep -q '"lm_head'; then
+if grep -q '"model.layers.1.self_attn.k_norm.weight":{"dtype":"BF16","shape":\[32\]' <<<"$hdr" &&
+   ! grep -q '"lm_head' <<<"$hdr"; then
   ok "qwen3: q/k norms written, tied embeddings without lm_head"
 else bad "qwen3 header: $(echo "$hdr" | head -c 600)"; fi
 
@@ -76,7 +76,7 @@ expect2() { # NAME PATTERN ARGS...
   local name=$1 pat=$2; shift 2
   local out rc=0
   out=$("$E" synth-model "$@" 2>&1) || rc=$?
-  if [ $rc -eq 2 ] && echo "$out" | grep -q -- "$pat"; then ok "$name: exit 2 ($(echo "$out" | head -1))"
+  if [ $rc -eq 2 ] && grep -q -- "$pat" <<<"$out"; then ok "$name: exit 2 ($(echo "$out" | head -1))"
   else bad "$name: exit $rc: $out"; fi
 }
 expect2 "unknown preset" "unknown preset 'llama-9b'" llama-9b "$tmp/bad1"
@@ -107,14 +107,14 @@ if [ -f "$TOK/tokenizer.json" ]; then
   expect2 "tokenizer larger than the vocabulary" "151669 ids, more than tiny-qwen3's vocabulary of 512" \
     tiny-qwen3 "$tmp/bad7" --tokenizer "$TOK"
   q=$tmp/models/exo-synth--qwen3-0.6b-q4
-  if out=$("$E" synth-model qwen3-0.6b "$q" --tokenizer "$TOK" --verify 2>&1) && echo "$out" | grep -q '^verified:'; then
+  if out=$("$E" synth-model qwen3-0.6b "$q" --tokenizer "$TOK" --verify 2>&1) && grep -q '^verified:' <<<"$out"; then
     ok "qwen3-0.6b q4 + tokenizer: written logits identical to the in-memory model"
   else bad "qwen3-0.6b q4: $out"; fi
   for f in tokenizer.json tokenizer_config.json; do
     cmp -s "$TOK/$f" "$q/$f" && ok "$f copied" || bad "$f not copied"
   done
   st=$("$E" run "$q" --chat "Hello" --max-tokens 3 --ignore-eos --stats --threads 2 2>&1 >/dev/null)
-  echo "$st" | grep -q 'generated 3 tokens' && ok "exo run --chat on qwen3-0.6b: $st" || bad "exo run --chat: $st"
+  grep -q 'generated 3 tokens' <<<"$st" && ok "exo run --chat on qwen3-0.6b: $st" || bad "exo run --chat: $st"
   rm -rf "$tmp/models"
 else
   echo "skip: no qwen3 tokenizer (npm unavailable)"
