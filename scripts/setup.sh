@@ -31,3 +31,6 @@ if [ -f tests/package.json ] && [ ! -d tests/node_modules ] || \
 fi
 
 make -j"$(nproc)" >/dev/null
+# The web dashboard (no npm dependencies): writes dashboard/dist, which the
+# daemon serves at /.
+(cd dashboard && npm run --silent build)

@@ -12,11 +12,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 struct exo_api_server {
     exo_node        *node;
     exo_http_server *http;
+    char            *dashboard_dir; /* NULL: no dashboard */
 };
 
 /* ---- small helpers ------------------------------------------------------------ */
@@ -585,6 +587,83 @@ static void h_cancel(exo_http_request *r, void *ud)
     respond_json(r, 200, json_pack("{s:s, s:s}", "message", "Command cancelled.", "command_id", id));
 }
 
+/* ---- dashboard ---------------------------------------------------------------------- */
+
+#define DASHBOARD_MAX_FILE ((size_t)16 << 20)
+
+static const char *content_type_of(const char *name)
+{
+    static const char *const types[][2] = {
+        {".html", "text/html; charset=utf-8"}, {".js", "text/javascript; charset=utf-8"},
+        {".mjs", "text/javascript; charset=utf-8"}, {".css", "text/css; charset=utf-8"},
+        {".json", "application/json"}, {".svg", "image/svg+xml"}, {".png", "image/png"},
+        {".ico", "image/x-icon"}, {".woff2", "font/woff2"}, {".txt", "text/plain; charset=utf-8"},
+    };
+    const char *dot = strrchr(name, '.');
+    for (size_t i = 0; dot && i < sizeof types / sizeof *types; i++)
+        if (!strcmp(dot, types[i][0]))
+            return types[i][1];
+    return "application/octet-stream";
+}
+
+/* A file name under the dashboard dir: [A-Za-z0-9._-] segments separated by
+ * single slashes, none starting with a dot (so no "..", no hidden files). */
+static bool safe_asset_name(const char *name)
+{
+    if (!*name || strlen(name) > 256)
+        return false;
+    bool seg_start = true;
+    for (const char *c = name; *c; c++) {
+        if (*c == '/') {
+            if (seg_start)
+                return false;
+            seg_start = true;
+            continue;
+        }
+        if (seg_start && *c == '.')
+            return false;
+        seg_start = false;
+        if (!((*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9') ||
+              *c == '.' || *c == '_' || *c == '-'))
+            return false;
+    }
+    return !seg_start;
+}
+
+static void serve_asset(exo_http_request *r, exo_api_server *s, const char *name)
+{
+    if (!s->dashboard_dir) {
+        respond_error(r, 404, "the dashboard is not built (cd dashboard && npm run build)");
+        return;
+    }
+    if (!safe_asset_name(name)) {
+        respond_error(r, 404, "Not Found");
+        return;
+    }
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", s->dashboard_dir, name);
+    FILE *f = fopen(path, "rb");
+    struct stat st;
+    if (!f || fstat(fileno(f), &st) || !S_ISREG(st.st_mode) || (size_t)st.st_size > DASHBOARD_MAX_FILE) {
+        if (f)
+            fclose(f);
+        respond_error(r, 404, "Not Found");
+        return;
+    }
+    char *buf = exo_malloc((size_t)st.st_size + 1);
+    size_t got = fread(buf, 1, (size_t)st.st_size, f);
+    fclose(f);
+    exo_http_respond(r, 200, content_type_of(name), buf, got);
+    exo_free(buf);
+}
+
+static void h_dashboard_index(exo_http_request *r, void *ud) { serve_asset(r, ud, "index.html"); }
+
+static void h_dashboard_file(exo_http_request *r, void *ud)
+{
+    serve_asset(r, ud, exo_http_param(r, "file"));
+}
+
 /* ---- start / stop ------------------------------------------------------------------ */
 
 typedef struct route {
@@ -613,6 +692,8 @@ static const route routes[] = {
     {"GET", "/ollama/api/version", h_ollama_version},
     {"GET", "/ollama/", h_ollama_version},
     {"POST", "/ollama/api/show", h_ollama_show},
+    {"GET", "/", h_dashboard_index},
+    {"GET", "/dashboard/{file:path}", h_dashboard_file},
 };
 
 int exo_api_server_start(exo_node *node, const exo_api_server_config *cfg, exo_api_server **out,
@@ -621,6 +702,7 @@ int exo_api_server_start(exo_node *node, const exo_api_server_config *cfg, exo_a
     *out = NULL;
     exo_api_server *s = exo_calloc(1, sizeof *s);
     s->node = node;
+    s->dashboard_dir = cfg->dashboard_dir ? exo_strdup(cfg->dashboard_dir) : NULL;
     exo_http_config hc = {
         .bind_addr = cfg->bind_addr,
         .port = cfg->port,
@@ -653,5 +735,6 @@ void exo_api_server_free(exo_api_server *s)
     if (!s)
         return;
     exo_http_destroy(s->http);
+    exo_free(s->dashboard_dir);
     exo_free(s);
 }

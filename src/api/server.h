@@ -11,6 +11,8 @@
  *                  POST /v1/cancel/{command_id}
  *   ollama state   GET /ollama/api/tags (+ aliases), /ps, /version, /ollama/,
  *                  POST /ollama/api/show
+ *   dashboard      GET / (index.html) and GET /dashboard/{file} from the built
+ *                  dashboard directory (dashboard/dist), when there is one
  *
  * A generation request is parsed by its family's adapter, checked against
  * the State (no instance: 404 in the family's error format), then its
@@ -29,6 +31,7 @@ typedef struct exo_api_server_config {
     const char *bind_addr;   /* NULL: all interfaces */
     int         port;        /* 0: ephemeral */
     double      keepalive_s; /* 0: 10 s */
+    const char *dashboard_dir; /* built dashboard (index.html, ...); NULL: none */
 } exo_api_server_config;
 
 int  exo_api_server_start(exo_node *node, const exo_api_server_config *cfg, exo_api_server **out,

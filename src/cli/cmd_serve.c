@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <limits.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -53,6 +54,35 @@ static void raise_fd_limit(void)
         if (setrlimit(RLIMIT_NOFILE, &rl))
             EXO_LOG_WARN("cannot raise the open-file limit to %llu", (unsigned long long)rl.rlim_max);
     }
+}
+
+/* The built dashboard: EXO_DASHBOARD_DIR (as exo), else dashboard/dist of
+ * the source tree the binary was built in (<repo>/build/exo). */
+static char *find_dashboard(void)
+{
+    const char *env = getenv("EXO_DASHBOARD_DIR");
+    char path[PATH_MAX + 64];
+    if (env && *env) {
+        snprintf(path, sizeof path, "%s/index.html", env);
+        if (access(path, R_OK))
+            EXO_LOG_WARN("EXO_DASHBOARD_DIR=%s has no index.html", env);
+        return exo_strdup(env);
+    }
+    char exe[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n <= 0)
+        return NULL;
+    exe[n] = 0;
+    char *slash = strrchr(exe, '/');
+    if (!slash)
+        return NULL;
+    *slash = 0;
+    snprintf(path, sizeof path, "%s/../dashboard/dist/index.html", exe);
+    char real[PATH_MAX];
+    if (!realpath(path, real))
+        return NULL;
+    real[strlen(real) - strlen("/index.html")] = 0;
+    return exo_strdup(real);
 }
 
 static void exit_now(int sig)
@@ -145,19 +175,26 @@ int exo_cmd_serve(int argc, char **argv)
     int status = 1;
     exo_node *node = NULL;
     exo_api_server *server = NULL;
+    char *dashboard = NULL;
     exo_node_config nc = {&paths, worker, NULL, (int)threads, (int)ctx, (int)warmup, verbosity > 0};
     if (exo_node_start(&nc, &node, &err)) {
         fprintf(stderr, "exo: %s\n", err.msg);
         goto out;
     }
     if (api) {
-        exo_api_server_config ac = {host, (int)port, 0};
+        dashboard = find_dashboard();
+        exo_api_server_config ac = {host, (int)port, 0, dashboard};
         if (exo_api_server_start(node, &ac, &server, &err)) {
             fprintf(stderr, "exo: API on port %ld: %s\n", port, err.msg);
             goto out;
         }
         EXO_LOG_INFO("API listening on http://%s:%d", host ? host : "0.0.0.0",
                      exo_api_server_port(server));
+        if (dashboard)
+            EXO_LOG_INFO("dashboard at http://%s:%d/ (from %s)", host ? host : "localhost",
+                         exo_api_server_port(server), dashboard);
+        else
+            EXO_LOG_INFO("no dashboard: build it with `cd dashboard && npm run build`");
     }
     int sig = 0;
     sigwait(&sigs, &sig);
@@ -171,6 +208,7 @@ out:
     exo_api_server_free(server);  /* then the connections close */
     exo_node_free(node);          /* and the log is archived */
     exo_pidfile_release(pid_fd, paths.pid_file);
+    exo_free(dashboard);
     exo_paths_free(&paths);
     return status;
 }

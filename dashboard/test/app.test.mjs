@@ -1,0 +1,456 @@
+// app.js without a browser: static checks of the sources, then a smoke run
+// of the whole page on a tiny fake DOM with a fake fetch (no daemon, no
+// network). Imported before `document` exists, app.js does not start itself.
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import fs from 'node:fs';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+
+import { start } from '../src/app.js';
+
+const HERE = path.dirname(fileURLToPath(import.meta.url));
+const SRC = path.join(HERE, '..', 'src');
+const read = (f) => fs.readFileSync(path.join(SRC, f), 'utf8');
+
+// ---- static checks -----------------------------------------------------------------------
+
+test('no HTML is ever built from strings (model text is escaped by construction)', () => {
+  for (const f of fs.readdirSync(SRC).filter((f) => /\.m?js$/.test(f))) {
+    const code = read(f).replace(/^\s*\/\/.*$/gm, '');
+    for (const bad of ['innerHTML', 'outerHTML', 'insertAdjacentHTML', 'document.write', 'eval(', 'new Function', 'createContextualFragment', 'DOMParser']) {
+      assert.equal(code.includes(bad), false, `${f} uses ${bad}`);
+    }
+  }
+});
+
+test('every element id app.js looks up exists in index.html', () => {
+  const html = read('index.html');
+  const ids = new Set([...html.matchAll(/\bid="([^"]+)"/g)].map((m) => m[1]));
+  const used = [...read('app.js').matchAll(/\$\('([^']+)'\)/g)].map((m) => m[1]);
+  assert.ok(used.length > 15);
+  for (const id of used) assert.ok(ids.has(id), `#${id} is not in index.html`);
+});
+
+test('index.html loads its assets from dashboard/ as a module', () => {
+  const html = read('index.html');
+  assert.match(html, /<script type="module" src="dashboard\/app\.js"><\/script>/);
+  assert.match(html, /<link rel="stylesheet" href="dashboard\/style\.css">/);
+  assert.match(html, /<meta name="color-scheme" content="light dark">/);
+  assert.match(read('style.css'), /@media \(prefers-color-scheme: dark\)/);
+});
+
+// ---- a fake DOM, just what app.js uses -----------------------------------------------------
+
+class FakeNode {
+  constructor() {
+    this.parentNode = null;
+    this.childNodes = [];
+  }
+  get firstChild() {
+    return this.childNodes[0] || null;
+  }
+  get textContent() {
+    return this.childNodes.map((c) => c.textContent).join('');
+  }
+  set textContent(v) {
+    this.replaceChildren();
+    if (v !== '' && v !== null && v !== undefined) this.appendChild(new FakeText(String(v)));
+  }
+  appendChild(c) {
+    assert.ok(c instanceof FakeNode, `appendChild(${typeof c})`);
+    if (c.parentNode) c.remove();
+    c.parentNode = this;
+    this.childNodes.push(c);
+    return c;
+  }
+  append(...cs) {
+    for (const c of cs) this.appendChild(typeof c === 'string' ? new FakeText(c) : c);
+  }
+  replaceChildren(...cs) {
+    for (const c of this.childNodes) c.parentNode = null;
+    this.childNodes = [];
+    this.append(...cs);
+  }
+  remove() {
+    if (!this.parentNode) return;
+    const sib = this.parentNode.childNodes;
+    sib.splice(sib.indexOf(this), 1);
+    this.parentNode = null;
+  }
+}
+
+class FakeText extends FakeNode {
+  constructor(data) {
+    super();
+    this.data = data;
+  }
+  get textContent() {
+    return this.data;
+  }
+  set textContent(v) {
+    this.data = String(v);
+  }
+}
+
+class FakeElement extends FakeNode {
+  constructor(tag) {
+    super();
+    this.tagName = tag.toUpperCase();
+    this.attrs = {};
+    this.style = {};
+    this.dataset = {};
+    this.listeners = {};
+    this.className = '';
+    this.hidden = false;
+    this.disabled = false;
+    this.open = false;
+    this.value = '';
+    this.title = '';
+    this.type = '';
+    this.scrollTop = 0;
+    this.scrollHeight = 100;
+    this.clientHeight = 100;
+  }
+  setAttribute(k, v) {
+    this.attrs[k] = String(v);
+  }
+  getAttribute(k) {
+    return this.attrs[k] ?? null;
+  }
+  addEventListener(type, f) {
+    (this.listeners[type] ||= []).push(f);
+  }
+  dispatch(type, props = {}) {
+    const ev = { type, target: this, defaultPrevented: false, preventDefault() { this.defaultPrevented = true; }, ...props };
+    for (const f of this.listeners[type] || []) f(ev);
+    return ev;
+  }
+  click() {
+    if (!this.disabled) this.dispatch('click');
+  }
+  focus() {}
+  get innerHTML() {
+    throw new Error('innerHTML read');
+  }
+  set innerHTML(v) {
+    throw new Error('innerHTML written');
+  }
+}
+
+function makeDocument() {
+  const byId = new Map();
+  const body = new FakeElement('body');
+  for (const m of read('index.html').matchAll(/<(\w+)\b([^>]*)\bid="([^"]+)"([^>]*)>/g)) {
+    const el = new FakeElement(m[1]);
+    el.id = m[3];
+    const attrs = m[2] + m[4];
+    if (/\shidden\b/.test(attrs)) el.hidden = true;
+    if (/\sdisabled\b/.test(attrs)) el.disabled = true;
+    body.appendChild(el);
+    byId.set(m[3], el);
+  }
+  return {
+    body,
+    getElementById: (id) => byId.get(id) || null,
+    createElement: (tag) => new FakeElement(tag),
+    createTextNode: (data) => new FakeText(data),
+    hasFocus: () => false,
+  };
+}
+
+function findAll(root, pred, out = []) {
+  for (const c of root.childNodes) {
+    if (c instanceof FakeElement) {
+      if (pred(c)) out.push(c);
+      findAll(c, pred, out);
+    }
+  }
+  return out;
+}
+const byClass = (root, cls) => findAll(root, (e) => e.className.split(' ').includes(cls));
+const button = (root, text) => findAll(root, (e) => e.tagName === 'BUTTON' && e.textContent === text);
+
+async function waitFor(pred, what, ms = 3000) {
+  const t0 = Date.now();
+  for (;;) {
+    if (pred()) return;
+    if (Date.now() - t0 > ms) assert.fail(`timed out waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 5));
+  }
+}
+
+// ---- the daemon, faked -------------------------------------------------------------------
+
+const SELF = '25d2d2b1-3cc0-4918-a21a-956ed124c610';
+const READY_ID = 'aac087a5-78ff-4976-9c90-52d070c84c9b';
+const STATE = {
+  instances: {
+    [READY_ID]: {
+      MlxRingInstance: {
+        instanceId: READY_ID,
+        shardAssignments: {
+          modelId: 'karpathy/stories260K',
+          runnerToShard: { r1: { PipelineShardMetadata: { deviceRank: 0, worldSize: 1, startLayer: 0, endLayer: 5, nLayers: 5 } } },
+          nodeToRunner: { [SELF]: 'r1' },
+        },
+        sharding: 'Pipeline',
+      },
+    },
+    'i-loading': {
+      MlxRingInstance: {
+        instanceId: 'i-loading',
+        shardAssignments: {
+          modelId: 'org/Loading-Model',
+          runnerToShard: { r2: { PipelineShardMetadata: { deviceRank: 0, worldSize: 1, startLayer: 0, endLayer: 6, nLayers: 6 } } },
+          nodeToRunner: { [SELF]: 'r2' },
+        },
+        sharding: 'Pipeline',
+      },
+    },
+  },
+  runners: { r1: { RunnerReady: { prefillServerPort: null } }, r2: { RunnerLoading: { layersLoaded: 3, totalLayers: 6 } } },
+  tasks: {},
+  lastSeen: { [SELF]: '2026-11-29T23:46:53.949Z' },
+  nodeIdentities: { [SELF]: { friendlyName: 'vm', cpuCount: 2 } },
+  nodeMemory: { [SELF]: { ramTotal: { inBytes: 25276502016 }, ramAvailable: { inBytes: 24192163840 } } },
+  nodeBackends: { [SELF]: ['Cpu'] },
+  lastEventAppliedIdx: 8,
+};
+const MODELS = {
+  object: 'list',
+  data: [
+    { id: 'karpathy/stories260K', name: 'stories260K', storage_size_megabytes: 1, family: 'llama', quantization: 'fp32', context_length: 512, capabilities: ['text'] },
+    { id: 'bad/model', name: 'Bad <img src=x onerror=alert(1)>', storage_size_megabytes: 10, capabilities: ['text'] },
+  ],
+};
+
+const enc = new TextEncoder();
+const chunk = (delta, extra = {}) =>
+  `data: ${JSON.stringify({ id: 'c', object: 'chat.completion.chunk', created: 1, model: 'karpathy/stories260K', choices: [{ index: 0, delta, logprobs: null, finish_reason: extra.finish_reason ?? null }], ...(extra.usage ? { usage: extra.usage } : {}) })}\n\n`;
+
+function sseResponse(pieces, { hang = false, signal } = {}) {
+  const body = new ReadableStream({
+    async start(ctrl) {
+      for (const p of pieces) {
+        // byte chunks that cut lines (and characters) in half
+        const bytes = enc.encode(p);
+        const mid = Math.floor(bytes.length / 2);
+        ctrl.enqueue(bytes.subarray(0, mid));
+        await new Promise((r) => setTimeout(r, 2));
+        ctrl.enqueue(bytes.subarray(mid));
+      }
+      if (!hang) ctrl.close();
+      else signal.addEventListener('abort', () => ctrl.error(new DOMException('The operation was aborted.', 'AbortError')));
+    },
+  });
+  return new Response(body, { status: 200, headers: { 'content-type': 'text/event-stream' } });
+}
+
+test('the page, end to end on a fake DOM and a fake daemon', async (t) => {
+  const realSetTimeout = globalThis.setTimeout;
+  globalThis.setTimeout = (f, ms, ...a) => {
+    const h = realSetTimeout(f, ms, ...a);
+    if (ms >= 1000) h.unref?.(); // toasts: do not keep the test alive
+    return h;
+  };
+  const store = new Map();
+  globalThis.localStorage = {
+    getItem: (k) => (store.has(k) ? store.get(k) : null),
+    setItem: (k, v) => store.set(k, String(v)),
+  };
+  const doc = makeDocument();
+  globalThis.document = doc;
+  const $ = (id) => doc.getElementById(id);
+
+  const calls = [];
+  let daemonUp = true;
+  let chat = null; // (opts) => Response
+  globalThis.fetch = async (url, opts = {}) => {
+    const method = opts.method || 'GET';
+    calls.push({ url, method, body: opts.body ? JSON.parse(opts.body) : undefined });
+    if (!daemonUp) throw new TypeError('fetch failed');
+    const json = (status, body) => new Response(JSON.stringify(body), { status, headers: { 'content-type': 'application/json' } });
+    if (url === 'state') return json(200, STATE);
+    if (url === 'node_id') return json(200, SELF);
+    if (url === 'v1/models') return json(200, MODELS);
+    if (url === 'place_instance') {
+      const { model_id: id } = JSON.parse(opts.body);
+      if (id === 'bad/model') return json(400, { error: { message: 'Not enough memory for <bad/model>', type: 'Bad Request', param: null, code: 400 } });
+      return json(200, { message: 'Command received.', command_id: 'x' });
+    }
+    if (url.startsWith('instance/') && method === 'DELETE') return json(200, { message: 'Command received.', instance_id: url.slice(9) });
+    if (url === 'v1/chat/completions') return chat(opts);
+    return json(404, { error: { message: 'Not Found' } });
+  };
+
+  const app = start({ pollMs: 20 });
+  t.after(() => {
+    app.stop();
+    globalThis.setTimeout = realSetTimeout;
+    delete globalThis.document;
+    delete globalThis.fetch;
+    delete globalThis.localStorage;
+  });
+
+  await t.test('cluster, instances and models render from /state and /v1/models', async () => {
+    await waitFor(() => $('nodes').textContent.includes('vm') && $('models').textContent.includes('stories260K'), 'the first poll');
+    assert.equal($('conn').dataset.state, 'ok');
+    assert.equal($('node-id').textContent, 'node 25d2d2b1');
+    assert.equal($('cluster-summary').textContent, '1 node · 2 CPUs · 22.5 GiB free of 23.5 GiB');
+    const nodes = $('nodes').textContent;
+    for (const s of ['this node', '2 CPUs', 'Cpu', '1.0 GiB used of 23.5 GiB', '22.5 GiB free', '2 runners']) assert.ok(nodes.includes(s), s);
+
+    assert.equal($('instances-summary').textContent, '2 placed · 1 ready');
+    const cards = byClass($('instances'), 'instance');
+    assert.equal(cards.length, 2);
+    cards.reverse(); // sorted by model id: karpathy/… first
+    assert.ok(cards[0].textContent.includes('org/Loading-Model'));
+    assert.ok(cards[0].textContent.includes('Loading 50%'));
+    assert.ok(cards[0].textContent.includes('Loading 3/6 layers'));
+    assert.ok(cards[0].textContent.includes('layers 0–5 of 6'));
+    const bars = findAll(cards[0], (e) => e.attrs.role === 'progressbar');
+    assert.equal(bars[0].firstChild.style.width, '50%');
+    assert.ok(cards[1].textContent.includes('karpathy/stories260K'));
+    assert.ok(cards[1].textContent.includes('Ready'));
+    assert.ok(cards[1].textContent.includes('MLX Ring · Pipeline · 1 runner'));
+
+    const rows = byClass($('models'), 'model');
+    assert.equal(rows.length, 2);
+    // text from the daemon stays text
+    assert.ok(rows[0].textContent.includes('Bad <img src=x onerror=alert(1)>'));
+    assert.equal(findAll($('models'), (e) => e.tagName === 'IMG').length, 0);
+    assert.ok(rows[1].textContent.includes('running'));
+    assert.ok(rows[1].textContent.includes('ctx 512'));
+  });
+
+  await t.test('Launch posts place_instance and shows the error message', async () => {
+    const row = byClass($('models'), 'model').find((r) => r.textContent.includes('bad/model'));
+    button(row, 'Launch')[0].click();
+    await waitFor(() => $('models').textContent.includes('Not enough memory for <bad/model>'), 'the launch error');
+    assert.deepEqual(calls.filter((c) => c.url === 'place_instance').map((c) => [c.method, c.body]), [['POST', { model_id: 'bad/model' }]]);
+    assert.ok($('toasts').textContent.includes('Launch failed: Not enough memory for <bad/model>'));
+    const ok = byClass($('models'), 'model').find((r) => r.textContent.includes('karpathy/stories260K'));
+    button(ok, 'Launch')[0].click();
+    await waitFor(() => $('toasts').textContent.includes('Launching karpathy/stories260K'), 'the launch toast');
+  });
+
+  await t.test('Delete sends DELETE /instance/{id}', async () => {
+    const card = byClass($('instances'), 'instance').find((c) => c.textContent.includes('karpathy/stories260K'));
+    button(card, 'Delete')[0].click();
+    await waitFor(() => calls.some((c) => c.method === 'DELETE'), 'the delete');
+    assert.deepEqual(calls.filter((c) => c.method === 'DELETE').map((c) => c.url), [`instance/${READY_ID}`]);
+  });
+
+  await t.test('the chat picks the ready model and streams a reply', async () => {
+    assert.equal($('chat-model').value, 'karpathy/stories260K');
+    assert.deepEqual(findAll($('chat-model'), (e) => e.tagName === 'OPTION').map((o) => o.textContent), ['stories260K', 'org/Loading-Model (loading 50%)']);
+    assert.equal($('send').disabled, true); // nothing typed
+    chat = () =>
+      sseResponse([
+        ': keep-alive\n\n',
+        ': prefill_progress {"model":"karpathy/stories260K","processed_tokens":3,"total_tokens":6}\n\n',
+        chunk({ role: 'assistant', reasoning_content: 'Thinking about <b>it</b>' }),
+        chunk({ role: 'assistant', content: 'Once <script>alert(1)</script>' }),
+        chunk({ role: 'assistant', content: ' upon a time “é”' }),
+        chunk({}, { finish_reason: 'stop', usage: { prompt_tokens: 7, completion_tokens: 3, total_tokens: 10 } }),
+        ': generation_stats {"prompt_tps":100.5,"generation_tps":50.25,"prompt_tokens":7,"generation_tokens":3,"peak_memory_usage":1}\n\n',
+        'data: [DONE]\n\n',
+      ]);
+    $('temperature').value = '0.5';
+    $('prompt').value = 'Tell me <b>a story</b>';
+    $('prompt').dispatch('input');
+    assert.equal($('send').disabled, false);
+    $('prompt').dispatch('keydown', { key: 'Enter', shiftKey: false, isComposing: false });
+    assert.equal($('prompt').value, '');
+    await waitFor(() => $('send').hidden === false && $('messages').textContent.includes('upon a time'), 'the reply');
+
+    const req = calls.find((c) => c.url === 'v1/chat/completions');
+    assert.deepEqual(req.body, {
+      model: 'karpathy/stories260K',
+      messages: [{ role: 'user', content: 'Tell me <b>a story</b>' }],
+      stream: true,
+      stream_options: { include_usage: true },
+      temperature: 0.5,
+    });
+    const msgs = byClass($('messages'), 'msg');
+    assert.equal(msgs.length, 2);
+    assert.equal(byClass(msgs[0], 'msg-text')[0].textContent, 'Tell me <b>a story</b>');
+    const reply = msgs[1];
+    assert.equal(byClass(reply, 'msg-text')[0].textContent, 'Once <script>alert(1)</script> upon a time “é”');
+    assert.equal(findAll($('messages'), (e) => ['B', 'SCRIPT'].includes(e.tagName)).length, 0);
+    const thinking = byClass(reply, 'thinking')[0];
+    assert.equal(thinking.hidden, false);
+    assert.equal(thinking.tagName, 'DETAILS');
+    assert.equal(byClass(reply, 'thinking-text')[0].textContent, 'Thinking about <b>it</b>');
+    assert.equal(byClass(reply, 'prefill')[0].hidden, true);
+    const meta = byClass(reply, 'msg-meta')[0].textContent;
+    assert.match(meta, /^3 tokens · [\d.,]+ tok\/s · TTFT \d/);
+    assert.ok(meta.includes('7 prompt tokens'));
+    assert.equal(byClass(reply, 'msg-error')[0].hidden, true);
+    assert.equal($('stop').hidden, true);
+    const saved = JSON.parse(localStorage.getItem('exo-dashboard-chat'));
+    assert.equal(saved.messages.length, 2);
+    assert.equal(saved.messages[1].content, 'Once <script>alert(1)</script> upon a time “é”');
+  });
+
+  await t.test('an error event is shown inline; the history is sent back', async () => {
+    chat = () => sseResponse([chunk({ content: 'Par' }), 'data: {"error":{"message":"runner crashed","type":"InternalServerError","code":500}}\n\n', 'data: [DONE]\n\n']);
+    $('prompt').value = 'again';
+    $('composer').dispatch('submit');
+    await waitFor(() => byClass($('messages'), 'msg').length === 4 && $('send').hidden === false, 'the error reply');
+    const reply = byClass($('messages'), 'msg')[3];
+    const err = byClass(reply, 'msg-error')[0];
+    assert.equal(err.hidden, false);
+    assert.equal(err.textContent, 'runner crashed');
+    assert.equal(byClass(reply, 'msg-text')[0].textContent, 'Par');
+    const req = calls.filter((c) => c.url === 'v1/chat/completions').at(-1);
+    assert.deepEqual(req.body.messages.map((m) => m.role), ['user', 'assistant', 'user']);
+    assert.equal(req.body.messages[1].content, 'Once <script>alert(1)</script> upon a time “é”');
+  });
+
+  await t.test('an HTTP error body is shown inline', async () => {
+    chat = () => new Response('{"error":{"message":"No instance found for model karpathy/stories260K","type":"not_found_error","param":null,"code":404}}', { status: 404 });
+    $('prompt').value = 'hello?';
+    $('composer').dispatch('submit');
+    await waitFor(() => byClass($('messages'), 'msg').length === 6 && $('send').hidden === false, 'the 404 reply');
+    const reply = byClass($('messages'), 'msg')[5];
+    assert.equal(byClass(reply, 'msg-error')[0].textContent, 'No instance found for model karpathy/stories260K');
+  });
+
+  await t.test('Stop aborts the request', async () => {
+    let signal = null;
+    chat = (opts) => {
+      signal = opts.signal;
+      return sseResponse([': keep-alive\n\n', chunk({ content: 'Never' }), chunk({ content: ' ending' })], { hang: true, signal: opts.signal });
+    };
+    $('prompt').value = 'go on forever';
+    $('composer').dispatch('submit');
+    await waitFor(() => $('messages').textContent.includes('Never ending'), 'the first tokens');
+    assert.equal($('stop').hidden, false);
+    assert.equal($('send').hidden, true);
+    assert.equal($('chat-model').disabled, true);
+    $('stop').click();
+    await waitFor(() => $('send').hidden === false, 'the stop');
+    assert.equal(signal.aborted, true);
+    const reply = byClass($('messages'), 'msg')[7];
+    assert.ok(byClass(reply, 'msg-meta')[0].textContent.includes('stopped'));
+    assert.equal(byClass(reply, 'msg-error')[0].hidden, true);
+    assert.equal(byClass(reply, 'msg-text')[0].textContent, 'Never ending');
+  });
+
+  await t.test('New chat clears the conversation', async () => {
+    $('new-chat').click();
+    assert.equal(byClass($('messages'), 'msg').length, 0);
+    assert.ok($('messages').textContent.includes('Chat with your cluster'));
+    assert.equal(JSON.parse(localStorage.getItem('exo-dashboard-chat')).messages.length, 0);
+  });
+
+  await t.test('a daemon that goes away shows as offline, then comes back', async () => {
+    daemonUp = false;
+    await waitFor(() => $('conn').dataset.state === 'down', 'offline');
+    assert.equal($('conn-text').textContent, 'offline, retrying');
+    daemonUp = true;
+    await waitFor(() => $('conn').dataset.state === 'ok', 'back online');
+  });
+});
