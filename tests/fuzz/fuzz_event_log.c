@@ -94,8 +94,30 @@ static void fuzz_command(const uint8_t *data, size_t size)
     exo_free(buf);
 }
 
+static void fuzz_log_file_inner(const uint8_t *data, size_t size);
+
 /* Opens the log through /proc/self/fd so no file lands on disk. */
+/* The lowest free descriptor number: equal before and after an input
+ * unless the code under test leaked one (a daemon would run out). */
+static int lowest_free_fd(void)
+{
+    int fd = dup(0);
+    if (fd >= 0)
+        close(fd);
+    return fd;
+}
+
 static void fuzz_log_file(const uint8_t *data, size_t size)
+{
+    int fd_mark = lowest_free_fd();
+    fuzz_log_file_inner(data, size);
+    if (lowest_free_fd() != fd_mark) {
+        fprintf(stderr, "descriptor leak: lowest free fd %d before, %d after\n", fd_mark, lowest_free_fd());
+        abort();
+    }
+}
+
+static void fuzz_log_file_inner(const uint8_t *data, size_t size)
 {
     int fd = memfd_create("fuzz_event_log", MFD_CLOEXEC);
     if (fd < 0)
@@ -145,7 +167,10 @@ static void fuzz_log_file(const uint8_t *data, size_t size)
     CHECK(exo_event_log_append_event(log, &extra, &idx, &err) == 0);
     CHECK(idx == n);
     CHECK(exo_event_log_close(log, false, &err) == 0);
-    CHECK(exo_event_log_open(path, &log, &rec, &err) == 0);
+    if (exo_event_log_open(path, &log, &rec, &err) != 0) {
+        fprintf(stderr, "reopen failed: %s\n", err.msg);
+        abort();
+    }
     CHECK(exo_event_log_count(log) == n + 1 && rec.bytes_truncated == 0);
     CHECK(exo_event_log_read_range(log, n, 1, &evs, &got, &err) == 0 && got == 1);
     CHECK(exo_event_equal(&evs[0], &extra));
