@@ -250,13 +250,7 @@ int exo_cmd_synth_model(int argc, char **argv)
         return 2;
     }
     exo_synth_quant sq;
-    if (!strcmp(quant, "q4"))
-        sq = EXO_SYNTH_Q4;
-    else if (!strcmp(quant, "q8"))
-        sq = EXO_SYNTH_Q8;
-    else if (!strcmp(quant, "bf16"))
-        sq = EXO_SYNTH_BF16;
-    else {
+    if (exo_synth_quant_parse(quant, &sq)) {
         fprintf(stderr, "exo synth-model: --quant must be bf16, q8 or q4, got '%s'\n", quant);
         return 2;
     }

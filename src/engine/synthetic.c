@@ -542,3 +542,15 @@ int exo_synth_write(exo_synth *s, const char *dir, size_t *bytes, exo_err *err)
         *bytes = total;
     return rc;
 }
+
+int exo_synth_quant_parse(const char *name, exo_synth_quant *out)
+{
+    static const struct { const char *name; exo_synth_quant q; } names[] = {
+        {"bf16", EXO_SYNTH_BF16}, {"q8", EXO_SYNTH_Q8}, {"q4", EXO_SYNTH_Q4}};
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++)
+        if (!strcmp(name, names[i].name)) {
+            *out = names[i].q;
+            return 0;
+        }
+    return EXO_EINVAL;
+}

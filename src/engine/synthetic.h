@@ -19,6 +19,9 @@ typedef enum exo_synth_quant {
     EXO_SYNTH_Q4,   /* MLX affine 4-bit, group 64, bf16 scales/biases */
 } exo_synth_quant;
 
+/* "bf16", "q8", "q4" -> *out; EXO_EINVAL otherwise. */
+int exo_synth_quant_parse(const char *name, exo_synth_quant *out);
+
 typedef struct exo_synth exo_synth;
 
 /* Presets: llama-3.2-1b, llama-3.2-3b, llama-3.1-8b, qwen3-0.6b, qwen3-1.7b,
