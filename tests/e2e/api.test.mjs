@@ -1196,19 +1196,25 @@ test('queued behind a stalled runner: keep-alive every 10 s, FIFO order, exact o
     // The order the runner finished them in, from the daemon's own event log
     // (client-side arrival times can reorder under CPU load): each task's
     // Complete event must come in the order the tasks were created.
-    const events = await D.getJson(base, '/events');
-    const created = [], completed = [];
-    for (const e of events) {
-      if (e.TaskCreated) {
-        const task = e.TaskCreated.task.TextGeneration;
-        const msgs = task?.taskParams?.messages ?? [];
-        const text = msgs.map((m) => (typeof m.content === 'string' ? m.content : JSON.stringify(m.content))).join(' ');
-        const i = CONC_FIFO.findIndex((p) => text.includes(p));
-        if (i >= 0 && !created.some((c) => c.i === i)) created.push({ i, taskId: e.TaskCreated.taskId });
-      } else if (e.TaskStatusUpdated?.taskStatus === 'Complete') {
-        const c = created.find((x) => x.taskId === e.TaskStatusUpdated.taskId);
-        if (c) completed.push(c.i);
+    // (the last Complete event may trail the client's [DONE] by a moment:
+    // the runner's Done frame follows its final chunk)
+    let created = [], completed = [];
+    for (const t1 = Date.now(); ;) {
+      created = []; completed = [];
+      for (const e of await D.getJson(base, '/events')) {
+        if (e.TaskCreated) {
+          const task = e.TaskCreated.task.TextGeneration;
+          const msgs = task?.taskParams?.messages ?? [];
+          const text = msgs.map((m) => (typeof m.content === 'string' ? m.content : JSON.stringify(m.content))).join(' ');
+          const i = CONC_FIFO.findIndex((p) => text.includes(p));
+          if (i >= 0 && !created.some((c) => c.i === i)) created.push({ i, taskId: e.TaskCreated.taskId });
+        } else if (e.TaskStatusUpdated?.taskStatus === 'Complete') {
+          const c = created.find((x) => x.taskId === e.TaskStatusUpdated.taskId);
+          if (c) completed.push(c.i);
+        }
       }
+      if (completed.length >= CONC_FIFO.length || Date.now() - t1 > 3000) break;
+      await sleep(20);
     }
     assert.deepEqual(created.map((c) => c.i), CONC_FIFO.map((_, i) => i), 'created in the order sent');
     assert.deepEqual(completed, CONC_FIFO.map((_, i) => i), 'completed in the order created');
