@@ -23,7 +23,9 @@ void  exo_free(void *p);
 void *exo_try_malloc(size_t n);
 void *exo_try_calloc(size_t count, size_t size);
 
-/* 64-byte aligned, zeroed; free with exo_free_aligned. NULL on failure. */
+/* 64-byte aligned, zeroed; free with exo_free_aligned. NULL on failure.
+ * Buffers of 4 MiB and more are 2 MiB aligned and asked to be backed by
+ * transparent huge pages (streamed data: weights, KV cache). */
 void *exo_alloc_aligned(size_t n);
 void  exo_free_aligned(void *p);
 

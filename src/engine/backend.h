@@ -25,6 +25,7 @@
 #include "core/error.h"
 #include "engine/linear.h"
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -51,10 +52,14 @@ typedef struct exo_backend_ops {
     void  (*to_host)(exo_backend *be, void *host_dst, const void *src, size_t bytes);
 
     /* Weights. load_linear makes `dev` a backend-resident view or copy of a
-     * host weight (the CPU backend keeps pointing into the mmapped file).
+     * host weight. from_file: host points into a file mapping (page cache),
+     * which the CPU backend copies into its own huge-page memory (streaming
+     * reads are ~15% faster there, see cpu/backend_cpu.c); other host
+     * memory outlives the model and the CPU backend uses it in place.
      * load_vector returns backend memory holding n f32 values converted from
      * a host vector of type t (norm weights, biases). */
-    int    (*load_linear)(exo_backend *be, const exo_linear *host, exo_linear *dev, exo_err *err);
+    int    (*load_linear)(exo_backend *be, const exo_linear *host, bool from_file, exo_linear *dev,
+                          exo_err *err);
     float *(*load_vector)(exo_backend *be, exo_dtype t, const void *host, size_t n, exo_err *err);
 
     /* Ops. */

@@ -200,7 +200,7 @@ static int bind_linear(binder *b, const char *module, int64_t rows, int64_t cols
         return exo_err_set(b->err, EXO_EFORMAT, "%s: shape [%lld, %lld], config says [%lld, %lld]",
                            module, (long long)host.rows, (long long)host.cols, (long long)rows,
                            (long long)cols);
-    return b->be->ops->load_linear(b->be, &host, out, b->err);
+    return b->be->ops->load_linear(b->be, &host, b->src->from_file, out, b->err);
 }
 
 static int bind_vector(binder *b, const char *name, int64_t n, bool required, float **out)
@@ -387,7 +387,7 @@ int exo_model_load(const char *dir, const exo_model_opts *opts, exo_model **out,
                 snprintf(s.prefix, sizeof s.prefix, "%s", prefixes[i]);
         }
     }
-    exo_weight_source src = {&s, st_linear, st_vector};
+    exo_weight_source src = {&s, st_linear, st_vector, true};
     exo_model *m;
     rc = exo_model_build(&cfg, &src, opts, &m, err);
     if (rc) {
@@ -396,6 +396,9 @@ int exo_model_load(const char *dir, const exo_model_opts *opts, exo_model **out,
         exo_config_free(&cfg);
         return rc;
     }
+    /* the backends hold their own copies now: the mapped pages leave this
+     * process (they stay in the page cache, clean and reclaimable) */
+    exo_st_drop_pages(st);
     m->st = st;
     m->owns_cfg = true;
     *out = m;

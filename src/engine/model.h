@@ -56,6 +56,9 @@ typedef struct exo_weight_source {
     int (*linear)(void *ctx, const char *module, exo_linear *out);
     /* Vector tensor by full name; 0, or EXO_ENOENT. */
     int (*vector)(void *ctx, const char *name, exo_dtype *dtype, const void **data, int64_t *n);
+    /* The data points into file mappings (a checkpoint), not memory that
+     * outlives the model: backends copy the weights (see backend.h). */
+    bool from_file;
 } exo_weight_source;
 
 int exo_model_build(const exo_model_config *cfg, const exo_weight_source *src,

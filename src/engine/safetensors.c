@@ -125,6 +125,17 @@ void exo_st_close(exo_st *st)
     exo_free(st);
 }
 
+void exo_st_drop_pages(exo_st *st)
+{
+    if (!st)
+        return;
+    for (size_t f = 0; f < st->nfiles; f++) {
+        st_file *sf = &st->files[f];
+        if (sf->mapped && sf->size)
+            (void)madvise((void *)sf->base, sf->size, MADV_DONTNEED);
+    }
+}
+
 /* ------------------------------------------------------------------ */
 /* header parsing                                                      */
 

@@ -66,6 +66,10 @@ int exo_st_open_memory(const void *data, size_t len, const char *name, exo_st **
                        exo_err *err);
 
 void exo_st_close(exo_st *st);
+/* Unmaps the file pages from this process without closing (MADV_DONTNEED:
+ * they stay in the page cache; a later read faults them back in), for
+ * callers that copied what they need. */
+void exo_st_drop_pages(exo_st *st);
 
 size_t exo_st_count(const exo_st *st);
 /* Tensors in a stable order: by file, then by offset within the file.

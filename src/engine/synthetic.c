@@ -6,6 +6,7 @@
  * gain (std ~ 1/sqrt(cols)). */
 #include "engine/synthetic.h"
 #include "core/alloc.h"
+#include "core/arena.h"
 #include "engine/safetensors.h"
 
 #include <errno.h>
@@ -59,8 +60,7 @@ struct exo_synth {
     const preset *p;
     exo_synth_quant quant;
     uint64_t seed;
-    void **blocks;
-    size_t n_blocks, cap_blocks;
+    exo_arena *mem; /* every generated tensor */
 };
 
 const char *const *exo_synth_presets(void)
@@ -96,15 +96,9 @@ static uint64_t tensor_rng(const exo_synth *s, const char *name)
 
 static void *keep(exo_synth *s, size_t bytes)
 {
-    void *p = exo_alloc_aligned(bytes);
-    if (!p)
-        return NULL;
-    if (s->n_blocks == s->cap_blocks) {
-        s->cap_blocks = s->cap_blocks ? s->cap_blocks * 2 : 64;
-        s->blocks = exo_realloc(s->blocks, s->cap_blocks * sizeof(void *));
-    }
-    s->blocks[s->n_blocks++] = p;
-    return p;
+    if (!s->mem)
+        s->mem = exo_arena_new(0);
+    return exo_arena_alloc(s->mem, bytes);
 }
 
 static void fill_random(uint64_t *rng, void *p, size_t bytes)
@@ -319,9 +313,7 @@ void exo_synth_free(exo_synth *s)
 {
     if (!s)
         return;
-    for (size_t i = 0; i < s->n_blocks; i++)
-        exo_free_aligned(s->blocks[i]);
-    exo_free(s->blocks);
+    exo_arena_free(s->mem);
     exo_free(s);
 }
 
@@ -329,7 +321,7 @@ const exo_model_config *exo_synth_config(const exo_synth *s) { return &s->cfg; }
 
 int exo_synth_build(exo_synth *s, const exo_model_opts *opts, exo_model **out, exo_err *err)
 {
-    exo_weight_source src = {s, synth_linear, synth_vector};
+    exo_weight_source src = {s, synth_linear, synth_vector, false};
     return exo_model_build(&s->cfg, &src, opts, out, err);
 }
 

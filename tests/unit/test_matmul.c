@@ -303,6 +303,33 @@ Test(matmul, affine_q5_all_paths) { affine_all_paths(5); }
 Test(matmul, affine_q6_all_paths) { affine_all_paths(6); }
 Test(matmul, affine_q8_all_paths) { affine_all_paths(8); }
 
+/* GEMV row blocks take the rows of one 4 KiB page a page apart: whole
+ * super-blocks, a partial one at the end, and row counts the stride does
+ * not divide must all land in the right output rows. */
+Test(matmul, page_strided_row_blocks)
+{
+    static const struct { int bits, G; int64_t rows, cols; } cases[] = {
+        {4, 64, 300, 256},  /* 128-byte rows: 32 rows a page, super-blocks of 128 */
+        {8, 64, 37, 2048},  /* 2 KiB rows: 2 rows a page */
+        {4, 32, 70, 2048},  /* 1 KiB rows: 4 a page, 64-row spans + 6 */
+        {4, 128, 129, 1024} /* 512-byte rows, one row past a super-block */
+    };
+    for (int nth = 1; nth <= 2; nth++) {
+        exo_pool *pool = exo_pool_create(nth);
+        exo_cpu_matmul_ctx *ctx = exo_cpu_matmul_ctx_create(pool);
+        for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+            tweight tw;
+            tweight_make(&tw, EXO_WFORMAT_AFFINE, EXO_DTYPE_BF16, cases[c].rows, cases[c].cols,
+                         cases[c].bits, cases[c].G);
+            for (int T = 1; T <= 2; T++)
+                check_call(ctx, EXO_MATMUL_GEMV, 1, &tw, T);
+            tweight_free(&tw);
+        }
+        exo_cpu_matmul_ctx_free(ctx);
+        exo_pool_free(pool);
+    }
+}
+
 /* q/k/v-like calls: several weights of mixed formats and row counts share X. */
 Test(matmul, several_weights_per_call)
 {

@@ -13,6 +13,18 @@
 /* Rows the GEMV kernels process together (activation loads are shared). */
 #define EXO_GEMV_ROWS 4
 
+/* Row stride inside a GEMV row block: the rows of one 4 KiB page (of codes)
+ * go to different row blocks (gemv_avx512.c says why). 1 for rows of a page
+ * or more, or of a length that does not divide a page. */
+static inline int64_t exo_gemv_page_stride(int64_t row_bytes)
+{
+    return row_bytes <= 0 || row_bytes >= 4096 || 4096 % row_bytes ? 1 : 4096 / row_bytes;
+}
+/* Row ranges handed to the kernels start at multiples of this, so that
+ * super-blocks (EXO_GEMV_ROWS * stride rows) stay whole for rows of 256
+ * bytes and more. */
+#define EXO_GEMV_SPAN_ROWS 64
+
 /* One row of X quantized for integer dot products against affine weights of
  * group size G, in two int8 levels so the product keeps ~16 bits of the
  * activation: per group g, with d_g = max|x| / 127,

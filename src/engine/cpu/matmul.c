@@ -192,8 +192,8 @@ static int64_t chunk_rows(const rows_job *job)
         bytes += (int64_t)exo_linear_bytes(job->w[i]);
     int64_t row_bytes = job->total ? bytes / job->total : 1;
     int64_t c = (int64_t)CHUNK_BYTES / (row_bytes > 0 ? row_bytes : 1);
-    c = c / EXO_GEMV_ROWS * EXO_GEMV_ROWS;
-    return c < EXO_GEMV_ROWS ? EXO_GEMV_ROWS : c;
+    c = c / EXO_GEMV_SPAN_ROWS * EXO_GEMV_SPAN_ROWS;
+    return c < EXO_GEMV_SPAN_ROWS ? EXO_GEMV_SPAN_ROWS : c;
 }
 
 static void setup_spans(rows_job *job, int nth)
@@ -202,7 +202,7 @@ static void setup_spans(rows_job *job, int nth)
     job->nspan = nth < MAX_SPANS ? nth : MAX_SPANS;
     for (int i = 0; i < job->nspan; i++) {
         long b, e;
-        exo_split_range((long)job->total, EXO_GEMV_ROWS, i, job->nspan, &b, &e);
+        exo_split_range((long)job->total, EXO_GEMV_SPAN_ROWS, i, job->nspan, &b, &e);
         job->first[i] = b;
         job->last[i] = e;
         uint64_t n = (uint64_t)((e - b + job->chunk - 1) / job->chunk);
