@@ -231,7 +231,7 @@ static void cpu_attention(exo_backend *be, const exo_attn_shape *shape, float *o
 {
     cpu_backend *c = cpu(be);
     if (T >= BATCHED_ATTENTION_MIN_T) {
-        exo_cpu_kv_append(shape, k, v, k_cache, v_cache, capacity, T, pos0);
+        exo_cpu_kv_append(c->pool, shape, k, v, k_cache, v_cache, capacity, T, pos0);
         attention_batched(c, shape, out, q, k_cache, v_cache, capacity, T, pos0);
         return;
     }

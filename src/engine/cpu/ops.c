@@ -166,23 +166,51 @@ static void attn_worker(void *p, int ith, int nth)
     }
 }
 
-void exo_cpu_kv_append(const exo_attn_shape *shape, const float *k, const float *v,
+typedef struct append_job {
+    const exo_attn_shape *shape;
+    const float *k, *v;
+    float *k_cache, *v_cache;
+    int capacity, T, pos0;
+} append_job;
+
+/* One kv head per item. K is transposed, so a new position writes head_dim
+ * floats a whole cache row apart: each is a cache line that the weights
+ * streamed since the last token have evicted. Asking for all of a head's
+ * lines before writing any overlaps those misses instead of queueing the
+ * stores behind them one by one. */
+static void append_worker(void *p, int ith, int nth)
+{
+    append_job *j = p;
+    int hd = j->shape->head_dim, KV = j->shape->n_kv_heads, cap = j->capacity;
+    size_t row = (size_t)KV * (size_t)hd;
+    long h0, h1;
+    exo_split_range(KV, 1, ith, nth, &h0, &h1);
+    for (long h = h0; h < h1; h++) {
+        float *kc = j->k_cache + (size_t)h * hd * cap + j->pos0;
+        for (int d = 0; d < hd; d++)
+            __builtin_prefetch(kc + (size_t)d * cap, 1);
+        for (int t = 0; t < j->T; t++) {
+            const float *kt = j->k + (size_t)t * row + (size_t)h * hd;
+            for (int d = 0; d < hd; d++)
+                kc[(size_t)d * cap + t] = kt[d];
+            memcpy(j->v_cache + (size_t)(j->pos0 + t) * row + (size_t)h * hd,
+                   j->v + (size_t)t * row + (size_t)h * hd, sizeof(float) * (size_t)hd);
+        }
+    }
+}
+
+void exo_cpu_kv_append(exo_pool *pool, const exo_attn_shape *shape, const float *k, const float *v,
                        float *k_cache, float *v_cache, int capacity, int T, int pos0)
 {
-    int hd = shape->head_dim, KV = shape->n_kv_heads;
-    size_t row = (size_t)KV * (size_t)hd;
-    memcpy(v_cache + (size_t)pos0 * row, v, sizeof(float) * row * (size_t)T);
-    for (int t = 0; t < T; t++)
-        for (int h = 0; h < KV; h++)
-            for (int d = 0; d < hd; d++)
-                k_cache[((size_t)h * hd + d) * capacity + pos0 + t] = k[(size_t)t * row + (size_t)h * hd + d];
+    append_job j = {shape, k, v, k_cache, v_cache, capacity, T, pos0};
+    exo_pool_run(pool, append_worker, &j);
 }
 
 void exo_cpu_attention(exo_pool *pool, const exo_attn_shape *shape, float *out, const float *q,
                        const float *k, const float *v, float *k_cache, float *v_cache, int capacity,
                        int T, int pos0, float *const *scratch)
 {
-    exo_cpu_kv_append(shape, k, v, k_cache, v_cache, capacity, T, pos0);
+    exo_cpu_kv_append(pool, shape, k, v, k_cache, v_cache, capacity, T, pos0);
     attn_job j = {shape, out, q, k_cache, v_cache, capacity, T, pos0, scratch};
     exo_pool_run(pool, attn_worker, &j);
 }

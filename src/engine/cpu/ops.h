@@ -12,7 +12,7 @@ void exo_cpu_rope(exo_pool *pool, float *x, int T, int n_heads, int head_dim, in
                   const float *inv_freq, float mscale);
 /* KV cache layout (see backend.h): K transposed, (n_kv, head_dim, capacity);
  * V (capacity, n_kv, head_dim). kv_append writes T new positions at pos0. */
-void exo_cpu_kv_append(const exo_attn_shape *shape, const float *k, const float *v,
+void exo_cpu_kv_append(exo_pool *pool, const exo_attn_shape *shape, const float *k, const float *v,
                        float *k_cache, float *v_cache, int capacity, int T, int pos0);
 /* scratch: per-thread buffers of at least group * capacity floats each
  * (n_threads of them), group = n_heads / n_kv_heads. */
