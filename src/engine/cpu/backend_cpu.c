@@ -166,11 +166,11 @@ static void softmax_rows(void *p, int ith, int nth)
             if (row[sp] > mx)
                 mx = row[sp];
         }
+        for (int sp = lo; sp <= qpos; sp++)
+            row[sp] = exo_fast_expf(row[sp] - mx);
         float sum = 0;
-        for (int sp = lo; sp <= qpos; sp++) {
-            row[sp] = expf(row[sp] - mx);
+        for (int sp = lo; sp <= qpos; sp++)
             sum += row[sp];
-        }
         float inv = 1.0f / sum;
         for (int sp = 0; sp < j->L; sp++)
             row[sp] = sp >= lo && sp <= qpos ? row[sp] * inv : 0.0f;

@@ -6,6 +6,37 @@
 #include "core/threadpool.h"
 #include "engine/backend.h"
 
+#include <stdint.h>
+#include <string.h>
+
+/* expf written so GCC vectorises loops that call it (glibc's expf is a call
+ * per element): exp(x) = 2^n * exp(r), n = round(x / ln 2) by the 1.5*2^23
+ * trick, r = x - n ln 2 in two parts (Cody-Waite), exp(r) by its degree-7
+ * Taylor polynomial (|r| <= ln2/2, truncation < 6e-8 relative), 2^n built
+ * in the exponent bits. Within 2e-7 relative of expf for x in [-87, 88];
+ * 0 below, +inf above (tests/unit/test_attention.c). */
+static inline float exo_fast_expf(float x)
+{
+    x = x < -87.3f ? -87.3f : x;
+    x = x > 88.7f ? 88.7f : x;
+    const float magic = 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer */
+    float n = (x * 1.44269504088896341f + magic) - magic;
+    float r = x - n * 0.693145751953125f;  /* ln2, high bits: n * hi is exact */
+    r = r - n * 1.428606765330187e-06f;    /* ln2, low bits */
+    float p = 1.0f / 5040.0f;
+    p = p * r + 1.0f / 720.0f;
+    p = p * r + 1.0f / 120.0f;
+    p = p * r + 1.0f / 24.0f;
+    p = p * r + 1.0f / 6.0f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    int32_t e = ((int32_t)n + 127) << 23;
+    float scale;
+    memcpy(&scale, &e, sizeof scale);
+    return x <= -87.3f ? 0.0f : p * scale;
+}
+
 void exo_cpu_rmsnorm(exo_pool *pool, float *out, const float *x, const float *w, int rows, int dim,
                      float eps);
 void exo_cpu_rope(exo_pool *pool, float *x, int T, int n_heads, int head_dim, int pos0,
