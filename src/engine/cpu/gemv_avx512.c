@@ -213,21 +213,23 @@ INLINE void affine_block(int R, int q4, int bcast, const uint8_t *const *wrow, i
         } else {
             v = _mm512_maskz_loadu_epi8(m, p);
         }
-        __m512i d, d2;
+        /* two activation levels, one accumulator: (dot(q, xq) << 8) +
+         * dot(q, xq2); at most 4*255*127*256 + 4*255*127 per lane, far
+         * inside int32 */
+        __m512i d;
         if (q4) {
             __m512i lo = _mm512_and_si512(v, nib);
             __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
             d = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, xa);
             d = _mm512_dpbusd_epi32(d, hi, xb);
-            d2 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, xa2);
-            d2 = _mm512_dpbusd_epi32(d2, hi, xb2);
+            d = _mm512_slli_epi32(d, 8);
+            d = _mm512_dpbusd_epi32(d, lo, xa2);
+            d = _mm512_dpbusd_epi32(d, hi, xb2);
         } else {
             d = _mm512_dpbusd_epi32(_mm512_setzero_si512(), v, xa);
-            d2 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), v, xa2);
+            d = _mm512_slli_epi32(d, 8);
+            d = _mm512_dpbusd_epi32(d, v, xa2);
         }
-        /* two activation levels: 256*dot(q, xq) + dot(q, xq2); at most
-         * 4*255*127*256 + 4*255*127 per lane, far inside int32 */
-        d = _mm512_add_epi32(_mm512_slli_epi32(d, 8), d2);
         __m512 c = bcast ? _mm512_set1_ps(sd[i][g0])
                          : _mm512_permutexvar_ps(idx, _mm512_loadu_ps(sd[i] + g0));
         acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), c, acc[i]);
