@@ -6,7 +6,10 @@
  *   decode  is memory bound: every token streams all weights once, so it is
  *           reported as bytes per token, achieved GB/s and the fraction of
  *           the machine's read bandwidth (measured here with the same
- *           threads);
+ *           threads, best pass before or after decode), both for the mean
+ *           over all tokens and for the median token (on a shared host a
+ *           few tokens slowed by other guests move the mean, not the
+ *           median);
  *   prefill is compute bound: reported as tokens/s and GFLOP/s next to a
  *           plain AVX2 f32 GEMM of the same shape (the peer that matrix
  *           units must beat). */
