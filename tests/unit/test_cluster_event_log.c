@@ -10,6 +10,7 @@
 #include "test_cluster_fixtures.h"
 
 #include <criterion/criterion.h>
+#include "test_tmpdir.h"
 #include <dirent.h>
 #include <fcntl.h>
 #include <ftw.h>
@@ -23,23 +24,14 @@
 static char tmpdir[64];
 static char logpath[128];
 
-static int rm_cb(const char *p, const struct stat *sb, int flag, struct FTW *ftw)
-{
-    (void)sb;
-    (void)flag;
-    (void)ftw;
-    return remove(p);
-}
-
 static void setup(void)
 {
-    strcpy(tmpdir, "/tmp/exo_evlog_XXXXXX");
-    cr_assert_not_null(mkdtemp(tmpdir));
+    test_tmpdir_make(tmpdir, "evlog");
     snprintf(logpath, sizeof logpath, "%s/events.bin", tmpdir);
     exo_log_set_level(EXO_LOG_ERROR);  /* recovery warnings are expected here */
 }
 
-static void teardown(void) { nftw(tmpdir, rm_cb, 16, FTW_DEPTH | FTW_PHYS); }
+static void teardown(void) { test_tmpdir_remove(tmpdir); }
 
 TestSuite(cluster_event_log, .init = setup, .fini = teardown);
 

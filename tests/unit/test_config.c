@@ -6,6 +6,7 @@
 #include "engine/config.h"
 
 #include <criterion/criterion.h>
+#include "test_tmpdir.h"
 #include <ftw.h>
 #include <math.h>
 #include <stdio.h>
@@ -429,14 +430,6 @@ Test(config, broken_input)
 
 static char tmpdir[64];
 
-static int rm_cb(const char *p, const struct stat *sb, int flag, struct FTW *ftw)
-{
-    (void)sb;
-    (void)flag;
-    (void)ftw;
-    return remove(p);
-}
-
 static void write_text(const char *name, const char *text)
 {
     char p[256];
@@ -449,8 +442,7 @@ static void write_text(const char *name, const char *text)
 
 Test(config, load_dir)
 {
-    strcpy(tmpdir, "/tmp/exo_cfg_test_XXXXXX");
-    cr_assert_not_null(mkdtemp(tmpdir));
+    test_tmpdir_make(tmpdir, "cfg_test");
     exo_model_config c;
     exo_err err = {0};
     cr_assert_eq(exo_config_load(tmpdir, &c, &err), EXO_ENOENT);
@@ -486,5 +478,5 @@ Test(config, load_dir)
     write_text("config.json", "{\"model_type\":\"llama\"");
     cr_assert_eq(exo_config_load(tmpdir, &c, &err), EXO_EFORMAT);
     cr_assert(strstr(err.msg, tmpdir) && strstr(err.msg, "config.json"), "%s", err.msg);
-    nftw(tmpdir, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
+    test_tmpdir_remove(tmpdir);
 }

@@ -4,6 +4,7 @@
  * hanging or exhausting memory. The byte-exact comparison with real
  * templates lives in tests/integration/test_chat_templates.sh. */
 #include <criterion/criterion.h>
+#include "test_tmpdir.h"
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -206,8 +207,8 @@ Test(jinja, limits)
 
 static char *write_model_dir(const char *config, const char *jinja)
 {
-    char *dir = exo_strdup("/tmp/exo-jinja-test-XXXXXX");
-    cr_assert(mkdtemp(dir));
+    char *dir = exo_malloc(64);
+    test_tmpdir_make(dir, "jinja_test");
     char path[512];
     if (config) {
         snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
@@ -226,12 +227,7 @@ static char *write_model_dir(const char *config, const char *jinja)
 
 static void remove_model_dir(char *dir)
 {
-    char path[512];
-    snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
-    unlink(path);
-    snprintf(path, sizeof path, "%s/chat_template.jinja", dir);
-    unlink(path);
-    rmdir(dir);
+    test_tmpdir_remove(dir);
     exo_free(dir);
 }
 

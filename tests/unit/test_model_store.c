@@ -11,6 +11,7 @@
 #include "download/model_store.h"
 
 #include <criterion/criterion.h>
+#include "test_tmpdir.h"
 #include <fcntl.h>
 #include <ftw.h>
 #include <limits.h>
@@ -22,22 +23,13 @@
 
 static char tmpdir[64];
 
-static int rm_cb(const char *p, const struct stat *sb, int flag, struct FTW *ftw)
-{
-    (void)sb;
-    (void)flag;
-    (void)ftw;
-    return remove(p);
-}
-
 static void setup(void)
 {
-    strcpy(tmpdir, "/tmp/exo_mstore_XXXXXX");
-    cr_assert_not_null(mkdtemp(tmpdir));
+    test_tmpdir_make(tmpdir, "mstore");
     exo_log_set_level(EXO_LOG_ERROR);
 }
 
-static void teardown(void) { nftw(tmpdir, rm_cb, 16, FTW_DEPTH | FTW_PHYS); }
+static void teardown(void) { test_tmpdir_remove(tmpdir); }
 
 TestSuite(model_store, .init = setup, .fini = teardown);
 

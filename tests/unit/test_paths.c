@@ -10,6 +10,7 @@
 #include "core/paths.h"
 
 #include <criterion/criterion.h>
+#include "test_tmpdir.h"
 #include <fcntl.h>
 #include <ftw.h>
 #include <limits.h>
@@ -21,14 +22,6 @@
 #include <unistd.h>
 
 static char tmpdir[64];
-
-static int rm_cb(const char *p, const struct stat *sb, int flag, struct FTW *ftw)
-{
-    (void)sb;
-    (void)flag;
-    (void)ftw;
-    return remove(p);
-}
 
 static const char *const env_vars[] = {"EXO_HOME", "XDG_DATA_HOME", "XDG_CACHE_HOME", "XDG_CONFIG_HOME",
                                        "EXO_MODELS_DIRS", "EXO_MODELS_READ_ONLY_DIRS", "EXO_DEFAULT_MODELS_DIR"};
@@ -45,8 +38,7 @@ static const char *tp(const char *rel)
 
 static void setup(void)
 {
-    strcpy(tmpdir, "/tmp/exo_paths_XXXXXX");
-    cr_assert_not_null(mkdtemp(tmpdir));
+    test_tmpdir_make(tmpdir, "paths");
     for (size_t i = 0; i < sizeof env_vars / sizeof *env_vars; i++)
         unsetenv(env_vars[i]);
     cr_assert_eq(mkdir(tp("home"), 0755), 0);
@@ -55,7 +47,7 @@ static void setup(void)
     exo_log_set_level(EXO_LOG_ERROR);
 }
 
-static void teardown(void) { nftw(tmpdir, rm_cb, 16, FTW_DEPTH | FTW_PHYS); }
+static void teardown(void) { test_tmpdir_remove(tmpdir); }
 
 TestSuite(paths, .init = setup, .fini = teardown);
 

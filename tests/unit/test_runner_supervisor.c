@@ -12,6 +12,7 @@
 #include "runner/supervisor.h"
 
 #include <criterion/criterion.h>
+#include "test_tmpdir.h"
 #include <errno.h>
 #include <limits.h>
 #include <signal.h>
@@ -58,8 +59,7 @@ static void write_file(const char *path, const char *text)
 
 static void setup(void)
 {
-    strcpy(tmpdir, "/tmp/exo-runner-test-XXXXXX");
-    cr_assert(mkdtemp(tmpdir));
+    test_tmpdir_make(tmpdir, "runner_test");
     snprintf(model, sizeof model, "%s/s", tmpdir);
     snprintf(log_path, sizeof log_path, "%s/runner.log", tmpdir);
     const char *shared = getenv("EXO_SHARED") ? getenv("EXO_SHARED") : "../shared";
@@ -74,13 +74,7 @@ static void setup(void)
     write_file(p, TEMPLATE);
 }
 
-static void teardown(void)
-{
-    char cmd[PATH_MAX + 16];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
-    if (tmpdir[0] && system(cmd) != 0)
-        fprintf(stderr, "cannot remove %s\n", tmpdir);
-}
+static void teardown(void) { test_tmpdir_remove(tmpdir); }
 
 /* `exo run DIR --chat PROMPT --max-tokens N` without its final newline. */
 static char *cli_text(const char *dir, const char *prompt, int max_tokens)

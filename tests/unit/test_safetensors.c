@@ -5,6 +5,7 @@
 #include "engine/safetensors.h"
 
 #include <criterion/criterion.h>
+#include "test_tmpdir.h"
 #include <ftw.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,21 +15,12 @@
 
 static char tmpdir[64];
 
-static int rm_cb(const char *p, const struct stat *sb, int flag, struct FTW *ftw)
-{
-    (void)sb;
-    (void)flag;
-    (void)ftw;
-    return remove(p);
-}
-
 static void setup(void)
 {
-    strcpy(tmpdir, "/tmp/exo_st_test_XXXXXX");
-    cr_assert_not_null(mkdtemp(tmpdir));
+    test_tmpdir_make(tmpdir, "st_test");
 }
 
-static void teardown(void) { nftw(tmpdir, rm_cb, 16, FTW_DEPTH | FTW_PHYS); }
+static void teardown(void) { test_tmpdir_remove(tmpdir); }
 
 TestSuite(safetensors, .init = setup, .fini = teardown);
 
