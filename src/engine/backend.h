@@ -15,10 +15,10 @@
  * Shapes: activations are row-major (T, dim) f32 with T tokens per call.
  * q is (T, n_heads, head_dim), k and v are (T, n_kv_heads, head_dim). The KV
  * cache of one layer is exo_kv_cache_floats(capacity, ...) f32 each for K and
- * V, laid out as the backend likes (the CPU keeps K transposed per head,
- * (n_kv_heads, head_dim, capacity), so decode scores 16 keys per vector
- * instruction; V is (capacity, n_kv_heads, head_dim)). capacity must be a
- * multiple of EXO_KV_BLOCK. */
+ * V, laid out as the backend likes (the CPU keeps each KV head's keys in
+ * blocks of EXO_KV_BLOCK positions stored transposed, so decode scores 16
+ * keys per vector instruction, and its values as rows; see cpu/ops.h).
+ * capacity must be a multiple of EXO_KV_BLOCK. */
 #ifndef EXO_ENGINE_BACKEND_H
 #define EXO_ENGINE_BACKEND_H
 

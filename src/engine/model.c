@@ -66,7 +66,9 @@ struct exo_seq {
     exo_model *m;
     int capacity, len;
     int alloc_capacity;         /* capacity rounded up to EXO_KV_BLOCK */
-    float **k_cache, **v_cache; /* per layer (capacity, n_kv, hd) on that layer's backend */
+    float **k_cache, **v_cache; /* per layer, on that layer's backend (backend.h) */
+    void **kv_block;            /* per layer: the block its backend's caches live in,
+                                   set on the first layer of each backend */
 };
 
 /* ---- weight sources ---------------------------------------------------- */
@@ -465,15 +467,31 @@ int exo_seq_create(exo_model *m, int capacity, exo_seq **out, exo_err *err)
     s->alloc_capacity = (capacity + EXO_KV_BLOCK - 1) / EXO_KV_BLOCK * EXO_KV_BLOCK;
     s->k_cache = exo_calloc((size_t)m->n_layers, sizeof(float *));
     s->v_cache = exo_calloc((size_t)m->n_layers, sizeof(float *));
-    size_t bytes = (size_t)s->alloc_capacity * (size_t)m->n_kv * (size_t)m->hd * sizeof(float);
+    s->kv_block = exo_calloc((size_t)m->n_layers, sizeof(void *));
+    /* One block per backend for all its layers' K and V: decode reads the
+     * whole cache every token, and a block of 2 MiB or more gets huge
+     * pages (per-layer caches are often smaller; on 4 KiB pages the
+     * attention reads stalled at every page, see core/alloc.c) */
+    size_t floats = (size_t)s->alloc_capacity * (size_t)m->n_kv * (size_t)m->hd;
     for (int l = 0; l < m->n_layers; l++) {
         exo_backend *be = m->layers[l].be;
-        s->k_cache[l] = be->ops->alloc(be, bytes);
-        s->v_cache[l] = be->ops->alloc(be, bytes);
-        if (!s->k_cache[l] || !s->v_cache[l]) {
+        if (s->k_cache[l])
+            continue;
+        size_t n = 0;
+        for (int i = l; i < m->n_layers; i++)
+            n += m->layers[i].be == be;
+        float *block = be->ops->alloc(be, 2 * n * floats * sizeof(float));
+        if (!block) {
             exo_seq_free(s);
             return exo_err_set(err, EXO_ENOMEM, "cannot allocate KV cache for %d tokens", capacity);
         }
+        s->kv_block[l] = block;
+        for (int i = l; i < m->n_layers; i++)
+            if (m->layers[i].be == be) {
+                s->k_cache[i] = block;
+                s->v_cache[i] = block + floats;
+                block += 2 * floats;
+            }
     }
     *out = s;
     return 0;
@@ -483,11 +501,12 @@ void exo_seq_free(exo_seq *s)
 {
     if (!s)
         return;
-    for (int l = 0; l < s->m->n_layers; l++) {
-        exo_backend *be = s->m->layers[l].be;
-        be->ops->release(be, s->k_cache[l]);
-        be->ops->release(be, s->v_cache[l]);
-    }
+    for (int l = 0; l < s->m->n_layers; l++)
+        if (s->kv_block[l]) {
+            exo_backend *be = s->m->layers[l].be;
+            be->ops->release(be, s->kv_block[l]);
+        }
+    exo_free(s->kv_block);
     exo_free(s->k_cache);
     exo_free(s->v_cache);
     exo_free(s);

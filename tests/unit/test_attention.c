@@ -1,6 +1,6 @@
 /* CPU attention through the backend op, against a naive double-precision
  * causal softmax attention: token-by-token decode (the per-KV-head kernel
- * over the transposed K cache) and whole-prompt prefill (the batched GEMM
+ * over the blocked K cache) and whole-prompt prefill (the batched GEMM
  * form), with grouped-query heads, a sliding window, a capacity that is not
  * a multiple of the kernel's 16-key block, and head sizes 8 and 64. */
 #include "core/alloc.h"
@@ -91,6 +91,21 @@ Test(attention, decode_token_by_token)
     check(37, 8, 2, 64, 0, 1);
     check(21, 4, 4, 8, 0, 1);
     check(50, 6, 3, 32, 0, 1);
+    /* groups of 4 query heads and a remainder, head sizes with a 64-wide,
+     * 16-wide and scalar part, one KV head (whole group on one thread) */
+    check(40, 10, 2, 128, 0, 1);
+    check(35, 8, 8, 80, 0, 1);
+    check(33, 4, 1, 24, 0, 1);
+    check(20, 12, 2, 64, 0, 1);
+}
+
+/* Short prompts (2..7 tokens a call) take the decode kernel with T > 1:
+ * later tokens of a call attend to keys appended in the same call. */
+Test(attention, decode_several_tokens_per_call)
+{
+    check(37, 8, 2, 64, 0, 3);
+    check(30, 5, 1, 24, 0, 7);
+    check(41, 8, 4, 32, 9, 5);
 }
 
 Test(attention, prefill_batched)

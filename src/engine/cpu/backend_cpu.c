@@ -193,19 +193,8 @@ static void attention_batched(cpu_backend *c, const exo_attn_shape *sh, float *o
     }
     float *kh = c->att_buf, *vt = kh + (size_t)L * hd, *qh = vt + (size_t)L * hd;
     float *oh = qh + rows * hd, *sc = oh + rows * hd;
-    size_t kv_stride = (size_t)KV * hd;
     for (int g = 0; g < KV; g++) {
-        /* K is cached transposed (hd, capacity): kh = its first L columns,
-         * transposed back; vt = V of this head, transposed */
-        const float *kt = k_cache + (size_t)g * hd * capacity;
-        for (int d = 0; d < hd; d++)
-            for (int sp = 0; sp < L; sp++)
-                kh[(size_t)sp * hd + d] = kt[(size_t)d * capacity + sp];
-        for (int sp = 0; sp < L; sp++) {
-            const float *vr = v_cache + sp * kv_stride + (size_t)g * hd;
-            for (int d = 0; d < hd; d++)
-                vt[(size_t)d * L + sp] = vr[d];
-        }
+        exo_cpu_kv_read(sh, k_cache, v_cache, capacity, g, L, kh, vt);
         for (int t = 0; t < T; t++)
             memcpy(qh + (size_t)t * group * hd, q + ((size_t)t * H + (size_t)g * group) * hd,
                    sizeof(float) * (size_t)group * hd);
@@ -235,7 +224,8 @@ static void cpu_attention(exo_backend *be, const exo_attn_shape *shape, float *o
         attention_batched(c, shape, out, q, k_cache, v_cache, capacity, T, pos0);
         return;
     }
-    size_t need = (size_t)capacity * (size_t)(shape->n_heads / shape->n_kv_heads);
+    int group = shape->n_heads / shape->n_kv_heads;
+    size_t need = (size_t)capacity * (size_t)(group < 4 ? group : 4);
     if (need > c->scratch_len) {
         int n = exo_pool_size(c->pool);
         for (int i = 0; i < n; i++) {

@@ -93,95 +93,166 @@ void exo_cpu_rope(exo_pool *pool, float *x, int T, int n_heads, int head_dim, in
     }
 }
 
-/* Decode attention, per (token, KV head): the query heads that share the KV
- * head are processed together so each key and value is loaded once for all
- * of them. K is cached transposed, Kt[kv][d][pos], so the scores of 16
- * consecutive keys are 16 lanes of one vector and accumulate with plain
- * FMAs over d, with no horizontal sums (the cache is padded to a multiple of
- * 16 positions, so the last block may read past qpos but never past the
- * cache; those lanes are ignored). */
+/* KV cache layout (ops.h): per KV head, K in blocks of EXO_KV_BLOCK (16)
+ * positions, each block head_dim rows of 16 keys (Kb[kv][pos/16][d][pos%16]),
+ * and V as rows (V[kv][pos][d]). One head's keys and values are then two
+ * contiguous regions read front to back, which the hardware prefetchers
+ * follow; the weight stream of a decode step evicts the whole cache every
+ * token, so that is what decode attention costs. (K transposed over the
+ * whole capacity, (kv, d, capacity), read each 16-key block as head_dim
+ * lines a cache row apart: attention took ~14% of a llama-3.2-1b q4 token
+ * at 576 positions, KV append another 4%.) The scores of a 16-key block are
+ * the 16 lanes of one vector: plain FMAs over d, no horizontal sums. */
+
+/* 16 floats, 4-byte aligned: GCC lowers it to one AVX-512 register, or two
+ * AVX2 ones, per clone. Only used inside functions, never passed by value
+ * (that would change the ABI between clones). */
+typedef float v16 __attribute__((vector_size(64), aligned(4)));
+
+static inline size_t kblock_index(int pos, int d, int hd)
+{
+    return (size_t)(pos / EXO_KV_BLOCK) * EXO_KV_BLOCK * (size_t)hd + (size_t)d * EXO_KV_BLOCK +
+           (size_t)(pos % EXO_KV_BLOCK);
+}
+
+/* Writes T new positions at pos0 for KV heads [h0, h1). */
+static void kv_append_heads(const exo_attn_shape *sh, const float *k, const float *v,
+                            float *k_cache, float *v_cache, int capacity, int T, int pos0, long h0,
+                            long h1)
+{
+    const int hd = sh->head_dim;
+    const size_t row = (size_t)sh->n_kv_heads * (size_t)hd, head = (size_t)capacity * hd;
+    for (long h = h0; h < h1; h++) {
+        float *kc = k_cache + (size_t)h * head, *vc = v_cache + (size_t)h * head;
+        for (int t = 0; t < T; t++) {
+            const float *kt = k + (size_t)t * row + (size_t)h * hd;
+            for (int d = 0; d < hd; d++)
+                kc[kblock_index(pos0 + t, d, hd)] = kt[d];
+            memcpy(vc + (size_t)(pos0 + t) * hd, v + (size_t)t * row + (size_t)h * hd,
+                   sizeof(float) * (size_t)hd);
+        }
+    }
+}
+
+/* Scores of G query heads (q: G rows of hd) against 16-key block kb,
+ * scaled, into sc[g * ld]. */
+static inline __attribute__((always_inline)) void qk_block(int G, const float *q, const float *kb,
+                                                           int hd, float scale, float *sc, long ld)
+{
+    v16 acc[4] = {{0}};
+    for (int d = 0; d < hd; d++) {
+        v16 kv = *(const v16 *)(kb + (size_t)d * EXO_KV_BLOCK);
+#pragma GCC unroll 4
+        for (int g = 0; g < G; g++)
+            acc[g] += q[(size_t)g * hd + d] * kv;
+    }
+    for (int g = 0; g < G; g++)
+        *(v16 *)(sc + g * ld) = acc[g] * scale;
+}
+
+/* out[g][c .. c+16W) = sum_sp p[g][sp] * V[sp][c ..] for G heads, W
+ * vectors of 16 values: G*W accumulators stay in registers while V streams
+ * once. */
+static inline __attribute__((always_inline)) void pv_block(int G, int W, const float *p, long ld,
+                                                           const float *vh, int hd, int c, int lo,
+                                                           int hi, float *out)
+{
+    v16 acc[4][4] = {{{0}}};
+    for (int sp = lo; sp <= hi; sp++) {
+        const float *vr = vh + (size_t)sp * hd + c;
+#pragma GCC unroll 4
+        for (int w = 0; w < W; w++) {
+            v16 vv = *(const v16 *)(vr + 16 * w);
+#pragma GCC unroll 4
+            for (int g = 0; g < G; g++)
+                acc[g][w] += p[g * ld + sp] * vv;
+        }
+    }
+    for (int g = 0; g < G; g++)
+        for (int w = 0; w < W; w++)
+            *(v16 *)(out + (size_t)g * hd + c + 16 * w) = acc[g][w];
+}
+
+/* G query heads (G = 4, or 1 for the rest of a group) of one KV head.
+ * sc: G rows of ld scores; o: G rows of hd outputs. */
+static inline __attribute__((always_inline)) void attend_heads(int G, const float *q,
+                                                               const float *kh, const float *vh,
+                                                               int hd, float scale, int lo,
+                                                               int qpos, float *sc, long ld,
+                                                               float *o)
+{
+    for (int b = lo / EXO_KV_BLOCK * EXO_KV_BLOCK; b <= qpos; b += EXO_KV_BLOCK)
+        qk_block(G, q, kh + (size_t)b * hd, hd, scale, sc + b, ld);
+    float inv[4];
+    for (int g = 0; g < G; g++) {
+        float *s = sc + g * ld;
+        float mx = -INFINITY;
+        for (int sp = lo; sp <= qpos; sp++)
+            mx = s[sp] > mx ? s[sp] : mx;
+        float sum = 0;
+        for (int sp = lo; sp <= qpos; sp++) {
+            s[sp] = exo_fast_expf(s[sp] - mx);
+            sum += s[sp];
+        }
+        inv[g] = 1.0f / sum;
+    }
+    int c = 0;
+    for (; c + 64 <= hd; c += 64)
+        pv_block(G, 4, sc, ld, vh, hd, c, lo, qpos, o);
+    for (; c + 16 <= hd; c += 16)
+        pv_block(G, 1, sc, ld, vh, hd, c, lo, qpos, o);
+    for (; c < hd; c++)
+        for (int g = 0; g < G; g++) {
+            float a = 0;
+            for (int sp = lo; sp <= qpos; sp++)
+                a += sc[g * ld + sp] * vh[(size_t)sp * hd + c];
+            o[(size_t)g * hd + c] = a;
+        }
+    for (int g = 0; g < G; g++)
+        for (int d = 0; d < hd; d++)
+            o[(size_t)g * hd + d] *= inv[g];
+}
+
 typedef struct attn_job {
     const exo_attn_shape *shape;
     float *out;
-    const float *q;
-    const float *k_cache, *v_cache;
+    const float *q, *k, *v;
+    float *k_cache, *v_cache;
     int capacity, T, pos0;
     float *const *scratch;
 } attn_job;
 
-#define ATT_PREFETCH_BLOCKS 4 /* 16-key blocks of K */
-#define ATT_PREFETCH_ROWS 8    /* positions of V */
-
+/* Decode (and short prompts): each thread owns a range of KV heads; it
+ * appends their new positions, then attends every token's query heads of
+ * those KV heads. One fork-join per layer, and the append's misses on the
+ * blocks just written are the first reads of the attention that follows. */
 EXO_SIMD_CLONES
 static void attn_worker(void *p, int ith, int nth)
 {
     attn_job *j = p;
     const exo_attn_shape *s = j->shape;
-    int hd = s->head_dim, group = s->n_heads / s->n_kv_heads, cap = j->capacity;
-    long kv_stride = (long)s->n_kv_heads * hd;
-    long n_items = (long)j->T * s->n_kv_heads, i0, i1;
-    exo_split_range(n_items, 1, ith, nth, &i0, &i1);
-    float *scores = j->scratch[ith]; /* (group, cap) */
-    for (long it = i0; it < i1; it++) {
-        int t = (int)(it / s->n_kv_heads), kvh = (int)(it % s->n_kv_heads);
-        int qpos = j->pos0 + t;
-        int lo = 0;
-        if (s->sliding_window > 0 && qpos - s->sliding_window + 1 > 0)
-            lo = qpos - s->sliding_window + 1;
-        const float *kt = j->k_cache + (long)kvh * hd * cap;
-        const float *q = j->q + ((long)t * s->n_heads + (long)kvh * group) * hd;
-        /* K of one block is head_dim lines a cache row apart, and after a
-         * token's worth of weights went through the caches all of them
-         * miss: request the first blocks now and each later block a few
-         * blocks ahead, so the misses overlap */
-        for (int b = lo / 16 * 16, k = 0; b <= qpos && k < ATT_PREFETCH_BLOCKS; b += 16, k++)
-            for (int d = 0; d < hd; d++)
-                __builtin_prefetch(kt + (long)d * cap + b);
-        for (int b = lo / 16 * 16; b <= qpos; b += 16) {
-            if (b + 16 * ATT_PREFETCH_BLOCKS <= qpos)
-                for (int d = 0; d < hd; d++)
-                    __builtin_prefetch(kt + (long)d * cap + b + 16 * ATT_PREFETCH_BLOCKS);
-            /* one head at a time keeps its 16 scores in a register; the
-             * 16-key block of K (head_dim lines) stays in L1 across heads */
-            for (int g = 0; g < group; g++) {
-                const float *qg = q + (long)g * hd;
-                float acc[16] = {0};
-                for (int d = 0; d < hd; d++) {
-                    const float *kr = kt + (long)d * cap + b;
-                    float qv = qg[d];
-                    for (int x = 0; x < 16; x++)
-                        acc[x] += qv * kr[x];
-                }
-                float *sc = scores + (long)g * cap + b;
-                for (int x = 0; x < 16; x++)
-                    sc[x] = acc[x] * s->scale;
-            }
-        }
-        for (int g = 0; g < group; g++) {
-            float *sc = scores + (long)g * cap;
-            float mx = -INFINITY;
-            for (int sp = lo; sp <= qpos; sp++)
-                mx = sc[sp] > mx ? sc[sp] : mx;
-            for (int sp = lo; sp <= qpos; sp++)
-                sc[sp] = exo_fast_expf(sc[sp] - mx);
-            float sum = 0;
-            for (int sp = lo; sp <= qpos; sp++)
-                sum += sc[sp];
-            float inv = 1.0f / sum;
-            /* restrict: out and the cache never overlap, and saying so is
-             * what lets the compiler vectorise this loop */
-            float *restrict o = j->out + ((long)t * s->n_heads + (long)kvh * group + g) * hd;
-            for (int d = 0; d < hd; d++)
-                o[d] = 0.0f;
-            for (int sp = lo; sp <= qpos; sp++) {
-                float pw = sc[sp] * inv;
-                const float *restrict vv = j->v_cache + sp * kv_stride + (long)kvh * hd;
-                if (g == 0 && sp + ATT_PREFETCH_ROWS <= qpos) /* V rows, likewise */
-                    for (int d = 0; d < hd; d += 16)
-                        __builtin_prefetch(vv + ATT_PREFETCH_ROWS * kv_stride + d);
-                for (int d = 0; d < hd; d++)
-                    o[d] += pw * vv[d];
-            }
+    const int hd = s->head_dim, group = s->n_heads / s->n_kv_heads, cap = j->capacity;
+    const float scale = s->scale;
+    long h0, h1;
+    exo_split_range(s->n_kv_heads, 1, ith, nth, &h0, &h1);
+    kv_append_heads(s, j->k, j->v, j->k_cache, j->v_cache, cap, j->T, j->pos0, h0, h1);
+    float *scores = j->scratch[ith]; /* 4 rows of cap */
+    for (long h = h0; h < h1; h++) {
+        const float *kh = j->k_cache + (size_t)h * cap * hd;
+        const float *vh = j->v_cache + (size_t)h * cap * hd;
+        for (int t = 0; t < j->T; t++) {
+            int qpos = j->pos0 + t;
+            int lo = s->sliding_window > 0 && qpos - s->sliding_window + 1 > 0
+                         ? qpos - s->sliding_window + 1
+                         : 0;
+            size_t first = ((size_t)t * s->n_heads + (size_t)h * group) * hd;
+            int g = 0;
+            for (; g + 4 <= group; g += 4)
+                attend_heads(4, j->q + first + (size_t)g * hd, kh, vh, hd, scale, lo, qpos, scores,
+                             cap, j->out + first + (size_t)g * hd);
+            for (; g < group; g++)
+                attend_heads(1, j->q + first + (size_t)g * hd, kh, vh, hd, scale, lo, qpos, scores,
+                             cap, j->out + first + (size_t)g * hd);
         }
     }
 }
@@ -193,32 +264,13 @@ typedef struct append_job {
     int capacity, T, pos0;
 } append_job;
 
-/* Split by kv head. K is transposed, so a new position writes head_dim
- * floats a whole cache row apart: each is a cache line that the weights
- * streamed since the last token have evicted. Asking for all of this
- * thread's lines before writing any overlaps those misses instead of
- * queueing the stores behind them (decode shape, 8 kv heads x 64: 22 us
- * without the prefetches, 20 per head, 15 all at once). */
 static void append_worker(void *p, int ith, int nth)
 {
     append_job *j = p;
-    int hd = j->shape->head_dim, KV = j->shape->n_kv_heads, cap = j->capacity;
-    size_t row = (size_t)KV * (size_t)hd;
     long h0, h1;
-    exo_split_range(KV, 1, ith, nth, &h0, &h1);
-    for (long h = h0; h < h1; h++)
-        for (int d = 0; d < hd; d++)
-            __builtin_prefetch(j->k_cache + ((size_t)h * hd + d) * cap + j->pos0, 1);
-    for (long h = h0; h < h1; h++) {
-        float *kc = j->k_cache + (size_t)h * hd * cap + j->pos0;
-        for (int t = 0; t < j->T; t++) {
-            const float *kt = j->k + (size_t)t * row + (size_t)h * hd;
-            for (int d = 0; d < hd; d++)
-                kc[(size_t)d * cap + t] = kt[d];
-            memcpy(j->v_cache + (size_t)(j->pos0 + t) * row + (size_t)h * hd,
-                   j->v + (size_t)t * row + (size_t)h * hd, sizeof(float) * (size_t)hd);
-        }
-    }
+    exo_split_range(j->shape->n_kv_heads, 1, ith, nth, &h0, &h1);
+    kv_append_heads(j->shape, j->k, j->v, j->k_cache, j->v_cache, j->capacity, j->T, j->pos0, h0,
+                    h1);
 }
 
 void exo_cpu_kv_append(exo_pool *pool, const exo_attn_shape *shape, const float *k, const float *v,
@@ -228,12 +280,26 @@ void exo_cpu_kv_append(exo_pool *pool, const exo_attn_shape *shape, const float 
     exo_pool_run(pool, append_worker, &j);
 }
 
+void exo_cpu_kv_read(const exo_attn_shape *shape, const float *k_cache, const float *v_cache,
+                     int capacity, int kv_head, int n, float *k_rows, float *v_cols)
+{
+    const int hd = shape->head_dim;
+    const float *kh = k_cache + (size_t)kv_head * capacity * hd;
+    const float *vh = v_cache + (size_t)kv_head * capacity * hd;
+    for (int b = 0; b < n; b += EXO_KV_BLOCK)
+        for (int d = 0; d < hd; d++)
+            for (int x = 0; x < EXO_KV_BLOCK && b + x < n; x++)
+                k_rows[(size_t)(b + x) * hd + d] = kh[(size_t)b * hd + (size_t)d * EXO_KV_BLOCK + x];
+    for (int sp = 0; sp < n; sp++)
+        for (int d = 0; d < hd; d++)
+            v_cols[(size_t)d * n + sp] = vh[(size_t)sp * hd + d];
+}
+
 void exo_cpu_attention(exo_pool *pool, const exo_attn_shape *shape, float *out, const float *q,
                        const float *k, const float *v, float *k_cache, float *v_cache, int capacity,
                        int T, int pos0, float *const *scratch)
 {
-    exo_cpu_kv_append(pool, shape, k, v, k_cache, v_cache, capacity, T, pos0);
-    attn_job j = {shape, out, q, k_cache, v_cache, capacity, T, pos0, scratch};
+    attn_job j = {shape, out, q, k, v, k_cache, v_cache, capacity, T, pos0, scratch};
     exo_pool_run(pool, attn_worker, &j);
 }
 
