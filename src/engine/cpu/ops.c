@@ -109,6 +109,14 @@ void exo_cpu_rope(exo_pool *pool, float *x, int T, int n_heads, int head_dim, in
  * (that would change the ABI between clones). */
 typedef float v16 __attribute__((vector_size(64), aligned(4)));
 
+/* Both regions are read with a software prefetch this far ahead, into L2
+ * (in a decode-shaped benchmark, 576 positions with the caches flushed by
+ * a layer's worth of weights between calls: no prefetch 2.7 ms a token
+ * for 16 layers, 8 KiB ahead 2.2, a plain read of the same bytes 1.6).
+ * Past a region's end it fetches the start of the next head's keys or
+ * values, which this thread usually reads next. */
+#define ATT_PREFETCH(p) __builtin_prefetch((p) + 2048, 0, 2)
+
 static inline size_t kblock_index(int pos, int d, int hd)
 {
     return (size_t)(pos / EXO_KV_BLOCK) * EXO_KV_BLOCK * (size_t)hd + (size_t)d * EXO_KV_BLOCK +
@@ -141,6 +149,7 @@ static inline __attribute__((always_inline)) void qk_block(int G, const float *q
 {
     v16 acc[4] = {{0}};
     for (int d = 0; d < hd; d++) {
+        ATT_PREFETCH(kb + (size_t)d * EXO_KV_BLOCK);
         v16 kv = *(const v16 *)(kb + (size_t)d * EXO_KV_BLOCK);
 #pragma GCC unroll 4
         for (int g = 0; g < G; g++)
@@ -162,6 +171,7 @@ static inline __attribute__((always_inline)) void pv_block(int G, int W, const f
         const float *vr = vh + (size_t)sp * hd + c;
 #pragma GCC unroll 4
         for (int w = 0; w < W; w++) {
+            ATT_PREFETCH(vr + 16 * w);
             v16 vv = *(const v16 *)(vr + 16 * w);
 #pragma GCC unroll 4
             for (int g = 0; g < G; g++)
