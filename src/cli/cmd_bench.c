@@ -20,6 +20,7 @@
 #include "core/threadpool.h"
 #include "engine/cpu/matmul.h"
 #include "engine/cpu/membw.h"
+#include "engine/cpu/ops.h"
 #include "engine/model.h"
 #include "engine/synthetic.h"
 
@@ -45,14 +46,7 @@ static int cmp_double(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-static int argmax(const float *x, int n)
-{
-    int b = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[b])
-            b = i;
-    return b;
-}
+static int argmax(const float *x, int n) { return exo_cpu_argmax_f32(x, n); }
 
 /* GFLOP/s of the AVX2 peer on an (M x K) x (K x N) f32 product. */
 static double avx2_gemm_gflops(exo_pool *pool, int M, int N, int K)

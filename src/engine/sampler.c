@@ -3,6 +3,7 @@
  * alone never sort the vocabulary. */
 #include "engine/sampler.h"
 #include "core/alloc.h"
+#include "engine/cpu/ops.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -106,17 +107,13 @@ static void apply_penalties(exo_sampler *s, float *logits, const int32_t *hist, 
     }
 }
 
+/* Runs once per token over the whole vocabulary: vectorised (a scalar
+ * double exp over 128k logits took ~1.3 ms, 4% of a 1B model's token). */
 static float log_sum_exp(const float *x, int n, float *max_out)
 {
-    float mx = -INFINITY;
-    for (int i = 0; i < n; i++)
-        if (x[i] > mx)
-            mx = x[i];
-    double sum = 0;
-    for (int i = 0; i < n; i++)
-        sum += exp((double)(x[i] - mx));
+    float mx = exo_cpu_max_f32(x, n);
     *max_out = mx;
-    return mx + (float)log(sum);
+    return mx + (float)log(exo_cpu_sum_exp_f32(x, n, mx));
 }
 
 static const float *sort_logits; /* qsort has no context argument */
@@ -164,11 +161,7 @@ void exo_sampler_sample(exo_sampler *s, float *logits, const int32_t *history, i
 
     int32_t chosen = -1;
     if (p->temperature <= 0) {
-        int32_t best = 0;
-        for (int i = 1; i < V; i++)
-            if (logits[i] > logits[best])
-                best = i;
-        chosen = best;
+        chosen = exo_cpu_argmax_f32(logits, V);
     } else {
         /* Candidates: everything, or the sorted prefix top-k/top-p keep. */
         int n = V;

@@ -1,6 +1,8 @@
 /* Sampler: each filter and penalty against its definition, the sampled
  * distribution against softmax(logits / T), seeds, and log probabilities. */
 #include "engine/sampler.h"
+#include "core/alloc.h"
+#include "engine/cpu/ops.h"
 
 #include <criterion/criterion.h>
 #include <math.h>
@@ -171,4 +173,74 @@ Test(sampler, logprobs_are_log_softmax_with_sorted_alternatives)
         cr_expect_eq(s.top_ids[i], want[i]);
         cr_expect_float_eq(s.top_logprobs[i], (float)(l[want[i]] - log(z)), 1e-5);
     }
+}
+
+/* The vectorised reductions the sampler runs over the vocabulary, against
+ * plain loops: every length up to a few vectors (tails), ties (lowest
+ * index wins), NaN (never wins) and -inf. */
+static int argmax_ref(const float *x, int n)
+{
+    int b = -1;
+    for (int i = 0; i < n; i++)
+        if (!isnan(x[i]) && (b < 0 || x[i] > x[b]))
+            b = i;
+    return b < 0 || x[b] == -INFINITY ? 0 : b;
+}
+
+Test(sampler, vocabulary_reductions_match_plain_loops)
+{
+    float x[80];
+    unsigned seed = 7;
+    for (int n = 1; n <= 80; n++) {
+        for (int trial = 0; trial < 20; trial++) {
+            for (int i = 0; i < n; i++) {
+                seed = seed * 1103515245u + 12345u;
+                x[i] = (float)((seed >> 16) % 9) - 4.0f; /* few values: many ties */
+            }
+            if (trial % 4 == 1)
+                x[(seed >> 8) % (unsigned)n] = NAN;
+            if (trial % 4 == 2)
+                x[(seed >> 9) % (unsigned)n] = -INFINITY;
+            cr_assert_eq(exo_cpu_argmax_f32(x, n), argmax_ref(x, n), "n %d trial %d", n, trial);
+            float mx = -INFINITY;
+            double want = 0;
+            for (int i = 0; i < n; i++)
+                if (x[i] > mx)
+                    mx = x[i];
+            cr_assert_eq(exo_cpu_max_f32(x, n), mx, "n %d trial %d", n, trial);
+            if (trial % 4 == 1 || mx == -INFINITY)
+                continue; /* NaN either way */
+            for (int i = 0; i < n; i++)
+                want += exp((double)x[i] - (double)mx);
+            double got = exo_cpu_sum_exp_f32(x, n, mx);
+            cr_assert(fabs(got - want) <= 1e-6 * want, "n %d: %g vs %g", n, got, want);
+        }
+    }
+    float all_nan[20];
+    for (int i = 0; i < 20; i++)
+        all_nan[i] = NAN;
+    cr_assert_eq(exo_cpu_argmax_f32(all_nan, 20), 0);
+}
+
+/* A whole vocabulary: the sum over 150k terms stays within 1e-6 of a
+ * double-precision libm sum, so logprobs keep ~6 digits. */
+Test(sampler, sum_exp_over_a_vocabulary)
+{
+    enum { N = 151936 };
+    float *x = exo_malloc(N * sizeof(float));
+    unsigned seed = 3;
+    for (int i = 0; i < N; i++) {
+        seed = seed * 1103515245u + 12345u;
+        x[i] = (float)((seed >> 8) & 0xffff) / 2048.0f - 20.0f;
+    }
+    x[123457] = 25.0f;
+    float mx = exo_cpu_max_f32(x, N);
+    cr_assert_eq(mx, 25.0f);
+    cr_assert_eq(exo_cpu_argmax_f32(x, N), 123457);
+    double want = 0;
+    for (int i = 0; i < N; i++)
+        want += exp((double)x[i] - 25.0);
+    double got = exo_cpu_sum_exp_f32(x, N, mx);
+    cr_assert(fabs(got - want) <= 1e-6 * want, "%.9g vs %.9g", got, want);
+    exo_free(x);
 }

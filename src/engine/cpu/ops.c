@@ -33,6 +33,78 @@ static inline float dot_f32(const float *a, const float *b, int n)
 EXO_SIMD_CLONES
 float exo_cpu_dot_f32(const float *a, const float *b, int n) { return dot_f32(a, b, n); }
 
+/* Reductions over a logits row (the sampler's per-token work over the
+ * whole vocabulary): 16 independent lanes so GCC vectorises them. */
+EXO_SIMD_CLONES
+int exo_cpu_argmax_f32(const float *x, int n)
+{
+    float m[16];
+    int ix[16];
+    for (int j = 0; j < 16; j++) {
+        m[j] = -INFINITY;
+        ix[j] = 0;
+    }
+    int i = 0;
+    for (; i + 16 <= n; i += 16)
+        for (int j = 0; j < 16; j++) {
+            float v = x[i + j];
+            ix[j] = v > m[j] ? i + j : ix[j];
+            m[j] = v > m[j] ? v : m[j];
+        }
+    for (int j = 0; i + j < n; j++)
+        if (x[i + j] > m[j]) {
+            m[j] = x[i + j];
+            ix[j] = i + j;
+        }
+    int best = 0;
+    for (int j = 1; j < 16; j++)
+        if (m[j] > m[best] || (m[j] == m[best] && ix[j] < ix[best]))
+            best = j;
+    return ix[best];
+}
+
+EXO_SIMD_CLONES
+float exo_cpu_max_f32(const float *x, int n)
+{
+    float m[16];
+    for (int j = 0; j < 16; j++)
+        m[j] = -INFINITY;
+    int i = 0;
+    for (; i + 16 <= n; i += 16)
+        for (int j = 0; j < 16; j++)
+            m[j] = x[i + j] > m[j] ? x[i + j] : m[j];
+    for (int j = 0; i + j < n; j++)
+        m[j] = x[i + j] > m[j] ? x[i + j] : m[j];
+    float r = m[0];
+    for (int j = 1; j < 16; j++)
+        r = m[j] > r ? m[j] : r;
+    return r;
+}
+
+EXO_SIMD_CLONES
+double exo_cpu_sum_exp_f32(const float *x, int n, float shift)
+{
+    /* f32 lanes over blocks of 1024 values, blocks summed in double: the
+     * f32 part adds at most 64 terms a lane */
+    double total = 0;
+    for (int b = 0; b < n; b += 1024) {
+        const int e = n - b < 1024 ? n - b : 1024;
+        const float *xb = x + b;
+        float acc[16] = {0};
+        int i = 0;
+        for (; i + 16 <= e; i += 16)
+            for (int j = 0; j < 16; j++)
+                acc[j] += exo_fast_expf(xb[i + j] - shift);
+        for (; i < e; i++)
+            acc[0] += exo_fast_expf(xb[i] - shift);
+        float s = 0;
+        for (int j = 0; j < 16; j++)
+            s += acc[j];
+        total += s;
+    }
+    return total;
+}
+
 typedef struct rmsnorm_job {
     float *out;
     const float *x, *w;

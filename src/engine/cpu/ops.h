@@ -37,6 +37,14 @@ static inline float exo_fast_expf(float x)
     return x <= -87.3f ? 0.0f : p * scale;
 }
 
+/* Index of the largest value (the lowest index on ties; NaN never wins;
+ * 0 when nothing is larger than -inf). */
+int exo_cpu_argmax_f32(const float *x, int n);
+/* Largest value (-inf for n == 0 or all NaN). */
+float exo_cpu_max_f32(const float *x, int n);
+/* sum exp(x[i] - shift), each term within 2e-7 of libm (exo_fast_expf). */
+double exo_cpu_sum_exp_f32(const float *x, int n, float shift);
+
 void exo_cpu_rmsnorm(exo_pool *pool, float *out, const float *x, const float *w, int rows, int dim,
                      float eps);
 void exo_cpu_rope(exo_pool *pool, float *x, int T, int n_heads, int head_dim, int pos0,
