@@ -46,8 +46,6 @@ static int cmp_double(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-static int argmax(const float *x, int n) { return exo_cpu_argmax_f32(x, n); }
-
 /* GFLOP/s of the AVX2 peer on an (M x K) x (K x N) f32 product. */
 static double avx2_gemm_gflops(exo_pool *pool, int M, int N, int K)
 {
@@ -167,11 +165,11 @@ int exo_cmd_bench(int argc, char **argv)
     double prefill_s = exo_clock_seconds() - t0;
 
     /* Decode: greedy, one token at a time, after two warm-up steps. */
-    int32_t tok = argmax(logits, V);
+    int32_t tok = exo_cpu_argmax_f32(logits, V);
     for (int i = 0; i < 2; i++) {
         if (exo_model_forward(m, seq, &tok, 1, logits, false, &err))
             goto fail_pool;
-        tok = argmax(logits, V);
+        tok = exo_cpu_argmax_f32(logits, V);
     }
     token_s = exo_malloc(sizeof(double) * (size_t)n_gen);
     t0 = exo_clock_seconds();
@@ -179,7 +177,7 @@ int exo_cmd_bench(int argc, char **argv)
         double ts = exo_clock_seconds();
         if (exo_model_forward(m, seq, &tok, 1, logits, false, &err))
             goto fail_pool;
-        tok = argmax(logits, V);
+        tok = exo_cpu_argmax_f32(logits, V);
         token_s[i] = exo_clock_seconds() - ts;
     }
     double decode_s = exo_clock_seconds() - t0;
