@@ -113,7 +113,7 @@ static float log_sum_exp(const float *x, int n, float *max_out)
 {
     float mx = exo_cpu_max_f32(x, n);
     *max_out = mx;
-    return mx + (float)log(exo_cpu_sum_exp_f32(x, n, mx));
+    return mx + (float)log(exo_cpu_exp_sum_f32(x, n, mx, NULL));
 }
 
 static const float *sort_logits; /* qsort has no context argument */

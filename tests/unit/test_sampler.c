@@ -212,8 +212,15 @@ Test(sampler, vocabulary_reductions_match_plain_loops)
                 continue; /* NaN either way */
             for (int i = 0; i < n; i++)
                 want += exp((double)x[i] - (double)mx);
-            double got = exo_cpu_sum_exp_f32(x, n, mx);
+            double got = exo_cpu_exp_sum_f32(x, n, mx, NULL);
             cr_assert(fabs(got - want) <= 1e-6 * want, "n %d: %g vs %g", n, got, want);
+            /* the terms written out, in place (how softmax uses it) */
+            float terms[80];
+            memcpy(terms, x, sizeof(float) * (size_t)n);
+            cr_assert_eq(exo_cpu_exp_sum_f32(terms, n, mx, terms), got);
+            for (int i = 0; i < n; i++)
+                cr_assert(fabs(terms[i] - exp((double)x[i] - mx)) <= 2e-7 * exp((double)x[i] - mx),
+                          "n %d term %d", n, i);
         }
     }
     float all_nan[20];
@@ -240,7 +247,7 @@ Test(sampler, sum_exp_over_a_vocabulary)
     double want = 0;
     for (int i = 0; i < N; i++)
         want += exp((double)x[i] - 25.0);
-    double got = exo_cpu_sum_exp_f32(x, N, mx);
+    double got = exo_cpu_exp_sum_f32(x, N, mx, NULL);
     cr_assert(fabs(got - want) <= 1e-6 * want, "%.9g vs %.9g", got, want);
     exo_free(x);
 }

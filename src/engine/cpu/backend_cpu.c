@@ -160,20 +160,17 @@ static void softmax_rows(void *p, int ith, int nth)
         int qpos = j->pos0 + (int)(r / j->group);
         int lo = j->window > 0 && qpos - j->window + 1 > 0 ? qpos - j->window + 1 : 0;
         float *row = j->scores + r * j->L;
-        float mx = -INFINITY;
-        for (int sp = lo; sp <= qpos; sp++) {
-            row[sp] *= j->scale;
-            if (row[sp] > mx)
-                mx = row[sp];
-        }
-        for (int sp = lo; sp <= qpos; sp++)
-            row[sp] = exo_fast_expf(row[sp] - mx);
-        float sum = 0;
-        for (int sp = lo; sp <= qpos; sp++)
-            sum += row[sp];
-        float inv = 1.0f / sum;
-        for (int sp = 0; sp < j->L; sp++)
-            row[sp] = sp >= lo && sp <= qpos ? row[sp] * inv : 0.0f;
+        float *live = row + lo;
+        const int n = qpos + 1 - lo;
+        const float scale = j->scale;
+        for (int i = 0; i < n; i++)
+            live[i] *= scale;
+        double sum = exo_cpu_exp_sum_f32(live, n, exo_cpu_max_f32(live, n), live);
+        const float inv = (float)(1.0 / sum);
+        for (int i = 0; i < n; i++)
+            live[i] *= inv;
+        memset(row, 0, sizeof(float) * (size_t)lo);
+        memset(row + qpos + 1, 0, sizeof(float) * (size_t)(j->L - qpos - 1));
     }
 }
 

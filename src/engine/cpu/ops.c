@@ -82,7 +82,7 @@ float exo_cpu_max_f32(const float *x, int n)
 }
 
 EXO_SIMD_CLONES
-double exo_cpu_sum_exp_f32(const float *x, int n, float shift)
+double exo_cpu_exp_sum_f32(const float *x, int n, float shift, float *out)
 {
     /* f32 lanes over blocks of 1024 values, blocks summed in double: the
      * f32 part adds at most 64 terms a lane */
@@ -92,15 +92,27 @@ double exo_cpu_sum_exp_f32(const float *x, int n, float shift)
         const float *xb = x + b;
         float acc[16] = {0};
         int i = 0;
-        for (; i + 16 <= e; i += 16)
-            for (int j = 0; j < 16; j++)
-                acc[j] += exo_fast_expf(xb[i + j] - shift);
-        for (; i < e; i++)
-            acc[0] += exo_fast_expf(xb[i] - shift);
-        float s = 0;
+        if (out) {
+            float *ob = out + b;
+            for (; i + 16 <= e; i += 16)
+                for (int j = 0; j < 16; j++) {
+                    float v = exo_fast_expf(xb[i + j] - shift);
+                    ob[i + j] = v;
+                    acc[j] += v;
+                }
+            for (; i < e; i++)
+                acc[0] += ob[i] = exo_fast_expf(xb[i] - shift);
+        } else {
+            for (; i + 16 <= e; i += 16)
+                for (int j = 0; j < 16; j++)
+                    acc[j] += exo_fast_expf(xb[i + j] - shift);
+            for (; i < e; i++)
+                acc[0] += exo_fast_expf(xb[i] - shift);
+        }
+        float sum = 0;
         for (int j = 0; j < 16; j++)
-            s += acc[j];
-        total += s;
+            sum += acc[j];
+        total += sum;
     }
     return total;
 }
@@ -265,18 +277,13 @@ static inline __attribute__((always_inline)) void attend_heads(int G, const floa
 {
     for (int b = lo / EXO_KV_BLOCK * EXO_KV_BLOCK; b <= qpos; b += EXO_KV_BLOCK)
         qk_block(G, q, kh + (size_t)b * hd, hd, scale, sc + b, ld);
+    /* a plain float max or sum over the scores is a serial chain GCC may
+     * not reorder (no -ffast-math): ~0.7 ms of a 576-position token */
     float inv[4];
     for (int g = 0; g < G; g++) {
-        float *s = sc + g * ld;
-        float mx = -INFINITY;
-        for (int sp = lo; sp <= qpos; sp++)
-            mx = s[sp] > mx ? s[sp] : mx;
-        float sum = 0;
-        for (int sp = lo; sp <= qpos; sp++) {
-            s[sp] = exo_fast_expf(s[sp] - mx);
-            sum += s[sp];
-        }
-        inv[g] = 1.0f / sum;
+        float *s = sc + g * ld + lo;
+        int n = qpos + 1 - lo;
+        inv[g] = (float)(1.0 / exo_cpu_exp_sum_f32(s, n, exo_cpu_max_f32(s, n), s));
     }
     int c = 0;
     for (; c + 64 <= hd; c += 64)

@@ -42,8 +42,9 @@ static inline float exo_fast_expf(float x)
 int exo_cpu_argmax_f32(const float *x, int n);
 /* Largest value (-inf for n == 0 or all NaN). */
 float exo_cpu_max_f32(const float *x, int n);
-/* sum exp(x[i] - shift), each term within 2e-7 of libm (exo_fast_expf). */
-double exo_cpu_sum_exp_f32(const float *x, int n, float shift);
+/* sum exp(x[i] - shift), each term within 2e-7 of libm (exo_fast_expf);
+ * the terms also go to out[i] unless out is NULL (out may be x). */
+double exo_cpu_exp_sum_f32(const float *x, int n, float shift, float *out);
 
 void exo_cpu_rmsnorm(exo_pool *pool, float *out, const float *x, const float *w, int rows, int dim,
                      float eps);
