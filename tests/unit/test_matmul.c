@@ -303,16 +303,19 @@ Test(matmul, affine_q5_all_paths) { affine_all_paths(5); }
 Test(matmul, affine_q6_all_paths) { affine_all_paths(6); }
 Test(matmul, affine_q8_all_paths) { affine_all_paths(8); }
 
-/* GEMV row blocks take the rows of one 4 KiB page a page apart: whole
- * super-blocks, a partial one at the end, and row counts the stride does
- * not divide must all land in the right output rows. */
+/* GEMV row blocks take rows a page or more apart: whole super-blocks, a
+ * partial one at the end, row counts the stride does not divide and row
+ * sizes that do not divide a page must all land in the right output rows. */
 Test(matmul, page_strided_row_blocks)
 {
     static const struct { int bits, G; int64_t rows, cols; } cases[] = {
         {4, 64, 300, 256},  /* 128-byte rows: 32 rows a page, super-blocks of 128 */
         {8, 64, 37, 2048},  /* 2 KiB rows: 2 rows a page */
         {4, 32, 70, 2048},  /* 1 KiB rows: 4 a page, 64-row spans + 6 */
-        {4, 128, 129, 1024} /* 512-byte rows, one row past a super-block */
+        {4, 128, 129, 1024}, /* 512-byte rows, one row past a super-block */
+        {4, 64, 70, 2560},   /* 1280-byte rows (qwen3-4b): runs of 4 rows, 5 KiB */
+        {4, 64, 50, 1536},   /* 768-byte rows: runs of 8 rows */
+        {8, 32, 23, 2560},   /* 2560-byte rows: runs of 2 rows */
     };
     for (int nth = 1; nth <= 2; nth++) {
         exo_pool *pool = exo_pool_create(nth);

@@ -19,14 +19,18 @@
  * 2/3/5/6-bit rows are unpacked to bytes first (vpermw + variable shifts,
  * 16 codes at a time) and take the 8-bit kernel: correct, but compute-bound
  * at roughly 3-7 GB/s of codes per core.
- * Memory order. The rows of a row block are taken a page apart: with rows
- * shorter than 4 KiB, the S = 4096/rowbytes rows of a page go to S
- * successive row blocks of one super-block (EXO_GEMV_ROWS * S rows), so
- * each row block streams from EXO_GEMV_ROWS different pages and each page
- * is read front to back. Four rows interleaved inside one page look like
- * no stream at all to the L2 streamer, which tracks one stream per page:
- * 16384 x 2048 q4 read at 19.6 GB/s in consecutive order and 24.6 GB/s
- * page-strided (2 threads, DRAM probe 29 GB/s). Every block also
+ * Memory order. The rows of a row block are taken a page or more apart:
+ * with rows shorter than 4 KiB, a super-block of EXO_GEMV_ROWS * S rows
+ * (S = exo_gemv_page_stride, S rows covering at least a page) is read as
+ * S row blocks, block j taking row j of each of the EXO_GEMV_ROWS runs of
+ * S consecutive rows, so each row block streams from EXO_GEMV_ROWS
+ * different pages and each run is read front to back. Four rows
+ * interleaved inside one page look like no stream at all to the L2
+ * streamer, which tracks one stream per page: 16384 x 2048 q4 read at
+ * 19.6 GB/s in consecutive order and 24.6 GB/s page-strided (2 threads,
+ * DRAM probe 29 GB/s); qwen3-4b (1280-byte q4 rows, which no stride of
+ * whole pages fits) decoded at 75% of the probe before runs replaced
+ * page-sized strides. Every block also
  * software-prefetches the same bytes one super-block ahead into L1 (T0 was
  * 3-5% faster than T1 on every shape; without any software prefetch the
  * GEMV reads at ~14 GB/s, since the hardware prefetchers stop at page

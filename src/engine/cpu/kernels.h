@@ -13,12 +13,17 @@
 /* Rows the GEMV kernels process together (activation loads are shared). */
 #define EXO_GEMV_ROWS 4
 
-/* Row stride inside a GEMV row block: the rows of one 4 KiB page (of codes)
- * go to different row blocks (gemv_avx512.c says why). 1 for rows of a page
- * or more, or of a length that does not divide a page. */
+/* Row stride inside a GEMV row block (gemv_avx512.c says why): the
+ * smallest power of two S with S rows covering a 4 KiB page, so that the
+ * EXO_GEMV_ROWS rows of a block lie in EXO_GEMV_ROWS different runs of S
+ * consecutive rows, each run at least a page long and read front to back.
+ * 1 for rows of a page or more. */
 static inline int64_t exo_gemv_page_stride(int64_t row_bytes)
 {
-    return row_bytes <= 0 || row_bytes >= 4096 || 4096 % row_bytes ? 1 : 4096 / row_bytes;
+    int64_t s = 1;
+    while (row_bytes > 0 && s * row_bytes < 4096)
+        s *= 2;
+    return s;
 }
 /* Row ranges handed to the kernels start at multiples of this, so that
  * super-blocks (EXO_GEMV_ROWS * stride rows) stay whole for rows of 256
