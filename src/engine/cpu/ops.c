@@ -30,13 +30,14 @@ static inline float dot_f32(const float *a, const float *b, int n)
     return s;
 }
 
-EXO_SIMD_CLONES
-float exo_cpu_dot_f32(const float *a, const float *b, int n) { return dot_f32(a, b, n); }
 
 /* Reductions over a logits row (the sampler's per-token work over the
- * whole vocabulary): 16 independent lanes so GCC vectorises them. */
+ * whole vocabulary) and over attention scores: 16 independent lanes so GCC
+ * vectorises them. The clones are static behind plain exported functions:
+ * clang 14 (the fuzz builds) names a target_clones function's dispatcher
+ * `f.ifunc`, so other files could not call `f` itself. */
 EXO_SIMD_CLONES
-int exo_cpu_argmax_f32(const float *x, int n)
+static int argmax_lanes(const float *x, int n)
 {
     float m[16];
     int ix[16];
@@ -64,7 +65,7 @@ int exo_cpu_argmax_f32(const float *x, int n)
 }
 
 EXO_SIMD_CLONES
-float exo_cpu_max_f32(const float *x, int n)
+static float max_lanes(const float *x, int n)
 {
     float m[16];
     for (int j = 0; j < 16; j++)
@@ -82,7 +83,7 @@ float exo_cpu_max_f32(const float *x, int n)
 }
 
 EXO_SIMD_CLONES
-double exo_cpu_exp_sum_f32(const float *x, int n, float shift, float *out)
+static double exp_sum_lanes(const float *x, int n, float shift, float *out)
 {
     /* f32 lanes over blocks of 1024 values, blocks summed in double: the
      * f32 part adds at most 64 terms a lane */
@@ -115,6 +116,13 @@ double exo_cpu_exp_sum_f32(const float *x, int n, float shift, float *out)
         total += sum;
     }
     return total;
+}
+
+int exo_cpu_argmax_f32(const float *x, int n) { return argmax_lanes(x, n); }
+float exo_cpu_max_f32(const float *x, int n) { return max_lanes(x, n); }
+double exo_cpu_exp_sum_f32(const float *x, int n, float shift, float *out)
+{
+    return exp_sum_lanes(x, n, shift, out);
 }
 
 typedef struct rmsnorm_job {
@@ -283,7 +291,7 @@ static inline __attribute__((always_inline)) void attend_heads(int G, const floa
     for (int g = 0; g < G; g++) {
         float *s = sc + g * ld + lo;
         int n = qpos + 1 - lo;
-        inv[g] = (float)(1.0 / exo_cpu_exp_sum_f32(s, n, exo_cpu_max_f32(s, n), s));
+        inv[g] = (float)(1.0 / exp_sum_lanes(s, n, max_lanes(s, n), s));
     }
     int c = 0;
     for (; c + 64 <= hd; c += 64)

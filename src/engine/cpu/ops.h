@@ -70,7 +70,4 @@ void exo_cpu_attention(exo_pool *pool, const exo_attn_shape *shape, float *out, 
 void exo_cpu_silu_mul(exo_pool *pool, float *g, const float *u, size_t n);
 void exo_cpu_add(exo_pool *pool, float *x, const float *y, size_t n);
 
-/* Dot product with f32 accumulation in several independent lanes. */
-float exo_cpu_dot_f32(const float *a, const float *b, int n);
-
 #endif
