@@ -107,8 +107,9 @@ static void apply_penalties(exo_sampler *s, float *logits, const int32_t *hist, 
     }
 }
 
-/* Runs once per token over the whole vocabulary: vectorised (a scalar
- * double exp over 128k logits took ~1.3 ms, 4% of a 1B model's token). */
+/* Runs once per token over the whole vocabulary: vectorised (with a scalar
+ * double exp, 128k logits took 0.45 ms, and the scalar argmax 0.37 ms:
+ * together ~3% of a 1B model's token). */
 static float log_sum_exp(const float *x, int n, float *max_out)
 {
     float mx = exo_cpu_max_f32(x, n);

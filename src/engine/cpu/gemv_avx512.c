@@ -28,9 +28,9 @@
  * interleaved inside one page look like no stream at all to the L2
  * streamer, which tracks one stream per page: 16384 x 2048 q4 read at
  * 19.6 GB/s in consecutive order and 24.6 GB/s page-strided (2 threads,
- * DRAM probe 29 GB/s); qwen3-4b (1280-byte q4 rows, which no stride of
- * whole pages fits) decoded at 75% of the probe before runs replaced
- * page-sized strides. Every block also
+ * DRAM probe 29 GB/s). Runs rather than page-sized strides also cover
+ * rows that do not divide a page (qwen3-4b's 1280-byte q4 rows). Every
+ * block also
  * software-prefetches the same bytes one super-block ahead into L1 (T0 was
  * 3-5% faster than T1 on every shape; without any software prefetch the
  * GEMV reads at ~14 GB/s, since the hardware prefetchers stop at page
