@@ -18,9 +18,6 @@
 // keep-alives on idle streams; runner SIGKILL mid-request (error to every
 // client, runner recreated); instance deletion; the pid-file lock; SIGTERM.
 //
-// Tests named "[fails: daemon bug N]" fail on purpose until the daemon is
-// fixed; the comment above each says where.
-//
 // Run: tests/integration/test_e2e_api.sh, or
 //      node --test-reporter=./tests/e2e/reporter.mjs tests/e2e/api.test.mjs
 // (EXO_BIN selects the binary, default build/exo; EXO_E2E_KEEP=1 keeps the
@@ -448,10 +445,10 @@ test('logprobs equal exo run --logprobs (OpenAI chat)', T_TEST, async (t) => {
       });
     });
   }
-  // [DAEMON BUG 1] src/runner/runner.c on_token decodes each top_logprobs id on its own
-  // with exo_tokenizer_decode, whose SentencePiece decoder strips the leading space:
-  // the chosen token " " (id 410, "▁") appears in top_logprobs as "".
-  await t.test('top_logprobs[0] names the chosen token when it is the best one [fails: daemon bug 1]', async () => {
+  // Alternatives are decoded in context: decoding a top_logprobs id on its own with a
+  // SentencePiece decoder strips its leading space (the chosen token " ", id 410 "▁",
+  // appeared in top_logprobs as "").
+  await t.test('top_logprobs[0] names the chosen token when it is the best one', async () => {
     const r = ref(STORIES_ID, P.stories, 12, { logprobs: 3 });
     const { lp } = await logprobsOf(STORIES_ID, P.stories, 12);
     lp.forEach((x, i) => {
@@ -459,11 +456,11 @@ test('logprobs equal exo run --logprobs (OpenAI chat)', T_TEST, async (t) => {
         assert.equal(x.top_logprobs[0].token, x.token, `token ${i}: top_logprobs[0] names the chosen token`);
     });
   });
-  // [DAEMON BUG 2] a token whose text the detokenizer holds back (the first bytes of a
-  // UTF-8 sequence, ids 229 166 here) loses its logprobs entry: the output parser
-  // (src/api/output_parser.c deliver) only attaches a token's metadata to a chunk
-  // emitted while that token is fed. 12 tokens generated, 10 entries.
-  await t.test('every token keeps its logprobs entry, also when its text is held back [fails: daemon bug 2]', async () => {
+  // A token whose text the detokenizer holds back (the first bytes of a UTF-8 sequence,
+  // ids 229 166 here) keeps its logprobs entry: the output parser must not attach a
+  // token's metadata only to a chunk emitted while that token is fed (that gave 10
+  // entries for 12 tokens).
+  await t.test('every token keeps its logprobs entry, also when its text is held back', async () => {
     const r = ref(QWEN_ID, P.qwen, 12, { logprobs: 3 });
     const { res, lp } = await logprobsOf(QWEN_ID, P.qwen, 12);
     assert.equal(res.usage.completion_tokens, 12);
