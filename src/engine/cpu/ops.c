@@ -386,7 +386,7 @@ void exo_cpu_kv_read(const exo_attn_shape *shape, const float *k_cache, const fl
     for (int b = 0; b < n; b += EXO_KV_BLOCK)
         for (int d = 0; d < hd; d++)
             for (int x = 0; x < EXO_KV_BLOCK && b + x < n; x++)
-                k_rows[(size_t)(b + x) * hd + d] = kh[(size_t)b * hd + (size_t)d * EXO_KV_BLOCK + x];
+                k_rows[(size_t)(b + x) * hd + d] = kh[kblock_index(b + x, d, hd)];
     for (int sp = 0; sp < n; sp++)
         for (int d = 0; d < hd; d++)
             v_cols[(size_t)d * n + sp] = vh[(size_t)sp * hd + d];
