@@ -16,9 +16,9 @@
 #include "core/cpu_features.h"
 #include "core/threadpool.h"
 #include "engine/cpu/matmul.h"
+#include "engine/cpu/membw.h"
 #include "engine/linear.h"
 
-#include <immintrin.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,44 +30,6 @@ static uint64_t next_u64(void)
     rng ^= rng >> 7;
     rng ^= rng << 17;
     return rng;
-}
-
-/* ---- streaming read ---------------------------------------------------- */
-
-typedef struct read_job {
-    const unsigned char *buf;
-    size_t bytes;
-    unsigned long long sink[64];
-} read_job;
-
-__attribute__((target("avx512f"))) static unsigned long long sum_avx512(const unsigned char *p,
-                                                                         size_t n)
-{
-    __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
-    for (size_t i = 0; i + 256 <= n; i += 256) {
-        a0 = _mm512_xor_si512(a0, _mm512_load_si512(p + i));
-        a1 = _mm512_xor_si512(a1, _mm512_load_si512(p + i + 64));
-        a2 = _mm512_xor_si512(a2, _mm512_load_si512(p + i + 128));
-        a3 = _mm512_xor_si512(a3, _mm512_load_si512(p + i + 192));
-    }
-    a0 = _mm512_xor_si512(_mm512_xor_si512(a0, a1), _mm512_xor_si512(a2, a3));
-    return (unsigned long long)_mm512_reduce_add_epi64(a0);
-}
-
-static void read_worker(void *p, int ith, int nth)
-{
-    read_job *j = p;
-    long b, e;
-    exo_split_range((long)j->bytes, 4096, ith, nth, &b, &e);
-    j->sink[ith] = sum_avx512(j->buf + b, (size_t)(e - b));
-}
-
-/* One timed pass over buf; bytes/s. */
-static double stream_pass(exo_pool *pool, read_job *j)
-{
-    double t0 = exo_clock_seconds();
-    exo_pool_run(pool, read_worker, j);
-    return (double)j->bytes / (exo_clock_seconds() - t0);
 }
 
 /* ---- weights ------------------------------------------------------------ */
@@ -127,7 +89,7 @@ static void free_weight(exo_linear *l)
  * streaming-read passes over a 256 MiB buffer, so both see the same load
  * from whatever else shares the machine. Reports the best GEMV rate, the
  * best read rate, and the median of the per-round ratios. */
-static void bench_gemv(exo_cpu_matmul_ctx *ctx, exo_pool *pool, read_job *rj, int bits,
+static void bench_gemv(exo_cpu_matmul_ctx *ctx, exo_pool *pool, exo_membw *probe, int bits,
                        int64_t rows, int64_t cols, int rounds)
 {
     enum { MAXW = 64 };
@@ -149,7 +111,7 @@ static void bench_gemv(exo_cpu_matmul_ctx *ctx, exo_pool *pool, read_job *rj, in
     }
     double best = 0, best_bw = 0, ratio[64];
     for (int k = 0; k < rounds && k < 64; k++) {
-        double bw = stream_pass(pool, rj);
+        double bw = exo_membw_read(probe, pool, 1);
         double t0 = exo_clock_seconds();
         for (int i = 0; i < NW; i++) {
             const exo_linear *wp = &w[i];
@@ -181,7 +143,7 @@ static void bench_gemv(exo_cpu_matmul_ctx *ctx, exo_pool *pool, read_job *rj, in
 
 /* Decode of Llama-3.2-1B's 16 layers (no LM head) the way a forward pass
  * calls the kernels: q/k/v in one call, o, gate/up in one call, down. */
-static void bench_layers(exo_cpu_matmul_ctx *ctx, exo_pool *pool, read_job *rj, int bits, int rounds)
+static void bench_layers(exo_cpu_matmul_ctx *ctx, exo_pool *pool, exo_membw *probe, int bits, int rounds)
 {
     enum { L = 16 };
     static const int64_t shp[6][2] = {{2048, 2048}, {512, 2048}, {512, 2048},
@@ -201,7 +163,7 @@ static void bench_layers(exo_cpu_matmul_ctx *ctx, exo_pool *pool, read_job *rj, 
     exo_cpu_matmul_force_path(ctx, EXO_MATMUL_AUTO);
     double best = 0, best_bw = 0, best_ms = 0;
     for (int k = 0; k < rounds; k++) {
-        double bw = stream_pass(pool, rj);
+        double bw = exo_membw_read(probe, pool, 1);
         double t0 = exo_clock_seconds();
         for (int l = 0; l < L; l++) {
             const exo_linear *qkv[3] = {&w[l][0], &w[l][1], &w[l][2]};
@@ -277,21 +239,19 @@ int main(int argc, char **argv)
     exo_pool *pool = exo_pool_create(nth);
     exo_cpu_matmul_ctx *ctx = exo_cpu_matmul_ctx_create(pool);
     printf("threads %d, isa %s, amx %d\n", nth, exo_isa_name(exo_cpu_isa()), exo_cpu_has_amx());
-    read_job rj = {.bytes = (size_t)256 << 20};
-    rj.buf = exo_alloc_aligned(rj.bytes);
-    if (!rj.buf)
+    exo_membw *probe = exo_membw_create((size_t)256 << 20);
+    if (!probe)
         return 1;
-    memset((void *)rj.buf, 1, rj.bytes);
     int rounds = (int)(secs * 8);
     if (rounds < 3)
         rounds = 3;
     static const int cases[][3] = {{4, 2048, 8192}, {4, 8192, 2048}, {8, 2048, 8192},
                                    {8, 8192, 2048}, {16, 2048, 8192}};
     for (int c = 0; c < 5; c++)
-        bench_gemv(ctx, pool, &rj, cases[c][0], cases[c][1], cases[c][2], rounds);
-    bench_layers(ctx, pool, &rj, 4, rounds);
-    bench_layers(ctx, pool, &rj, 8, rounds);
-    exo_free_aligned((void *)rj.buf);
+        bench_gemv(ctx, pool, probe, cases[c][0], cases[c][1], cases[c][2], rounds);
+    bench_layers(ctx, pool, probe, 4, rounds);
+    bench_layers(ctx, pool, probe, 8, rounds);
+    exo_membw_free(probe);
 
     const int M = 512, K = 2048, N = 8192;
     double flop = 2.0 * M * N * K;

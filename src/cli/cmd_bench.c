@@ -150,10 +150,17 @@ int exo_cmd_bench(int argc, char **argv)
         tokens[i] = (int32_t)(r % (uint64_t)V);
     }
 
-    /* Memory bandwidth with the same number of threads decode uses. */
+    /* Memory bandwidth with the same number of threads decode uses. The
+     * probe's buffer lives until the end: freed before decode, it would be
+     * reclaimed by the hypervisor while decode is timed (membw.h). */
     exo_pool *pool = exo_pool_create((int)threads);
     int nthreads = exo_pool_size(pool);
-    double read_bw = exo_membw_read(pool, (size_t)1 << 30, 5);
+    exo_membw *probe = exo_membw_create((size_t)1 << 30);
+    if (!probe) {
+        exo_err_set(&err, EXO_ENOMEM, "no memory for the 1 GiB bandwidth probe");
+        goto fail_pool;
+    }
+    double read_bw = exo_membw_read(probe, pool, 5);
 
     /* Prefill: one warm-up pass (page faults, kernel set-up), then timed. */
     if (exo_model_forward(m, seq, tokens, (int)n_prompt, logits, false, &err))
@@ -182,7 +189,7 @@ int exo_cmd_bench(int argc, char **argv)
     }
     double decode_s = exo_clock_seconds() - t0;
     /* the limit is the best read seen, before or after decode */
-    double read_after = exo_membw_read(pool, (size_t)1 << 30, 5);
+    double read_after = exo_membw_read(probe, pool, 5);
     if (read_after > read_bw)
         read_bw = read_after;
     qsort(token_s, (size_t)n_gen, sizeof(double), cmp_double);
@@ -241,6 +248,7 @@ int exo_cmd_bench(int argc, char **argv)
     }
     status = 0;
 fail_pool:
+    exo_membw_free(probe);
     exo_pool_free(pool);
     if (status)
         fprintf(stderr, "exo bench: %s\n", err.msg);

@@ -35,22 +35,45 @@ static void bw_worker(void *p, int ith, int nth)
         j->sink = s;
 }
 
-double exo_membw_read(exo_pool *pool, size_t bytes, int passes)
+struct exo_membw {
+    unsigned char *buf;
+    size_t bytes;
+};
+
+exo_membw *exo_membw_create(size_t bytes)
 {
+    exo_membw *probe = exo_calloc(1, sizeof *probe);
     unsigned char *buf = exo_alloc_aligned(bytes);
-    if (!buf)
-        return 0;
+    if (!probe || !buf) {
+        exo_free(probe);
+        exo_free_aligned(buf);
+        return NULL;
+    }
     for (size_t i = 0; i < bytes; i += 4096)
         buf[i] = (unsigned char)i; /* fault every page in before timing */
-    bw_job j = {buf, bytes, 0};
+    probe->buf = buf;
+    probe->bytes = bytes;
+    return probe;
+}
+
+void exo_membw_free(exo_membw *probe)
+{
+    if (!probe)
+        return;
+    exo_free_aligned(probe->buf);
+    exo_free(probe);
+}
+
+double exo_membw_read(exo_membw *probe, exo_pool *pool, int passes)
+{
+    bw_job j = {probe->buf, probe->bytes, 0};
     double best = 0;
     for (int p = 0; p < passes; p++) {
         double t0 = exo_clock_seconds();
         exo_pool_run(pool, bw_worker, &j);
         double dt = exo_clock_seconds() - t0;
-        if (dt > 0 && (double)bytes / dt > best)
-            best = (double)bytes / dt;
+        if (dt > 0 && (double)probe->bytes / dt > best)
+            best = (double)probe->bytes / dt;
     }
-    exo_free_aligned(buf);
     return best;
 }
