@@ -80,7 +80,9 @@ static double avx2_gemm_gflops(exo_pool *pool, int M, int N, int K)
 int exo_cmd_bench(int argc, char **argv)
 {
     const char *dir = NULL, *preset = NULL, *quant = "q4", *v;
-    long threads = 0, n_prompt = 512, n_gen = 64;
+    /* 128 generated tokens as llama-bench: long enough that one stall of
+     * the host (membw.h) moves the mean by ~1%, not 2-4% */
+    long threads = 0, n_prompt = 512, n_gen = 128;
     bool json = false;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--synthetic")) {
