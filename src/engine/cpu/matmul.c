@@ -4,7 +4,7 @@
  * Design:
  *  - One exo_pool_run per call: the rows of all n weights are concatenated,
  *    so a q/k/v or gate/up call costs one fork-join. GEMV/reference threads
- *    take ~48 KiB chunks of rows from a shared counter (dynamic, because on
+ *    take ~256 KiB chunks of rows, own range first, then stealing (dynamic: on
  *    shared cores one thread is often slowed by other processes).
  *  - The GEMV path quantizes each row of X once per (layout, group size)
  *    that the call's affine weights need, before the dispatch.
