@@ -91,12 +91,17 @@ Test(attention, decode_token_by_token)
     check(37, 8, 2, 64, 0, 1);
     check(21, 4, 4, 8, 0, 1);
     check(50, 6, 3, 32, 0, 1);
-    /* groups of 4 query heads and a remainder, head sizes with a 64-wide,
-     * 16-wide and scalar part, one KV head (whole group on one thread) */
+    /* passes of 4 query heads and a remainder of 1, 2 or 3 (groups of 5, 6
+     * and 7), groups of exactly 2 and 3 (qwen3-0.6b, 3:1 models), head
+     * sizes with a 64-wide, 16-wide and scalar part, one KV head (whole
+     * group on one thread) */
     check(40, 10, 2, 128, 0, 1);
     check(35, 8, 8, 80, 0, 1);
     check(33, 4, 1, 24, 0, 1);
     check(20, 12, 2, 64, 0, 1);
+    check(29, 14, 2, 64, 0, 1);
+    check(31, 16, 8, 128, 0, 1);
+    check(26, 9, 3, 80, 0, 1);
 }
 
 /* Short prompts (2..7 tokens a call) take the decode kernel with T > 1:

@@ -275,7 +275,7 @@ static inline __attribute__((always_inline)) void pv_block(int G, int W, const f
             *(v16 *)(out + (size_t)g * hd + c + 16 * w) = acc[g][w];
 }
 
-/* G query heads (G = 4, or 1 for the rest of a group) of one KV head.
+/* G query heads (1 to 4, a compile-time constant) of one KV head.
  * sc: G rows of ld scores; o: G rows of hd outputs. */
 static inline __attribute__((always_inline)) void attend_heads(int G, const float *q,
                                                                const float *kh, const float *vh,
@@ -343,13 +343,20 @@ static void attn_worker(void *p, int ith, int nth)
                          ? qpos - s->sliding_window + 1
                          : 0;
             size_t first = ((size_t)t * s->n_heads + (size_t)h * group) * hd;
-            int g = 0;
-            for (; g + 4 <= group; g += 4)
-                attend_heads(4, j->q + first + (size_t)g * hd, kh, vh, hd, scale, lo, qpos, scores,
-                             cap, j->out + first + (size_t)g * hd);
-            for (; g < group; g++)
-                attend_heads(1, j->q + first + (size_t)g * hd, kh, vh, hd, scale, lo, qpos, scores,
-                             cap, j->out + first + (size_t)g * hd);
+            /* query heads in passes of up to 4 over the KV head: one pass
+             * reads K and V once for all of them (a group of 2 taken one
+             * head at a time read them twice and kept one FMA chain busy:
+             * qwen3-0.6b's attention was 29% of a decode token) */
+            for (int g = 0; g < group; g += 4) {
+                const float *qg = j->q + first + (size_t)g * hd;
+                float *og = j->out + first + (size_t)g * hd;
+                switch (group - g < 4 ? group - g : 4) {
+                case 4: attend_heads(4, qg, kh, vh, hd, scale, lo, qpos, scores, cap, og); break;
+                case 3: attend_heads(3, qg, kh, vh, hd, scale, lo, qpos, scores, cap, og); break;
+                case 2: attend_heads(2, qg, kh, vh, hd, scale, lo, qpos, scores, cap, og); break;
+                default: attend_heads(1, qg, kh, vh, hd, scale, lo, qpos, scores, cap, og); break;
+                }
+            }
         }
     }
 }
