@@ -374,7 +374,9 @@ static void cl_feed(exo_api_encoder *e, const exo_chunk *c, exo_sbuf *out)
     case EXO_CHUNK_ERROR:
         close_block(e, out);
         event(out, "error");
-        exo_sbuf_puts(out, ",\"error\":{\"type\":\"api_error\",\"message\":");
+        exo_sbuf_puts(out, ",\"error\":{\"type\":");
+        exo_sbuf_json_str(out, exo_api_error_type(e->family, exo_api_chunk_status(c)));
+        exo_sbuf_puts(out, ",\"message\":");
         exo_sbuf_json_str(out, c->error);
         exo_sbuf_puts(out, "}}\n\n");
         return;

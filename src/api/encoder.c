@@ -68,12 +68,18 @@ int exo_api_parse_request(exo_api_family f, const char *body, size_t len, exo_ge
     return rc;
 }
 
-static const char *openai_error_type(int status)
+const char *exo_api_error_type(exo_api_family f, int status)
 {
+    if (f == EXO_API_CLAUDE)
+        return status == 404 ? "not_found_error"
+             : status == 413 ? "request_too_large"
+             : status >= 500 ? "api_error" : "invalid_request_error";
     if (status == 404) return "not_found_error";
     if (status >= 500) return "server_error";
     return "invalid_request_error";
 }
+
+int exo_api_chunk_status(const exo_chunk *c) { return c->error_status ? c->error_status : 500; }
 
 char *exo_api_error_body(exo_api_family f, int status, const char *message)
 {
@@ -81,11 +87,8 @@ char *exo_api_error_body(exo_api_family f, int status, const char *message)
     exo_sbuf_init(&b);
     switch (f) {
     case EXO_API_CLAUDE: {
-        const char *type = status == 404 ? "not_found_error"
-                         : status == 413 ? "request_too_large"
-                         : status >= 500 ? "api_error" : "invalid_request_error";
         exo_sbuf_puts(&b, "{\"type\":\"error\",\"error\":{\"type\":");
-        exo_sbuf_json_str(&b, type);
+        exo_sbuf_json_str(&b, exo_api_error_type(f, status));
         exo_sbuf_puts(&b, ",\"message\":");
         exo_sbuf_json_str(&b, message);
         exo_sbuf_puts(&b, "}}");
@@ -101,7 +104,7 @@ char *exo_api_error_body(exo_api_family f, int status, const char *message)
         exo_sbuf_puts(&b, "{\"error\":{\"message\":");
         exo_sbuf_json_str(&b, message);
         exo_sbuf_puts(&b, ",\"type\":");
-        exo_sbuf_json_str(&b, openai_error_type(status));
+        exo_sbuf_json_str(&b, exo_api_error_type(f, status));
         exo_sbuf_printf(&b, ",\"param\":null,\"code\":%d}}", status);
         break;
     }
@@ -210,8 +213,8 @@ bool exo_api_encoder_feed(exo_api_encoder *e, const exo_chunk *c, exo_sbuf *out)
     if (e->stream) {
         e->vt->feed(e, c, out);
     } else if (c->kind == EXO_CHUNK_ERROR) {
-        e->status = 500;
-        char *body = exo_api_error_body(e->family, 500, c->error ? c->error : "error");
+        e->status = exo_api_chunk_status(c);
+        char *body = exo_api_error_body(e->family, e->status, c->error ? c->error : "error");
         exo_sbuf_puts(out, body);
         exo_free(body);
     } else if (c->kind == EXO_CHUNK_FINISH) {

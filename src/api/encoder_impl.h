@@ -46,6 +46,11 @@ struct exo_api_encoder {
 extern const exo_api_encoder_vt exo_openai_chat_vt, exo_claude_vt, exo_responses_vt,
     exo_ollama_chat_vt, exo_ollama_generate_vt;
 
+/* The error "type" an API family gives an HTTP status ("invalid_request_error",
+ * Claude's "api_error", ...), and the status an error chunk maps to. */
+const char *exo_api_error_type(exo_api_family f, int status);
+int exo_api_chunk_status(const exo_chunk *c);
+
 /* OpenAI usage object. */
 void exo_api_write_usage(exo_sbuf *b, const exo_usage *u);
 /* One OpenAI logprobs "content" entry for a token chunk. */

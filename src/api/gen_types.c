@@ -379,13 +379,16 @@ void exo_chunk_token(exo_chunk *c, const char *text, size_t len, int32_t token_i
     c->is_thinking = thinking;
 }
 
-void exo_chunk_error(exo_chunk *c, const char *message)
+void exo_chunk_error_status(exo_chunk *c, int http_status, const char *message)
 {
     memset(c, 0, sizeof *c);
     c->kind = EXO_CHUNK_ERROR;
     c->error = exo_strdup(message ? message : "unknown error");
+    c->error_status = http_status >= 400 && http_status <= 599 ? http_status : 500;
     c->reason = EXO_FR_ERROR;
 }
+
+void exo_chunk_error(exo_chunk *c, const char *message) { exo_chunk_error_status(c, 500, message); }
 
 void exo_chunk_finish(exo_chunk *c, exo_finish_reason reason, const exo_usage *usage,
                       double prompt_tps, double generation_tps)
@@ -513,6 +516,7 @@ json_t *exo_chunk_to_json(const exo_chunk *c)
         break;
     case EXO_CHUNK_ERROR:
         json_object_set_new(j, "message", json_string(c->error ? c->error : ""));
+        json_object_set_new(j, "status", json_integer(c->error_status ? c->error_status : 500));
         break;
     case EXO_CHUNK_FINISH:
         json_object_set_new(j, "reason", json_string(exo_finish_reason_name(c->reason)));
@@ -638,11 +642,19 @@ int exo_chunk_from_json(const json_t *j, exo_chunk *out, exo_err *err)
         TRY(get_count(j, "processed", &out->processed, err));
         TRY(get_count(j, "total", &out->total, err));
     } else if (strcmp(type, "error") == 0) {
-        static const char *const k[] = {"type", "message", NULL};
+        static const char *const k[] = {"type", "message", "status", NULL};
         TRY(exo_ju_only_keys(j, k, "error chunk", err));
         out->kind = EXO_CHUNK_ERROR;
         out->reason = EXO_FR_ERROR;
         TRY(get_string_dup(j, "message", &out->error, err));
+        int64_t status = 500;
+        TRY(exo_ju_int(j, "status", &status, NULL, err));
+        if (status < 400 || status > 599) {
+            rc = exo_err_set(err, EXO_ERANGE, "chunk: error status %lld is not 400-599",
+                             (long long)status);
+            goto fail;
+        }
+        out->error_status = (int)status;
     } else if (strcmp(type, "finish") == 0) {
         static const char *const k[] = {"type", "reason", "usage", "prompt_tps", "generation_tps",
                                         "stop_sequence", "peak_memory", NULL};

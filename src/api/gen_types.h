@@ -148,6 +148,9 @@ typedef struct exo_chunk {
     int processed, total;
     /* ERROR */
     char *error;           /* owned */
+    int   error_status;    /* the HTTP status it maps to: 400-499 when the request
+                            * itself cannot be served (too long for the context),
+                            * else 500 */
     /* FINISH */
     exo_finish_reason reason;
     exo_usage usage;
@@ -158,7 +161,8 @@ typedef struct exo_chunk {
 
 /* Constructors: the chunk owns copies of the strings; free with exo_chunk_free. */
 void exo_chunk_token(exo_chunk *c, const char *text, size_t len, int32_t token_id, bool thinking);
-void exo_chunk_error(exo_chunk *c, const char *message);
+void exo_chunk_error(exo_chunk *c, const char *message); /* status 500 */
+void exo_chunk_error_status(exo_chunk *c, int http_status, const char *message);
 void exo_chunk_finish(exo_chunk *c, exo_finish_reason reason, const exo_usage *usage,
                       double prompt_tps, double generation_tps);
 void exo_chunk_prefill(exo_chunk *c, int processed, int total);

@@ -287,11 +287,19 @@ static void oa_feed(exo_api_encoder *e, const exo_chunk *c, exo_sbuf *out)
         exo_sbuf_puts(out, "data: [DONE]\n\n");
         return;
     case EXO_CHUNK_ERROR:
+    {
+        /* exo's own stream error for a server fault; a request the model
+         * cannot serve gets the type its non-streaming 4xx body has */
+        int status = exo_api_chunk_status(c);
         exo_sbuf_puts(out, "data: {\"error\":{\"message\":");
         exo_sbuf_json_str(out, c->error);
-        exo_sbuf_puts(out, ",\"type\":\"InternalServerError\",\"code\":500}}\n\n");
+        exo_sbuf_puts(out, ",\"type\":");
+        exo_sbuf_json_str(out, status >= 500 ? "InternalServerError"
+                                             : exo_api_error_type(e->family, status));
+        exo_sbuf_printf(out, ",\"code\":%d}}\n\n", status);
         exo_sbuf_puts(out, "data: [DONE]\n\n");
         return;
+    }
     }
 }
 

@@ -335,8 +335,11 @@ static void set_output(exo_api_encoder *e, int index, json_t *item /* stolen */)
     json_array_set_new(e->outputs, (size_t)index, item);
 }
 
-static void write_response(exo_api_encoder *e, exo_sbuf *out, const char *status, const char *error)
+/* failed: the error chunk that ended the response, or NULL */
+static void write_response(exo_api_encoder *e, exo_sbuf *out, const char *status,
+                           const exo_chunk *failed)
 {
+    const char *error = failed ? (failed->error ? failed->error : "error") : NULL;
     exo_sbuf_puts(out, "{\"id\":");
     item_id(e, out, "resp");
     exo_sbuf_printf(out, ",\"object\":\"response\",\"created_at\":%lld,\"status\":\"%s\",\"model\":",
@@ -357,7 +360,10 @@ static void write_response(exo_api_encoder *e, exo_sbuf *out, const char *status
         exo_sbuf_puts(out, ",\"incomplete_details\":null");
     exo_sbuf_puts(out, ",\"error\":");
     if (error) {
-        exo_sbuf_puts(out, "{\"code\":\"server_error\",\"message\":");
+        /* the Responses API's codes: a prompt the model cannot take is
+         * "invalid_prompt", anything else "server_error" */
+        exo_sbuf_puts(out, exo_api_chunk_status(failed) < 500 ? "{\"code\":\"invalid_prompt\",\"message\":"
+                                                             : "{\"code\":\"server_error\",\"message\":");
         exo_sbuf_json_str(out, error);
         exo_sbuf_putc(out, '}');
     } else {
@@ -546,7 +552,7 @@ static void rs_feed(exo_api_encoder *e, const exo_chunk *c, exo_sbuf *out)
     case EXO_CHUNK_ERROR:
         ev(e, out, "response.failed");
         exo_sbuf_puts(out, ",\"response\":");
-        write_response(e, out, "failed", c->error ? c->error : "error");
+        write_response(e, out, "failed", c);
         exo_sbuf_puts(out, "}\n\n");
         return;
     }

@@ -118,13 +118,20 @@ static void send_done(runner *r, const char *id)
 }
 
 /* ERROR chunk + Done: the end of a request that could not run. */
-static void fail_request(runner *r, const char *id, const char *message)
+/* http_status: 400 when the request itself cannot be served (clients do
+ * not retry a 4xx; the official SDKs retry a 5xx twice), else 500 */
+static void fail_request_status(runner *r, const char *id, int http_status, const char *message)
 {
     exo_chunk c;
-    exo_chunk_error(&c, message);
+    exo_chunk_error_status(&c, http_status, message);
     send_chunk(r, id, &c);
     exo_chunk_free(&c);
     send_done(r, id);
+}
+
+static void fail_request(runner *r, const char *id, const char *message)
+{
+    fail_request_status(r, id, 500, message);
 }
 
 static void finish_cancelled(runner *r, const char *id, const exo_usage *usage)
@@ -649,13 +656,13 @@ static void run_job(runner *r, job *j)
         goto out;
     }
     if (n_ids == 0) {
-        fail_request(r, j->id, "the prompt encodes to no tokens");
+        fail_request_status(r, j->id, 400, "the prompt encodes to no tokens");
         goto out;
     }
     if (n_ids >= (size_t)r->ctx) {
         snprintf(msg, sizeof msg, "the prompt is %zu tokens, more than the context of %d tokens allows",
                  n_ids, r->ctx);
-        fail_request(r, j->id, msg);
+        fail_request_status(r, j->id, 400, msg);
         goto out;
     }
 

@@ -871,6 +871,56 @@ test('errors surface as the SDKs\' typed errors', T_TEST, async () => {
   assert.equal(got.text, ref(STORIES_ID, P.stories, 8).text);
 });
 
+// A prompt over the context is the request's fault: a 4xx the SDKs do not retry (they
+// retry a 5xx twice), in each API's error shape, streaming or not.
+test('a prompt longer than the context: 400 in every API, typed SDK errors, 4xx stream errors', T_TEST, async (t) => {
+  const long = 'Once upon a time there was a little cat. '.repeat(Math.ceil(D.CTX / 4));
+  const bodies = {
+    openai: chatBody(STORIES_ID, long, 2), claude: chatBody(STORIES_ID, long, 2),
+    responses: { model: STORIES_ID, input: long, max_output_tokens: 2 },
+    'ollama chat': { model: STORIES_ID, messages: [{ role: 'user', content: long }], stream: false, options: { num_predict: 2 } },
+    'ollama generate': { model: STORIES_ID, prompt: long, stream: false, options: { num_predict: 2 } },
+  };
+  for (const [fam, f] of Object.entries(FAMILIES)) {
+    await t.test(`${fam}: 400 naming the context`, async () => {
+      const r = await D.rawPost(base, f.path, bodies[fam]);
+      assert.equal(r.status, 400, r.text.slice(0, 300));
+      const j = JSON.parse(r.text);
+      f.check(400, j);
+      assert.match(JSON.stringify(j), /more than the context of 8192 tokens/);
+    });
+  }
+  await t.test('SDKs: BadRequestError, no retries', async () => {
+    const t0 = Date.now();
+    await assert.rejects(openai.chat.completions.create(bodies.openai),
+      (e) => e instanceof OpenAI.BadRequestError && e.status === 400 && /context/.test(e.message));
+    await assert.rejects(anthropic.messages.create(bodies.claude),
+      (e) => e instanceof Anthropic.BadRequestError && e.error?.error?.type === 'invalid_request_error');
+    await assert.rejects(openai.responses.create(bodies.responses), (e) => e instanceof OpenAI.BadRequestError);
+    // a retried 5xx would wait ~0.5-8 s of backoff first
+    assert.ok(Date.now() - t0 < 2000, `took ${Date.now() - t0} ms`);
+  });
+  await t.test('streams: the error event carries the 4xx type', async () => {
+    let r = await D.rawPost(base, '/v1/chat/completions', { ...bodies.openai, stream: true });
+    const oa = sseData(r.text).find((x) => x.error);
+    assert.deepEqual([oa?.error.type, oa?.error.code], ['invalid_request_error', 400], r.text.slice(0, 300));
+    assert.match(r.text, /data: \[DONE\]\n\n$/);
+    r = await D.rawPost(base, '/v1/messages', { ...bodies.claude, stream: true });
+    const cl = D.parseSse(r.text).filter((e) => e.event === 'error').map((e) => JSON.parse(e.data));
+    assert.equal(cl.length, 1, r.text.slice(0, 300));
+    assert.equal(cl[0].error.type, 'invalid_request_error');
+    r = await D.rawPost(base, '/v1/responses', { ...bodies.responses, stream: true });
+    const rs = D.parseSse(r.text).filter((e) => e.event === 'response.failed').map((e) => JSON.parse(e.data));
+    assert.equal(rs.length, 1, r.text.slice(0, 300));
+    assert.equal(rs[0].response.error.code, 'invalid_prompt');
+    assert.match(rs[0].response.error.message, /more than the context/);
+  });
+  await t.test('the runner keeps serving', async () => {
+    const got = await viaOpenAI(STORIES_ID, P.stories, { max: 8 });
+    assert.equal(got.text, ref(STORIES_ID, P.stories, 8).text);
+  });
+});
+
 // ---- cancellation -------------------------------------------------------------------------
 
 async function tasksGone(maxMs) {

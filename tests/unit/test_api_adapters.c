@@ -587,3 +587,41 @@ Test(api_adapters, stream_encoding_speed)
     }
     exo_gen_request_free(&r);
 }
+
+/* An error chunk with a 4xx status (a prompt over the context) gives that
+ * status and each family's client-error type, streaming or not. */
+Test(api_adapters, client_error_chunks_keep_their_status)
+{
+    static const struct {
+        exo_api_family f;
+        const char *body_has, *stream_has;
+    } fam[] = {
+        {EXO_API_OPENAI_CHAT, "\"type\":\"invalid_request_error\"", "\"type\":\"invalid_request_error\",\"code\":400"},
+        {EXO_API_CLAUDE, "\"type\":\"invalid_request_error\"", "\"type\":\"invalid_request_error\""},
+        {EXO_API_RESPONSES, "\"code\":400", "\"code\":\"invalid_prompt\""},
+        {EXO_API_OLLAMA_CHAT, "{\"error\":\"too long\"}", "{\"error\":\"too long\"}"},
+    };
+    for (size_t i = 0; i < sizeof fam / sizeof fam[0]; i++)
+        for (int stream = 0; stream < 2; stream++) {
+            exo_gen_request r = req_for(stream, false);
+            exo_api_encoder *e = exo_api_encoder_create(fam[i].f, &r, "cmd1", 1700000000);
+            exo_sbuf out;
+            exo_sbuf_init(&out);
+            exo_api_encoder_begin(e, &out);
+            exo_chunk c;
+            exo_chunk_error_status(&c, 400, "too long");
+            cr_assert(exo_api_encoder_feed(e, &c, &out));
+            exo_chunk_free(&c);
+            if (!stream)
+                cr_assert_eq(exo_api_encoder_status(e), 400);
+            char *s = exo_sbuf_take(&out);
+            const char *want = stream ? fam[i].stream_has : fam[i].body_has;
+            cr_assert(strstr(s, want), "family %zu stream %d: no %s in %s", i, stream, want, s);
+            cr_assert(!strstr(s, "server_error") && !strstr(s, "InternalServerError") &&
+                          !strstr(s, "api_error"),
+                      "family %zu stream %d: %s", i, stream, s);
+            exo_free(s);
+            exo_api_encoder_free(e);
+            exo_gen_request_free(&r);
+        }
+}

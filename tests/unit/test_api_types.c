@@ -115,6 +115,7 @@ static void roundtrip(const exo_chunk *c)
     cr_assert(json_equal(j, j2));
     cr_assert_eq(b.kind, c->kind);
     cr_assert_eq(b.peak_memory_bytes, c->peak_memory_bytes);
+    cr_assert_eq(b.error_status, c->error_status);
     json_decref(j);
     json_decref(j2);
     exo_chunk_free(&b);
@@ -142,7 +143,17 @@ Test(api_types, chunk_roundtrips)
     exo_chunk_prefill(&c, 10, 100);
     roundtrip(&c);
     exo_chunk_error(&c, "runner crashed");
+    cr_assert_eq(c.error_status, 500);
     roundtrip(&c);
+    exo_chunk_free(&c);
+    exo_chunk_error_status(&c, 400, "the prompt is too long");
+    roundtrip(&c);
+    exo_chunk_copy(&copy, &c);
+    cr_assert_eq(copy.error_status, 400);
+    exo_chunk_free(&copy);
+    exo_chunk_free(&c);
+    exo_chunk_error_status(&c, 200, "not an error status"); /* out of range -> 500 */
+    cr_assert_eq(c.error_status, 500);
     exo_chunk_free(&c);
     exo_usage u = {.prompt_tokens = 5, .completion_tokens = 7, .reasoning_tokens = 2};
     exo_chunk_finish(&c, EXO_FR_LENGTH, &u, 100.5, 20.25);
@@ -169,6 +180,9 @@ Test(api_types, chunk_strict)
         "{\"type\":\"finish\",\"reason\":\"stop\"}",
         "{\"type\":\"finish\",\"reason\":\"stop\",\"usage\":{\"prompt_tokens\":0,\"completion_tokens\":0,"
         "\"reasoning_tokens\":0,\"cached_tokens\":0},\"peak_memory\":-1}",
+        "{\"type\":\"error\",\"message\":\"x\",\"status\":200}",
+        "{\"type\":\"error\",\"message\":\"x\",\"status\":600}",
+        "{\"type\":\"error\",\"message\":\"x\",\"status\":\"400\"}",
         "{\"type\":\"mystery\"}",
         "{\"text\":\"a\"}",
     };
@@ -209,4 +223,16 @@ Test(api_types, random_ids_unique)
     exo_gen_random_id(b, sizeof b, "call_");
     cr_assert_eq(strlen(a), 5 + 24);
     cr_assert_str_neq(a, b);
+}
+
+/* An error chunk without a status (an older runner) is a server error. */
+Test(api_types, error_chunk_status_defaults_to_500)
+{
+    json_t *j = json_loads("{\"type\":\"error\",\"message\":\"x\"}", 0, NULL);
+    exo_chunk c;
+    exo_err err = {0};
+    cr_assert_eq(exo_chunk_from_json(j, &c, &err), 0, "%s", err.msg);
+    cr_assert_eq(c.error_status, 500);
+    exo_chunk_free(&c);
+    json_decref(j);
 }
