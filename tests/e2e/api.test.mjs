@@ -937,6 +937,13 @@ async function taskCount() {
   return Object.keys((await D.getJson(base, '/state')).tasks ?? {}).length;
 }
 
+// Tests that count tasks in the State start from none: the previous test's
+// last task may still be waiting for its runner's Done frame after the
+// client saw [DONE], and pausing the runner then would keep it forever.
+async function noTasksLeft() {
+  assert.notEqual(await tasksGone(5000), Infinity, 'the previous test left tasks running');
+}
+
 async function waitTaskCount(n, maxMs = 2000) {
   const t0 = Date.now();
   while ((await taskCount()) !== n) {
@@ -1125,7 +1132,7 @@ test('client disconnect cancels the generation; the next request is served at on
 // first runs: the others end without a token, and nothing is left behind.
 test('queued requests: a disconnect or /v1/cancel removes them before they run', T_TEST, async () => {
   let first, second, third, t0;
-  assert.notEqual(await tasksGone(5000), Infinity, 'the previous test left tasks running');
+  await noTasksLeft();
   await withRunnerPaused(async () => {
     first = await D.openStream(base, '/v1/chat/completions', { ...chatBody(STORIES_ID, P.stories, 8), stream: true });
     await waitTaskCount(1);
@@ -1201,6 +1208,7 @@ test('queued behind a stalled runner: keep-alive every 10 s, FIFO order, exact o
     return { kind, p, pth, body };
   });
   const streams = [];
+  await noTasksLeft();
   await withRunnerPaused(async () => {
     for (const [i, sp] of specs.entries()) {
       streams.push(await D.openStream(base, sp.pth, sp.body));
@@ -1357,6 +1365,7 @@ test('runner killed mid-request: every client gets an error naming the exit; the
   };
   for (const [name, run] of Object.entries(running)) {
     await t.test(`${name} running, others queued`, async (t2) => {
+      await noTasksLeft();
       const pid = storiesRunner();
       const queued = {};
       const kill = async () => {
@@ -1387,6 +1396,7 @@ test('runner killed mid-request: every client gets an error naming the exit; the
 // Deleting an instance ends its running request (cancelled: finish stop) and
 // fails the queued one, at once; then the model is not served any more.
 test('DELETE /instance: open streams end, the model is no longer served (404)', T_TEST, async () => {
+  await noTasksLeft();
   const st = await D.getJson(base, '/state');
   const [id] = Object.entries(st.instances).find(([, v]) => Object.values(v)[0].shardAssignments.modelId === QWEN_ID);
   const running = await D.openStream(base, '/v1/chat/completions', { ...chatBody(QWEN_ID, P.qwen, LONG), stream: true });
