@@ -395,7 +395,8 @@ int exo_tok_merges_parse(exo_tok_vocab *v, const char *s, size_t n, bool byte_le
                 at = keys.len;
                 /* merged token = a + b without b's continuing-subword prefix */
                 size_t skip = plen && b.len >= plen && !memcmp(b.p, prefix, plen) ? plen : 0;
-                exo_tok_buf_put(&a, b.p + skip, b.len - skip);
+                if (b.len > skip) /* b.p is NULL when b is empty */
+                    exo_tok_buf_put(&a, b.p + skip, b.len - skip);
                 r->ok    = put_form(&keys, a.p, a.len, byte_level) && r->ok;
                 r->ablen = (uint32_t)(keys.len - at);
                 if (!r->ok) { /* keep the text for the error message */

@@ -374,6 +374,8 @@ Test(tokenizer, load_errors)
         {"{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0},\"merges\":[\"a b\"]}}", EXO_EFORMAT},
         {"{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":-1},\"merges\":[]}}", EXO_EFORMAT},
         {"{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0},\"merges\":[\"a  a\"]}}", EXO_EFORMAT},
+        /* a merge whose second part is empty (found by fuzzing: UB on a NULL buffer) */
+        {"{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":1},\"merges\":[\"a \"]}}", EXO_EFORMAT},
         {"{\"normalizer\":{\"type\":\"Bogus\"},\"model\":{\"type\":\"BPE\",\"vocab\":{},\"merges\":[]}}", EXO_EUNSUPPORTED},
         {"{\"pre_tokenizer\":{\"type\":\"Split\",\"pattern\":{\"Regex\":\"(\"}},\"model\":{\"type\":\"BPE\",\"vocab\":{},\"merges\":[]}}", EXO_EFORMAT},
         {"{\"model\":{\"type\":\"BPE\",\"vocab\":{\"\\ud800\":0},\"merges\":[]}}", EXO_EFORMAT},
