@@ -63,7 +63,8 @@ static void emit_diff(exo_detok_stream *ds)
     /* never start a piece inside a character */
     while (k > 0 && k < ds->cur.len && ((unsigned char)ds->cur.p[k] & 0xC0) == 0x80)
         k--;
-    exo_tok_buf_put(&ds->piece, ds->cur.p + k, ds->cur.len - k);
+    if (k < ds->cur.len) /* cur.p is NULL while cur is empty */
+        exo_tok_buf_put(&ds->piece, ds->cur.p + k, ds->cur.len - k);
 }
 
 const char *exo_detok_stream_push(exo_detok_stream *ds, int32_t id, size_t *len)
