@@ -4,7 +4,8 @@
 # for baseline x86-64 so the binary runs anywhere and dispatches at run time.
 #
 #   make                 build/exo
-#   make test            unit tests + integration tests + ASan/UBSan unit tests + bounded fuzzing
+#   make test            layering check + unit tests + integration tests + ASan/UBSan unit tests
+#                        + bounded fuzzing
 #   make BUILD=dir ...   build into another folder (helpers and sanitizer builds)
 #   make SANITIZE=1      -fsanitize=address,undefined
 
@@ -16,7 +17,7 @@ WARN     := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototy
             -Wpointer-arith -Wno-unused-parameter
 # -Wno-unused-parameter: vtable implementations and CLI handlers share one
 # signature and many of them legitimately ignore some arguments.
-PKGS     := jansson libpcre2-8 libutf8proc msgpack libzstd libmicrohttpd libuv
+PKGS     := jansson libpcre2-8 libutf8proc msgpack libzstd libmicrohttpd libuv libsodium
 # -fvect-cost-model=dynamic: at -O2 GCC 12 only vectorises loops whose trip
 # count it knows; the element-wise kernels (head_dim, hidden size) need more.
 VECTORIZE := $(if $(findstring clang,$(CC)),,-fvect-cost-model=dynamic)
@@ -40,7 +41,7 @@ TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/%.o)
 
 BENCH_SRC := $(wildcard bench/*.c)
 
-.PHONY: all test unit clean fuzz asan integration bench
+.PHONY: all test unit clean fuzz asan integration bench lint
 all: $(BUILD)/exo
 
 $(BUILD)/%.o: %.c
@@ -82,7 +83,11 @@ asan:
 fuzz:
 	tests/fuzz/run.sh
 
-test: unit integration asan fuzz
+# Architecture rules that the compiler cannot check (include layering).
+lint:
+	/usr/bin/python3 tools/check_layers.py
+
+test: lint unit integration asan fuzz
 
 # Micro-benchmarks: build/bench_<name> from bench/bench_<name>.c.
 .PRECIOUS: $(BUILD)/bench/%.o

@@ -14,8 +14,8 @@
 #ifndef EXO_API_API_H
 #define EXO_API_API_H
 
-#include "api/gen_types.h"
-#include "api/sbuf.h"
+#include "proto/gen_types.h"
+#include "core/sbuf.h"
 
 #include <stdbool.h>
 #include <stdint.h>

@@ -14,7 +14,7 @@
  * chunk ends the stream with an `error` event, which the official SDKs raise
  * (exo closes the message silently instead). */
 #include "api/encoder_impl.h"
-#include "api/json_util.h"
+#include "core/json_util.h"
 #include "core/alloc.h"
 
 #include <string.h>

@@ -4,7 +4,7 @@
  * ERROR; non-streaming bodies written exactly once) live in one place. */
 #include "api/encoder_impl.h"
 
-#include "api/json_util.h"
+#include "core/json_util.h"
 #include "core/alloc.h"
 
 #include <stdlib.h>

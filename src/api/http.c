@@ -13,7 +13,7 @@
  * and the content reader), as MHD requires. */
 #include "api/http.h"
 
-#include "api/sbuf.h"
+#include "core/sbuf.h"
 #include "core/alloc.h"
 #include "core/clock.h"
 #include "core/log.h"

@@ -11,7 +11,7 @@
  * and the eval counts and durations Ollama clients show. Errors mid-stream
  * are an {"error": "..."} line, which the official clients raise. */
 #include "api/encoder_impl.h"
-#include "api/json_util.h"
+#include "core/json_util.h"
 #include "core/alloc.h"
 
 #include <stdlib.h>

@@ -12,7 +12,7 @@
  * say object "chat.completion.chunk" (what the official clients check),
  * where exo says "chat.completion". */
 #include "api/encoder_impl.h"
-#include "api/json_util.h"
+#include "core/json_util.h"
 #include "core/alloc.h"
 
 #include <string.h>

@@ -15,7 +15,7 @@
  * then response.completed (response.incomplete for max_output_tokens,
  * response.failed on error, as the official clients expect). */
 #include "api/encoder_impl.h"
-#include "api/json_util.h"
+#include "core/json_util.h"
 #include "core/alloc.h"
 
 #include <string.h>

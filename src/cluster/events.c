@@ -244,7 +244,7 @@ static int get_text(mobj *m, const char *key, size_t max, char **out, bool requi
         return rc;
     if (len > max)
         return exo_err_set(err, EXO_EFORMAT, "field %s: %zu bytes (max %zu)", key, len, max);
-    if (!exo_cluster_utf8_valid(s, len))
+    if (!exo_text_utf8_valid(s, len))
         return exo_err_set(err, EXO_EFORMAT, "field %s: not valid UTF-8", key);
     *out = exo_strndup(s, len);
     return 0;
@@ -674,7 +674,7 @@ static int valid_text(const char *s, const char *what, exo_err *err)
     if (!s)
         return exo_err_set(err, EXO_EINVAL, "%s: missing", what);
     size_t len = strlen(s);
-    if (len > EXO_MESSAGE_MAX || !exo_cluster_utf8_valid(s, len))
+    if (len > EXO_MESSAGE_MAX || !exo_text_utf8_valid(s, len))
         return exo_err_set(err, EXO_EINVAL, "%s: too long or not UTF-8", what);
     return 0;
 }

@@ -18,7 +18,7 @@
 #ifndef EXO_CLUSTER_NODE_H
 #define EXO_CLUSTER_NODE_H
 
-#include "api/gen_types.h"
+#include "proto/gen_types.h"
 #include "cluster/state.h"
 #include "core/paths.h"
 #include "download/model_store.h"

@@ -1,5 +1,5 @@
-/* Cluster value types: ids, enum name tables, deep copy / clear / equality
- * and invariant checks (see types.h). The validators are what the codecs
+/* Cluster value types: enum name tables, deep copy / clear / equality and
+ * invariant checks (see types.h). The validators are what the codecs
  * run on every decoded record, so they are written for hostile input: no
  * asserts, every bound checked, a message naming the offending field. */
 #include "cluster/types.h"
@@ -11,109 +11,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
-
-/* ---- ids ---------------------------------------------------------------- */
-
-void exo_id_new(exo_id *out)
-{
-    uint8_t b[16];
-    size_t got = 0;
-    while (got < sizeof b) {
-        ssize_t n = getrandom(b + got, sizeof b - got, 0);
-        if (n <= 0) {
-            fprintf(stderr, "exo: getrandom failed\n");
-            abort();
-        }
-        got += (size_t)n;
-    }
-    b[6] = (uint8_t)((b[6] & 0x0f) | 0x40); /* version 4 */
-    b[8] = (uint8_t)((b[8] & 0x3f) | 0x80); /* RFC 4122 variant */
-    static const char hex[] = "0123456789abcdef";
-    char *p = out->s;
-    for (int i = 0; i < 16; i++) {
-        if (i == 4 || i == 6 || i == 8 || i == 10)
-            *p++ = '-';
-        *p++ = hex[b[i] >> 4];
-        *p++ = hex[b[i] & 15];
-    }
-    *p = 0;
-}
-
-bool exo_id_valid(const char *s, size_t len)
-{
-    if (!s || len == 0 || len >= EXO_ID_MAX)
-        return false;
-    for (size_t i = 0; i < len; i++) {
-        char c = s[i];
-        bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-                  c == '.' || c == '_' || c == ':' || c == '-';
-        if (!ok)
-            return false;
-    }
-    return true;
-}
-
-int exo_id_set(exo_id *out, const char *s, exo_err *err)
-{
-    size_t len = s ? strlen(s) : 0;
-    if (!exo_id_valid(s, len))
-        return exo_err_set(err, EXO_EINVAL, "invalid id \"%.80s\"", s ? s : "(null)");
-    memcpy(out->s, s, len + 1);
-    return 0;
-}
-
-bool exo_id_eq(const exo_id *a, const exo_id *b) { return strcmp(a->s, b->s) == 0; }
-bool exo_id_is_empty(const exo_id *id) { return id->s[0] == 0; }
-
-bool exo_model_id_valid(const char *s, size_t len)
-{
-    if (!s || len == 0 || len >= EXO_MODEL_ID_MAX)
-        return false;
-    for (size_t i = 0; i < len; i++)
-        if ((unsigned char)s[i] <= 0x20 || (unsigned char)s[i] >= 0x7f)
-            return false;
-    return true;
-}
-
-bool exo_cluster_utf8_valid(const char *str, size_t len)
-{
-    const unsigned char *s = (const unsigned char *)str;
-    size_t i = 0;
-    while (i < len) {
-        unsigned c = s[i];
-        if (c == 0)
-            return false;
-        if (c < 0x80) {
-            i++;
-            continue;
-        }
-        size_t n;
-        unsigned cp;
-        if ((c & 0xe0) == 0xc0) { n = 1; cp = c & 0x1f; }
-        else if ((c & 0xf0) == 0xe0) { n = 2; cp = c & 0x0f; }
-        else if ((c & 0xf8) == 0xf0) { n = 3; cp = c & 0x07; }
-        else return false;
-        if (len - i <= n)
-            return false;
-        for (size_t k = 1; k <= n; k++) {
-            if ((s[i + k] & 0xc0) != 0x80)
-                return false;
-            cp = (cp << 6) | (s[i + k] & 0x3f);
-        }
-        /* overlong forms, surrogates, past U+10FFFF */
-        if ((n == 1 && cp < 0x80) || (n == 2 && cp < 0x800) || (n == 3 && cp < 0x10000) ||
-            (cp >= 0xd800 && cp <= 0xdfff) || cp > 0x10ffff)
-            return false;
-        i += n + 1;
-    }
-    return true;
-}
 
 /* ---- enum tables ----------------------------------------------------------- */
 
 #define NAME_ITEM(n, s) s,
-static const char *const runner_names[] = {EXO_RUNNER_STATUS_MAP(NAME_ITEM)};
 static const char *const task_status_names[] = {EXO_TASK_STATUS_MAP(NAME_ITEM)};
 static const char *const task_kind_names[] = {EXO_TASK_KIND_MAP(NAME_ITEM)};
 static const char *const sharding_names[] = {EXO_SHARDING_MAP(NAME_ITEM)};
@@ -143,7 +44,6 @@ static int table_parse(const char *const *t, size_t n, const char *s, size_t len
     {                                                                          \
         return table_parse(table, sizeof table / sizeof *table, s, len);       \
     }
-ENUM_FUNCS(runner_status, exo_runner_status_kind, runner_names)
 ENUM_FUNCS(task_status, exo_task_status, task_status_names)
 ENUM_FUNCS(task_kind, exo_task_kind, task_kind_names)
 ENUM_FUNCS(sharding, exo_sharding, sharding_names)
@@ -151,32 +51,8 @@ ENUM_FUNCS(instance_meta, exo_instance_meta, meta_names)
 ENUM_FUNCS(backend, exo_backend_kind, backend_names)
 #undef ENUM_FUNCS
 
-_Static_assert(sizeof runner_names / sizeof *runner_names == EXO_RUNNER__COUNT, "table");
 _Static_assert(sizeof task_kind_names / sizeof *task_kind_names == EXO_TASK_KIND__COUNT, "table");
 _Static_assert(EXO_BACKEND__COUNT <= 32, "backends are a 32-bit set");
-
-/* ---- string helpers --------------------------------------------------------- */
-
-bool exo__str_eq_null(const char *a, const char *b)
-{
-    if (!a || !b)
-        return a == b;
-    return strcmp(a, b) == 0;
-}
-
-char *exo__strdup_null(const char *s) { return s ? exo_strdup(s) : NULL; }
-
-static int check_msg(const char *s, size_t max, const char *what, exo_err *err)
-{
-    if (!s)
-        return 0;
-    size_t len = strlen(s);
-    if (len > max)
-        return exo_err_set(err, EXO_EINVAL, "%s: longer than %zu bytes", what, max);
-    if (!exo_cluster_utf8_valid(s, len))
-        return exo_err_set(err, EXO_EINVAL, "%s: not valid UTF-8", what);
-    return 0;
-}
 
 static int check_id(const exo_id *id, const char *what, exo_err *err)
 {
@@ -184,70 +60,6 @@ static int check_id(const exo_id *id, const char *what, exo_err *err)
     if (!exo_id_valid(id->s, len))
         return exo_err_set(err, EXO_EINVAL, "%s: invalid id", what);
     return 0;
-}
-
-int exo__check_params_json(const char *s, exo_err *err)
-{
-    int rc = check_msg(s, EXO_PARAMS_MAX, "params", err);
-    if (rc < 0)
-        return rc;
-    json_error_t jerr;
-    json_t *j = json_loads(s, JSON_REJECT_DUPLICATES, &jerr);
-    bool obj = json_is_object(j);
-    json_decref(j);
-    if (!obj)
-        return exo_err_set(err, EXO_EINVAL, "params are not a JSON object");
-    return 0;
-}
-
-/* ---- runner status ------------------------------------------------------------ */
-
-void exo_runner_status_init(exo_runner_status *st, exo_runner_status_kind kind)
-{
-    memset(st, 0, sizeof *st);
-    st->kind = kind;
-    st->prefill_server_port = -1;
-}
-
-void exo_runner_status_copy(exo_runner_status *dst, const exo_runner_status *src)
-{
-    *dst = *src;
-    dst->error_message = exo__strdup_null(src->error_message);
-}
-
-void exo_runner_status_clear(exo_runner_status *st)
-{
-    exo_free(st->error_message);
-    memset(st, 0, sizeof *st);
-}
-
-bool exo_runner_status_equal(const exo_runner_status *a, const exo_runner_status *b)
-{
-    return a->kind == b->kind && a->layers_loaded == b->layers_loaded &&
-           a->total_layers == b->total_layers && a->prefill_server_port == b->prefill_server_port &&
-           exo__str_eq_null(a->error_message, b->error_message);
-}
-
-int exo_runner_status_validate(const exo_runner_status *st, exo_err *err)
-{
-    if ((unsigned)st->kind >= EXO_RUNNER__COUNT)
-        return exo_err_set(err, EXO_EINVAL, "runner status: unknown kind %d", (int)st->kind);
-    if (st->kind == EXO_RUNNER_LOADING) {
-        if (st->layers_loaded < 0 || st->total_layers < 0 || st->layers_loaded > st->total_layers)
-            return exo_err_set(err, EXO_EINVAL, "runner status Loading: %d of %d layers",
-                               (int)st->layers_loaded, (int)st->total_layers);
-    } else if (st->layers_loaded != 0 || st->total_layers != 0) {
-        return exo_err_set(err, EXO_EINVAL, "runner status %s: layer counts set",
-                           exo_runner_status_name(st->kind));
-    }
-    if (st->prefill_server_port != -1 &&
-        (st->kind != EXO_RUNNER_READY || st->prefill_server_port < 1 || st->prefill_server_port > 65535))
-        return exo_err_set(err, EXO_EINVAL, "runner status %s: bad prefill server port %d",
-                           exo_runner_status_name(st->kind), (int)st->prefill_server_port);
-    if (st->error_message && st->kind != EXO_RUNNER_FAILED)
-        return exo_err_set(err, EXO_EINVAL, "runner status %s: error message set",
-                           exo_runner_status_name(st->kind));
-    return check_msg(st->error_message, EXO_MESSAGE_MAX, "runner status error message", err);
 }
 
 /* ---- instances -------------------------------------------------------------------- */
@@ -399,8 +211,8 @@ int exo_task_validate(const exo_task *t, exo_err *err)
         return exo_err_set(err, EXO_EINVAL, "task %s: params are for TextGeneration tasks only "
                            "and required there", t->task_id.s);
     if ((t->params_json && (rc = exo__check_params_json(t->params_json, err)) < 0) ||
-        (rc = check_msg(t->error_type, EXO_MESSAGE_MAX, "task error type", err)) < 0 ||
-        (rc = check_msg(t->error_message, EXO_MESSAGE_MAX, "task error message", err)) < 0)
+        (rc = exo__check_text(t->error_type, EXO_MESSAGE_MAX, "task error type", err)) < 0 ||
+        (rc = exo__check_text(t->error_message, EXO_MESSAGE_MAX, "task error message", err)) < 0)
         return exo_err_wrap(err, "task %s", t->task_id.s);
     return 0;
 }
@@ -417,7 +229,7 @@ bool exo_node_info_equal(const exo_node_info *a, const exo_node_info *b)
 int exo_node_info_validate(const exo_node_info *info, exo_err *err)
 {
     size_t len = strnlen(info->friendly_name, EXO_NAME_MAX);
-    if (len == EXO_NAME_MAX || !exo_cluster_utf8_valid(info->friendly_name, len))
+    if (len == EXO_NAME_MAX || !exo_text_utf8_valid(info->friendly_name, len))
         return exo_err_set(err, EXO_EINVAL, "node info: friendly name not UTF-8 or too long");
     for (size_t i = 0; i < len; i++)
         if ((unsigned char)info->friendly_name[i] < 0x20 || info->friendly_name[i] == 0x7f)

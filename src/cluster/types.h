@@ -1,6 +1,7 @@
-/* The vocabulary of the cluster: ids, lifecycle enums and the records that
- * events carry and the State holds (instances, tasks, runner statuses, node
- * information).
+/* The vocabulary of the cluster: lifecycle enums and the records that
+ * events carry and the State holds (instances, tasks, node information).
+ * Ids, bounded text and runner statuses, which the runner processes share,
+ * are in proto/types.h.
  *
  * These are plain value types so that events, the State and the wire/disk
  * codecs can share them. Ownership is uniform: small bounded strings (ids,
@@ -26,51 +27,16 @@
 #define EXO_CLUSTER_TYPES_H
 
 #include "core/error.h"
+#include "proto/types.h"
 
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
-/* ---- ids ----------------------------------------------------------------
- * UUID4 strings for instances, runners, tasks, commands and events; node ids
- * are whatever the cluster layer mints (<= 32 hex chars in exo). Allowed
- * characters: [A-Za-z0-9._:-], 1..EXO_ID_MAX-1 of them. */
-#define EXO_ID_MAX 64
-typedef struct exo_id {
-    char s[EXO_ID_MAX];
-} exo_id;
-
-/* A fresh random UUID4 (getrandom). Aborts only if the kernel has no
- * randomness at all (never on Linux >= 3.17). */
-void exo_id_new(exo_id *out);
-/* Copies a string id; EXO_EINVAL if it is not a valid id. */
-int  exo_id_set(exo_id *out, const char *s, exo_err *err);
-bool exo_id_valid(const char *s, size_t len);
-bool exo_id_eq(const exo_id *a, const exo_id *b);
-bool exo_id_is_empty(const exo_id *id);
-
-/* Model ids ("org/name"): printable ASCII, 1..EXO_MODEL_ID_MAX-1 bytes. */
-#define EXO_MODEL_ID_MAX 256
-bool exo_model_id_valid(const char *s, size_t len);
-/* Friendly names: UTF-8 without control characters. */
-#define EXO_NAME_MAX 128
-/* Heap strings carried by events (error messages) and request parameters. */
-#define EXO_MESSAGE_MAX ((size_t)64 * 1024)
-#define EXO_PARAMS_MAX  ((size_t)8 * 1024 * 1024)
 /* Instance size limit: more shards than this is malformed input. */
 #define EXO_MAX_SHARDS 256
 
-/* True if s[0..len) is well-formed UTF-8 with no NUL byte. */
-bool exo_cluster_utf8_valid(const char *s, size_t len);
-
 /* ---- enums with name tables ---------------------------------------------- */
-#define EXO_RUNNER_STATUS_MAP(XX)                                            \
-    XX(IDLE, "Idle") XX(CONNECTING, "Connecting") XX(CONNECTED, "Connected") \
-    XX(LOADING, "Loading") XX(LOADED, "Loaded") XX(WARMING_UP, "WarmingUp")  \
-    XX(READY, "Ready") XX(RUNNING, "Running")                                \
-    XX(SHUTTING_DOWN, "ShuttingDown") XX(SHUTDOWN, "Shutdown")               \
-    XX(FAILED, "Failed")
-
 #define EXO_TASK_STATUS_MAP(XX)                                              \
     XX(PENDING, "Pending") XX(RUNNING, "Running") XX(COMPLETE, "Complete")   \
     XX(TIMED_OUT, "TimedOut") XX(FAILED, "Failed") XX(CANCELLED, "Cancelled")
@@ -92,10 +58,6 @@ bool exo_cluster_utf8_valid(const char *s, size_t len);
 /* Compute backends a node offers (a bit set in exo_node_info.backends). */
 #define EXO_BACKEND_MAP(XX) XX(CPU, "Cpu") XX(CUDA, "Cuda")
 
-#define EXO__ENUM_ITEM(prefix, name, str) prefix##name,
-#define XX(n, s) EXO__ENUM_ITEM(EXO_RUNNER_, n, s)
-typedef enum exo_runner_status_kind { EXO_RUNNER_STATUS_MAP(XX) EXO_RUNNER__COUNT } exo_runner_status_kind;
-#undef XX
 #define XX(n, s) EXO__ENUM_ITEM(EXO_TASK_, n, s)
 typedef enum exo_task_status { EXO_TASK_STATUS_MAP(XX) EXO_TASK_STATUS__COUNT } exo_task_status;
 #undef XX
@@ -114,34 +76,16 @@ typedef enum exo_backend_kind { EXO_BACKEND_MAP(XX) EXO_BACKEND__COUNT } exo_bac
 
 /* name(value) returns the table name ("?" when out of range); parse(name)
  * returns the value or -1 (exact, case-sensitive match of len bytes). */
-const char *exo_runner_status_name(exo_runner_status_kind k);
 const char *exo_task_status_name(exo_task_status s);
 const char *exo_task_kind_name(exo_task_kind k);
 const char *exo_sharding_name(exo_sharding s);
 const char *exo_instance_meta_name(exo_instance_meta m);
 const char *exo_backend_name(exo_backend_kind b);
-int exo_runner_status_parse(const char *s, size_t len);
 int exo_task_status_parse(const char *s, size_t len);
 int exo_task_kind_parse(const char *s, size_t len);
 int exo_sharding_parse(const char *s, size_t len);
 int exo_instance_meta_parse(const char *s, size_t len);
 int exo_backend_parse(const char *s, size_t len);
-
-/* ---- runner status --------------------------------------------------------
- * Tagged: layers_* only for LOADING, prefill_server_port for READY (-1 =
- * none), error_message (heap, may be NULL) for FAILED. */
-typedef struct exo_runner_status {
-    exo_runner_status_kind kind;
-    int32_t layers_loaded, total_layers;
-    int32_t prefill_server_port;
-    char   *error_message;
-} exo_runner_status;
-
-void exo_runner_status_init(exo_runner_status *st, exo_runner_status_kind kind);
-void exo_runner_status_copy(exo_runner_status *dst, const exo_runner_status *src);
-void exo_runner_status_clear(exo_runner_status *st);
-bool exo_runner_status_equal(const exo_runner_status *a, const exo_runner_status *b);
-int  exo_runner_status_validate(const exo_runner_status *st, exo_err *err);
 
 /* ---- instances ------------------------------------------------------------
  * One shard per runner; shards[i].device_rank == i, world_size == n_shards,
@@ -211,12 +155,5 @@ typedef struct exo_node_info {
 
 bool exo_node_info_equal(const exo_node_info *a, const exo_node_info *b);
 int  exo_node_info_validate(const exo_node_info *info, exo_err *err);
-
-/* Heap string helpers shared by the cluster modules: NULL-safe equality and
- * duplication. */
-bool  exo__str_eq_null(const char *a, const char *b);
-char *exo__strdup_null(const char *s);
-/* Request parameters: UTF-8, <= EXO_PARAMS_MAX bytes, a JSON object. */
-int   exo__check_params_json(const char *s, exo_err *err);
 
 #endif

@@ -25,7 +25,7 @@
 #ifndef EXO_CLUSTER_WORKER_H
 #define EXO_CLUSTER_WORKER_H
 
-#include "api/gen_types.h"
+#include "proto/gen_types.h"
 #include "cluster/events.h"
 #include "cluster/state.h"
 #include "core/paths.h"

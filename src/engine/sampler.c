@@ -42,14 +42,6 @@ static uint64_t next_u64(uint64_t *s)
 
 static double next_unit(uint64_t *s) { return (double)(next_u64(s) >> 11) * 0x1.0p-53; }
 
-exo_sampler_params exo_sampler_defaults(void)
-{
-    return (exo_sampler_params){.temperature = 0, .top_k = 0, .top_p = 1, .min_p = 0,
-                                .repetition_penalty = 1, .repetition_context_size = 20,
-                                .presence_penalty = 0, .frequency_penalty = 0, .seed = 42,
-                                .top_logprobs = 0};
-}
-
 exo_sampler *exo_sampler_create(const exo_sampler_params *p, int vocab)
 {
     exo_sampler *s = exo_calloc(1, sizeof *s);

@@ -2,7 +2,7 @@
  * channel both ends use (see protocol.h for the format and the rules). */
 #include "runner/protocol.h"
 
-#include "api/json_util.h"
+#include "core/json_util.h"
 #include "core/alloc.h"
 
 #include <errno.h>

@@ -11,7 +11,7 @@
  * or zero bytes, is a protocol error: the stream cannot be resynchronised,
  * so the reader gives up on the peer). JSON rather than a binary encoding:
  * the payloads are the canonical request and chunk types, which already
- * have strict JSON codecs (api/gen_types.h), and a token chunk is a few
+ * have strict JSON codecs (proto/gen_types.h), and a token chunk is a few
  * dozen bytes, far below the cost of the token itself.
  *
  * Messages, tagged by "type":
@@ -37,9 +37,9 @@
 #ifndef EXO_RUNNER_PROTOCOL_H
 #define EXO_RUNNER_PROTOCOL_H
 
-#include "api/gen_types.h"
-#include "api/sbuf.h"
-#include "cluster/types.h"
+#include "proto/gen_types.h"
+#include "core/sbuf.h"
+#include "proto/types.h"
 #include "core/error.h"
 
 #include <stdbool.h>

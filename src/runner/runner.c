@@ -7,7 +7,7 @@
  * stops a long prefill. */
 #include "runner/runner.h"
 
-#include "api/output_parser.h"
+#include "runner/output_parser.h"
 #include "core/alloc.h"
 #include "core/clock.h"
 #include "core/log.h"

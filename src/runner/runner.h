@@ -6,7 +6,7 @@
  * costs one instance and the node reports it (runner/supervisor.h), instead
  * of the whole node going down.
  *
- * State machine (statuses are cluster/types.h's, reported up as Status
+ * State machine (statuses are proto/types.h's, reported up as Status
  * frames on every change):
  *   Idle -LoadModel-> Loading{layers_loaded,total_layers} -> Loaded
  *        -> WarmingUp -> Ready <-> Running

@@ -2,9 +2,9 @@
  * tool format and options, the rest is model output cut into tokens at 0x01
  * bytes. Properties: no crash or leak; with no markers configured the
  * emitted text equals the input; all emitted tool-call arguments are JSON. */
-// FUZZ_SOURCES: src/api/sbuf.c src/api/json_util.c src/api/gen_types.c src/api/output_parser.c src/core/alloc.c src/core/error.c src/core/log.c src/core/clock.c src/engine/sampler.c src/engine/cpu/ops.c src/core/threadpool.c
-#include "api/output_parser.h"
-#include "api/sbuf.h"
+// FUZZ_SOURCES: src/core/sbuf.c src/core/json_util.c src/proto/gen_types.c src/runner/output_parser.c src/core/alloc.c src/core/error.c src/core/log.c src/core/clock.c src/proto/sampling.c
+#include "runner/output_parser.h"
+#include "core/sbuf.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -1,8 +1,8 @@
 /* Output parser: reasoning tags, each tool-call family, stop sequences and
  * schema checks, with the model output split at every byte position (and fed
  * byte by byte) so markers that span tokens are exercised everywhere. */
-#include "api/output_parser.h"
-#include "api/sbuf.h"
+#include "runner/output_parser.h"
+#include "core/sbuf.h"
 
 #include <criterion/criterion.h>
 #include <string.h>

@@ -1,8 +1,8 @@
 /* gen_types: JSON round trips of requests and every chunk kind, strict
  * rejection of malformed pipe / peer messages, reasoning resolution, and the
  * direct JSON writer (escaping, invalid UTF-8 repair). */
-#include "api/gen_types.h"
-#include "api/sbuf.h"
+#include "proto/gen_types.h"
+#include "core/sbuf.h"
 
 #include <criterion/criterion.h>
 #include <string.h>

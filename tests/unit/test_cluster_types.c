@@ -47,14 +47,14 @@ Test(cluster_types, id_validation)
 
 Test(cluster_types, utf8_validation)
 {
-    cr_assert(exo_cluster_utf8_valid("plain", 5));
-    cr_assert(exo_cluster_utf8_valid("\xc3\xa9\xe2\x9c\x97\xf0\x9f\x98\x80", 9));
-    cr_assert(!exo_cluster_utf8_valid("\xc3", 1));              /* truncated */
-    cr_assert(!exo_cluster_utf8_valid("\xc0\xaf", 2));          /* overlong */
-    cr_assert(!exo_cluster_utf8_valid("\xed\xa0\x80", 3));      /* surrogate */
-    cr_assert(!exo_cluster_utf8_valid("\xf4\x90\x80\x80", 4));  /* > U+10FFFF */
-    cr_assert(!exo_cluster_utf8_valid("a\0b", 3));              /* NUL */
-    cr_assert(!exo_cluster_utf8_valid("\xff", 1));
+    cr_assert(exo_text_utf8_valid("plain", 5));
+    cr_assert(exo_text_utf8_valid("\xc3\xa9\xe2\x9c\x97\xf0\x9f\x98\x80", 9));
+    cr_assert(!exo_text_utf8_valid("\xc3", 1));              /* truncated */
+    cr_assert(!exo_text_utf8_valid("\xc0\xaf", 2));          /* overlong */
+    cr_assert(!exo_text_utf8_valid("\xed\xa0\x80", 3));      /* surrogate */
+    cr_assert(!exo_text_utf8_valid("\xf4\x90\x80\x80", 4));  /* > U+10FFFF */
+    cr_assert(!exo_text_utf8_valid("a\0b", 3));              /* NUL */
+    cr_assert(!exo_text_utf8_valid("\xff", 1));
 }
 
 Test(cluster_types, enum_tables_round_trip)

@@ -4,9 +4,9 @@
  * processes its buffer left to right, hands classified text to the next
  * stage, and keeps only the longest suffix that is a proper prefix of one of
  * its markers, so nothing is delayed longer than a marker could need. */
-#include "api/output_parser.h"
+#include "runner/output_parser.h"
 
-#include "api/sbuf.h"
+#include "core/sbuf.h"
 #include "core/alloc.h"
 
 #include <ctype.h>

@@ -5,9 +5,9 @@
  * in range. The adapters fill requests from client bodies with their own
  * (lenient, API-compatible) readers and then call exo_gen_request_validate,
  * so both paths end in the same range checks. */
-#include "api/gen_types.h"
+#include "proto/gen_types.h"
 
-#include "api/json_util.h"
+#include "core/json_util.h"
 #include "core/alloc.h"
 
 #include <math.h>

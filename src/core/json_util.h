@@ -2,8 +2,8 @@
  * the gen_types decoders. Every reader distinguishes "absent or null" (not an
  * error; *present = false) from "present with the wrong type" (EXO_EINVAL
  * with a message naming the field), so each API can answer 400 precisely. */
-#ifndef EXO_API_JSON_UTIL_H
-#define EXO_API_JSON_UTIL_H
+#ifndef EXO_CORE_JSON_UTIL_H
+#define EXO_CORE_JSON_UTIL_H
 
 #include "core/error.h"
 

@@ -1,5 +1,5 @@
 /* Growable buffer and direct JSON writer (see sbuf.h). */
-#include "api/sbuf.h"
+#include "core/sbuf.h"
 
 #include "core/alloc.h"
 

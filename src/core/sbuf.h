@@ -5,8 +5,8 @@
  * token, so hot paths append JSON text directly here. The escaper also
  * repairs invalid UTF-8 (U+FFFD per bad byte): a token's text is untrusted
  * model output, and the wire must stay valid JSON whatever it holds. */
-#ifndef EXO_API_SBUF_H
-#define EXO_API_SBUF_H
+#ifndef EXO_CORE_SBUF_H
+#define EXO_CORE_SBUF_H
 
 #include <stdarg.h>
 #include <stdbool.h>

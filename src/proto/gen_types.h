@@ -11,11 +11,11 @@
  * Chunk stream contract: zero or more TOKEN / TOOL_CALLS / PREFILL chunks,
  * then exactly one terminal chunk: FINISH (reason, usage, speed) or ERROR.
  * Nothing follows a terminal chunk. */
-#ifndef EXO_API_GEN_TYPES_H
-#define EXO_API_GEN_TYPES_H
+#ifndef EXO_PROTO_GEN_TYPES_H
+#define EXO_PROTO_GEN_TYPES_H
 
 #include "core/error.h"
-#include "engine/sampler.h"
+#include "proto/sampling.h"
 
 #include <jansson.h>
 #include <stdbool.h>

@@ -30,10 +30,10 @@
  * Token metadata: the first chunk emitted while a token is fed carries that
  * token's id and logprobs; text released later (held-back marker prefixes)
  * rides on a later chunk, or on a chunk with token_id -1 at finish. */
-#ifndef EXO_API_OUTPUT_PARSER_H
-#define EXO_API_OUTPUT_PARSER_H
+#ifndef EXO_RUNNER_OUTPUT_PARSER_H
+#define EXO_RUNNER_OUTPUT_PARSER_H
 
-#include "api/gen_types.h"
+#include "proto/gen_types.h"
 
 #include <stdbool.h>
 

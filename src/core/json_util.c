@@ -1,5 +1,5 @@
 /* Strict JSON field readers (see json_util.h). */
-#include "api/json_util.h"
+#include "core/json_util.h"
 
 #include <math.h>
 #include <string.h>

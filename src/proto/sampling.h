@@ -1,0 +1,28 @@
+/* Sampling parameters: what a request asks of the sampler. A plain value
+ * type, shared by the canonical request (proto/gen_types.h), which travels
+ * between nodes and runners, and the engine's sampler (engine/sampler.h),
+ * which implements them. */
+#ifndef EXO_PROTO_SAMPLING_H
+#define EXO_PROTO_SAMPLING_H
+
+#include <stdint.h>
+
+#define EXO_MAX_TOP_LOGPROBS 20
+
+typedef struct exo_sampler_params {
+    float    temperature;             /* 0 = greedy */
+    int      top_k;                   /* 0 = off */
+    float    top_p;                   /* 1 = off */
+    float    min_p;                   /* 0 = off */
+    float    repetition_penalty;      /* 1 = off */
+    int      repetition_context_size; /* tokens looked back; 0 = 20 */
+    float    presence_penalty;        /* 0 = off */
+    float    frequency_penalty;       /* 0 = off */
+    uint64_t seed;
+    int      top_logprobs;            /* alternatives to report, 0..EXO_MAX_TOP_LOGPROBS */
+} exo_sampler_params;
+
+/* The defaults of exo_sampler_params: greedy, no penalties, seed 42. */
+exo_sampler_params exo_sampler_defaults(void);
+
+#endif
