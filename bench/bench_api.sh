@@ -77,7 +77,7 @@ start_daemon() {
   LOG=$T/$1.log
   mkdir -p "$T/data-$1"
   "$EXO" serve --api-port 0 --host 127.0.0.1 --data-dir "$T/data-$1" --models-dir "$2" \
-    --threads "$3" --ctx "$4" 2> "$LOG" &
+    --threads "$3" --ctx "$4" --no-discovery --cluster-port 0 2> "$LOG" &
   DPID=$!
   PORT=
   for _ in $(seq 200); do

@@ -122,18 +122,29 @@ static void h_state(exo_http_request *r, void *ud)
     json_decref(j);
 }
 
+/* A non-negative integer query parameter; -1 (after answering 400) when bad. */
+static long long query_count(exo_http_request *r, const char *name, long long dflt)
+{
+    const char *v = exo_http_query(r, name);
+    char *end = NULL;
+    long long x = v ? strtoll(v, &end, 10) : dflt;
+    if (v && (!*v || *end || x < 0)) {
+        char msg[128];
+        snprintf(msg, sizeof msg, "%s must be a non-negative integer", name);
+        respond_error(r, 400, msg);
+        return -1;
+    }
+    return x;
+}
+
 static void h_events(exo_http_request *r, void *ud)
 {
     exo_api_server *s = ud;
-    const char *since = exo_http_query(r, "since");
-    char *end = NULL;
-    long long from = since ? strtoll(since, &end, 10) : 0;
-    if (since && (*end || from < 0)) {
-        respond_error(r, 400, "since must be a non-negative integer");
+    long long from = query_count(r, "since", 0), limit;
+    if (from < 0 || (limit = query_count(r, "limit", 0)) < 0)
         return;
-    }
     exo_err err = {0};
-    json_t *j = exo_node_events_json(s->node, from, &err);
+    json_t *j = exo_node_events_json(s->node, from, limit, &err);
     if (!j)
         respond_error(r, 500, err.msg);
     else
@@ -146,9 +157,14 @@ static json_t *model_card(exo_api_server *s, const char *model_id)
 {
     exo_model_store *models = exo_node_models(s->node);
     const exo_model_entry *m = exo_model_store_find(models, model_id);
-    json_t *j = m ? exo_model_entry_to_json(m) : json_pack("{s:s}", "model_id", model_id);
+    json_t *j = m ? exo_model_entry_to_json(m) : NULL;
     exo_model_store_free(models);
-    return j;
+    exo_model_card card;
+    if (!j && exo_node_model_card(s->node, model_id, &card, NULL) == 0) /* on another node's disk */
+        j = json_pack("{s:s, s:s, s:i, s:I, s:b}", "id", card.model_id, "model_id", card.model_id, "n_layers",
+                      card.n_layers, "storage_size_megabytes", (json_int_t)(card.storage_bytes >> 20),
+                      "supports_tensor", card.supports_tensor);
+    return j ? j : json_pack("{s:s}", "model_id", model_id);
 }
 
 typedef struct placement_args {
@@ -240,11 +256,8 @@ static void h_placement(exo_http_request *r, void *ud)
     exo_instance_clear(&inst);
 }
 
-static void count_nodes(void *ctx, const exo_state *st) { *(size_t *)ctx = exo_state_node_count(st); }
-
-/* Every sharding x meta x node count, deduplicated by outcome, as exo's
- * /instance/previews. memory_delta_by_node spreads the weights evenly over
- * the instance's nodes, as exo does. */
+/* Every sharding x instance meta x node count, as exo's /instance/previews,
+ * with the reason each invalid option is invalid. */
 static void h_previews(exo_http_request *r, void *ud)
 {
     exo_api_server *s = ud;
@@ -253,52 +266,19 @@ static void h_previews(exo_http_request *r, void *ud)
         respond_error(r, 400, "model_id is required");
         return;
     }
-    exo_model_store *models = exo_node_models(s->node);
-    const exo_model_entry *m = exo_model_store_find(models, model_id);
-    int64_t storage = m ? m->storage_bytes : 0;
-    exo_model_store_free(models);
-    json_t *list = json_array(), *seen = json_object();
-    size_t n_nodes = 0;
-    exo_node_read_state(s->node, count_nodes, &n_nodes);
-    for (int sh = 0; sh < EXO_SHARDING__COUNT; sh++)
-        for (int me = 0; me < EXO_INSTANCE_META__COUNT; me++)
-            for (int k = 1; k <= (int)(n_nodes ? n_nodes : 1); k++) {
-                exo_instance inst;
-                exo_err err = {0};
-                int rc = exo_node_preview_placement(s->node, model_id, (exo_sharding)sh,
-                                                    (exo_instance_meta)me, k, &inst, &err);
-                char key[EXO_ERR_LEN + 64];
-                if (rc)
-                    snprintf(key, sizeof key, "%d/%d/%s", sh, me, err.msg);
-                else
-                    snprintf(key, sizeof key, "%d/%d/%zu", inst.sharding, inst.meta, inst.n_shards);
-                if (json_object_get(seen, key)) {
-                    if (!rc)
-                        exo_instance_clear(&inst);
-                    continue;
-                }
-                json_object_set_new(seen, key, json_true());
-                json_t *p = json_pack("{s:s, s:s, s:s}", "model_id", model_id, "sharding",
-                                      exo_sharding_name(rc ? (exo_sharding)sh : inst.sharding),
-                                      "instance_meta",
-                                      exo_instance_meta_name(rc ? (exo_instance_meta)me : inst.meta));
-                json_t *delta = json_object();
-                if (!rc) {
-                    for (size_t i = 0; i < inst.n_shards; i++)
-                        json_object_set_new(delta, inst.shards[i].node_id.s,
-                                            json_integer(storage / (int64_t)inst.n_shards));
-                    json_object_set_new(p, "instance", exo_instance_to_json(&inst));
-                    json_object_set_new(p, "error", json_null());
-                    exo_instance_clear(&inst);
-                } else {
-                    json_object_set_new(p, "instance", json_null());
-                    json_object_set_new(p, "error", json_string(err.msg));
-                }
-                json_object_set_new(p, "memory_delta_by_node", delta);
-                json_array_append_new(list, p);
-            }
-    json_decref(seen);
+    exo_err err = {0};
+    json_t *list = exo_node_previews(s->node, model_id, &err);
+    if (!list) {
+        respond_error(r, status_for(err.code), err.msg);
+        return;
+    }
     respond_json(r, 200, json_pack("{s:o}", "previews", list));
+}
+
+static void h_cluster(exo_http_request *r, void *ud)
+{
+    exo_api_server *s = ud;
+    respond_json(r, 200, exo_node_cluster_json(s->node));
 }
 
 static void h_create_instance(exo_http_request *r, void *ud)
@@ -676,6 +656,7 @@ static const route routes[] = {
     {"GET", "/state", h_state},
     {"GET", "/state/{path:path}", h_state},
     {"GET", "/events", h_events},
+    {"GET", "/cluster", h_cluster},
     {"POST", "/instance", h_create_instance},
     {"POST", "/place_instance", h_place_instance},
     {"GET", "/instance/placement", h_placement},

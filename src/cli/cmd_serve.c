@@ -41,6 +41,18 @@ static void usage(FILE *f)
             "  --threads N         threads per runner (default: all CPUs)\n"
             "  --ctx N             KV cache tokens per runner (default: the model's, at most 4096)\n"
             "  --warmup-tokens N   tokens generated to warm a runner up (default 4)\n"
+            "cluster (nodes of one namespace on a LAN find each other with no flags):\n"
+            "  --namespace NAME    cluster namespace (default \"exo\"; also EXO_NAMESPACE): nodes of\n"
+            "                      other namespaces are ignored\n"
+            "  --cluster-secret S  shared secret that keys the links (also EXO_CLUSTER_SECRET): nodes\n"
+            "                      without it cannot join, read or inject anything\n"
+            "  --bootstrap-peers H:P,...  peers to dial where multicast is blocked (also\n"
+            "                      EXO_BOOTSTRAP_PEERS)\n"
+            "  --cluster-port N    TCP port for node links (default 52414, any free port if taken;\n"
+            "                      0: any)\n"
+            "  --discovery-port N  UDP port of the multicast announcements (default 52413)\n"
+            "  --no-discovery      no multicast: bootstrap peers only\n"
+            "  -m, --force-master  this node wins every election\n"
             "  -v, -q              more / less logging\n");
 }
 
@@ -94,11 +106,13 @@ static void exit_now(int sig)
 
 int exo_cmd_serve(int argc, char **argv)
 {
-    long port = DEFAULT_API_PORT, threads = 0, ctx = 0, warmup = 4;
+    long port = DEFAULT_API_PORT, threads = 0, ctx = 0, warmup = 4, cluster_port = -1, discovery_port = 0;
     const char *host = NULL, *data_dir = NULL;
     const char *models_dirs[MAX_MODELS_DIRS];
     int n_models_dirs = 0, verbosity = 0;
-    bool worker = true, api = true;
+    bool worker = true, api = true, discovery = true, force_master = false;
+    const char *namespace_ = getenv("EXO_NAMESPACE"), *secret = getenv("EXO_CLUSTER_SECRET");
+    const char *bootstrap = getenv("EXO_BOOTSTRAP_PEERS");
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         if (!strcmp(a, "--api-port")) {
@@ -124,6 +138,23 @@ int exo_cmd_serve(int argc, char **argv)
             if (!(v = exo_arg_value("serve", argc, argv, &i)) ||
                 exo_arg_int("serve", a, v, 0, 1 << 24, dst))
                 return 2;
+        } else if (!strcmp(a, "--namespace")) {
+            if (!(namespace_ = exo_arg_value("serve", argc, argv, &i)))
+                return 2;
+        } else if (!strcmp(a, "--cluster-secret")) {
+            if (!(secret = exo_arg_value("serve", argc, argv, &i)))
+                return 2;
+        } else if (!strcmp(a, "--bootstrap-peers")) {
+            if (!(bootstrap = exo_arg_value("serve", argc, argv, &i)))
+                return 2;
+        } else if (!strcmp(a, "--cluster-port") || !strcmp(a, "--discovery-port")) {
+            long *dst = a[2] == 'c' ? &cluster_port : &discovery_port;
+            if (!(v = exo_arg_value("serve", argc, argv, &i)) || exo_arg_int("serve", a, v, 0, 65535, dst))
+                return 2;
+        } else if (!strcmp(a, "--no-discovery")) {
+            discovery = false;
+        } else if (!strcmp(a, "-m") || !strcmp(a, "--force-master")) {
+            force_master = true;
         } else if (!strcmp(a, "--no-worker")) {
             worker = false;
         } else if (!strcmp(a, "--no-api")) {
@@ -176,8 +207,26 @@ int exo_cmd_serve(int argc, char **argv)
     exo_node *node = NULL;
     exo_api_server *server = NULL;
     char *dashboard = NULL;
-    exo_node_config nc = {&paths, worker, NULL, (int)threads, (int)ctx, (int)warmup, verbosity > 0};
-    if (exo_node_start(&nc, &node, &err)) {
+    exo_node_config nc = {.paths = &paths, .worker = worker, .runner_threads = (int)threads,
+                          .runner_ctx = (int)ctx, .warmup_tokens = (int)warmup, .verbose = verbosity > 0,
+                          .namespace_ = namespace_, .secret = secret && *secret ? secret : NULL,
+                          .cluster_port = (int)cluster_port, .discovery_port = (int)discovery_port,
+                          .no_discovery = !discovery, .force_master = force_master,
+                          .api_port = api ? (int)port : 0};
+    char *peers = bootstrap ? exo_strdup(bootstrap) : NULL, *save = NULL;
+    for (char *p = peers ? strtok_r(peers, ", ", &save) : NULL; p; p = strtok_r(NULL, ", ", &save)) {
+        if (nc.n_bootstrap == EXO_MAX_BOOTSTRAP_PEERS) {
+            fprintf(stderr, "exo: at most %d bootstrap peers\n", EXO_MAX_BOOTSTRAP_PEERS);
+            exo_free(peers);
+            exo_pidfile_release(pid_fd, paths.pid_file);
+            exo_paths_free(&paths);
+            return 2;
+        }
+        nc.bootstrap[nc.n_bootstrap++] = p;
+    }
+    int node_rc = exo_node_start(&nc, &node, &err);
+    exo_free(peers); /* the node keeps copies */
+    if (node_rc) {
         fprintf(stderr, "exo: %s\n", err.msg);
         goto out;
     }

@@ -1,5 +1,10 @@
 /* Append-only event log with verified recovery (see event_log.h).
  *
+ * Locking: one mutex guards the descriptor, the offset index and the flags.
+ * Appends and reads hold it for one record; a flush holds it only to dup()
+ * the descriptor, so the fdatasync itself (milliseconds) runs without it
+ * and never delays the loop thread's appends.
+ *
  * In memory we keep only the file offset of every record (8 bytes per
  * event), so read_range is one pread per record and opening a log costs one
  * sequential read of the file. Records are always re-verified on read: the
@@ -16,6 +21,7 @@
 #include <fcntl.h>
 #include <libgen.h>
 #include <limits.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,6 +33,7 @@
 #include <zstd.h>
 
 struct exo_event_log {
+    pthread_mutex_t mu;
     int       fd;
     char     *path;
     uint64_t *offsets;   /* offsets[i] = file offset of record i */
@@ -172,6 +179,7 @@ int exo_event_log_open(const char *path, exo_event_log **out, exo_event_log_reco
         return exo_err_set(err, EXO_EIO, "%s: not a regular file", path);
     }
     exo_event_log *log = exo_calloc(1, sizeof *log);
+    pthread_mutex_init(&log->mu, NULL);
     log->fd = fd;
     log->path = exo_strdup(path);
     uint64_t size = (uint64_t)sb.st_size, good = 0;
@@ -189,6 +197,7 @@ int exo_event_log_open(const char *path, exo_event_log **out, exo_event_log_reco
         exo_free(log->offsets);
         exo_free(log->path);
         close(fd);
+        pthread_mutex_destroy(&log->mu);
         exo_free(log);
         return rc;
     }
@@ -204,9 +213,15 @@ int exo_event_log_open(const char *path, exo_event_log **out, exo_event_log_reco
     return 0;
 }
 
-uint64_t exo_event_log_count(const exo_event_log *log) { return log->n; }
+uint64_t exo_event_log_count(exo_event_log *log)
+{
+    pthread_mutex_lock(&log->mu);
+    uint64_t n = log->n;
+    pthread_mutex_unlock(&log->mu);
+    return n;
+}
 
-int exo_event_log_append(exo_event_log *log, const void *payload, size_t len, uint64_t *idx, exo_err *err)
+static int append_locked(exo_event_log *log, const void *payload, size_t len, uint64_t *idx, exo_err *err)
 {
     if (log->broken)
         return exo_err_set(err, EXO_EIO, "%s: log is unusable after a failed write or sync", log->path);
@@ -238,6 +253,14 @@ int exo_event_log_append(exo_event_log *log, const void *payload, size_t len, ui
     return 0;
 }
 
+int exo_event_log_append(exo_event_log *log, const void *payload, size_t len, uint64_t *idx, exo_err *err)
+{
+    pthread_mutex_lock(&log->mu);
+    int rc = append_locked(log, payload, len, idx, err);
+    pthread_mutex_unlock(&log->mu);
+    return rc;
+}
+
 int exo_event_log_append_event(exo_event_log *log, const exo_event *ev, uint64_t *idx, exo_err *err)
 {
     uint8_t *buf;
@@ -250,7 +273,9 @@ int exo_event_log_append_event(exo_event_log *log, const exo_event *ev, uint64_t
     return rc;
 }
 
-int exo_event_log_flush(exo_event_log *log, exo_err *err)
+static int read_locked(exo_event_log *log, uint64_t idx, uint8_t **payload, size_t *len, exo_err *err);
+
+static int flush_locked(exo_event_log *log, exo_err *err)
 {
     if (log->broken)
         return exo_err_set(err, EXO_EIO, "%s: log is unusable after a failed write or sync", log->path);
@@ -264,7 +289,42 @@ int exo_event_log_flush(exo_event_log *log, exo_err *err)
     return 0;
 }
 
+int exo_event_log_flush(exo_event_log *log, exo_err *err)
+{
+    pthread_mutex_lock(&log->mu);
+    if (log->broken || !log->dirty) {
+        int rc = flush_locked(log, err);
+        pthread_mutex_unlock(&log->mu);
+        return rc;
+    }
+    /* Sync a duplicate of the descriptor outside the lock: appends go on
+     * meanwhile (and mark the log dirty again), and a rotation that closes
+     * the original does not pull the file from under the sync. */
+    int fd = dup(log->fd);
+    log->dirty = false;
+    pthread_mutex_unlock(&log->mu);
+    int rc = 0;
+    if (fd < 0 || fdatasync(fd) < 0) {
+        int e = errno;
+        pthread_mutex_lock(&log->mu);
+        log->broken = true;
+        rc = exo_err_set(err, EXO_EIO, "%s: fdatasync: %s", log->path, strerror(e));
+        pthread_mutex_unlock(&log->mu);
+    }
+    if (fd >= 0)
+        close(fd);
+    return rc;
+}
+
 int exo_event_log_read(exo_event_log *log, uint64_t idx, uint8_t **payload, size_t *len, exo_err *err)
+{
+    pthread_mutex_lock(&log->mu);
+    int rc = read_locked(log, idx, payload, len, err);
+    pthread_mutex_unlock(&log->mu);
+    return rc;
+}
+
+static int read_locked(exo_event_log *log, uint64_t idx, uint8_t **payload, size_t *len, exo_err *err)
 {
     *payload = NULL;
     *len = 0;
@@ -309,10 +369,11 @@ int exo_event_log_read_range(exo_event_log *log, uint64_t from_idx, size_t max, 
 {
     *events = NULL;
     *n = 0;
-    if (from_idx > log->n)
+    uint64_t count = exo_event_log_count(log);
+    if (from_idx > count)
         return exo_err_set(err, EXO_ERANGE, "%s: read from %llu of %llu records", log->path,
-                           (unsigned long long)from_idx, (unsigned long long)log->n);
-    uint64_t avail = log->n - from_idx;
+                           (unsigned long long)from_idx, (unsigned long long)count);
+    uint64_t avail = count - from_idx;
     size_t want = avail < (uint64_t)max ? (size_t)avail : max;
     if (want == 0)
         return 0;
@@ -340,10 +401,11 @@ int exo_event_log_read_range(exo_event_log *log, uint64_t from_idx, size_t max, 
 int exo_event_log_replay(exo_event_log *log, exo_state *st, exo_err *err)
 {
     int64_t next = exo_state_last_event_applied_idx(st) + 1;
-    if ((uint64_t)next > log->n)
+    uint64_t count = exo_event_log_count(log);
+    if ((uint64_t)next > count)
         return exo_err_set(err, EXO_ERANGE, "%s: state is at event %lld but the log has %llu", log->path,
-                           (long long)next - 1, (unsigned long long)log->n);
-    for (; (uint64_t)next < log->n; next++) {
+                           (long long)next - 1, (unsigned long long)count);
+    for (; (uint64_t)next < count; next++) {
         uint8_t *buf;
         size_t len;
         exo_event ev;
@@ -492,14 +554,43 @@ static int archive(exo_event_log *log, exo_err *err)
     return 0;
 }
 
+int exo_event_log_rotate(exo_event_log *log, exo_err *err)
+{
+    pthread_mutex_lock(&log->mu);
+    int rc = flush_locked(log, err);
+    if (rc == 0 && log->n > 0)
+        rc = archive(log, err);
+    if (rc == 0 && log->n > 0) {
+        int fd = open(log->path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+        if (fd < 0 || flock(fd, LOCK_EX | LOCK_NB) < 0) {
+            rc = exo_err_set(err, EXO_EIO, "%s: reopen after archiving: %s", log->path, strerror(errno));
+            if (fd >= 0)
+                close(fd);
+            log->broken = true;
+        } else {
+            close(log->fd);
+            log->fd = fd;
+            log->n = 0;
+            log->end = 0;
+            log->dirty = false;
+            sync_dir_of(log->path);
+        }
+    }
+    pthread_mutex_unlock(&log->mu);
+    return rc;
+}
+
 int exo_event_log_close(exo_event_log *log, bool archive_it, exo_err *err)
 {
     if (!log)
         return 0;
-    int rc = exo_event_log_flush(log, err);
+    pthread_mutex_lock(&log->mu);
+    int rc = flush_locked(log, err);
     if (rc == 0 && archive_it && log->n > 0)
         rc = archive(log, err);
+    pthread_mutex_unlock(&log->mu);
     close(log->fd);
+    pthread_mutex_destroy(&log->mu);
     exo_free(log->offsets);
     exo_free(log->path);
     exo_free(log);

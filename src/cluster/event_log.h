@@ -29,7 +29,10 @@
  * the same directory, removes events.bin and keeps only the
  * EXO_EVENT_LOG_MAX_ARCHIVES newest archives, as exo's DiskEventLog does.
  *
- * Threading: none inside; one thread (the node loop) uses a log.
+ * Threading: every call is safe from any thread (one internal mutex, held
+ * for one record at a time). exo_event_log_flush does its fdatasync
+ * outside the mutex, so the node loop hands it to a worker thread and
+ * keeps appending meanwhile; HTTP threads read ranges for GET /events.
  *
  * Example usage:
  *   exo_event_log *log;
@@ -71,7 +74,7 @@ typedef struct exo_event_log_recovery {
 int exo_event_log_open(const char *path, exo_event_log **out, exo_event_log_recovery *rec, exo_err *err);
 
 /* Number of records (= index of the next append). */
-uint64_t exo_event_log_count(const exo_event_log *log);
+uint64_t exo_event_log_count(exo_event_log *log);
 
 /* Appends one record; *idx (may be NULL) receives its index. Errors:
  * EXO_EINVAL (len 0), EXO_ETOOBIG (len > EXO_EVENT_LOG_MAX_RECORD), EXO_EIO. */
@@ -97,6 +100,11 @@ void exo_event_log_free_events(exo_event *events, size_t n);
  * State replays the whole log). Stops at the first record that does not
  * decode or apply, with the State holding everything before it. */
 int exo_event_log_replay(exo_event_log *log, exo_state *st, exo_err *err);
+
+/* Archives a non-empty log (see above) and starts an empty one at the same
+ * path, keeping the object (readers on other threads stay valid). A new
+ * master's session starts so. */
+int exo_event_log_rotate(exo_event_log *log, exo_err *err);
 
 /* Flushes and closes; with archive and a non-empty log, rotates it into a
  * .bin.zst archive (see above). The log is freed even on error. */

@@ -1,10 +1,14 @@
 /* Commands (imperative requests to the master) and events (past-tense facts
  * the State is folded from), their msgpack codec and their JSON rendering.
  *
+ * Every kind is one row of a table in events.c (its fields, with wire and
+ * JSON names, types and bounds); encoding, decoding, validation, copy,
+ * clear, equality and JSON are the generic loops of codec.h over that row.
+ *
  * Wire/disk format, version 1 (EXO_CODEC_VERSION): one msgpack map
  *   {"v": 1, "kind": "<EventName>", "id": "<event or command id>", "body": {...}}
- * where body is a map with snake_case string keys, documented per kind in
- * events.c. Decoding is strict about what it reads (types, ranges, ids,
+ * where body is a map with snake_case string keys (the tables in events.c
+ * are the documentation of each kind). Decoding is strict about what it reads (types, ranges, ids,
  * UTF-8, sizes, duplicate keys, nesting depth, trailing bytes) because the
  * bytes come from disk or, later, from other nodes; it never asserts and
  * reports EXO_EFORMAT with the offending field. Keys it does not know are
@@ -54,7 +58,8 @@
     XX(RUNNER_DELETED, "RunnerDeleted") XX(TASK_CREATED, "TaskCreated")             \
     XX(TASK_STATUS_UPDATED, "TaskStatusUpdated") XX(TASK_FAILED, "TaskFailed")      \
     XX(TASK_DELETED, "TaskDeleted") XX(NODE_GATHERED_INFO, "NodeGatheredInfo")      \
-    XX(NODE_TIMED_OUT, "NodeTimedOut")
+    XX(NODE_TIMED_OUT, "NodeTimedOut") XX(TOPOLOGY_EDGE_CREATED, "TopologyEdgeCreated") \
+    XX(TOPOLOGY_EDGE_DELETED, "TopologyEdgeDeleted")
 
 #define EXO_COMMAND_KIND_MAP(XX)                                                    \
     XX(PLACE_INSTANCE, "PlaceInstance") XX(CREATE_INSTANCE, "CreateInstance")       \
@@ -88,6 +93,9 @@ typedef struct exo_event {
         /* when_ms: wall clock (Unix ms) stamped by the master */
         struct { exo_id node_id; int64_t when_ms; exo_node_info info; } node_gathered_info;
         struct { exo_id node_id; } node_timed_out;
+        /* insert or replace the edge with the same (source, sink, address) */
+        struct { exo_topology_edge edge; } topology_edge_created;
+        struct { exo_id source, sink; char address[EXO_ADDR_MAX]; } topology_edge_deleted;
     } u;
 } exo_event;
 
@@ -95,8 +103,10 @@ typedef struct exo_command {
     exo_command_kind kind;
     exo_id           command_id;
     union {
+        /* the card comes from the node that asked (its model files), so
+         * the master can place a model it has never seen */
         struct {
-            char model_id[EXO_MODEL_ID_MAX];
+            exo_model_card card;
             exo_sharding sharding;
             exo_instance_meta meta;
             int32_t min_nodes;
@@ -104,8 +114,9 @@ typedef struct exo_command {
         struct { exo_instance instance; } create_instance;
         struct { exo_id instance_id; } delete_instance;
         /* command_id above identifies the request; params_json is the API
-         * layer's canonical request as JSON text (heap, required) */
-        struct { char model_id[EXO_MODEL_ID_MAX]; char *params_json; } text_generation;
+         * layer's canonical request as JSON text (heap, required); origin
+         * is the node whose API holds the request (empty: the master's) */
+        struct { char model_id[EXO_MODEL_ID_MAX]; char *params_json; exo_id origin; } text_generation;
         struct { exo_id cancelled_command_id; } task_cancelled;
         struct { exo_id finished_command_id; } task_finished;
     } u;
@@ -137,7 +148,18 @@ int  exo_command_encode(const exo_command *cmd, uint8_t **out, size_t *out_len, 
 int  exo_command_decode(const uint8_t *buf, size_t len, exo_command *cmd, exo_err *err);
 json_t *exo_command_to_json(const exo_command *cmd);
 
+/* A growable list of events, in order. */
+typedef struct exo_event_list {
+    exo_event *v;
+    size_t     n, cap;
+} exo_event_list;
+
+/* Appends a zero-initialised event of kind (fresh event id) and returns it. */
+exo_event *exo_event_list_add(exo_event_list *l, exo_event_kind kind);
+void       exo_event_list_clear(exo_event_list *l); /* frees the events, keeps nothing */
+
 /* JSON pieces the State rendering shares (tagged, camelCase). */
+json_t *exo_node_info_to_json(const exo_node_info *info);
 json_t *exo_instance_to_json(const exo_instance *inst);
 /* The inverse, for POST /instance: a tagged instance as exo_instance_to_json
  * writes it (snake_case keys are accepted too, as exo's models do). The
@@ -146,7 +168,10 @@ json_t *exo_instance_to_json(const exo_instance *inst);
 int     exo_instance_from_json(const json_t *j, exo_instance *out, exo_err *err);
 json_t *exo_task_to_json(const exo_task *t);
 json_t *exo_runner_status_to_json(const exo_runner_status *st);
-/* RFC 3339 UTC with milliseconds ("2026-01-02T03:04:05.678Z"). */
-json_t *exo__time_ms_to_json(int64_t unix_ms);
+
+/* Field types of the compound records, for other field tables (cluster
+ * messages embed whole events and commands). */
+struct exo_field_type;
+extern const struct exo_field_type exo_ft_event, exo_ft_command;
 
 #endif

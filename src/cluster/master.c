@@ -6,25 +6,6 @@
 
 #include <string.h>
 
-exo_event *exo_event_list_add(exo_event_list *l, exo_event_kind kind)
-{
-    if (l->n == l->cap) {
-        l->cap = l->cap ? l->cap * 2 : 4;
-        l->v = exo_realloc(l->v, l->cap * sizeof *l->v);
-    }
-    exo_event *ev = &l->v[l->n++];
-    exo_event_init(ev, kind);
-    return ev;
-}
-
-void exo_event_list_clear(exo_event_list *l)
-{
-    for (size_t i = 0; i < l->n; i++)
-        exo_event_clear(&l->v[i]);
-    exo_free(l->v);
-    memset(l, 0, sizeof *l);
-}
-
 static bool task_active(const exo_task *t)
 {
     return t->status == EXO_TASK_PENDING || t->status == EXO_TASK_RUNNING;
@@ -37,17 +18,26 @@ static void cancel_task(exo_event_list *out, const exo_task *t)
     ev->u.task_status_updated.status = EXO_TASK_CANCELLED;
 }
 
-static int place(const exo_state *st, const exo_command *cmd, const exo_model_store *models,
-                 exo_event_list *out, exo_err *err)
+/* Forward passes split across nodes come with distributed inference; until
+ * then an instance is one node, and a placement that needs more is shown in
+ * /instance/previews but refused here. */
+static int check_runnable(const exo_instance *inst, exo_err *err)
 {
-    const char *model_id = cmd->u.place_instance.model_id;
-    const exo_model_entry *m = models ? exo_model_store_find(models, model_id) : NULL;
-    if (!m)
-        return exo_err_set(err, EXO_ENOENT, "model %s is not in any models directory", model_id);
-    exo_placement_request req = {m, cmd->u.place_instance.sharding, cmd->u.place_instance.meta,
-                                 cmd->u.place_instance.min_nodes};
+    if (inst->n_shards > 1)
+        return exo_err_set(err, EXO_EINVAL,
+                           "%s would need %zu nodes, and running one model across several nodes is not "
+                           "built yet (it fits on none of the nodes alone)", inst->model_id, inst->n_shards);
+    return 0;
+}
+
+static int place(const exo_state *st, const exo_command *cmd, exo_event_list *out, exo_err *err)
+{
+    exo_placement_request req = {&cmd->u.place_instance.card, cmd->u.place_instance.sharding,
+                                 cmd->u.place_instance.meta, cmd->u.place_instance.min_nodes, 0};
     exo_instance inst;
     int rc = exo_placement_place(st, &req, &inst, err);
+    if (rc == 0 && (rc = check_runnable(&inst, err)) < 0)
+        exo_instance_clear(&inst);
     if (rc)
         return rc;
     exo_event *ev = exo_event_list_add(out, EXO_EVENT_INSTANCE_CREATED);
@@ -80,22 +70,23 @@ static int text_generation(const exo_state *st, const exo_command *cmd, exo_even
     t->status = EXO_TASK_PENDING;
     t->instance_id = best->instance_id;
     t->command_id = cmd->command_id;
+    t->node_id = cmd->u.text_generation.origin;
     t->params_json = exo_strdup(cmd->u.text_generation.params_json);
     exo_free(insts);
     return 0;
 }
 
-int exo_master_handle(const exo_state *st, const exo_command *cmd, const exo_model_store *models,
-                      exo_event_list *out, exo_err *err)
+int exo_master_handle(const exo_state *st, const exo_command *cmd, exo_event_list *out, exo_err *err)
 {
     size_t start = out->n;
     int rc = 0;
     switch (cmd->kind) {
     case EXO_COMMAND_PLACE_INSTANCE:
-        rc = place(st, cmd, models, out, err);
+        rc = place(st, cmd, out, err);
         break;
     case EXO_COMMAND_CREATE_INSTANCE:
-        if ((rc = exo_instance_validate(&cmd->u.create_instance.instance, err)))
+        if ((rc = exo_instance_validate(&cmd->u.create_instance.instance, err)) ||
+            (rc = check_runnable(&cmd->u.create_instance.instance, err)))
             break;
         exo_instance_copy(&exo_event_list_add(out, EXO_EVENT_INSTANCE_CREATED)->u.instance_created.instance,
                           &cmd->u.create_instance.instance);

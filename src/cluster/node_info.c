@@ -4,19 +4,29 @@
  * periodically and MemAvailable moves). The CUDA probe runs once per process:
  * libcuda is dlopen'ed without any CUDA header or link-time dependency, and
  * cuInit + cuDeviceGetCount are looked up by name, so the same binary runs on
- * machines without a driver. The library is never dlclose'd: after cuInit
+ * machines without a driver; NVML (libnvidia-ml.so.1) is found the same way
+ * for the GPUs' names and memory. The libraries are never dlclose'd: after cuInit
  * the driver may own threads and atexit handlers that live in it. Runners
  * are started with fork+exec, so initialising the driver in the node process
  * does not leak CUDA state into them. */
 #include "cluster/node_info.h"
 
+#include "core/alloc.h"
 #include "core/log.h"
+#include "download/model_store.h"
 
+#include <arpa/inet.h>
 #include <dlfcn.h>
 #include <errno.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netinet/in.h>
 #include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/statvfs.h>
+#include <sys/utsname.h>
 #include <unistd.h>
 
 /* CUresult cuInit(unsigned), cuDeviceGetCount(int *); CUDA_SUCCESS == 0. */
@@ -114,7 +124,225 @@ static void friendly_name(char *out, size_t cap)
         snprintf(out, cap, "exo");
 }
 
-int exo_node_info_gather(exo_node_info *info, exo_err *err)
+/* ---- GPUs through NVML ---- */
+
+/* nvmlReturn_t nvmlInit_v2(void); nvmlDeviceGetCount_v2(unsigned *);
+ * nvmlDeviceGetHandleByIndex_v2(unsigned, nvmlDevice_t *);
+ * nvmlDeviceGetName(nvmlDevice_t, char *, unsigned);
+ * nvmlDeviceGetMemoryInfo(nvmlDevice_t, nvmlMemory_t *); NVML_SUCCESS == 0.
+ * nvmlMemory_t is {unsigned long long total, free, used}. */
+typedef int (*nvml_init_fn)(void);
+typedef int (*nvml_count_fn)(unsigned int *n);
+typedef int (*nvml_handle_fn)(unsigned int i, void **dev);
+typedef int (*nvml_name_fn)(void *dev, char *name, unsigned int len);
+typedef struct nvml_memory { unsigned long long total, free, used; } nvml_memory;
+typedef int (*nvml_mem_fn)(void *dev, nvml_memory *m);
+
+static pthread_once_t nvml_once = PTHREAD_ONCE_INIT;
+static struct {
+    bool           ok;
+    nvml_count_fn  count;
+    nvml_handle_fn handle;
+    nvml_name_fn   name;
+    nvml_mem_fn    mem;
+} nvml;
+
+static bool sym(void *lib, const char *name, void *fn_out, size_t size)
+{
+    void *p = dlsym(lib, name);
+    if (p)
+        memcpy(fn_out, &p, size);
+    return p != NULL;
+}
+
+static void nvml_probe(void)
+{
+    void *lib = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!lib) {
+        EXO_LOG_DEBUG("node info: no NVML (%s)", dlerror());
+        return;
+    }
+    nvml_init_fn init;
+    if (!sym(lib, "nvmlInit_v2", &init, sizeof init) || !sym(lib, "nvmlDeviceGetCount_v2", &nvml.count, sizeof nvml.count) ||
+        !sym(lib, "nvmlDeviceGetHandleByIndex_v2", &nvml.handle, sizeof nvml.handle) ||
+        !sym(lib, "nvmlDeviceGetName", &nvml.name, sizeof nvml.name) ||
+        !sym(lib, "nvmlDeviceGetMemoryInfo", &nvml.mem, sizeof nvml.mem)) {
+        EXO_LOG_DEBUG("node info: libnvidia-ml.so.1 lacks a function it should have");
+        return;
+    }
+    int rc = init();
+    if (rc != 0) {
+        EXO_LOG_DEBUG("node info: nvmlInit failed (%d)", rc);
+        return;
+    }
+    nvml.ok = true;
+}
+
+static void gather_gpus(exo_node_info *info)
+{
+    pthread_once(&nvml_once, nvml_probe);
+    unsigned int n = 0;
+    if (!nvml.ok || nvml.count(&n) != 0 || n == 0)
+        return;
+    if (n > EXO_NODE_MAX_GPUS)
+        n = EXO_NODE_MAX_GPUS;
+    info->gpus.v = exo_calloc(n, sizeof *info->gpus.v);
+    for (unsigned int i = 0; i < n; i++) {
+        void *dev;
+        nvml_memory m = {0};
+        exo_gpu_info *g = &info->gpus.v[info->gpus.n];
+        if (nvml.handle(i, &dev) != 0)
+            continue;
+        char name[96] = "";
+        nvml.name(dev, name, sizeof name);
+        nvml.mem(dev, &m);
+        g->index = (int32_t)i;
+        snprintf(g->name, sizeof g->name, "%s", name[0] ? name : "GPU");
+        for (char *c = g->name; *c; c++)
+            if ((unsigned char)*c < 0x20 || (unsigned char)*c >= 0x7f)
+                *c = '?';
+        g->memory_total = m.total;
+        g->memory_used = m.used;
+        info->gpus.n++;
+    }
+}
+
+/* ---- system ---- */
+
+static void cpu_model(char *out, size_t cap)
+{
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    char line[512];
+    out[0] = 0;
+    while (f && fgets(line, sizeof line, f)) {
+        if (strncmp(line, "model name", 10))
+            continue;
+        char *colon = strchr(line, ':');
+        if (!colon)
+            break;
+        colon++;
+        while (*colon == ' ' || *colon == '\t')
+            colon++;
+        colon[strcspn(colon, "\n")] = 0;
+        size_t n = 0;
+        for (; colon[n] && n + 1 < cap; n++)
+            out[n] = (unsigned char)colon[n] < 0x20 || (unsigned char)colon[n] >= 0x7f ? '?' : colon[n];
+        out[n] = 0;
+        break;
+    }
+    if (f)
+        fclose(f);
+}
+
+static void os_name(char *out, size_t cap)
+{
+    struct utsname u;
+    if (uname(&u) == 0)
+        snprintf(out, cap, "%.40s %.40s %.30s", u.sysname, u.release, u.machine);
+    else
+        snprintf(out, cap, "Linux");
+    for (char *c = out; *c; c++)
+        if ((unsigned char)*c < 0x20 || (unsigned char)*c >= 0x7f)
+            *c = '?';
+}
+
+/* ---- network interfaces ---- */
+
+static exo_iface_kind iface_kind(const char *name, unsigned int flags)
+{
+    if (flags & IFF_LOOPBACK)
+        return EXO_IFACE_LOOPBACK;
+    char path[256];
+    snprintf(path, sizeof path, "/sys/class/net/%s/wireless", name);
+    if (access(path, F_OK) == 0)
+        return EXO_IFACE_WIFI;
+    snprintf(path, sizeof path, "/sys/class/net/%s/device", name);
+    if (access(path, F_OK) == 0)
+        return EXO_IFACE_ETHERNET;
+    snprintf(path, sizeof path, "/sys/devices/virtual/net/%s", name);
+    if (access(path, F_OK) == 0)
+        return EXO_IFACE_VIRTUAL;
+    return EXO_IFACE_UNKNOWN;
+}
+
+static void gather_interfaces(exo_node_info *info)
+{
+    struct ifaddrs *ifs = NULL;
+    if (getifaddrs(&ifs) < 0)
+        return;
+    size_t cap = 0;
+    for (struct ifaddrs *i = ifs; i; i = i->ifa_next) {
+        if (!i->ifa_addr || !(i->ifa_flags & IFF_UP) || info->interfaces.n >= EXO_NODE_MAX_INTERFACES)
+            continue;
+        int fam = i->ifa_addr->sa_family;
+        if (fam != AF_INET && fam != AF_INET6)
+            continue;
+        char ip[INET6_ADDRSTRLEN] = "";
+        if (fam == AF_INET) {
+            inet_ntop(AF_INET, &((struct sockaddr_in *)i->ifa_addr)->sin_addr, ip, sizeof ip);
+        } else {
+            const struct sockaddr_in6 *a6 = (const struct sockaddr_in6 *)i->ifa_addr;
+            inet_ntop(AF_INET6, &a6->sin6_addr, ip, sizeof ip);
+        }
+        if (!ip[0] || strlen(i->ifa_name) >= EXO_NAME_MAX)
+            continue;
+        if (info->interfaces.n == cap) {
+            cap = cap ? cap * 2 : 8;
+            info->interfaces.v = exo_realloc(info->interfaces.v, cap * sizeof *info->interfaces.v);
+        }
+        exo_net_iface *f = &info->interfaces.v[info->interfaces.n];
+        memset(f, 0, sizeof *f);
+        snprintf(f->name, sizeof f->name, "%s", i->ifa_name);
+        if (fam == AF_INET6 && IN6_IS_ADDR_LINKLOCAL(&((struct sockaddr_in6 *)i->ifa_addr)->sin6_addr))
+            snprintf(f->ip, sizeof f->ip, "%s%%%s", ip, i->ifa_name);
+        else
+            snprintf(f->ip, sizeof f->ip, "%s", ip);
+        for (char *c = f->name; *c; c++)
+            if ((unsigned char)*c <= 0x20 || (unsigned char)*c >= 0x7f)
+                *c = '?';
+        for (char *c = f->ip; *c; c++)
+            if ((unsigned char)*c <= 0x20 || (unsigned char)*c >= 0x7f)
+                *c = '?';
+        f->kind = iface_kind(i->ifa_name, i->ifa_flags);
+        info->interfaces.n++;
+    }
+    freeifaddrs(ifs);
+}
+
+/* ---- models on disk and their filesystem ---- */
+
+static void gather_models(const exo_node_info_opts *o, exo_node_info *info)
+{
+    for (int d = 0; d < o->n_models_dirs; d++) {
+        struct statvfs vfs;
+        if (!o->models_dirs[d].read_only && statvfs(o->models_dirs[d].path, &vfs) == 0) {
+            info->disk_total = (uint64_t)vfs.f_blocks * vfs.f_frsize;
+            info->disk_available = (uint64_t)vfs.f_bavail * vfs.f_frsize;
+            break;
+        }
+    }
+    exo_model_store *store = exo_model_store_scan(o->models_dirs, o->n_models_dirs);
+    size_t n = exo_model_store_count(store);
+    if (n > EXO_NODE_MAX_MODELS)
+        n = EXO_NODE_MAX_MODELS;
+    info->models.v = n ? exo_calloc(n, sizeof *info->models.v) : NULL;
+    for (size_t i = 0; i < n; i++) {
+        const exo_model_entry *m = exo_model_store_at(store, i);
+        exo_model_card *c = &info->models.v[info->models.n];
+        if (m->n_layers < 1 || !exo_model_id_valid(m->id, strlen(m->id)))
+            continue; /* not runnable: placement could not use it */
+        snprintf(c->model_id, sizeof c->model_id, "%s", m->id);
+        c->n_layers = m->n_layers;
+        c->hidden_size = m->hidden_size > 0 ? m->hidden_size : 0;
+        c->n_kv_heads = m->n_kv_heads > 0 ? m->n_kv_heads : 0;
+        c->storage_bytes = m->storage_bytes > 0 ? (uint64_t)m->storage_bytes : 0;
+        c->supports_tensor = exo_model_type_supports_tensor(m->model_type);
+        info->models.n++;
+    }
+    exo_model_store_free(store);
+}
+
+int exo_node_info_gather(const exo_node_info_opts *opts, exo_node_info *info, exo_err *err)
 {
     memset(info, 0, sizeof *info);
     int rc = read_meminfo(&info->memory_total, &info->memory_available, err);
@@ -127,5 +355,29 @@ int exo_node_info_gather(exo_node_info *info, exo_err *err)
     pthread_once(&cuda_once, cuda_probe);
     if (cuda_devices > 0)
         info->backends |= 1u << EXO_BACKEND_CUDA;
+    cpu_model(info->cpu_model, sizeof info->cpu_model);
+    os_name(info->os, sizeof info->os);
+    gather_gpus(info);
+    gather_interfaces(info);
+    if (opts) {
+        info->api_port = opts->api_port;
+        info->cluster_port = opts->cluster_port;
+        gather_models(opts, info);
+    }
     return 0;
+}
+
+bool exo_node_info_changed(const exo_node_info *old, const exo_node_info *now)
+{
+    uint64_t a = old->memory_available, b = now->memory_available;
+    uint64_t moved = a > b ? a - b : b - a;
+    uint64_t slack = now->memory_total / 100 > (256ull << 20) ? now->memory_total / 100 : 256ull << 20;
+    if (moved > slack)
+        return true;
+    exo_node_info x;
+    exo_node_info_copy(&x, old);
+    x.memory_available = now->memory_available;
+    bool same = exo_node_info_equal(&x, now);
+    exo_node_info_clear(&x);
+    return !same;
 }

@@ -1,8 +1,19 @@
-/* Placement (see placement.h). Nodes are ranked once by available memory;
- * the smallest prefix of that ranking that fits is the placement, which is
- * exo's "smallest cycle that fits" when every node can reach every other. */
+/* Placement (see placement.h).
+ *
+ * Candidates are ranked once (most available memory first, then node id);
+ * node sets are bit masks over that ranking and are tried by size, so the
+ * first size with a valid set is the smallest. A set is valid when its
+ * nodes form a directed ring over the State's edges (searched depth-first
+ * from its best-ranked node, which becomes rank 0), hold the weights, pass
+ * the sharding's rules and fit their layer shares. At most
+ * MAX_CANDIDATES nodes take part (2^16 sets; a home cluster has a handful).
+ *
+ * When nothing fits, the error names the furthest any set got (memory, then
+ * ring, then sharding rules, then per-node fit), which is the most useful
+ * thing to tell a user. */
 #include "cluster/placement.h"
 
+#include "cluster/codec.h"
 #include "core/alloc.h"
 
 #include <stdio.h>
@@ -10,6 +21,7 @@
 #include <string.h>
 
 #define MIB (1024.0 * 1024.0)
+#define MAX_CANDIDATES 16
 
 int exo_placement_split_layers(int n_layers, const uint64_t *weights, int n, int32_t *starts,
                                exo_err *err)
@@ -48,6 +60,15 @@ int exo_placement_split_layers(int n_layers, const uint64_t *weights, int n, int
     return 0;
 }
 
+/* ---- candidates and rings ------------------------------------------------------ */
+
+typedef struct candidates {
+    const exo_state_node *node[MAX_CANDIDATES];
+    int                   n;
+    bool                  adj[MAX_CANDIDATES][MAX_CANDIDATES]; /* an edge i -> j */
+    int                   with_backend, with_model;            /* before the cap */
+} candidates;
+
 static int by_memory_desc(const void *a, const void *b)
 {
     const exo_state_node *x = *(const exo_state_node *const *)a, *y = *(const exo_state_node *const *)b;
@@ -56,94 +77,297 @@ static int by_memory_desc(const void *a, const void *b)
     return strcmp(x->node_id.s, y->node_id.s);
 }
 
-int exo_placement_place(const exo_state *st, const exo_placement_request *req, exo_instance *out,
-                        exo_err *err)
+static void gather(const exo_state *st, const char *model_id, candidates *c)
 {
-    memset(out, 0, sizeof *out);
-    const exo_model_entry *m = req->model;
-    if (m->n_layers <= 0)
-        return exo_err_set(err, EXO_EINVAL, "model %s: config.json gives no num_hidden_layers", m->id);
+    memset(c, 0, sizeof *c);
     size_t n_all = exo_state_node_count(st);
-    const exo_state_node **nodes = exo_calloc(n_all ? n_all : 1, sizeof *nodes);
+    const exo_state_node **all = exo_calloc(n_all ? n_all : 1, sizeof *all);
     int n = 0;
     for (size_t i = 0; i < n_all; i++) {
         const exo_state_node *sn = exo_state_node_at(st, i);
-        if (sn->info.backends)
-            nodes[n++] = sn;
+        if (!sn->info.backends)
+            continue;
+        c->with_backend++;
+        if (!exo_node_info_model(&sn->info, model_id))
+            continue;
+        c->with_model++;
+        all[n++] = sn;
     }
-    int rc = 0;
-    if (n == 0) {
-        rc = exo_err_set(err, EXO_EINVAL, "no nodes with a compute backend (is any worker running?)");
-        goto out;
+    qsort(all, (size_t)n, sizeof *all, by_memory_desc);
+    c->n = n < MAX_CANDIDATES ? n : MAX_CANDIDATES;
+    memcpy(c->node, all, (size_t)c->n * sizeof *all);
+    exo_free(all);
+    for (size_t e = 0; e < exo_state_edge_count(st); e++) {
+        const exo_topology_edge *edge = exo_state_edge_at(st, e);
+        int a = -1, b = -1;
+        for (int i = 0; i < c->n; i++) {
+            if (exo_id_eq(&c->node[i]->node_id, &edge->source))
+                a = i;
+            if (exo_id_eq(&c->node[i]->node_id, &edge->sink))
+                b = i;
+        }
+        if (a >= 0 && b >= 0)
+            c->adj[a][b] = true;
     }
-    qsort(nodes, (size_t)n, sizeof *nodes, by_memory_desc);
-    int min_nodes = req->min_nodes > 0 ? req->min_nodes : 1;
-    if (min_nodes > n) {
-        rc = exo_err_set(err, EXO_EINVAL, "min_nodes is %d but the cluster has %d node%s", min_nodes, n,
-                         n == 1 ? "" : "s");
-        goto out;
+}
+
+/* Depth-first search for a directed cycle through every node of mask,
+ * starting at `first`; writes the ring order. */
+static bool ring_dfs(const candidates *c, uint32_t mask, int k, int *order, int depth, uint32_t used)
+{
+    if (depth == k)
+        return k == 1 || c->adj[order[k - 1]][order[0]];
+    int last = order[depth - 1];
+    for (int j = 0; j < c->n; j++) {
+        if (!(mask & (1u << j)) || (used & (1u << j)) || !c->adj[last][j])
+            continue;
+        order[depth] = j;
+        if (ring_dfs(c, mask, k, order, depth + 1, used | (1u << j)))
+            return true;
     }
-    uint64_t need = (uint64_t)m->storage_bytes, have = 0;
-    int k = 0;
-    for (int i = 0; i < n; i++) {
-        have += nodes[i]->info.memory_available;
-        if (i + 1 >= min_nodes && have >= need) {
-            k = i + 1;
-            break;
+    return false;
+}
+
+static bool find_ring(const candidates *c, uint32_t mask, int k, int *order)
+{
+    order[0] = __builtin_ctz(mask); /* the best-ranked node is rank 0 */
+    return ring_dfs(c, mask, k, order, 1, 1u << order[0]);
+}
+
+/* ---- evaluating one node set ------------------------------------------------------ */
+
+enum { STAGE_NONE, STAGE_MEMORY, STAGE_RING, STAGE_RULES, STAGE_FIT, STAGE_OK };
+
+typedef struct attempt {
+    int     stage;         /* furthest stage any set reached */
+    exo_err why;           /* the reason at that stage */
+    uint64_t best_memory;  /* most memory of any set tried */
+} attempt;
+
+static void note(attempt *a, int stage, const exo_err *why)
+{
+    if (stage > a->stage) {
+        a->stage = stage;
+        a->why = *why;
+    }
+}
+
+static void node_list(const candidates *c, uint32_t mask, char *buf, size_t cap)
+{
+    size_t at = 0;
+    buf[0] = 0;
+    for (int i = 0; i < c->n && at + 1 < cap; i++)
+        if (mask & (1u << i))
+            at += (size_t)snprintf(buf + at, cap - at, "%s%s", at ? ", " : "", c->node[i]->node_id.s);
+}
+
+/* Checks one set; on success fills starts (ring order) and returns true. */
+static bool try_set(const candidates *c, const exo_placement_request *req, uint32_t mask, int k,
+                    exo_sharding sharding, int *order, int32_t *starts, attempt *a)
+{
+    const exo_model_card *card = req->card;
+    exo_err why = {0};
+    uint64_t mem = 0;
+    for (int i = 0; i < c->n; i++)
+        if (mask & (1u << i))
+            mem += c->node[i]->info.memory_available;
+    if (mem > a->best_memory)
+        a->best_memory = mem;
+    if (mem < card->storage_bytes) {
+        exo_err_set(&why, EXO_EINVAL,
+                    "not enough memory for %s: it needs %.0f MiB, the most %d node%s %s available is %.0f MiB",
+                    card->model_id, card->storage_bytes / MIB, k, k == 1 ? "" : "s", k == 1 ? "has" : "have",
+                    a->best_memory / MIB);
+        note(a, STAGE_MEMORY, &why);
+        return false;
+    }
+    if (!find_ring(c, mask, k, order)) {
+        char nodes[512];
+        node_list(c, mask, nodes, sizeof nodes);
+        exo_err_set(&why, EXO_EINVAL, "nodes %s could hold %s but are not linked in a ring", nodes,
+                    card->model_id);
+        note(a, STAGE_RING, &why);
+        return false;
+    }
+    if (k > 1 && req->meta == EXO_INSTANCE_META_MLX_JACCL) {
+        exo_err_set(&why, EXO_EINVAL, "MlxJaccl needs RDMA links between the nodes, and none of them "
+                                      "reports any (use MlxRing)");
+        note(a, STAGE_RULES, &why);
+        return false;
+    }
+    if (sharding == EXO_SHARDING_TENSOR && k > 1) {
+        if (!card->supports_tensor) {
+            exo_err_set(&why, EXO_EINVAL, "%s does not support tensor sharding", card->model_id);
+            note(a, STAGE_RULES, &why);
+            return false;
+        }
+        if ((card->hidden_size && card->hidden_size % k) || (card->n_kv_heads && card->n_kv_heads % k)) {
+            exo_err_set(&why, EXO_EINVAL,
+                        "tensor sharding over %d nodes needs hidden_size (%d) and key/value heads (%d) "
+                        "divisible by %d", k, card->hidden_size, card->n_kv_heads, k);
+            note(a, STAGE_RULES, &why);
+            return false;
         }
     }
-    if (!k) {
-        rc = exo_err_set(err, EXO_EINVAL,
-                         "not enough memory for %s: it needs %.0f MiB, the cluster has %.0f MiB available",
-                         m->id, need / MIB, have / MIB);
-        goto out;
-    }
-    exo_sharding sharding = k == 1 ? EXO_SHARDING_PIPELINE : req->sharding;
-    exo_instance_meta meta = k == 1 ? EXO_INSTANCE_META_MLX_RING : req->meta;
-    if (sharding == EXO_SHARDING_TENSOR &&
-        ((m->hidden_size && m->hidden_size % k) || (m->n_kv_heads && m->n_kv_heads % k))) {
-        rc = exo_err_set(err, EXO_EINVAL,
-                         "tensor sharding over %d nodes needs hidden_size (%d) and key/value heads (%d) "
-                         "divisible by %d", k, m->hidden_size, m->n_kv_heads, k);
-        goto out;
-    }
-    int32_t *starts = exo_calloc((size_t)k, sizeof *starts);
-    uint64_t *weights = exo_calloc((size_t)k, sizeof *weights);
+    uint64_t weights[MAX_CANDIDATES];
     for (int i = 0; i < k; i++)
-        weights[i] = nodes[i]->info.memory_available;
-    if (sharding == EXO_SHARDING_PIPELINE &&
-        (rc = exo_placement_split_layers(m->n_layers, weights, k, starts, err))) {
-        exo_free(starts);
-        exo_free(weights);
-        goto out;
+        weights[i] = c->node[order[i]]->info.memory_available;
+    if (sharding == EXO_SHARDING_PIPELINE) {
+        if (exo_placement_split_layers(card->n_layers, weights, k, starts, &why) < 0) {
+            note(a, STAGE_RULES, &why);
+            return false;
+        }
+    } else {
+        memset(starts, 0, (size_t)k * sizeof *starts);
     }
+    for (int i = 0; i < k; i++) {
+        int32_t lo = sharding == EXO_SHARDING_PIPELINE ? starts[i] : 0;
+        int32_t hi = sharding == EXO_SHARDING_PIPELINE && i + 1 < k ? starts[i + 1] : card->n_layers;
+        uint64_t share = sharding == EXO_SHARDING_PIPELINE
+                             ? (uint64_t)((long double)card->storage_bytes * (hi - lo) / card->n_layers)
+                             : card->storage_bytes / (uint64_t)k;
+        const exo_state_node *sn = c->node[order[i]];
+        if (share > sn->info.memory_available) {
+            exo_err_set(&why, EXO_EINVAL, "node %s cannot hold layers %d-%d of %s: needs %.0f MiB, has %.0f MiB",
+                        sn->node_id.s, lo, hi, card->model_id, share / MIB, sn->info.memory_available / MIB);
+            note(a, STAGE_FIT, &why);
+            return false;
+        }
+    }
+    return true;
+}
+
+static void build(const candidates *c, const exo_placement_request *req, int k, exo_sharding sharding,
+                  exo_instance_meta meta, const int *order, const int32_t *starts, exo_instance *out)
+{
+    const exo_model_card *card = req->card;
     exo_id_new(&out->instance_id);
-    snprintf(out->model_id, sizeof out->model_id, "%s", m->id);
+    snprintf(out->model_id, sizeof out->model_id, "%s", card->model_id);
     out->sharding = sharding;
     out->meta = meta;
     out->n_shards = (size_t)k;
     out->shards = exo_calloc((size_t)k, sizeof *out->shards);
-    for (int i = 0; i < k && !rc; i++) {
+    for (int i = 0; i < k; i++) {
         exo_shard *s = &out->shards[i];
         exo_id_new(&s->runner_id);
-        s->node_id = nodes[i]->node_id;
+        s->node_id = c->node[order[i]]->node_id;
         s->device_rank = i;
         s->world_size = k;
-        s->n_layers = m->n_layers;
+        s->n_layers = card->n_layers;
         s->start_layer = sharding == EXO_SHARDING_PIPELINE ? starts[i] : 0;
-        s->end_layer = sharding == EXO_SHARDING_PIPELINE && i + 1 < k ? starts[i + 1] : m->n_layers;
-        uint64_t share = (uint64_t)((long double)need * (s->end_layer - s->start_layer) / m->n_layers);
-        if (share > nodes[i]->info.memory_available)
-            rc = exo_err_set(err, EXO_EINVAL,
-                             "node %s cannot hold layers %d-%d of %s: needs %.0f MiB, has %.0f MiB",
-                             s->node_id.s, s->start_layer, s->end_layer, m->id, share / MIB,
-                             nodes[i]->info.memory_available / MIB);
+        s->end_layer = sharding == EXO_SHARDING_PIPELINE && i + 1 < k ? starts[i + 1] : card->n_layers;
     }
-    exo_free(starts);
-    exo_free(weights);
-    if (rc)
-        exo_instance_clear(out);
-out:
-    exo_free(nodes);
-    return rc;
+}
+
+int exo_placement_place(const exo_state *st, const exo_placement_request *req, exo_instance *out,
+                        exo_err *err)
+{
+    memset(out, 0, sizeof *out);
+    const exo_model_card *card = req->card;
+    if (card->n_layers <= 0)
+        return exo_err_set(err, EXO_EINVAL, "model %s: config.json gives no num_hidden_layers", card->model_id);
+    candidates c;
+    gather(st, card->model_id, &c);
+    if (!c.with_backend)
+        return exo_err_set(err, EXO_EINVAL, "no nodes with a compute backend (is any worker running?)");
+    if (!c.n)
+        return exo_err_set(err, EXO_EINVAL,
+                           "no node has %s on disk (downloading models is not built yet: put its files "
+                           "in a models directory of the nodes that should run it)", card->model_id);
+    int min_nodes = req->min_nodes > 0 ? req->min_nodes : 1;
+    int lo = req->exact_nodes > 0 ? req->exact_nodes : min_nodes;
+    int hi = req->exact_nodes > 0 ? req->exact_nodes : c.n;
+    if (lo > c.n)
+        return exo_err_set(err, EXO_EINVAL, "%s %d but only %d node%s %s on disk",
+                           req->exact_nodes > 0 ? "the node count asked for is" : "min_nodes is", lo, c.n,
+                           c.n == 1 ? " has" : "s have", card->model_id);
+    attempt a = {0};
+    for (int k = lo; k <= hi; k++) {
+        exo_sharding sharding = k == 1 ? EXO_SHARDING_PIPELINE : req->sharding;
+        exo_instance_meta meta = k == 1 ? EXO_INSTANCE_META_MLX_RING : req->meta;
+        uint32_t best = 0;
+        uint64_t best_mem = 0;
+        int order[MAX_CANDIDATES], best_order[MAX_CANDIDATES];
+        int32_t starts[MAX_CANDIDATES], best_starts[MAX_CANDIDATES];
+        for (uint32_t mask = 1; mask < (1u << c.n); mask++) {
+            if (__builtin_popcount(mask) != k || !try_set(&c, req, mask, k, sharding, order, starts, &a))
+                continue;
+            uint64_t mem = 0;
+            for (int i = 0; i < c.n; i++)
+                if (mask & (1u << i))
+                    mem += c.node[i]->info.memory_available;
+            if (!best || mem > best_mem) {
+                best = mask;
+                best_mem = mem;
+                memcpy(best_order, order, sizeof order);
+                memcpy(best_starts, starts, sizeof starts);
+            }
+        }
+        if (best) {
+            build(&c, req, k, sharding, meta, best_order, best_starts, out);
+            return 0;
+        }
+    }
+    if (a.stage == STAGE_MEMORY) /* say the best any set of the sizes tried had */
+        return exo_err_set(err, EXO_EINVAL,
+                           "not enough memory for %s: it needs %.0f MiB, the nodes that have it offer at most "
+                           "%.0f MiB available", card->model_id, card->storage_bytes / MIB, a.best_memory / MIB);
+    if (err)
+        *err = a.why;
+    return EXO_EINVAL;
+}
+
+/* ---- previews --------------------------------------------------------------------- */
+
+void exo_placement_previews(const exo_state *st, const exo_model_card *card, json_t *out)
+{
+    candidates c;
+    gather(st, card->model_id, &c);
+    int n = c.n ? c.n : 1;
+    json_t *seen = json_object();
+    for (int sh = 0; sh < EXO_SHARDING__COUNT; sh++)
+        for (int me = 0; me < EXO_INSTANCE_META__COUNT; me++)
+            for (int k = 1; k <= n; k++) {
+                exo_placement_request req = {card, (exo_sharding)sh, (exo_instance_meta)me, 1, k};
+                exo_instance inst;
+                exo_err err = {0};
+                int rc = exo_placement_place(st, &req, &inst, &err);
+                /* one node is always Pipeline/MlxRing: the other combinations
+                 * of k = 1 repeat it */
+                char key[EXO_ERR_LEN + 64];
+                if (rc)
+                    snprintf(key, sizeof key, "%d/%d/%d/%s", sh, me, k, err.msg);
+                else
+                    snprintf(key, sizeof key, "%d/%d/%zu", inst.sharding, inst.meta, inst.n_shards);
+                if (json_object_get(seen, key)) {
+                    if (!rc)
+                        exo_instance_clear(&inst);
+                    continue;
+                }
+                json_object_set_new(seen, key, json_true());
+                json_t *p = json_pack("{s:s, s:s, s:s, s:i}", "model_id", card->model_id, "sharding",
+                                      exo_sharding_name(rc ? (exo_sharding)sh : inst.sharding), "instance_meta",
+                                      exo_instance_meta_name(rc ? (exo_instance_meta)me : inst.meta),
+                                      "node_count", k);
+                json_t *delta = json_object();
+                if (!rc) {
+                    for (size_t i = 0; i < inst.n_shards; i++) {
+                        const exo_shard *s = &inst.shards[i];
+                        uint64_t bytes = (uint64_t)((long double)card->storage_bytes *
+                                                    (s->end_layer - s->start_layer) / card->n_layers);
+                        if (inst.sharding == EXO_SHARDING_TENSOR)
+                            bytes = card->storage_bytes / inst.n_shards;
+                        json_object_set_new(delta, s->node_id.s, json_integer((json_int_t)bytes));
+                    }
+                    json_object_set_new(p, "instance", exo_instance_to_json(&inst));
+                    json_object_set_new(p, "error", json_null());
+                    exo_instance_clear(&inst);
+                } else {
+                    json_object_set_new(p, "instance", json_null());
+                    json_object_set_new(p, "error", json_string(err.msg));
+                }
+                json_object_set_new(p, "memory_delta_by_node", delta);
+                json_array_append_new(out, p);
+            }
+    json_decref(seen);
 }

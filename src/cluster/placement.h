@@ -1,14 +1,20 @@
-/* Placement: which nodes run a model, and which layers each one holds.
+/* Placement: which nodes run a model, in which ring order, and which
+ * layers each one holds (exo-reference §2.5, exo's place_instance).
  *
- * exo's rules (exo-reference §2.5), minus what needs a topology we do not
- * gather yet (cycles, interface priorities):
- *   - candidates are the nodes the State knows with a compute backend;
- *   - use the fewest nodes (at least min_nodes) whose available memory
- *     holds the model's weights, taking the nodes with the most available
- *     memory first (ties: node id order, so placement is deterministic);
- *   - one node is always Pipeline + MlxRing (exo forces this);
- *   - Tensor needs hidden_size and num_key_value_heads divisible by the
- *     node count, and gives every rank all layers;
+ *   - candidates are the nodes the State knows that have a compute backend
+ *     and the model on disk (downloads are not built yet, so a node without
+ *     the files cannot run it);
+ *   - a set of nodes can host an instance when its ranks form a ring in the
+ *     topology: one node always does; several need a directed cycle through
+ *     all of them over the State's edges (exo's "cycles of the topology");
+ *   - the set must have at least min_nodes nodes and hold the weights in
+ *     its available memory; the smallest such sets win, then the one with
+ *     the most available memory, then node ids (deterministic);
+ *   - one node is always Pipeline + MlxRing (exo forces this); MlxJaccl
+ *     (RDMA) needs RDMA links, which no node reports yet;
+ *   - Tensor needs the card to allow it and hidden_size and
+ *     num_key_value_heads divisible by the node count; every rank holds all
+ *     layers;
  *   - Pipeline splits layers in proportion to available memory (largest
  *     remainder, at least one layer per node) and each node's share of the
  *     weights must fit its memory.
@@ -17,21 +23,28 @@
 #define EXO_CLUSTER_PLACEMENT_H
 
 #include "cluster/state.h"
-#include "download/model_store.h"
 
 typedef struct exo_placement_request {
-    const exo_model_entry *model;
-    exo_sharding           sharding;
-    exo_instance_meta      meta;
-    int                    min_nodes; /* >= 1 */
+    const exo_model_card *card;
+    exo_sharding          sharding;
+    exo_instance_meta     meta;
+    int                   min_nodes; /* >= 1 */
+    int                   exact_nodes; /* > 0: only sets of exactly this size (previews) */
 } exo_placement_request;
 
 /* Fills *out (fresh ids for the instance and its runners; clear with
- * exo_instance_clear). EXO_EINVAL with the reason when no placement fits
- * ("not enough memory: needs X MiB, the cluster has Y MiB available", "no
- * nodes with a compute backend", tensor divisibility...). */
+ * exo_instance_clear). EXO_EINVAL with the reason when no placement fits:
+ * "not enough memory for X: it needs A MiB, the largest ring of N nodes
+ * has B MiB available", "no node has X on disk", "nodes a and b have no
+ * link between them", tensor divisibility... */
 int exo_placement_place(const exo_state *st, const exo_placement_request *req, exo_instance *out,
                         exo_err *err);
+
+/* Every option for a model, as exo's /instance/previews: for each sharding
+ * x instance meta x node count 1..N, the placement or why there is none.
+ * Appended to a JSON array of {model_id, sharding, instance_meta,
+ * node_count, instance|null, memory_delta_by_node, error|null}. */
+void exo_placement_previews(const exo_state *st, const exo_model_card *card, json_t *out);
 
 /* Splits n_layers over n nodes in proportion to weights (largest remainder,
  * each node >= 1 layer): writes n start layers (end = next start or

@@ -12,6 +12,7 @@
  * always means "nothing changed". */
 #include "cluster/state.h"
 
+#include "cluster/codec.h"
 #include "core/alloc.h"
 
 #include <string.h>
@@ -31,6 +32,8 @@ struct exo_state {
     size_t          n_tasks, cap_tasks;
     exo_state_node *nodes;
     size_t          n_nodes, cap_nodes;
+    exo_topology_edge *edges;
+    size_t          n_edges, cap_edges;
 };
 
 /* Grows *arr so one more element fits. */
@@ -67,10 +70,13 @@ void exo_state_free(exo_state *st)
         exo_runner_status_clear(&st->runners[i].status);
     for (size_t i = 0; i < st->n_tasks; i++)
         exo_task_clear(&st->tasks[i]);
+    for (size_t i = 0; i < st->n_nodes; i++)
+        exo_node_info_clear(&st->nodes[i].info);
     exo_free(st->instances);
     exo_free(st->runners);
     exo_free(st->tasks);
     exo_free(st->nodes);
+    exo_free(st->edges);
     exo_free(st);
 }
 
@@ -86,6 +92,7 @@ exo_state *exo_state_clone(const exo_state *src)
     CLONE_ARRAY(runners, n_runners, cap_runners)
     CLONE_ARRAY(tasks, n_tasks, cap_tasks)
     CLONE_ARRAY(nodes, n_nodes, cap_nodes)
+    CLONE_ARRAY(edges, n_edges, cap_edges)
 #undef CLONE_ARRAY
     for (size_t i = 0; i < src->n_instances; i++)
         exo_instance_copy(&st->instances[i], &src->instances[i]);
@@ -95,8 +102,12 @@ exo_state *exo_state_clone(const exo_state *src)
     }
     for (size_t i = 0; i < src->n_tasks; i++)
         exo_task_copy(&st->tasks[i], &src->tasks[i]);
-    if (src->n_nodes)
-        memcpy(st->nodes, src->nodes, src->n_nodes * sizeof *st->nodes);
+    for (size_t i = 0; i < src->n_nodes; i++) {
+        st->nodes[i] = src->nodes[i];
+        exo_node_info_copy(&st->nodes[i].info, &src->nodes[i].info);
+    }
+    if (src->n_edges)
+        memcpy(st->edges, src->edges, src->n_edges * sizeof *st->edges);
     return st;
 }
 
@@ -200,12 +211,21 @@ static void apply_task_created(exo_state *st, const exo_task *t)
     exo_task_copy(&st->tasks[st->n_tasks++], t);
 }
 
+static bool task_status_final(exo_task_status s)
+{
+    return s == EXO_TASK_COMPLETE || s == EXO_TASK_TIMED_OUT || s == EXO_TASK_FAILED || s == EXO_TASK_CANCELLED;
+}
+
 static void apply_task_status(exo_state *st, const exo_id *id, exo_task_status status)
 {
     ptrdiff_t i = find_task(st, id);
     if (i < 0)
         return;
     exo_task *t = &st->tasks[i];
+    /* A final status is final: in a cluster a worker's "Running" can reach
+     * the master after the API's "Cancelled" for the same task. */
+    if (task_status_final(t->status))
+        return;
     t->status = status;
     if (status != EXO_TASK_FAILED) {
         exo_free(t->error_type);
@@ -241,17 +261,53 @@ static void apply_node_info(exo_state *st, const exo_id *id, int64_t when_ms, co
     if (i < 0) {
         st->nodes = grow(st->nodes, st->n_nodes, &st->cap_nodes, sizeof *st->nodes);
         i = (ptrdiff_t)st->n_nodes++;
+        memset(&st->nodes[i], 0, sizeof st->nodes[i]);
         st->nodes[i].node_id = *id;
+    } else {
+        exo_node_info_clear(&st->nodes[i].info);
     }
-    st->nodes[i].info = *info;
+    exo_node_info_copy(&st->nodes[i].info, info);
     st->nodes[i].last_seen_ms = when_ms;
 }
 
+static void remove_edges_where(exo_state *st, bool (*match)(const exo_topology_edge *, const void *),
+                               const void *arg)
+{
+    for (size_t i = 0; i < st->n_edges;) {
+        if (match(&st->edges[i], arg))
+            remove_at(st->edges, &st->n_edges, i, sizeof *st->edges);
+        else
+            i++;
+    }
+}
+
+static bool edge_touches(const exo_topology_edge *e, const void *node)
+{
+    return exo_id_eq(&e->source, node) || exo_id_eq(&e->sink, node);
+}
+
+static bool edge_same(const exo_topology_edge *e, const void *other) { return exo_topology_edge_same(e, other); }
+
+/* A node that timed out leaves the topology with every edge that touches it. */
 static void apply_node_timed_out(exo_state *st, const exo_id *id)
 {
     ptrdiff_t i = find_node(st, id);
-    if (i >= 0)
+    if (i >= 0) {
+        exo_node_info_clear(&st->nodes[i].info);
         remove_at(st->nodes, &st->n_nodes, (size_t)i, sizeof *st->nodes);
+    }
+    remove_edges_where(st, edge_touches, id);
+}
+
+static void apply_edge_created(exo_state *st, const exo_topology_edge *e)
+{
+    for (size_t i = 0; i < st->n_edges; i++)
+        if (exo_topology_edge_same(&st->edges[i], e)) {
+            st->edges[i] = *e;
+            return;
+        }
+    st->edges = grow(st->edges, st->n_edges, &st->cap_edges, sizeof *st->edges);
+    st->edges[st->n_edges++] = *e;
 }
 
 int exo_state_apply(exo_state *st, int64_t idx, const exo_event *ev, exo_err *err)
@@ -283,6 +339,19 @@ int exo_state_apply(exo_state *st, int64_t idx, const exo_event *ev, exo_err *er
                         &ev->u.node_gathered_info.info);
         break;
     case EXO_EVENT_NODE_TIMED_OUT: apply_node_timed_out(st, &ev->u.node_timed_out.node_id); break;
+    case EXO_EVENT_TOPOLOGY_EDGE_CREATED:
+        if ((rc = exo_topology_edge_validate(&ev->u.topology_edge_created.edge, err)) < 0)
+            return rc;
+        apply_edge_created(st, &ev->u.topology_edge_created.edge);
+        break;
+    case EXO_EVENT_TOPOLOGY_EDGE_DELETED: {
+        exo_topology_edge key = {0};
+        key.source = ev->u.topology_edge_deleted.source;
+        key.sink = ev->u.topology_edge_deleted.sink;
+        memcpy(key.address, ev->u.topology_edge_deleted.address, sizeof key.address);
+        remove_edges_where(st, edge_same, &key);
+        break;
+    }
     default: return exo_err_set(err, EXO_EINTERNAL, "unhandled event kind %d", (int)ev->kind);
     }
     st->last_idx = idx;
@@ -377,6 +446,13 @@ size_t exo_state_active_task_count(const exo_state *st, const exo_id *instance_i
     return n;
 }
 
+size_t exo_state_edge_count(const exo_state *st) { return st->n_edges; }
+
+const exo_topology_edge *exo_state_edge_at(const exo_state *st, size_t i)
+{
+    return i < st->n_edges ? &st->edges[i] : NULL;
+}
+
 size_t exo_state_node_count(const exo_state *st) { return st->n_nodes; }
 
 const exo_state_node *exo_state_node_at(const exo_state *st, size_t i)
@@ -390,13 +466,43 @@ const exo_state_node *exo_state_node_find(const exo_state *st, const exo_id *nod
     return i >= 0 ? &st->nodes[i] : NULL;
 }
 
+/* ---- snapshot ---- */
+
+void exo_state_to_events(const exo_state *st, exo_event_list *out)
+{
+    for (size_t i = 0; i < st->n_nodes; i++) {
+        exo_event *ev = exo_event_list_add(out, EXO_EVENT_NODE_GATHERED_INFO);
+        ev->u.node_gathered_info.node_id = st->nodes[i].node_id;
+        ev->u.node_gathered_info.when_ms = st->nodes[i].last_seen_ms;
+        exo_node_info_clear(&ev->u.node_gathered_info.info);
+        exo_node_info_copy(&ev->u.node_gathered_info.info, &st->nodes[i].info);
+    }
+    for (size_t i = 0; i < st->n_edges; i++)
+        exo_event_list_add(out, EXO_EVENT_TOPOLOGY_EDGE_CREATED)->u.topology_edge_created.edge = st->edges[i];
+    for (size_t i = 0; i < st->n_instances; i++)
+        exo_instance_copy(&exo_event_list_add(out, EXO_EVENT_INSTANCE_CREATED)->u.instance_created.instance,
+                          &st->instances[i]);
+    for (size_t i = 0; i < st->n_runners; i++) {
+        exo_event *ev = exo_event_list_add(out, EXO_EVENT_RUNNER_STATUS_UPDATED);
+        ev->u.runner_status_updated.runner_id = st->runners[i].runner_id;
+        exo_runner_status_clear(&ev->u.runner_status_updated.status);
+        exo_runner_status_copy(&ev->u.runner_status_updated.status, &st->runners[i].status);
+    }
+    for (size_t i = 0; i < st->n_tasks; i++)
+        exo_task_copy(&exo_event_list_add(out, EXO_EVENT_TASK_CREATED)->u.task_created.task, &st->tasks[i]);
+}
+
 /* ---- JSON ---- */
+
+static json_t *in_bytes(uint64_t n) { return json_pack("{s:I}", "inBytes", (json_int_t)n); }
 
 json_t *exo_state_to_json(const exo_state *st)
 {
     json_t *root = json_object();
     json_t *instances = json_object(), *runners = json_object(), *tasks = json_object();
     json_t *last_seen = json_object(), *ident = json_object(), *mem = json_object(), *backends = json_object();
+    json_t *disk = json_object(), *sys = json_object(), *net = json_object(), *gpus = json_object();
+    json_t *models = json_object(), *topo_nodes = json_array(), *conns = json_array();
     for (size_t i = 0; i < st->n_instances; i++)
         json_object_set_new(instances, st->instances[i].instance_id.s, exo_instance_to_json(&st->instances[i]));
     for (size_t i = 0; i < st->n_runners; i++)
@@ -405,23 +511,36 @@ json_t *exo_state_to_json(const exo_state *st)
         json_object_set_new(tasks, st->tasks[i].task_id.s, exo_task_to_json(&st->tasks[i]));
     for (size_t i = 0; i < st->n_nodes; i++) {
         const exo_state_node *n = &st->nodes[i];
-        json_object_set_new(last_seen, n->node_id.s, exo__time_ms_to_json(n->last_seen_ms));
-        json_t *id = json_object();
-        json_t *name = json_string(n->info.friendly_name);
-        json_object_set_new(id, "friendlyName", name ? name : json_null());
-        json_object_set_new(id, "cpuCount", json_integer(n->info.cpu_count));
-        json_object_set_new(ident, n->node_id.s, id);
-        json_t *m = json_object(), *tot = json_object(), *av = json_object();
-        json_object_set_new(tot, "inBytes", json_integer((json_int_t)n->info.memory_total));
-        json_object_set_new(av, "inBytes", json_integer((json_int_t)n->info.memory_available));
-        json_object_set_new(m, "ramTotal", tot);
-        json_object_set_new(m, "ramAvailable", av);
-        json_object_set_new(mem, n->node_id.s, m);
-        json_t *b = json_array();
-        for (int k = 0; k < EXO_BACKEND__COUNT; k++)
-            if (n->info.backends & (1u << k))
-                json_array_append_new(b, json_string(exo_backend_name((exo_backend_kind)k)));
-        json_object_set_new(backends, n->node_id.s, b);
+        const exo_node_info *in = &n->info;
+        const char *id = n->node_id.s;
+        json_array_append_new(topo_nodes, json_string(id));
+        json_object_set_new(last_seen, id, exo__time_ms_to_json(n->last_seen_ms));
+        json_t *name = json_string(in->friendly_name);
+        json_object_set_new(ident, id, json_pack("{s:o, s:i}", "friendlyName", name ? name : json_null(),
+                                                 "cpuCount", in->cpu_count));
+        json_object_set_new(mem, id, json_pack("{s:o, s:o}", "ramTotal", in_bytes(in->memory_total),
+                                               "ramAvailable", in_bytes(in->memory_available)));
+        json_object_set_new(disk, id, json_pack("{s:o, s:o}", "total", in_bytes(in->disk_total),
+                                                "available", in_bytes(in->disk_available)));
+        json_t *info = exo_node_info_to_json(in);
+        json_object_set_new(backends, id, json_incref(json_object_get(info, "backends")));
+        json_object_set_new(net, id, json_pack("{s:O, s:i, s:i}", "interfaces", json_object_get(info, "interfaces"),
+                                               "apiPort", in->api_port, "clusterPort", in->cluster_port));
+        json_object_set_new(gpus, id, json_incref(json_object_get(info, "gpus")));
+        json_object_set_new(sys, id, json_pack("{s:O, s:O, s:i}", "cpuModel", json_object_get(info, "cpuModel"),
+                                               "os", json_object_get(info, "os"), "cpuCount", in->cpu_count));
+        json_t *ids = json_array();
+        for (size_t m = 0; m < in->models.n; m++)
+            json_array_append_new(ids, json_string(in->models.v[m].model_id));
+        json_object_set_new(models, id, ids);
+        json_decref(info);
+    }
+    for (size_t i = 0; i < st->n_edges; i++) {
+        const exo_topology_edge *e = &st->edges[i];
+        json_array_append_new(conns, json_pack("{s:s, s:s, s:s, s:I, s:I}", "source", e->source.s, "sink",
+                                               e->sink.s, "address", e->address, "latencyUs",
+                                               (json_int_t)e->latency_us, "bandwidthBps",
+                                               (json_int_t)e->bandwidth_bps));
     }
     json_object_set_new(root, "instances", instances);
     json_object_set_new(root, "runners", runners);
@@ -429,7 +548,13 @@ json_t *exo_state_to_json(const exo_state *st)
     json_object_set_new(root, "lastSeen", last_seen);
     json_object_set_new(root, "nodeIdentities", ident);
     json_object_set_new(root, "nodeMemory", mem);
+    json_object_set_new(root, "nodeDisk", disk);
+    json_object_set_new(root, "nodeSystem", sys);
+    json_object_set_new(root, "nodeNetwork", net);
+    json_object_set_new(root, "nodeGpus", gpus);
     json_object_set_new(root, "nodeBackends", backends);
+    json_object_set_new(root, "nodeModels", models);
+    json_object_set_new(root, "topology", json_pack("{s:o, s:o}", "nodes", topo_nodes, "connections", conns));
     json_object_set_new(root, "lastEventAppliedIdx", json_integer(st->last_idx));
     return root;
 }

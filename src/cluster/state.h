@@ -20,7 +20,14 @@
  *                        a TaskStatusUpdated(Failed) says that)
  *   TaskDeleted          remove the task
  *   NodeGatheredInfo     set the node's info and last_seen = when_ms
- *   NodeTimedOut         remove the node's info and last_seen
+ *   NodeTimedOut         remove the node's info, last_seen and every
+ *                        topology edge that touches it
+ *   TopologyEdgeCreated  insert or replace the edge (same source, sink,
+ *                        address)
+ *   TopologyEdgeDeleted  remove that edge (unknown: no-op)
+ * A task in a final status (Complete, TimedOut, Failed, Cancelled) keeps
+ * it: later TaskStatusUpdated events for it are no-ops (in a cluster, a
+ * worker's "Running" may reach the master after "Cancelled").
  *
  * Lookups return pointers into the State (const, borrowed): they stay valid
  * until the next exo_state_apply or exo_state_free. Callers that need to
@@ -96,13 +103,24 @@ size_t exo_state_tasks_of_instance(const exo_state *st, const exo_id *instance_i
  * load measure when choosing an instance for a request). */
 size_t exo_state_active_task_count(const exo_state *st, const exo_id *instance_id);
 
+size_t                   exo_state_edge_count(const exo_state *st);
+const exo_topology_edge *exo_state_edge_at(const exo_state *st, size_t i);
+
 size_t                exo_state_node_count(const exo_state *st);
 const exo_state_node *exo_state_node_at(const exo_state *st, size_t i);
 const exo_state_node *exo_state_node_find(const exo_state *st, const exo_id *node_id);
 
+/* Events that rebuild st from an empty State (a new master's session
+ * starts with them): folding them in order gives a State whose JSON equals
+ * st's, except lastEventAppliedIdx. Appended to out. */
+void exo_state_to_events(const exo_state *st, exo_event_list *out);
+
 /* GET /state body: {"instances", "runners", "tasks", "lastSeen",
  * "nodeIdentities" ({friendlyName, cpuCount}), "nodeMemory" ({ramTotal,
- * ramAvailable: {inBytes}}), "nodeBackends", "lastEventAppliedIdx"},
+ * ramAvailable: {inBytes}}), "nodeDisk", "nodeSystem", "nodeNetwork",
+ * "nodeGpus", "nodeBackends", "nodeModels", "topology" ({nodes,
+ * connections: [{source, sink, address, latencyUs, bandwidthBps}]}),
+ * "lastEventAppliedIdx"},
  * camelCase, maps keyed by id in insertion order. Never NULL. */
 json_t *exo_state_to_json(const exo_state *st);
 

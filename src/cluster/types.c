@@ -4,6 +4,7 @@
  * asserts, every bound checked, a message naming the offending field. */
 #include "cluster/types.h"
 
+#include "cluster/codec.h"
 #include "core/alloc.h"
 
 #include <jansson.h>
@@ -20,6 +21,7 @@ static const char *const task_kind_names[] = {EXO_TASK_KIND_MAP(NAME_ITEM)};
 static const char *const sharding_names[] = {EXO_SHARDING_MAP(NAME_ITEM)};
 static const char *const meta_names[] = {EXO_INSTANCE_META_MAP(NAME_ITEM)};
 static const char *const backend_names[] = {EXO_BACKEND_MAP(NAME_ITEM)};
+static const char *const iface_names[] = {EXO_IFACE_KIND_MAP(NAME_ITEM)};
 #undef NAME_ITEM
 
 static const char *table_name(const char *const *t, size_t n, int v)
@@ -49,7 +51,19 @@ ENUM_FUNCS(task_kind, exo_task_kind, task_kind_names)
 ENUM_FUNCS(sharding, exo_sharding, sharding_names)
 ENUM_FUNCS(instance_meta, exo_instance_meta, meta_names)
 ENUM_FUNCS(backend, exo_backend_kind, backend_names)
+ENUM_FUNCS(iface_kind, exo_iface_kind, iface_names)
 #undef ENUM_FUNCS
+
+/* The same tables as field-codec enum descriptors (int-typed accessors). */
+#define ENUM_DESC(fname, type, count)                                                   \
+    static const char *fname##_name_i(int v) { return exo_##fname##_name((type)v); }   \
+    const exo_enum_desc exo_##fname##_enum = {fname##_name_i, exo_##fname##_parse, count};
+ENUM_DESC(task_status, exo_task_status, EXO_TASK_STATUS__COUNT)
+ENUM_DESC(sharding, exo_sharding, EXO_SHARDING__COUNT)
+ENUM_DESC(instance_meta, exo_instance_meta, EXO_INSTANCE_META__COUNT)
+ENUM_DESC(backend, exo_backend_kind, EXO_BACKEND__COUNT)
+ENUM_DESC(iface_kind, exo_iface_kind, EXO_IFACE__COUNT)
+#undef ENUM_DESC
 
 _Static_assert(sizeof task_kind_names / sizeof *task_kind_names == EXO_TASK_KIND__COUNT, "table");
 _Static_assert(EXO_BACKEND__COUNT <= 32, "backends are a 32-bit set");
@@ -204,7 +218,7 @@ int exo_task_validate(const exo_task *t, exo_err *err)
         (rc = check_opt_id(&t->command_id, gen, gen, "task command id", err)) < 0 ||
         (rc = check_opt_id(&t->runner_id, create || cancel || shutdown, create || cancel || shutdown,
                            "task runner id", err)) < 0 ||
-        (rc = check_opt_id(&t->node_id, create, create, "task node id", err)) < 0 ||
+        (rc = check_opt_id(&t->node_id, create, create || gen, "task node id", err)) < 0 ||
         (rc = check_opt_id(&t->cancelled_task_id, cancel, cancel, "task cancelled task id", err)) < 0)
         return exo_err_wrap(err, "task %s", t->task_id.s);
     if (gen != (t->params_json != NULL))
@@ -217,26 +231,106 @@ int exo_task_validate(const exo_task *t, exo_err *err)
     return 0;
 }
 
-/* ---- node info ---------------------------------------------------------------------------- */
+/* ---- model cards ----------------------------------------------------------------------------- */
 
+static const exo_field card_fields[] = {
+    EXO_FIELD(exo_model_card, model_id, "model_id", "modelId", exo_ft_model_id),
+    EXO_FIELD_RANGE(exo_model_card, n_layers, "n_layers", "nLayers", exo_ft_i32, 1, 1 << 20),
+    EXO_FIELD_RANGE(exo_model_card, hidden_size, "hidden_size", "hiddenSize", exo_ft_i32, 0, 1 << 24),
+    EXO_FIELD_RANGE(exo_model_card, n_kv_heads, "n_kv_heads", "numKeyValueHeads", exo_ft_i32, 0, 1 << 16),
+    EXO_FIELD(exo_model_card, storage_bytes, "storage_bytes", "storageSize", exo_ft_u64),
+    EXO_FIELD(exo_model_card, supports_tensor, "supports_tensor", "supportsTensor", exo_ft_bool),
+};
+const exo_record_desc exo_model_card_desc = EXO_RECORD("model card", exo_model_card, card_fields);
+
+int exo_model_card_validate(const exo_model_card *c, exo_err *err)
+{
+    return exo_record_validate(&exo_model_card_desc, c, err);
+}
+
+/* ---- node info ------------------------------------------------------------------------------ */
+
+static const exo_field gpu_fields[] = {
+    EXO_FIELD_RANGE(exo_gpu_info, index, "index", "index", exo_ft_i32, 0, 1024),
+    EXO_FIELD(exo_gpu_info, name, "name", "name", exo_ft_name),
+    EXO_FIELD(exo_gpu_info, memory_total, "memory_total", "memoryTotal", exo_ft_u64),
+    EXO_FIELD(exo_gpu_info, memory_used, "memory_used", "memoryUsed", exo_ft_u64),
+};
+static const exo_record_desc gpu_desc = EXO_RECORD("gpu", exo_gpu_info, gpu_fields);
+
+static const exo_field iface_fields[] = {
+    EXO_FIELD(exo_net_iface, name, "name", "name", exo_ft_name),
+    EXO_FIELD(exo_net_iface, ip, "ip", "ip", exo_ft_addr),
+    EXO_FIELD_ENUM(exo_net_iface, kind, "kind", "kind", exo_iface_kind_enum),
+};
+static const exo_record_desc iface_desc = EXO_RECORD("interface", exo_net_iface, iface_fields);
+
+
+static const exo_field node_info_fields[] = {
+    EXO_FIELD(exo_node_info, memory_total, "memory_total", "memoryTotal", exo_ft_u64),
+    EXO_FIELD(exo_node_info, memory_available, "memory_available", "memoryAvailable", exo_ft_u64),
+    EXO_FIELD_RANGE(exo_node_info, cpu_count, "cpu_count", "cpuCount", exo_ft_i32, 0, INT32_MAX),
+    EXO_FIELD(exo_node_info, friendly_name, "friendly_name", "friendlyName", exo_ft_name),
+    EXO_FIELD_BITSET(exo_node_info, backends, "backends", "backends", exo_backend_enum),
+    EXO_FIELD_OPT(exo_node_info, cpu_model, "cpu_model", "cpuModel", exo_ft_name),
+    EXO_FIELD_OPT(exo_node_info, os, "os", "os", exo_ft_name),
+    EXO_FIELD_OPT(exo_node_info, disk_total, "disk_total", "diskTotal", exo_ft_u64),
+    EXO_FIELD_OPT(exo_node_info, disk_available, "disk_available", "diskAvailable", exo_ft_u64),
+    {"api_port", "apiPort", &exo_ft_i32, offsetof(exo_node_info, api_port), true, 0, 65535, NULL, NULL},
+    {"cluster_port", "clusterPort", &exo_ft_i32, offsetof(exo_node_info, cluster_port), true, 0, 65535, NULL, NULL},
+    {"gpus", "gpus", &exo_ft_array, offsetof(exo_node_info, gpus), true, 0, EXO_NODE_MAX_GPUS, NULL, &gpu_desc},
+    {"interfaces", "interfaces", &exo_ft_array, offsetof(exo_node_info, interfaces), true, 0,
+     EXO_NODE_MAX_INTERFACES, NULL, &iface_desc},
+    {"models", "models", &exo_ft_array, offsetof(exo_node_info, models), true, 0, EXO_NODE_MAX_MODELS, NULL,
+     &exo_model_card_desc},
+};
+const exo_record_desc exo_node_info_desc = EXO_RECORD("node info", exo_node_info, node_info_fields);
+
+_Static_assert(sizeof(((exo_node_info *)0)->gpus) == 2 * sizeof(void *), "EXO__ARRAY is codec.h's EXO_ARRAY");
+
+void exo_node_info_copy(exo_node_info *dst, const exo_node_info *src) { exo_record_copy(&exo_node_info_desc, dst, src); }
+void exo_node_info_clear(exo_node_info *info) { exo_record_clear(&exo_node_info_desc, info); }
 bool exo_node_info_equal(const exo_node_info *a, const exo_node_info *b)
 {
-    return a->memory_total == b->memory_total && a->memory_available == b->memory_available &&
-           a->cpu_count == b->cpu_count && strcmp(a->friendly_name, b->friendly_name) == 0 &&
-           a->backends == b->backends;
+    return exo_record_equal(&exo_node_info_desc, a, b);
 }
 
 int exo_node_info_validate(const exo_node_info *info, exo_err *err)
 {
-    size_t len = strnlen(info->friendly_name, EXO_NAME_MAX);
-    if (len == EXO_NAME_MAX || !exo_text_utf8_valid(info->friendly_name, len))
-        return exo_err_set(err, EXO_EINVAL, "node info: friendly name not UTF-8 or too long");
-    for (size_t i = 0; i < len; i++)
-        if ((unsigned char)info->friendly_name[i] < 0x20 || info->friendly_name[i] == 0x7f)
-            return exo_err_set(err, EXO_EINVAL, "node info: control character in friendly name");
-    if (info->cpu_count < 0)
-        return exo_err_set(err, EXO_EINVAL, "node info: negative cpu count");
-    if (info->backends >> EXO_BACKEND__COUNT)
-        return exo_err_set(err, EXO_EINVAL, "node info: unknown backend bits");
-    return 0;
+    int rc = exo_record_validate(&exo_node_info_desc, info, err);
+    return rc < 0 ? exo_err_wrap(err, "node info") : 0;
 }
+
+const exo_model_card *exo_node_info_model(const exo_node_info *info, const char *model_id)
+{
+    for (size_t i = 0; i < info->models.n; i++)
+        if (!strcmp(info->models.v[i].model_id, model_id))
+            return &info->models.v[i];
+    return NULL;
+}
+
+/* ---- topology ------------------------------------------------------------------------------ */
+
+static const exo_field edge_fields[] = {
+    EXO_FIELD(exo_topology_edge, source, "source", "source", exo_ft_id),
+    EXO_FIELD(exo_topology_edge, sink, "sink", "sink", exo_ft_id),
+    EXO_FIELD(exo_topology_edge, address, "address", "address", exo_ft_addr),
+    EXO_FIELD_RANGE(exo_topology_edge, latency_us, "latency_us", "latencyUs", exo_ft_i64, 0, INT64_MAX),
+    EXO_FIELD(exo_topology_edge, bandwidth_bps, "bandwidth_bps", "bandwidthBps", exo_ft_u64),
+};
+const exo_record_desc exo_topology_edge_desc = EXO_RECORD("edge", exo_topology_edge, edge_fields);
+
+bool exo_topology_edge_same(const exo_topology_edge *a, const exo_topology_edge *b)
+{
+    return exo_id_eq(&a->source, &b->source) && exo_id_eq(&a->sink, &b->sink) &&
+           strcmp(a->address, b->address) == 0;
+}
+
+int exo_topology_edge_validate(const exo_topology_edge *e, exo_err *err)
+{
+    int rc = exo_record_validate(&exo_topology_edge_desc, e, err);
+    if (rc == 0 && exo_id_eq(&e->source, &e->sink))
+        rc = exo_err_set(err, EXO_EINVAL, "edge from %s to itself", e->source.s);
+    return rc;
+}
+

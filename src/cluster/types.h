@@ -144,16 +144,96 @@ void exo_task_clear(exo_task *t);
 bool exo_task_equal(const exo_task *a, const exo_task *b);
 int  exo_task_validate(const exo_task *t, exo_err *err);
 
-/* ---- node information (NodeGatheredInfo) ---------------------------------- */
+/* ---- model cards --------------------------------------------------------------
+ * What placement needs to know about a model (from its config.json and
+ * files on the node that asked; exo's ModelCard, trimmed). */
+typedef struct exo_model_card {
+    char     model_id[EXO_MODEL_ID_MAX];
+    int32_t  n_layers;
+    int32_t  hidden_size;
+    int32_t  n_kv_heads;
+    uint64_t storage_bytes;
+    bool     supports_tensor;
+} exo_model_card;
+
+int exo_model_card_validate(const exo_model_card *c, exo_err *err);
+
+/* ---- node information (NodeGatheredInfo) ----------------------------------
+ * What a node reports about itself. Records with heap arrays: copy/clear/
+ * equal/validate go through the record descriptors (codec.h) below, the
+ * same tables the wire and JSON codecs use. */
+#define EXO_NODE_MAX_GPUS       64
+#define EXO_NODE_MAX_INTERFACES 64
+#define EXO_NODE_MAX_MODELS     256
+
+#define EXO_IFACE_KIND_MAP(XX) XX(ETHERNET, "ethernet") XX(WIFI, "wifi") XX(LOOPBACK, "loopback") \
+    XX(VIRTUAL, "virtual") XX(UNKNOWN, "unknown")
+#define XX(n, s) EXO__ENUM_ITEM(EXO_IFACE_, n, s)
+typedef enum exo_iface_kind { EXO_IFACE_KIND_MAP(XX) EXO_IFACE__COUNT } exo_iface_kind;
+#undef XX
+const char *exo_iface_kind_name(exo_iface_kind k);
+int exo_iface_kind_parse(const char *s, size_t len);
+
+typedef struct exo_gpu_info {
+    int32_t  index;                  /* the driver's device index */
+    char     name[EXO_NAME_MAX];     /* "NVIDIA H200" */
+    uint64_t memory_total;           /* bytes */
+    uint64_t memory_used;            /* bytes */
+} exo_gpu_info;
+
+typedef struct exo_net_iface {
+    char           name[EXO_NAME_MAX]; /* "eth0" */
+    char           ip[EXO_ADDR_MAX];   /* one address of it, numeric (link-local: with %scope) */
+    exo_iface_kind kind;
+} exo_net_iface;
+
+#define EXO__ARRAY(T) struct { T *v; size_t n; }
 typedef struct exo_node_info {
     uint64_t memory_total;      /* bytes */
     uint64_t memory_available;  /* bytes */
     int32_t  cpu_count;
     char     friendly_name[EXO_NAME_MAX];
     uint32_t backends;          /* bit (1u << exo_backend_kind) */
+    char     cpu_model[EXO_NAME_MAX];
+    char     os[EXO_NAME_MAX];  /* "Linux 6.1.0 x86_64" */
+    uint64_t disk_total;        /* bytes of the first writable models dir's filesystem */
+    uint64_t disk_available;
+    int32_t  api_port;          /* 0: no API on this node */
+    int32_t  cluster_port;      /* 0: not in a cluster */
+    EXO__ARRAY(exo_gpu_info)  gpus;
+    EXO__ARRAY(exo_net_iface) interfaces;
+    EXO__ARRAY(exo_model_card) models;  /* complete on disk here */
 } exo_node_info;
 
+void exo_node_info_copy(exo_node_info *dst, const exo_node_info *src);
+void exo_node_info_clear(exo_node_info *info);
 bool exo_node_info_equal(const exo_node_info *a, const exo_node_info *b);
 int  exo_node_info_validate(const exo_node_info *info, exo_err *err);
+/* The card of model_id if the node has it on disk, else NULL. */
+const exo_model_card *exo_node_info_model(const exo_node_info *info, const char *model_id);
+
+/* ---- topology ---------------------------------------------------------------
+ * A directed edge: `source` reached `sink` at `address` (the sink's cluster
+ * listener, "ip:port"), measured by the source. One edge per (source, sink,
+ * address); latency and bandwidth are the source's last measurement. */
+typedef struct exo_topology_edge {
+    exo_id   source, sink;
+    char     address[EXO_ADDR_MAX];
+    int64_t  latency_us;        /* round trip, microseconds */
+    uint64_t bandwidth_bps;     /* bytes per second, 0 = not measured */
+} exo_topology_edge;
+
+bool exo_topology_edge_same(const exo_topology_edge *a, const exo_topology_edge *b); /* same key */
+int  exo_topology_edge_validate(const exo_topology_edge *e, exo_err *err);
+
+/* Record descriptors of the above (codec.h), for the codecs that embed them. */
+struct exo_record_desc;
+extern const struct exo_record_desc exo_node_info_desc;
+extern const struct exo_record_desc exo_topology_edge_desc;
+extern const struct exo_record_desc exo_model_card_desc;
+/* Enum descriptors for field tables. */
+struct exo_enum_desc;
+extern const struct exo_enum_desc exo_task_status_enum, exo_sharding_enum, exo_instance_meta_enum,
+    exo_backend_enum, exo_iface_kind_enum;
 
 #endif

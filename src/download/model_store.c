@@ -447,7 +447,7 @@ const exo_model_entry *exo_model_store_find(const exo_model_store *s, const char
 
 /* exo's tensor-parallel allowlist is by architecture class; these are the
  * model_types of those classes. */
-static bool supports_tensor(const char *model_type)
+bool exo_model_type_supports_tensor(const char *model_type)
 {
     static const char *const allow[] = {
         "llama",       "qwen3_moe",    "qwen3_next",   "qwen3_5",    "qwen3_5_moe",   "qwen3_vl",
@@ -489,7 +489,7 @@ json_t *exo_model_entry_to_json(const exo_model_entry *m)
     json_object_set_new(o, "tags", json_array());
     /* exo's Memory.in_mb: MiB rounded to nearest */
     json_object_set_new(o, "storage_size_megabytes", json_integer((m->storage_bytes + (1 << 19)) >> 20));
-    json_object_set_new(o, "supports_tensor", json_boolean(supports_tensor(m->model_type)));
+    json_object_set_new(o, "supports_tensor", json_boolean(exo_model_type_supports_tensor(m->model_type)));
     json_object_set_new(o, "tasks", tasks);
     json_object_set_new(o, "is_custom", json_false());
     json_object_set_new(o, "family", json_string(family));

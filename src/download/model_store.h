@@ -62,6 +62,9 @@ size_t                 exo_model_store_count(const exo_model_store *s);
 const exo_model_entry *exo_model_store_at(const exo_model_store *s, size_t i); /* sorted by id */
 const exo_model_entry *exo_model_store_find(const exo_model_store *s, const char *model_id);
 
+/* exo's tensor-parallel allowlist (by architecture class, as model_type). */
+bool exo_model_type_supports_tensor(const char *model_type);
+
 /* The directory name for a model id ("org/name" -> "org--name"); false if
  * the id is not of the form org/name with both parts non-empty and of safe
  * characters ([A-Za-z0-9._-], no "..", no leading '.'), if a part contains

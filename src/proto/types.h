@@ -47,6 +47,9 @@ bool exo_id_is_empty(const exo_id *id);
 /* Model ids ("org/name"): printable ASCII, 1..EXO_MODEL_ID_MAX-1 bytes. */
 #define EXO_MODEL_ID_MAX 256
 bool exo_model_id_valid(const char *s, size_t len);
+/* Network addresses as text: "192.168.1.2:52414", "[fe80::1%eth0]:52414",
+ * or a bare numeric IP. Printable ASCII, no spaces. */
+#define EXO_ADDR_MAX 80
 /* Friendly names: UTF-8 without control characters. */
 #define EXO_NAME_MAX 128
 /* Heap strings carried by events (error messages) and request parameters. */

@@ -270,8 +270,11 @@ export class Daemon {
 }
 
 export function spawnDaemon({ dataDir, modelsDir, ctx = CTX, extra = [] }) {
+  // A node of its own: no multicast discovery (other tests' daemons run on
+  // this machine too), any free cluster port.
   const args = ['serve', '--api-port', '0', '--host', '127.0.0.1', '--data-dir', dataDir,
-    '--models-dir', modelsDir, '--threads', String(THREADS), '--ctx', String(ctx), ...extra];
+    '--models-dir', modelsDir, '--threads', String(THREADS), '--ctx', String(ctx),
+    '--no-discovery', '--cluster-port', '0', ...extra];
   const env = { ...process.env };
   delete env.EXO_MODELS_DIRS;
   delete env.EXO_MODELS_READ_ONLY_DIRS;

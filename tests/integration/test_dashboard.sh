@@ -21,7 +21,7 @@ tmp=$(mktemp -d)
 trap 'kill $pid 2>/dev/null; wait $pid 2>/dev/null; rm -rf "$tmp"' EXIT
 echo "outside" > "$tmp/secret.txt"
 EXO_DASHBOARD_DIR=$PWD/dashboard/dist "$EXO_BIN" serve --api-port 0 --host 127.0.0.1 \
-  --data-dir "$tmp/data" --models-dir "$tmp/models" --no-worker 2>"$tmp/log" &
+  --data-dir "$tmp/data" --models-dir "$tmp/models" --no-worker --no-discovery --cluster-port 0 2>"$tmp/log" &
 pid=$!
 port=""
 for _ in $(seq 100); do

@@ -193,7 +193,8 @@ Test(cluster_events, json_commands)
     fx_command(&cmd, EXO_COMMAND_PLACE_INSTANCE, 7);
     json_t *j = exo_command_to_json(&cmd);
     json_t *b = body_of(j, "PlaceInstance");
-    cr_assert_str_eq(json_string_value(json_object_get(b, "modelId")), "org/model-7");
+    cr_assert_str_eq(json_string_value(json_object_get(json_object_get(b, "modelCard"), "modelId")), "org/model-7");
+    cr_assert_eq(json_integer_value(json_object_get(json_object_get(b, "modelCard"), "nLayers")), 24);
     cr_assert_str_eq(json_string_value(json_object_get(b, "sharding")), "Tensor");
     cr_assert_str_eq(json_string_value(json_object_get(b, "instanceMeta")), "MlxJaccl");
     cr_assert_eq(json_integer_value(json_object_get(b, "minNodes")), 2);

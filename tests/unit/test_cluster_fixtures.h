@@ -118,8 +118,55 @@ static inline void fx_event(exo_event *ev, exo_event_kind kind, int variant)
         snprintf(ev->u.node_gathered_info.info.friendly_name, EXO_NAME_MAX, "box-%d \xc3\xa9", variant);
         ev->u.node_gathered_info.info.backends = variant % 2 ? (1u << EXO_BACKEND_CPU) | (1u << EXO_BACKEND_CUDA)
                                                              : (1u << EXO_BACKEND_CPU);
+        if (variant % 2) { /* every optional part of a node's report */
+            exo_node_info *in = &ev->u.node_gathered_info.info;
+            snprintf(in->cpu_model, sizeof in->cpu_model, "Xeon %d", variant);
+            snprintf(in->os, sizeof in->os, "Linux 6.1 x86_64");
+            in->disk_total = 1ull << 40;
+            in->disk_available = 1ull << 39;
+            in->api_port = 52415;
+            in->cluster_port = 52414;
+            in->gpus.n = 2;
+            in->gpus.v = exo_calloc(2, sizeof *in->gpus.v);
+            for (int g = 0; g < 2; g++) {
+                in->gpus.v[g].index = g;
+                snprintf(in->gpus.v[g].name, EXO_NAME_MAX, "NVIDIA H200");
+                in->gpus.v[g].memory_total = 141ull << 30;
+                in->gpus.v[g].memory_used = (uint64_t)g << 30;
+            }
+            in->interfaces.n = 2;
+            in->interfaces.v = exo_calloc(2, sizeof *in->interfaces.v);
+            snprintf(in->interfaces.v[0].name, EXO_NAME_MAX, "eth0");
+            snprintf(in->interfaces.v[0].ip, EXO_ADDR_MAX, "192.168.1.%d", variant % 250);
+            in->interfaces.v[0].kind = EXO_IFACE_ETHERNET;
+            snprintf(in->interfaces.v[1].name, EXO_NAME_MAX, "eth0");
+            snprintf(in->interfaces.v[1].ip, EXO_ADDR_MAX, "fe80::1%%eth0");
+            in->interfaces.v[1].kind = EXO_IFACE_ETHERNET;
+            in->models.n = 1;
+            in->models.v = exo_calloc(1, sizeof *in->models.v);
+            snprintf(in->models.v[0].model_id, EXO_MODEL_ID_MAX, "org/model-%d", variant);
+            in->models.v[0].n_layers = 24;
+            in->models.v[0].hidden_size = 2048;
+            in->models.v[0].n_kv_heads = 8;
+            in->models.v[0].storage_bytes = 700ull << 20;
+            in->models.v[0].supports_tensor = true;
+        }
         break;
     case EXO_EVENT_NODE_TIMED_OUT: fx_id(&ev->u.node_timed_out.node_id, "node", variant); break;
+    case EXO_EVENT_TOPOLOGY_EDGE_CREATED: {
+        exo_topology_edge *e = &ev->u.topology_edge_created.edge;
+        fx_id(&e->source, "node", variant);
+        fx_id(&e->sink, "node", variant + 1);
+        snprintf(e->address, sizeof e->address, "10.0.0.%d:52414", variant % 250);
+        e->latency_us = 180 + variant;
+        e->bandwidth_bps = 9400000000ull;
+        break;
+    }
+    case EXO_EVENT_TOPOLOGY_EDGE_DELETED:
+        fx_id(&ev->u.topology_edge_deleted.source, "node", variant);
+        fx_id(&ev->u.topology_edge_deleted.sink, "node", variant + 1);
+        snprintf(ev->u.topology_edge_deleted.address, EXO_ADDR_MAX, "[fe80::2%%eth0]:52414");
+        break;
     default: break;
     }
 }
@@ -129,7 +176,12 @@ static inline void fx_command(exo_command *cmd, exo_command_kind kind, int varia
     exo_command_init(cmd, kind);
     switch (kind) {
     case EXO_COMMAND_PLACE_INSTANCE:
-        snprintf(cmd->u.place_instance.model_id, EXO_MODEL_ID_MAX, "org/model-%d", variant);
+        snprintf(cmd->u.place_instance.card.model_id, EXO_MODEL_ID_MAX, "org/model-%d", variant);
+        cmd->u.place_instance.card.n_layers = 24;
+        cmd->u.place_instance.card.hidden_size = 2048;
+        cmd->u.place_instance.card.n_kv_heads = 8;
+        cmd->u.place_instance.card.storage_bytes = 1ull << 30;
+        cmd->u.place_instance.card.supports_tensor = variant % 2;
         cmd->u.place_instance.sharding = EXO_SHARDING_TENSOR;
         cmd->u.place_instance.meta = EXO_INSTANCE_META_MLX_JACCL;
         cmd->u.place_instance.min_nodes = 2;
@@ -141,6 +193,8 @@ static inline void fx_command(exo_command *cmd, exo_command_kind kind, int varia
     case EXO_COMMAND_TEXT_GENERATION:
         snprintf(cmd->u.text_generation.model_id, EXO_MODEL_ID_MAX, "org/m");
         cmd->u.text_generation.params_json = exo_strdup("{\"max_tokens\":16,\"stream\":true}");
+        if (variant % 2)
+            fx_id(&cmd->u.text_generation.origin, "node", variant);
         break;
     case EXO_COMMAND_TASK_CANCELLED: fx_id(&cmd->u.task_cancelled.cancelled_command_id, "cmd", variant); break;
     case EXO_COMMAND_TASK_FINISHED: fx_id(&cmd->u.task_finished.finished_command_id, "cmd", variant); break;

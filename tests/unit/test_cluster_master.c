@@ -1,6 +1,7 @@
-/* Placement (layer split, memory, forced single-node Pipeline, tensor
- * divisibility, min_nodes), the master's command -> event rules, and the
- * POST /instance JSON decoder (round trip and rejections). */
+/* Placement (layer split, memory, rings over the topology, models on disk,
+ * forced single-node Pipeline, tensor divisibility, min_nodes, previews),
+ * the master's command -> event rules, and the POST /instance JSON decoder
+ * (round trip and rejections). */
 #include "cluster/master.h"
 #include "cluster/placement.h"
 #include "core/alloc.h"
@@ -17,7 +18,21 @@ static void apply(exo_state *st, exo_event *ev)
                  err.msg);
 }
 
-static void add_node(exo_state *st, const char *id, uint64_t avail)
+static exo_model_card model(int layers, uint64_t bytes)
+{
+    exo_model_card m;
+    memset(&m, 0, sizeof m);
+    snprintf(m.model_id, sizeof m.model_id, "org/model");
+    m.n_layers = layers;
+    m.storage_bytes = bytes;
+    m.hidden_size = 64;
+    m.n_kv_heads = 4;
+    m.supports_tensor = true;
+    return m;
+}
+
+/* A node with `avail` bytes free that has org/model on disk (or not). */
+static void add_node_with(exo_state *st, const char *id, uint64_t avail, bool has_model)
 {
     exo_event ev;
     exo_event_init(&ev, EXO_EVENT_NODE_GATHERED_INFO);
@@ -29,20 +44,37 @@ static void add_node(exo_state *st, const char *id, uint64_t avail)
     in->cpu_count = 4;
     snprintf(in->friendly_name, sizeof in->friendly_name, "%s", id);
     in->backends = 1u << EXO_BACKEND_CPU;
+    if (has_model) {
+        in->models.n = 1;
+        in->models.v = exo_calloc(1, sizeof *in->models.v);
+        in->models.v[0] = model(20, GIB);
+    }
     apply(st, &ev);
     exo_event_clear(&ev);
 }
 
-static exo_model_entry model(int layers, uint64_t bytes)
+static void add_node(exo_state *st, const char *id, uint64_t avail) { add_node_with(st, id, avail, true); }
+
+static void add_edge(exo_state *st, const char *a, const char *b)
 {
-    exo_model_entry m;
-    memset(&m, 0, sizeof m);
-    snprintf(m.id, sizeof m.id, "org/model");
-    m.n_layers = layers;
-    m.storage_bytes = (int64_t)bytes;
-    m.hidden_size = 64;
-    m.n_kv_heads = 4;
-    return m;
+    exo_event ev;
+    exo_event_init(&ev, EXO_EVENT_TOPOLOGY_EDGE_CREATED);
+    exo_topology_edge *e = &ev.u.topology_edge_created.edge;
+    exo_id_set(&e->source, a, NULL);
+    exo_id_set(&e->sink, b, NULL);
+    snprintf(e->address, sizeof e->address, "10.0.0.1:52414");
+    e->latency_us = 100;
+    apply(st, &ev);
+    exo_event_clear(&ev);
+}
+
+/* Edges both ways between every pair of the named nodes. */
+static void full_mesh(exo_state *st, const char *const *ids, int n)
+{
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < n; j++)
+            if (i != j)
+                add_edge(st, ids[i], ids[j]);
 }
 
 Test(placement, split_layers_proportional_largest_remainder)
@@ -65,8 +97,8 @@ Test(placement, single_node_is_pipeline_ring_with_all_layers)
 {
     exo_state *st = exo_state_new();
     add_node(st, "n1", 8 * GIB);
-    exo_model_entry m = model(16, 1 * GIB);
-    exo_placement_request req = {&m, EXO_SHARDING_TENSOR, EXO_INSTANCE_META_MLX_JACCL, 1};
+    exo_model_card m = model(16, 1 * GIB);
+    exo_placement_request req = {&m, EXO_SHARDING_TENSOR, EXO_INSTANCE_META_MLX_JACCL, 1, 0};
     exo_instance inst;
     exo_err err = {0};
     cr_assert_eq(exo_placement_place(st, &req, &inst, &err), 0, "%s", err.msg);
@@ -87,8 +119,10 @@ Test(placement, fewest_nodes_that_fit_most_memory_first)
     add_node(st, "small", 2 * GIB);
     add_node(st, "big", 6 * GIB);
     add_node(st, "mid", 4 * GIB);
-    exo_model_entry m = model(20, 9 * GIB);
-    exo_placement_request req = {&m, EXO_SHARDING_PIPELINE, EXO_INSTANCE_META_MLX_RING, 1};
+    static const char *const all[] = {"small", "big", "mid"};
+    full_mesh(st, all, 3);
+    exo_model_card m = model(20, 9 * GIB);
+    exo_placement_request req = {&m, EXO_SHARDING_PIPELINE, EXO_INSTANCE_META_MLX_RING, 1, 0};
     exo_instance inst;
     exo_err err = {0};
     cr_assert_eq(exo_placement_place(st, &req, &inst, &err), 0, "%s", err.msg);
@@ -100,14 +134,14 @@ Test(placement, fewest_nodes_that_fit_most_memory_first)
     cr_assert_eq(inst.shards[0].end_layer, 12, "6:4 split of 20 layers");
     exo_instance_clear(&inst);
 
-    m.storage_bytes = (int64_t)(13 * GIB);
+    m.storage_bytes = 13 * GIB;
     cr_assert_eq(exo_placement_place(st, &req, &inst, &err), EXO_EINVAL);
     cr_assert(strstr(err.msg, "not enough memory"), "%s", err.msg);
 
-    m.storage_bytes = (int64_t)GIB;
+    m.storage_bytes = GIB;
     req.min_nodes = 4;
     cr_assert_eq(exo_placement_place(st, &req, &inst, &err), EXO_EINVAL);
-    cr_assert(strstr(err.msg, "min_nodes"), "%s", err.msg);
+    cr_assert(strstr(err.msg, "min_nodes is 4 but only 3 nodes have org/model on disk"), "%s", err.msg);
 
     req.min_nodes = 3;
     req.sharding = EXO_SHARDING_TENSOR;
@@ -127,12 +161,175 @@ Test(placement, fewest_nodes_that_fit_most_memory_first)
 Test(placement, no_nodes)
 {
     exo_state *st = exo_state_new();
-    exo_model_entry m = model(4, 1);
-    exo_placement_request req = {&m, EXO_SHARDING_PIPELINE, EXO_INSTANCE_META_MLX_RING, 1};
+    exo_model_card m = model(4, 1);
+    exo_placement_request req = {&m, EXO_SHARDING_PIPELINE, EXO_INSTANCE_META_MLX_RING, 1, 0};
     exo_instance inst;
     exo_err err = {0};
     cr_assert_eq(exo_placement_place(st, &req, &inst, &err), EXO_EINVAL);
     cr_assert(strstr(err.msg, "no nodes"), "%s", err.msg);
+    exo_state_free(st);
+}
+
+Test(placement, several_nodes_need_a_ring)
+{
+    exo_state *st = exo_state_new();
+    add_node(st, "a", 5 * GIB);
+    add_node(st, "b", 5 * GIB);
+    add_node(st, "c", 5 * GIB);
+    exo_model_card m = model(12, 9 * GIB);
+    exo_placement_request req = {&m, EXO_SHARDING_PIPELINE, EXO_INSTANCE_META_MLX_RING, 1, 0};
+    exo_instance inst;
+    exo_err err = {0};
+    cr_assert_eq(exo_placement_place(st, &req, &inst, &err), EXO_EINVAL, "no edges: no ring");
+    cr_assert(strstr(err.msg, "not linked in a ring"), "%s", err.msg);
+    add_edge(st, "a", "b");
+    cr_assert_eq(exo_placement_place(st, &req, &inst, &err), EXO_EINVAL, "one direction is not a ring");
+    add_edge(st, "b", "a");
+    cr_assert_eq(exo_placement_place(st, &req, &inst, &err), 0, "%s", err.msg);
+    cr_assert_eq(inst.n_shards, 2);
+    cr_assert_str_eq(inst.shards[0].node_id.s, "a");
+    cr_assert_str_eq(inst.shards[1].node_id.s, "b");
+    exo_instance_clear(&inst);
+
+    /* three nodes: a -> b -> c -> a is a ring, its reverse is not */
+    m.storage_bytes = 14 * GIB;
+    cr_assert_eq(exo_placement_place(st, &req, &inst, &err), EXO_EINVAL);
+    add_edge(st, "b", "c");
+    add_edge(st, "c", "a");
+    cr_assert_eq(exo_placement_place(st, &req, &inst, &err), 0, "%s", err.msg);
+    cr_assert_eq(inst.n_shards, 3);
+    cr_assert_str_eq(inst.shards[0].node_id.s, "a");
+    cr_assert_str_eq(inst.shards[1].node_id.s, "b", "ring order follows the edges");
+    cr_assert_str_eq(inst.shards[2].node_id.s, "c");
+    exo_instance_clear(&inst);
+    exo_state_free(st);
+}
+
+Test(placement, only_nodes_with_the_model_on_disk)
+{
+    exo_state *st = exo_state_new();
+    add_node_with(st, "empty", 64 * GIB, false);
+    exo_model_card m = model(8, GIB);
+    exo_placement_request req = {&m, EXO_SHARDING_PIPELINE, EXO_INSTANCE_META_MLX_RING, 1, 0};
+    exo_instance inst;
+    exo_err err = {0};
+    cr_assert_eq(exo_placement_place(st, &req, &inst, &err), EXO_EINVAL);
+    cr_assert(strstr(err.msg, "no node has org/model on disk"), "%s", err.msg);
+    add_node(st, "small", 2 * GIB);
+    cr_assert_eq(exo_placement_place(st, &req, &inst, &err), 0, "%s", err.msg);
+    cr_assert_str_eq(inst.shards[0].node_id.s, "small", "the bigger node lacks the files");
+    exo_instance_clear(&inst);
+    exo_state_free(st);
+}
+
+Test(placement, rdma_and_tensor_rules)
+{
+    exo_state *st = exo_state_new();
+    static const char *const ids[] = {"a", "b"};
+    add_node(st, "a", 3 * GIB);
+    add_node(st, "b", 3 * GIB);
+    full_mesh(st, ids, 2);
+    exo_model_card m = model(8, 5 * GIB);
+    exo_placement_request req = {&m, EXO_SHARDING_PIPELINE, EXO_INSTANCE_META_MLX_JACCL, 1, 0};
+    exo_instance inst;
+    exo_err err = {0};
+    cr_assert_eq(exo_placement_place(st, &req, &inst, &err), EXO_EINVAL);
+    cr_assert(strstr(err.msg, "RDMA"), "%s", err.msg);
+    req.meta = EXO_INSTANCE_META_MLX_RING;
+    req.sharding = EXO_SHARDING_TENSOR;
+    m.supports_tensor = false;
+    cr_assert_eq(exo_placement_place(st, &req, &inst, &err), EXO_EINVAL);
+    cr_assert(strstr(err.msg, "does not support tensor"), "%s", err.msg);
+    m.supports_tensor = true;
+    cr_assert_eq(exo_placement_place(st, &req, &inst, &err), 0, "%s", err.msg);
+    cr_assert_eq(inst.sharding, EXO_SHARDING_TENSOR);
+    exo_instance_clear(&inst);
+    exo_state_free(st);
+}
+
+Test(placement, previews_list_every_option_with_reasons)
+{
+    exo_state *st = exo_state_new();
+    static const char *const ids[] = {"a", "b", "c"};
+    add_node(st, "a", 4 * GIB);
+    add_node(st, "b", 4 * GIB);
+    add_node(st, "c", 4 * GIB);
+    full_mesh(st, ids, 3);
+    exo_model_card m = model(24, 6 * GIB);
+    json_t *list = json_array();
+    exo_placement_previews(st, &m, list);
+    /* 1 node: too small (one entry: the forced Pipeline/MlxRing repeats are
+     * folded); 2 and 3 nodes x Pipeline/Tensor x MlxRing/MlxJaccl */
+    size_t ok = 0, bad = 0;
+    bool saw_memory = false, saw_rdma = false, saw_tensor_div = false;
+    size_t i;
+    json_t *p;
+    json_array_foreach(list, i, p) {
+        json_t *e = json_object_get(p, "error");
+        if (json_is_null(e)) {
+            ok++;
+            cr_assert(json_is_object(json_object_get(p, "instance")));
+            cr_assert(json_object_size(json_object_get(p, "memory_delta_by_node")) >= 2);
+        } else {
+            bad++;
+            const char *why = json_string_value(e);
+            saw_memory |= strstr(why, "not enough memory") != NULL;
+            saw_rdma |= strstr(why, "RDMA") != NULL;
+            saw_tensor_div |= strstr(why, "divisible by 3") != NULL;
+        }
+    }
+    cr_assert(saw_memory && saw_rdma && saw_tensor_div, "memory %d rdma %d tensor %d", saw_memory, saw_rdma,
+              saw_tensor_div);
+    cr_assert_eq(ok, 3, "Pipeline x 2 and 3 nodes, Tensor x 2 nodes");
+    cr_assert(bad >= 4);
+    json_decref(list);
+    exo_state_free(st);
+}
+
+Test(master, refuses_instances_over_several_nodes)
+{
+    exo_state *st = exo_state_new();
+    static const char *const ids[] = {"a", "b"};
+    add_node(st, "a", 3 * GIB);
+    add_node(st, "b", 3 * GIB);
+    full_mesh(st, ids, 2);
+    exo_command place;
+    exo_command_init(&place, EXO_COMMAND_PLACE_INSTANCE);
+    place.u.place_instance.card = model(8, 5 * GIB);
+    exo_event_list out = {0};
+    exo_err err = {0};
+    cr_assert_eq(exo_master_handle(st, &place, &out, &err), EXO_EINVAL);
+    cr_assert(strstr(err.msg, "several nodes is not built yet"), "%s", err.msg);
+    cr_assert_eq(out.n, 0);
+    place.u.place_instance.card.storage_bytes = GIB;
+    cr_assert_eq(exo_master_handle(st, &place, &out, &err), 0, "%s", err.msg);
+    cr_assert_eq(out.n, 1);
+    exo_event_list_clear(&out);
+    exo_command_clear(&place);
+    exo_state_free(st);
+}
+
+Test(master, text_generation_task_names_its_origin)
+{
+    exo_state *st = exo_state_new();
+    add_node(st, "n1", 8 * GIB);
+    exo_command place;
+    exo_command_init(&place, EXO_COMMAND_PLACE_INSTANCE);
+    place.u.place_instance.card = model(4, GIB);
+    exo_event_list out = {0};
+    exo_err err = {0};
+    cr_assert_eq(exo_master_handle(st, &place, &out, &err), 0, "%s", err.msg);
+    apply(st, &out.v[0]);
+    exo_command gen;
+    exo_command_init(&gen, EXO_COMMAND_TEXT_GENERATION);
+    snprintf(gen.u.text_generation.model_id, EXO_MODEL_ID_MAX, "org/model");
+    gen.u.text_generation.params_json = exo_strdup("{}");
+    exo_id_set(&gen.u.text_generation.origin, "api-node", NULL);
+    cr_assert_eq(exo_master_handle(st, &gen, &out, &err), 0, "%s", err.msg);
+    cr_assert_str_eq(out.v[1].u.task_created.task.node_id.s, "api-node");
+    exo_event_list_clear(&out);
+    exo_command_clear(&gen);
+    exo_command_clear(&place);
     exo_state_free(st);
 }
 
@@ -141,8 +338,8 @@ static exo_state *with_instance(exo_instance *inst_out)
 {
     exo_state *st = exo_state_new();
     add_node(st, "n1", 8 * GIB);
-    exo_model_entry m = model(4, GIB);
-    exo_placement_request req = {&m, EXO_SHARDING_PIPELINE, EXO_INSTANCE_META_MLX_RING, 1};
+    exo_model_card m = model(4, GIB);
+    exo_placement_request req = {&m, EXO_SHARDING_PIPELINE, EXO_INSTANCE_META_MLX_RING, 1, 0};
     exo_event ev;
     exo_event_init(&ev, EXO_EVENT_INSTANCE_CREATED);
     cr_assert_eq(exo_placement_place(st, &req, &ev.u.instance_created.instance, NULL), 0);
@@ -156,7 +353,7 @@ static void handle_apply(exo_state *st, const exo_command *cmd, exo_event_list *
 {
     exo_err err = {0};
     size_t from = out->n;
-    cr_assert_eq(exo_master_handle(st, cmd, NULL, out, &err), 0, "%s", err.msg);
+    cr_assert_eq(exo_master_handle(st, cmd, out, &err), 0, "%s", err.msg);
     for (size_t i = from; i < out->n; i++)
         apply(st, &out->v[i]);
 }
@@ -202,17 +399,19 @@ Test(master, text_generation_lifecycle)
     cr_assert_null(exo_state_task_for_command(st, &gen.command_id));
 
     exo_err err = {0};
-    cr_assert_eq(exo_master_handle(st, &fin, NULL, &out, &err), EXO_ENOENT);
+    cr_assert_eq(exo_master_handle(st, &fin, &out, &err), EXO_ENOENT);
     cr_assert_eq(out.n, 3, "errors emit nothing");
 
     exo_command other = text_gen();
     snprintf(other.u.text_generation.model_id, EXO_MODEL_ID_MAX, "org/absent");
-    cr_assert_eq(exo_master_handle(st, &other, NULL, &out, &err), EXO_ENOENT);
+    cr_assert_eq(exo_master_handle(st, &other, &out, &err), EXO_ENOENT);
     cr_assert(strstr(err.msg, "No instance found for model org/absent"), "%s", err.msg);
     exo_command place;
     exo_command_init(&place, EXO_COMMAND_PLACE_INSTANCE);
-    snprintf(place.u.place_instance.model_id, EXO_MODEL_ID_MAX, "org/absent");
-    cr_assert_eq(exo_master_handle(st, &place, NULL, &out, &err), EXO_ENOENT);
+    place.u.place_instance.card = model(4, GIB);
+    snprintf(place.u.place_instance.card.model_id, EXO_MODEL_ID_MAX, "org/absent");
+    cr_assert_eq(exo_master_handle(st, &place, &out, &err), EXO_EINVAL);
+    cr_assert(strstr(err.msg, "no node has org/absent on disk"), "%s", err.msg);
 
     exo_command_clear(&gen);
     exo_command_clear(&other);
@@ -256,7 +455,7 @@ Test(master, least_loaded_instance_and_delete_cancels)
     cr_assert_null(exo_state_instance(st, &a.instance_id));
     cr_assert_eq(exo_state_active_task_count(st, &b.instance_id), 1);
     exo_err err = {0};
-    cr_assert_eq(exo_master_handle(st, &del, NULL, &out, &err), EXO_ENOENT);
+    cr_assert_eq(exo_master_handle(st, &del, &out, &err), EXO_ENOENT);
 
     for (int i = 0; i < 3; i++)
         exo_command_clear(&g[i]);

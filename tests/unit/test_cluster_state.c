@@ -172,13 +172,37 @@ Test(cluster_state, task_lifecycle)
     cr_assert_not_null(t->error_message, "Failed keeps the error");
     cr_assert_eq(exo_state_active_task_count(st, &inst0), 1);
 
+    /* a final status is final: a late Running (a worker's, in a cluster)
+     * changes nothing */
     exo_event_init(&ev, EXO_EVENT_TASK_STATUS_UPDATED);
     ev.u.task_status_updated.task_id = tid;
     ev.u.task_status_updated.status = EXO_TASK_RUNNING;
     apply_next(st, &ev);
     t = exo_state_task(st, &tid);
+    cr_assert_eq(t->status, EXO_TASK_FAILED);
+    cr_assert_not_null(t->error_message);
+
+    /* a non-Failed status clears an error that was set before it */
+    exo_id other = id_of("task-1001");
+    exo_event_init(&ev, EXO_EVENT_TASK_CREATED);
+    fx_task(&ev.u.task_created.task, 1001, 0, EXO_TASK_KIND_TEXT_GENERATION);
+    apply_next(st, &ev);
+    exo_event_init(&ev, EXO_EVENT_TASK_FAILED);
+    ev.u.task_failed.task_id = other;
+    ev.u.task_failed.error_type = exo_strdup("RunnerError");
+    ev.u.task_failed.error_message = exo_strdup("x");
+    apply_next(st, &ev);
+    exo_event_init(&ev, EXO_EVENT_TASK_STATUS_UPDATED);
+    ev.u.task_status_updated.task_id = other;
+    ev.u.task_status_updated.status = EXO_TASK_RUNNING;
+    apply_next(st, &ev);
+    t = exo_state_task(st, &other);
+    cr_assert_eq(t->status, EXO_TASK_RUNNING);
     cr_assert_null(t->error_type, "non-Failed status clears the error");
     cr_assert_null(t->error_message);
+    exo_event_init(&ev, EXO_EVENT_TASK_DELETED);
+    ev.u.task_deleted.task_id = other;
+    apply_next(st, &ev);
 
     /* unknown task: no-op */
     fx_event(&ev, EXO_EVENT_TASK_STATUS_UPDATED, 77);

@@ -5,6 +5,7 @@
  * required), and the result passes exo_node_info_validate. */
 #include "cluster/node_info.h"
 #include "core/log.h"
+#include "test_tmpdir.h"
 
 #include <criterion/criterion.h>
 #include <dlfcn.h>
@@ -36,7 +37,7 @@ Test(node_info, gather)
     exo_node_info info;
     memset(&info, 0xab, sizeof info);
     exo_err err = {0};
-    cr_assert_eq(exo_node_info_gather(&info, &err), 0, "%s", err.msg);
+    cr_assert_eq(exo_node_info_gather(NULL, &info, &err), 0, "%s", err.msg);
 
     cr_assert_gt(info.memory_total, 0);
     cr_assert_gt(info.memory_available, 0);
@@ -72,13 +73,15 @@ Test(node_info, gather)
     cr_assert(info.backends & (1u << EXO_BACKEND_CPU), "Cpu is always offered");
     cr_assert_eq(info.backends >> EXO_BACKEND__COUNT, 0, "no unknown backend bits");
     cr_assert_eq(exo_node_info_validate(&info, &err), 0, "%s", err.msg);
+    cr_assert_eq(info.models.n, 0, "no models dirs given");
+    exo_node_info_clear(&info);
 }
 
 Test(node_info, cuda_only_with_a_driver)
 {
     exo_node_info info;
     exo_err err = {0};
-    cr_assert_eq(exo_node_info_gather(&info, &err), 0, "%s", err.msg);
+    cr_assert_eq(exo_node_info_gather(NULL, &info, &err), 0, "%s", err.msg);
     bool cuda = info.backends & (1u << EXO_BACKEND_CUDA);
     void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
     if (!lib)
@@ -89,16 +92,66 @@ Test(node_info, cuda_only_with_a_driver)
     if (expect && !strcmp(expect, "1"))
         cr_assert(cuda, "EXO_EXPECT_CUDA=1 but no Cuda backend (libcuda %s)", lib ? "loads" : "missing");
     cr_log_info("backends: Cpu%s", cuda ? " Cuda" : "");
+    exo_node_info_clear(&info);
 }
 
 Test(node_info, repeated_gather_is_stable)
 {
     exo_node_info a, b;
     exo_err err = {0};
-    cr_assert_eq(exo_node_info_gather(&a, &err), 0, "%s", err.msg);
-    cr_assert_eq(exo_node_info_gather(&b, &err), 0, "%s", err.msg);
+    cr_assert_eq(exo_node_info_gather(NULL, &a, &err), 0, "%s", err.msg);
+    cr_assert_eq(exo_node_info_gather(NULL, &b, &err), 0, "%s", err.msg);
     cr_assert_eq(a.memory_total, b.memory_total);
     cr_assert_eq(a.cpu_count, b.cpu_count);
     cr_assert_eq(a.backends, b.backends, "the CUDA probe is cached and must not flip");
     cr_assert_str_eq(a.friendly_name, b.friendly_name);
+    cr_assert(!exo_node_info_changed(&a, &b), "two gathers a moment apart are the same report");
+    b.memory_available = a.memory_available + (1ull << 30) + a.memory_total / 50;
+    cr_assert(exo_node_info_changed(&a, &b), "available memory moved a lot");
+    b.memory_available = a.memory_available;
+    b.cpu_count++;
+    cr_assert(exo_node_info_changed(&a, &b));
+    exo_node_info_clear(&a);
+    exo_node_info_clear(&b);
+}
+
+/* The parts a cluster needs: interfaces (loopback at least), CPU model and
+ * OS, the models dir's filesystem, the ports, and the cards of the models
+ * on disk (read from their config.json). */
+Test(node_info, gather_with_models_dir)
+{
+    char dir[64];
+    test_tmpdir_make(dir, "node_info");
+    char model_dir[256], cmd[1024];
+    snprintf(model_dir, sizeof model_dir, "%s/exo-test--tiny-llama", dir);
+    const char *repo = getenv("EXO_REPO");
+    snprintf(cmd, sizeof cmd, "mkdir -p %s && cp %s/tests/fixtures/llama-bf16/*.json %s/tests/fixtures/llama-bf16/*.safetensors %s/",
+             model_dir, repo ? repo : ".", repo ? repo : ".", model_dir);
+    cr_assert_eq(system(cmd), 0, "%s", cmd);
+    exo_models_dir md = {dir, false};
+    exo_node_info_opts o = {&md, 1, 52415, 52414};
+    exo_node_info info;
+    exo_err err = {0};
+    cr_assert_eq(exo_node_info_gather(&o, &info, &err), 0, "%s", err.msg);
+    cr_assert_eq(exo_node_info_validate(&info, &err), 0, "%s", err.msg);
+    cr_assert_eq(info.api_port, 52415);
+    cr_assert_eq(info.cluster_port, 52414);
+    cr_assert_gt(info.disk_total, 0);
+    cr_assert_leq(info.disk_available, info.disk_total);
+    cr_assert(!strncmp(info.os, "Linux", 5), "%s", info.os);
+    bool lo = false;
+    for (size_t i = 0; i < info.interfaces.n; i++)
+        lo |= !strcmp(info.interfaces.v[i].ip, "127.0.0.1") && info.interfaces.v[i].kind == EXO_IFACE_LOOPBACK;
+    cr_assert(lo, "the loopback interface is listed");
+    const exo_model_card *c = exo_node_info_model(&info, "exo-test/tiny-llama");
+    cr_assert_not_null(c, "%zu models", info.models.n);
+    cr_assert_gt(c->n_layers, 0);
+    cr_assert_gt(c->storage_bytes, 0);
+    cr_assert(c->supports_tensor, "llama is on exo's tensor allowlist");
+    exo_node_info copy;
+    exo_node_info_copy(&copy, &info);
+    cr_assert(exo_node_info_equal(&copy, &info));
+    exo_node_info_clear(&copy);
+    exo_node_info_clear(&info);
+    test_tmpdir_remove(dir);
 }
