@@ -65,13 +65,15 @@ $(BUILD)/unit_tests: $(TEST_OBJ) $(BUILD)/libexo.a
 	@$(CC) $(LDFLAGS) -o $@ $^ -lcriterion $(LDLIBS)
 
 unit: $(BUILD)/unit_tests $(BUILD)/exo
-	EXO_BIN=$(abspath $(BUILD)/exo) $(BUILD)/unit_tests --jobs 2
+	LSAN_OPTIONS=suppressions=$(abspath tests/unit/lsan.supp) EXO_BIN=$(abspath $(BUILD)/exo) \
+	    $(BUILD)/unit_tests --jobs 2
 
 integration: $(BUILD)/exo
 	EXO_BIN=$(abspath $(BUILD)/exo) BUILD=$(BUILD) tests/integration/run.sh
 
-# The sanitizer build runs the unit tests and the end-to-end daemon suite
-# (the daemon and its runners under ASan+UBSan, driven by the npm clients).
+# The sanitizer build runs the unit tests, the end-to-end daemon suite and
+# the cluster suite (the daemons and their runners under ASan+UBSan, driven
+# by the npm clients).
 # It is built with clang, whose UBSan checks more than GCC's (a zero offset
 # applied to a NULL pointer, for one) and whose -Werror warnings differ, so
 # the project compiles clean under both.
@@ -79,6 +81,7 @@ SAN_CC ?= clang-14
 asan:
 	$(MAKE) BUILD=build-asan SANITIZE=1 OPT=-O1 CC=$(SAN_CC) unit
 	EXO_BIN=$(abspath build-asan/exo) tests/integration/test_e2e_api.sh
+	EXO_BIN=$(abspath build-asan/exo) tests/integration/test_cluster.sh
 
 fuzz:
 	tests/fuzz/run.sh

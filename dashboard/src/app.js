@@ -1,23 +1,32 @@
-// The exo dashboard: cluster overview, model launcher and chat.
-// Plain DOM, no framework. Every piece of text from the daemon or a model is
-// set with textContent / text nodes (never innerHTML). The logic that can be
-// tested without a browser lives in lib.js.
+// The exo dashboard: the cluster (its nodes, the links between them, the
+// master and the election), where each instance's shards run, the model
+// launcher with placement previews, and chat. Plain DOM and SVG, no
+// framework. Every piece of text from the daemon or a model is set with
+// textContent / text nodes (never innerHTML). The logic that can be tested
+// without a browser lives in lib.js.
 
 import {
   SSEParser,
   buildChatRequest,
+  buildClusterView,
   buildInstancesView,
   buildModelsView,
   buildNodesView,
+  buildPreviewsView,
+  buildTopologyView,
   chatActionFromSSE,
   chatModelOptions,
   errorMessageFromBody,
   finishAssistant,
+  formatBandwidth,
   formatBytes,
   formatContext,
+  formatLatency,
+  formatLayers,
   formatMessageStats,
   formatPercent,
   formatRate,
+  formatUsedOfTotal,
   isServing,
   messageStats,
   newAssistantMessage,
@@ -35,8 +44,10 @@ const STORE_KEY = 'exo-dashboard-chat';
 const API = {
   state: 'state',
   nodeId: 'node_id',
+  cluster: 'cluster',
   models: 'v1/models',
   place: 'place_instance',
+  previews: (modelId) => `instance/previews?model_id=${encodeURIComponent(modelId)}`,
   instance: (id) => `instance/${encodeURIComponent(id)}`,
   chat: 'v1/chat/completions',
 };
@@ -44,6 +55,8 @@ const API = {
 const ui = {
   state: null,
   nodeId: null,
+  cluster: null, // GET /cluster of this node (null: not known, or an older daemon)
+  clusterError: null,
   models: null, // the /v1/models list (raw)
   modelsError: null,
   connected: null, // null: not yet known
@@ -51,16 +64,23 @@ const ui = {
   launching: new Set(),
   deleting: new Set(),
   launchErrors: new Map(),
+  // model id -> the open placement picker: {status: loading | ok | error,
+  // data (GET /instance/previews), error, launching (an option's key),
+  // errors: {option key: message}}
+  placing: new Map(),
+  openDetails: new Set(), // the <details> (by key) the user opened: rebuilds keep them open
   filter: '',
   chat: {
     model: null,
     messages: [],
     streaming: null, // {controller, index}
   },
-  views: { nodes: [], instances: [], models: [] },
+  views: { nodes: [], instances: [], models: [], cluster: null, topology: null },
 };
 
 const $ = (id) => document.getElementById(id);
+/** o[k] if o has it as its own (keys from the daemon are never read off a prototype). */
+const own = (o, k) => (o && Object.prototype.hasOwnProperty.call(o, k) ? o[k] : undefined);
 const now = () => (typeof performance !== 'undefined' ? performance.now() : Date.now());
 
 // ---- DOM helpers ---------------------------------------------------------------------
@@ -78,6 +98,26 @@ function h(tag, props, ...children) {
         el[k] = v;
       } else el.setAttribute(k, String(v));
     }
+  }
+  appendAll(el, children);
+  return el;
+}
+
+const SVG_NS = 'http://www.w3.org/2000/svg';
+
+/** svg('line', {x1: 0, ...}, children): an SVG element; attributes set as
+ * given, `text` as its textContent, `title` as a <title> child (a tooltip). */
+function svg(tag, props, ...children) {
+  const el = document.createElementNS(SVG_NS, tag);
+  for (const [k, v] of Object.entries(props || {})) {
+    if (v === undefined || v === null || v === false) continue;
+    if (k === 'text') el.textContent = String(v);
+    else if (k === 'title') {
+      const t = document.createElementNS(SVG_NS, 'title');
+      t.textContent = String(v);
+      el.appendChild(t);
+    } else if (k.startsWith('on') && typeof v === 'function') el.addEventListener(k.slice(2), v);
+    else el.setAttribute(k, String(v));
   }
   appendAll(el, children);
   return el;
@@ -111,6 +151,16 @@ function renderInto(el, vm, build) {
   el.__sig = sig;
   const children = build(vm);
   el.replaceChildren(...[children].flat(Infinity).filter(Boolean));
+}
+
+/** A <details> that stays open (or closed) across the rebuilds of its panel. */
+function keptDetails(key, props, ...children) {
+  const el = h('details', { ...props, open: ui.openDetails.has(key) }, ...children);
+  el.addEventListener('toggle', () => {
+    if (el.open) ui.openDetails.add(key);
+    else ui.openDetails.delete(key);
+  });
+  return el;
 }
 
 function toast(message, kind = 'error') {
@@ -165,10 +215,22 @@ async function loadNodeId() {
   }
 }
 
+async function loadCluster() {
+  try {
+    ui.cluster = await api('GET', API.cluster);
+    ui.clusterError = null;
+  } catch (e) {
+    ui.cluster = null;
+    ui.clusterError = e.message;
+  }
+}
+
 async function poll() {
   const wasConnected = ui.connected;
   try {
-    ui.state = await api('GET', API.state);
+    // /cluster failing (an older daemon) does not make the daemon offline
+    const [state] = await Promise.all([api('GET', API.state), loadCluster()]);
+    ui.state = state;
     ui.connected = true;
     if (wasConnected !== true || !ui.nodeId) await loadNodeId();
     if (wasConnected !== true || ui.models === null || ui.polls % MODELS_EVERY === 0) await loadModels();
@@ -200,21 +262,53 @@ function startPolling(pollMs) {
 
 // ---- actions -------------------------------------------------------------------------
 
-async function launch(modelId) {
+/** Opens (or closes) a model's placement picker: the options of
+ * GET /instance/previews, each launched by its own button. */
+async function togglePlacements(modelId) {
+  if (ui.placing.has(modelId)) {
+    ui.placing.delete(modelId);
+    renderModels();
+    return;
+  }
+  const p = { status: 'loading', data: null, error: null, launching: null, errors: Object.create(null) };
+  ui.placing.set(modelId, p);
+  ui.launchErrors.delete(modelId);
+  renderModels();
+  try {
+    p.data = await api('GET', API.previews(modelId));
+    p.status = 'ok';
+  } catch (e) {
+    p.status = 'error';
+    p.error = e.message;
+  }
+  renderModels();
+}
+
+/** POST /place_instance with `request` (an option of the picker, or just
+ * {model_id} where the daemon has no previews); `key` is the option's. */
+async function launch(modelId, request, key = '') {
+  const p = ui.placing.get(modelId);
   if (ui.launching.has(modelId)) return;
   ui.launching.add(modelId);
   ui.launchErrors.delete(modelId);
+  if (p) {
+    p.launching = key;
+    delete p.errors[key];
+  }
   render();
   try {
-    await api('POST', API.place, { model_id: modelId });
+    await api('POST', API.place, request);
     toast(`Launching ${modelId}`, 'ok');
     if (!ui.chat.model) ui.chat.model = modelId;
+    ui.placing.delete(modelId);
     await poll();
   } catch (e) {
-    ui.launchErrors.set(modelId, e.message);
+    if (p && ui.placing.get(modelId) === p) p.errors[key] = e.message;
+    else ui.launchErrors.set(modelId, e.message);
     toast(`Launch failed: ${e.message}`);
   } finally {
     ui.launching.delete(modelId);
+    if (p) p.launching = null;
     render();
   }
 }
@@ -239,10 +333,18 @@ async function removeInstance(id) {
 
 function render() {
   const st = ui.state;
-  ui.views.nodes = st ? buildNodesView(st, ui.nodeId) : [];
+  const cluster = ui.cluster && typeof ui.cluster === 'object' ? ui.cluster : null;
+  const selfId = ui.nodeId || (cluster && typeof cluster.nodeId === 'string' ? cluster.nodeId : null);
+  // while an election runs, the daemon still names the old master: no badge
+  const masterId = cluster && cluster.electionInProgress !== true ? cluster.masterNodeId : null;
+  ui.views.nodes = st ? buildNodesView(st, selfId, masterId) : [];
+  ui.views.cluster = buildClusterView(cluster, ui.views.nodes);
+  ui.views.topology = st ? buildTopologyView(st, ui.views.nodes, { width: topologyWidth() }) : null;
   ui.views.instances = st ? buildInstancesView(st) : [];
   ui.views.models = buildModelsView(ui.models || [], ui.views.instances, ui.views.nodes);
   renderHeader();
+  renderClusterStatus();
+  renderTopology();
   renderNodes();
   renderInstances();
   renderModels();
@@ -263,9 +365,159 @@ function renderHeader() {
     text.textContent = 'offline, retrying';
     conn.title = ui.connError || '';
   }
+  const self = ui.views.nodes.find((n) => n.isSelf);
+  const id = ui.nodeId || (self && self.id);
   const nid = $('node-id');
-  nid.textContent = ui.nodeId ? `node ${shortId(ui.nodeId)}` : '';
-  nid.title = ui.nodeId ? `this node: ${ui.nodeId}` : '';
+  nid.textContent = id ? `node ${self && self.name !== self.shortId ? `${self.name} · ` : ''}${shortId(id)}` : '';
+  nid.title = id ? `this node (the one serving this page): ${id}` : '';
+}
+
+/** The master, the election and this node's peers (GET /cluster). */
+function renderClusterStatus() {
+  const c = ui.views.cluster;
+  const vm = { c, err: c ? null : ui.clusterError, has: !!ui.state };
+  renderInto($('cluster-status'), vm, () => {
+    if (!c) {
+      // an older daemon without /cluster, or not loaded yet: say nothing
+      // misleading about masters
+      return vm.err && vm.has ? h('p', { class: 'muted small', title: vm.err, text: 'Cluster status not available from this daemon.' }) : null;
+    }
+    const pills = [];
+    if (c.electing) pills.push(h('span', { class: 'pill warn electing', text: 'electing a master…' }));
+    else if (c.masterId) {
+      pills.push(h('span', { class: 'pill master', title: `master: ${c.masterId}` }, '★ master ', h('strong', { text: c.masterName })));
+    } else pills.push(h('span', { class: 'pill warn', text: 'no master' }));
+    pills.push(h('span', { class: `pill${c.isMaster ? ' self' : ''}`, text: c.isMaster ? 'this node is the master' : 'this node follows' }));
+    if (!c.caughtUp) pills.push(h('span', { class: 'pill busy', title: 'this node is still catching up with the master\'s events', text: 'catching up…' }));
+    if (c.namespace) pills.push(h('span', { class: 'pill', title: 'the cluster namespace: nodes only join nodes of the same one' }, 'namespace ', h('span', { class: 'mono', text: c.namespace })));
+    if (c.sessionClock !== null) pills.push(h('span', { class: 'pill', title: 'the election clock: it grows with each election', text: `session ${c.sessionClock}` }));
+    const peers = c.peers.length
+      ? h('ul', { class: 'peers' },
+          c.peers.map((p) =>
+            h('li', { class: 'peer', title: `peer ${p.id}` },
+              h('span', { class: 'peer-name' },
+                p.name,
+                p.known ? null : h('span', { class: 'pill warn', title: 'the State does not list this node (yet)', text: 'not in the State' })),
+              h('span', { class: 'mono muted', text: p.remote }),
+              p.dialed === null ? null : h('span', { class: 'muted', title: p.dialed ? 'this node dialed it' : 'it dialed this node', text: p.dialed ? 'outgoing' : 'incoming' }),
+              h('span', { class: 'peer-rtt', title: 'round trip of the link\'s keep-alive', text: p.rttUs !== null ? `rtt ${formatLatency(p.rttUs)}` : 'rtt —' }))))
+      : h('p', { class: 'muted small', text: 'This node has no peers: it is a cluster of one.' });
+    return [
+      h('div', { class: 'cluster-pills' }, pills),
+      c.peers.length ? h('div', { class: 'peers-title', text: `Peers of this node (${c.peers.length})` }) : null,
+      peers,
+    ];
+  });
+}
+
+/** The graph's width in SVG units: its box's width in pixels (text keeps its
+ * size on a narrow screen), 320 to 560. */
+function topologyWidth() {
+  const box = $('nodes'); // always shown, as wide as the graph's box
+  const w = box && typeof box.clientWidth === 'number' ? box.clientWidth - 18 : 0;
+  return w > 0 ? Math.max(320, Math.min(560, Math.round(w))) : 560;
+}
+
+/** The topology graph: nodes on a circle, a line per linked pair. */
+function renderTopology() {
+  const t = ui.views.topology;
+  renderInto($('topology'), { t }, () => {
+    if (!t || !t.nodes.length) return null;
+    const parts = [];
+    const legend = [];
+    for (const l of t.links) {
+      parts.push(svg('g', { class: `link tier-${l.tier}`, title: l.title },
+        // a wide transparent line under the visible one makes it easy to hover
+        svg('line', { class: 'link-hit', x1: l.x1, y1: l.y1, x2: l.x2, y2: l.y2 }),
+        svg('line', { class: 'link-line', x1: l.x1, y1: l.y1, x2: l.x2, y2: l.y2, 'stroke-width': l.width })));
+    }
+    for (const l of t.links) {
+      parts.push(svg('g', { class: `link-label tier-${l.tier}`, title: l.title },
+        svg('rect', { x: l.lx - 30, y: l.ly - 9, width: 60, height: 18, rx: 9 }),
+        svg('text', { x: l.lx, y: l.ly, 'text-anchor': 'middle', 'dominant-baseline': 'central', text: l.label })));
+    }
+    const r = t.nodeR;
+    const circ = 2 * Math.PI * (r - 3);
+    for (const n of t.nodes) {
+      const frac = n.usedFraction ?? 0;
+      const memClass = frac > 0.95 ? 'full' : frac > 0.8 ? 'high' : '';
+      const tags = [n.isMaster ? '★ master' : null, n.isSelf ? 'this node' : null].filter(Boolean).join(' · ');
+      const lines = t.labels ? [[n.name, 'node-label-name'], [n.shortId, 'node-label-id'], tags ? [tags, 'node-label-tags'] : null].filter(Boolean) : [];
+      const step = 14;
+      // text goes away from the middle: above the nodes at the top, below the others
+      const y0 = n.above ? n.y - r - 8 - (lines.length - 1) * step : n.y + r + 16;
+      parts.push(svg('g', {
+        class: `topo-node${n.isSelf ? ' self' : ''}${n.isMaster ? ' master' : ''}`,
+        title: `${n.displayName}\n${n.id}${n.usedFraction !== null ? `\nmemory ${formatPercent(n.usedFraction)} used` : ''}${tags ? `\n${tags}` : ''}`,
+        tabindex: 0,
+        onclick: () => focusNodeCard(n.id),
+      },
+        svg('circle', { class: 'node-disc', cx: n.x, cy: n.y, r }),
+        n.usedFraction !== null
+          ? svg('circle', {
+              class: `node-mem ${memClass}`,
+              cx: n.x,
+              cy: n.y,
+              r: r - 3,
+              'stroke-dasharray': `${(circ * frac).toFixed(2)} ${circ.toFixed(2)}`,
+              transform: `rotate(-90 ${n.x} ${n.y})`,
+            })
+          : null,
+        svg('text', { class: 'node-glyph', x: n.x, y: n.y, 'text-anchor': 'middle', 'dominant-baseline': 'central', text: n.usedFraction !== null ? formatPercent(n.usedFraction) : '?' }),
+        lines.map(([text, cls], i) => svg('text', { class: cls, x: n.x, y: y0 + i * step, 'text-anchor': 'middle', text }))));
+    }
+    for (const [tier, text] of [['slow', '< 100 Mbit/s'], ['medium', '< 1 Gbit/s'], ['fast', '< 10 Gbit/s'], ['fastest', '≥ 10 Gbit/s'], ['unknown', 'not measured']]) {
+      if (t.links.some((l) => l.tier === tier)) legend.push(h('span', { class: `legend-item tier-${tier}` }, h('span', { class: 'swatch' }), text));
+    }
+    const graph = svg('svg', {
+      class: 'topology-svg',
+      viewBox: `0 0 ${t.width} ${t.height}`,
+      role: 'img',
+      'aria-label': `cluster topology: ${t.nodes.length} node${t.nodes.length === 1 ? '' : 's'}, ${t.links.length} link${t.links.length === 1 ? '' : 's'}`,
+    }, parts);
+    let note = null;
+    if (t.nodes.length === 1) note = 'A cluster of one node: no links to show.';
+    else if (!t.links.length) note = 'No links measured yet.';
+    return [
+      graph,
+      note ? h('p', { class: 'muted small center', text: note }) : null,
+      legend.length
+        ? h('div', { class: 'legend', title: 'One line per linked pair: its best measured connection. Width and color: bandwidth; label: latency. Hover a line for both directions.' },
+            h('span', { text: 'Bandwidth:' }), legend, h('span', { text: '· label: latency' }))
+        : null,
+      t.links.length ? linksDetails(t) : null,
+    ];
+  });
+}
+
+/** Every measured connection, per direction (measured by its source), the best marked. */
+function linksDetails(t) {
+  const rows = [];
+  for (const l of t.links) {
+    for (const [from, to, list] of [[l.aName, l.bName, l.ab], [l.bName, l.aName, l.ba]]) {
+      rows.push(h('tr', { class: 'dir' }, h('th', { colspan: 3, scope: 'rowgroup', text: `${from} → ${to}${list.length ? '' : ': not measured'}` })));
+      list.forEach((c, i) => {
+        rows.push(h('tr', { class: i === 0 ? 'best' : '' },
+          h('td', { class: 'mono', title: i === 0 ? 'the best connection of this direction' : '', text: `${i === 0 ? '★ ' : ''}${c.address || '—'}` }),
+          h('td', { class: 'num', text: formatLatency(c.latencyUs) }),
+          h('td', { class: 'num', text: formatBandwidth(c.bandwidthBps) })));
+      });
+    }
+  }
+  return keptDetails('links', { class: 'links' },
+    h('summary', { text: `Links: ${t.links.length} pair${t.links.length === 1 ? '' : 's'}, ${t.connections} measured connection${t.connections === 1 ? '' : 's'}` }),
+    h('div', { class: 'table-wrap' },
+      h('table', { class: 'links-table' },
+        h('thead', null, h('tr', null, h('th', { text: 'Address' }), h('th', { class: 'num', text: 'Latency' }), h('th', { class: 'num', text: 'Bandwidth' }))),
+        h('tbody', null, rows))));
+}
+
+function focusNodeCard(id) {
+  const card = [...$('nodes').childNodes].find((c) => c.dataset && c.dataset.node === id);
+  if (!card) return;
+  if (typeof card.scrollIntoView === 'function') card.scrollIntoView({ block: 'nearest', behavior: 'smooth' });
+  card.classList && card.classList.add('flash');
+  setTimeout(() => card.classList && card.classList.remove('flash'), 1200);
 }
 
 function renderNodes() {
@@ -273,8 +525,9 @@ function renderNodes() {
   const cpus = nodes.reduce((s, n) => s + (n.cpuCount || 0), 0);
   const total = nodes.reduce((s, n) => s + (n.ramTotal || 0), 0);
   const avail = nodes.reduce((s, n) => s + (n.ramAvailable || 0), 0);
+  const gpus = nodes.reduce((s, n) => s + n.gpus.length, 0);
   $('cluster-summary').textContent = nodes.length
-    ? `${nodes.length} node${nodes.length === 1 ? '' : 's'} · ${cpus} CPUs · ${formatBytes(avail)} free of ${formatBytes(total)}`
+    ? `${nodes.length} node${nodes.length === 1 ? '' : 's'} · ${cpus} CPUs${gpus ? ` · ${gpus} GPU${gpus === 1 ? '' : 's'}` : ''} · ${formatBytes(avail)} free of ${formatBytes(total)}`
     : '';
   renderInto($('nodes'), { nodes, has: !!ui.state }, ({ nodes: list, has }) => {
     if (!has) return h('p', { class: 'empty', text: ui.connected === false ? 'Cannot reach the daemon.' : 'Loading…' });
@@ -283,26 +536,53 @@ function renderNodes() {
   });
 }
 
+/** A labelled usage bar: "Memory   1.0 / 23.5 GiB", the free space in its tooltip. */
+function meter(label, used, total, fraction, free, what) {
+  const frac = fraction ?? 0;
+  const cls = `mem${frac > 0.95 ? ' full' : frac > 0.8 ? ' high' : ''}`;
+  const title = [
+    what,
+    `${formatBytes(used)} used of ${formatBytes(total)}${fraction !== null ? ` (${formatPercent(fraction)})` : ''}`,
+    free !== null && free !== undefined ? `${formatBytes(free)} free` : null,
+  ].filter(Boolean).join('\n');
+  return h('div', { class: 'meter', title },
+    h('div', { class: 'meter-head' },
+      h('span', { class: 'meter-label', text: label }),
+      h('span', { class: 'meter-value', text: formatUsedOfTotal(used, total) })),
+    progressBar(frac, cls));
+}
+
+const MODELS_SHOWN = 4;
+
 function nodeCard(n) {
-  const frac = n.usedFraction ?? 0;
-  const memClass = `mem${frac > 0.95 ? ' full' : frac > 0.8 ? ' high' : ''}`;
-  return h('div', { class: 'node' },
+  const cpu = [n.cpuModel, n.cpuCount !== null ? `${n.cpuCount} CPU${n.cpuCount === 1 ? '' : 's'}` : null].filter(Boolean).join(' · ');
+  const models = n.models.slice(0, MODELS_SHOWN);
+  const more = n.models.length - models.length;
+  return h('div', { class: `node${n.isSelf ? ' is-self' : ''}${n.isMaster ? ' is-master' : ''}`, 'data-node': n.id },
     h('div', { class: 'node-head' },
-      h('span', { class: 'node-name', text: n.name }),
-      n.isSelf ? h('span', { class: 'pill self', text: 'this node' }) : null,
-      h('span', { class: 'mono', title: n.id, text: shortId(n.id) })),
-    h('div', { class: 'node-meta' },
-      n.cpuCount !== null ? h('span', { class: 'pill', text: `${n.cpuCount} CPU${n.cpuCount === 1 ? '' : 's'}` }) : null,
-      n.backends.map((b) => h('span', { class: 'pill', text: b })),
-      n.runnerCount ? h('span', { class: 'pill busy', text: `${n.runnerCount} runner${n.runnerCount === 1 ? '' : 's'}` }) : null),
+      h('span', { class: 'node-name', title: n.displayName, text: n.name }),
+      n.isMaster ? h('span', { class: 'pill master', title: 'the cluster\'s master: it orders the events of the whole cluster', text: '★ master' }) : null,
+      n.isSelf ? h('span', { class: 'pill self', title: 'the node serving this page', text: 'this node' }) : null,
+      h('span', { class: 'mono node-short', title: n.id, text: n.shortId })),
+    cpu ? h('div', { class: 'node-line', text: cpu }) : null,
+    n.os ? h('div', { class: 'node-line muted', text: n.os }) : null,
     n.ramTotal !== null
-      ? [
-          progressBar(frac, memClass),
-          h('div', { class: 'node-mem' },
-            h('span', { text: `${formatBytes(n.ramUsed)} used of ${formatBytes(n.ramTotal)}` }),
-            h('span', { text: `${formatBytes(n.ramAvailable)} free` })),
-        ]
-      : h('div', { class: 'node-mem', text: 'memory not reported' }));
+      ? meter('Memory', n.ramUsed, n.ramTotal, n.usedFraction, n.ramAvailable)
+      : h('div', { class: 'node-line muted', text: 'memory not reported' }),
+    n.gpus.map((g) =>
+      g.memoryTotal !== null
+        ? meter(`GPU ${g.index} · ${g.name}`, g.memoryUsed, g.memoryTotal, g.usedFraction, null)
+        : h('div', { class: 'node-line', text: `GPU ${g.index} · ${g.name}` })),
+    n.diskTotal !== null
+      ? meter('Models disk', n.diskUsed, n.diskTotal, n.diskFraction, n.diskAvailable, 'the disk that holds the models dir')
+      : null,
+    h('div', { class: 'node-meta' },
+      n.backends.map((b) => h('span', { class: 'pill', title: 'compute backend', text: b })),
+      n.runnerCount ? h('span', { class: 'pill busy', text: `${n.runnerCount} runner${n.runnerCount === 1 ? '' : 's'}` }) : null),
+    h('div', { class: 'node-models' },
+      h('span', { class: 'muted', text: n.models.length ? 'Models on disk:' : 'No models on disk' }),
+      models.map((m) => h('span', { class: 'pill model-pill', title: m, text: m })),
+      more > 0 ? h('span', { class: 'pill', title: n.models.slice(MODELS_SHOWN).join('\n'), text: `+${more} more` }) : null));
 }
 
 const PHASE_PILL = {
@@ -329,7 +609,13 @@ function renderInstances() {
 
 function instanceCard(inst) {
   const busy = ui.deleting.has(inst.id);
-  const sub = [inst.kindLabel, inst.sharding, `${inst.runners.length} runner${inst.runners.length === 1 ? '' : 's'}`]
+  const nodesUsed = new Set(inst.runners.map((r) => r.nodeId).filter(Boolean)).size;
+  const sub = [
+    inst.kindLabel,
+    inst.sharding,
+    `${inst.runners.length} runner${inst.runners.length === 1 ? '' : 's'}`,
+    nodesUsed ? `on ${nodesUsed} node${nodesUsed === 1 ? '' : 's'}` : null,
+  ]
     .filter(Boolean)
     .join(' · ');
   return h('div', { class: `instance ${inst.phase}` },
@@ -353,15 +639,15 @@ function instanceCard(inst) {
     h('ul', { class: 'runners' }, inst.runners.map(runnerRow)));
 }
 
+/** One shard: its rank, the node it runs on, its layers, its runner's status. */
 function runnerRow(r) {
-  const layers =
-    r.startLayer !== null && r.endLayer !== null
-      ? `layers ${r.startLayer}–${Math.max(r.startLayer, r.endLayer - 1)}${r.nLayers !== null ? ` of ${r.nLayers}` : ''}`
-      : '';
-  const where = [r.nodeName, layers].filter(Boolean).join(' · ');
   const status = [r.status.label, r.status.detail].filter(Boolean).join(' ');
-  return h('li', { class: 'runner', title: `runner ${r.runnerId}` },
-    h('span', { text: where }),
+  return h('li', { class: 'runner', title: `runner ${r.runnerId}${r.nodeId ? `\nnode ${r.nodeId}` : ''}` },
+    h('span', { class: 'rank', title: r.worldSize !== null ? `rank ${r.deviceRank} of ${r.worldSize}` : 'rank', text: r.deviceRank !== null ? `#${r.deviceRank}` : '#?' }),
+    h('span', { class: 'runner-where' },
+      h('span', { class: 'runner-node', text: r.nodeName }),
+      r.nodeGone ? h('span', { class: 'pill bad', title: 'this node has left the cluster', text: 'node gone' }) : null,
+      h('span', { class: 'muted', text: formatLayers(r.startLayer, r.endLayer, r.nLayers) })),
     h('span', { class: `pill ${PHASE_PILL[r.status.phase] || ''}`, text: status }),
     r.status.phase === 'loading' && r.status.progress !== null ? progressBar(r.status.progress) : null,
     r.status.error ? h('div', { class: 'error-text', text: r.status.error }) : null);
@@ -375,12 +661,23 @@ function renderModels() {
   const list = q
     ? all.filter((m) => [m.id, m.name, m.family, m.quantization].some((s) => s && s.toLowerCase().includes(q)))
     : all;
-  $('models-summary').textContent = ui.models ? `${all.length} on disk` : '';
+  $('models-summary').textContent = ui.models ? `${all.length} on disk${all.some((m) => !m.local) ? ' in the cluster' : ''}` : '';
+  const placing = {};
+  for (const [id, p] of ui.placing) {
+    placing[id] = {
+      status: p.status,
+      error: p.error,
+      launching: p.launching,
+      errors: p.errors,
+      view: p.status === 'ok' ? buildPreviewsView(p.data, ui.views.nodes, id) : null,
+    };
+  }
   const vm = {
     list,
     q,
     launching: [...ui.launching],
     errors: [...ui.launchErrors],
+    placing,
     loaded: ui.models !== null,
     error: ui.modelsError,
   };
@@ -396,11 +693,12 @@ function renderModels() {
     } else if (!list.length) {
       out.push(h('p', { class: 'empty', text: 'No model matches the filter.' }));
     }
-    return out.concat(list.map(modelRow));
+    return out.concat(list.map((m) => modelRow(m, own(placing, m.id))));
   });
 }
 
-function modelRow(m) {
+
+function modelRow(m, placing) {
   const busy = ui.launching.has(m.id);
   const err = ui.launchErrors.get(m.id);
   const tags = [
@@ -415,21 +713,92 @@ function modelRow(m) {
         ? h('span', { class: 'pill busy', text: 'starting' })
         : null,
     !m.fits ? h('span', { class: 'pill warn', title: 'larger than the free memory of all nodes together', text: 'may not fit' }) : null,
+    m.onNodes.length
+      ? h('span', { class: 'pill', title: `on disk on:\n${m.onNodes.join('\n')}`, text: `on ${m.onNodes.length === 1 ? m.onNodes[0] : `${m.onNodes.length} nodes`}` })
+      : null,
   ];
-  return h('div', { class: 'model' },
+  return h('div', { class: `model${placing ? ' placing' : ''}` },
     h('div', { class: 'model-name', text: m.name }),
     h('div', { class: 'model-actions' },
       h('button', {
         type: 'button',
-        class: 'btn btn-primary btn-small',
+        class: placing ? 'btn btn-ghost btn-small' : 'btn btn-primary btn-small',
         disabled: busy,
-        title: `Place an instance of ${m.id}`,
-        text: busy ? 'Launching…' : 'Launch',
-        onclick: () => launch(m.id),
+        'aria-expanded': placing ? 'true' : 'false',
+        title: placing ? 'Close the placement options' : `See where ${m.id} can run, then launch it`,
+        text: busy ? 'Launching…' : placing ? 'Cancel' : 'Launch',
+        onclick: () => togglePlacements(m.id),
       })),
     h('div', { class: 'model-id', text: m.id }),
     h('div', { class: 'model-tags' }, tags),
-    err ? h('div', { class: 'error-text', text: err }) : null);
+    err ? h('div', { class: 'error-text', text: err }) : null,
+    placing ? placementPicker(m, placing) : null);
+}
+
+/** The options of GET /instance/previews: valid ones with a Launch button
+ * each, invalid ones with the reason (grouped by it). */
+function placementPicker(m, p) {
+  const busy = ui.launching.has(m.id);
+  const body = [];
+  if (p.status === 'loading') body.push(h('p', { class: 'muted small', text: 'Finding where it can run…' }));
+  else if (p.status === 'error') {
+    body.push(h('p', { class: 'error-text', text: `No placement preview: ${p.error}` }));
+    body.push(h('div', { class: 'placement-actions' },
+      h('button', {
+        type: 'button',
+        class: 'btn btn-primary btn-small',
+        disabled: busy,
+        title: 'Let the daemon pick the placement',
+        text: p.launching === '' ? 'Launching…' : 'Launch with defaults',
+        onclick: () => launch(m.id, { model_id: m.id }, ''),
+      })));
+    if (own(p.errors, '') !== undefined) body.push(h('div', { class: 'error-text', text: p.errors[''] }));
+  } else {
+    const v = p.view;
+    if (!v.valid.length) body.push(h('p', { class: 'muted small', text: 'No valid placement for this model on this cluster.' }));
+    for (const o of v.valid) body.push(placementOption(m, o, p, busy));
+    if (v.invalid.length) {
+      const n = v.invalid.reduce((s, g) => s + g.options.length, 0);
+      body.push(keptDetails(`invalid:${m.id}`, { class: 'placement-invalid' },
+        h('summary', { text: `${n} option${n === 1 ? '' : 's'} not possible` }),
+        v.invalid.map((g) =>
+          h('div', { class: 'invalid-group' },
+            h('div', { class: 'error-text', text: g.error }),
+            h('div', { class: 'invalid-options' }, g.options.map((o) => h('span', { class: 'pill', text: o.label })))))));
+    }
+  }
+  return h('div', { class: 'placements' },
+    h('div', { class: 'placements-title', text: 'Where to run it' }),
+    body);
+}
+
+function placementOption(m, o, p, busy) {
+  const launchingThis = p.launching === o.key;
+  const err = own(p.errors, o.key);
+  const shardOf = new Map(o.shards.map((s) => [s.nodeId, s]));
+  return h('div', { class: `placement${err !== undefined ? ' failed' : ''}` },
+    h('div', { class: 'placement-head' },
+      h('span', { class: 'placement-label', text: o.label }),
+      h('span', { class: 'muted small', title: 'memory the instance needs, all nodes together', text: `needs ${formatBytes(o.totalBytes)}` }),
+      o.fits ? null : h('span', { class: 'pill warn', title: 'a node would need more memory than it has free', text: 'may not fit' }),
+      h('button', {
+        type: 'button',
+        class: 'btn btn-primary btn-small',
+        disabled: busy,
+        title: `POST /place_instance ${JSON.stringify(o.request)}`,
+        text: launchingThis ? 'Launching…' : 'Launch',
+        onclick: () => launch(m.id, o.request, o.key),
+      })),
+    h('ul', { class: 'placement-nodes' },
+      o.nodes.map((n) => {
+        const s = shardOf.get(n.id);
+        return h('li', { title: n.id },
+          h('span', { class: 'rank', text: s && s.deviceRank !== null ? `#${s.deviceRank}` : '' }),
+          h('span', { class: 'runner-node', text: n.name }),
+          h('span', { class: 'muted', text: s ? formatLayers(s.startLayer, s.endLayer, s.nLayers) : '' }),
+          h('span', { class: n.fits ? 'muted num' : 'warn-text num', text: `+${formatBytes(n.deltaBytes)}${n.ramAvailable !== null ? ` of ${formatBytes(n.ramAvailable)} free` : ''}` }));
+      })),
+    err !== undefined ? h('div', { class: 'error-text', text: err }) : null);
 }
 
 // ---- chat: model picker and composer ---------------------------------------------------
@@ -734,6 +1103,13 @@ function loadChat() {
 // ---- wiring ----------------------------------------------------------------------------
 
 function wire() {
+  if (typeof window !== 'undefined' && typeof window.addEventListener === 'function') {
+    let pending = null;
+    window.addEventListener('resize', () => {
+      clearTimeout(pending);
+      pending = setTimeout(render, 150);
+    });
+  }
   $('model-filter').addEventListener('input', (e) => {
     ui.filter = e.target.value;
     renderModels();

@@ -1,6 +1,8 @@
 // The dashboard's pure logic: formatting, the SSE parser for OpenAI chat
 // streams, the reducer that turns stream events into an assistant message,
-// and the mapping of GET /state and GET /v1/models into view models.
+// and the mapping of GET /state, GET /cluster, GET /instance/previews and
+// GET /v1/models into view models (the cluster's nodes, the topology graph's
+// geometry, where each instance's shards run, the placement options).
 // Nothing here touches the DOM, the network or the clock (times are passed
 // in), so all of it is unit-tested under node (dashboard/test/).
 
@@ -24,6 +26,15 @@ export function formatBytes(bytes, digits = 1) {
     u++;
   }
   return `${v.toFixed(v >= 100 ? 0 : digits)} ${BYTE_UNITS[u]}`;
+}
+
+/** "1.1 / 23.5 GiB" (one unit when both share it), "512 MiB / 23.5 GiB", "— / 23.5 GiB". */
+export function formatUsedOfTotal(used, total) {
+  const u = formatBytes(used);
+  const t = formatBytes(total);
+  const [uv, uu] = u.split(' ');
+  const [, tu] = t.split(' ');
+  return uu && uu === tu ? `${uv} / ${t}` : `${u} / ${t}`;
 }
 
 /** /v1/models' storage_size_megabytes (MiB, as exo's Memory.in_mb) -> bytes. */
@@ -512,66 +523,473 @@ export function runnerStatusView(status) {
   return view;
 }
 
-/** The State's node ids: every node any node_* map or lastSeen mentions. */
-function nodeIdsOf(state) {
+// Everything below reads data from the network: any field may be missing,
+// null or of the wrong type (older daemons, nodes without GPUs, a State
+// caught half-way through a node joining), and ids are used as Map keys,
+// never as plain-object keys (an id "__proto__" must stay an id).
+
+const isObj = (v) => v !== null && typeof v === 'object' && !Array.isArray(v);
+const objOf = (v) => (isObj(v) ? v : {});
+const strOf = (v) => (typeof v === 'string' && v ? v : null);
+const numOf = (v) => (typeof v === 'number' && Number.isFinite(v) ? v : null);
+const clamp01 = (v) => Math.min(1, Math.max(0, v));
+const own = (o, k) => (isObj(o) && Object.prototype.hasOwnProperty.call(o, k) ? o[k] : undefined);
+
+// The node_* maps of the State, and lastSeen, keyed by node id.
+const NODE_MAPS = [
+  'nodeIdentities',
+  'nodeMemory',
+  'nodeDisk',
+  'nodeSystem',
+  'nodeNetwork',
+  'nodeGpus',
+  'nodeBackends',
+  'nodeModels',
+  'lastSeen',
+];
+
+/**
+ * The cluster's node ids. nodeIdentities lists the members: a node that
+ * times out leaves it (and every other node_* map), so when the State has it,
+ * it alone decides. A State without it (an older daemon) falls back to every
+ * node any node_* map, lastSeen or the topology mentions.
+ */
+export function clusterNodeIds(state) {
+  const st = objOf(state);
+  if (isObj(st.nodeIdentities)) return Object.keys(st.nodeIdentities);
   const ids = new Set();
-  for (const key of ['nodeIdentities', 'nodeMemory', 'nodeBackends', 'nodeSystem', 'lastSeen']) {
-    const m = state && state[key];
-    if (m && typeof m === 'object') for (const id of Object.keys(m)) ids.add(id);
-  }
+  for (const key of NODE_MAPS) for (const id of Object.keys(objOf(st[key]))) ids.add(id);
+  const topo = objOf(st.topology);
+  if (Array.isArray(topo.nodes)) for (const id of topo.nodes) if (strOf(id)) ids.add(id);
   return [...ids];
 }
 
+/**
+ * The name to show for each node (a Map id -> name): its friendly name, with
+ * its short id added when several nodes share the name (every VM of a test
+ * rig is "vm"), its short id when it has none.
+ */
+export function nodeNames(state) {
+  const st = objOf(state);
+  const idents = objOf(st.nodeIdentities);
+  const base = new Map();
+  const count = new Map();
+  for (const id of clusterNodeIds(st)) {
+    const name = strOf(objOf(own(idents, id)).friendlyName) || shortId(id);
+    base.set(id, name);
+    count.set(name, (count.get(name) || 0) + 1);
+  }
+  const out = new Map();
+  for (const [id, name] of base) {
+    out.set(id, count.get(name) > 1 && name !== shortId(id) ? `${name} (${shortId(id)})` : name);
+  }
+  return out;
+}
+
 function inBytes(mem) {
-  if (typeof mem === 'number') return mem;
-  if (mem && typeof mem === 'object') {
+  if (typeof mem === 'number') return Number.isFinite(mem) && mem >= 0 ? mem : null;
+  if (isObj(mem)) {
     const v = mem.inBytes ?? mem.in_bytes;
-    if (typeof v === 'number') return v;
+    if (typeof v === 'number' && Number.isFinite(v) && v >= 0) return v;
   }
   return null;
 }
 
+/** {total, available} (either may be null) as {total, available, used, fraction}. */
+function usage(total, available) {
+  const used = total !== null && available !== null ? Math.max(0, total - available) : null;
+  return { total, available, used, fraction: used !== null && total ? clamp01(used / total) : null };
+}
+
+function namesOf(list) {
+  if (!Array.isArray(list)) return [];
+  return list.map((x) => (typeof x === 'string' ? x : unwrapTagged(x)[0])).filter((x) => typeof x === 'string' && x);
+}
+
 /**
- * The cluster's nodes: [{id, name, isSelf, cpuCount, backends, ramTotal,
- * ramAvailable, ramUsed, usedFraction, lastSeen, runnerCount}], this node
- * first, then by name.
+ * The cluster's nodes, this node first, then by name:
+ * [{id, shortId, name, displayName, isSelf, isMaster, cpuCount, cpuModel, os,
+ *   backends, ramTotal, ramAvailable, ramUsed, usedFraction,
+ *   diskTotal, diskAvailable, diskUsed, diskFraction,
+ *   gpus: [{index, name, memoryTotal, memoryUsed, usedFraction}],
+ *   models, interfaces: [{name, ip, kind}], apiPort, clusterPort, lastSeen,
+ *   runnerCount}].
+ * name is the friendly name (or the short id); displayName tells apart
+ * nodes with the same name. masterId comes from GET /cluster (the State does
+ * not say who the master is).
  */
-export function buildNodesView(state, selfId) {
-  const st = state || {};
-  const identities = st.nodeIdentities || {};
-  const memory = st.nodeMemory || {};
-  const backends = st.nodeBackends || {};
-  const lastSeen = st.lastSeen || {};
-  const runnersPerNode = {};
-  for (const inst of Object.values(st.instances || {})) {
+export function buildNodesView(state, selfId, masterId = null) {
+  const st = objOf(state);
+  const names = nodeNames(st);
+  const runnersPerNode = new Map();
+  for (const inst of Object.values(objOf(st.instances))) {
     const [, body] = unwrapTagged(inst);
-    const ntr = (body.shardAssignments && body.shardAssignments.nodeToRunner) || {};
-    for (const n of Object.keys(ntr)) runnersPerNode[n] = (runnersPerNode[n] || 0) + 1;
+    const sa = objOf(body.shardAssignments ?? body.shard_assignments);
+    for (const n of Object.keys(objOf(sa.nodeToRunner ?? sa.node_to_runner))) {
+      runnersPerNode.set(n, (runnersPerNode.get(n) || 0) + 1);
+    }
   }
-  const nodes = nodeIdsOf(st).map((id) => {
-    const ident = identities[id] || {};
-    const mem = memory[id] || {};
-    const ramTotal = inBytes(mem.ramTotal ?? mem.ram_total);
-    const ramAvailable = inBytes(mem.ramAvailable ?? mem.ram_available);
-    const ramUsed = ramTotal !== null && ramAvailable !== null ? Math.max(0, ramTotal - ramAvailable) : null;
-    const b = backends[id];
+  const at = (key, id) => own(st[key], id);
+  const nodes = clusterNodeIds(st).map((id) => {
+    const ident = objOf(at('nodeIdentities', id));
+    const mem = objOf(at('nodeMemory', id));
+    const sys = objOf(at('nodeSystem', id));
+    const disk = objOf(at('nodeDisk', id));
+    const net = objOf(at('nodeNetwork', id));
+    const ram = usage(inBytes(mem.ramTotal ?? mem.ram_total), inBytes(mem.ramAvailable ?? mem.ram_available));
+    const dsk = usage(inBytes(disk.total), inBytes(disk.available));
+    const gpuList = at('nodeGpus', id);
+    const gpus = (Array.isArray(gpuList) ? gpuList : []).map((g, i) => {
+      if (!isObj(g)) return null;
+      const total = inBytes(g.memoryTotal ?? g.memory_total);
+      const used = inBytes(g.memoryUsed ?? g.memory_used);
+      return {
+        index: numOf(g.index) ?? i,
+        name: strOf(g.name) || 'GPU',
+        memoryTotal: total,
+        memoryUsed: used,
+        usedFraction: total && used !== null ? clamp01(used / total) : null,
+      };
+    }).filter(Boolean);
+    const models = at('nodeModels', id);
+    const seen = at('lastSeen', id);
     return {
       id,
-      name: (typeof ident.friendlyName === 'string' && ident.friendlyName) || shortId(id),
+      shortId: shortId(id),
+      name: strOf(ident.friendlyName) || shortId(id),
+      displayName: names.get(id) || shortId(id),
       isSelf: id === selfId,
-      cpuCount: typeof ident.cpuCount === 'number' ? ident.cpuCount : null,
-      backends: Array.isArray(b) ? b.map((x) => (typeof x === 'string' ? x : unwrapTagged(x)[0] || '?')) : [],
-      ramTotal,
-      ramAvailable,
-      ramUsed,
-      usedFraction: ramUsed !== null && ramTotal ? ramUsed / ramTotal : null,
-      lastSeen: typeof lastSeen[id] === 'string' ? lastSeen[id] : null,
-      runnerCount: runnersPerNode[id] || 0,
+      isMaster: !!masterId && id === masterId,
+      cpuCount: numOf(sys.cpuCount) ?? numOf(ident.cpuCount),
+      cpuModel: strOf(sys.cpuModel ?? sys.cpu_model),
+      os: strOf(sys.os),
+      backends: namesOf(at('nodeBackends', id)),
+      ramTotal: ram.total,
+      ramAvailable: ram.available,
+      ramUsed: ram.used,
+      usedFraction: ram.fraction,
+      diskTotal: dsk.total,
+      diskAvailable: dsk.available,
+      diskUsed: dsk.used,
+      diskFraction: dsk.fraction,
+      gpus,
+      models: Array.isArray(models) ? models.filter((m) => typeof m === 'string' && m).sort() : [],
+      interfaces: (Array.isArray(net.interfaces) ? net.interfaces : []).filter(isObj).map((f) => ({
+        name: strOf(f.name) || '',
+        ip: strOf(f.ip) || '',
+        kind: strOf(f.kind) || '',
+      })),
+      apiPort: numOf(net.apiPort) || null,
+      clusterPort: numOf(net.clusterPort) || null,
+      lastSeen: typeof seen === 'string' ? seen : null,
+      runnerCount: runnersPerNode.get(id) || 0,
     };
   });
   nodes.sort((a, b) => (b.isSelf - a.isSelf) || a.name.localeCompare(b.name) || a.id.localeCompare(b.id));
   return nodes;
 }
+
+// ---- GET /cluster --------------------------------------------------------------------
+
+/**
+ * GET /cluster of the node serving the page as
+ * {nodeId, namespace, masterId, masterName, isMaster, electing, caughtUp,
+ *  sessionClock, clusterPort, peers: [{id, name, known, remote, dialed, rttUs}]},
+ * or null without one (an older daemon). Peers are by name; `known` is false
+ * for a peer the State does not list (yet).
+ */
+export function buildClusterView(cluster, nodes) {
+  if (!isObj(cluster)) return null;
+  const byId = new Map((nodes || []).map((n) => [n.id, n]));
+  const nameOf = (id) => (byId.has(id) ? byId.get(id).displayName : shortId(id));
+  const masterId = strOf(cluster.masterNodeId);
+  const peers = (Array.isArray(cluster.peers) ? cluster.peers : [])
+    .filter((p) => isObj(p) && strOf(p.nodeId))
+    .map((p) => ({
+      id: p.nodeId,
+      name: nameOf(p.nodeId),
+      known: byId.has(p.nodeId),
+      remote: strOf(p.remote) || '',
+      dialed: typeof p.dialed === 'boolean' ? p.dialed : null,
+      rttUs: numOf(p.rttUs) !== null && p.rttUs >= 0 ? p.rttUs : null,
+    }))
+    .sort((a, b) => a.name.localeCompare(b.name) || a.id.localeCompare(b.id));
+  return {
+    nodeId: strOf(cluster.nodeId),
+    namespace: strOf(cluster.namespace),
+    masterId,
+    masterName: masterId ? nameOf(masterId) : null,
+    isMaster: cluster.isMaster === true,
+    electing: cluster.electionInProgress === true,
+    caughtUp: cluster.caughtUp !== false,
+    sessionClock: numOf(cluster.sessionClock),
+    clusterPort: numOf(cluster.clusterPort),
+    peers,
+  };
+}
+
+// ---- the topology --------------------------------------------------------------------
+
+/** Microseconds: 130 -> "130 µs", 1500 -> "1.5 ms", 25300 -> "25 ms", 2.5e6 -> "2.50 s". */
+export function formatLatency(us) {
+  if (typeof us !== 'number' || !Number.isFinite(us) || us < 0) return '—';
+  if (Math.round(us) < 1000) return `${Math.round(us)} µs`;
+  const ms = us / 1000;
+  if (Number(ms.toFixed(1)) < 10) return `${ms.toFixed(1)} ms`;
+  if (Math.round(ms) < 1000) return `${Math.round(ms)} ms`;
+  return `${(ms / 1000).toFixed(2)} s`;
+}
+
+const BIT_UNITS = ['bit/s', 'kbit/s', 'Mbit/s', 'Gbit/s', 'Tbit/s'];
+
+/** Three significant digits: 284, 28.4, 2.84 (never "100.0" or "1000"). */
+function sig3(v) {
+  if (Math.round(v) >= 100) return String(Math.round(v));
+  if (Number(v.toFixed(1)) >= 10) return v.toFixed(1);
+  return v.toFixed(2);
+}
+
+/** BITS per second, in decimal units: 283665094 -> "284 Mbit/s", 1.65e9 -> "1.65 Gbit/s". */
+export function formatBandwidth(bps) {
+  if (typeof bps !== 'number' || !Number.isFinite(bps) || bps < 0) return '—';
+  if (Math.round(bps) < 1000) return `${Math.round(bps)} bit/s`;
+  let v = bps;
+  let u = 0;
+  while (u < BIT_UNITS.length - 1 && Number(sig3(v)) >= 1000) {
+    v /= 1000;
+    u++;
+  }
+  return `${sig3(v)} ${BIT_UNITS[u]}`;
+}
+
+/** The link's speed class, for its color: unknown | slow (<100 Mbit/s) |
+ * medium (<1 Gbit/s) | fast (<10 Gbit/s) | fastest. */
+export function bandwidthTier(bps) {
+  if (typeof bps !== 'number' || !Number.isFinite(bps) || bps < 0) return 'unknown';
+  if (bps < 1e8) return 'slow';
+  if (bps < 1e9) return 'medium';
+  if (bps < 1e10) return 'fast';
+  return 'fastest';
+}
+
+/** The stroke width of a link: 1.5 up to 100 Mbit/s, +1.5 per factor of 10, 6 from 100 Gbit/s. */
+export function edgeWidth(bps) {
+  if (typeof bps !== 'number' || !Number.isFinite(bps) || bps <= 0) return 1.5;
+  const steps = Math.min(3, Math.max(0, Math.log10(bps / 1e8)));
+  return Math.round((1.5 + 1.5 * steps) * 100) / 100;
+}
+
+/** One measured connection of topology.connections, or null when it is not one. */
+function connectionOf(c) {
+  if (!isObj(c)) return null;
+  const source = strOf(c.source);
+  const sink = strOf(c.sink);
+  if (!source || !sink || source === sink) return null;
+  const lat = numOf(c.latencyUs ?? c.latency_us);
+  const bw = numOf(c.bandwidthBps ?? c.bandwidth_bps);
+  return {
+    source,
+    sink,
+    address: strOf(c.address) || '',
+    latencyUs: lat !== null && lat >= 0 ? lat : null,
+    bandwidthBps: bw !== null && bw >= 0 ? bw : null,
+  };
+}
+
+/** Best first: a measured bandwidth before none, higher bandwidth, then a
+ * measured latency before none, lower latency, then by address. */
+export function compareConnections(a, b) {
+  const ab = a.bandwidthBps;
+  const bb = b.bandwidthBps;
+  if ((ab === null) !== (bb === null)) return ab === null ? 1 : -1;
+  if (ab !== null && ab !== bb) return bb - ab;
+  const al = a.latencyUs;
+  const bl = b.latencyUs;
+  if ((al === null) !== (bl === null)) return al === null ? 1 : -1;
+  if (al !== null && al !== bl) return al - bl;
+  return a.address < b.address ? -1 : a.address > b.address ? 1 : 0;
+}
+
+/**
+ * The links between the given nodes, one per pair that measured anything,
+ * from topology.connections (directed: measured by the source, one per
+ * address): [{a, b, ab, ba, best, latencyUs, bandwidthBps, count}]. a comes
+ * before b in nodeIds; ab is a's measurements of b, best first (one per
+ * address), ba is b's of a; best is the better of the two directions' best,
+ * and gives the link its latency and bandwidth. Connections to nodes not in
+ * nodeIds (gone) and to themselves are dropped.
+ */
+export function buildLinks(topology, nodeIds) {
+  const conns = Array.isArray(topology) ? topology : objOf(topology).connections;
+  const index = new Map((nodeIds || []).map((id, i) => [id, i]));
+  const pairs = new Map();
+  for (const raw of Array.isArray(conns) ? conns : []) {
+    const c = connectionOf(raw);
+    if (!c || !index.has(c.source) || !index.has(c.sink)) continue;
+    const forward = index.get(c.source) < index.get(c.sink);
+    const a = forward ? c.source : c.sink;
+    const b = forward ? c.sink : c.source;
+    const key = `${a}\u0000${b}`;
+    let p = pairs.get(key);
+    if (!p) pairs.set(key, (p = { a, b, ab: new Map(), ba: new Map() }));
+    const dir = forward ? p.ab : p.ba;
+    const prev = dir.get(c.address);
+    if (!prev || compareConnections(c, prev) < 0) dir.set(c.address, c);
+  }
+  const links = [...pairs.values()].map((p) => {
+    const ab = [...p.ab.values()].sort(compareConnections);
+    const ba = [...p.ba.values()].sort(compareConnections);
+    const best = [ab[0], ba[0]].filter(Boolean).sort(compareConnections)[0];
+    return {
+      a: p.a,
+      b: p.b,
+      ab,
+      ba,
+      best,
+      latencyUs: best.latencyUs,
+      bandwidthBps: best.bandwidthBps,
+      count: ab.length + ba.length,
+    };
+  });
+  links.sort((x, y) => index.get(x.a) - index.get(y.a) || index.get(x.b) - index.get(y.b));
+  return links;
+}
+
+/**
+ * n points on a circle, as large as fits in width x height less padX / padY
+ * on each side, centered on their bounding box: one in the middle, two side
+ * by side, three or more clockwise from the top. [{x, y}], to 0.1.
+ */
+export function circleLayout(n, width, height, padX = 0, padY = 0) {
+  if (!(n > 0)) return [];
+  const cx = width / 2;
+  const cy = height / 2;
+  const round = (v) => Math.round(v * 10) / 10;
+  if (n === 1) return [{ x: round(cx), y: round(cy) }];
+  const start = n === 2 ? Math.PI : -Math.PI / 2;
+  const unit = [];
+  for (let i = 0; i < n; i++) {
+    const t = start + (2 * Math.PI * i) / n;
+    // cos/sin of multiples of 90 degrees are not exactly 0 in floating point
+    unit.push({ x: Math.abs(Math.cos(t)) < 1e-9 ? 0 : Math.cos(t), y: Math.abs(Math.sin(t)) < 1e-9 ? 0 : Math.sin(t) });
+  }
+  const xs = unit.map((p) => p.x);
+  const ys = unit.map((p) => p.y);
+  const spanX = Math.max(...xs) - Math.min(...xs);
+  const spanY = Math.max(...ys) - Math.min(...ys);
+  const innerW = Math.max(0, width - 2 * padX);
+  const innerH = Math.max(0, height - 2 * padY);
+  const scale = Math.min(spanX > 1e-9 ? innerW / spanX : Infinity, spanY > 1e-9 ? innerH / spanY : Infinity);
+  const midX = (Math.max(...xs) + Math.min(...xs)) / 2;
+  const midY = (Math.max(...ys) + Math.min(...ys)) / 2;
+  return unit.map((p) => ({ x: round(cx + (p.x - midX) * scale), y: round(cy + (p.y - midY) * scale) }));
+}
+
+/**
+ * Where each edge's label goes: on its edge, the middle first, then further
+ * out, at the first spot whose box (boxW x boxH) overlaps no node (radius
+ * nodeR) and no label placed before it; else the spot that overlaps least.
+ * segments: [{x1, y1, x2, y2}], nodes: [{x, y}] -> [{x, y}].
+ */
+export function placeEdgeLabels(segments, nodes, { nodeR = 24, boxW = 64, boxH = 18 } = {}) {
+  const placed = [];
+  const ts = [0.5, 0.4, 0.6, 0.32, 0.68, 0.25, 0.75];
+  // how far two boxes (or a box and a node) overlap, 0 when apart
+  const overlap = (x, y, ox, oy, w, h) => Math.max(0, w - Math.abs(x - ox)) * Math.max(0, h - Math.abs(y - oy));
+  const cost = (x, y) => {
+    let c = 0;
+    for (const n of nodes) c += overlap(x, y, n.x, n.y, boxW / 2 + nodeR, boxH / 2 + nodeR);
+    for (const p of placed) c += overlap(x, y, p.x, p.y, boxW, boxH);
+    return c;
+  };
+  for (const s of segments) {
+    let best = null;
+    for (const t of ts) {
+      const x = s.x1 + (s.x2 - s.x1) * t;
+      const y = s.y1 + (s.y2 - s.y1) * t;
+      const c = cost(x, y);
+      if (!best || c < best.c) best = { x, y, c };
+      if (c === 0) break;
+    }
+    const p = { x: Math.round(best.x * 10) / 10, y: Math.round(best.y * 10) / 10 };
+    placed.push(p);
+  }
+  return placed;
+}
+
+function directionLine(from, to, list) {
+  if (!list.length) return `${from} → ${to}: not measured`;
+  const b = list[0];
+  const parts = [formatLatency(b.latencyUs), formatBandwidth(b.bandwidthBps)].filter((x) => x !== '—');
+  const more = list.length > 1 ? ` (best of ${list.length} addresses)` : '';
+  return `${from} → ${to}: ${parts.join(', ') || 'no figures'}${b.address ? ` via ${b.address}` : ''}${more}`;
+}
+
+/** The tooltip of a link: the pair, then each direction's best connection. */
+export function linkTitle(link, names) {
+  const an = (names && names.get(link.a)) || shortId(link.a);
+  const bn = (names && names.get(link.b)) || shortId(link.b);
+  return [`${an} ↔ ${bn}`, directionLine(an, bn, link.ab), directionLine(bn, an, link.ba)].join('\n');
+}
+
+/**
+ * What the topology SVG draws, from the nodes of buildNodesView and the
+ * State's topology: {width, height, nodeR, labels, cx, cy, nodes: [{id, name,
+ * shortId, isSelf, isMaster, usedFraction, x, y, above}], links: [{...link,
+ * aName, bName, x1, y1, x2, y2, lx, ly, width, tier, label, title}],
+ * connections}. above: the node's text goes above it (it is in the top half).
+ * labels: false when there are too many nodes for their names to fit.
+ */
+export function buildTopologyView(state, nodes, { width = 560 } = {}) {
+  const list = nodes || [];
+  const n = list.length;
+  const nodeR = n <= 6 ? 24 : n <= 12 ? 16 : 10;
+  const labels = n <= 12;
+  const height = n === 0 ? 0 : n <= 2 ? 170 : n === 3 ? 330 : n <= 6 ? 440 : 520;
+  const padX = labels ? 70 : nodeR + 8;
+  const padY = labels ? nodeR + 48 : nodeR + 8;
+  const points = circleLayout(n, width, height, padX, padY);
+  const cy = height / 2;
+  const viewNodes = list.map((node, i) => ({
+    id: node.id,
+    name: node.name,
+    displayName: node.displayName || node.name,
+    shortId: node.shortId || shortId(node.id),
+    isSelf: !!node.isSelf,
+    isMaster: !!node.isMaster,
+    usedFraction: node.usedFraction ?? null,
+    x: points[i].x,
+    y: points[i].y,
+    above: n > 2 && points[i].y < cy - 1,
+  }));
+  const at = new Map(viewNodes.map((v) => [v.id, v]));
+  const names = new Map(list.map((node) => [node.id, node.displayName || node.name || shortId(node.id)]));
+  const links = buildLinks(objOf(state).topology, list.map((node) => node.id));
+  const segs = links.map((l) => ({ x1: at.get(l.a).x, y1: at.get(l.a).y, x2: at.get(l.b).x, y2: at.get(l.b).y }));
+  const spots = placeEdgeLabels(segs, viewNodes, { nodeR });
+  return {
+    width,
+    height,
+    nodeR,
+    labels,
+    nodes: viewNodes,
+    links: links.map((l, i) => ({
+      ...l,
+      aName: names.get(l.a),
+      bName: names.get(l.b),
+      ...segs[i],
+      lx: spots[i].x,
+      ly: spots[i].y,
+      width: edgeWidth(l.bandwidthBps),
+      tier: bandwidthTier(l.bandwidthBps),
+      label: l.latencyUs !== null ? formatLatency(l.latencyUs) : formatBandwidth(l.bandwidthBps),
+      title: linkTitle(l, names),
+    })),
+    connections: links.reduce((s, l) => s + l.count, 0),
+  };
+}
+
+// ---- instances -------------------------------------------------------------------------
 
 const INSTANCE_KINDS = { MlxRingInstance: 'MLX Ring', MlxJacclInstance: 'MLX Jaccl' };
 const SHARD_KINDS = {
@@ -588,47 +1006,73 @@ function taskStatusOf(task) {
 }
 
 /**
+ * An instance (tagged, as in the State or a placement preview) as
+ * {kind, id, modelId, sharding, shards: [{runnerId, nodeId, nodeName,
+ * nodeGone, shardKind, startLayer, endLayer, nLayers, deviceRank, worldSize,
+ * status}]} with the shards by rank. names: nodeNames(); members: the
+ * cluster's node ids (a shard on another node is nodeGone); runners: the
+ * State's runners (statuses).
+ */
+function parseInstance(inst, key, names, members, runners) {
+  const [kind, body] = unwrapTagged(inst);
+  const sa = objOf(body.shardAssignments ?? body.shard_assignments);
+  const rts = objOf(sa.runnerToShard ?? sa.runner_to_shard);
+  const ntr = objOf(sa.nodeToRunner ?? sa.node_to_runner);
+  const nodeOfRunner = new Map();
+  for (const [n, r] of Object.entries(ntr)) if (typeof r === 'string') nodeOfRunner.set(r, n);
+  const runnerIds = new Set([...Object.keys(rts), ...nodeOfRunner.keys()]);
+  const shards = [...runnerIds].map((runnerId) => {
+    const [shardTag, shard] = unwrapTagged(own(rts, runnerId));
+    const nodeId = nodeOfRunner.get(runnerId) || null;
+    const num = (a, b) => numOf(shard[a]) ?? numOf(shard[b]);
+    return {
+      runnerId,
+      nodeId,
+      nodeName: nodeId ? names.get(nodeId) || shortId(nodeId) : '—',
+      nodeGone: !!nodeId && !members.has(nodeId),
+      shardKind: (shardTag && SHARD_KINDS[shardTag]) || shardTag || null,
+      startLayer: num('startLayer', 'start_layer'),
+      endLayer: num('endLayer', 'end_layer'),
+      nLayers: num('nLayers', 'n_layers'),
+      deviceRank: num('deviceRank', 'device_rank'),
+      worldSize: num('worldSize', 'world_size'),
+      status: runnerStatusView(own(runners, runnerId)),
+    };
+  });
+  shards.sort((a, b) => (a.deviceRank ?? 0) - (b.deviceRank ?? 0) || a.runnerId.localeCompare(b.runnerId));
+  return {
+    kind,
+    id: strOf(body.instanceId ?? body.instance_id) || key,
+    modelId: strOf(sa.modelId ?? sa.model_id) || '?',
+    sharding: strOf(body.sharding) || (shards[0] && shards[0].shardKind) || null,
+    shards,
+  };
+}
+
+/** "layers 0–4 of 28" for the half-open range [start, end) of n. */
+export function formatLayers(start, end, n) {
+  if (typeof start !== 'number' || typeof end !== 'number') return '';
+  const last = Math.max(start, end - 1);
+  const of = typeof n === 'number' ? ` of ${n}` : '';
+  return last === start ? `layer ${start}${of}` : `layers ${start}–${last}${of}`;
+}
+
+/**
  * The instances: [{id, kind, kindLabel, modelId, sharding, phase, label,
  * progress, error, activeTasks, runners: [{runnerId, nodeId, nodeName,
- * shardKind, startLayer, endLayer, nLayers, deviceRank, worldSize, status}]}]
- * sorted by model then id. The instance's phase: failed if a runner failed,
- * else the least advanced runner's; progress weighs runners by their layers.
+ * nodeGone, shardKind, startLayer, endLayer, nLayers, deviceRank, worldSize,
+ * status}]}] sorted by model then id; runners are the shards by rank. The
+ * instance's phase: failed if a runner failed, else the least advanced
+ * runner's; progress weighs runners by their layers.
  */
 export function buildInstancesView(state) {
-  const st = state || {};
-  const runners = st.runners || {};
-  const identities = st.nodeIdentities || {};
-  const tasks = Object.values(st.tasks || {});
+  const st = objOf(state);
+  const names = nodeNames(st);
+  const members = new Set(clusterNodeIds(st));
+  const tasks = Object.values(objOf(st.tasks));
   const out = [];
-  for (const [key, inst] of Object.entries(st.instances || {})) {
-    const [kind, body] = unwrapTagged(inst);
-    const sa = body.shardAssignments || body.shard_assignments || {};
-    const id = body.instanceId || body.instance_id || key;
-    const rts = sa.runnerToShard || sa.runner_to_shard || {};
-    const ntr = sa.nodeToRunner || sa.node_to_runner || {};
-    const nodeOfRunner = {};
-    for (const [n, r] of Object.entries(ntr)) nodeOfRunner[r] = n;
-    const runnerIds = new Set([...Object.keys(rts), ...Object.values(ntr)]);
-    const rows = [...runnerIds].map((runnerId) => {
-      const [shardTag, shard] = unwrapTagged(rts[runnerId]);
-      const nodeId = nodeOfRunner[runnerId] || null;
-      const ident = (nodeId && identities[nodeId]) || {};
-      const num = (a, b) => (typeof shard[a] === 'number' ? shard[a] : typeof shard[b] === 'number' ? shard[b] : null);
-      return {
-        runnerId,
-        nodeId,
-        nodeName: ident.friendlyName || (nodeId ? shortId(nodeId) : '—'),
-        shardKind: (shardTag && SHARD_KINDS[shardTag]) || shardTag || null,
-        startLayer: num('startLayer', 'start_layer'),
-        endLayer: num('endLayer', 'end_layer'),
-        nLayers: num('nLayers', 'n_layers'),
-        deviceRank: num('deviceRank', 'device_rank'),
-        worldSize: num('worldSize', 'world_size'),
-        status: runnerStatusView(runners[runnerId]),
-      };
-    });
-    rows.sort((a, b) => (a.deviceRank ?? 0) - (b.deviceRank ?? 0) || a.runnerId.localeCompare(b.runnerId));
-
+  for (const [key, inst] of Object.entries(objOf(st.instances))) {
+    const { kind, id, modelId, sharding, shards: rows } = parseInstance(inst, key, names, members, st.runners);
     const order = ['failed', 'stopping', 'unknown', 'starting', 'loading', 'ready', 'running'];
     let phase = rows.length ? 'running' : 'starting';
     let error = null;
@@ -664,8 +1108,8 @@ export function buildInstancesView(state) {
       id,
       kind,
       kindLabel: (kind && INSTANCE_KINDS[kind]) || kind || 'Instance',
-      modelId: sa.modelId || sa.model_id || '?',
-      sharding: body.sharding || (rows[0] && rows[0].shardKind) || null,
+      modelId,
+      sharding,
       phase,
       label: labels[phase],
       progress: phase === 'starting' || phase === 'loading' ? (weight ? done / weight : 0) : null,
@@ -676,6 +1120,95 @@ export function buildInstancesView(state) {
   }
   out.sort((a, b) => a.modelId.localeCompare(b.modelId) || a.id.localeCompare(b.id));
   return out;
+}
+
+// ---- placement previews ----------------------------------------------------------------
+
+const META_LABELS = { MlxRing: 'MLX Ring', MlxJaccl: 'MLX Jaccl' };
+
+/** "Pipeline · MLX Ring · 2 nodes". */
+export function placementLabel(p) {
+  const nodes = typeof p.nodeCount === 'number' ? `${p.nodeCount} node${p.nodeCount === 1 ? '' : 's'}` : null;
+  return [p.sharding, META_LABELS[p.instanceMeta] || p.instanceMeta, nodes].filter(Boolean).join(' · ');
+}
+
+/**
+ * GET /instance/previews?model_id=X as
+ * {modelId, valid: [{key, modelId, sharding, instanceMeta, nodeCount, label,
+ *   nodes: [{id, name, deltaBytes, ramAvailable, fits}], totalBytes, fits,
+ *   shards, request}],
+ *  invalid: [{error, options: [{key, sharding, instanceMeta, nodeCount, label}]}]}.
+ * Valid options come by node count, then sharding and instance meta; invalid
+ * ones are grouped by their error (one message often rules out several).
+ * request is the body of POST /place_instance that launches the option.
+ * nodes (of buildNodesView) give names and free memory; fits is false when
+ * a node would need more than it has free.
+ */
+export function buildPreviewsView(response, nodes, modelId = null) {
+  const list = Array.isArray(response) ? response : objOf(response).previews;
+  const byId = new Map((nodes || []).map((n) => [n.id, n]));
+  const names = new Map((nodes || []).map((n) => [n.id, n.displayName || n.name]));
+  const members = new Set(byId.keys());
+  const valid = [];
+  const groups = new Map();
+  const seen = new Set();
+  for (const p of Array.isArray(list) ? list : []) {
+    if (!isObj(p)) continue;
+    const sharding = strOf(p.sharding);
+    const instanceMeta = strOf(p.instance_meta ?? p.instanceMeta);
+    const nodeCount = numOf(p.node_count ?? p.nodeCount);
+    const mid = strOf(p.model_id ?? p.modelId) || modelId;
+    const key = `${sharding}/${instanceMeta}/${nodeCount}`;
+    const error = p.error === null || p.error === undefined ? null : errorMessageFromJson(p.error) || String(p.error);
+    const base = { key, sharding, instanceMeta, nodeCount };
+    base.label = placementLabel(base);
+    if (error !== null || !isObj(p.instance)) {
+      const msg = error || 'no placement';
+      if (!groups.has(msg)) groups.set(msg, []);
+      groups.get(msg).push(base);
+      continue;
+    }
+    if (seen.has(key)) continue;
+    seen.add(key);
+    const inst = parseInstance(p.instance, '', names, members, {});
+    const delta = objOf(p.memory_delta_by_node ?? p.memoryDeltaByNode);
+    const nodeIds = new Set([...inst.shards.map((s) => s.nodeId).filter(Boolean), ...Object.keys(delta)]);
+    const rows = [...nodeIds].map((id) => {
+      const d = own(delta, id);
+      const deltaBytes = typeof d === 'number' && Number.isFinite(d) ? d : inBytes(d);
+      const ramAvailable = byId.has(id) ? byId.get(id).ramAvailable : null;
+      return {
+        id,
+        name: names.get(id) || shortId(id),
+        deltaBytes,
+        ramAvailable,
+        fits: deltaBytes === null || ramAvailable === null || deltaBytes <= ramAvailable,
+      };
+    });
+    const rank = new Map(inst.shards.map((s, i) => [s.nodeId, i]));
+    rows.sort((a, b) => (rank.get(a.id) ?? 1e9) - (rank.get(b.id) ?? 1e9) || a.name.localeCompare(b.name));
+    const request = { model_id: mid };
+    if (sharding) request.sharding = sharding;
+    if (instanceMeta) request.instance_meta = instanceMeta;
+    if (nodeCount !== null) request.min_nodes = nodeCount;
+    valid.push({
+      ...base,
+      modelId: mid,
+      nodeCount: nodeCount ?? (rows.length || null),
+      nodes: rows,
+      totalBytes: rows.reduce((s, r) => s + (r.deltaBytes || 0), 0),
+      fits: rows.every((r) => r.fits),
+      shards: inst.shards,
+      request,
+    });
+  }
+  const order = (a, b) =>
+    (a.nodeCount ?? 0) - (b.nodeCount ?? 0) ||
+    String(a.sharding).localeCompare(String(b.sharding)) ||
+    String(a.instanceMeta).localeCompare(String(b.instanceMeta));
+  valid.sort(order);
+  const invalid = [...groups].map(([error, options]) => ({ error, options: options.sort(order) }));
+  return { modelId, valid, invalid };
 }
 
 /** Whether an instance (of buildInstancesView) can take a chat request. */
@@ -725,10 +1258,14 @@ export function pickChatModel(options, current) {
 }
 
 /**
- * The models of GET /v1/models: [{id, name, family, quantization,
- * sizeBytes, contextLength, capabilities, instances, readyInstances, fits}]
- * by name; fits is false when the model is larger than all nodes' available
- * memory together.
+ * The models: those of GET /v1/models (this node's disk), then those other
+ * nodes have on disk (the State's nodeModels; a node without a models dir
+ * can still launch them):
+ * [{id, name, family, quantization, sizeBytes, contextLength, capabilities,
+ *   instances, readyInstances, fits, local, onNodes}] by name. local: this
+ * node lists it; onNodes: the names of the nodes that have it on disk; fits
+ * is false when the model is larger than all nodes' available memory
+ * together.
  */
 export function buildModelsView(modelsResponse, instances, nodes) {
   const list = Array.isArray(modelsResponse)
@@ -738,8 +1275,18 @@ export function buildModelsView(modelsResponse, instances, nodes) {
       : [];
   const available = (nodes || []).reduce((s, n) => s + (n.ramAvailable || 0), 0);
   const haveMemory = (nodes || []).some((n) => n.ramAvailable !== null && n.ramAvailable !== undefined);
-  return list
-    .filter((m) => m && typeof m.id === 'string')
+  const where = new Map(); // model id -> names of the nodes with it on disk
+  for (const n of nodes || []) {
+    for (const id of Array.isArray(n.models) ? n.models : []) {
+      if (!where.has(id)) where.set(id, []);
+      where.get(id).push(n.displayName || n.name || n.id);
+    }
+  }
+  const local = list.filter((m) => m && typeof m.id === 'string');
+  const listed = new Set(local.map((m) => m.id));
+  const remote = [...where.keys()].filter((id) => !listed.has(id)).map((id) => ({ id, remote: true }));
+  return local
+    .concat(remote)
     .map((m) => {
       const sizeBytes = megabytesToBytes(m.storage_size_megabytes);
       const insts = (instances || []).filter((i) => i.modelId === m.id);
@@ -754,6 +1301,8 @@ export function buildModelsView(modelsResponse, instances, nodes) {
         instances: insts.length,
         readyInstances: insts.filter(isServing).length,
         fits: !haveMemory || sizeBytes === null || sizeBytes <= available,
+        local: m.remote !== true,
+        onNodes: where.get(m.id) || [],
       };
     })
     .sort((a, b) => a.name.localeCompare(b.name) || a.id.localeCompare(b.id));

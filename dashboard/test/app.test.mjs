@@ -114,6 +114,7 @@ class FakeElement extends FakeNode {
   }
   setAttribute(k, v) {
     this.attrs[k] = String(v);
+    if (k === 'class') this.className = String(v); // SVG elements get their class this way
   }
   getAttribute(k) {
     return this.attrs[k] ?? null;
@@ -154,6 +155,12 @@ function makeDocument() {
     body,
     getElementById: (id) => byId.get(id) || null,
     createElement: (tag) => new FakeElement(tag),
+    createElementNS: (ns, tag) => {
+      assert.equal(ns, 'http://www.w3.org/2000/svg');
+      const el = new FakeElement(tag);
+      el.namespaceURI = ns;
+      return el;
+    },
     createTextNode: (data) => new FakeText(data),
     hasFocus: () => false,
   };
@@ -183,6 +190,8 @@ async function waitFor(pred, what, ms = 3000) {
 // ---- the daemon, faked -------------------------------------------------------------------
 
 const SELF = '25d2d2b1-3cc0-4918-a21a-956ed124c610';
+const OTHER = '9b1f0c2e7a4d4c1e8f001234567890ab';
+const GONE = 'deadbeef00000000000000000000dead'; // timed out: only stale maps mention it
 const READY_ID = 'aac087a5-78ff-4976-9c90-52d070c84c9b';
 const STATE = {
   instances: {
@@ -211,11 +220,57 @@ const STATE = {
   },
   runners: { r1: { RunnerReady: { prefillServerPort: null } }, r2: { RunnerLoading: { layersLoaded: 3, totalLayers: 6 } } },
   tasks: {},
-  lastSeen: { [SELF]: '2026-11-29T23:46:53.949Z' },
-  nodeIdentities: { [SELF]: { friendlyName: 'vm', cpuCount: 2 } },
-  nodeMemory: { [SELF]: { ramTotal: { inBytes: 25276502016 }, ramAvailable: { inBytes: 24192163840 } } },
-  nodeBackends: { [SELF]: ['Cpu'] },
+  lastSeen: { [SELF]: '2026-11-29T23:46:53.949Z', [OTHER]: '2026-11-29T23:46:53.000Z' },
+  nodeIdentities: { [SELF]: { friendlyName: 'vm', cpuCount: 2 }, [OTHER]: { friendlyName: 'gpu-box <b>', cpuCount: 16 } },
+  nodeMemory: {
+    [SELF]: { ramTotal: { inBytes: 25276502016 }, ramAvailable: { inBytes: 24192163840 } },
+    [OTHER]: { ramTotal: { inBytes: 68719476736 }, ramAvailable: { inBytes: 34359738368 } },
+    [GONE]: { ramTotal: { inBytes: 1 }, ramAvailable: { inBytes: 1 } },
+  },
+  nodeSystem: { [OTHER]: { cpuModel: 'AMD EPYC 9654', os: 'Linux 6.8 x86_64', cpuCount: 16 } },
+  nodeDisk: { [OTHER]: { total: { inBytes: 2 * 2 ** 40 }, available: { inBytes: 2 ** 40 } } },
+  nodeGpus: { [SELF]: [], [OTHER]: [{ index: 0, name: 'NVIDIA H200', memoryTotal: 150754820096, memoryUsed: 2 ** 30 }] },
+  nodeBackends: { [SELF]: ['Cpu'], [OTHER]: ['Cpu', 'Cuda'] },
+  nodeModels: { [SELF]: ['karpathy/stories260K'], [OTHER]: null },
+  topology: {
+    nodes: [SELF, OTHER],
+    connections: [
+      { source: SELF, sink: OTHER, address: '10.0.0.2:5000', latencyUs: 420, bandwidthBps: 9.4e8 },
+      { source: SELF, sink: OTHER, address: '[fe80::2]:5000', latencyUs: 380, bandwidthBps: 2.5e10 },
+      { source: OTHER, sink: SELF, address: '10.0.0.1:5000', latencyUs: 450, bandwidthBps: 9.1e8 },
+      { source: OTHER, sink: GONE, address: '10.0.0.9:5000', latencyUs: 1, bandwidthBps: 1e12 },
+    ],
+  },
   lastEventAppliedIdx: 8,
+};
+const CLUSTER = {
+  nodeId: SELF,
+  namespace: 'home-lab',
+  masterNodeId: OTHER,
+  sessionClock: 3,
+  isMaster: false,
+  electionInProgress: false,
+  caughtUp: true,
+  clusterPort: 5000,
+  peers: [{ nodeId: OTHER, remote: '10.0.0.2:5000', dialed: true, rttUs: 412 }],
+};
+const shard = (rank, world, start, end) => ({ PipelineShardMetadata: { deviceRank: rank, worldSize: world, startLayer: start, endLayer: end, nLayers: 5 } });
+const PREVIEWS = {
+  previews: [
+    {
+      model_id: 'karpathy/stories260K', sharding: 'Pipeline', instance_meta: 'MlxRing', node_count: 2,
+      instance: { MlxRingInstance: { instanceId: 'p2', shardAssignments: { modelId: 'karpathy/stories260K', runnerToShard: { a: shard(0, 2, 0, 3), b: shard(1, 2, 3, 5) }, nodeToRunner: { [SELF]: 'a', [OTHER]: 'b' } }, sharding: 'Pipeline' } },
+      error: null, memory_delta_by_node: { [SELF]: 629146, [OTHER]: 419430 },
+    },
+    {
+      model_id: 'karpathy/stories260K', sharding: 'Pipeline', instance_meta: 'MlxRing', node_count: 1,
+      instance: { MlxRingInstance: { instanceId: 'p1', shardAssignments: { modelId: 'karpathy/stories260K', runnerToShard: { c: shard(0, 1, 0, 5) }, nodeToRunner: { [SELF]: 'c' } }, sharding: 'Pipeline' } },
+      error: null, memory_delta_by_node: { [SELF]: 1048576 },
+    },
+    { model_id: 'karpathy/stories260K', sharding: 'Tensor', instance_meta: 'MlxRing', node_count: 2, instance: null, error: 'karpathy/stories260K does not support tensor sharding', memory_delta_by_node: {} },
+    { model_id: 'karpathy/stories260K', sharding: 'Pipeline', instance_meta: 'MlxJaccl', node_count: 2, instance: null, error: 'MlxJaccl needs <RDMA> links', memory_delta_by_node: {} },
+    { model_id: 'karpathy/stories260K', sharding: 'Tensor', instance_meta: 'MlxJaccl', node_count: 2, instance: null, error: 'MlxJaccl needs <RDMA> links', memory_delta_by_node: {} },
+  ],
 };
 const MODELS = {
   object: 'list',
@@ -265,18 +320,28 @@ test('the page, end to end on a fake DOM and a fake daemon', async (t) => {
 
   const calls = [];
   let daemonUp = true;
+  let cluster = CLUSTER; // null: an older daemon without /cluster
+  let state = STATE;
   let chat = null; // (opts) => Response
   globalThis.fetch = async (url, opts = {}) => {
     const method = opts.method || 'GET';
     calls.push({ url, method, body: opts.body ? JSON.parse(opts.body) : undefined });
     if (!daemonUp) throw new TypeError('fetch failed');
     const json = (status, body) => new Response(JSON.stringify(body), { status, headers: { 'content-type': 'application/json' } });
-    if (url === 'state') return json(200, STATE);
+    if (url === 'state') return json(200, state);
+    if (url === 'cluster') return cluster ? json(200, cluster) : json(404, { error: { message: 'Not Found' } });
+    if (url.startsWith('instance/previews?')) {
+      const id = new URLSearchParams(url.slice(url.indexOf('?') + 1)).get('model_id');
+      if (id === 'karpathy/stories260K') return json(200, PREVIEWS);
+      return json(404, { error: { message: `model ${id} is not on disk on any node`, type: 'not_found_error', param: null, code: 404 } });
+    }
     if (url === 'node_id') return json(200, SELF);
     if (url === 'v1/models') return json(200, MODELS);
     if (url === 'place_instance') {
       const { model_id: id } = JSON.parse(opts.body);
       if (id === 'bad/model') return json(400, { error: { message: 'Not enough memory for <bad/model>', type: 'Bad Request', param: null, code: 400 } });
+      const { min_nodes: k } = JSON.parse(opts.body);
+      if (k > 1) return json(400, { error: { message: `${id} needs ${k} nodes, and running one model across several nodes is not built yet (see /instance/previews)`, type: 'invalid_request_error', param: null, code: 400 } });
       return json(200, { message: 'Command received.', command_id: 'x' });
     }
     if (url.startsWith('instance/') && method === 'DELETE') return json(200, { message: 'Command received.', instance_id: url.slice(9) });
@@ -296,10 +361,43 @@ test('the page, end to end on a fake DOM and a fake daemon', async (t) => {
   await t.test('cluster, instances and models render from /state and /v1/models', async () => {
     await waitFor(() => $('nodes').textContent.includes('vm') && $('models').textContent.includes('stories260K'), 'the first poll');
     assert.equal($('conn').dataset.state, 'ok');
-    assert.equal($('node-id').textContent, 'node 25d2d2b1');
-    assert.equal($('cluster-summary').textContent, '1 node · 2 CPUs · 22.5 GiB free of 23.5 GiB');
-    const nodes = $('nodes').textContent;
-    for (const s of ['this node', '2 CPUs', 'Cpu', '1.0 GiB used of 23.5 GiB', '22.5 GiB free', '2 runners']) assert.ok(nodes.includes(s), s);
+    assert.equal($('node-id').textContent, 'node vm · 25d2d2b1');
+    // the node that timed out (only a stale map mentions it) is not counted
+    assert.equal($('cluster-summary').textContent, '2 nodes · 18 CPUs · 1 GPU · 54.5 GiB free of 87.5 GiB');
+    const nodeCards = byClass($('nodes'), 'node');
+    assert.equal(nodeCards.length, 2);
+    const [self, other] = nodeCards.map((c) => c.textContent);
+    for (const s of ['vm', 'this node', '25d2d2b1', '2 CPUs', 'Cpu', 'Memory', '1.0 / 23.5 GiB', '2 runners', 'Models on disk:', 'karpathy/stories260K']) assert.ok(self.includes(s), s);
+    assert.ok(!self.includes('master'));
+    for (const s of ['gpu-box <b>', '★ master', '9b1f0c2e', 'AMD EPYC 9654 · 16 CPUs', 'Linux 6.8 x86_64', '32.0 / 64.0 GiB', 'GPU 0 · NVIDIA H200', '1.0 / 140 GiB', 'Models disk', '1.0 / 2.0 TiB', 'Cuda', 'No models on disk']) {
+      assert.ok(other.includes(s), s);
+    }
+    assert.equal(findAll($('nodes'), (e) => e.tagName === 'B').length, 0);
+    assert.equal(nodeCards[1].attrs['data-node'], OTHER);
+
+    // the master, the namespace, the peers (GET /cluster)
+    const status = $('cluster-status').textContent;
+    for (const s of ['★ master gpu-box <b>', 'this node follows', 'namespace home-lab', 'session 3', 'Peers of this node (1)', '10.0.0.2:5000', 'outgoing', 'rtt 412 µs']) {
+      assert.ok(status.includes(s), s);
+    }
+    assert.ok(!status.includes('electing'));
+
+    // the topology: two nodes, one link (the one to the gone node is dropped)
+    const svg = findAll($('topology'), (e) => e.tagName === 'SVG');
+    assert.equal(svg.length, 1);
+    assert.equal(svg[0].namespaceURI, 'http://www.w3.org/2000/svg');
+    assert.equal(byClass($('topology'), 'topo-node').length, 2);
+    const links = byClass($('topology'), 'link');
+    assert.equal(links.length, 1);
+    assert.ok(links[0].className.includes('tier-fastest')); // 25 Gbit/s over [fe80::2]
+    const label = byClass($('topology'), 'link-label')[0];
+    assert.equal(findAll(label, (e) => e.tagName === 'TEXT')[0].textContent, '380 µs');
+    const tip = findAll(links[0], (e) => e.tagName === 'TITLE')[0].textContent;
+    assert.ok(tip.includes('vm → gpu-box <b>: 380 µs, 25.0 Gbit/s via [fe80::2]:5000 (best of 2 addresses)'), tip);
+    assert.ok(tip.includes('gpu-box <b> → vm: 450 µs, 910 Mbit/s via 10.0.0.1:5000'), tip);
+    const table = byClass($('topology'), 'links-table')[0].textContent;
+    for (const s of ['vm → gpu-box <b>', '★ [fe80::2]:5000', '10.0.0.2:5000', '940 Mbit/s', 'gpu-box <b> → vm']) assert.ok(table.includes(s), s);
+    assert.ok(!table.includes('10.0.0.9'));
 
     assert.equal($('instances-summary').textContent, '2 placed · 1 ready');
     const cards = byClass($('instances'), 'instance');
@@ -308,12 +406,12 @@ test('the page, end to end on a fake DOM and a fake daemon', async (t) => {
     assert.ok(cards[0].textContent.includes('org/Loading-Model'));
     assert.ok(cards[0].textContent.includes('Loading 50%'));
     assert.ok(cards[0].textContent.includes('Loading 3/6 layers'));
-    assert.ok(cards[0].textContent.includes('layers 0–5 of 6'));
+    assert.ok(cards[0].textContent.includes('#0vmlayers 0–5 of 6'));
     const bars = findAll(cards[0], (e) => e.attrs.role === 'progressbar');
     assert.equal(bars[0].firstChild.style.width, '50%');
     assert.ok(cards[1].textContent.includes('karpathy/stories260K'));
     assert.ok(cards[1].textContent.includes('Ready'));
-    assert.ok(cards[1].textContent.includes('MLX Ring · Pipeline · 1 runner'));
+    assert.ok(cards[1].textContent.includes('MLX Ring · Pipeline · 1 runner · on 1 node'));
 
     const rows = byClass($('models'), 'model');
     assert.equal(rows.length, 2);
@@ -324,15 +422,82 @@ test('the page, end to end on a fake DOM and a fake daemon', async (t) => {
     assert.ok(rows[1].textContent.includes('ctx 512'));
   });
 
-  await t.test('Launch posts place_instance and shows the error message', async () => {
-    const row = byClass($('models'), 'model').find((r) => r.textContent.includes('bad/model'));
-    button(row, 'Launch')[0].click();
+  const modelRow = (id) => byClass($('models'), 'model').find((r) => r.textContent.includes(id));
+
+  await t.test('Launch without previews: the reason, then a launch with defaults', async () => {
+    button(modelRow('bad/model'), 'Launch')[0].click();
+    await waitFor(() => modelRow('bad/model').textContent.includes('Launch with defaults'), 'the previews error');
+    assert.ok(modelRow('bad/model').textContent.includes('No placement preview: model bad/model is not on disk on any node'));
+    assert.equal(calls.filter((c) => c.url === 'place_instance').length, 0); // nothing launched blindly
+    button(modelRow('bad/model'), 'Launch with defaults')[0].click();
     await waitFor(() => $('models').textContent.includes('Not enough memory for <bad/model>'), 'the launch error');
     assert.deepEqual(calls.filter((c) => c.url === 'place_instance').map((c) => [c.method, c.body]), [['POST', { model_id: 'bad/model' }]]);
     assert.ok($('toasts').textContent.includes('Launch failed: Not enough memory for <bad/model>'));
-    const ok = byClass($('models'), 'model').find((r) => r.textContent.includes('karpathy/stories260K'));
-    button(ok, 'Launch')[0].click();
+    button(modelRow('bad/model'), 'Cancel')[0].click();
+    assert.ok(!modelRow('bad/model').textContent.includes('Where to run it'));
+  });
+
+  await t.test('Launch shows the placement options; each launches its own', async () => {
+    button(modelRow('karpathy/stories260K'), 'Launch')[0].click();
+    await waitFor(() => byClass(modelRow('karpathy/stories260K'), 'placement').length === 2, 'the options');
+    assert.ok(calls.some((c) => c.url === 'instance/previews?model_id=karpathy%2Fstories260K'));
+    const opts = byClass(modelRow('karpathy/stories260K'), 'placement');
+    // fewest nodes first; the ranks, nodes, layers and memory of each
+    assert.ok(opts[0].textContent.includes('Pipeline · MLX Ring · 1 node'));
+    assert.ok(opts[0].textContent.includes('#0vmlayers 0–4 of 5+1.0 MiB of 22.5 GiB free'));
+    assert.ok(opts[1].textContent.includes('Pipeline · MLX Ring · 2 nodes'));
+    assert.ok(opts[1].textContent.includes('#0vmlayers 0–2 of 5'));
+    assert.ok(opts[1].textContent.includes('#1gpu-box <b>layers 3–4 of 5+410 KiB of 32.0 GiB free'));
+    // the invalid ones, grouped by their reason
+    const invalid = byClass(modelRow('karpathy/stories260K'), 'placement-invalid')[0];
+    assert.ok(invalid.textContent.startsWith('3 options not possible'));
+    const groups = byClass(invalid, 'invalid-group').map((g) => g.textContent);
+    assert.deepEqual(groups, [
+      'karpathy/stories260K does not support tensor shardingTensor · MLX Ring · 2 nodes',
+      'MlxJaccl needs <RDMA> linksPipeline · MLX Jaccl · 2 nodesTensor · MLX Jaccl · 2 nodes',
+    ]);
+    // over two nodes: the daemon's refusal shows on that option
+    button(opts[1], 'Launch')[0].click();
+    await waitFor(() => modelRow('karpathy/stories260K').textContent.includes('not built yet'), 'the refusal');
+    const failed = byClass(modelRow('karpathy/stories260K'), 'placement')[1];
+    assert.ok(failed.className.includes('failed'));
+    assert.ok(byClass(failed, 'error-text')[0].textContent.includes('needs 2 nodes, and running one model across several nodes is not built yet'));
+    assert.deepEqual(calls.filter((c) => c.url === 'place_instance').at(-1).body, {
+      model_id: 'karpathy/stories260K', sharding: 'Pipeline', instance_meta: 'MlxRing', min_nodes: 2,
+    });
+    // on one node: launched, the options close
+    button(byClass(modelRow('karpathy/stories260K'), 'placement')[0], 'Launch')[0].click();
     await waitFor(() => $('toasts').textContent.includes('Launching karpathy/stories260K'), 'the launch toast');
+    assert.deepEqual(calls.filter((c) => c.url === 'place_instance').at(-1).body, {
+      model_id: 'karpathy/stories260K', sharding: 'Pipeline', instance_meta: 'MlxRing', min_nodes: 1,
+    });
+    await waitFor(() => !modelRow('karpathy/stories260K').textContent.includes('Where to run it'), 'the options closing');
+  });
+
+  await t.test('an election, a node leaving, an older daemon without /cluster', async () => {
+    cluster = { ...CLUSTER, masterNodeId: null, electionInProgress: true, caughtUp: false };
+    await waitFor(() => $('cluster-status').textContent.includes('electing a master…'), 'the election');
+    assert.ok($('cluster-status').textContent.includes('catching up…'));
+    assert.ok(!$('nodes').textContent.includes('master'));
+    // the other node times out: it leaves nodeIdentities (and the rest)
+    const { [OTHER]: _gone, ...idents } = STATE.nodeIdentities;
+    state = { ...STATE, nodeIdentities: idents };
+    cluster = { ...CLUSTER, masterNodeId: SELF, isMaster: true, peers: [] };
+    await waitFor(() => byClass($('nodes'), 'node').length === 1, 'the node leaving');
+    assert.equal(byClass($('topology'), 'topo-node').length, 1);
+    assert.equal(byClass($('topology'), 'link').length, 0);
+    assert.ok($('topology').textContent.includes('A cluster of one node'));
+    assert.ok($('cluster-status').textContent.includes('this node is the master'));
+    assert.ok($('cluster-status').textContent.includes('no peers'));
+    assert.ok($('nodes').textContent.includes('★ master'));
+    // a daemon without /cluster: still connected, no master claimed
+    cluster = null;
+    await waitFor(() => $('cluster-status').textContent.includes('not available'), 'no /cluster');
+    assert.equal($('conn').dataset.state, 'ok');
+    assert.ok(!$('nodes').textContent.includes('master'));
+    state = STATE;
+    cluster = CLUSTER;
+    await waitFor(() => byClass($('nodes'), 'node').length === 2, 'back to two nodes');
   });
 
   await t.test('Delete sends DELETE /instance/{id}', async () => {

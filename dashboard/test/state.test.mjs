@@ -160,14 +160,28 @@ test('buildNodesView: this node first, memory and backends', () => {
   const [self, other] = nodes;
   assert.deepEqual(self, {
     id: SELF,
+    shortId: '25d2d2b1',
     name: 'vm',
+    displayName: 'vm',
     isSelf: true,
+    isMaster: false,
     cpuCount: 2,
+    cpuModel: null,
+    os: null,
     backends: ['Cpu'],
     ramTotal: 25276502016,
     ramAvailable: 24192163840,
     ramUsed: 25276502016 - 24192163840,
     usedFraction: (25276502016 - 24192163840) / 25276502016,
+    diskTotal: null,
+    diskAvailable: null,
+    diskUsed: null,
+    diskFraction: null,
+    gpus: [],
+    models: [],
+    interfaces: [],
+    apiPort: null,
+    clusterPort: null,
     lastSeen: '2026-11-29T23:46:53.949Z',
     runnerCount: 2,
   });
@@ -218,6 +232,7 @@ test('buildInstancesView: ready, loading over two nodes, failed; tasks', () => {
     runnerId: '7f4c0f40-ea6b-4fc5-8f63-939a530654d5',
     nodeId: SELF,
     nodeName: 'vm',
+    nodeGone: false,
     shardKind: 'Pipeline',
     startLayer: 0,
     endLayer: 5,
@@ -335,6 +350,8 @@ test('buildModelsView: fields, sizes, instances, fit, sorting', () => {
     instances: 1,
     readyInstances: 1,
     fits: true,
+    local: true,
+    onNodes: [],
   });
   const llama = models.find((m) => m.id === 'mlx-community/Llama-3.2-1B-Instruct-4bit');
   assert.equal(llama.instances, 1);

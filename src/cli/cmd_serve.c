@@ -239,6 +239,7 @@ int exo_cmd_serve(int argc, char **argv)
         }
         EXO_LOG_INFO("API listening on http://%s:%d", host ? host : "0.0.0.0",
                      exo_api_server_port(server));
+        exo_node_set_api_port(node, exo_api_server_port(server));
         if (dashboard)
             EXO_LOG_INFO("dashboard at http://%s:%d/ (from %s)", host ? host : "localhost",
                          exo_api_server_port(server), dashboard);

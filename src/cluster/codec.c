@@ -562,12 +562,16 @@ static int rec_unpack(mobj *o, const exo_field *f, void *v, exo_err *err)
 {
     exo_record_clear(f->sub, v);
     int rc = exo_record_unpack(o, f->sub, v, err);
-    return rc < 0 ? exo_err_wrap(err, "field %s", f->key) : 0;
+    if (rc < 0)
+        exo_err_wrap(err, "field %s", f->key);
+    return rc;
 }
 static int rec_validate(const exo_field *f, const void *v, exo_err *err)
 {
     int rc = exo_record_validate(f->sub, v, err);
-    return rc < 0 ? exo_err_wrap(err, "%s", f->key) : 0;
+    if (rc < 0)
+        exo_err_wrap(err, "%s", f->key);
+    return rc;
 }
 static void rec_copy(const exo_field *f, void *dst, const void *src) { exo_record_copy(f->sub, dst, src); }
 static void rec_clear(const exo_field *f, void *v) { exo_record_clear(f->sub, v); }
@@ -611,8 +615,11 @@ static int arr_unpack(mobj *o, const exo_field *f, void *v, exo_err *err)
     a->v = n ? exo_calloc(n, f->sub->size) : NULL;
     for (size_t i = 0; i < n; i++) {
         a->n = i + 1; /* cleared on failure, including the element that failed */
-        if (exo_record_unpack(&o->via.array.ptr[i], f->sub, a->v + i * f->sub->size, err) < 0)
-            return exo_err_wrap(err, "field %s[%zu]", f->key, i);
+        int rc = exo_record_unpack(&o->via.array.ptr[i], f->sub, a->v + i * f->sub->size, err);
+        if (rc < 0) {
+            exo_err_wrap(err, "field %s[%zu]", f->key, i);
+            return rc;
+        }
     }
     return 0;
 }
@@ -621,9 +628,13 @@ static int arr_validate(const exo_field *f, const void *v, exo_err *err)
     const any_array *a = v;
     if (a->n > (uint64_t)f->hi || (a->n && !a->v))
         return exo_err_set(err, EXO_EINVAL, "%s: %zu entries (max %lld)", f->key, a->n, (long long)f->hi);
-    for (size_t i = 0; i < a->n; i++)
-        if (exo_record_validate(f->sub, a->v + i * f->sub->size, err) < 0)
-            return exo_err_wrap(err, "%s[%zu]", f->key, i);
+    for (size_t i = 0; i < a->n; i++) {
+        int rc = exo_record_validate(f->sub, a->v + i * f->sub->size, err);
+        if (rc < 0) {
+            exo_err_wrap(err, "%s[%zu]", f->key, i);
+            return rc;
+        }
+    }
     return 0;
 }
 static void arr_copy(const exo_field *f, void *dst, const void *src)
@@ -801,8 +812,10 @@ int exo_envelope_unpack(const uint8_t *buf, size_t len, size_t max_len, int max_
         return rc;
     static const exo_field version_f = {"v", "v", &exo_ft_i64, 0, false, 1, INT64_MAX, NULL, NULL};
     int64_t v = 0;
-    if ((rc = exo_mp_field(root, &version_f, &v, err)) < 0)
-        return exo_err_wrap(err, "%s", what);
+    if ((rc = exo_mp_field(root, &version_f, &v, err)) < 0) {
+        exo_err_wrap(err, "%s", what);
+        return rc;
+    }
     if (v > max_version)
         return exo_err_set(err, EXO_EUNSUPPORTED, "%s: format version %lld (this build reads <= %d)",
                            what, (long long)v, max_version);

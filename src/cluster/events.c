@@ -110,8 +110,10 @@ static int instance_unpack(mobj *m, const exo_field *f, void *v, exo_err *err)
     inst->n_shards = a->via.array.size;
     inst->shards = exo_calloc(inst->n_shards, sizeof *inst->shards);
     for (size_t i = 0; i < inst->n_shards; i++)
-        if ((rc = exo_record_unpack(&a->via.array.ptr[i], &shard_desc, &inst->shards[i], err)) < 0)
-            return exo_err_wrap(err, "shard %zu", i);
+        if ((rc = exo_record_unpack(&a->via.array.ptr[i], &shard_desc, &inst->shards[i], err)) < 0) {
+            exo_err_wrap(err, "shard %zu", i);
+            return rc;
+        }
     return 0;
 }
 
@@ -421,9 +423,10 @@ static int msg_validate(const message_ops *ops, const void *m, exo_err *err)
     const exo_record_desc *d = ops->desc(MSG_KIND(ops, m));
     if (!d)
         return exo_err_set(err, EXO_EINVAL, "unknown %s kind %d", ops->what, MSG_KIND(ops, m));
-    if (exo_record_validate(d, m, err) < 0)
-        return exo_err_wrap(err, "%s %s %s", d->name, ops->what, id->s);
-    return 0;
+    int rc = exo_record_validate(d, m, err);
+    if (rc < 0)
+        exo_err_wrap(err, "%s %s %s", d->name, ops->what, id->s);
+    return rc;
 }
 
 static void msg_pack(msgpack_packer *pk, const message_ops *ops, const void *m)
@@ -504,8 +507,10 @@ static int msg_unpack_nested(const message_ops *ops, mobj *o, void *m, size_t si
     int64_t v;
     exo_id id;
     mobj *kind = exo_mp_get(o, "kind"), *body = exo_mp_get(o, "body");
-    if ((rc = exo_mp_field(o, &v_f, &v, err)) < 0 || (rc = exo_mp_field(o, &id_f, &id, err)) < 0)
-        return exo_err_wrap(err, "%s", ops->what);
+    if ((rc = exo_mp_field(o, &v_f, &v, err)) < 0 || (rc = exo_mp_field(o, &id_f, &id, err)) < 0) {
+        exo_err_wrap(err, "%s", ops->what);
+        return rc;
+    }
     int k = kind && kind->type == MSGPACK_OBJECT_STR
                 ? ops->kind_parse(kind->via.str.ptr ? kind->via.str.ptr : "", kind->via.str.size) : -1;
     if (k < 0)

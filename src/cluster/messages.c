@@ -126,8 +126,10 @@ int exo_msg_encode(int type, const void *msg, uint8_t **out, size_t *out_len, ex
     int rc = exo_record_validate(d, msg, err);
     if (rc == 0)
         rc = check(type, msg, err);
-    if (rc < 0)
-        return exo_err_wrap(err, "%s", d->name);
+    if (rc < 0) {
+        exo_err_wrap(err, "%s", d->name);
+        return rc;
+    }
     msgpack_sbuffer sb;
     msgpack_sbuffer_init(&sb);
     msgpack_packer pk;

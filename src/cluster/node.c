@@ -71,6 +71,7 @@
 #define NODE_TIMEOUT_MS      10000   /* a node unreachable this long leaves the State */
 #define PROBE_MS             10000   /* topology: each peer address measured this often */
 #define PROBE_BULK_BYTES     (1u << 20)
+#define PROBE_BULK_MS        60000   /* and its bandwidth this often */
 #define DIAL_WAIT_MS         2000    /* the smaller id dials only if the greater did not */
 #define CATCHUP_BATCH        1000    /* events per EventRequest answer, as exo */
 #define FLUSH_DELAY_MS       200     /* group commit of the log (see docs/DAEMON.md) */
@@ -115,7 +116,7 @@ typedef struct peer {
     bool                    connected;
     uint64_t                down_since_ms; /* when the link went down (0: never up) */
     char                    remote[EXO_NET_ADDR_LEN];
-    uint64_t                next_probe_ms;
+    uint64_t                next_probe_ms, next_bulk_ms;
     unsigned                dial_turn;    /* which reported address to try next */
     struct peer            *next;
 } peer;
@@ -1245,27 +1246,47 @@ typedef struct probe_ctx {
     char      address[EXO_ADDR_MAX];
 } probe_ctx;
 
+/* Whether a new measurement differs enough from the State's to publish:
+ * latency by half and 500 us, bandwidth by a quarter. */
+static bool edge_moved(const exo_topology_edge *old, const exo_topology_edge *now)
+{
+    int64_t dl = now->latency_us - old->latency_us;
+    if (dl < 0)
+        dl = -dl;
+    if (dl > 500 && dl * 2 > old->latency_us)
+        return true;
+    uint64_t a = old->bandwidth_bps, b = now->bandwidth_bps;
+    uint64_t db = a > b ? a - b : b - a;
+    return db * 4 > a;
+}
+
 static void probe_done(void *ctx, const exo_net_probe_result *res)
 {
     probe_ctx *pc = ctx;
     exo_node *n = pc->n;
     if (!n->stopping) {
-        exo_topology_edge e;
+        exo_topology_edge e, old;
         memset(&e, 0, sizeof e);
+        memset(&old, 0, sizeof old);
         e.source = n->node_id;
         e.sink = pc->sink;
         snprintf(e.address, sizeof e.address, "%s", pc->address);
         bool known = false;
         pthread_mutex_lock(&n->mu);
-        for (size_t i = 0; i < exo_state_edge_count(n->state); i++)
+        for (size_t i = 0; i < exo_state_edge_count(n->state) && !known; i++)
             if (exo_topology_edge_same(exo_state_edge_at(n->state, i), &e)) {
                 known = true;
-                break;
+                old = *exo_state_edge_at(n->state, i);
             }
         pthread_mutex_unlock(&n->mu);
         if (res->ok) {
             e.latency_us = (int64_t)res->rtt_us;
-            e.bandwidth_bps = res->bandwidth_bps;
+            e.bandwidth_bps = res->bulk_bytes ? res->bandwidth_bps : known ? old.bandwidth_bps : 0;
+        }
+        if (res->ok && known && !edge_moved(&old, &e)) {
+            /* the same link as before: no event (the log would grow by one
+             * per address and peer every probe) */
+        } else if (res->ok) {
             exo_event ev;
             exo_event_init(&ev, EXO_EVENT_TOPOLOGY_EDGE_CREATED);
             ev.u.topology_edge_created.edge = e;
@@ -1278,6 +1299,21 @@ static void probe_done(void *ctx, const exo_net_probe_result *res)
     exo_free(pc);
 }
 
+/* Whether the State holds a bandwidth measurement of our edge to sink at
+ * address. */
+static bool measured(exo_node *n, const exo_id *sink, const char *address)
+{
+    bool yes = false;
+    pthread_mutex_lock(&n->mu);
+    for (size_t i = 0; i < exo_state_edge_count(n->state) && !yes; i++) {
+        const exo_topology_edge *e = exo_state_edge_at(n->state, i);
+        yes = exo_id_eq(&e->source, &n->node_id) && exo_id_eq(&e->sink, sink) && !strcmp(e->address, address) &&
+              e->bandwidth_bps > 0;
+    }
+    pthread_mutex_unlock(&n->mu);
+    return yes;
+}
+
 static void probe_peers(exo_node *n)
 {
     uint64_t now = now_ms();
@@ -1285,6 +1321,9 @@ static void probe_peers(exo_node *n)
         if (!p->connected || now < p->next_probe_ms)
             continue;
         p->next_probe_ms = now + PROBE_MS;
+        /* bandwidth (a bulk transfer) now and then and for addresses without
+         * a measurement, latency every time */
+        bool bulk_round = now >= p->next_bulk_ms;
         /* every address the peer reports, at its cluster port */
         char ips[EXO_NODE_MAX_INTERFACES][EXO_ADDR_MAX];
         int port = 0;
@@ -1297,6 +1336,8 @@ static void probe_peers(exo_node *n)
                 snprintf(ips[k++], EXO_ADDR_MAX, "%s", sn->info.interfaces.v[i].ip);
         }
         pthread_mutex_unlock(&n->mu);
+        if (bulk_round && k && port > 0)
+            p->next_bulk_ms = now + PROBE_BULK_MS;
         for (size_t i = 0; i < k && port > 0; i++) {
             struct sockaddr_storage ss;
             if (sockaddr_of(ips[i], port, &ss) < 0)
@@ -1308,8 +1349,9 @@ static void probe_peers(exo_node *n)
                 snprintf(pc->address, sizeof pc->address, "[%.60s]:%d", ips[i], port);
             else
                 snprintf(pc->address, sizeof pc->address, "%.60s:%d", ips[i], port);
+            uint64_t bulk = bulk_round || !measured(n, &p->id, pc->address) ? PROBE_BULK_BYTES : 0;
             exo_err err = {0};
-            if (exo_net_probe(n->net, (struct sockaddr *)&ss, p->id.s, PROBE_BULK_BYTES, probe_done, pc, &err) < 0)
+            if (exo_net_probe(n->net, (struct sockaddr *)&ss, p->id.s, bulk, probe_done, pc, &err) < 0)
                 exo_free(pc); /* too many at once: the next round tries again */
         }
     }
@@ -1329,8 +1371,8 @@ static void info_work(uv_work_t *w)
 {
     info_job *j = w->data;
     exo_node *n = j->n;
-    exo_node_info_opts o = {n->cfg.paths->models_dirs, n->cfg.paths->n_models_dirs, n->cfg.api_port,
-                            n->net ? exo_net_port(n->net) : 0};
+    exo_node_info_opts o = {n->cfg.paths->models_dirs, n->cfg.paths->n_models_dirs,
+                            __atomic_load_n(&n->cfg.api_port, __ATOMIC_RELAXED), n->net ? exo_net_port(n->net) : 0};
     j->rc = exo_node_info_gather(&o, &j->info, &j->err);
 }
 
@@ -1370,7 +1412,7 @@ static void start_info_gather(exo_node *n)
     j->n = n;
     j->work.data = j;
     n->gathering = true;
-    n->next_info_ms = now_ms() + INFO_CHECK_MS;
+    __atomic_store_n(&n->next_info_ms, now_ms() + INFO_CHECK_MS, __ATOMIC_RELAXED);
     if (uv_queue_work(&n->loop, &j->work, info_work, info_done) < 0) {
         n->gathering = false;
         exo_free(j);
@@ -1515,7 +1557,7 @@ static void on_tick(uv_timer_t *t)
         }
     }
     dial_known_nodes(n);
-    if (now >= n->next_info_ms)
+    if (now >= __atomic_load_n(&n->next_info_ms, __ATOMIC_RELAXED))
         start_info_gather(n);
     probe_peers(n);
     if (now / 1000 != (now - TICK_MS) / 1000)
@@ -1893,6 +1935,12 @@ void exo_node_free(exo_node *n)
 
 const char *exo_node_id(const exo_node *n) { return n->node_id.s; }
 
+void exo_node_set_api_port(exo_node *n, int port)
+{
+    __atomic_store_n(&n->cfg.api_port, port, __ATOMIC_RELAXED);
+    __atomic_store_n(&n->next_info_ms, 0, __ATOMIC_RELAXED); /* report it at the next tick */
+}
+
 /* ---- API-thread calls ------------------------------------------------------ */
 
 /* Queues an action from another thread and wakes the loop; EXO_ECANCELED
@@ -2029,8 +2077,8 @@ static exo_state *state_knowing_local_model(exo_node *n, const char *model_id)
     exo_model_store_free(models);
     if (!here)
         return NULL;
-    exo_node_info_opts o = {n->cfg.paths->models_dirs, n->cfg.paths->n_models_dirs, n->cfg.api_port,
-                            n->net ? exo_net_port(n->net) : 0};
+    exo_node_info_opts o = {n->cfg.paths->models_dirs, n->cfg.paths->n_models_dirs,
+                            __atomic_load_n(&n->cfg.api_port, __ATOMIC_RELAXED), n->net ? exo_net_port(n->net) : 0};
     action *a = exo_calloc(1, sizeof *a);
     a->kind = ACT_EVENT;
     exo_event_init(&a->ev, EXO_EVENT_NODE_GATHERED_INFO);

@@ -82,6 +82,9 @@ void exo_node_stop(exo_node *n);
 void exo_node_free(exo_node *n);
 
 const char *exo_node_id(const exo_node *n);
+/* The API's real port (once it listens: --api-port 0 picks one), for the
+ * node info this node reports. */
+void exo_node_set_api_port(exo_node *n, int port);
 
 /* ---- generation ---- */
 typedef struct exo_gen_sink {

@@ -298,7 +298,9 @@ bool exo_node_info_equal(const exo_node_info *a, const exo_node_info *b)
 int exo_node_info_validate(const exo_node_info *info, exo_err *err)
 {
     int rc = exo_record_validate(&exo_node_info_desc, info, err);
-    return rc < 0 ? exo_err_wrap(err, "node info") : 0;
+    if (rc < 0)
+        exo_err_wrap(err, "node info");
+    return rc;
 }
 
 const exo_model_card *exo_node_info_model(const exo_node_info *info, const char *model_id)

@@ -220,7 +220,7 @@ typedef struct exo_topology_edge {
     exo_id   source, sink;
     char     address[EXO_ADDR_MAX];
     int64_t  latency_us;        /* round trip, microseconds */
-    uint64_t bandwidth_bps;     /* bytes per second, 0 = not measured */
+    uint64_t bandwidth_bps;     /* bits per second, 0 = not measured */
 } exo_topology_edge;
 
 bool exo_topology_edge_same(const exo_topology_edge *a, const exo_topology_edge *b); /* same key */
