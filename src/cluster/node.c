@@ -177,6 +177,7 @@ static void send_peers(exo_node *n, const char *to);
 static void on_peers(exo_node *n, const char *from, const exo_msg_peers *m);
 static int  sockaddr_of(const char *ip, int port, struct sockaddr_storage *ss);
 static void try_dial(exo_node *n, peer *p);
+static void settle(exo_node *n);
 
 /* ---- small helpers --------------------------------------------------------- */
 
@@ -885,8 +886,28 @@ static void on_command(exo_node *n, const char *from, exo_msg_command *m)
     exo_free(ack.error);
 }
 
-static void on_chunk_msg(exo_node *n, exo_msg_chunk *m)
+/* Whether `from` may stream command_id's chunks to us: the node that runs
+ * its instance. The first chunks can overtake the TaskCreated the master
+ * sends us (they take another link), so a task we do not know yet passes;
+ * its command id is a random UUID only the cluster has seen. */
+static bool serves_command(exo_node *n, const char *from, const exo_id *command_id)
 {
+    exo_id node;
+    snprintf(node.s, sizeof node.s, "%.63s", from);
+    pthread_mutex_lock(&n->mu);
+    const exo_task *t = exo_state_task_for_command(n->state, command_id);
+    const exo_instance *inst = t ? exo_state_instance(n->state, &t->instance_id) : NULL;
+    bool yes = !t || (inst && exo_instance_shard_of_node(inst, &node));
+    pthread_mutex_unlock(&n->mu);
+    return yes;
+}
+
+static void on_chunk_msg(exo_node *n, const char *from, exo_msg_chunk *m)
+{
+    if (!serves_command(n, from, &m->command_id)) {
+        EXO_LOG_DEBUG("node: %s sent a chunk for %s, which it does not run", from, m->command_id.s);
+        return;
+    }
     json_error_t jerr;
     json_t *j = json_loads(m->chunk_json, 0, &jerr);
     exo_chunk c;
@@ -961,8 +982,11 @@ static void net_message(void *ctx, const char *from, uint8_t type, const uint8_t
         if (!n->is_master && !strcmp(from, n->session.master.s))
             pending_ack(n, &m.a);
         break;
-    case EXO_MSG_CHUNK: on_chunk_msg(n, &m.ch); break;
-    case EXO_MSG_GEN_DONE: gen_done_here(n, &m.d.command_id); break;
+    case EXO_MSG_CHUNK: on_chunk_msg(n, from, &m.ch); break;
+    case EXO_MSG_GEN_DONE:
+        if (serves_command(n, from, &m.d.command_id))
+            gen_done_here(n, &m.d.command_id);
+        break;
     case EXO_MSG_PEERS: {
         bool knew = peer_find(n, from) && peer_find(n, from)->has_addr;
         on_peers(n, from, &m.p);
@@ -973,6 +997,7 @@ static void net_message(void *ctx, const char *from, uint8_t type, const uint8_t
     default: break;
     }
     exo_msg_clear(type, &m);
+    settle(n); /* let the worker act on what changed now, not at the next tick */
 }
 
 /* ---- links ---------------------------------------------------------------------------------- */
