@@ -14,6 +14,8 @@
  * msgpack-c's packer does, so the bytes are a function of the message. */
 #include "cluster/election.h"
 
+#include "cluster/codec.h"
+
 #include "core/alloc.h"
 #include "core/log.h"
 
@@ -740,48 +742,11 @@ static bool r_str(rd *r, const char **s, size_t *n)
     return true;
 }
 
-/* Skips one value (of an unknown key). */
+/* Skips one value (of an unknown key): codec.c's structural scan, which
+ * never trusts a count beyond the bytes left, held to this codec's depth. */
 static bool r_skip(rd *r, int depth)
 {
-    const uint8_t *p;
-    if (depth > WIRE_MAX_DEPTH || !r_take(r, 1, &p))
-        return false;
-    uint8_t c = *p;
-    uint64_t skip = 0, items = 0, v;
-    if (c <= 0x7f || c >= 0xe0 || c == 0xc0 || c == 0xc2 || c == 0xc3)
-        return true;
-    if (c >= 0x80 && c <= 0x8f)
-        items = 2u * (c & 0x0fu);
-    else if (c >= 0x90 && c <= 0x9f)
-        items = c & 0x0fu;
-    else if (c >= 0xa0 && c <= 0xbf)
-        skip = c & 0x1fu;
-    else {
-        switch (c) {
-        case 0xc4: case 0xd9: if (!r_be(r, 1, &skip)) return false; break;
-        case 0xc5: case 0xda: if (!r_be(r, 2, &skip)) return false; break;
-        case 0xc6: case 0xdb: if (!r_be(r, 4, &skip)) return false; break;
-        case 0xca: skip = 4; break;
-        case 0xcb: skip = 8; break;
-        case 0xcc: case 0xd0: skip = 1; break;
-        case 0xcd: case 0xd1: skip = 2; break;
-        case 0xce: case 0xd2: skip = 4; break;
-        case 0xcf: case 0xd3: skip = 8; break;
-        case 0xdc: case 0xde: if (!r_be(r, 2, &v)) return false; items = c == 0xde ? 2 * v : v; break;
-        case 0xdd: case 0xdf: if (!r_be(r, 4, &v)) return false; items = c == 0xdf ? 2 * v : v; break;
-        default: return false;   /* 0xc1, ext */
-        }
-    }
-    if (skip)
-        return r_take(r, (size_t)skip, &p);
-    /* Every element takes at least one byte: never trust a count beyond the
-     * bytes left. */
-    if (items > r->len - r->pos)
-        return false;
-    for (uint64_t i = 0; i < items; i++)
-        if (!r_skip(r, depth + 1))
-            return false;
-    return true;
+    return exo_mp_scan(r->b, r->len, &r->pos, depth + EXO_MP_MAX_DEPTH - WIRE_MAX_DEPTH) == 0;
 }
 
 enum { K_V, K_FROM, K_CLOCK, K_SENIORITY, K_COMMANDS, K_MASTER, K_MASTER_CLOCK, K_DECIDED, K_RETRY, K__N };

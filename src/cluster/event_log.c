@@ -14,6 +14,7 @@
 #include "cluster/crc32c.h"
 #include "cluster/state.h"
 #include "core/alloc.h"
+#include "core/bytes.h"
 #include "core/log.h"
 
 #include <dirent.h>
@@ -42,50 +43,6 @@ struct exo_event_log {
     bool      dirty;     /* appended since the last flush */
     bool      broken;    /* a failed append could not be undone */
 };
-
-static void put_le32(uint8_t *p, uint32_t v)
-{
-    p[0] = (uint8_t)v;
-    p[1] = (uint8_t)(v >> 8);
-    p[2] = (uint8_t)(v >> 16);
-    p[3] = (uint8_t)(v >> 24);
-}
-
-static uint32_t get_le32(const uint8_t *p)
-{
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-
-/* Full pread; returns bytes read (< n only at end of file) or -1. */
-static ssize_t pread_full(int fd, void *buf, size_t n, uint64_t off)
-{
-    size_t got = 0;
-    while (got < n) {
-        ssize_t r = pread(fd, (char *)buf + got, n - got, (off_t)(off + got));
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r < 0)
-            return -1;
-        if (r == 0)
-            break;
-        got += (size_t)r;
-    }
-    return (ssize_t)got;
-}
-
-static int pwrite_full(int fd, const void *buf, size_t n, uint64_t off)
-{
-    size_t put = 0;
-    while (put < n) {
-        ssize_t r = pwrite(fd, (const char *)buf + put, n - put, (off_t)(off + put));
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r <= 0)
-            return -1;
-        put += (size_t)r;
-    }
-    return 0;
-}
 
 static void index_push(exo_event_log *log, uint64_t off)
 {
@@ -123,12 +80,12 @@ static int scan(exo_event_log *log, uint64_t size, uint64_t *good_end, char *rea
             snprintf(reason, reason_len, "record %llu: torn header", (unsigned long long)log->n);
             break;
         }
-        if (pread_full(log->fd, hdr, sizeof hdr, off) != (ssize_t)sizeof hdr) {
+        if (exo_pread_full(log->fd, hdr, sizeof hdr, off) != (ssize_t)sizeof hdr) {
             rc = exo_err_set(err, EXO_EIO, "%s: read at %llu: %s", log->path, (unsigned long long)off,
                              strerror(errno));
             break;
         }
-        uint32_t len = get_le32(hdr), crc = get_le32(hdr + 4);
+        uint32_t len = exo_get_le32(hdr), crc = exo_get_le32(hdr + 4);
         if (len == 0 || len > EXO_EVENT_LOG_MAX_RECORD) {
             snprintf(reason, reason_len, "record %llu: bad length %u", (unsigned long long)log->n, len);
             break;
@@ -142,7 +99,7 @@ static int scan(exo_event_log *log, uint64_t size, uint64_t *good_end, char *rea
             buf_cap = len;
             buf = exo_malloc(buf_cap);
         }
-        if (pread_full(log->fd, buf, len, off + EXO_EVENT_LOG_HEADER) != (ssize_t)len) {
+        if (exo_pread_full(log->fd, buf, len, off + EXO_EVENT_LOG_HEADER) != (ssize_t)len) {
             rc = exo_err_set(err, EXO_EIO, "%s: read at %llu: %s", log->path, (unsigned long long)off,
                              strerror(errno));
             break;
@@ -234,10 +191,10 @@ static int append_locked(exo_event_log *log, const void *payload, size_t len, ui
     uint8_t *rec = exo_try_malloc(EXO_EVENT_LOG_HEADER + len);
     if (!rec)
         return exo_err_set(err, EXO_ENOMEM, "%s: record buffer", log->path);
-    put_le32(rec, (uint32_t)len);
-    put_le32(rec + 4, exo_crc32c(0, payload, len));
+    exo_put_le32(rec, (uint32_t)len);
+    exo_put_le32(rec + 4, exo_crc32c(0, payload, len));
     memcpy(rec + EXO_EVENT_LOG_HEADER, payload, len);
-    int w = pwrite_full(log->fd, rec, EXO_EVENT_LOG_HEADER + len, log->end);
+    int w = exo_pwrite_full(log->fd, rec, EXO_EVENT_LOG_HEADER + len, log->end);
     int e = errno;
     exo_free(rec);
     if (w < 0) {
@@ -334,14 +291,14 @@ static int read_locked(exo_event_log *log, uint64_t idx, uint8_t **payload, size
     uint64_t off = log->offsets[idx];
     uint64_t next = idx + 1 < log->n ? log->offsets[idx + 1] : log->end;
     uint8_t hdr[EXO_EVENT_LOG_HEADER];
-    if (pread_full(log->fd, hdr, sizeof hdr, off) != (ssize_t)sizeof hdr)
+    if (exo_pread_full(log->fd, hdr, sizeof hdr, off) != (ssize_t)sizeof hdr)
         return exo_err_set(err, EXO_EIO, "%s: record %llu: short read", log->path, (unsigned long long)idx);
-    uint32_t n = get_le32(hdr), crc = get_le32(hdr + 4);
+    uint32_t n = exo_get_le32(hdr), crc = exo_get_le32(hdr + 4);
     if (n == 0 || n > EXO_EVENT_LOG_MAX_RECORD || off + EXO_EVENT_LOG_HEADER + n != next)
         return exo_err_set(err, EXO_EFORMAT, "%s: record %llu: length changed on disk", log->path,
                            (unsigned long long)idx);
     uint8_t *buf = exo_malloc(n);
-    if (pread_full(log->fd, buf, n, off + EXO_EVENT_LOG_HEADER) != (ssize_t)n) {
+    if (exo_pread_full(log->fd, buf, n, off + EXO_EVENT_LOG_HEADER) != (ssize_t)n) {
         exo_free(buf);
         return exo_err_set(err, EXO_EIO, "%s: record %llu: short read", log->path, (unsigned long long)idx);
     }
@@ -441,7 +398,7 @@ static int compress_file(int in_fd, uint64_t size, const char *dst, exo_err *err
     bool last = false;
     while (rc == 0 && !last) {
         size_t want = size - off < in_cap ? (size_t)(size - off) : in_cap;
-        ssize_t got = pread_full(in_fd, in_buf, want, off);
+        ssize_t got = exo_pread_full(in_fd, in_buf, want, off);
         if (got != (ssize_t)want) {
             rc = exo_err_set(err, EXO_EIO, "archive: read failed");
             break;

@@ -8,6 +8,7 @@
 #include "net/identity.h"
 
 #include "core/alloc.h"
+#include "core/bytes.h"
 #include "core/log.h"
 
 #include <errno.h>
@@ -63,36 +64,6 @@ void exo_identity_wipe(exo_identity *id)
     sodium_memzero(id->sk, sizeof id->sk);
 }
 
-static int read_all(int fd, uint8_t *buf, size_t cap, size_t *got)
-{
-    *got = 0;
-    while (*got < cap) {
-        ssize_t r = read(fd, buf + *got, cap - *got);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r < 0)
-            return -1;
-        if (r == 0)
-            break;
-        *got += (size_t)r;
-    }
-    return 0;
-}
-
-static int write_all(int fd, const uint8_t *buf, size_t n)
-{
-    size_t put = 0;
-    while (put < n) {
-        ssize_t r = write(fd, buf + put, n - put);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r <= 0)
-            return -1;
-        put += (size_t)r;
-    }
-    return 0;
-}
-
 #define REMOVE_HINT "; if this node's identity may be discarded, remove the file to mint a new one " \
                     "(the node id will change)"
 
@@ -119,8 +90,9 @@ static int load_file(const char *path, exo_identity *out, exo_err *err)
     }
     /* One byte more than a valid file, to tell "too long" from "exact". */
     uint8_t buf[EXO_IDENTITY_FILE_LEN + 1];
-    size_t got;
-    if (read_all(fd, buf, sizeof buf, &got) < 0) {
+    ssize_t n_read = exo_read_full(fd, buf, sizeof buf);
+    size_t got = n_read < 0 ? 0 : (size_t)n_read;
+    if (n_read < 0) {
         int e = errno;
         close(fd);
         sodium_memzero(buf, sizeof buf);
@@ -188,7 +160,7 @@ static int create_file(const char *data_dir, const char *path, exo_identity *out
     memcpy(buf + 8, out->sk, 64);
     int rc = 0;
     /* fchmod: the umask may have been looser than 0600 allows at open. */
-    if (fchmod(fd, 0600) < 0 || write_all(fd, buf, sizeof buf) < 0 || fsync(fd) < 0)
+    if (fchmod(fd, 0600) < 0 || exo_write_full(fd, buf, sizeof buf) < 0 || fsync(fd) < 0)
         rc = exo_err_set(err, EXO_EIO, "%s: write: %s", tmp, strerror(errno));
     sodium_memzero(buf, sizeof buf);
     if (close(fd) < 0 && rc == 0)

@@ -31,6 +31,7 @@
 #include "net/net.h"
 
 #include "core/alloc.h"
+#include "core/bytes.h"
 #include "core/clock.h"
 #include "core/log.h"
 
@@ -171,20 +172,6 @@ struct exo_net {
 };
 
 static uint64_t now_ns(void) { return exo_clock_ns(); }
-
-static void put_le64(uint8_t *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint64_t get_le64(const uint8_t *p)
-{
-    uint64_t v = 0;
-    for (int i = 0; i < 8; i++)
-        v |= (uint64_t)p[i] << (8 * i);
-    return v;
-}
 
 static void copy_str(char *dst, size_t cap, const char *src)
 {
@@ -667,7 +654,7 @@ static void link_ping(net_link *l)
 {
     uint8_t t[8];
     l->t_last_ping = now_ns();
-    put_le64(t, l->t_last_ping);
+    exo_put_le64(t, l->t_last_ping);
     link_send_ctl(l, EXO_NET_T_PING, t, sizeof t);
 }
 
@@ -773,7 +760,7 @@ static int on_frame(void *ctx, exo_sc *sc, uint8_t type, const uint8_t *payload,
     case EXO_NET_T_PONG: {
         if (len != 8)
             return protocol_error(l, type, len);
-        uint64_t sent = get_le64(payload), now = now_ns();
+        uint64_t sent = exo_get_le64(payload), now = now_ns();
         /* An echo from the future or older than a minute is not ours. */
         if (sent <= now && now - sent < 60ull * 1000 * NS_PER_MS) {
             int64_t rtt = (int64_t)(now - sent);
@@ -786,7 +773,7 @@ static int on_frame(void *ctx, exo_sc *sc, uint8_t type, const uint8_t *payload,
             return protocol_error(l, type, len);
         uint8_t total[8];
         l->bulk_rx += len;
-        put_le64(total, l->bulk_rx);
+        exo_put_le64(total, l->bulk_rx);
         link_send_ctl(l, EXO_NET_T_BULK_ACK, total, sizeof total);
         break;
     }
@@ -812,7 +799,7 @@ static void probe_ping(probe *pr)
 {
     uint8_t t[8];
     pr->ping_sent = now_ns();
-    put_le64(t, pr->ping_sent);
+    exo_put_le64(t, pr->ping_sent);
     link_send_ctl(pr->link, EXO_NET_T_PING, t, sizeof t);
 }
 
@@ -844,7 +831,7 @@ static int probe_on_frame(exo_net *n, net_link *l, uint8_t type, const uint8_t *
 {
     probe *pr = l->probe;
     uint64_t now = now_ns();
-    if (type == EXO_NET_T_PONG && len == 8 && pr->phase == PP_PING && get_le64(payload) == pr->ping_sent) {
+    if (type == EXO_NET_T_PONG && len == 8 && pr->phase == PP_PING && exo_get_le64(payload) == pr->ping_sent) {
         uint64_t rtt = now - pr->ping_sent;
         if (pr->pings == 0 || rtt < pr->rtt_min_ns)
             pr->rtt_min_ns = rtt;
@@ -858,7 +845,7 @@ static int probe_on_frame(exo_net *n, net_link *l, uint8_t type, const uint8_t *
             probe_pump(n, pr);
         }
     } else if (type == EXO_NET_T_BULK_ACK && len == 8 && pr->phase == PP_BULK) {
-        uint64_t total = get_le64(payload);
+        uint64_t total = exo_get_le64(payload);
         if (total < pr->acked || total > pr->sent) {
             probe_finish(n, pr, false, "protocol error: BULK_ACK for %llu bytes, %llu sent",
                          (unsigned long long)total, (unsigned long long)pr->sent);

@@ -19,6 +19,7 @@
 #include "net/secure_channel.h"
 
 #include "core/alloc.h"
+#include "core/bytes.h"
 
 #include <sodium.h>
 #include <stdarg.h>
@@ -77,27 +78,6 @@ struct exo_sc {
     size_t head_off;   /* consumed bytes of the first chunk */
     size_t pending;    /* unconsumed output bytes */
 };
-
-static void put_le32(uint8_t *p, uint32_t v)
-{
-    p[0] = (uint8_t)v;
-    p[1] = (uint8_t)(v >> 8);
-    p[2] = (uint8_t)(v >> 16);
-    p[3] = (uint8_t)(v >> 24);
-}
-
-static uint32_t get_le32(const uint8_t *p)
-{
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-
-static void put_le16(uint8_t *p, uint16_t v)
-{
-    p[0] = (uint8_t)v;
-    p[1] = (uint8_t)(v >> 8);
-}
-
-static uint16_t get_le16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
 
 static void wipe_secrets(exo_sc *sc)
 {
@@ -173,7 +153,7 @@ static void queue_push(exo_sc *sc, uint8_t *data, size_t len)
 static void seal_into(exo_sc *sc, uint8_t *out, uint8_t type, const void *payload, size_t len)
 {
     size_t clen = len + 1 + EXO_SC_ABYTES;
-    put_le32(out, (uint32_t)clen);
+    exo_put_le32(out, (uint32_t)clen);
     out[5] = type;
     if (len && payload != out + 6)
         memcpy(out + 6, payload, len);
@@ -220,8 +200,8 @@ int exo_sc_new(const exo_identity *id, const uint8_t psk[32], bool initiator, ui
     memcpy(sc->sign_sk, id->sk, 64);
     crypto_box_keypair(sc->eph_pk, sc->eph_sk); /* X25519, secret from randombytes */
     memcpy(sc->hello, "EXOL", 4);
-    put_le16(sc->hello + 4, EXO_SC_VERSION);
-    put_le16(sc->hello + 6, flags);
+    exo_put_le16(sc->hello + 4, EXO_SC_VERSION);
+    exo_put_le16(sc->hello + 6, flags);
     memcpy(sc->hello + 8, sc->eph_pk, 32);
     randombytes_buf(sc->hello + 40, 32);
     memset(sc->hello + 72, 0, 8);
@@ -249,7 +229,7 @@ static int on_hello(exo_sc *sc)
     const uint8_t *p = sc->peer_hello;
     if (memcmp(p, "EXOL", 4) != 0)
         return sc_fail(sc, EXO_EFORMAT, "handshake: the peer is not an exo node (bad HELLO magic)");
-    uint16_t version = get_le16(p + 4), flags = get_le16(p + 6);
+    uint16_t version = exo_get_le16(p + 4), flags = exo_get_le16(p + 6);
     if (version != EXO_SC_VERSION)
         return sc_fail(sc, EXO_EUNSUPPORTED,
                        "handshake: the peer speaks exo transport protocol version %u, this node version %u",
@@ -352,7 +332,7 @@ static int on_frame(exo_sc *sc, const exo_sc_handlers *hd, void *ctx)
 
 static int on_len(exo_sc *sc)
 {
-    uint32_t l = get_le32(sc->len_buf);
+    uint32_t l = exo_get_le32(sc->len_buf);
     size_t max = sc->established ? FRAME_MAX : EXO_SC_PREAUTH_FRAME_MAX;
     if (l < 1 + EXO_SC_ABYTES)
         return sc_fail(sc, EXO_EFORMAT, "a frame length of %u bytes is shorter than the minimum %d", l,

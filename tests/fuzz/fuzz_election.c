@@ -1,5 +1,5 @@
-// FUZZ_SOURCES: src/cluster/election.c src/proto/types.c src/core/alloc.c src/core/error.c src/core/log.c src/core/clock.c
-// FUZZ_LIBS: -ljansson
+// FUZZ_SOURCES: src/cluster/election.c src/cluster/codec.c src/proto/types.c src/core/alloc.c src/core/error.c src/core/log.c src/core/clock.c
+// FUZZ_LIBS: -ljansson -lmsgpackc
 /* libFuzzer target for the master election (cluster/election.c). The first
  * input byte picks the mode:
  *   even: the rest -> exo_election_msg_decode; an accepted message must

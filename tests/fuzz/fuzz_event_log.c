@@ -11,7 +11,7 @@
  *   4: bytes -> JSON -> exo_instance_from_json (POST /instance bodies); an
  *      accepted instance validates and survives to_json -> from_json equal
  * Invariants are checked with abort(), which libFuzzer reports as a crash. */
-// FUZZ_SOURCES: src/proto/types.c src/cluster/types.c src/cluster/codec.c src/cluster/events.c src/cluster/state.c src/cluster/event_log.c src/cluster/crc32c.c src/core/alloc.c src/core/error.c src/core/log.c src/core/clock.c
+// FUZZ_SOURCES: src/proto/types.c src/cluster/types.c src/cluster/codec.c src/cluster/events.c src/cluster/state.c src/cluster/event_log.c src/cluster/crc32c.c src/core/bytes.c src/core/alloc.c src/core/error.c src/core/log.c src/core/clock.c
 // FUZZ_LIBS: -lmsgpackc -lzstd
 #include "cluster/crc32c.h"
 #include "cluster/event_log.h"

@@ -11,10 +11,11 @@
  *     order; a tampered frame must be refused (error, nothing delivered).
  * Randomness is a PRNG reset per input, so the keys repeat and seeds may
  * hold genuine sealed frames for the raw mode. */
-// FUZZ_SOURCES: src/net/secure_channel.c src/net/identity.c src/core/alloc.c src/core/error.c src/core/log.c src/core/clock.c
+// FUZZ_SOURCES: src/net/secure_channel.c src/net/identity.c src/core/bytes.c src/core/alloc.c src/core/error.c src/core/log.c src/core/clock.c
 // FUZZ_LIBS: -lsodium
 #include "core/alloc.h"
 #include "net/secure_channel.h"
+#include "fuzz_sodium_rng.h"
 
 #include <sodium.h>
 #include <stdlib.h>
@@ -22,37 +23,6 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-static uint64_t rng_state;
-
-static uint64_t rng_next(void)
-{
-    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
-static const char *rng_name(void) { return "fuzz"; }
-static uint32_t rng_random(void) { return (uint32_t)rng_next(); }
-static void rng_stir(void) {}
-
-static void rng_buf(void *const buf, const size_t size)
-{
-    uint8_t *p = buf;
-    for (size_t i = 0; i < size; i++)
-        p[i] = (uint8_t)rng_next();
-}
-
-static int rng_close(void) { return 0; }
-
-static randombytes_implementation fuzz_rng = {
-    .implementation_name = rng_name,
-    .random = rng_random,
-    .stir = rng_stir,
-    .uniform = NULL,
-    .buf = rng_buf,
-    .close = rng_close,
-};
 
 static exo_identity id_i, id_r;
 static const uint8_t psk[32] = {0x42};
