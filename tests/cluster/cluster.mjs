@@ -48,6 +48,10 @@ export async function buildModel(modelsDir) {
 
 const rand = (lo, hi) => lo + Math.floor(Math.random() * (hi - lo));
 
+// The sanitizer build runs several times slower (and CI runs it beside
+// another suite on 2 cores): every wait stretches by this factor.
+export const SLOW = /asan/.test(EXO_BIN) ? 3 : 1;
+
 export async function getJson(base, p, timeoutMs = 5000) {
   const r = await fetch(base + p, { signal: AbortSignal.timeout(timeoutMs) });
   const text = await r.text();
@@ -69,6 +73,7 @@ export async function postJson(base, p, body) {
 // Polls fn until it returns a truthy value (returned) or timeoutMs passes
 // (throws with the last value or error, described by what).
 export async function until(what, fn, timeoutMs = 20000, everyMs = 100) {
+  timeoutMs *= SLOW;
   const t0 = Date.now();
   let last;
   for (;;) {

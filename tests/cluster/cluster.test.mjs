@@ -29,7 +29,7 @@ import { Ollama } from 'ollama';
 import * as C from './cluster.mjs';
 
 const { MODEL_ID, until, sleep } = C;
-const T = { timeout: 90000 };
+const T = { timeout: 90000 * C.SLOW };
 let tmp, models;
 
 before(async () => {
@@ -227,7 +227,7 @@ test('loopback: namespaces and secrets keep clusters apart; forged bytes change 
 const netnsSkip = C.canUseNetns();
 
 test('netns: discovery over a bridge; a node cut off times out, then rejoins and catches up', { ...T,
-  timeout: 120000, skip: netnsSkip ?? false }, async () => {
+  timeout: 120000 * C.SLOW, skip: netnsSkip ?? false }, async () => {
   const lan = new C.Lan(3);
   try {
     await withCluster({}, async (cl) => {
@@ -236,11 +236,12 @@ test('netns: discovery over a bridge; a node cut off times out, then rejoins and
         nodes.push(await cl.start(`n${i}`, { models, netns: lan.ns[i].ns, apiHost: lan.ns[i].ip }));
       await cl.converged(nodes);
       const ids = await Promise.all(nodes.map((n) => n.id()));
-      await cl.sameState(nodes, 20000, (s) => Object.keys(s.nodeIdentities).length === 3 &&
-        s.topology.connections.some((e) => e.address.startsWith(`${lan.ns[0].ip}:`)));
-      // the edges carry measurements of the LAN addresses
+      // the nodes measure each other's LAN addresses (probes run every 10 s)
+      await until('an edge to node 0 measured', async () => (await nodes[1].state()).topology.connections
+        .some((e) => e.address.startsWith(`${lan.ns[0].ip}:`) && e.bandwidthBps > 0), 30000, 250);
+      await cl.sameState(nodes, 20000, (s) => Object.keys(s.nodeIdentities).length === 3);
       const st = await nodes[0].state();
-      const edge = st.topology.connections.find((e) => e.address.startsWith('10.'));
+      const edge = st.topology.connections.find((e) => e.address.startsWith('10.') && e.bandwidthBps > 0);
       assert.ok(edge.latencyUs > 0 && edge.bandwidthBps > 0, JSON.stringify(edge));
 
       // cut node 2 off: the others time it out; it is alone meanwhile

@@ -12,7 +12,7 @@ for p in openai @anthropic-ai/sdk ollama; do
 done
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT
-timeout -k 10 900 node --test-reporter=./tests/e2e/reporter.mjs tests/cluster/cluster.test.mjs >"$out" 2>&1
+timeout -k 10 1500 node --test-reporter=./tests/e2e/reporter.mjs tests/cluster/cluster.test.mjs >"$out" 2>&1
 rc=$?
 cat "$out"
 line=$(grep -E '^[0-9]+ passed, [0-9]+ failed$' "$out" | tail -n 1)
