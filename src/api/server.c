@@ -5,6 +5,7 @@
 #include "api/server.h"
 
 #include "api/gen_response.h"
+#include "cluster/node_info.h"
 #include "cluster/events.h"
 #include "core/alloc.h"
 #include "core/log.h"
@@ -350,48 +351,151 @@ static void h_delete_instance(exo_http_request *r, void *ud)
 
 /* ---- models ------------------------------------------------------------------------ */
 
+/* The models of the cluster: this node's models dirs, then every model
+ * another node reports on its disk (any node's API serves any instance, so
+ * any node lists them all), each with the nodes that have it and whether an
+ * instance of it runs. */
+typedef struct cluster_model {
+    exo_model_card card;
+    int64_t        created;   /* the files' time where this node has them, else 0 */
+    json_t        *nodes;     /* node ids with it on disk */
+    bool           running;
+} cluster_model;
+
+typedef struct model_list {
+    cluster_model *v;
+    size_t         n, cap;
+    const char    *self;
+} model_list;
+
+static cluster_model *model_list_find(model_list *l, const char *id)
+{
+    for (size_t i = 0; i < l->n; i++)
+        if (!strcmp(l->v[i].card.model_id, id))
+            return &l->v[i];
+    return NULL;
+}
+
+static cluster_model *model_list_add(model_list *l, const exo_model_card *card)
+{
+    if (l->n == l->cap) {
+        l->cap = l->cap ? l->cap * 2 : 16;
+        l->v = exo_realloc(l->v, l->cap * sizeof *l->v);
+    }
+    cluster_model *m = &l->v[l->n++];
+    memset(m, 0, sizeof *m);
+    m->card = *card;
+    m->nodes = json_array();
+    return m;
+}
+
+static void add_node_once(json_t *nodes, const char *id)
+{
+    size_t i;
+    json_t *v;
+    json_array_foreach(nodes, i, v) if (!strcmp(json_string_value(v), id)) return;
+    json_array_append_new(nodes, json_string(id));
+}
+
+static void models_from_state(void *ctx, const exo_state *st)
+{
+    model_list *l = ctx;
+    for (size_t i = 0; i < exo_state_node_count(st); i++) {
+        const exo_state_node *sn = exo_state_node_at(st, i);
+        for (size_t k = 0; k < sn->info.models.n; k++) {
+            const exo_model_card *c = &sn->info.models.v[k];
+            cluster_model *m = model_list_find(l, c->model_id);
+            if (!m)
+                m = model_list_add(l, c);
+            add_node_once(m->nodes, sn->node_id.s);
+        }
+    }
+    for (size_t i = 0; i < l->n; i++)
+        l->v[i].running = exo_state_instances_for_model(st, l->v[i].card.model_id, NULL, 0) > 0;
+}
+
+static void model_list_load(exo_api_server *s, model_list *l)
+{
+    memset(l, 0, sizeof *l);
+    exo_model_store *store = exo_node_models(s->node);
+    for (size_t i = 0; i < exo_model_store_count(store); i++) {
+        const exo_model_entry *e = exo_model_store_at(store, i);
+        exo_model_card card;
+        exo_model_card_from_entry(e, &card);
+        cluster_model *m = model_list_add(l, &card);
+        m->created = e->created;
+        add_node_once(m->nodes, exo_node_id(s->node));
+    }
+    exo_model_store_free(store);
+    exo_node_read_state(s->node, models_from_state, l);
+}
+
+static void model_list_free(model_list *l)
+{
+    for (size_t i = 0; i < l->n; i++)
+        json_decref(l->v[i].nodes);
+    exo_free(l->v);
+}
+
+/* exo's model card JSON (as exo_model_entry_to_json), for any node's model. */
+static json_t *cluster_model_json(const cluster_model *m)
+{
+    const exo_model_card *c = &m->card;
+    const char *slash = strchr(c->model_id, '/');
+    const char *name = slash ? slash + 1 : c->model_id;
+    char family[EXO_NAME_MAX];
+    snprintf(family, sizeof family, "%.*s", (int)strcspn(c->model_type, "_"), c->model_type);
+    json_t *caps = json_pack("[s]", "text");
+    if (c->supports_thinking)
+        json_array_append_new(caps, json_string("thinking"));
+    if (c->supports_tools)
+        json_array_append_new(caps, json_string("tools"));
+    return json_pack("{s:s, s:s, s:I, s:s, s:s, s:s, s:s, s:I, s:[], s:I, s:b, s:[s], s:b, s:s, s:s, s:s, s:o, "
+                     "s:n, s:O, s:b}",
+                     "id", c->model_id, "object", "model", "created", (json_int_t)m->created, "owned_by", "exo",
+                     "hugging_face_id", c->model_id, "name", name, "description", "", "context_length",
+                     (json_int_t)c->context_length, "tags", "storage_size_megabytes",
+                     (json_int_t)((c->storage_bytes + (1 << 19)) >> 20), "supports_tensor", c->supports_tensor,
+                     "tasks", "TextGeneration", "is_custom", 0, "family", family, "quantization", c->quantization,
+                     "base_model", name, "capabilities", caps, "reasoning_dialect", "nodes", m->nodes, "running",
+                     m->running);
+}
+
 static void h_models(exo_http_request *r, void *ud)
 {
-    exo_api_server *s = ud;
-    exo_model_store *models = exo_node_models(s->node);
+    model_list l;
+    model_list_load(ud, &l);
     json_t *data = json_array();
-    for (size_t i = 0; i < exo_model_store_count(models); i++)
-        json_array_append_new(data, exo_model_entry_to_json(exo_model_store_at(models, i)));
-    exo_model_store_free(models);
+    for (size_t i = 0; i < l.n; i++)
+        json_array_append_new(data, cluster_model_json(&l.v[i]));
+    model_list_free(&l);
     respond_json(r, 200, json_pack("{s:s, s:o}", "object", "list", "data", data));
 }
 
 /* The Ollama formatters take a flat list with running flags. */
 typedef struct model_infos {
-    exo_model_store    *store;
+    model_list          list;
     exo_api_model_info *v;
     int                 n;
 } model_infos;
 
-static void mark_running(void *ctx, const exo_state *st)
-{
-    model_infos *mi = ctx;
-    for (int i = 0; i < mi->n; i++)
-        mi->v[i].running = exo_state_instances_for_model(st, mi->v[i].id, NULL, 0) > 0;
-}
-
 static void model_infos_load(exo_api_server *s, model_infos *mi)
 {
-    mi->store = exo_node_models(s->node);
-    mi->n = (int)exo_model_store_count(mi->store);
+    model_list_load(s, &mi->list);
+    mi->n = (int)mi->list.n;
     mi->v = exo_calloc((size_t)mi->n + 1, sizeof *mi->v);
     for (int i = 0; i < mi->n; i++) {
-        const exo_model_entry *m = exo_model_store_at(mi->store, (size_t)i);
-        mi->v[i] = (exo_api_model_info){m->id, m->model_type, m->quantization, m->storage_bytes,
-                                        m->context_length, m->supports_tools, false, true, false};
+        const cluster_model *m = &mi->list.v[i];
+        mi->v[i] = (exo_api_model_info){m->card.model_id, m->card.model_type, m->card.quantization,
+                                        (int64_t)m->card.storage_bytes, m->card.context_length,
+                                        m->card.supports_tools, false, true, m->running};
     }
-    exo_node_read_state(s->node, mark_running, mi);
 }
 
 static void model_infos_free(model_infos *mi)
 {
     exo_free(mi->v);
-    exo_model_store_free(mi->store);
+    model_list_free(&mi->list);
 }
 
 static void respond_owned(exo_http_request *r, int status, char *body)

@@ -247,8 +247,15 @@ static void decide(exo_election *e)
             w = i;
     e->winner = e->cands[w];
     bool self_won = exo_id_eq(&e->winner.id, &e->cfg.self);
-    if (self_won && e->seniority >= 0 && (uint64_t)e->seniority < e->n_cands)
-        e->seniority = (int64_t)e->n_cands;
+    /* Seniority is the size of the cluster a node leads now, and nothing for
+     * a node that does not lead: when a partition heals, the master of the
+     * larger side wins and its State (the work its side did) is the one the
+     * cluster keeps. (exo keeps max(seniority, candidates) for ever, so a
+     * master cut off alone takes over again when it returns and the
+     * majority's work is lost.) A sitting master still beats any joiner,
+     * whose seniority is 0. --force-master and promotions stay above. */
+    if (e->seniority >= 0 && e->seniority < EXO_ELECTION_FORCE_SENIORITY)
+        e->seniority = self_won ? (int64_t)e->n_cands : 0;
     e->master = e->winner.s_master;
     e->master_clock = e->winner.s_clock;
     e->active = false;

@@ -25,8 +25,13 @@
  *    candidate; a lower clock is stale (answered with our status when idle,
  *    once per sender and clock, so a node that missed a membership change
  *    catches up); an equal clock during a campaign adds a candidate.
- *  - A winner that is itself sets seniority = max(seniority, number of
- *    distinct candidates): a sitting master keeps winning against joiners.
+ *  - At the end of a campaign the winner's seniority becomes the number of
+ *    distinct candidates (the size of the cluster it leads) and every other
+ *    node's becomes 0: a sitting master keeps winning against joiners, and
+ *    when a partition heals the master of the larger side wins, so the work
+ *    that side did survives (exo keeps max(seniority, candidates): a master
+ *    cut off alone would win again and its side's State would replace the
+ *    majority's). --force-master and promotions stay above.
  *    A master proposes its existing session, so re-electing it changes
  *    nothing (is_new_master false); any other winner w proposes (w, clock).
  *  - Safety net: after campaign c ended, a message of clock c that is

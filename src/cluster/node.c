@@ -65,7 +65,7 @@
 
 #define TICK_MS              100
 #define INFO_CHECK_MS        10000   /* node info: gathered this often, published when it changed */
-#define INFO_REFRESH_MS      30000   /* and at least this often */
+#define INFO_REFRESH_MS      300000  /* and at least this often (liveness is the links') */
 #define HEAD_MS              1000    /* the master's heartbeat */
 #define RESEND_MS            2000    /* unacknowledged local events and commands */
 #define NODE_TIMEOUT_MS      10000   /* a node unreachable this long leaves the State */
@@ -2062,14 +2062,8 @@ int exo_node_model_card(exo_node *n, const char *model_id, exo_model_card *out, 
     memset(out, 0, sizeof *out);
     exo_model_store *models = exo_node_models(n);
     const exo_model_entry *m = exo_model_store_find(models, model_id);
-    if (m) {
-        snprintf(out->model_id, sizeof out->model_id, "%s", m->id);
-        out->n_layers = m->n_layers;
-        out->hidden_size = m->hidden_size > 0 ? m->hidden_size : 0;
-        out->n_kv_heads = m->n_kv_heads > 0 ? m->n_kv_heads : 0;
-        out->storage_bytes = m->storage_bytes > 0 ? (uint64_t)m->storage_bytes : 0;
-        out->supports_tensor = exo_model_type_supports_tensor(m->model_type);
-    }
+    if (m)
+        exo_model_card_from_entry(m, out);
     exo_model_store_free(models);
     if (m)
         return 0;

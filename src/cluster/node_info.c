@@ -311,6 +311,31 @@ static void gather_interfaces(exo_node_info *info)
 
 /* ---- models on disk and their filesystem ---- */
 
+/* Copies printable ASCII, '?' for anything else (names go into events). */
+static void printable(char *dst, size_t cap, const char *src)
+{
+    size_t n = 0;
+    for (; src[n] && n + 1 < cap; n++)
+        dst[n] = (unsigned char)src[n] < 0x20 || (unsigned char)src[n] >= 0x7f ? '?' : src[n];
+    dst[n] = 0;
+}
+
+void exo_model_card_from_entry(const exo_model_entry *m, exo_model_card *c)
+{
+    memset(c, 0, sizeof *c);
+    snprintf(c->model_id, sizeof c->model_id, "%s", m->id);
+    c->n_layers = m->n_layers > 0 ? m->n_layers : 0;
+    c->hidden_size = m->hidden_size > 0 ? m->hidden_size : 0;
+    c->n_kv_heads = m->n_kv_heads > 0 ? m->n_kv_heads : 0;
+    c->storage_bytes = m->storage_bytes > 0 ? (uint64_t)m->storage_bytes : 0;
+    c->supports_tensor = exo_model_type_supports_tensor(m->model_type);
+    printable(c->model_type, sizeof c->model_type, m->model_type);
+    printable(c->quantization, sizeof c->quantization, m->quantization);
+    c->context_length = m->context_length > 0 ? m->context_length : 0;
+    c->supports_tools = m->supports_tools;
+    c->supports_thinking = m->supports_thinking;
+}
+
 static void gather_models(const exo_node_info_opts *o, exo_node_info *info)
 {
     for (int d = 0; d < o->n_models_dirs; d++) {
@@ -328,16 +353,9 @@ static void gather_models(const exo_node_info_opts *o, exo_node_info *info)
     info->models.v = n ? exo_calloc(n, sizeof *info->models.v) : NULL;
     for (size_t i = 0; i < n; i++) {
         const exo_model_entry *m = exo_model_store_at(store, i);
-        exo_model_card *c = &info->models.v[info->models.n];
         if (m->n_layers < 1 || !exo_model_id_valid(m->id, strlen(m->id)))
             continue; /* not runnable: placement could not use it */
-        snprintf(c->model_id, sizeof c->model_id, "%s", m->id);
-        c->n_layers = m->n_layers;
-        c->hidden_size = m->hidden_size > 0 ? m->hidden_size : 0;
-        c->n_kv_heads = m->n_kv_heads > 0 ? m->n_kv_heads : 0;
-        c->storage_bytes = m->storage_bytes > 0 ? (uint64_t)m->storage_bytes : 0;
-        c->supports_tensor = exo_model_type_supports_tensor(m->model_type);
-        info->models.n++;
+        exo_model_card_from_entry(m, &info->models.v[info->models.n++]);
     }
     exo_model_store_free(store);
 }

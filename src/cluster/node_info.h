@@ -22,6 +22,10 @@ typedef struct exo_node_info_opts {
  * models, disk or ports). EXO_EIO if /proc/meminfo cannot be read. */
 int exo_node_info_gather(const exo_node_info_opts *opts, exo_node_info *info, exo_err *err);
 
+/* The card of a model on disk (what placement and listings need). */
+struct exo_model_entry;
+void exo_model_card_from_entry(const struct exo_model_entry *m, exo_model_card *out);
+
 /* Whether two reports differ enough to publish the newer: anything but
  * available memory changed, or it moved by more than 1% of the total or
  * 256 MiB. */

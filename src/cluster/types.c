@@ -240,6 +240,14 @@ static const exo_field card_fields[] = {
     EXO_FIELD_RANGE(exo_model_card, n_kv_heads, "n_kv_heads", "numKeyValueHeads", exo_ft_i32, 0, 1 << 16),
     EXO_FIELD(exo_model_card, storage_bytes, "storage_bytes", "storageSize", exo_ft_u64),
     EXO_FIELD(exo_model_card, supports_tensor, "supports_tensor", "supportsTensor", exo_ft_bool),
+    EXO_FIELD_OPT(exo_model_card, model_type, "model_type", "modelType", exo_ft_name),
+    EXO_FIELD_OPT(exo_model_card, quantization, "quantization", "quantization", exo_ft_name),
+    {"context_length", "contextLength", &exo_ft_i64, offsetof(exo_model_card, context_length), true, 0,
+     INT64_MAX, NULL, NULL},
+    {"supports_tools", "supportsTools", &exo_ft_bool, offsetof(exo_model_card, supports_tools), true, 0, 0, NULL,
+     NULL},
+    {"supports_thinking", "supportsThinking", &exo_ft_bool, offsetof(exo_model_card, supports_thinking), true, 0, 0,
+     NULL, NULL},
 };
 const exo_record_desc exo_model_card_desc = EXO_RECORD("model card", exo_model_card, card_fields);
 

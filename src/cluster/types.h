@@ -154,6 +154,11 @@ typedef struct exo_model_card {
     int32_t  n_kv_heads;
     uint64_t storage_bytes;
     bool     supports_tensor;
+    /* for listing the model on any node (/v1/models, Ollama tags) */
+    char     model_type[EXO_NAME_MAX];   /* config.json model_type */
+    char     quantization[EXO_NAME_MAX]; /* "4bit", "bf16", ... */
+    int64_t  context_length;
+    bool     supports_tools, supports_thinking;
 } exo_model_card;
 
 int exo_model_card_validate(const exo_model_card *c, exo_err *err);

@@ -189,10 +189,13 @@ export class Cluster {
     const dataDir = opts.dataDir ?? await fsp.mkdtemp(path.join(os.tmpdir(), `exo-cl-${name}-`));
     const models = opts.models ?? path.join(dataDir, 'no-models');
     const secret = opts.secret !== undefined ? opts.secret : this.secret;
+    // opts.defaults: no cluster flags at all (the default namespace and
+    // ports), for daemons in network namespaces of their own
+    const cluster = opts.defaults ? [] : ['--namespace', opts.ns ?? this.ns, '--discovery-port',
+      String(this.discoveryPort), '--cluster-port', '0'];
     const args = ['serve', '--api-port', '0', '--host', opts.netns && !opts.viaNetns ? '0.0.0.0' : '127.0.0.1',
-      '--data-dir', dataDir, '--models-dir', models, '--threads', '1', '--ctx', '2048',
-      '--namespace', opts.ns ?? this.ns, '--discovery-port', String(this.discoveryPort),
-      '--cluster-port', '0', ...(secret ? ['--cluster-secret', secret] : []), ...(opts.extra ?? [])];
+      '--data-dir', dataDir, '--models-dir', models, '--threads', '1', '--ctx', '2048', ...cluster,
+      ...(secret ? ['--cluster-secret', secret] : []), ...(opts.extra ?? [])];
     const env = { ...process.env };
     for (const k of ['EXO_MODELS_DIRS', 'EXO_MODELS_READ_ONLY_DIRS', 'EXO_NAMESPACE', 'EXO_CLUSTER_SECRET',
       'EXO_BOOTSTRAP_PEERS'])
@@ -232,11 +235,29 @@ export class Cluster {
 
   // Waits until the nodes' States are equal (canonical JSON) and returns it.
   async sameState(nodes = this.live(), timeoutMs = 20000, check = () => true) {
-    return until(`identical /state on ${nodes.length} nodes`, async () => {
-      const states = await Promise.all(nodes.map((n) => n.state()));
-      const c = states.map(canonical);
-      return c.every((x) => x === c[0]) && check(states[0]) ? states[0] : false;
-    }, timeoutMs, 200);
+    let last = [];
+    try {
+      return await until(`identical /state on ${nodes.length} nodes`, async () => {
+        const states = await Promise.all(nodes.map((n) => n.state()));
+        last = states;
+        const c = states.map(canonical);
+        return c.every((x) => x === c[0]) && check(states[0]) ? states[0] : false;
+      }, timeoutMs, 200);
+    } catch (e) {
+      // say how they differ: each node's event count and what it holds, and
+      // the first place where the first two States part
+      const brief = last.map((st, i) => `${nodes[i].name}: idx ${st.lastEventAppliedIdx}, ` +
+        `${Object.keys(st.nodeIdentities ?? {}).length} nodes, ${Object.keys(st.instances ?? {}).length} instances, ` +
+        `${(st.topology?.connections ?? []).length} edges, check ${check(st)}`);
+      if (last.length > 1) {
+        const a = canonical(last[0]), b = canonical(last[1]);
+        let k = 0;
+        while (k < a.length && a[k] === b[k]) k++;
+        brief.push(`first difference: ...${a.slice(Math.max(0, k - 120), k + 80)}\n  vs ...${b.slice(Math.max(0, k - 120), k + 80)}`);
+      }
+      e.message += `\n${brief.join('\n')}`;
+      throw e;
+    }
   }
 
   async stopAll() {
