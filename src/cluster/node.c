@@ -1396,9 +1396,13 @@ static void info_work(uv_work_t *w)
 {
     info_job *j = w->data;
     exo_node *n = j->n;
-    exo_node_info_opts o = {n->cfg.paths->models_dirs, n->cfg.paths->n_models_dirs,
+    exo_node_info_opts o = {n->cfg.paths->models_dirs, n->cfg.worker ? n->cfg.paths->n_models_dirs : 0,
                             __atomic_load_n(&n->cfg.api_port, __ATOMIC_RELAXED), n->net ? exo_net_port(n->net) : 0};
     j->rc = exo_node_info_gather(&o, &j->info, &j->err);
+    /* a node without a worker is in the cluster (its API serves requests)
+     * but runs nothing: no backends, no models, so placement passes it by */
+    if (!n->cfg.worker)
+        j->info.backends = 0;
 }
 
 static void info_done(uv_work_t *w, int status)
@@ -1431,7 +1435,7 @@ static void info_done(uv_work_t *w, int status)
 
 static void start_info_gather(exo_node *n)
 {
-    if (!n->cfg.worker || n->gathering || n->stopping)
+    if (n->gathering || n->stopping)
         return;
     info_job *j = exo_calloc(1, sizeof *j);
     j->n = n;

@@ -72,15 +72,18 @@ test('loopback: discovery, one master, one State, any node serves any instance',
     const a = await cl.start('a', { models }); // only a has the model on disk
     const b = await cl.start('b');
     const c = await cl.start('c');
-    const master = await cl.converged([a, b, c]);
+    const api = await cl.start('api-only', { extra: ['--no-worker'] }); // serves requests, runs nothing
+    const master = await cl.converged([a, b, c, api]);
     const ids = await Promise.all([a, b, c].map((n) => n.id()));
-    assert.ok(ids.includes(master));
+    assert.ok([...ids, await api.id()].includes(master));
     for (const id of ids) assert.match(id, /^[0-9a-f]{32}$/, 'node ids derive from the node key');
 
     // every node reports itself, and the States agree
-    const st = await cl.sameState([a, b, c], 20000, (s) => Object.keys(s.nodeIdentities).length === 3 &&
+    const st = await cl.sameState([a, b, c, api], 20000, (s) => Object.keys(s.nodeIdentities).length === 4 &&
       s.nodeModels[ids[0]]?.includes(MODEL_ID));
-    assert.deepEqual(Object.keys(st.nodeMemory).sort(), [...ids].sort());
+    const apiId = await api.id();
+    assert.deepEqual(Object.keys(st.nodeMemory).sort(), [...ids, apiId].sort());
+    assert.deepEqual(st.nodeBackends[apiId], [], 'a node without a worker offers no backend');
 
     // every node lists the model a has on disk, and where it is
     for (const n of [b, c]) {
@@ -92,13 +95,13 @@ test('loopback: discovery, one master, one State, any node serves any instance',
     }
 
     // placed through c, which does not have the model: it lands on a
-    const where = await C.placeAndWait(c, [a, b, c]);
+    const where = await C.placeAndWait(c, [a, b, c, api]);
     assert.equal(where, ids[0]);
 
     // the same greedy text from every node, through every API
     const want = await openaiText(a.base, 'Hello there');
     assert.ok(want.length > 0);
-    for (const n of [b, c]) assert.equal(await openaiText(n.base, 'Hello there'), want, `via ${n.name}`);
+    for (const n of [b, c, api]) assert.equal(await openaiText(n.base, 'Hello there'), want, `via ${n.name}`);
 
     const anthropic = new Anthropic({ baseURL: b.base, apiKey: 'x', maxRetries: 0 });
     let claude = '';
@@ -149,7 +152,7 @@ test('loopback: discovery, one master, one State, any node serves any instance',
     }
     assert.match(rest, /\[DONE\]/, 'the cancelled stream ends');
     await until('no tasks left on any node', async () =>
-      (await Promise.all([a, b, c].map((n) => n.state()))).every((s) => Object.keys(s.tasks).length === 0));
+      (await Promise.all([a, b, c, api].map((n) => n.state()))).every((s) => Object.keys(s.tasks).length === 0));
 
     const ac = new AbortController();
     const r2 = await fetch(`${c.base}/bench/chat/completions`, { method: 'POST', body: JSON.stringify(long),
@@ -159,7 +162,7 @@ test('loopback: discovery, one master, one State, any node serves any instance',
     await until('the abandoned request to be cancelled everywhere', async () =>
       (await Promise.all([a, b, c].map((n) => n.state()))).every((s) => Object.keys(s.tasks).length === 0));
     assert.equal(await openaiText(c.base, 'Hello there'), want, 'the runner serves again');
-    await cl.sameState([a, b, c]);
+    await cl.sameState([a, b, c, api]);
   });
 });
 
