@@ -116,6 +116,8 @@ static int scan(exo_event_log *log, uint64_t size, uint64_t *good_end, char *rea
     return rc;
 }
 
+static void archive_leftovers(const char *path);
+
 int exo_event_log_open(const char *path, exo_event_log **out, exo_event_log_recovery *rec, exo_err *err)
 {
     *out = NULL;
@@ -135,6 +137,7 @@ int exo_event_log_open(const char *path, exo_event_log **out, exo_event_log_reco
         close(fd);
         return exo_err_set(err, EXO_EIO, "%s: not a regular file", path);
     }
+    archive_leftovers(path);
     exo_event_log *log = exo_calloc(1, sizeof *log);
     pthread_mutex_init(&log->mu, NULL);
     log->fd = fd;
@@ -477,30 +480,44 @@ static void prune_archives(const char *dir, int keep)
     exo_free(names);
 }
 
-static int archive(exo_event_log *log, exo_err *err)
+/* A fresh "events.<UTC stamp>.<usec>[-N]<suffix>" path in dir (neither it
+ * nor its .zst exists yet). */
+static int fresh_name(const char *dir, const char *suffix, char *out, size_t cap, exo_err *err)
 {
-    char *copy = exo_strdup(log->path);
-    char dir[PATH_MAX];
-    snprintf(dir, sizeof dir, "%s", dirname(copy));
-    exo_free(copy);
     struct timeval tv;
     gettimeofday(&tv, NULL);
     struct tm tm;
     gmtime_r(&tv.tv_sec, &tm);
     char stamp[64];
     strftime(stamp, sizeof stamp, "%Y%m%dT%H%M%S", &tm);
-    char dst[PATH_MAX + 128];
-    int rc = EXO_EIO;
     for (int attempt = 0; attempt < 100; attempt++) {
+        char zst[PATH_MAX + 160];
         if (attempt == 0)
-            snprintf(dst, sizeof dst, "%s/events.%s.%06ld.bin.zst", dir, stamp, (long)tv.tv_usec);
+            snprintf(out, cap, "%s/events.%s.%06ld%s", dir, stamp, (long)tv.tv_usec, suffix);
         else
-            snprintf(dst, sizeof dst, "%s/events.%s.%06ld-%02d.bin.zst", dir, stamp, (long)tv.tv_usec, attempt);
-        if (access(dst, F_OK) == 0)
-            continue;
-        rc = compress_file(log->fd, log->end, dst, err);
-        break;
+            snprintf(out, cap, "%s/events.%s.%06ld-%02d%s", dir, stamp, (long)tv.tv_usec, attempt, suffix);
+        snprintf(zst, sizeof zst, "%s.zst", out);
+        if (access(out, F_OK) != 0 && access(zst, F_OK) != 0)
+            return 0;
     }
+    return exo_err_set(err, EXO_EIO, "%s: no free archive name", dir);
+}
+
+static void dir_of(const char *path, char *out, size_t cap)
+{
+    char *copy = exo_strdup(path);
+    snprintf(out, cap, "%s", dirname(copy));
+    exo_free(copy);
+}
+
+/* The close path: compress the open file itself, then drop it. */
+static int archive(exo_event_log *log, exo_err *err)
+{
+    char dir[PATH_MAX], dst[PATH_MAX + 128];
+    dir_of(log->path, dir, sizeof dir);
+    int rc = fresh_name(dir, ".bin.zst", dst, sizeof dst, err);
+    if (rc == 0)
+        rc = compress_file(log->fd, log->end, dst, err);
     if (rc < 0)
         return rc;
     if (unlink(log->path) < 0)
@@ -511,30 +528,83 @@ static int archive(exo_event_log *log, exo_err *err)
     return 0;
 }
 
-int exo_event_log_rotate(exo_event_log *log, exo_err *err)
+int exo_event_log_archive(const char *sealed, exo_err *err)
 {
+    int fd = open(sealed, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return exo_err_set(err, EXO_EIO, "%s: open: %s", sealed, strerror(errno));
+    struct stat sb;
+    char dst[PATH_MAX + 8], dir[PATH_MAX];
+    snprintf(dst, sizeof dst, "%s.zst", sealed);
+    int rc = fstat(fd, &sb) < 0 ? exo_err_set(err, EXO_EIO, "%s: stat: %s", sealed, strerror(errno))
+                                : compress_file(fd, (uint64_t)sb.st_size, dst, err);
+    close(fd);
+    if (rc < 0)
+        return rc;
+    if (unlink(sealed) < 0)
+        return exo_err_set(err, EXO_EIO, "%s: unlink after archiving: %s", sealed, strerror(errno));
+    sync_dir_of(sealed);
+    dir_of(sealed, dir, sizeof dir);
+    prune_archives(dir, EXO_EVENT_LOG_MAX_ARCHIVES);
+    EXO_LOG_INFO("event log: %s archived", dst);
+    return 0;
+}
+
+int exo_event_log_rotate(exo_event_log *log, char *sealed, size_t cap, exo_err *err)
+{
+    if (cap)
+        sealed[0] = 0;
     pthread_mutex_lock(&log->mu);
     int rc = flush_locked(log, err);
-    if (rc == 0 && log->n > 0)
-        rc = archive(log, err);
     if (rc == 0 && log->n > 0) {
-        int fd = open(log->path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-        if (fd < 0 || flock(fd, LOCK_EX | LOCK_NB) < 0) {
-            rc = exo_err_set(err, EXO_EIO, "%s: reopen after archiving: %s", log->path, strerror(errno));
+        char dir[PATH_MAX], name[PATH_MAX + 128];
+        dir_of(log->path, dir, sizeof dir);
+        if ((rc = fresh_name(dir, ".bin", name, sizeof name, err)) == 0 && rename(log->path, name) < 0)
+            rc = exo_err_set(err, EXO_EIO, "%s: rename to %s: %s", log->path, name, strerror(errno));
+        int fd = -1;
+        if (rc == 0 && ((fd = open(log->path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)) < 0 ||
+                        flock(fd, LOCK_EX | LOCK_NB) < 0)) {
+            rc = exo_err_set(err, EXO_EIO, "%s: reopen after rotating: %s", log->path, strerror(errno));
             if (fd >= 0)
                 close(fd);
             log->broken = true;
-        } else {
+        } else if (rc == 0) {
             close(log->fd);
             log->fd = fd;
             log->n = 0;
             log->end = 0;
             log->dirty = false;
             sync_dir_of(log->path);
+            snprintf(sealed, cap, "%s", name);
         }
     }
     pthread_mutex_unlock(&log->mu);
     return rc;
+}
+
+/* Sealed logs a crash left uncompressed ("events.<stamp>.bin"). */
+static void archive_leftovers(const char *path)
+{
+    char dir[PATH_MAX];
+    dir_of(path, dir, sizeof dir);
+    DIR *d = opendir(dir);
+    if (!d)
+        return;
+    char found[16][PATH_MAX + 300];
+    int k = 0;
+    struct dirent *de;
+    while ((de = readdir(d)) && k < 16) {
+        size_t n = strlen(de->d_name);
+        if (n > 11 && !strncmp(de->d_name, "events.", 7) && !strcmp(de->d_name + n - 4, ".bin") &&
+            strcmp(de->d_name, "events.bin"))
+            snprintf(found[k++], sizeof found[0], "%s/%s", dir, de->d_name);
+    }
+    closedir(d);
+    for (int i = 0; i < k; i++) {
+        exo_err err;
+        if (exo_event_log_archive(found[i], &err))
+            EXO_LOG_WARN("event log: %s", err.msg);
+    }
 }
 
 int exo_event_log_close(exo_event_log *log, bool archive_it, exo_err *err)

@@ -101,10 +101,17 @@ void exo_event_log_free_events(exo_event *events, size_t n);
  * decode or apply, with the State holding everything before it. */
 int exo_event_log_replay(exo_event_log *log, exo_state *st, exo_err *err);
 
-/* Archives a non-empty log (see above) and starts an empty one at the same
- * path, keeping the object (readers on other threads stay valid). A new
- * master's session starts so. */
-int exo_event_log_rotate(exo_event_log *log, exo_err *err);
+/* Seals a non-empty log and starts an empty one at the same path, keeping
+ * the object (readers on other threads stay valid): a new master's session
+ * starts so. Sealing is a rename to events.<stamp>.bin (fast, so the node
+ * loop can do it); *sealed receives that path ("" when the log was empty)
+ * for exo_event_log_archive, which the caller runs off its loop. */
+int exo_event_log_rotate(exo_event_log *log, char *sealed, size_t cap, exo_err *err);
+/* Compresses a sealed log to <sealed>.zst, removes it and keeps the
+ * EXO_EVENT_LOG_MAX_ARCHIVES newest archives. Touches no exo_event_log: safe
+ * on any thread. Sealed logs a crash left behind are archived by the next
+ * exo_event_log_open of their directory. */
+int exo_event_log_archive(const char *sealed, exo_err *err);
 
 /* Flushes and closes; with archive and a non-empty log, rotates it into a
  * .bin.zst archive (see above). The log is freed even on error. */

@@ -631,6 +631,34 @@ static void maybe_caught_up(exo_node *n)
 
 static void start_info_gather(exo_node *n);
 
+/* Compressing a sealed log is disk work: it runs on the thread pool. */
+typedef struct archive_job {
+    uv_work_t work;
+    char      path[4200];
+} archive_job;
+
+static void archive_work(uv_work_t *w)
+{
+    archive_job *j = w->data;
+    exo_err err;
+    if (exo_event_log_archive(j->path, &err))
+        EXO_LOG_WARN("node: %s", err.msg);
+}
+
+static void archive_done(uv_work_t *w, int status) { exo_free(w->data); }
+
+/* A new session: seal the log (a rename), archive the old one off the loop. */
+static void rotate_log(exo_node *n)
+{
+    archive_job *j = exo_calloc(1, sizeof *j);
+    exo_err err;
+    if (exo_event_log_rotate(n->log, j->path, sizeof j->path, &err))
+        EXO_LOG_ERROR("node: event log: %s", err.msg);
+    j->work.data = j;
+    if (!j->path[0] || uv_queue_work(&n->loop, &j->work, archive_work, archive_done) < 0)
+        exo_free(j); /* nothing sealed (an archive left behind is taken care of at the next start) */
+}
+
 static bool node_in_session(exo_node *n, const exo_id *id) { return linked(n, id); }
 
 static void index_own(void *ctx, uint64_t origin_idx, const exo_event *ev)
@@ -643,7 +671,6 @@ static void index_own(void *ctx, uint64_t origin_idx, const exo_event *ev)
 
 static void become_master(exo_node *n)
 {
-    exo_err err = {0};
     n->is_master = true;
     exo_sequencer_free(n->seq);
     n->seq = exo_sequencer_new();
@@ -656,8 +683,7 @@ static void become_master(exo_node *n)
     }
     exo_event_list snap = {0};
     exo_state_to_events(from, &snap);
-    if (exo_event_log_rotate(n->log, &err))
-        EXO_LOG_ERROR("node: event log: %s", err.msg);
+    rotate_log(n);
     pthread_mutex_lock(&n->mu);
     n->state = exo_state_new();
     pthread_mutex_unlock(&n->mu);
@@ -691,7 +717,6 @@ static void become_master(exo_node *n)
 
 static void become_follower(exo_node *n)
 {
-    exo_err err = {0};
     n->is_master = false;
     exo_sequencer_free(n->seq);
     n->seq = NULL;
@@ -699,8 +724,7 @@ static void become_follower(exo_node *n)
     if (n->next_state)
         exo_state_free(n->next_state);
     n->next_state = exo_state_new();
-    if (exo_event_log_rotate(n->log, &err))
-        EXO_LOG_ERROR("node: event log: %s", err.msg);
+    rotate_log(n);
     exo_outbox_reset(n->outbox);
     for (pending_cmd *p = n->pending; p; p = p->next)
         p->sent_ms = 0;
@@ -1742,7 +1766,9 @@ static int open_log(exo_node *n, exo_err *err)
     if (exo_event_log_count(n->log)) { /* a previous run's log: archive it, start afresh */
         EXO_LOG_INFO("node: archiving the previous event log (%llu events)",
                      (unsigned long long)exo_event_log_count(n->log));
-        if ((rc = exo_event_log_rotate(n->log, err)))
+        char sealed[4200];
+        if ((rc = exo_event_log_rotate(n->log, sealed, sizeof sealed, err)) ||
+            (sealed[0] && (rc = exo_event_log_archive(sealed, err)))) /* not on the loop yet */
             return rc;
     }
     return 0;

@@ -405,6 +405,54 @@ Test(cluster_event_log, archive_on_close)
         exo_event_clear(&evs[i]);
 }
 
+/* A new session: the log is sealed by a rename (the same object appends to
+ * a fresh file at once), the sealed file is archived apart, and a sealed
+ * file a crash left behind is archived by the next open. */
+Test(cluster_event_log, rotate_seals_and_archives_apart)
+{
+    exo_err err = {0};
+    enum { N = 4 };
+    exo_event evs[N];
+    uint64_t ends[N];
+    write_events(N, evs, ends);
+    size_t len;
+    uint8_t *orig = read_file(logpath, &len);
+    exo_event_log *log = open_log(NULL);
+    char sealed[512];
+    cr_assert_eq(exo_event_log_rotate(log, sealed, sizeof sealed, &err), 0, "%s", err.msg);
+    cr_assert(strstr(sealed, "/events.") && !strcmp(sealed + strlen(sealed) - 4, ".bin"), "%s", sealed);
+    cr_assert_eq(exo_event_log_count(log), 0, "a fresh log");
+    size_t slen;
+    uint8_t *s = read_file(sealed, &slen);
+    cr_assert_eq(slen, len);
+    cr_assert_eq(memcmp(s, orig, len), 0, "the sealed file is the old log, byte for byte");
+    exo_free(s);
+    uint64_t idx;
+    cr_assert_eq(exo_event_log_append_event(log, &evs[0], &idx, &err), 0, "%s", err.msg);
+    cr_assert_eq(idx, 0, "the new session's first event");
+    char empty[512];
+    exo_event_log *other = NULL;
+    cr_assert_eq(exo_event_log_open(logpath, &other, NULL, &err), EXO_EBUSY, "still one writer");
+    cr_assert_eq(exo_event_log_archive(sealed, &err), 0, "%s", err.msg);
+    cr_assert_neq(access(sealed, F_OK), 0, "the sealed file is gone");
+    char names[8][256];
+    cr_assert_eq(count_archives(names, 8), 1);
+
+    /* a crash between sealing and archiving: the next open archives it */
+    cr_assert_eq(exo_event_log_rotate(log, sealed, sizeof sealed, &err), 0, "%s", err.msg);
+    cr_assert(sealed[0]);
+    cr_assert_eq(exo_event_log_close(log, false, &err), 0);
+    log = open_log(NULL);
+    cr_assert_neq(access(sealed, F_OK), 0, "archived at open");
+    cr_assert_eq(count_archives(names, 8), 2);
+    cr_assert_eq(exo_event_log_rotate(log, empty, sizeof empty, &err), 0);
+    cr_assert_str_eq(empty, "", "an empty log is not sealed");
+    cr_assert_eq(exo_event_log_close(log, false, &err), 0);
+    exo_free(orig);
+    for (int i = 0; i < N; i++)
+        exo_event_clear(&evs[i]);
+}
+
 Test(cluster_event_log, replay_into_state)
 {
     exo_err err = {0};
