@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 
 APT_PKGS=(build-essential pkg-config ca-certificates
   libjansson-dev libpcre2-dev libutf8proc-dev libdnnl-dev
-  libmicrohttpd-dev libcurl4-openssl-dev libssl-dev libuv1-dev libmsgpack-dev libzstd-dev libsodium-dev iproute2
+  libmicrohttpd-dev libcurl4-openssl-dev libssl-dev libuv1-dev libmsgpack-dev libzstd-dev libsodium-dev iproute2 curl
   libcriterion-dev clang-14 libclang-rt-14-dev python3-jinja2 python3-numpy nodejs npm)
 
 missing=()

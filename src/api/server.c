@@ -154,19 +154,7 @@ static void h_events(exo_http_request *r, void *ud)
 
 /* ---- instances ------------------------------------------------------------------ */
 
-static json_t *model_card(exo_api_server *s, const char *model_id)
-{
-    exo_model_store *models = exo_node_models(s->node);
-    const exo_model_entry *m = exo_model_store_find(models, model_id);
-    json_t *j = m ? exo_model_entry_to_json(m) : NULL;
-    exo_model_store_free(models);
-    exo_model_card card;
-    if (!j && exo_node_model_card(s->node, model_id, &card, NULL) == 0) /* on another node's disk */
-        j = json_pack("{s:s, s:s, s:i, s:I, s:b}", "id", card.model_id, "model_id", card.model_id, "n_layers",
-                      card.n_layers, "storage_size_megabytes", (json_int_t)(card.storage_bytes >> 20),
-                      "supports_tensor", card.supports_tensor);
-    return j ? j : json_pack("{s:s}", "model_id", model_id);
-}
+static json_t *model_card(exo_api_server *s, const char *model_id);
 
 typedef struct placement_args {
     const char       *model_id;
@@ -437,28 +425,22 @@ static void model_list_free(model_list *l)
     exo_free(l->v);
 }
 
-/* exo's model card JSON (as exo_model_entry_to_json), for any node's model. */
+/* exo's model card JSON for any node's model: the same fields as a local
+ * entry's, plus the nodes that have it and whether an instance runs. */
 static json_t *cluster_model_json(const cluster_model *m)
 {
     const exo_model_card *c = &m->card;
-    const char *slash = strchr(c->model_id, '/');
-    const char *name = slash ? slash + 1 : c->model_id;
-    char family[EXO_NAME_MAX];
-    snprintf(family, sizeof family, "%.*s", (int)strcspn(c->model_type, "_"), c->model_type);
-    json_t *caps = json_pack("[s]", "text");
-    if (c->supports_thinking)
-        json_array_append_new(caps, json_string("thinking"));
-    if (c->supports_tools)
-        json_array_append_new(caps, json_string("tools"));
-    return json_pack("{s:s, s:s, s:I, s:s, s:s, s:s, s:s, s:I, s:[], s:I, s:b, s:[s], s:b, s:s, s:s, s:s, s:o, "
-                     "s:n, s:O, s:b}",
-                     "id", c->model_id, "object", "model", "created", (json_int_t)m->created, "owned_by", "exo",
-                     "hugging_face_id", c->model_id, "name", name, "description", "", "context_length",
-                     (json_int_t)c->context_length, "tags", "storage_size_megabytes",
-                     (json_int_t)((c->storage_bytes + (1 << 19)) >> 20), "supports_tensor", c->supports_tensor,
-                     "tasks", "TextGeneration", "is_custom", 0, "family", family, "quantization", c->quantization,
-                     "base_model", name, "capabilities", caps, "reasoning_dialect", "nodes", m->nodes, "running",
-                     m->running);
+    exo_model_entry e = {.storage_bytes = (int64_t)c->storage_bytes, .context_length = c->context_length,
+                         .supports_tools = c->supports_tools, .supports_thinking = c->supports_thinking,
+                         .created = m->created};
+    snprintf(e.id, sizeof e.id, "%s", c->model_id);
+    /* a card's names come from another node's entry of these same sizes */
+    snprintf(e.model_type, sizeof e.model_type, "%.*s", (int)sizeof e.model_type - 1, c->model_type);
+    snprintf(e.quantization, sizeof e.quantization, "%.*s", (int)sizeof e.quantization - 1, c->quantization);
+    json_t *j = exo_model_entry_to_json(&e);
+    json_object_set(j, "nodes", m->nodes);
+    json_object_set_new(j, "running", json_boolean(m->running));
+    return j;
 }
 
 static void h_models(exo_http_request *r, void *ud)
@@ -470,6 +452,17 @@ static void h_models(exo_http_request *r, void *ud)
         json_array_append_new(data, cluster_model_json(&l.v[i]));
     model_list_free(&l);
     respond_json(r, 200, json_pack("{s:s, s:o}", "object", "list", "data", data));
+}
+
+/* The card of a model on any node's disk, as /models lists it. */
+static json_t *model_card(exo_api_server *s, const char *model_id)
+{
+    model_list l;
+    model_list_load(s, &l);
+    cluster_model *m = model_list_find(&l, model_id);
+    json_t *j = m ? cluster_model_json(m) : json_pack("{s:s}", "model_id", model_id);
+    model_list_free(&l);
+    return j;
 }
 
 /* The Ollama formatters take a flat list with running flags. */

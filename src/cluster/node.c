@@ -96,7 +96,6 @@ typedef struct action_queue {
 typedef struct gen {
     exo_id       command_id;
     exo_gen_sink sink;
-    bool         task_seen;   /* its task appeared in the State */
     struct gen  *next;
 } gen;
 
@@ -175,7 +174,7 @@ static uint64_t now_ms(void) { return exo_clock_ns() / 1000000; }
 /* Links and dialling (defined with the peer handling below). */
 static void send_peers(exo_node *n, const char *to);
 static void on_peers(exo_node *n, const char *from, const exo_msg_peers *m);
-static int  sockaddr_of(const char *ip, int port, struct sockaddr_storage *ss);
+static int  sockaddr_of(const char *host, int port, bool names, struct sockaddr_storage *ss);
 static void try_dial(exo_node *n, peer *p);
 static void settle(exo_node *n);
 
@@ -399,13 +398,6 @@ static void after_apply(exo_node *n, const exo_event *ev, exo_id *answer_cancell
 {
     if (!exo_id_is_empty(orphaned))
         end_with_error(n, orphaned, 500, "the master removed this request's task before it finished");
-    if (ev->kind == EXO_EVENT_TASK_CREATED && ev->u.task_created.task.kind == EXO_TASK_KIND_TEXT_GENERATION) {
-        pthread_mutex_lock(&n->mu);
-        gen *g = gen_find_locked(n, &ev->u.task_created.task.command_id);
-        if (g)
-            g->task_seen = true;
-        pthread_mutex_unlock(&n->mu);
-    }
     if (!exo_id_is_empty(answer_cancelled)) {
         exo_chunk c;
         exo_usage usage = {0};
@@ -502,11 +494,13 @@ static int master_handle(exo_node *n, const exo_command *cmd, exo_err *err)
     return rc;
 }
 
-/* What to do when a command this node submitted was refused. */
-static void command_refused(exo_node *n, const exo_command *cmd, const char *why)
+/* What to do when a command this node submitted was refused (code: the
+ * EXO_E* reason, which picks the HTTP status a waiting request gets). */
+static void command_refused(exo_node *n, const exo_command *cmd, int code, const char *why)
 {
+    int status = code == EXO_ENOENT ? 404 : code == EXO_EBUSY ? 503 : 400;
     if (cmd->kind == EXO_COMMAND_TEXT_GENERATION)
-        end_with_error(n, &cmd->command_id, 404, why);
+        end_with_error(n, &cmd->command_id, status, why);
     else if (cmd->kind != EXO_COMMAND_TASK_CANCELLED && cmd->kind != EXO_COMMAND_TASK_FINISHED)
         EXO_LOG_WARN("node: %s: %s", exo_command_kind_name(cmd->kind), why);
     /* a cancel or finish of a command that already ended is normal */
@@ -559,13 +553,14 @@ static void submit(exo_node *n, exo_command *cmd)
     if (n->is_master && !exo_election_in_progress(n->election)) {
         exo_err err = {0};
         command_seen(n, &cmd->command_id);
-        if (master_handle(n, cmd, &err))
-            command_refused(n, cmd, err.msg);
+        int rc = master_handle(n, cmd, &err);
+        if (rc < 0)
+            command_refused(n, cmd, rc, err.msg);
         exo_command_clear(cmd);
         return;
     }
     if (n->n_pending >= MAX_PENDING_COMMANDS) {
-        command_refused(n, cmd, "too many commands wait for a master");
+        command_refused(n, cmd, EXO_EBUSY, "too many commands wait for a master");
         exo_command_clear(cmd);
         return;
     }
@@ -600,7 +595,7 @@ static void pending_ack(exo_node *n, const exo_msg_command_ack *a)
         *pp = p->next;
         n->n_pending--;
         if (a->code < 0)
-            command_refused(n, &p->cmd, a->error ? a->error : "refused by the master");
+            command_refused(n, &p->cmd, a->code, a->error ? a->error : "refused by the master");
         exo_command_clear(&p->cmd);
         exo_free(p);
         return;
@@ -1091,12 +1086,13 @@ static void send_peers(exo_node *n, const char *to)
         send_msg(n, to, EXO_MSG_PEERS, &m);
 }
 
-/* "ip:port" / "[ip6]:port" -> sockaddr (numeric only). */
-static int parse_numeric_addr(const char *s, struct sockaddr_storage *ss)
+/* "host:port" or "[host]:port" -> sockaddr; port >= 0 replaces the
+ * text's port. names: as for sockaddr_of. */
+static int addr_parse(const char *s, bool names, int port, struct sockaddr_storage *ss)
 {
-    char host[EXO_ADDR_MAX];
+    char host[256];
     const char *colon = strrchr(s, ':');
-    if (!colon || colon == s)
+    if (!colon || colon == s || (!colon[1] && port < 0))
         return -1;
     size_t hl = (size_t)(colon - s);
     if (s[0] == '[') {
@@ -1109,7 +1105,7 @@ static int parse_numeric_addr(const char *s, struct sockaddr_storage *ss)
         return -1;
     memcpy(host, s, hl);
     host[hl] = 0;
-    return sockaddr_of(host, atoi(colon + 1), ss);
+    return sockaddr_of(host, port >= 0 ? port : atoi(colon + 1), names, ss);
 }
 
 static void on_peers(exo_node *n, const char *from, const exo_msg_peers *m)
@@ -1117,19 +1113,8 @@ static void on_peers(exo_node *n, const char *from, const exo_msg_peers *m)
     /* where the sender listens: the IP its link comes from, its port */
     peer *src = peer_find(n, from);
     struct sockaddr_storage ss;
-    char ip[EXO_NET_ADDR_LEN];
     if (src) {
-        snprintf(ip, sizeof ip, "%s", src->remote);
-        char *colon = strrchr(ip, ':');
-        if (colon)
-            *colon = 0;
-        const char *host = ip;
-        size_t hl = strlen(host);
-        if (host[0] == '[' && hl > 2) {
-            ip[hl - 1] = 0;
-            host++;
-        }
-        if (sockaddr_of(host, m->port, &ss) == 0) {
+        if (addr_parse(src->remote, false, m->port, &ss) == 0) {
             src->addr = ss;
             src->has_addr = true;
             src->last_heard_ms = now_ms();
@@ -1137,7 +1122,7 @@ static void on_peers(exo_node *n, const char *from, const exo_msg_peers *m)
     }
     for (size_t i = 0; i < m->peers.n; i++) {
         const exo_peer_addr *a = &m->peers.v[i];
-        if (exo_id_eq(&a->node_id, &n->node_id) || parse_numeric_addr(a->address, &ss) < 0)
+        if (exo_id_eq(&a->node_id, &n->node_id) || addr_parse(a->address, false, -1, &ss) < 0)
             continue;
         peer *p = peer_get(n, a->node_id.s);
         if (p->connected)
@@ -1203,14 +1188,17 @@ static void peer_down(void *ctx, const char *id, const char *reason)
     uv_async_send(&n->wake);
 }
 
-static int sockaddr_of(const char *ip, int port, struct sockaddr_storage *ss)
+/* names: host may be a name to resolve (bootstrap peers); otherwise only
+ * a numeric address is accepted (what peers and links report). */
+static int sockaddr_of(const char *host, int port, bool names, struct sockaddr_storage *ss)
 {
     memset(ss, 0, sizeof *ss);
     struct addrinfo hints = {0}, *res = NULL;
-    hints.ai_flags = AI_NUMERICHOST | AI_NUMERICSERV;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = (names ? 0 : AI_NUMERICHOST) | AI_NUMERICSERV;
     char portstr[16];
     snprintf(portstr, sizeof portstr, "%d", port);
-    if (getaddrinfo(ip, portstr, &hints, &res) != 0 || !res)
+    if (getaddrinfo(host, portstr, &hints, &res) != 0 || !res)
         return -1;
     memcpy(ss, res->ai_addr, res->ai_addrlen);
     freeaddrinfo(res);
@@ -1236,7 +1224,7 @@ static bool dial_address(exo_node *n, peer *p, uint64_t now, struct sockaddr_sto
         port = sn->info.cluster_port;
     }
     pthread_mutex_unlock(&n->mu);
-    return port > 0 && sockaddr_of(ip, port, out) == 0;
+    return port > 0 && sockaddr_of(ip, port, false, out) == 0;
 }
 
 /* The greater id dials (as exo); the smaller one too when that has not
@@ -1389,7 +1377,7 @@ static void probe_peers(exo_node *n)
             p->next_bulk_ms = now + PROBE_BULK_MS;
         for (size_t i = 0; i < k && port > 0; i++) {
             struct sockaddr_storage ss;
-            if (sockaddr_of(ips[i], port, &ss) < 0)
+            if (sockaddr_of(ips[i], port, false, &ss) < 0)
                 continue;
             probe_ctx *pc = exo_calloc(1, sizeof *pc);
             pc->n = n;
@@ -1647,13 +1635,14 @@ static bool origin_of(exo_node *n, const exo_id *command_id, exo_id *origin)
 static void host_chunk(void *ctx, const exo_id *command_id, const exo_chunk *c)
 {
     exo_node *n = ctx;
+    exo_gen_sink s;
     exo_id origin;
-    if (!origin_of(n, command_id, &origin)) {
-        exo_gen_sink s;
-        if (gen_sink(n, command_id, &s))
-            s.on_chunk(s.ctx, c);
+    if (gen_sink(n, command_id, &s)) { /* the request is on this node: most tokens */
+        s.on_chunk(s.ctx, c);
         return;
     }
+    if (!origin_of(n, command_id, &origin))
+        return; /* its request has ended */
     json_t *j = exo_chunk_to_json(c);
     exo_msg_chunk m = {*command_id, json_dumps(j, JSON_COMPACT)};
     json_decref(j);
@@ -1774,32 +1763,6 @@ static int open_log(exo_node *n, exo_err *err)
     return 0;
 }
 
-/* "host:port" (IPv6 as [addr]:port) -> sockaddr, resolving names. */
-static int parse_peer(const char *s, struct sockaddr_storage *ss, exo_err *err)
-{
-    char host[256];
-    const char *colon = strrchr(s, ':');
-    if (!colon || colon == s || !colon[1])
-        return exo_err_set(err, EXO_EINVAL, "bootstrap peer %s: expected host:port", s);
-    size_t hl = (size_t)(colon - s);
-    if (s[0] == '[' && hl > 2 && s[hl - 1] == ']') {
-        s++;
-        hl -= 2;
-    }
-    if (hl >= sizeof host)
-        return exo_err_set(err, EXO_EINVAL, "bootstrap peer %s: host too long", s);
-    memcpy(host, s, hl);
-    host[hl] = 0;
-    struct addrinfo hints = {0}, *res = NULL;
-    hints.ai_socktype = SOCK_STREAM;
-    int g = getaddrinfo(host, colon + 1, &hints, &res);
-    if (g != 0 || !res)
-        return exo_err_set(err, EXO_EINVAL, "bootstrap peer %s: %s", s, gai_strerror(g));
-    memcpy(ss, res->ai_addr, res->ai_addrlen);
-    freeaddrinfo(res);
-    return 0;
-}
-
 static int start_net(exo_node *n, exo_err *err)
 {
     exo_net_config nc = {0};
@@ -1821,8 +1784,9 @@ static int start_net(exo_node *n, exo_err *err)
         return rc;
     for (int i = 0; i < n->cfg.n_bootstrap; i++) {
         struct sockaddr_storage ss;
-        if ((rc = parse_peer(n->cfg.bootstrap[i], &ss, err)) < 0)
-            return rc;
+        if (addr_parse(n->cfg.bootstrap[i], true, -1, &ss) < 0)
+            return exo_err_set(err, EXO_EINVAL, "bootstrap peer %s: expected host:port of a reachable name "
+                               "or address", n->cfg.bootstrap[i]);
         if ((rc = exo_net_dial(n->net, (struct sockaddr *)&ss, NULL, true, err)) < 0)
             return exo_err_wrap(err, "bootstrap peer %s", n->cfg.bootstrap[i]);
     }

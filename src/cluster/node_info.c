@@ -106,6 +106,21 @@ static int read_meminfo(uint64_t *total, uint64_t *avail, exo_err *err)
     return 0;
 }
 
+/* What a node reports goes into events: every name is copied as printable
+ * ASCII, '?' for anything else (and for spaces where `no_space`, as in
+ * addresses). */
+static void printable_ex(char *dst, size_t cap, const char *src, bool no_space)
+{
+    size_t n = 0;
+    for (; src[n] && n + 1 < cap; n++) {
+        unsigned char c = (unsigned char)src[n];
+        dst[n] = c < 0x20 || c >= 0x7f || (no_space && c == ' ') ? '?' : (char)c;
+    }
+    dst[n] = 0;
+}
+
+static void printable(char *dst, size_t cap, const char *src) { printable_ex(dst, cap, src, false); }
+
 /* The host name, made acceptable to exo_node_info_validate: bytes outside
  * printable ASCII become '?', and an empty or unknown name is "exo". */
 static void friendly_name(char *out, size_t cap)
@@ -114,13 +129,8 @@ static void friendly_name(char *out, size_t cap)
     if (gethostname(host, sizeof host) < 0)
         host[0] = 0;
     host[sizeof host - 1] = 0;
-    size_t n = 0;
-    for (; host[n] && n + 1 < cap; n++) {
-        unsigned char c = (unsigned char)host[n];
-        out[n] = c < 0x20 || c >= 0x7f ? '?' : (char)c;
-    }
-    out[n] = 0;
-    if (n == 0)
+    printable(out, cap, host);
+    if (!out[0])
         snprintf(out, cap, "exo");
 }
 
@@ -197,10 +207,7 @@ static void gather_gpus(exo_node_info *info)
         nvml.name(dev, name, sizeof name);
         nvml.mem(dev, &m);
         g->index = (int32_t)i;
-        snprintf(g->name, sizeof g->name, "%s", name[0] ? name : "GPU");
-        for (char *c = g->name; *c; c++)
-            if ((unsigned char)*c < 0x20 || (unsigned char)*c >= 0x7f)
-                *c = '?';
+        printable(g->name, sizeof g->name, name[0] ? name : "GPU");
         g->memory_total = m.total;
         g->memory_used = m.used;
         info->gpus.n++;
@@ -224,10 +231,7 @@ static void cpu_model(char *out, size_t cap)
         while (*colon == ' ' || *colon == '\t')
             colon++;
         colon[strcspn(colon, "\n")] = 0;
-        size_t n = 0;
-        for (; colon[n] && n + 1 < cap; n++)
-            out[n] = (unsigned char)colon[n] < 0x20 || (unsigned char)colon[n] >= 0x7f ? '?' : colon[n];
-        out[n] = 0;
+        printable(out, cap, colon);
         break;
     }
     if (f)
@@ -237,13 +241,10 @@ static void cpu_model(char *out, size_t cap)
 static void os_name(char *out, size_t cap)
 {
     struct utsname u;
+    char raw[128] = "Linux";
     if (uname(&u) == 0)
-        snprintf(out, cap, "%.40s %.40s %.30s", u.sysname, u.release, u.machine);
-    else
-        snprintf(out, cap, "Linux");
-    for (char *c = out; *c; c++)
-        if ((unsigned char)*c < 0x20 || (unsigned char)*c >= 0x7f)
-            *c = '?';
+        snprintf(raw, sizeof raw, "%.40s %.40s %.30s", u.sysname, u.release, u.machine);
+    printable(out, cap, raw);
 }
 
 /* ---- network interfaces ---- */
@@ -292,17 +293,13 @@ static void gather_interfaces(exo_node_info *info)
         }
         exo_net_iface *f = &info->interfaces.v[info->interfaces.n];
         memset(f, 0, sizeof *f);
-        snprintf(f->name, sizeof f->name, "%s", i->ifa_name);
+        char addr[EXO_ADDR_MAX];
         if (fam == AF_INET6 && IN6_IS_ADDR_LINKLOCAL(&((struct sockaddr_in6 *)i->ifa_addr)->sin6_addr))
-            snprintf(f->ip, sizeof f->ip, "%s%%%s", ip, i->ifa_name);
+            snprintf(addr, sizeof addr, "%s%%%.20s", ip, i->ifa_name);
         else
-            snprintf(f->ip, sizeof f->ip, "%s", ip);
-        for (char *c = f->name; *c; c++)
-            if ((unsigned char)*c <= 0x20 || (unsigned char)*c >= 0x7f)
-                *c = '?';
-        for (char *c = f->ip; *c; c++)
-            if ((unsigned char)*c <= 0x20 || (unsigned char)*c >= 0x7f)
-                *c = '?';
+            snprintf(addr, sizeof addr, "%s", ip);
+        printable_ex(f->name, sizeof f->name, i->ifa_name, true);
+        printable_ex(f->ip, sizeof f->ip, addr, true);
         f->kind = iface_kind(i->ifa_name, i->ifa_flags);
         info->interfaces.n++;
     }
@@ -310,15 +307,6 @@ static void gather_interfaces(exo_node_info *info)
 }
 
 /* ---- models on disk and their filesystem ---- */
-
-/* Copies printable ASCII, '?' for anything else (names go into events). */
-static void printable(char *dst, size_t cap, const char *src)
-{
-    size_t n = 0;
-    for (; src[n] && n + 1 < cap; n++)
-        dst[n] = (unsigned char)src[n] < 0x20 || (unsigned char)src[n] >= 0x7f ? '?' : src[n];
-    dst[n] = 0;
-}
 
 void exo_model_card_from_entry(const exo_model_entry *m, exo_model_card *c)
 {

@@ -272,6 +272,10 @@ export class Cluster {
 export async function placeAndWait(via, nodes, modelId = MODEL_ID) {
   const r = await postJson(via.base, '/place_instance', { model_id: modelId });
   if (r.status !== 200) throw new Error(`place_instance: ${r.status} ${r.text}`);
+  // the answer's card is the model's as /models lists it, wherever its files are
+  const card = r.json.model_card;
+  if (card?.id !== modelId || !(card.storage_size_megabytes >= 0) || !card.nodes?.length)
+    throw new Error(`place_instance: model_card ${JSON.stringify(card)}`);
   return until(`a Ready runner of ${modelId} on every node`, async () => {
     let where = null;
     for (const n of nodes) {

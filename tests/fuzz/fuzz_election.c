@@ -16,20 +16,13 @@
  * Invariants are checked with abort(), which libFuzzer reports as a crash. */
 #include "cluster/election.h"
 #include "core/log.h"
+#include "fuzz_check.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-
-#define CHECK(c)                                                              \
-    do {                                                                      \
-        if (!(c)) {                                                           \
-            fprintf(stderr, "invariant failed: %s (line %d)\n", #c, __LINE__); \
-            abort();                                                          \
-        }                                                                     \
-    } while (0)
 
 static void fuzz_codec(const uint8_t *data, size_t size)
 {

@@ -19,6 +19,7 @@
 #include "cluster/state.h"
 #include "core/alloc.h"
 #include "core/log.h"
+#include "fuzz_check.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,14 +28,6 @@
 #include <unistd.h>
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-
-#define CHECK(c)                                                              \
-    do {                                                                      \
-        if (!(c)) {                                                           \
-            fprintf(stderr, "invariant failed: %s (line %d)\n", #c, __LINE__); \
-            abort();                                                          \
-        }                                                                     \
-    } while (0)
 
 static void check_event(const exo_event *ev, exo_state *st)
 {

@@ -155,15 +155,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     static bool ready;
     if (!ready) {
-        randombytes_set_implementation(&fuzz_rng);
-        if (sodium_init() < 0)
-            abort();
-        uint8_t seed[32] = {1};
-        crypto_sign_seed_keypair(id_i.pk, id_i.sk, seed);
-        exo_identity_node_id_of(id_i.pk, id_i.node_id);
-        seed[0] = 2;
-        crypto_sign_seed_keypair(id_r.pk, id_r.sk, seed);
-        exo_identity_node_id_of(id_r.pk, id_r.node_id);
+        fuzz_sodium_start();
+        fuzz_identity(1, &id_i);
+        fuzz_identity(2, &id_r);
         ready = true;
     }
     if (size < 1)

@@ -89,12 +89,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     static bool ready;
     if (!ready) {
-        randombytes_set_implementation(&fuzz_rng);
-        if (sodium_init() < 0)
-            abort();
-        uint8_t seed[32] = {1};
-        crypto_sign_seed_keypair(ident.pk, ident.sk, seed);
-        exo_identity_node_id_of(ident.pk, ident.node_id);
+        fuzz_sodium_start();
+        fuzz_identity(1, &ident);
         ready = true;
     }
     if (size < 2)

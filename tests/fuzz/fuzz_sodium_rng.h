@@ -2,12 +2,16 @@
  * libsodium's key generation and nonces draw from a seeded splitmix64, so a
  * crash found by the fuzzer replays byte for byte. Install it with
  * randombytes_set_implementation(&fuzz_rng) before sodium_init(), and set
- * rng_state to reseed. Header-only: each target is one translation unit. */
+ * rng_state to reseed; fuzz_sodium_start() does both and fuzz_identity()
+ * makes a fixed node key. Header-only: each target is one translation unit. */
 #ifndef EXO_FUZZ_SODIUM_RNG_H
 #define EXO_FUZZ_SODIUM_RNG_H
 
+#include "net/identity.h"
+
 #include <sodium.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 static uint64_t rng_state;
 
@@ -40,5 +44,20 @@ static randombytes_implementation fuzz_rng = {
     .buf = rng_buf,
     .close = rng_close,
 };
+
+static void fuzz_sodium_start(void)
+{
+    randombytes_set_implementation(&fuzz_rng);
+    if (sodium_init() < 0)
+        abort();
+}
+
+/* The same key for the same seed byte, run after run. */
+static void fuzz_identity(uint8_t seed_byte, exo_identity *id)
+{
+    uint8_t seed[32] = {seed_byte};
+    crypto_sign_seed_keypair(id->pk, id->sk, seed);
+    exo_identity_node_id_of(id->pk, id->node_id);
+}
 
 #endif
