@@ -131,7 +131,7 @@ int exo_cmd_bench(int argc, char **argv)
     int32_t *tokens = NULL;
     double *token_s = NULL;
     int status = 1;
-    exo_model_opts opts = {(int)threads, (int)n_prompt};
+    exo_model_opts opts = {.n_threads = (int)threads, .max_chunk = (int)n_prompt};
     double t_load = exo_clock_seconds();
     if (preset) {
         if (exo_synth_create(preset, sq, 1234, &syn, &err) || exo_synth_build(syn, &opts, &m, &err))

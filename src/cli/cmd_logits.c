@@ -50,7 +50,7 @@ int exo_cmd_logits(int argc, char **argv)
     exo_seq *s = NULL;
     float *logits = NULL;
     int status = 1;
-    exo_model_opts opts = {(int)threads, (int)chunk};
+    exo_model_opts opts = {.n_threads = (int)threads, .max_chunk = (int)chunk};
     if (exo_model_load(dir, &opts, &m, &err) || exo_seq_create(m, n, &s, &err))
         goto fail;
     size_t V = (size_t)exo_model_vocab(m);

@@ -181,7 +181,7 @@ int exo_cmd_run(int argc, char **argv)
         }
     }
 
-    exo_model_opts opts = {(int)threads, 0};
+    exo_model_opts opts = {.n_threads = (int)threads};
     if (exo_model_load(dir, &opts, &m, &err))
         goto fail;
     const exo_model_config *cfg = exo_model_get_config(m);

@@ -213,6 +213,9 @@ int exo_cmd_serve(int argc, char **argv)
                           .cluster_port = (int)cluster_port, .discovery_port = (int)discovery_port,
                           .no_discovery = !discovery, .force_master = force_master,
                           .api_port = api ? (int)port : 0};
+    const char *ring_timeout = getenv("EXO_RING_TIMEOUT_MS");
+    if (ring_timeout)
+        nc.ring_timeout_ms = atoi(ring_timeout) > 0 ? atoi(ring_timeout) : 0;
     char *peers = bootstrap ? exo_strdup(bootstrap) : NULL, *save = NULL;
     for (char *p = peers ? strtok_r(peers, ", ", &save) : NULL; p; p = strtok_r(NULL, ", ", &save)) {
         if (nc.n_bootstrap == EXO_MAX_BOOTSTRAP_PEERS) {

@@ -127,7 +127,7 @@ static const exo_field_type ft_instance = {"instance", NULL, instance_pack, inst
                                            NULL, sizeof(exo_instance)};
 
 /* ---- runner statuses --------------------------------------------------------------
- * {kind, [layers_loaded, total_layers], [prefill_server_port], [error_message]} */
+ * {kind, [layers_loaded, total_layers], [prefill_server_port], [ring_port], [error_message]} */
 
 static void status_init(const exo_field *f, void *v) { exo_runner_status_init(v, EXO_RUNNER_IDLE); }
 
@@ -135,8 +135,8 @@ static void status_pack(msgpack_packer *pk, const exo_field *f, const void *v)
 {
     const exo_runner_status *st = v;
     bool loading = st->kind == EXO_RUNNER_LOADING;
-    bool port = st->prefill_server_port != -1;
-    msgpack_pack_map(pk, 1 + (loading ? 2 : 0) + port + (st->error_message != NULL));
+    bool port = st->prefill_server_port != -1, ring = st->ring_port != -1;
+    msgpack_pack_map(pk, 1 + (loading ? 2 : 0) + port + ring + (st->error_message != NULL));
     exo_mp_kstr(pk, "kind", exo_runner_status_name(st->kind));
     if (loading) {
         exo_mp_kint(pk, "layers_loaded", st->layers_loaded);
@@ -144,6 +144,8 @@ static void status_pack(msgpack_packer *pk, const exo_field *f, const void *v)
     }
     if (port)
         exo_mp_kint(pk, "prefill_server_port", st->prefill_server_port);
+    if (ring)
+        exo_mp_kint(pk, "ring_port", st->ring_port);
     if (st->error_message)
         exo_mp_kstr(pk, "error_message", st->error_message);
 }
@@ -162,10 +164,12 @@ static int status_unpack(mobj *m, const exo_field *f, void *v, exo_err *err)
     const exo_field loaded_f = LOCAL_FIELD("layers_loaded", exo_ft_i32, !loading, 0, INT32_MAX, NULL);
     const exo_field total_f = LOCAL_FIELD("total_layers", exo_ft_i32, !loading, 0, INT32_MAX, NULL);
     static const exo_field port_f = LOCAL_FIELD("prefill_server_port", exo_ft_i32, true, 1, 65535, NULL);
+    static const exo_field ring_f = LOCAL_FIELD("ring_port", exo_ft_i32, true, 1, 65535, NULL);
     static const exo_field msg_f = LOCAL_FIELD("error_message", exo_ft_text, true, 0, 0, NULL);
     if ((rc = exo_mp_field(m, &loaded_f, &st->layers_loaded, err)) < 0 ||
         (rc = exo_mp_field(m, &total_f, &st->total_layers, err)) < 0 ||
         (rc = exo_mp_field(m, &port_f, &st->prefill_server_port, err)) < 0 ||
+        (rc = exo_mp_field(m, &ring_f, &st->ring_port, err)) < 0 ||
         (rc = exo_mp_field(m, &msg_f, &st->error_message, err)) < 0)
         return rc;
     return 0;
@@ -665,6 +669,8 @@ json_t *exo_runner_status_to_json(const exo_runner_status *st)
     } else if (st->kind == EXO_RUNNER_READY) {
         json_object_set_new(body, "prefillServerPort",
                             st->prefill_server_port >= 0 ? json_integer(st->prefill_server_port) : json_null());
+    } else if (st->kind == EXO_RUNNER_CONNECTING && st->ring_port != -1) {
+        set_int(body, "ringPort", st->ring_port);
     } else if (st->kind == EXO_RUNNER_FAILED) {
         set_str(body, "errorMessage", st->error_message);
     }

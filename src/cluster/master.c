@@ -18,26 +18,12 @@ static void cancel_task(exo_event_list *out, const exo_task *t)
     ev->u.task_status_updated.status = EXO_TASK_CANCELLED;
 }
 
-/* Forward passes split across nodes come with distributed inference; until
- * then an instance is one node, and a placement that needs more is shown in
- * /instance/previews but refused here. */
-static int check_runnable(const exo_instance *inst, exo_err *err)
-{
-    if (inst->n_shards > 1)
-        return exo_err_set(err, EXO_EINVAL,
-                           "%s would need %zu nodes, and running one model across several nodes is not "
-                           "built yet (it fits on none of the nodes alone)", inst->model_id, inst->n_shards);
-    return 0;
-}
-
 static int place(const exo_state *st, const exo_command *cmd, exo_event_list *out, exo_err *err)
 {
     exo_placement_request req = {&cmd->u.place_instance.card, cmd->u.place_instance.sharding,
                                  cmd->u.place_instance.meta, cmd->u.place_instance.min_nodes, 0};
     exo_instance inst;
     int rc = exo_placement_place(st, &req, &inst, err);
-    if (rc == 0 && (rc = check_runnable(&inst, err)) < 0)
-        exo_instance_clear(&inst);
     if (rc)
         return rc;
     exo_event *ev = exo_event_list_add(out, EXO_EVENT_INSTANCE_CREATED);
@@ -85,8 +71,7 @@ int exo_master_handle(const exo_state *st, const exo_command *cmd, exo_event_lis
         rc = place(st, cmd, out, err);
         break;
     case EXO_COMMAND_CREATE_INSTANCE:
-        if ((rc = exo_instance_validate(&cmd->u.create_instance.instance, err)) ||
-            (rc = check_runnable(&cmd->u.create_instance.instance, err)))
+        if ((rc = exo_instance_validate(&cmd->u.create_instance.instance, err)))
             break;
         exo_instance_copy(&exo_event_list_add(out, EXO_EVENT_INSTANCE_CREATED)->u.instance_created.instance,
                           &cmd->u.create_instance.instance);

@@ -1463,11 +1463,18 @@ static void start_info_gather(exo_node *n)
 /* ---- the master's housekeeping ------------------------------------------------------------------ */
 
 /* Nodes unreachable for NODE_TIMEOUT_MS leave the State; instances on nodes
- * that left are deleted; requests whose API node left are dropped. */
+ * that left are deleted and their models placed again on the nodes left (the
+ * same sharding; placement picks the nodes); requests whose API node left
+ * are dropped. */
 static void master_plan(exo_node *n)
 {
     uint64_t now = now_ms();
     exo_id gone[64], dead_instances[64];
+    struct {
+        char              model_id[EXO_MODEL_ID_MAX];
+        exo_sharding      sharding;
+        exo_instance_meta meta;
+    } dead_what[64];
     size_t n_gone = 0, n_dead = 0;
     exo_id cancel_tasks[64], delete_tasks[64];
     size_t n_cancel = 0, n_delete = 0;
@@ -1485,6 +1492,9 @@ static void master_plan(exo_node *n)
         const exo_instance *inst = exo_state_instance_at(n->state, i);
         for (size_t s = 0; s < inst->n_shards; s++)
             if (!exo_state_node_find(n->state, &inst->shards[s].node_id)) {
+                snprintf(dead_what[n_dead].model_id, EXO_MODEL_ID_MAX, "%s", inst->model_id);
+                dead_what[n_dead].sharding = inst->sharding;
+                dead_what[n_dead].meta = inst->meta;
                 dead_instances[n_dead++] = inst->instance_id;
                 break;
             }
@@ -1516,6 +1526,25 @@ static void master_plan(exo_node *n)
         cmd.u.delete_instance.instance_id = dead_instances[i];
         exo_err err = {0};
         master_handle(n, &cmd, &err);
+        exo_command_clear(&cmd);
+        /* the model again, on the nodes that are left */
+        exo_command_init(&cmd, EXO_COMMAND_PLACE_INSTANCE);
+        pthread_mutex_lock(&n->mu);
+        const exo_model_card *card = NULL;
+        for (size_t k = 0; k < exo_state_node_count(n->state) && !card; k++)
+            card = exo_node_info_model(&exo_state_node_at(n->state, k)->info, dead_what[i].model_id);
+        if (card)
+            cmd.u.place_instance.card = *card;
+        pthread_mutex_unlock(&n->mu);
+        cmd.u.place_instance.sharding = dead_what[i].sharding;
+        cmd.u.place_instance.meta = dead_what[i].meta;
+        cmd.u.place_instance.min_nodes = 1;
+        if (!card)
+            EXO_LOG_WARN("node: no node left has %s on disk: not placed again", dead_what[i].model_id);
+        else if (master_handle(n, &cmd, &err) < 0)
+            EXO_LOG_WARN("node: %s cannot be placed again: %s", dead_what[i].model_id, err.msg);
+        else
+            EXO_LOG_INFO("node: %s placed again on the nodes left", dead_what[i].model_id);
         exo_command_clear(&cmd);
     }
     for (size_t i = 0; i < n_cancel + n_delete; i++) {
@@ -1861,7 +1890,9 @@ int exo_node_start(const exo_node_config *cfg, exo_node **out, exo_err *err)
             .runner_ctx = cfg->runner_ctx,
             .warmup_tokens = cfg->warmup_tokens,
             .verbose = cfg->verbose,
+            .ring_timeout_ms = cfg->ring_timeout_ms,
         };
+        memcpy(wc.cluster_key, n->keys.psk, sizeof wc.cluster_key);
         exo_worker_host host = {n, host_emit, host_command, host_chunk, host_done, host_replan};
         n->worker = exo_worker_new(&n->loop, &wc, &host);
     }
@@ -2149,13 +2180,6 @@ int exo_node_place_instance(exo_node *n, const char *model_id, exo_sharding shar
     int rc = exo_node_preview_placement(n, model_id, sharding, meta, min_nodes, &inst, err);
     if (rc)
         return rc;
-    if (inst.n_shards > 1) {
-        rc = exo_err_set(err, EXO_EINVAL,
-                         "%s needs %zu nodes, and running one model across several nodes is not built yet "
-                         "(see /instance/previews)", model_id, inst.n_shards);
-        exo_instance_clear(&inst);
-        return rc;
-    }
     if (preview)
         *preview = inst;
     else

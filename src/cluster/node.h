@@ -55,6 +55,7 @@ typedef struct exo_node_config {
     int         runner_threads;
     int         runner_ctx;
     int         warmup_tokens;
+    int         ring_timeout_ms; /* split models: receive timeout on the ring; 0: default */
     bool        verbose;
     /* the cluster */
     const char *namespace_;   /* NULL: EXO_DEFAULT_NAMESPACE */

@@ -16,6 +16,7 @@
 #include "runner/supervisor.h"
 
 #include <poll.h>
+#include <sodium.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -37,6 +38,7 @@ typedef struct wrunner {
     int             failures; /* in a row; reset by Ready */
     uint64_t        next_spawn_ns;
     exo_runner_status_kind last;
+    bool            connect_sent; /* split model: this process was told its next rank */
     forwarded      *fwd;
     struct wrunner *next;
 } wrunner;
@@ -271,7 +273,20 @@ static void retire(wrunner *r)
     arm(r);
 }
 
-static void spawn(wrunner *r)
+void exo_worker_ring_key(const uint8_t cluster_key[32], const exo_id *instance_id, char out[65])
+{
+    static const char label[] = "exo ring v1";
+    uint8_t key[32];
+    crypto_generichash_state h;
+    crypto_generichash_init(&h, cluster_key, 32, sizeof key);
+    crypto_generichash_update(&h, (const uint8_t *)label, sizeof label); /* with its NUL */
+    crypto_generichash_update(&h, (const uint8_t *)instance_id->s, strlen(instance_id->s));
+    crypto_generichash_final(&h, key, sizeof key);
+    sodium_bin2hex(out, 65, key, sizeof key);
+    sodium_memzero(key, sizeof key);
+}
+
+static void spawn(wrunner *r, const exo_instance *inst)
 {
     exo_worker *w = r->w;
     const exo_worker_config *cfg = &w->cfg;
@@ -294,7 +309,19 @@ static void spawn(wrunner *r)
     exo_supervisor_opts o = {cfg->runner_bin, cfg->runner_log_dir ? log_path : NULL, cfg->verbose};
     exo_supervisor_callbacks cb = {r, on_status, on_chunk, on_done};
     exo_err err = {0};
-    exo_runner_load load = {m->dir, cfg->runner_threads, cfg->runner_ctx, cfg->warmup_tokens};
+    exo_runner_load load = {.model_dir = m->dir, .n_threads = cfg->runner_threads,
+                            .ctx = cfg->runner_ctx, .warmup_tokens = cfg->warmup_tokens, .world = 1};
+    if (inst && inst->n_shards > 1) {
+        const exo_shard *sh = exo_instance_shard_of_runner(inst, &r->runner_id);
+        load.rank = sh->device_rank;
+        load.world = sh->world_size;
+        load.tensor = inst->sharding == EXO_SHARDING_TENSOR;
+        load.start_layer = sh->start_layer;
+        load.end_layer = sh->end_layer;
+        load.ring_timeout_ms = cfg->ring_timeout_ms;
+        exo_worker_ring_key(cfg->cluster_key, &inst->instance_id, load.ring_key);
+    }
+    r->connect_sent = false;
     if (exo_supervisor_spawn(&o, &cb, &r->sup, &err) || exo_supervisor_load(r->sup, &load, &err)) {
         r->failures++;
         snprintf(why, sizeof why, "cannot start a runner: %s", err.msg);
@@ -357,6 +384,62 @@ static void forward(wrunner *r, const exo_task *t)
     }
 }
 
+/* The numeric host part of "ip:port" / "[ip]:port". */
+static bool host_of(const char *address, char *host, size_t cap)
+{
+    const char *colon = strrchr(address, ':');
+    if (!colon)
+        return false;
+    const char *a = address, *b = colon;
+    if (*a == '[' && b > a && b[-1] == ']') {
+        a++;
+        b--;
+    }
+    size_t n = (size_t)(b - a);
+    if (!n || n >= cap)
+        return false;
+    memcpy(host, a, n);
+    host[n] = 0;
+    return true;
+}
+
+/* A runner waiting to join its ring: tell it where the next rank listens
+ * once that rank has said so (its Connecting status carries the port), at
+ * the address this node reached the next node's at (a topology edge). */
+static void connect_ring(wrunner *r, const exo_state *st, const exo_instance *inst, const exo_shard *me)
+{
+    if (!me || inst->n_shards < 2)
+        return;
+    const exo_shard *next = &inst->shards[(me->device_rank + 1) % inst->n_shards];
+    const exo_runner_status *ns = exo_state_runner_status(st, &next->runner_id);
+    if (!ns || ns->kind != EXO_RUNNER_CONNECTING || ns->ring_port <= 0)
+        return;
+    char host[64] = "";
+    int64_t best = -1;
+    for (size_t i = 0; i < exo_state_edge_count(st); i++) {
+        const exo_topology_edge *e = exo_state_edge_at(st, i);
+        char h[64];
+        if (!exo_id_eq(&e->source, &r->w->cfg.node_id) || !exo_id_eq(&e->sink, &next->node_id) ||
+            !host_of(e->address, h, sizeof h))
+            continue;
+        /* the fastest measured address: a direct cable over Wi-Fi */
+        if (best < 0 || (e->latency_us > 0 && e->latency_us < best)) {
+            best = e->latency_us > 0 ? e->latency_us : INT64_MAX;
+            snprintf(host, sizeof host, "%s", h);
+        }
+    }
+    if (!host[0])
+        return; /* no edge yet: the next State change tries again */
+    exo_err err = {0};
+    if (exo_supervisor_connect(r->sup, host, ns->ring_port, &err)) {
+        EXO_LOG_WARN("worker: runner %s: %s", r->runner_id.s, err.msg);
+        return;
+    }
+    r->connect_sent = true;
+    EXO_LOG_INFO("worker: runner %s (rank %d of %zu) connects to rank %d at %s port %d", r->runner_id.s,
+                 me->device_rank, inst->n_shards, next->device_rank, host, ns->ring_port);
+}
+
 static void plan_runner(wrunner *r, const exo_state *st)
 {
     exo_worker *w = r->w;
@@ -380,7 +463,7 @@ static void plan_runner(wrunner *r, const exo_state *st)
         }
         uint64_t now = exo_clock_ns();
         if (now >= r->next_spawn_ns)
-            spawn(r);
+            spawn(r, inst);
         else
             wake_at(w, r->next_spawn_ns);
         return;
@@ -392,7 +475,11 @@ static void plan_runner(wrunner *r, const exo_state *st)
         retire(r);
         return;
     }
-    if (k == EXO_RUNNER_READY || k == EXO_RUNNER_RUNNING) {
+    const exo_shard *me = exo_instance_shard_of_runner(inst, &r->runner_id);
+    if (k == EXO_RUNNER_CONNECTING && !r->connect_sent)
+        connect_ring(r, st, inst, me);
+    /* a split model takes its requests at rank 0 */
+    if ((k == EXO_RUNNER_READY || k == EXO_RUNNER_RUNNING) && me && me->device_rank == 0) {
         for (size_t i = 0; i < exo_state_task_count(st); i++) {
             const exo_task *t = exo_state_task_at(st, i);
             if (t->kind == EXO_TASK_KIND_TEXT_GENERATION && t->status == EXO_TASK_PENDING &&

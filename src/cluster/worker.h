@@ -34,6 +34,10 @@
 
 #define EXO_WORKER_MAX_RETRIES 5
 
+/* The ring key of an instance: BLAKE2b-256(key = cluster key,
+ * "exo ring v1" || 0x00 || instance id), as 64 hex digits + NUL. */
+void exo_worker_ring_key(const uint8_t cluster_key[32], const exo_id *instance_id, char out[65]);
+
 typedef struct exo_worker exo_worker;
 
 typedef struct exo_worker_host {
@@ -59,6 +63,11 @@ typedef struct exo_worker_config {
     int                   runner_ctx;     /* 0: the runner's default */
     int                   warmup_tokens;
     bool                  verbose;
+    /* Split models: the instance's ring key is derived from this (the
+     * cluster's psk) and the instance id; receives on the ring time out
+     * after ring_timeout_ms (0: the ring's default). */
+    uint8_t               cluster_key[32];
+    int                   ring_timeout_ms;
 } exo_worker_config;
 
 exo_worker *exo_worker_new(uv_loop_t *loop, const exo_worker_config *cfg, const exo_worker_host *host);

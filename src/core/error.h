@@ -22,7 +22,9 @@
     XX(TOOBIG,    -8, "input too large")                                    \
     XX(CANCELED,  -9, "operation canceled")                                  \
     XX(BUSY,     -10, "resource busy")                                      \
-    XX(INTERNAL, -11, "internal error")
+    XX(INTERNAL, -11, "internal error")                                     \
+    XX(TIMEDOUT, -12, "timed out")                                          \
+    XX(PERM,     -13, "not permitted")
 
 enum {
     EXO_OK = 0,

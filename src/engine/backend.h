@@ -10,7 +10,10 @@
  * mechanism.
  *
  * Ops are synchronous from the caller's point of view on CPU; a GPU backend
- * may queue them and only synchronise in `sync` and `to_host`.
+ * may queue them and only synchronise in `sync` and `to_host`. Every op and
+ * copy returns 0 or an EXO_E* code (a device fault, memory it could not get),
+ * which the forward pass hands up unchanged; an error a queued op meets
+ * surfaces at the next call that synchronises.
  *
  * Shapes: activations are row-major (T, dim) f32 with T tokens per call.
  * q is (T, n_heads, head_dim), k and v are (T, n_kv_heads, head_dim). The KV
@@ -48,8 +51,8 @@ typedef struct exo_backend_ops {
     /* Memory. alloc returns zeroed memory or NULL. */
     void *(*alloc)(exo_backend *be, size_t bytes);
     void  (*release)(exo_backend *be, void *p);
-    void  (*to_device)(exo_backend *be, void *dst, const void *host_src, size_t bytes);
-    void  (*to_host)(exo_backend *be, void *host_dst, const void *src, size_t bytes);
+    int   (*to_device)(exo_backend *be, void *dst, const void *host_src, size_t bytes);
+    int   (*to_host)(exo_backend *be, void *host_dst, const void *src, size_t bytes);
 
     /* Weights. load_linear makes `dev` a backend-resident view or copy of a
      * host weight. from_file: host points into a file mapping (page cache),
@@ -64,32 +67,32 @@ typedef struct exo_backend_ops {
 
     /* Ops. */
     /* out[t] = row tokens[t] of table (tokens are host memory). */
-    void (*embed)(exo_backend *be, const exo_linear *table, const int32_t *tokens, int T, float *out);
+    int  (*embed)(exo_backend *be, const exo_linear *table, const int32_t *tokens, int T, float *out);
     /* out = x / rms(x) * w over rows of `dim`; out may equal x. */
-    void (*rmsnorm)(exo_backend *be, float *out, const float *x, const float *w, int rows, int dim,
+    int  (*rmsnorm)(exo_backend *be, float *out, const float *x, const float *w, int rows, int dim,
                     float eps);
     /* y[i] = x W[i]^T for n weights sharing x (see cpu/matmul.h). */
-    void (*matmul)(exo_backend *be, int n, const exo_linear *const *w, const float *x, int T,
+    int  (*matmul)(exo_backend *be, int n, const exo_linear *const *w, const float *x, int T,
                    float *const *y);
     /* y[t][j] += b[j] */
-    void (*add_bias)(exo_backend *be, float *y, const float *b, int T, int dim);
+    int  (*add_bias)(exo_backend *be, float *y, const float *b, int T, int dim);
     /* Rotary embedding, rotate-half convention, in place on (T, n_heads,
      * head_dim) at positions pos0..pos0+T-1. inv_freq has head_dim/2 values
      * (backend memory); cos/sin are multiplied by mscale. */
-    void (*rope)(exo_backend *be, float *x, int T, int n_heads, int head_dim, int pos0,
+    int  (*rope)(exo_backend *be, float *x, int T, int n_heads, int head_dim, int pos0,
                  const float *inv_freq, float mscale);
     /* Appends k, v (T tokens at pos0) to the layer's cache (of `capacity`
      * positions) and computes causal attention of q over cache positions
      * [0, pos0+T). */
-    void (*attention)(exo_backend *be, const exo_attn_shape *shape, float *out, const float *q,
+    int  (*attention)(exo_backend *be, const exo_attn_shape *shape, float *out, const float *q,
                       const float *k, const float *v, float *k_cache, float *v_cache,
                       int capacity, int T, int pos0);
     /* g = silu(g) * u */
-    void (*silu_mul)(exo_backend *be, float *g, const float *u, size_t n);
+    int  (*silu_mul)(exo_backend *be, float *g, const float *u, size_t n);
     /* x += y */
-    void (*add)(exo_backend *be, float *x, const float *y, size_t n);
+    int  (*add)(exo_backend *be, float *x, const float *y, size_t n);
     /* Waits for queued work. */
-    void (*sync)(exo_backend *be);
+    int  (*sync)(exo_backend *be);
 } exo_backend_ops;
 
 struct exo_backend {

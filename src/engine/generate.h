@@ -47,9 +47,42 @@ typedef struct exo_gen_stats {
 /* Returns nonzero to stop generation (finish = CANCEL). */
 typedef int (*exo_gen_token_fn)(void *ctx, const exo_sample *tok);
 
-/* Generates from `prompt` appended to `seq` (which may already hold a
- * prefix). Errors are those of exo_model_forward; an error during the
- * prefill leaves `seq` at its length before the call. */
+/* Where the forward passes and the sampling of a generation happen. One
+ * process holding the whole model is exo_gen_stepper_local; a model split
+ * over runner processes brings its own (runner/dist.c), whose step may
+ * send the tokens on and wait for the sample from the rank with the head.
+ *   start: a new generation; the sampler gets its parameters and the
+ *          history so far (the prompt), for its penalties.
+ *   step:  runs T tokens at the sequence's next positions; with `sample`,
+ *          samples the token after the last one (and adds it to the
+ *          history); without, nothing is sampled (a prompt chunk).
+ *   len / capacity / truncate: the sequence's positions (an error during
+ *          the prefill puts it back where it was). */
+typedef struct exo_gen_stepper {
+    void *ctx;
+    int (*start)(void *ctx, const exo_sampler_params *sp, const int32_t *prompt, int n_prompt,
+                 int max_tokens, exo_err *err);
+    int (*step)(void *ctx, const int32_t *tokens, int T, exo_sample *sample, exo_err *err);
+    int (*len)(void *ctx);
+    int (*capacity)(void *ctx);
+    void (*truncate)(void *ctx, int n);
+    void (*finish)(void *ctx); /* after start, whatever happened */
+} exo_gen_stepper;
+
+/* The stepper of one process: forward on (m, seq), sampling here. Free
+ * with exo_gen_stepper_local_free. */
+exo_gen_stepper *exo_gen_stepper_local(exo_model *m, exo_seq *seq);
+void             exo_gen_stepper_local_free(exo_gen_stepper *st);
+
+/* Generates from `prompt` appended to the stepper's sequence (which may
+ * already hold a prefix). Errors are those of the stepper (for the local
+ * one, exo_model_forward's); an error during the prefill leaves the
+ * sequence at its length before the call. */
+int exo_generate_with(exo_gen_stepper *st, const int32_t *prompt, int n_prompt,
+                      const exo_gen_params *p, exo_gen_token_fn on_token, void *ctx,
+                      exo_gen_stats *stats, exo_err *err);
+
+/* exo_generate_with on the local stepper of (m, seq). */
 int exo_generate(exo_model *m, exo_seq *seq, const int32_t *prompt, int n_prompt,
                  const exo_gen_params *p, exo_gen_token_fn on_token, void *ctx,
                  exo_gen_stats *stats, exo_err *err);

@@ -12,7 +12,16 @@
  *              x += a Wo; h = rmsnorm(x); x += (silu(h Wg) * h Wu) Wd
  *   logits = rmsnorm(x) Wlm
  * Long prompts are processed in chunks of max_chunk tokens so activation
- * buffers stay bounded; nothing is allocated per token. */
+ * buffers stay bounded; nothing is allocated per token.
+ *
+ * Shards: a pipeline shard binds only its layer range (plus the embedding
+ * on the first, the final norm and head on the last) and takes / gives
+ * hidden states at its edges. A tensor-parallel rank binds its KV heads'
+ * rows of q/k/v and columns of o, and its share of the MLP's gate/up rows
+ * and down columns; the partial sums after o and after down are
+ * all-reduced (the rank's collective), then the bias and residual follow,
+ * so every rank carries the same residual stream. Row slices point into
+ * the checkpoint; column slices are gathered into a buffer first. */
 #include "engine/model.h"
 #include "core/alloc.h"
 #include "core/log.h"
@@ -43,7 +52,7 @@ typedef struct acts {
     float *q, *att;   /* (chunk, n_heads*hd) */
     float *k, *v;     /* (chunk, n_kv*hd) */
     float *g, *u;     /* (chunk, ffn) */
-    float *logits;    /* (MAX_LOGIT_ROWS, vocab) */
+    float *logits;    /* (MAX_LOGIT_ROWS, vocab), when the shard has the head */
     float *inv_freq;  /* (hd/2) */
 } acts;
 
@@ -52,13 +61,20 @@ struct exo_model {
     bool owns_cfg;
     exo_st *st;
     exo_backend *cpu;
-    int n_layers, dim, n_heads, n_kv, hd, ffn, vocab, max_chunk;
+    int n_layers;      /* this shard's layers: global indices first_layer.. */
+    int first_layer, total_layers;
+    int dim, n_heads, n_kv, hd, ffn, vocab, max_chunk; /* n_heads, n_kv, ffn: this rank's */
     float mscale, eps;
     exo_attn_shape attn;
-    exo_linear embed;   /* on the first layer's backend */
-    exo_linear lm_head; /* on the last layer's backend */
+    bool embeds, has_head;
+    exo_allreduce_fn allreduce; /* tensor parallel, else NULL */
+    void *allreduce_ctx;
+    exo_linear embed;   /* on the first layer's backend (first shard) */
+    exo_linear lm_head; /* on the last layer's backend (last shard) */
     float *final_norm;
     layer *layers;
+    void **owned;       /* gathered column slices the backend kept using in place */
+    size_t n_owned;
     acts act;           /* one backend for now: the CPU */
 };
 
@@ -179,13 +195,82 @@ static int st_vector(void *ctx, const char *name, exo_dtype *dtype, const void *
 /* ---- binding ------------------------------------------------------------ */
 
 typedef struct binder {
+    exo_model *m;
     const exo_weight_source *src;
     exo_backend *be;
     exo_err *err;
 } binder;
 
-static int bind_linear(binder *b, const char *module, int64_t rows, int64_t cols, bool required,
-                       exo_linear *out, bool *found)
+/* The rows [r0, r1) of w: a view, nothing copied (rows are contiguous). */
+static exo_linear linear_rows(const exo_linear *w, int64_t r0, int64_t r1)
+{
+    exo_linear v = *w;
+    size_t esz = exo_dtype_size(w->dtype);
+    v.rows = r1 - r0;
+    if (w->format == EXO_WFORMAT_DENSE) {
+        v.w = (const char *)w->w + (size_t)r0 * (size_t)w->cols * esz;
+    } else {
+        size_t groups = (size_t)(w->cols / w->group_size);
+        v.w = (const uint32_t *)w->w + (size_t)r0 * (size_t)(w->cols * w->bits / 32);
+        v.scales = (const char *)w->scales + (size_t)r0 * groups * esz;
+        v.biases = (const char *)w->biases + (size_t)r0 * groups * esz;
+    }
+    return v;
+}
+
+/* The columns [c0, c1) of w gathered into one new buffer (*buf, which the
+ * result points into). Quantized weights split only at group edges. */
+static int linear_cols(const exo_linear *src, int64_t c0, int64_t c1, exo_linear *out, void **buf,
+                       exo_err *err)
+{
+    const exo_linear whole = *src, *w = &whole; /* out may be src */
+    *out = whole;
+    *buf = NULL;
+    size_t esz = exo_dtype_size(w->dtype), rows = (size_t)w->rows, n = (size_t)(c1 - c0);
+    out->cols = c1 - c0;
+    if (w->format == EXO_WFORMAT_DENSE) {
+        char *d = exo_try_malloc(rows * n * esz);
+        if (!d)
+            return exo_err_set(err, EXO_ENOMEM, "cannot gather a weight slice");
+        for (size_t r = 0; r < rows; r++)
+            memcpy(d + r * n * esz, (const char *)w->w + (r * (size_t)w->cols + (size_t)c0) * esz,
+                   n * esz);
+        out->w = *buf = d;
+        return 0;
+    }
+    int64_t gs = w->group_size;
+    if (c0 % gs || c1 % gs)
+        return exo_err_set(err, EXO_EUNSUPPORTED,
+                           "tensor parallel split at column %lld is not on a quantization group "
+                           "edge (group size %lld)", (long long)(c0 % gs ? c0 : c1), (long long)gs);
+    size_t words = (size_t)(w->cols * w->bits / 32), nw = n * (size_t)w->bits / 32;
+    size_t groups = (size_t)(w->cols / gs), ng = n / (size_t)gs;
+    char *d = exo_try_malloc(rows * (nw * 4 + 2 * ng * esz));
+    if (!d)
+        return exo_err_set(err, EXO_ENOMEM, "cannot gather a weight slice");
+    uint32_t *dw = (uint32_t *)d;
+    char *ds = d + rows * nw * 4, *db = ds + rows * ng * esz;
+    size_t w0 = (size_t)c0 * (size_t)w->bits / 32, g0 = (size_t)(c0 / gs);
+    for (size_t r = 0; r < rows; r++) {
+        memcpy(dw + r * nw, (const uint32_t *)w->w + r * words + w0, nw * 4);
+        memcpy(ds + r * ng * esz, (const char *)w->scales + (r * groups + g0) * esz, ng * esz);
+        memcpy(db + r * ng * esz, (const char *)w->biases + (r * groups + g0) * esz, ng * esz);
+    }
+    out->w = dw;
+    out->scales = ds;
+    out->biases = db;
+    *buf = d;
+    return 0;
+}
+
+/* Which part of a weight a shard binds: rows [r0, r1) and columns
+ * [c0, c1); r1 == 0 / c1 == 0 mean all of them. */
+typedef struct part {
+    int64_t r0, r1, c0, c1;
+} part;
+
+static int bind_linear_part(binder *b, const char *module, int64_t rows, int64_t cols, bool required,
+                            part p, exo_linear *out, bool *found)
 {
     exo_linear host;
     int rc = b->src->linear(b->src->ctx, module, &host);
@@ -202,10 +287,31 @@ static int bind_linear(binder *b, const char *module, int64_t rows, int64_t cols
         return exo_err_set(b->err, EXO_EFORMAT, "%s: shape [%lld, %lld], config says [%lld, %lld]",
                            module, (long long)host.rows, (long long)host.cols, (long long)rows,
                            (long long)cols);
-    return b->be->ops->load_linear(b->be, &host, b->src->from_file, out, b->err);
+    if (p.r1)
+        host = linear_rows(&host, p.r0, p.r1);
+    void *gathered = NULL;
+    if (p.c1 && (rc = linear_cols(&host, p.c0, p.c1, &host, &gathered, b->err)))
+        return exo_err_wrap(b->err, "%s", module);
+    rc = b->be->ops->load_linear(b->be, &host, b->src->from_file || gathered, out, b->err);
+    if (gathered && !rc && out->w == host.w) { /* the backend uses it in place: keep it */
+        b->m->owned = exo_realloc(b->m->owned, (b->m->n_owned + 1) * sizeof(void *));
+        b->m->owned[b->m->n_owned++] = gathered;
+    } else {
+        exo_free(gathered);
+    }
+    return rc;
 }
 
-static int bind_vector(binder *b, const char *name, int64_t n, bool required, float **out)
+static int bind_linear(binder *b, const char *module, int64_t rows, int64_t cols, bool required,
+                       exo_linear *out, bool *found)
+{
+    return bind_linear_part(b, module, rows, cols, required, (part){0}, out, found);
+}
+
+/* Elements [off, off + n) of a vector of `total` (a tensor-parallel
+ * rank's share of a bias; off 0 and n == total otherwise). */
+static int bind_vector_part(binder *b, const char *name, int64_t total, int64_t off, int64_t n,
+                            bool required, float **out)
 {
     exo_dtype t;
     const void *data;
@@ -216,11 +322,17 @@ static int bind_vector(binder *b, const char *name, int64_t n, bool required, fl
         return required ? exo_err_set(b->err, EXO_EFORMAT, "missing tensor %s", name) : 0;
     if (rc)
         return rc;
-    if (len != n)
+    if (len != total)
         return exo_err_set(b->err, EXO_EFORMAT, "%s: length %lld, expected %lld", name,
-                           (long long)len, (long long)n);
+                           (long long)len, (long long)total);
+    data = (const char *)data + (size_t)off * exo_dtype_size(t);
     *out = b->be->ops->load_vector(b->be, t, data, (size_t)n, b->err);
     return *out ? 0 : EXO_ENOMEM;
+}
+
+static int bind_vector(binder *b, const char *name, int64_t n, bool required, float **out)
+{
+    return bind_vector_part(b, name, n, 0, n, required, out);
 }
 
 static bool arch_supported(const char *mt)
@@ -272,14 +384,48 @@ static int alloc_acts(exo_model *m, acts *a, exo_backend *be, exo_err *err)
         {&a->q, C * m->n_heads * m->hd}, {&a->att, C * m->n_heads * m->hd},
         {&a->k, C * m->n_kv * m->hd},  {&a->v, C * m->n_kv * m->hd},
         {&a->g, C * m->ffn},           {&a->u, C * m->ffn},
-        {&a->logits, (size_t)MAX_LOGIT_ROWS * m->vocab}, {&a->inv_freq, (size_t)m->hd / 2},
+        {&a->logits, m->has_head ? (size_t)MAX_LOGIT_ROWS * m->vocab : 0},
+        {&a->inv_freq, (size_t)m->hd / 2},
     };
     for (size_t i = 0; i < sizeof want / sizeof *want; i++) {
+        if (!want[i].n)
+            continue;
         *want[i].p = be->ops->alloc(be, want[i].n * sizeof(float));
         if (!*want[i].p)
             return exo_err_set(err, EXO_ENOMEM, "cannot allocate activations for %zu tokens", C);
     }
     return 0;
+}
+
+int exo_tp_share(int64_t total, int64_t unit, int r, int n, int64_t *lo, int64_t *hi,
+                 exo_err *err)
+{
+    if (n <= 0 || r < 0 || r >= n || unit <= 0 || total % unit || total / unit < n)
+        return exo_err_set(err, EXO_EINVAL, "cannot split %lld into %d shares of whole %lld-units",
+                           (long long)total, n, (long long)unit);
+    int64_t units = total / unit, base = units / n, extra = units % n;
+    int64_t u0 = r * base + (r < extra ? r : extra);
+    *lo = u0 * unit;
+    *hi = (u0 + base + (r < extra)) * unit;
+    return 0;
+}
+
+/* The unit the MLP columns split by: a quantization group of down_proj when
+ * the checkpoint's groups allow it, so every rank's slice starts on one. */
+static int64_t ffn_unit(const exo_model_config *cfg, int64_t ffn, int tp)
+{
+    static const int64_t units[] = {128, 64, 32, 16, 8, 1};
+    for (size_t i = 0; i < sizeof units / sizeof *units; i++)
+        if (ffn % units[i] == 0 && ffn / units[i] >= tp)
+            return units[i];
+    (void)cfg;
+    return 1;
+}
+
+static void note_layer(const exo_model_opts *opts, int done, int total)
+{
+    if (opts && opts->on_layer)
+        opts->on_layer(opts->on_layer_ctx, done, total);
 }
 
 int exo_model_build(const exo_model_config *cfg, const exo_weight_source *src,
@@ -289,28 +435,60 @@ int exo_model_build(const exo_model_config *cfg, const exo_weight_source *src,
     int rc = check_config(cfg, err);
     if (rc)
         return rc;
+    exo_model_opts o = opts ? *opts : (exo_model_opts){0};
+    int total = (int)cfg->num_hidden_layers;
+    int first = o.start_layer, last = o.end_layer ? o.end_layer : total;
+    int tp = o.tp_size > 1 ? o.tp_size : 1, tr = tp > 1 ? o.tp_rank : 0;
+    if (first < 0 || first >= last || last > total)
+        return exo_err_set(err, EXO_EINVAL, "layer range [%d, %d) is not within the model's %d layers",
+                           first, last, total);
+    if (tp > 1 && (tr < 0 || tr >= tp || !o.tp_allreduce))
+        return exo_err_set(err, EXO_EINVAL, "tensor parallel rank %d of %d needs a collective", tr, tp);
+    if (tp > 1 && (first != 0 || last != total))
+        return exo_err_set(err, EXO_EUNSUPPORTED, "a tensor-parallel rank holds every layer");
+    int64_t D = cfg->hidden_size, V = cfg->vocab_size, hd = cfg->head_dim;
+    int64_t H = cfg->num_attention_heads, KV = cfg->num_key_value_heads, F = cfg->intermediate_size;
+    int64_t group = H / KV;
+    int64_t kv0 = 0, kv1 = KV, f0 = 0, f1 = F;
+    if (tp > 1 && ((rc = exo_tp_share(KV, 1, tr, tp, &kv0, &kv1, err)) ||
+                   (rc = exo_tp_share(F, ffn_unit(cfg, F, tp), tr, tp, &f0, &f1, err))))
+        return exo_err_wrap(err, "tensor parallel over %d ranks", tp);
     exo_model *m = exo_calloc(1, sizeof *m);
     m->cfg = *cfg;
-    m->n_layers = (int)cfg->num_hidden_layers;
-    m->dim = (int)cfg->hidden_size;
-    m->n_heads = (int)cfg->num_attention_heads;
-    m->n_kv = (int)cfg->num_key_value_heads;
-    m->hd = (int)cfg->head_dim;
-    m->ffn = (int)cfg->intermediate_size;
-    m->vocab = (int)cfg->vocab_size;
+    m->n_layers = last - first;
+    m->first_layer = first;
+    m->total_layers = total;
+    m->dim = (int)D;
+    m->n_kv = (int)(kv1 - kv0);
+    m->n_heads = (int)(m->n_kv * group);
+    m->hd = (int)hd;
+    m->ffn = (int)(f1 - f0);
+    m->vocab = (int)V;
     m->eps = (float)cfg->rms_norm_eps;
-    m->max_chunk = opts && opts->max_chunk > 0 ? opts->max_chunk : 512;
+    m->max_chunk = o.max_chunk > 0 ? o.max_chunk : 512;
+    m->embeds = first == 0;
+    m->has_head = last == total && !o.skip_head;
+    m->allreduce = tp > 1 ? o.tp_allreduce : NULL;
+    m->allreduce_ctx = o.tp_ctx;
     m->attn = (exo_attn_shape){m->n_heads, m->n_kv, m->hd, (int)cfg->sliding_window,
                                1.0f / sqrtf((float)m->hd)};
-    m->cpu = exo_backend_cpu_create(opts ? opts->n_threads : 0, err);
+    m->cpu = exo_backend_cpu_create(o.n_threads, err);
     if (!m->cpu) {
         exo_free(m);
         return err ? err->code : EXO_EINTERNAL;
     }
     m->layers = exo_calloc((size_t)m->n_layers, sizeof(layer));
-    binder b = {src, m->cpu, err};
-    int64_t D = m->dim, QD = (int64_t)m->n_heads * m->hd, KD = (int64_t)m->n_kv * m->hd,
-            F = m->ffn, V = m->vocab;
+    binder b = {m, src, m->cpu, err};
+    int64_t QD = H * hd, KD = KV * hd;
+    /* this rank's rows of q (its KV heads' query groups), k, v; columns of o */
+    part pq = {0}, pkv = {0}, po = {0}, pgu = {0}, pd = {0};
+    if (tp > 1) {
+        pq = (part){kv0 * group * hd, kv1 * group * hd, 0, 0};
+        pkv = (part){kv0 * hd, kv1 * hd, 0, 0};
+        po = (part){0, 0, kv0 * group * hd, kv1 * group * hd};
+        pgu = (part){f0, f1, 0, 0};
+        pd = (part){0, 0, f0, f1};
+    }
     bool qk_norm = !strcmp(cfg->model_type, "qwen3");
     bool qkv_bias = cfg->attention_bias || !strcmp(cfg->model_type, "qwen2");
     char name[256];
@@ -319,36 +497,44 @@ int exo_model_build(const exo_model_config *cfg, const exo_weight_source *src,
         if ((rc = (x)))     \
             goto fail;      \
     } while (0)
-    TRY(bind_linear(&b, "model.embed_tokens", V, D, true, &m->embed, NULL));
-    for (int l = 0; l < m->n_layers; l++) {
-        layer *L = &m->layers[l];
+    if (m->embeds)
+        TRY(bind_linear(&b, "model.embed_tokens", V, D, true, &m->embed, NULL));
+    for (int i = 0; i < m->n_layers; i++) {
+        int l = first + i;
+        layer *L = &m->layers[i];
         L->be = m->cpu;
         b.be = L->be;
 #define P(fmt) (snprintf(name, sizeof name, "model.layers.%d." fmt, l), name)
         TRY(bind_vector(&b, P("input_layernorm.weight"), D, true, &L->attn_norm));
         TRY(bind_vector(&b, P("post_attention_layernorm.weight"), D, true, &L->mlp_norm));
-        TRY(bind_linear(&b, P("self_attn.q_proj"), QD, D, true, &L->q, NULL));
-        TRY(bind_linear(&b, P("self_attn.k_proj"), KD, D, true, &L->k, NULL));
-        TRY(bind_linear(&b, P("self_attn.v_proj"), KD, D, true, &L->v, NULL));
-        TRY(bind_linear(&b, P("self_attn.o_proj"), D, QD, true, &L->o, NULL));
-        TRY(bind_linear(&b, P("mlp.gate_proj"), F, D, true, &L->gate, NULL));
-        TRY(bind_linear(&b, P("mlp.up_proj"), F, D, true, &L->up, NULL));
-        TRY(bind_linear(&b, P("mlp.down_proj"), D, F, true, &L->down, NULL));
+        TRY(bind_linear_part(&b, P("self_attn.q_proj"), QD, D, true, pq, &L->q, NULL));
+        TRY(bind_linear_part(&b, P("self_attn.k_proj"), KD, D, true, pkv, &L->k, NULL));
+        TRY(bind_linear_part(&b, P("self_attn.v_proj"), KD, D, true, pkv, &L->v, NULL));
+        TRY(bind_linear_part(&b, P("self_attn.o_proj"), D, QD, true, po, &L->o, NULL));
+        TRY(bind_linear_part(&b, P("mlp.gate_proj"), F, D, true, pgu, &L->gate, NULL));
+        TRY(bind_linear_part(&b, P("mlp.up_proj"), F, D, true, pgu, &L->up, NULL));
+        TRY(bind_linear_part(&b, P("mlp.down_proj"), D, F, true, pd, &L->down, NULL));
         if (qk_norm) {
-            TRY(bind_vector(&b, P("self_attn.q_norm.weight"), m->hd, true, &L->q_norm));
-            TRY(bind_vector(&b, P("self_attn.k_norm.weight"), m->hd, true, &L->k_norm));
+            TRY(bind_vector(&b, P("self_attn.q_norm.weight"), hd, true, &L->q_norm));
+            TRY(bind_vector(&b, P("self_attn.k_norm.weight"), hd, true, &L->k_norm));
         }
-        TRY(bind_vector(&b, P("self_attn.q_proj.bias"), QD, qkv_bias, &L->bq));
-        TRY(bind_vector(&b, P("self_attn.k_proj.bias"), KD, qkv_bias, &L->bk));
-        TRY(bind_vector(&b, P("self_attn.v_proj.bias"), KD, qkv_bias, &L->bv));
+        int64_t q0 = kv0 * group * hd, k0 = kv0 * hd;
+        TRY(bind_vector_part(&b, P("self_attn.q_proj.bias"), QD, q0, m->n_heads * hd, qkv_bias, &L->bq));
+        TRY(bind_vector_part(&b, P("self_attn.k_proj.bias"), KD, k0, m->n_kv * hd, qkv_bias, &L->bk));
+        TRY(bind_vector_part(&b, P("self_attn.v_proj.bias"), KD, k0, m->n_kv * hd, qkv_bias, &L->bv));
         TRY(bind_vector(&b, P("self_attn.o_proj.bias"), D, false, &L->bo));
 #undef P
+        note_layer(&o, i + 1, m->n_layers);
     }
-    TRY(bind_vector(&b, "model.norm.weight", D, true, &m->final_norm));
-    bool has_head = false;
-    TRY(bind_linear(&b, "lm_head", V, D, !cfg->tie_word_embeddings, &m->lm_head, &has_head));
-    if (!has_head)
-        m->lm_head = m->embed; /* tied: same backend in a single-backend model */
+    if (m->has_head) {
+        TRY(bind_vector(&b, "model.norm.weight", D, true, &m->final_norm));
+        bool has_head = false;
+        TRY(bind_linear(&b, "lm_head", V, D, !cfg->tie_word_embeddings, &m->lm_head, &has_head));
+        if (!has_head && m->embeds)
+            m->lm_head = m->embed; /* tied: same backend in a single-backend model */
+        else if (!has_head)    /* tied, and this shard has no embedding of its own */
+            TRY(bind_linear(&b, "model.embed_tokens", V, D, true, &m->lm_head, NULL));
+    }
     TRY(alloc_acts(m, &m->act, m->cpu, err));
     {
         float inv_freq[512];
@@ -356,7 +542,8 @@ int exo_model_build(const exo_model_config *cfg, const exo_weight_source *src,
         if (!rs.original_max_position_embeddings)
             rs.original_max_position_embeddings = cfg->max_position_embeddings;
         TRY(exo_rope_init(&rs, cfg->rope_theta, m->hd, inv_freq, &m->mscale, err));
-        m->cpu->ops->to_device(m->cpu, m->act.inv_freq, inv_freq, sizeof(float) * (size_t)m->hd / 2);
+        TRY(m->cpu->ops->to_device(m->cpu, m->act.inv_freq, inv_freq,
+                                   sizeof(float) * (size_t)m->hd / 2));
     }
 #undef TRY
     *out = m;
@@ -429,6 +616,9 @@ void exo_model_free(exo_model *m)
         m->cpu->ops->free(m->cpu);
     }
     exo_free(m->layers);
+    for (size_t i = 0; i < m->n_owned; i++)
+        exo_free(m->owned[i]);
+    exo_free(m->owned);
     exo_st_close(m->st);
     if (m->owns_cfg)
         exo_config_free(&m->cfg);
@@ -438,9 +628,15 @@ void exo_model_free(exo_model *m)
 const exo_model_config *exo_model_get_config(const exo_model *m) { return &m->cfg; }
 int exo_model_vocab(const exo_model *m) { return m->vocab; }
 
+exo_shard_info exo_model_shard(const exo_model *m)
+{
+    return (exo_shard_info){m->first_layer, m->first_layer + m->n_layers, m->total_layers, m->dim,
+                            m->embeds, m->has_head};
+}
+
 size_t exo_model_decode_bytes(const exo_model *m)
 {
-    size_t total = exo_linear_bytes(&m->lm_head);
+    size_t total = m->has_head ? exo_linear_bytes(&m->lm_head) : 0;
     for (int l = 0; l < m->n_layers; l++) {
         const layer *L = &m->layers[l];
         const exo_linear *ws[] = {&L->q, &L->k, &L->v, &L->o, &L->gate, &L->up, &L->down};
@@ -523,7 +719,22 @@ void exo_seq_truncate(exo_seq *s, int n)
 
 /* ---- forward ------------------------------------------------------------ */
 
-static void layer_forward(exo_model *m, exo_seq *s, int l, int T, int pos0)
+#define OK(x)                \
+    do {                     \
+        int rc_ = (x);       \
+        if (rc_)             \
+            return rc_;      \
+    } while (0)
+
+/* Tensor parallel: sum the ranks' partial products (a no-op otherwise). */
+static int reduce(exo_model *m, float *x, int T, exo_err *err)
+{
+    if (!m->allreduce)
+        return 0;
+    return m->allreduce(m->allreduce_ctx, x, (size_t)T * (size_t)m->dim, err);
+}
+
+static int layer_forward(exo_model *m, exo_seq *s, int l, int T, int pos0, exo_err *err)
 {
     layer *L = &m->layers[l];
     exo_backend *be = L->be;
@@ -531,87 +742,125 @@ static void layer_forward(exo_model *m, exo_seq *s, int l, int T, int pos0)
     acts *a = &m->act;
     int QD = m->n_heads * m->hd, KD = m->n_kv * m->hd;
 
-    o->rmsnorm(be, a->h, a->x, L->attn_norm, T, m->dim, m->eps);
+    OK(o->rmsnorm(be, a->h, a->x, L->attn_norm, T, m->dim, m->eps));
     const exo_linear *qkv[3] = {&L->q, &L->k, &L->v};
     float *const qkv_out[3] = {a->q, a->k, a->v};
-    o->matmul(be, 3, qkv, a->h, T, qkv_out);
+    OK(o->matmul(be, 3, qkv, a->h, T, qkv_out));
     if (L->bq) {
-        o->add_bias(be, a->q, L->bq, T, QD);
-        o->add_bias(be, a->k, L->bk, T, KD);
-        o->add_bias(be, a->v, L->bv, T, KD);
+        OK(o->add_bias(be, a->q, L->bq, T, QD));
+        OK(o->add_bias(be, a->k, L->bk, T, KD));
+        OK(o->add_bias(be, a->v, L->bv, T, KD));
     }
     if (L->q_norm) {
-        o->rmsnorm(be, a->q, a->q, L->q_norm, T * m->n_heads, m->hd, m->eps);
-        o->rmsnorm(be, a->k, a->k, L->k_norm, T * m->n_kv, m->hd, m->eps);
+        OK(o->rmsnorm(be, a->q, a->q, L->q_norm, T * m->n_heads, m->hd, m->eps));
+        OK(o->rmsnorm(be, a->k, a->k, L->k_norm, T * m->n_kv, m->hd, m->eps));
     }
-    o->rope(be, a->q, T, m->n_heads, m->hd, pos0, a->inv_freq, m->mscale);
-    o->rope(be, a->k, T, m->n_kv, m->hd, pos0, a->inv_freq, m->mscale);
-    o->attention(be, &m->attn, a->att, a->q, a->k, a->v, s->k_cache[l], s->v_cache[l],
-                 s->alloc_capacity, T, pos0);
+    OK(o->rope(be, a->q, T, m->n_heads, m->hd, pos0, a->inv_freq, m->mscale));
+    OK(o->rope(be, a->k, T, m->n_kv, m->hd, pos0, a->inv_freq, m->mscale));
+    OK(o->attention(be, &m->attn, a->att, a->q, a->k, a->v, s->k_cache[l], s->v_cache[l],
+                    s->alloc_capacity, T, pos0));
 
     const exo_linear *wo[1] = {&L->o};
     float *const ho[1] = {a->h};
-    o->matmul(be, 1, wo, a->att, T, ho);
+    OK(o->matmul(be, 1, wo, a->att, T, ho));
+    OK(reduce(m, a->h, T, err));
     if (L->bo)
-        o->add_bias(be, a->h, L->bo, T, m->dim);
-    o->add(be, a->x, a->h, (size_t)T * (size_t)m->dim);
+        OK(o->add_bias(be, a->h, L->bo, T, m->dim));
+    OK(o->add(be, a->x, a->h, (size_t)T * (size_t)m->dim));
 
-    o->rmsnorm(be, a->h, a->x, L->mlp_norm, T, m->dim, m->eps);
+    OK(o->rmsnorm(be, a->h, a->x, L->mlp_norm, T, m->dim, m->eps));
     const exo_linear *gu[2] = {&L->gate, &L->up};
     float *const gu_out[2] = {a->g, a->u};
-    o->matmul(be, 2, gu, a->h, T, gu_out);
-    o->silu_mul(be, a->g, a->u, (size_t)T * (size_t)m->ffn);
+    OK(o->matmul(be, 2, gu, a->h, T, gu_out));
+    OK(o->silu_mul(be, a->g, a->u, (size_t)T * (size_t)m->ffn));
     const exo_linear *wd[1] = {&L->down};
-    o->matmul(be, 1, wd, a->g, T, ho);
-    o->add(be, a->x, a->h, (size_t)T * (size_t)m->dim);
+    OK(o->matmul(be, 1, wd, a->g, T, ho));
+    OK(reduce(m, a->h, T, err));
+    OK(o->add(be, a->x, a->h, (size_t)T * (size_t)m->dim));
+    return 0;
 }
 
 /* Final norm and LM head for `rows` consecutive rows of a->x starting at
  * row r0; logits land in host memory at out. */
-static void head_forward(exo_model *m, int r0, int rows, float *out)
+static int head_forward(exo_model *m, int r0, int rows, float *out)
 {
     exo_backend *be = m->layers[m->n_layers - 1].be;
     acts *a = &m->act;
     float *x = a->x + (size_t)r0 * (size_t)m->dim;
-    be->ops->rmsnorm(be, a->h, x, m->final_norm, rows, m->dim, m->eps);
+    OK(be->ops->rmsnorm(be, a->h, x, m->final_norm, rows, m->dim, m->eps));
     const exo_linear *w[1] = {&m->lm_head};
     float *const y[1] = {a->logits};
-    be->ops->matmul(be, 1, w, a->h, rows, y);
-    be->ops->to_host(be, out, a->logits, sizeof(float) * (size_t)rows * (size_t)m->vocab);
+    OK(be->ops->matmul(be, 1, w, a->h, rows, y));
+    return be->ops->to_host(be, out, a->logits, sizeof(float) * (size_t)rows * (size_t)m->vocab);
+}
+
+static int step_chunk(exo_model *m, exo_seq *s, const exo_step *st, int t0, int n, exo_err *err)
+{
+    exo_backend *first = m->layers[0].be, *last = m->layers[m->n_layers - 1].be;
+    size_t D = (size_t)m->dim;
+    int pos0 = s->len;
+    if (st->tokens)
+        OK(first->ops->embed(first, &m->embed, st->tokens + t0, n, m->act.x));
+    else
+        OK(first->ops->to_device(first, m->act.x, st->hidden_in + (size_t)t0 * D,
+                                 sizeof(float) * (size_t)n * D));
+    for (int l = 0; l < m->n_layers; l++)
+        OK(layer_forward(m, s, l, n, pos0, err));
+    if (st->hidden_out)
+        OK(last->ops->to_host(last, st->hidden_out + (size_t)t0 * D, m->act.x,
+                              sizeof(float) * (size_t)n * D));
+    if (!st->logits)
+        return 0;
+    size_t V = (size_t)m->vocab;
+    if (st->all_logits) {
+        for (int r = 0; r < n; r += MAX_LOGIT_ROWS) {
+            int rows = n - r < MAX_LOGIT_ROWS ? n - r : MAX_LOGIT_ROWS;
+            OK(head_forward(m, r, rows, st->logits + (size_t)(t0 + r) * V));
+        }
+    } else if (t0 + n == st->T) {
+        OK(head_forward(m, n - 1, 1, st->logits));
+    }
+    return 0;
+}
+
+int exo_model_step(exo_model *m, exo_seq *s, const exo_step *st, exo_err *err)
+{
+    int T = st->T;
+    if (T <= 0)
+        return exo_err_set(err, EXO_EINVAL, "forward: no tokens");
+    if (s->m != m)
+        return exo_err_set(err, EXO_EINVAL, "forward: sequence belongs to another model");
+    if (m->embeds != (st->tokens != NULL) || (!m->embeds && !st->hidden_in))
+        return exo_err_set(err, EXO_EINVAL, "forward: this shard takes %s",
+                           m->embeds ? "token ids" : "hidden states");
+    if (st->logits && !m->has_head)
+        return exo_err_set(err, EXO_EINVAL, "forward: this shard has no LM head");
+    if (T > s->capacity - s->len)
+        return exo_err_set(err, EXO_ERANGE, "context full: %d + %d tokens > capacity %d", s->len,
+                           T, s->capacity);
+    if (st->tokens)
+        for (int t = 0; t < T; t++)
+            if (st->tokens[t] < 0 || st->tokens[t] >= m->vocab)
+                return exo_err_set(err, EXO_ERANGE, "token id %d out of range [0, %d)",
+                                   st->tokens[t], m->vocab);
+    int len0 = s->len;
+    for (int t0 = 0; t0 < T; t0 += m->max_chunk) {
+        int n = T - t0 < m->max_chunk ? T - t0 : m->max_chunk;
+        int rc = step_chunk(m, s, st, t0, n, err);
+        if (rc) {
+            s->len = len0;
+            if (!err || !err->msg[0] || err->code != rc)
+                exo_err_set(err, rc, "forward: %s", exo_strerror(rc));
+            return rc;
+        }
+        s->len += n;
+    }
+    return 0;
 }
 
 int exo_model_forward(exo_model *m, exo_seq *s, const int32_t *tokens, int T, float *logits,
                       bool all_logits, exo_err *err)
 {
-    if (T <= 0)
-        return exo_err_set(err, EXO_EINVAL, "forward: no tokens");
-    if (s->m != m)
-        return exo_err_set(err, EXO_EINVAL, "forward: sequence belongs to another model");
-    if (T > s->capacity - s->len)
-        return exo_err_set(err, EXO_ERANGE, "context full: %d + %d tokens > capacity %d", s->len,
-                           T, s->capacity);
-    for (int t = 0; t < T; t++)
-        if (tokens[t] < 0 || tokens[t] >= m->vocab)
-            return exo_err_set(err, EXO_ERANGE, "token id %d out of range [0, %d)", tokens[t],
-                               m->vocab);
-    exo_backend *first = m->layers[0].be;
-    for (int t0 = 0; t0 < T; t0 += m->max_chunk) {
-        int n = T - t0 < m->max_chunk ? T - t0 : m->max_chunk;
-        int pos0 = s->len;
-        first->ops->embed(first, &m->embed, tokens + t0, n, m->act.x);
-        for (int l = 0; l < m->n_layers; l++)
-            layer_forward(m, s, l, n, pos0);
-        s->len += n;
-        if (!logits)
-            continue;
-        if (all_logits) {
-            for (int r = 0; r < n; r += MAX_LOGIT_ROWS) {
-                int rows = n - r < MAX_LOGIT_ROWS ? n - r : MAX_LOGIT_ROWS;
-                head_forward(m, r, rows, logits + (size_t)(t0 + r) * (size_t)m->vocab);
-            }
-        } else if (t0 + n == T) {
-            head_forward(m, n - 1, 1, logits);
-        }
-    }
-    return 0;
+    exo_step st = {.T = T, .tokens = tokens, .logits = logits, .all_logits = all_logits};
+    return exo_model_step(m, s, &st, err);
 }

@@ -33,10 +33,40 @@
 typedef struct exo_model exo_model;
 typedef struct exo_seq exo_seq;
 
+/* Collective of a tensor-parallel group: x (n floats, memory of the
+ * layer's backend) becomes the element-wise sum of every rank's x, the
+ * same bits on every rank. Returns 0 or an EXO_E* code (a peer gone, a
+ * timeout), which the forward pass returns unchanged. */
+typedef int (*exo_allreduce_fn)(void *ctx, float *x, size_t n, exo_err *err);
+
 typedef struct exo_model_opts {
     int n_threads;   /* CPU threads; <= 0: all online CPUs */
     int max_chunk;   /* tokens per forward step of a long prompt; <= 0: 512 */
+    /* The shard this process holds; zeroes: the whole model.
+     * Pipeline: layers [start_layer, end_layer) (end 0 = the last layer);
+     * the first shard (start 0) embeds tokens, the last one holds the final
+     * norm and LM head; the others take and return hidden states.
+     * Tensor parallel: rank tp_rank of tp_size holds the attention heads
+     * and MLP columns exo_tp_share gives it, and needs tp_allreduce; only
+     * ranks with want_head bind the final norm and LM head. */
+    int start_layer, end_layer;
+    int tp_rank, tp_size;
+    exo_allreduce_fn tp_allreduce;
+    void *tp_ctx;
+    bool skip_head;  /* a shard whose logits nobody reads (tensor ranks > 0) */
+    /* Called after each layer's weights are bound (and, from a checkpoint,
+     * read into the backend's memory): progress of a load. */
+    void (*on_layer)(void *ctx, int layers_bound, int layers_total);
+    void *on_layer_ctx;
 } exo_model_opts;
+
+/* Which part of [0, total) rank r of n holds under tensor parallelism:
+ * units of `unit` (a KV head's query group, a quantization group of MLP
+ * columns) dealt out as evenly as they go, the first ranks taking one more.
+ * EXO_EINVAL when total is not a multiple of unit or there are fewer
+ * units than ranks. */
+int exo_tp_share(int64_t total, int64_t unit, int r, int n, int64_t *lo, int64_t *hi,
+                 exo_err *err);
 
 int  exo_model_load(const char *dir, const exo_model_opts *opts, exo_model **out, exo_err *err);
 void exo_model_free(exo_model *m);
@@ -71,11 +101,39 @@ int  exo_seq_capacity(const exo_seq *s);
 /* Forgets positions >= n (n <= len): the next forward continues from n. */
 void exo_seq_truncate(exo_seq *s, int n);
 
-/* Runs T tokens through the model at positions len..len+T-1 and appends
- * them to the sequence. logits (host memory) receives the last position's
- * logits (vocab floats), or every position's (T x vocab) when all_logits.
- * logits may be NULL when nothing is wanted (e.g. a warm-up).
- * Errors: EXO_ERANGE (token id out of range, context full), EXO_EINVAL. */
+/* What one forward step of a shard takes and gives (host memory).
+ * Input: `tokens` when the shard starts at layer 0, else `hidden_in`
+ * (T x hidden_size f32, the previous shard's output). Output: `hidden_out`
+ * (T x hidden_size, for the next shard) and/or `logits` (last shard: the
+ * last position's vocab floats, or T x vocab with all_logits); either may
+ * be NULL (a warm-up, or a prompt chunk whose logits nobody needs). */
+typedef struct exo_step {
+    int            T;
+    const int32_t *tokens;
+    const float   *hidden_in;
+    float         *hidden_out;
+    float         *logits;
+    bool           all_logits;
+} exo_step;
+
+typedef struct exo_shard_info {
+    int  start_layer, end_layer, n_layers; /* [start, end) of n */
+    int  hidden_size;
+    bool embeds;   /* takes tokens */
+    bool has_head; /* gives logits */
+} exo_shard_info;
+
+exo_shard_info exo_model_shard(const exo_model *m);
+
+/* Runs T positions through this shard's layers at positions
+ * len..len+T-1 of s and appends them to s's cache. Errors: EXO_ERANGE
+ * (token id out of range, context full), EXO_EINVAL (an input or output
+ * the shard cannot take or give), or what an op or the collective
+ * returned (the sequence keeps its length then). */
+int exo_model_step(exo_model *m, exo_seq *s, const exo_step *step, exo_err *err);
+
+/* A whole model's step: tokens in, logits out (see exo_model_step).
+ * logits may be NULL when nothing is wanted (e.g. a warm-up). */
 int exo_model_forward(exo_model *m, exo_seq *s, const int32_t *tokens, int T, float *logits,
                       bool all_logits, exo_err *err);
 

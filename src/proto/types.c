@@ -174,6 +174,7 @@ void exo_runner_status_init(exo_runner_status *st, exo_runner_status_kind kind)
     memset(st, 0, sizeof *st);
     st->kind = kind;
     st->prefill_server_port = -1;
+    st->ring_port = -1;
 }
 
 void exo_runner_status_copy(exo_runner_status *dst, const exo_runner_status *src)
@@ -192,6 +193,7 @@ bool exo_runner_status_equal(const exo_runner_status *a, const exo_runner_status
 {
     return a->kind == b->kind && a->layers_loaded == b->layers_loaded &&
            a->total_layers == b->total_layers && a->prefill_server_port == b->prefill_server_port &&
+           a->ring_port == b->ring_port &&
            exo__str_eq_null(a->error_message, b->error_message);
 }
 
@@ -211,6 +213,10 @@ int exo_runner_status_validate(const exo_runner_status *st, exo_err *err)
         (st->kind != EXO_RUNNER_READY || st->prefill_server_port < 1 || st->prefill_server_port > 65535))
         return exo_err_set(err, EXO_EINVAL, "runner status %s: bad prefill server port %d",
                            exo_runner_status_name(st->kind), (int)st->prefill_server_port);
+    if (st->ring_port != -1 &&
+        (st->kind != EXO_RUNNER_CONNECTING || st->ring_port < 1 || st->ring_port > 65535))
+        return exo_err_set(err, EXO_EINVAL, "runner status %s: bad ring port %d",
+                           exo_runner_status_name(st->kind), (int)st->ring_port);
     if (st->error_message && st->kind != EXO_RUNNER_FAILED)
         return exo_err_set(err, EXO_EINVAL, "runner status %s: error message set",
                            exo_runner_status_name(st->kind));

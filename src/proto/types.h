@@ -61,7 +61,7 @@ bool exo_text_utf8_valid(const char *s, size_t len);
 
 /* ---- runner status --------------------------------------------------------
  * Tagged: layers_* only for LOADING, prefill_server_port for READY (-1 =
- * none), error_message (heap, may be NULL) for FAILED. */
+ * none), ring_port for CONNECTING (-1 = none), error_message (heap, may be NULL) for FAILED. */
 #define EXO_RUNNER_STATUS_MAP(XX)                                            \
     XX(IDLE, "Idle") XX(CONNECTING, "Connecting") XX(CONNECTED, "Connected") \
     XX(LOADING, "Loading") XX(LOADED, "Loaded") XX(WARMING_UP, "WarmingUp")  \
@@ -81,6 +81,7 @@ typedef struct exo_runner_status {
     exo_runner_status_kind kind;
     int32_t layers_loaded, total_layers;
     int32_t prefill_server_port;
+    int32_t ring_port;           /* CONNECTING: the runner's ring listener, -1 = none */
     char   *error_message;
 } exo_runner_status;
 

@@ -15,19 +15,19 @@ static const char *const msg_names[] = {
     [EXO_RMSG_LOAD_MODEL] = "LoadModel", [EXO_RMSG_GENERATE] = "Generate",
     [EXO_RMSG_CANCEL] = "Cancel",        [EXO_RMSG_SHUTDOWN] = "Shutdown",
     [EXO_RMSG_STATUS] = "Status",        [EXO_RMSG_CHUNK] = "Chunk",
-    [EXO_RMSG_DONE] = "Done",
+    [EXO_RMSG_DONE] = "Done",            [EXO_RMSG_CONNECT] = "Connect",
 };
 
 const char *exo_runner_msg_name(exo_runner_msg_kind k)
 {
-    if ((int)k < EXO_RMSG_LOAD_MODEL || (int)k > EXO_RMSG_DONE)
+    if ((int)k < EXO_RMSG_LOAD_MODEL || (int)k > EXO_RMSG_CONNECT)
         return "?";
     return msg_names[k];
 }
 
 bool exo_runner_msg_is_down(exo_runner_msg_kind k)
 {
-    return k >= EXO_RMSG_LOAD_MODEL && k <= EXO_RMSG_SHUTDOWN;
+    return (k >= EXO_RMSG_LOAD_MODEL && k <= EXO_RMSG_SHUTDOWN) || k == EXO_RMSG_CONNECT;
 }
 
 void exo_runner_msg_init(exo_runner_msg *m, exo_runner_msg_kind kind)
@@ -72,6 +72,8 @@ static json_t *status_to_json(const exo_runner_status *st)
     }
     if (st->prefill_server_port != -1)
         json_object_set_new(j, "prefill_server_port", json_integer(st->prefill_server_port));
+    if (st->ring_port != -1)
+        json_object_set_new(j, "ring_port", json_integer(st->ring_port));
     if (st->error_message)
         json_object_set_new(j, "error_message", json_string(st->error_message));
     return j;
@@ -93,6 +95,26 @@ int exo_runner_msg_encode(const exo_runner_msg *m, exo_sbuf *out, exo_err *err)
         json_object_set_new(j, "n_threads", json_integer(m->load.n_threads));
         json_object_set_new(j, "ctx", json_integer(m->load.ctx));
         json_object_set_new(j, "warmup_tokens", json_integer(m->load.warmup_tokens));
+        if (m->load.world > 1) {
+            const exo_runner_load *l = &m->load;
+            if (l->rank < 0 || l->rank >= l->world || strlen(l->ring_key) != 64) {
+                rc = exo_err_set(err, EXO_EINVAL, "LoadModel: bad shard");
+                break;
+            }
+            json_object_set_new(j, "shard",
+                                json_pack("{s:i, s:i, s:i, s:i, s:b, s:s, s:i}", "rank", l->rank, "world",
+                                          l->world, "start_layer", l->start_layer, "end_layer",
+                                          l->end_layer, "tensor", l->tensor, "ring_key", l->ring_key,
+                                          "ring_timeout_ms", l->ring_timeout_ms));
+        }
+        break;
+    case EXO_RMSG_CONNECT:
+        if (!m->connect.host[0] || m->connect.port < 1 || m->connect.port > 65535) {
+            rc = exo_err_set(err, EXO_EINVAL, "Connect: bad address");
+            break;
+        }
+        json_object_set_new(j, "host", json_string(m->connect.host));
+        json_object_set_new(j, "port", json_integer(m->connect.port));
         break;
     case EXO_RMSG_GENERATE:
         json_object_set_new(j, "command_id", json_string(m->command_id));
@@ -177,10 +199,50 @@ static int get_id(const json_t *j, char *out, exo_err *err)
     return 0;
 }
 
+/* An IPv4 or IPv6 literal, with a scope ("fe80::1%eth0") allowed. */
+static bool numeric_host(const char *h)
+{
+    size_t n = strspn(h, "0123456789abcdefABCDEF.:");
+    if (!h[n])
+        return n > 0;
+    if (h[n] != '%' || !n || !h[n + 1])
+        return false;
+    for (const char *p = h + n + 1; *p; p++)
+        if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') ||
+              *p == '-' || *p == '_' || *p == '.'))
+            return false;
+    return true;
+}
+
+static int decode_shard(const json_t *j, exo_runner_load *l, exo_err *err)
+{
+    static const char *const keys[] = {"rank", "world", "start_layer", "end_layer", "tensor",
+                                       "ring_key", "ring_timeout_ms", NULL};
+    int rc;
+    const char *key = NULL;
+    bool tensor = false;
+    if ((rc = exo_ju_only_keys(j, keys, "shard", err)) ||
+        (rc = get_int(j, "world", 1, 256, &l->world, err)) ||
+        (rc = get_int(j, "rank", 0, l->world - 1, &l->rank, err)) ||
+        (rc = get_int(j, "start_layer", 0, 1 << 20, &l->start_layer, err)) ||
+        (rc = get_int(j, "end_layer", 0, 1 << 20, &l->end_layer, err)) ||
+        (rc = get_int(j, "ring_timeout_ms", 0, 3600 * 1000, &l->ring_timeout_ms, err)) ||
+        (rc = exo_ju_bool(j, "tensor", &tensor, NULL, err)) ||
+        (rc = exo_ju_str(j, "ring_key", &key, true, err)))
+        return rc;
+    l->tensor = tensor;
+    if (strlen(key) != 64 || strspn(key, "0123456789abcdef") != 64)
+        return exo_err_set(err, EXO_EINVAL, "shard: 'ring_key' must be 64 hex digits");
+    memcpy(l->ring_key, key, 65);
+    if (l->end_layer && l->start_layer >= l->end_layer)
+        return exo_err_set(err, EXO_EINVAL, "shard: empty layer range");
+    return 0;
+}
+
 static int decode_status(const json_t *j, exo_runner_status *st, exo_err *err)
 {
     static const char *const keys[] = {"kind", "layers_loaded", "total_layers",
-                                       "prefill_server_port", "error_message", NULL};
+                                       "prefill_server_port", "ring_port", "error_message", NULL};
     int rc;
     if (!json_is_object(j))
         return exo_err_set(err, EXO_EINVAL, "'status' must be an object");
@@ -206,6 +268,12 @@ static int decode_status(const json_t *j, exo_runner_status *st, exo_err *err)
         if ((rc = get_int(j, "prefill_server_port", -1, 65535, &port, err)))
             return rc;
         st->prefill_server_port = port;
+    }
+    if (exo_ju_get(j, "ring_port")) {
+        int port = 0;
+        if ((rc = get_int(j, "ring_port", -1, 65535, &port, err)))
+            return rc;
+        st->ring_port = port;
     }
     const char *msg = NULL;
     if ((rc = exo_ju_str(j, "error_message", &msg, false, err)))
@@ -233,7 +301,7 @@ int exo_runner_msg_decode(const char *payload, size_t len, exo_runner_msg *out, 
     }
     TRY(exo_ju_str(j, "type", &type, true, err));
     int kind = 0;
-    for (int k = EXO_RMSG_LOAD_MODEL; k <= EXO_RMSG_DONE; k++)
+    for (int k = EXO_RMSG_LOAD_MODEL; k <= EXO_RMSG_CONNECT; k++)
         if (!strcmp(type, msg_names[k]))
             kind = k;
     if (!kind) {
@@ -244,7 +312,7 @@ int exo_runner_msg_decode(const char *payload, size_t len, exo_runner_msg *out, 
     switch (out->kind) {
     case EXO_RMSG_LOAD_MODEL: {
         static const char *const k[] = {"type", "model_dir", "n_threads", "ctx", "warmup_tokens",
-                                        NULL};
+                                        "shard", NULL};
         TRY(exo_ju_only_keys(j, k, "LoadModel", err));
         const char *dir = NULL;
         TRY(exo_ju_str(j, "model_dir", &dir, true, err));
@@ -257,6 +325,26 @@ int exo_runner_msg_decode(const char *payload, size_t len, exo_runner_msg *out, 
         TRY(get_int(j, "n_threads", -1, 4096, &out->load.n_threads, err));
         TRY(get_int(j, "ctx", 0, 1 << 24, &out->load.ctx, err));
         TRY(get_int(j, "warmup_tokens", 0, 4096, &out->load.warmup_tokens, err));
+        json_t *sh = NULL;
+        TRY(exo_ju_object(j, "shard", &sh, false, err));
+        out->load.world = 1;
+        if (sh)
+            TRY(decode_shard(sh, &out->load, err));
+        break;
+    }
+    case EXO_RMSG_CONNECT: {
+        static const char *const k[] = {"type", "host", "port", NULL};
+        TRY(exo_ju_only_keys(j, k, "Connect", err));
+        const char *host = NULL;
+        TRY(exo_ju_str(j, "host", &host, true, err));
+        if (!*host || strlen(host) >= sizeof out->connect.host ||
+            strlen(host) != json_string_length(json_object_get(j, "host")) ||
+            !numeric_host(host)) {
+            rc = exo_err_set(err, EXO_EINVAL, "Connect: 'host' must be a numeric address");
+            goto fail;
+        }
+        snprintf(out->connect.host, sizeof out->connect.host, "%s", host);
+        TRY(get_int(j, "port", 1, 65535, &out->connect.port, err));
         break;
     }
     case EXO_RMSG_GENERATE: {

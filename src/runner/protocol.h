@@ -16,7 +16,12 @@
  *
  * Messages, tagged by "type":
  *   daemon -> runner
- *     LoadModel {model_dir, n_threads, ctx, warmup_tokens}
+ *     LoadModel {model_dir, n_threads, ctx, warmup_tokens, [shard]}
+ *               shard: {rank, world, start_layer, end_layer, tensor,
+ *               ring_key (64 hex), ring_timeout_ms}: a runner of a model
+ *               split over several (world > 1) first listens for its ring
+ *               and reports Connecting{ring_port}, then waits for
+ *     Connect   {host, port}                   where its next rank listens
  *     Generate  {command_id, request}          queued FIFO by the runner
  *     Cancel    {command_id}                   running or queued
  *     Shutdown  {}
@@ -60,10 +65,12 @@ typedef enum exo_runner_msg_kind {
     EXO_RMSG_STATUS,
     EXO_RMSG_CHUNK,
     EXO_RMSG_DONE,
+    /* daemon -> runner */
+    EXO_RMSG_CONNECT,
 } exo_runner_msg_kind;
 
 const char *exo_runner_msg_name(exo_runner_msg_kind k); /* "LoadModel", ...; "?" */
-/* True for the kinds the daemon sends (LoadModel .. Shutdown). */
+/* True for the kinds the daemon sends (LoadModel .. Shutdown, Connect). */
 bool exo_runner_msg_is_down(exo_runner_msg_kind k);
 
 typedef struct exo_runner_load {
@@ -71,12 +78,24 @@ typedef struct exo_runner_load {
     int   n_threads;      /* <= 0: every online CPU */
     int   ctx;            /* KV capacity in tokens; 0: max_position_embeddings capped at 4096 */
     int   warmup_tokens;  /* greedy tokens generated to warm up; 0: none */
+    /* The shard: rank of world; world 1 (or 0) is the whole model. */
+    int   rank, world;
+    int   start_layer, end_layer; /* pipeline: [start, end) */
+    bool  tensor;                 /* tensor parallel: every layer, a share of each */
+    char  ring_key[65];           /* hex of the instance's ring key */
+    int   ring_timeout_ms;        /* 0: the ring's default */
 } exo_runner_load;
+
+typedef struct exo_runner_connect {
+    char host[64];                /* numeric address of the next rank's node */
+    int  port;
+} exo_runner_connect;
 
 typedef struct exo_runner_msg {
     exo_runner_msg_kind kind;
     char              command_id[EXO_RUNNER_ID_MAX + 1]; /* GENERATE, CANCEL, CHUNK, DONE */
     exo_runner_load   load;    /* LOAD_MODEL */
+    exo_runner_connect connect; /* CONNECT */
     exo_gen_request   request; /* GENERATE */
     exo_runner_status status;  /* STATUS */
     exo_chunk         chunk;   /* CHUNK */

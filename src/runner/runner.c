@@ -1,10 +1,18 @@
-/* Runner process main loop (see runner.h): load + per-layer page-in with
- * progress, warm-up, and a FIFO of generation requests whose token callback
+/* Runner process main loop (see runner.h): load with per-layer progress,
+ * warm-up, and a FIFO of generation requests whose token callback
  * detokenizes, parses (think / tool calls / stop sequences) and streams
  * chunks up the socket while polling it for cancels. Prompts are prefilled
  * in chunks of PREFILL_CHUNK tokens; between chunks a PREFILL progress
  * chunk goes up and the socket is polled the same way, so a Cancel also
- * stops a long prefill. */
+ * stops a long prefill.
+ *
+ * A runner of a split model (world > 1) first joins its ring: it listens,
+ * reports Connecting{ring_port}, and connects when its node sends where the
+ * next rank listens; then it loads only its shard. Rank 0 takes the
+ * requests and generates through the ring (dist.h); the other ranks serve
+ * the ring's frames. A ring that fails (a rank gone, a link down past the
+ * timeout) fails the runner: the open request gets an error, the node
+ * replaces the runners. */
 #include "runner/runner.h"
 
 #include "runner/output_parser.h"
@@ -14,11 +22,14 @@
 #include "engine/generate.h"
 #include "engine/model.h"
 #include "engine/safetensors.h"
+#include "runner/dist.h"
 #include "runner/protocol.h"
+#include "runner/ring.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
 #include <errno.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,6 +42,9 @@
 #define DEFAULT_MAX_TOKENS 32168 /* exo's MAX_TOKENS when the client sets none */
 #define WARMUP_PROMPT      "Prompt to warm up the inference engine. Repeat this."
 #define PREFILL_CHUNK      512   /* prompt tokens per forward call between progress chunks */
+/* a pipeline's chunk: smaller, so the ranks work on different chunks at once */
+#define PIPELINE_CHUNK     128
+#define IDLE_POLL_MS       250
 
 typedef struct job {
     char            id[EXO_RUNNER_ID_MAX + 1];
@@ -48,6 +62,13 @@ typedef struct runner {
     /* the loaded model */
     exo_model             *model;
     exo_seq               *seq;
+    exo_gen_stepper       *stepper;   /* local, or the ring's (rank 0) */
+    /* a split model */
+    int                    ring_listen_fd;
+    bool                   connect_pending, connect_refused;
+    exo_runner_connect     connect;
+    exo_ring              *ring;
+    exo_dist              *dist;
     exo_tokenizer         *tok;
     exo_chat_template     *tpl;
     char                  *tpl_source; /* template text, for output-format detection */
@@ -164,6 +185,10 @@ static void handle(runner *r, exo_runner_msg *m)
         m->load.model_dir = NULL; /* taken */
         r->load_pending = true;
         break;
+    case EXO_RMSG_CONNECT:
+        r->connect = m->connect;
+        r->connect_pending = true;
+        break;
     case EXO_RMSG_GENERATE: {
         job *j = exo_calloc(1, sizeof *j);
         memcpy(j->id, m->command_id, sizeof j->id);
@@ -215,6 +240,8 @@ static void reject_frame(runner *r, const exo_runner_msg *m, const exo_err *err)
         snprintf(msg, sizeof msg, "invalid request: %s", err->msg);
         fail_request(r, m->command_id, msg);
     }
+    if (m->kind == EXO_RMSG_CONNECT)
+        r->connect_refused = true;
 }
 
 /* Reads what the socket holds (waiting for it when `block`) and handles
@@ -307,71 +334,33 @@ static char *template_source(const char *dir)
     return s;
 }
 
-static volatile unsigned char touch_sink;
+/* Loading progress from the engine: one status per bound layer, at most
+ * ~50 a second, with the node's frames handled between them. */
+typedef struct load_progress {
+    runner *r;
+    double  last;
+} load_progress;
 
-/* Reads one byte per page of [p, p+n), so the kernel pages it in now rather
- * than during the first request. */
-static void touch(const void *p, size_t n)
+static void on_layer(void *ctx, int done, int total)
 {
-    const unsigned char *b = p;
-    unsigned char acc = 0;
-    for (size_t i = 0; i < n; i += 4096)
-        acc ^= b[i];
-    if (n)
-        acc ^= b[n - 1];
-    touch_sink ^= acc;
-}
-
-/* Layer index of a tensor name ("...layers.12.mlp...") or -1. */
-static long layer_of(const char *name)
-{
-    const char *s = strstr(name, "layers.");
-    if (!s)
-        return -1;
-    char *end;
-    long v = strtol(s + 7, &end, 10);
-    return end != s + 7 && *end == '.' ? v : -1;
-}
-
-/* Pages the checkpoint in layer by layer, reporting Loading{i, L} after
- * each (non-layer tensors first: embeddings, norms, head). Frames that
- * arrive meanwhile are handled between layers; returns false when a
- * Shutdown (or the node going away) interrupted it. */
-static bool page_in(runner *r, const char *dir, int n_layers)
-{
-    exo_st *st = NULL;
-    exo_err err = {0};
-    if (exo_st_open(dir, &st, &err)) /* the model opened it a moment ago */
-        return true;
-    size_t n = exo_st_count(st);
-    for (size_t i = 0; i < n; i++) {
-        const exo_st_tensor *t = exo_st_at(st, i);
-        if (layer_of(t->name) < 0 || layer_of(t->name) >= n_layers)
-            touch(t->data, t->nbytes);
+    load_progress *p = ctx;
+    double now = exo_clock_seconds();
+    if (done == total || now - p->last > 0.02) {
+        send_status(p->r, EXO_RUNNER_LOADING, done, total, NULL);
+        p->last = now;
     }
-    double last = 0;
-    for (int l = 0; l < n_layers; l++) {
-        for (size_t i = 0; i < n; i++) {
-            const exo_st_tensor *t = exo_st_at(st, i);
-            if (layer_of(t->name) == l)
-                touch(t->data, t->nbytes);
-        }
-        double now = exo_clock_seconds();
-        /* every layer, but at most ~50 updates a second */
-        if (l + 1 == n_layers || now - last > 0.02) {
-            send_status(r, EXO_RUNNER_LOADING, l + 1, n_layers, NULL);
-            last = now;
-        }
-        drain(r, false);
-        if (r->shutdown || r->peer_gone)
-            break;
-    }
-    exo_st_close(st);
-    return !r->shutdown && !r->peer_gone;
+    drain(p->r, false);
 }
 
 static void unload(runner *r)
 {
+    if (!r->dist)
+        exo_gen_stepper_local_free(r->stepper);
+    r->stepper = NULL;
+    exo_dist_free(r->dist);
+    r->dist = NULL;
+    exo_ring_free(r->ring);
+    r->ring = NULL;
     exo_seq_free(r->seq);
     exo_model_free(r->model);
     exo_tokenizer_free(r->tok);
@@ -450,7 +439,7 @@ static void warm_up(runner *r, int n_tokens)
         exo_gen_stats st;
         double t0 = exo_clock_seconds();
         exo_seq_truncate(r->seq, 0);
-        if (exo_generate(r->model, r->seq, ids, (int)n, &gp, warm_token, r, &st, &err))
+        if (exo_generate_with(r->stepper, ids, (int)n, &gp, warm_token, r, &st, &err))
             EXO_LOG_WARN("runner: warm-up failed: %s", err.msg);
         else
             EXO_LOG_INFO("runner: warmed up (%d prompt + %d tokens in %.2f s)", st.prompt_tokens,
@@ -460,41 +449,135 @@ static void warm_up(runner *r, int n_tokens)
     exo_free(ids);
 }
 
+static bool split(const runner *r) { return r->load.world > 1; }
+
+static int hex_key(const char *hex, uint8_t *key)
+{
+    for (int i = 0; i < EXO_RING_KEY_BYTES; i++) {
+        unsigned v;
+        if (sscanf(hex + 2 * i, "%2x", &v) != 1)
+            return EXO_EINVAL;
+        key[i] = (uint8_t)v;
+    }
+    return 0;
+}
+
+/* A split model's first step: listen, say where, wait to be told where the
+ * next rank is, connect. false when shutting down or failed (err set). */
+static bool join_ring(runner *r, exo_err *err)
+{
+    int port = 0;
+    if (exo_ring_listen(0, &r->ring_listen_fd, &port, err))
+        return false;
+    exo_runner_msg m;
+    exo_runner_msg_init(&m, EXO_RMSG_STATUS);
+    m.status.kind = EXO_RUNNER_CONNECTING;
+    m.status.ring_port = port;
+    r->state = EXO_RUNNER_CONNECTING;
+    send_msg(r, &m);
+    exo_runner_msg_free(&m);
+    /* the next rank's runner starts about when this one does: wait a few
+     * ring timeouts for it, not for ever (its node may never get there) */
+    int limit = 3 * (r->load.ring_timeout_ms > 0 ? r->load.ring_timeout_ms : 30000);
+    double give_up = exo_clock_seconds() + limit / 1000.0;
+    while (!r->connect_pending && !r->shutdown && !r->peer_gone && !r->connect_refused) {
+        int left = (int)((give_up - exo_clock_seconds()) * 1000);
+        if (left <= 0) {
+            exo_err_set(err, EXO_ETIMEDOUT, "ring: not told where rank %d listens within %d ms",
+                        (r->load.rank + 1) % r->load.world, limit);
+            return false;
+        }
+        struct pollfd p = {exo_runner_chan_fd(r->ch), POLLIN, 0};
+        if (poll(&p, 1, left) > 0)
+            drain(r, false);
+    }
+    if (r->connect_refused) {
+        exo_err_set(err, EXO_EINVAL, "ring: the node sent a Connect that did not decode");
+        return false;
+    }
+    if (!r->connect_pending)
+        return false;
+    exo_ring_config rc = {.rank = r->load.rank, .world = r->load.world,
+                          .listen_fd = r->ring_listen_fd, .next_host = r->connect.host,
+                          .next_port = r->connect.port, .timeout_ms = r->load.ring_timeout_ms};
+    r->ring_listen_fd = -1; /* the ring takes it */
+    if (hex_key(r->load.ring_key, rc.key)) {
+        exo_err_set(err, EXO_EINVAL, "bad ring key");
+        return false;
+    }
+    double t0 = exo_clock_seconds();
+    if (exo_ring_connect(&rc, &r->ring, err))
+        return false;
+    EXO_LOG_INFO("runner: rank %d of %d connected to %s port %d in %.2f s", r->load.rank,
+                 r->load.world, r->connect.host, r->connect.port, exo_clock_seconds() - t0);
+    send_status(r, EXO_RUNNER_CONNECTED, 0, 0, NULL);
+    return true;
+}
+
 static void do_load(runner *r)
 {
     r->load_pending = false;
     const char *dir = r->load.model_dir;
     exo_err err = {0};
     exo_model_config cfg;
+    if (split(r) && !join_ring(r, &err)) {
+        if (r->shutdown || r->peer_gone)
+            return;
+        goto fail;
+    }
     if (exo_config_load(dir, &cfg, &err))
         goto fail;
-    int L = (int)cfg.num_hidden_layers;
     int max_pos = (int)(cfg.max_position_embeddings > 0 && cfg.max_position_embeddings < (1 << 24)
                             ? cfg.max_position_embeddings : 0);
     exo_config_free(&cfg);
-    send_status(r, EXO_RUNNER_LOADING, 0, L, NULL);
     double t0 = exo_clock_seconds();
-    exo_model_opts opts = {r->load.n_threads, 0};
+    load_progress lp = {r, 0};
+    exo_model_opts opts = {.n_threads = r->load.n_threads, .on_layer = on_layer, .on_layer_ctx = &lp};
+    bool tensor = split(r) && r->load.tensor;
+    if (split(r) && !tensor) {
+        opts.start_layer = r->load.start_layer;
+        opts.end_layer = r->load.end_layer;
+    }
+    if (tensor) {
+        opts.tp_rank = r->load.rank;
+        opts.tp_size = r->load.world;
+        opts.tp_allreduce = exo_dist_allreduce;
+        opts.tp_ctx = r->ring;
+        opts.skip_head = r->load.rank != 0;
+    }
+    send_status(r, EXO_RUNNER_LOADING, 0, 0, NULL);
     if (exo_model_load(dir, &opts, &r->model, &err))
         goto fail;
-    if (has_file(dir, "tokenizer.json") && exo_tokenizer_load(dir, &r->tok, &err))
-        goto fail;
-    int rc = exo_chat_template_load(dir, &r->tpl, &err);
-    if (rc && rc != EXO_ENOENT)
-        goto fail;
-    r->tpl_source = r->tpl ? template_source(dir) : NULL;
-    r->ctx = r->load.ctx > 0 ? r->load.ctx : (max_pos && max_pos < DEFAULT_CTX ? max_pos : DEFAULT_CTX);
-    if (exo_seq_create(r->model, r->ctx, &r->seq, &err))
-        goto fail;
-    if (!page_in(r, dir, L)) {
+    if (r->shutdown || r->peer_gone) {
         unload(r); /* shutting down: the main loop takes it from here */
         return;
     }
-    EXO_LOG_INFO("runner: loaded %s (%d layers, ctx %d) in %.2f s", dir, L, r->ctx,
+    bool leads = !split(r) || r->load.rank == 0;
+    if (leads && has_file(dir, "tokenizer.json") && exo_tokenizer_load(dir, &r->tok, &err))
+        goto fail;
+    if (leads) {
+        int rc = exo_chat_template_load(dir, &r->tpl, &err);
+        if (rc && rc != EXO_ENOENT)
+            goto fail;
+        r->tpl_source = r->tpl ? template_source(dir) : NULL;
+    }
+    r->ctx = r->load.ctx > 0 ? r->load.ctx : (max_pos && max_pos < DEFAULT_CTX ? max_pos : DEFAULT_CTX);
+    if (exo_seq_create(r->model, r->ctx, &r->seq, &err))
+        goto fail;
+    if (split(r)) {
+        r->dist = exo_dist_new(r->ring, tensor, r->model, r->seq);
+        r->stepper = exo_dist_stepper(r->dist);
+    } else {
+        r->stepper = exo_gen_stepper_local(r->model, r->seq);
+    }
+    exo_shard_info sh = exo_model_shard(r->model);
+    EXO_LOG_INFO("runner: loaded %s (layers %d-%d of %d%s, ctx %d) in %.2f s", dir, sh.start_layer,
+                 sh.end_layer, sh.n_layers, tensor ? ", a tensor-parallel share" : "", r->ctx,
                  exo_clock_seconds() - t0);
     send_status(r, EXO_RUNNER_LOADED, 0, 0, NULL);
     send_status(r, EXO_RUNNER_WARMING_UP, 0, 0, NULL);
-    if (r->load.warmup_tokens > 0)
+    /* rank 0 warms the whole ring up; the others serve it from their loop */
+    if (leads && r->load.warmup_tokens > 0)
         warm_up(r, r->load.warmup_tokens);
     if (r->shutdown || r->peer_gone)
         return;
@@ -507,6 +590,21 @@ fail:
     EXO_LOG_ERROR("runner: loading %s failed: %s", dir, err.msg);
     r->fail_msg = exo_strdup(err.msg);
     send_status(r, EXO_RUNNER_FAILED, 0, 0, err.msg);
+}
+
+/* The ring broke: this runner can serve nothing more; the node replaces it. */
+static void ring_failed(runner *r, const char *why)
+{
+    EXO_LOG_ERROR("runner: rank %d of %d: %s", r->load.rank, r->load.world, why);
+    exo_free(r->fail_msg);
+    r->fail_msg = exo_strdup(why);
+    unload(r);
+    send_status(r, EXO_RUNNER_FAILED, 0, 0, why);
+}
+
+static bool ring_error(int code)
+{
+    return code == EXO_EIO || code == EXO_ETIMEDOUT || code == EXO_EFORMAT || code == EXO_EPERM;
 }
 
 /* ---- generation ----------------------------------------------------------- */
@@ -684,15 +782,17 @@ static void run_job(runner *r, job *j)
     int64_t eos[EXO_CONFIG_MAX_EOS + 8];
     gp.eos_ids = eos;
     gp.n_eos = q->bench ? 0 : eos_list(r, eos);
-    gp.prefill_chunk = PREFILL_CHUNK;
+    gp.prefill_chunk = split(r) && !r->load.tensor ? PIPELINE_CHUNK : PREFILL_CHUNK;
     gp.on_prefill = on_prefill;
 
     exo_gen_stats st;
     exo_seq_truncate(r->seq, 0);
-    rc = exo_generate(r->model, r->seq, ids, (int)n_ids, &gp, on_token, &g, &st, &err);
+    rc = exo_generate_with(r->stepper, ids, (int)n_ids, &gp, on_token, &g, &st, &err);
     if (rc) {
         snprintf(msg, sizeof msg, "generation failed: %s", err.msg[0] ? err.msg : exo_strerror(rc));
         fail_request(r, j->id, msg);
+        if (split(r) && ring_error(rc))
+            ring_failed(r, err.msg[0] ? err.msg : exo_strerror(rc));
         goto out;
     }
     if (!g.stopped) {
@@ -739,6 +839,34 @@ out:
 
 /* ---- main loop ------------------------------------------------------------ */
 
+/* Waits for the node's socket or, in a ring, for the ring: ranks > 0 serve
+ * its frames; every rank watches it for a closed or silent link. */
+static void wait_io(runner *r)
+{
+    int ring_fd = r->ring ? exo_ring_poll_fd(r->ring) : -1;
+    if (ring_fd < 0) {
+        drain(r, true);
+        return;
+    }
+    struct pollfd p[2] = {{exo_runner_chan_fd(r->ch), POLLIN, 0}, {ring_fd, POLLIN, 0}};
+    int n = poll(p, 2, IDLE_POLL_MS);
+    if (n > 0 && p[0].revents)
+        drain(r, false);
+    exo_ring_msg m;
+    exo_err err = {0};
+    int rc;
+    while ((rc = exo_ring_idle(r->ring, &m, &err)) == 1) {
+        if (!r->dist || r->load.rank == 0) {
+            rc = exo_err_set(&err, EXO_EFORMAT, "ring: frame %u while idle", m.type);
+            break;
+        }
+        if ((rc = exo_dist_serve(r->dist, &m, &err)))
+            break;
+    }
+    if (rc < 0)
+        ring_failed(r, err.msg);
+}
+
 static job *pop(runner *r)
 {
     job *j = r->head;
@@ -773,7 +901,7 @@ int exo_runner_main(int fd)
             r->cancel_cur = false;
             job_free(j);
             drain(r, false);
-            if (!r->head && !r->shutdown)
+            if (!r->head && !r->shutdown && r->state == EXO_RUNNER_RUNNING)
                 send_status(r, EXO_RUNNER_READY, 0, 0, NULL);
             continue;
         }
@@ -785,7 +913,7 @@ int exo_runner_main(int fd)
             job_free(j);
             continue;
         }
-        drain(r, true);
+        wait_io(r);
     }
     if (r->shutdown && !r->peer_gone) {
         send_status(r, EXO_RUNNER_SHUTTING_DOWN, 0, 0, NULL);

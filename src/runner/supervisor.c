@@ -443,6 +443,19 @@ int exo_supervisor_load(exo_supervisor *s, const exo_runner_load *load, exo_err 
     return rc;
 }
 
+int exo_supervisor_connect(exo_supervisor *s, const char *host, int port, exo_err *err)
+{
+    exo_runner_msg m;
+    exo_runner_msg_init(&m, EXO_RMSG_CONNECT);
+    if (strlen(host) >= sizeof m.connect.host)
+        return exo_err_set(err, EXO_EINVAL, "address too long");
+    snprintf(m.connect.host, sizeof m.connect.host, "%s", host);
+    m.connect.port = port;
+    int rc = send_frame(s, &m, err);
+    exo_runner_msg_free(&m);
+    return rc;
+}
+
 int exo_supervisor_generate(exo_supervisor *s, const char *command_id, const exo_gen_request *req,
                             exo_err *err)
 {

@@ -91,6 +91,8 @@ int exo_supervisor_wait(exo_supervisor *s, int timeout_ms, bool (*until)(void *c
  * Shutdown), EXO_EINVAL for a bad command id or a duplicate in-flight one,
  * EXO_ETOOBIG for a request over the frame limit. */
 int exo_supervisor_load(exo_supervisor *s, const exo_runner_load *load, exo_err *err);
+/* A split model's runner: where the next rank listens (see protocol.h). */
+int exo_supervisor_connect(exo_supervisor *s, const char *host, int port, exo_err *err);
 int exo_supervisor_generate(exo_supervisor *s, const char *command_id, const exo_gen_request *req,
                             exo_err *err);
 int exo_supervisor_cancel(exo_supervisor *s, const char *command_id, exo_err *err);

@@ -262,7 +262,8 @@ export class Cluster {
 
   async stopAll() {
     await Promise.all(this.live().map((n) => n.stop('SIGKILL')));
-    for (const n of this.nodes) await fsp.rm(n.dataDir, { recursive: true, force: true });
+    if (!process.env.EXO_CLUSTER_KEEP) // keep the data dirs (runner logs) to look at
+      for (const n of this.nodes) await fsp.rm(n.dataDir, { recursive: true, force: true });
     this.nodes = [];
   }
 }

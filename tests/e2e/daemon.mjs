@@ -117,7 +117,7 @@ async function run(file, args, opts = {}) {
 // the qwen3 q4g64 parity fixture with a tokenizer and Qwen3's real template.
 export async function buildModels(modelsDir) {
   await fsp.mkdir(modelsDir, { recursive: true });
-  const src = path.join(SHARED, 'models/stories260K');
+  const src = path.join(REPO, 'tests/fixtures/stories260K');
   if (!fs.existsSync(path.join(src, 'stories260K.bin')))
     throw new Error(`missing ${src}/stories260K.bin (set EXO_SHARED)`);
   const stories = path.join(modelsDir, 'karpathy--stories260K');

@@ -1,12 +1,11 @@
 #!/usr/bin/env bash
 # stories260K (Karpathy's tiny trained Llama, llama2.c format) converted with
 # `exo convert-llama2c` must generate the golden greedy ids that llama2.c's
-# own run.c produces (../shared/models/README.md), from --tokens 1 and from
+# own run.c produces (tests/fixtures/stories260K/README.md), from --tokens 1 and from
 # --prompt "Once upon a time"; bad inputs to the converter must fail cleanly.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-SHARED=${EXO_SHARED:-../shared}
-src=$SHARED/models/stories260K
+src=tests/fixtures/stories260K
 pass=0 fail=0
 ok()  { pass=$((pass+1)); echo "ok   $1"; }
 bad() { fail=$((fail+1)); echo "FAIL $1"; }

@@ -79,11 +79,12 @@ fi
 
 # stories260K converted to a HF dir by `exo convert-llama2c` (SentencePiece-
 # style BPE built from llama2.c's tok512.bin): the same oracle comparison,
-# plus the golden prompt ids from shared/models/README.md
+# plus the golden prompt ids from tests/fixtures/stories260K/README.md
 ST=$BUILD/stories260K-hf
-if [ -n "$SHARED" ] && [ -f "$SHARED/models/stories260K/tok512.bin" ] && [ -x "$EXO_BIN" ]; then
+S260=tests/fixtures/stories260K
+if [ -x "$EXO_BIN" ]; then
   rm -rf "$ST"
-  if "$EXO_BIN" convert-llama2c "$SHARED/models/stories260K/stories260K.bin" "$SHARED/models/stories260K/tok512.bin" "$ST" >/dev/null 2>&1; then
+  if "$EXO_BIN" convert-llama2c "$S260/stories260K.bin" "$S260/tok512.bin" "$ST" >/dev/null 2>&1; then
     if node tests/tokenizer/oracle.js "$ST" "$ST/cases.jsonl" "${CORPORA[@]}" &&
        out=$("$CHECK" oracle "$ST" "$ST/cases.jsonl" 2>&1); then ok "stories260K $(echo "$out" | tail -1)"
     else bad "stories260K oracle"; echo "${out:-}" | tail -40; fi

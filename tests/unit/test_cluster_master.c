@@ -286,7 +286,7 @@ Test(placement, previews_list_every_option_with_reasons)
     exo_state_free(st);
 }
 
-Test(master, refuses_instances_over_several_nodes)
+Test(master, places_a_model_too_big_for_one_node_across_two)
 {
     exo_state *st = exo_state_new();
     static const char *const ids[] = {"a", "b"};
@@ -298,13 +298,18 @@ Test(master, refuses_instances_over_several_nodes)
     place.u.place_instance.card = model(8, 5 * GIB);
     exo_event_list out = {0};
     exo_err err = {0};
-    cr_assert_eq(exo_master_handle(st, &place, &out, &err), EXO_EINVAL);
-    cr_assert(strstr(err.msg, "several nodes is not built yet"), "%s", err.msg);
-    cr_assert_eq(out.n, 0);
-    place.u.place_instance.card.storage_bytes = GIB;
     cr_assert_eq(exo_master_handle(st, &place, &out, &err), 0, "%s", err.msg);
     cr_assert_eq(out.n, 1);
+    const exo_instance *inst = &out.v[0].u.instance_created.instance;
+    cr_assert_eq(inst->n_shards, 2);
+    cr_assert_eq(inst->shards[0].start_layer, 0);
+    cr_assert_eq(inst->shards[0].end_layer, inst->shards[1].start_layer);
+    cr_assert_eq(inst->shards[1].end_layer, 8);
     exo_event_list_clear(&out);
+    place.u.place_instance.card.storage_bytes = 7 * GIB; /* more than both hold */
+    cr_assert_eq(exo_master_handle(st, &place, &out, &err), EXO_EINVAL);
+    cr_assert(strstr(err.msg, "not enough memory"), "%s", err.msg);
+    cr_assert_eq(out.n, 0);
     exo_command_clear(&place);
     exo_state_free(st);
 }

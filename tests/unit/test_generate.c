@@ -49,7 +49,7 @@ static exo_model *load(const char *name)
 {
     char dir[256];
     snprintf(dir, sizeof dir, "tests/fixtures/%s", name);
-    exo_model_opts o = {1, 0};
+    exo_model_opts o = {.n_threads = 1};
     exo_model *m = NULL;
     exo_err err = {0};
     cr_assert_eq(exo_model_load(dir, &o, &m, &err), 0, "%s: %s", dir, err.msg);

@@ -62,12 +62,11 @@ static void setup(void)
     test_tmpdir_make(tmpdir, "runner_test");
     snprintf(model, sizeof model, "%s/s", tmpdir);
     snprintf(log_path, sizeof log_path, "%s/runner.log", tmpdir);
-    const char *shared = getenv("EXO_SHARED") ? getenv("EXO_SHARED") : "../shared";
+    const char *src = "tests/fixtures/stories260K";
     char cmd[4 * PATH_MAX];
     snprintf(cmd, sizeof cmd,
-             "'%s' convert-llama2c '%s/models/stories260K/stories260K.bin' "
-             "'%s/models/stories260K/tok512.bin' '%s' >/dev/null 2>&1",
-             exo_bin(), shared, shared, model);
+             "'%s' convert-llama2c '%s/stories260K.bin' '%s/tok512.bin' '%s' >/dev/null 2>&1",
+             exo_bin(), src, src, model);
     cr_assert_eq(system(cmd), 0, "convert failed: %s", cmd);
     char p[PATH_MAX + 64];
     snprintf(p, sizeof p, "%s/chat_template.jinja", model);
@@ -245,7 +244,7 @@ static exo_supervisor *spawn(rec *r)
 
 static void load(exo_supervisor *s, rec *r, const char *dir, int ctx)
 {
-    exo_runner_load l = {(char *)dir, 1, ctx, 4};
+    exo_runner_load l = {.model_dir = (char *)dir, .n_threads = 1, .ctx = ctx, .warmup_tokens = 4};
     exo_err err = {0};
     cr_assert_eq(exo_supervisor_load(s, &l, &err), 0, "%s", err.msg);
     r->want_status = EXO_RUNNER_READY;
@@ -660,7 +659,7 @@ Test(runner_supervisor, bad_model_dir_fails_with_reason)
 {
     rec r = {0};
     exo_supervisor *s = spawn(&r);
-    exo_runner_load l = {"/nonexistent/exo-model", 1, 0, 4};
+    exo_runner_load l = {.model_dir = "/nonexistent/exo-model", .n_threads = 1, .ctx = 0, .warmup_tokens = 4};
     exo_err err = {0};
     cr_assert_eq(exo_supervisor_load(s, &l, &err), 0);
     r.want_status = EXO_RUNNER_FAILED;
@@ -906,7 +905,7 @@ Test(runner_supervisor, requests_sent_before_ready_wait_for_the_model)
     char *want = cli_text(model, "Once upon a time", 10);
     rec r = {0};
     exo_supervisor *s = spawn(&r);
-    exo_runner_load l = {model, 1, 512, 4};
+    exo_runner_load l = {.model_dir = model, .n_threads = 1, .ctx = 512, .warmup_tokens = 4};
     exo_err err = {0};
     exo_gen_request q;
     request(&q, "Once upon a time", 10);
@@ -936,7 +935,7 @@ Test(runner_supervisor, shutdown_during_load_answers_queued_requests)
 {
     rec r = {0};
     exo_supervisor *s = spawn(&r);
-    exo_runner_load l = {model, 1, 512, 64};
+    exo_runner_load l = {.model_dir = model, .n_threads = 1, .ctx = 512, .warmup_tokens = 64};
     exo_err err = {0};
     exo_gen_request q;
     request(&q, "Once upon a time", 10);

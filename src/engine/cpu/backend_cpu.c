@@ -52,10 +52,11 @@ static void cpu_free(exo_backend *be)
 static void *cpu_alloc(exo_backend *be, size_t bytes) { return exo_alloc_aligned(bytes); }
 static void cpu_release(exo_backend *be, void *p) { exo_free_aligned(p); }
 
-static void cpu_copy(exo_backend *be, void *dst, const void *src, size_t bytes)
+static int cpu_copy(exo_backend *be, void *dst, const void *src, size_t bytes)
 {
     if (dst != src)
         memcpy(dst, src, bytes);
+    return 0;
 }
 
 /* Copies n bytes into the weight arena; NULL when memory runs out. */
@@ -107,36 +108,41 @@ static float *cpu_load_vector(exo_backend *be, exo_dtype t, const void *host, si
     return v;
 }
 
-static void cpu_embed(exo_backend *be, const exo_linear *table, const int32_t *tokens, int T,
+static int cpu_embed(exo_backend *be, const exo_linear *table, const int32_t *tokens, int T,
                       float *out)
 {
     for (int t = 0; t < T; t++)
         exo_linear_row_f32(table, tokens[t], out + (size_t)t * (size_t)table->cols);
+    return 0;
 }
 
-static void cpu_rmsnorm(exo_backend *be, float *out, const float *x, const float *w, int rows,
+static int cpu_rmsnorm(exo_backend *be, float *out, const float *x, const float *w, int rows,
                         int dim, float eps)
 {
     exo_cpu_rmsnorm(cpu(be)->pool, out, x, w, rows, dim, eps);
+    return 0;
 }
 
-static void cpu_matmul(exo_backend *be, int n, const exo_linear *const *w, const float *x, int T,
+static int cpu_matmul(exo_backend *be, int n, const exo_linear *const *w, const float *x, int T,
                        float *const *y)
 {
     exo_cpu_matmul(cpu(be)->mm, n, w, x, T, y);
+    return 0;
 }
 
-static void cpu_add_bias(exo_backend *be, float *y, const float *b, int T, int dim)
+static int cpu_add_bias(exo_backend *be, float *y, const float *b, int T, int dim)
 {
     for (int t = 0; t < T; t++)
         for (int j = 0; j < dim; j++)
             y[(size_t)t * (size_t)dim + (size_t)j] += b[j];
+    return 0;
 }
 
-static void cpu_rope(exo_backend *be, float *x, int T, int n_heads, int head_dim, int pos0,
+static int cpu_rope(exo_backend *be, float *x, int T, int n_heads, int head_dim, int pos0,
                      const float *inv_freq, float mscale)
 {
     exo_cpu_rope(cpu(be)->pool, x, T, n_heads, head_dim, pos0, inv_freq, mscale);
+    return 0;
 }
 
 /* Prefill attention as two matrix products per KV head, so it runs on the
@@ -174,7 +180,7 @@ static void softmax_rows(void *p, int ith, int nth)
     }
 }
 
-static void attention_batched(cpu_backend *c, const exo_attn_shape *sh, float *out,
+static int attention_batched(cpu_backend *c, const exo_attn_shape *sh, float *out,
                               const float *q, const float *k_cache, const float *v_cache,
                               int capacity, int T, int pos0)
 {
@@ -185,8 +191,10 @@ static void attention_batched(cpu_backend *c, const exo_attn_shape *sh, float *o
         exo_free_aligned(c->att_buf);
         c->att_len = need + need / 2;
         c->att_buf = exo_alloc_aligned(c->att_len * sizeof(float));
-        if (!c->att_buf)
-            abort(); /* bounded by max_chunk x capacity, sized like the KV cache */
+        if (!c->att_buf) { /* bounded by max_chunk x capacity, sized like the KV cache */
+            c->att_len = 0;
+            return EXO_ENOMEM;
+        }
     }
     float *kh = c->att_buf, *vt = kh + (size_t)L * hd, *qh = vt + (size_t)L * hd;
     float *oh = qh + rows * hd, *sc = oh + rows * hd;
@@ -209,17 +217,17 @@ static void attention_batched(cpu_backend *c, const exo_attn_shape *sh, float *o
             memcpy(out + ((size_t)t * H + (size_t)g * group) * hd, oh + (size_t)t * group * hd,
                    sizeof(float) * (size_t)group * hd);
     }
+    return 0;
 }
 
-static void cpu_attention(exo_backend *be, const exo_attn_shape *shape, float *out, const float *q,
+static int cpu_attention(exo_backend *be, const exo_attn_shape *shape, float *out, const float *q,
                           const float *k, const float *v, float *k_cache, float *v_cache,
                           int capacity, int T, int pos0)
 {
     cpu_backend *c = cpu(be);
     if (T >= BATCHED_ATTENTION_MIN_T) {
         exo_cpu_kv_append(c->pool, shape, k, v, k_cache, v_cache, capacity, T, pos0);
-        attention_batched(c, shape, out, q, k_cache, v_cache, capacity, T, pos0);
-        return;
+        return attention_batched(c, shape, out, q, k_cache, v_cache, capacity, T, pos0);
     }
     int group = shape->n_heads / shape->n_kv_heads;
     size_t need = (size_t)capacity * (size_t)(group < 4 ? group : 4);
@@ -228,26 +236,31 @@ static void cpu_attention(exo_backend *be, const exo_attn_shape *shape, float *o
         for (int i = 0; i < n; i++) {
             exo_free_aligned(c->scratch[i]);
             c->scratch[i] = exo_alloc_aligned(need * sizeof(float));
-            if (!c->scratch[i])
-                abort(); /* the size of one layer's K cache per thread */
+            if (!c->scratch[i]) { /* the size of one layer's K cache per thread */
+                c->scratch_len = 0;
+                return EXO_ENOMEM;
+            }
         }
         c->scratch_len = need;
     }
     exo_cpu_attention(c->pool, shape, out, q, k, v, k_cache, v_cache, capacity, T, pos0,
                       c->scratch);
+    return 0;
 }
 
-static void cpu_silu_mul(exo_backend *be, float *g, const float *u, size_t n)
+static int cpu_silu_mul(exo_backend *be, float *g, const float *u, size_t n)
 {
     exo_cpu_silu_mul(cpu(be)->pool, g, u, n);
+    return 0;
 }
 
-static void cpu_add(exo_backend *be, float *x, const float *y, size_t n)
+static int cpu_add(exo_backend *be, float *x, const float *y, size_t n)
 {
     exo_cpu_add(cpu(be)->pool, x, y, n);
+    return 0;
 }
 
-static void cpu_sync(exo_backend *be) {}
+static int cpu_sync(exo_backend *be) { return 0; }
 
 static const exo_backend_ops cpu_ops = {
     .name = "cpu",

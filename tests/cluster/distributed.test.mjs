@@ -1,0 +1,243 @@
+// One model split across nodes: real `exo serve` daemons on loopback whose
+// runners connect in a ring (src/runner/ring.c) and generate together.
+//
+// stories260K (5 layers, 4 KV heads) is placed across 3 nodes (pipeline) and
+// across 2 (tensor parallel); through the OpenAI, Claude, Responses and
+// Ollama clients on every node, greedy output equals the same model on one
+// node; streams, concurrent requests and cancel work across the split.
+// Faults: a rank's runner killed mid-generation gives the open request an
+// error (no hang) and the instance comes back Ready by itself; a node that
+// dies takes its instance with it and the master places the model again on
+// the nodes that are left.
+//
+// Run: tests/integration/test_cluster.sh, or
+//      node --test-reporter=./tests/e2e/reporter.mjs tests/cluster/distributed.test.mjs
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import os from 'node:os';
+import path from 'node:path';
+import fsp from 'node:fs/promises';
+import { execFile } from 'node:child_process';
+import { promisify } from 'node:util';
+import OpenAI from 'openai';
+import Anthropic from '@anthropic-ai/sdk';
+import { Ollama } from 'ollama';
+import * as C from './cluster.mjs';
+
+const { until, sleep, D } = C;
+const execFileP = promisify(execFile);
+const T = { timeout: 120000 * C.SLOW };
+const MODEL = D.STORIES_ID;
+const RING_TIMEOUT_MS = 4000 * C.SLOW;
+let tmp, models;
+
+before(async () => {
+  tmp = await fsp.mkdtemp(path.join(os.tmpdir(), 'exo-dist-'));
+  models = path.join(tmp, 'models');
+  const dir = path.join(models, 'karpathy--stories260K');
+  await fsp.mkdir(models, { recursive: true });
+  const src = path.join(C.REPO, 'tests/fixtures/stories260K');
+  await execFileP(C.EXO_BIN, ['convert-llama2c', path.join(src, 'stories260K.bin'), path.join(src, 'tok512.bin'), dir]);
+  await fsp.writeFile(path.join(dir, 'chat_template.jinja'),
+    "{{ bos_token }}{% for m in messages %}{% if m['role'] == 'user' %}[INST] {{ m['content'] | trim }} [/INST]" +
+    "{% else %}{{ m['content'] }}{% endif %}{% endfor %}");
+});
+
+after(async () => {
+  if (!process.env.EXO_CLUSTER_KEEP) await fsp.rm(tmp, { recursive: true, force: true });
+});
+
+async function withCluster(fn) {
+  const cl = new C.Cluster();
+  const prev = process.env.EXO_RING_TIMEOUT_MS;
+  process.env.EXO_RING_TIMEOUT_MS = String(RING_TIMEOUT_MS);
+  try {
+    await fn(cl);
+  } catch (e) {
+    if (!(e instanceof Error)) e = new Error(JSON.stringify(e));
+    for (const n of cl.nodes) e.message += `\n--- ${n.name} (${n.dataDir}):\n${n.stderr.split('\n').slice(-30).join('\n')}`;
+    throw e;
+  } finally {
+    if (prev === undefined) delete process.env.EXO_RING_TIMEOUT_MS;
+    else process.env.EXO_RING_TIMEOUT_MS = prev;
+    await cl.stopAll();
+  }
+}
+
+// Waits until the State has an edge each way between every two nodes.
+async function meshed(nodes) {
+  const ids = await Promise.all(nodes.map((n) => n.id()));
+  await until('edges each way between the nodes', async () => {
+    const have = new Set((await nodes[0].state()).topology.connections.map((e) => `${e.source}>${e.sink}`));
+    return ids.every((a) => ids.every((b) => a === b || have.has(`${a}>${b}`)));
+  }, 20000 * C.SLOW);
+}
+
+const instanceOf = (st, id) => {
+  const wrapped = st.instances[id];
+  return wrapped && Object.values(wrapped)[0];
+};
+
+// Places MODEL with the given sharding over at least `minNodes` nodes and
+// waits until every runner of the instance is Ready; returns the instance.
+async function place(node, sharding, minNodes) {
+  const r = await C.postJson(node.base, '/place_instance', { model_id: MODEL, sharding, min_nodes: minNodes });
+  if (r.status !== 200) throw new Error(`place_instance: ${r.status} ${r.text}`);
+  return readyInstance(node, (inst) => inst.shardAssignments.runnerToShard &&
+    Object.keys(inst.shardAssignments.nodeToRunner).length >= minNodes);
+}
+
+async function readyInstance(node, accept = () => true, timeoutMs = 40000 * C.SLOW) {
+  return until(`a Ready instance of ${MODEL}`, async () => {
+    const st = await node.state();
+    for (const id of Object.keys(st.instances)) {
+      const inst = instanceOf(st, id);
+      if (inst.shardAssignments.modelId !== MODEL || !accept(inst)) continue;
+      const runners = Object.values(inst.shardAssignments.nodeToRunner);
+      if (runners.every((rid) => st.runners[rid] && 'RunnerReady' in st.runners[rid])) return { id, inst, st };
+    }
+    return false;
+  }, timeoutMs, 200);
+}
+
+async function deleteAll(node) {
+  const st = await node.state();
+  for (const id of Object.keys(st.instances)) {
+    const r = await fetch(`${node.base}/instance/${id}`, { method: 'DELETE' });
+    assert.equal(r.status, 200, await r.text());
+  }
+  await until('no instances', async () => Object.keys((await node.state()).instances).length === 0, 20000);
+}
+
+const chat = (content) => [{ role: 'user', content }];
+const PROMPTS = ['Once upon a time', 'The little dog', 'Lily and Ben went to the park'];
+
+async function openaiText(base, prompt, max = 40) {
+  const client = new OpenAI({ baseURL: `${base}/v1`, apiKey: 'x', maxRetries: 0 });
+  const s = await client.chat.completions.create({ model: MODEL, messages: chat(prompt), max_tokens: max,
+    temperature: 0, stream: true });
+  let text = '';
+  for await (const c of s) text += c.choices[0]?.delta?.content ?? '';
+  return text;
+}
+
+async function allApis(base, prompt) {
+  const claude = new Anthropic({ baseURL: base, apiKey: 'x', maxRetries: 0 });
+  const m = await claude.messages.create({ model: MODEL, max_tokens: 40, temperature: 0, messages: chat(prompt) });
+  const openai = new OpenAI({ baseURL: `${base}/v1`, apiKey: 'x', maxRetries: 0 });
+  const resp = await openai.responses.create({ model: MODEL, input: prompt, max_output_tokens: 40, temperature: 0 });
+  const ollama = new Ollama({ host: `${base}/ollama` });
+  const o = await ollama.chat({ model: MODEL, messages: chat(prompt), stream: false,
+    options: { temperature: 0, num_predict: 40 } });
+  return { openai: await openaiText(base, prompt), claude: m.content[0].text, responses: resp.output_text,
+    ollama: o.message.content };
+}
+
+// Greedy answers of the instance now placed, through every API and node.
+async function answers(nodes) {
+  const out = {};
+  for (const p of PROMPTS) out[p] = await openaiText(nodes[0].base, p);
+  out.apis = await allApis(nodes[nodes.length - 1].base, PROMPTS[0]);
+  for (const n of nodes.slice(1)) assert.equal(await openaiText(n.base, PROMPTS[1]), out[PROMPTS[1]], `via ${n.name}`);
+  return out;
+}
+
+test('a model split across 3 nodes (pipeline) and 2 (tensor) answers as on one node', T, async () => {
+  await withCluster(async (cl) => {
+    const nodes = [await cl.start('a', { models }), await cl.start('b', { models }), await cl.start('c', { models })];
+    await cl.converged(nodes);
+    await meshed(nodes);
+
+    await place(nodes[0], 'Pipeline', 1);
+    const single = await answers(nodes);
+    for (const t of Object.values(single.apis)) assert.ok(t.length > 0);
+    await deleteAll(nodes[0]);
+
+    const { inst } = await place(nodes[1], 'Pipeline', 3);
+    const shards = Object.values(inst.shardAssignments.runnerToShard).map((s) => Object.values(s)[0]);
+    assert.equal(shards.length, 3);
+    const layers = shards.map((s) => [s.startLayer, s.endLayer]).sort((x, y) => x[0] - y[0]);
+    assert.deepEqual(layers.map((l) => l[0]), [0, layers[0][1], layers[1][1]]);
+    assert.equal(layers[2][1], 5);
+    assert.deepEqual(await answers(nodes), single, 'pipeline over 3 nodes = one node');
+
+    // concurrent streams, and a cancel in the middle of one
+    const many = await Promise.all(PROMPTS.map((p, i) => openaiText(nodes[i].base, p)));
+    assert.deepEqual(many, PROMPTS.map((p) => single[p]));
+    // a client that goes away mid-stream (the bench route ignores EOS: a long stream)
+    const ac = new AbortController();
+    const long = { model: MODEL, messages: chat('Once'), max_tokens: 1500, stream: true };
+    const r = await fetch(`${nodes[2].base}/bench/chat/completions`, { method: 'POST', body: JSON.stringify(long),
+      headers: { 'content-type': 'application/json' }, signal: ac.signal });
+    const reader = r.body.getReader();
+    for (let seen = ''; (seen.match(/"content"/g) ?? []).length < 5;)
+      seen += new TextDecoder().decode((await reader.read()).value);
+    ac.abort();
+    await until('the abandoned request to be cancelled everywhere', async () =>
+      (await Promise.all(nodes.map((n) => n.state()))).every((s) => Object.keys(s.tasks).length === 0));
+    assert.equal(await openaiText(nodes[0].base, PROMPTS[2]), single[PROMPTS[2]], 'after a cancel');
+    await deleteAll(nodes[0]);
+
+    await place(nodes[2], 'Tensor', 2);
+    // tensor parallelism adds the partial sums in another order: greedy text
+    // of this f32 model stays the same (test_dist.c bounds the logits)
+    assert.deepEqual(await answers(nodes), single, 'tensor over 2 nodes = one node');
+  });
+});
+
+// The pids of `exo runner` children of a daemon.
+async function runnerPids(daemonPid) {
+  try {
+    const { stdout } = await execFileP('pgrep', ['-P', String(daemonPid), '-f', 'runner']);
+    return stdout.split('\n').filter(Boolean).map(Number);
+  } catch { return []; }
+}
+
+test('faults: a killed rank fails the open request, the instance comes back; a lost node is re-placed', T, async () => {
+  await withCluster(async (cl) => {
+    const nodes = [await cl.start('a', { models }), await cl.start('b', { models }), await cl.start('c', { models })];
+    await cl.converged(nodes);
+    await meshed(nodes);
+    const { inst, st } = await place(nodes[0], 'Pipeline', 3);
+    const want = await openaiText(nodes[0].base, PROMPTS[0]);
+
+    // kill -9 the runner of a middle rank while a long generation streams
+    const ranks = Object.entries(inst.shardAssignments.runnerToShard)
+      .map(([rid, s]) => ({ rid, ...Object.values(s)[0] }));
+    const middle = ranks.find((r) => r.deviceRank === 1);
+    const nodeId = Object.entries(inst.shardAssignments.nodeToRunner).find(([, r]) => r === middle.rid)[0];
+    const victim = nodes[(await Promise.all(nodes.map((n) => n.id()))).indexOf(nodeId)];
+    const client = new OpenAI({ baseURL: `${nodes[0].base}/v1`, apiKey: 'x', maxRetries: 0 });
+    const s = await client.chat.completions.create({ model: MODEL, messages: chat('Once'), max_tokens: 4000,
+      temperature: 0, stream: true, stream_options: { include_usage: true } });
+    const t0 = Date.now();
+    let got = 0, killed = false, finish = null;
+    const consume = (async () => {
+      for await (const c of s) {
+        if (c.choices[0]?.delta?.content) got++;
+        if (c.choices[0]?.finish_reason) finish = c.choices[0].finish_reason;
+        if (got === 10 && !killed) {
+          killed = true;
+          const pids = await runnerPids(victim.daemon.proc.pid);
+          assert.ok(pids.length, 'the victim has a runner');
+          for (const pid of pids) process.kill(pid, 'SIGKILL');
+        }
+      }
+    })();
+    await assert.rejects(consume, /error|terminated|runner|ring/i, 'the open request ends with an error');
+    assert.ok(killed && finish !== 'length', 'it did not run to the end');
+    assert.ok(Date.now() - t0 < RING_TIMEOUT_MS + 15000 * C.SLOW, 'the error came within the ring timeout');
+    // every rank is replaced and the instance serves again, same output
+    await readyInstance(nodes[0], (i) => i.shardAssignments.modelId === MODEL, 60000 * C.SLOW);
+    assert.equal(await openaiText(nodes[0].base, PROMPTS[0]), want, 'after the runners came back');
+
+    // a whole node dies: its instance goes, and the model is placed again
+    const before = Object.keys(st.instances);
+    await victim.stop('SIGKILL');
+    const rest = nodes.filter((n) => n !== victim);
+    const again = await readyInstance(rest[0], (i) => !before.includes(i.instanceId), 90000 * C.SLOW);
+    const where = Object.keys(again.inst.shardAssignments.nodeToRunner);
+    assert.ok(!where.includes(nodeId), 'not on the dead node');
+    assert.equal(await openaiText(rest[1].base, PROMPTS[0]), want, 're-placed instance answers the same');
+  });
+});

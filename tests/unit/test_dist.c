@@ -1,0 +1,438 @@
+/* A model split over ranks (runner/dist.h) gives what one process gives.
+ *
+ * Each rank runs on its own thread with its own shard of the model, and the
+ * ranks talk over real TCP rings on loopback (runner/ring.h), exactly as
+ * runner processes do. Rank 0 generates greedily with the top-5 log
+ * probabilities through the ring; the same generation on the whole model in
+ * one process is the reference.
+ *   pipeline: the same kernels on the same numbers, so the ids and log
+ *             probabilities must be bit-identical;
+ *   tensor:   the partial sums after attention and after the MLP are added
+ *             in another order (and quantized activations are scaled per
+ *             rank's slice), so log probabilities may differ by at most
+ *             2e-4 (f32/bf16 weights) or 2e-2 (affine q4/q8), and the ids must
+ *             agree up to the first near-tie (top-1/top-2 margin below twice
+ *             the tolerance).
+ * Splits: stories260K (5 layers, 4 KV heads) 2, 3 and 4 ways pipeline and 2
+ * and 4 ways tensor; the HF fixtures (2 layers, 2 KV heads: llama f32, qwen2
+ * bf16 with q/k/v biases, qwen3 q4 with q/k norms and tied embeddings,
+ * mistral f32, llama q8) 2 ways each. A prompt longer than the prefill chunk
+ * checks the pipelined prefill; the ring itself is checked for its
+ * all-reduce, its key, a closed peer and a silent one. */
+#include "core/alloc.h"
+#include "engine/generate.h"
+#include "runner/dist.h"
+#include "runner/ring.h"
+#include "test_tmpdir.h"
+
+#include <criterion/criterion.h>
+#include <limits.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define MAX_RANKS 4
+#define N_GEN     16
+#define N_PROMPT  40
+#define TOP       5
+
+static const char *exo_bin(void)
+{
+    const char *b = getenv("EXO_BIN");
+    return b ? b : "build/exo";
+}
+
+typedef struct rank_ctx {
+    const char *dir;
+    int         rank, world;
+    bool        tensor;
+    int         start, end;
+    int         listen_fd, next_port;
+    uint8_t     key[EXO_RING_KEY_BYTES];
+    exo_ring   *ring;
+    exo_model  *m;
+    exo_seq    *s;
+    exo_dist   *d;
+    exo_err     err;
+    int         rc;
+} rank_ctx;
+
+static int join(rank_ctx *c)
+{
+    exo_ring_config rc = {.rank = c->rank, .world = c->world, .listen_fd = c->listen_fd,
+                          .next_host = "127.0.0.1", .next_port = c->next_port, .timeout_ms = 20000};
+    memcpy(rc.key, c->key, sizeof rc.key);
+    int r = exo_ring_connect(&rc, &c->ring, &c->err);
+    if (r)
+        return r;
+    exo_model_opts o = {.n_threads = 1};
+    if (c->tensor) {
+        o.tp_rank = c->rank;
+        o.tp_size = c->world;
+        o.tp_allreduce = exo_dist_allreduce;
+        o.tp_ctx = c->ring;
+        o.skip_head = c->rank != 0;
+    } else {
+        o.start_layer = c->start;
+        o.end_layer = c->end;
+    }
+    if ((r = exo_model_load(c->dir, &o, &c->m, &c->err)) || (r = exo_seq_create(c->m, 128, &c->s, &c->err)))
+        return r;
+    c->d = exo_dist_new(c->ring, c->tensor, c->m, c->s);
+    return 0;
+}
+
+static void leave(rank_ctx *c)
+{
+    exo_dist_free(c->d);
+    exo_seq_free(c->s);
+    exo_model_free(c->m);
+    exo_ring_free(c->ring);
+}
+
+/* A rank > 0: serves until rank 0 closes the ring. */
+static void *follower(void *arg)
+{
+    rank_ctx *c = arg;
+    if ((c->rc = join(c)))
+        return NULL;
+    for (;;) {
+        exo_ring_msg m;
+        exo_err err = {0};
+        if (exo_ring_recv(c->ring, &m, -1, &err))
+            break; /* closed: done */
+        if ((c->rc = exo_dist_serve(c->d, &m, &c->err)))
+            break;
+    }
+    leave(c);
+    return NULL;
+}
+
+typedef struct rec {
+    int     n;
+    exo_sample s[N_GEN];
+} rec;
+
+static int on_token(void *ctx, const exo_sample *s)
+{
+    rec *r = ctx;
+    if (r->n < N_GEN)
+        r->s[r->n++] = *s;
+    return 0;
+}
+
+static void prompt_ids(int V, int32_t *ids)
+{
+    for (int i = 0; i < N_PROMPT; i++)
+        ids[i] = (int32_t)((i * 37 + 11) % V);
+    ids[0] = 1;
+}
+
+static exo_gen_params params(void)
+{
+    exo_gen_params p = {.sampling = exo_sampler_defaults(), .max_tokens = N_GEN, .prefill_chunk = 8};
+    p.sampling.temperature = 0;
+    p.sampling.top_logprobs = TOP;
+    return p;
+}
+
+static void reference(const char *dir, rec *out)
+{
+    exo_model *m;
+    exo_seq *s;
+    exo_err err = {0};
+    exo_model_opts o = {.n_threads = 1};
+    cr_assert_eq(exo_model_load(dir, &o, &m, &err), 0, "%s: %s", dir, err.msg);
+    cr_assert_eq(exo_seq_create(m, 128, &s, &err), 0);
+    int32_t ids[N_PROMPT];
+    prompt_ids(exo_model_vocab(m), ids);
+    exo_gen_params p = params();
+    exo_gen_stats st;
+    memset(out, 0, sizeof *out);
+    cr_assert_eq(exo_generate(m, s, ids, N_PROMPT, &p, on_token, out, &st, &err), 0, "%s", err.msg);
+    exo_seq_free(s);
+    exo_model_free(m);
+}
+
+/* Splits dir `world` ways and generates through the ring. */
+static void split_run(const char *dir, int world, bool tensor, rec *out)
+{
+    rank_ctx ctx[MAX_RANKS];
+    int ports[MAX_RANKS];
+    memset(ctx, 0, sizeof ctx);
+    exo_err err = {0};
+    int n_layers = 0;
+    {
+        exo_model_config cfg;
+        cr_assert_eq(exo_config_load(dir, &cfg, &err), 0, "%s", err.msg);
+        n_layers = (int)cfg.num_hidden_layers;
+        exo_config_free(&cfg);
+    }
+    for (int i = 0; i < world; i++)
+        cr_assert_eq(exo_ring_listen(0, &ctx[i].listen_fd, &ports[i], &err), 0, "%s", err.msg);
+    for (int i = 0; i < world; i++) {
+        rank_ctx *c = &ctx[i];
+        c->dir = dir;
+        c->rank = i;
+        c->world = world;
+        c->tensor = tensor;
+        c->start = n_layers * i / world;
+        c->end = n_layers * (i + 1) / world;
+        c->next_port = ports[(i + 1) % world];
+        memset(c->key, 0x5a, sizeof c->key);
+    }
+    pthread_t th[MAX_RANKS];
+    for (int i = 1; i < world; i++)
+        pthread_create(&th[i], NULL, follower, &ctx[i]);
+    rank_ctx *c0 = &ctx[0];
+    cr_assert_eq(join(c0), 0, "rank 0: %s", c0->err.msg);
+    int32_t ids[N_PROMPT];
+    prompt_ids(exo_model_vocab(c0->m), ids);
+    exo_gen_params p = params();
+    exo_gen_stats st;
+    memset(out, 0, sizeof *out);
+    int rc = exo_generate_with(exo_dist_stepper(c0->d), ids, N_PROMPT, &p, on_token, out, &st, &err);
+    leave(c0); /* closes the ring: the followers finish */
+    for (int i = 1; i < world; i++) {
+        pthread_join(th[i], NULL);
+        cr_assert_eq(ctx[i].rc, 0, "rank %d: %s", i, ctx[i].err.msg);
+    }
+    cr_assert_eq(rc, 0, "%s split %d ways (%s): %s", dir, world, tensor ? "tensor" : "pipeline", err.msg);
+}
+
+static void check(const char *dir, int world, bool tensor, float tol)
+{
+    rec want, got;
+    reference(dir, &want);
+    split_run(dir, world, tensor, &got);
+    cr_assert_eq(got.n, want.n, "%s: %d tokens, want %d", dir, got.n, want.n);
+    for (int t = 0; t < want.n; t++) {
+        const exo_sample *a = &want.s[t], *b = &got.s[t];
+        if (tol == 0) {
+            cr_assert_eq(b->id, a->id, "%s %s/%d step %d: id %d, want %d", dir,
+                         tensor ? "tensor" : "pipeline", world, t, b->id, a->id);
+            cr_assert_eq(memcmp(b->top_logprobs, a->top_logprobs, sizeof a->top_logprobs), 0,
+                         "%s pipeline/%d step %d: log probabilities differ", dir, world, t);
+            continue;
+        }
+        for (int k = 0; k < TOP; k++)
+            if (b->top_ids[k] == a->top_ids[k])
+                cr_assert_leq(fabsf(b->top_logprobs[k] - a->top_logprobs[k]), tol,
+                              "%s tensor/%d step %d alt %d: %g vs %g", dir, world, t, k,
+                              b->top_logprobs[k], a->top_logprobs[k]);
+        if (a->top_logprobs[0] - a->top_logprobs[1] < 2 * tol)
+            return; /* a near-tie: the greedy paths may part here */
+        cr_assert_eq(b->id, a->id, "%s tensor/%d step %d: id %d, want %d", dir, world, t, b->id, a->id);
+    }
+}
+
+static char stories[PATH_MAX + 8];
+
+static void stories_setup(void)
+{
+    static char tmp[PATH_MAX];
+    test_tmpdir_make(tmp, "dist_test");
+    snprintf(stories, sizeof stories, "%s/s", tmp);
+    char cmd[4 * PATH_MAX];
+    snprintf(cmd, sizeof cmd,
+             "'%s' convert-llama2c tests/fixtures/stories260K/stories260K.bin "
+             "tests/fixtures/stories260K/tok512.bin '%s' >/dev/null 2>&1", exo_bin(), stories);
+    cr_assert_eq(system(cmd), 0, "convert failed: %s", cmd);
+}
+
+Test(dist, stories_pipeline, .init = stories_setup, .timeout = 60)
+{
+    for (int w = 2; w <= 4; w++)
+        check(stories, w, false, 0);
+}
+
+Test(dist, stories_tensor, .init = stories_setup, .timeout = 60)
+{
+    check(stories, 2, true, 2e-4f);
+    check(stories, 4, true, 2e-4f);
+}
+
+Test(dist, fixtures_pipeline, .timeout = 60)
+{
+    static const char *const dirs[] = {"llama-f32", "qwen2-bf16", "qwen3-q4g64", "mistral-f32", "llama-q8g32"};
+    for (size_t i = 0; i < sizeof dirs / sizeof *dirs; i++) {
+        char d[256];
+        snprintf(d, sizeof d, "tests/fixtures/%s", dirs[i]);
+        check(d, 2, false, 0);
+    }
+}
+
+Test(dist, fixtures_tensor, .timeout = 60)
+{
+    static const struct { const char *dir; float tol; } cases[] = {
+        {"llama-f32", 2e-4f}, {"qwen2-bf16", 2e-4f}, {"qwen3-q4g64", 2e-2f}, {"mistral-f32", 2e-4f},
+        {"llama-q8g32", 2e-2f}};
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char d[256];
+        snprintf(d, sizeof d, "tests/fixtures/%s", cases[i].dir);
+        check(d, 2, true, cases[i].tol);
+    }
+}
+
+/* ---- the ring ------------------------------------------------------------------- */
+
+typedef struct ring_peer {
+    int      rank, world, listen_fd, next_port, timeout_ms;
+    uint8_t  key[EXO_RING_KEY_BYTES];
+    exo_ring *ring;
+    int      rc;
+    exo_err  err;
+    float    x[1000];
+} ring_peer;
+
+static void *peer_connect(void *arg)
+{
+    ring_peer *p = arg;
+    exo_ring_config c = {.rank = p->rank, .world = p->world, .listen_fd = p->listen_fd,
+                         .next_host = "127.0.0.1", .next_port = p->next_port,
+                         .timeout_ms = p->timeout_ms};
+    memcpy(c.key, p->key, sizeof c.key);
+    p->rc = exo_ring_connect(&c, &p->ring, &p->err);
+    return NULL;
+}
+
+static void *peer_reduce(void *arg)
+{
+    ring_peer *p = arg;
+    p->rc = exo_ring_allreduce(p->ring, p->x, 1000, &p->err);
+    return NULL;
+}
+
+static void make_ring(ring_peer *p, int world, int timeout_ms)
+{
+    int ports[MAX_RANKS];
+    exo_err err = {0};
+    for (int i = 0; i < world; i++) {
+        memset(&p[i], 0, sizeof p[i]);
+        cr_assert_eq(exo_ring_listen(0, &p[i].listen_fd, &ports[i], &err), 0, "%s", err.msg);
+    }
+    pthread_t th[MAX_RANKS];
+    for (int i = 0; i < world; i++) {
+        p[i].rank = i;
+        p[i].world = world;
+        p[i].next_port = ports[(i + 1) % world];
+        p[i].timeout_ms = timeout_ms;
+        memset(p[i].key, 7, sizeof p[i].key);
+        pthread_create(&th[i], NULL, peer_connect, &p[i]);
+    }
+    for (int i = 0; i < world; i++)
+        pthread_join(th[i], NULL);
+}
+
+Test(ring, allreduce_sums_the_same_bits_everywhere, .timeout = 30)
+{
+    for (int world = 2; world <= 4; world++) {
+        ring_peer p[MAX_RANKS];
+        make_ring(p, world, 5000);
+        for (int i = 0; i < world; i++) {
+            cr_assert_eq(p[i].rc, 0, "rank %d: %s", i, p[i].err.msg);
+            for (int k = 0; k < 1000; k++)
+                p[i].x[k] = (float)(k % 17) * 0.25f + (float)i * 1.5f;
+        }
+        pthread_t th[MAX_RANKS];
+        for (int i = 0; i < world; i++)
+            pthread_create(&th[i], NULL, peer_reduce, &p[i]);
+        for (int i = 0; i < world; i++)
+            pthread_join(th[i], NULL);
+        for (int i = 0; i < world; i++) {
+            cr_assert_eq(p[i].rc, 0, "%s", p[i].err.msg);
+            for (int k = 0; k < 1000; k++) {
+                float want = 0;
+                for (int j = 0; j < world; j++)
+                    want += (float)(k % 17) * 0.25f + (float)j * 1.5f;
+                cr_assert_float_eq(p[i].x[k], want, 1e-4, "world %d rank %d [%d]", world, i, k);
+                cr_assert_eq(memcmp(&p[i].x[k], &p[0].x[k], 4), 0, "ranks differ");
+            }
+        }
+        for (int i = 0; i < world; i++)
+            exo_ring_free(p[i].ring);
+    }
+}
+
+Test(ring, a_peer_without_the_key_is_refused, .timeout = 30)
+{
+    int ports[2];
+    ring_peer p[2];
+    exo_err err = {0};
+    for (int i = 0; i < 2; i++) {
+        memset(&p[i], 0, sizeof p[i]);
+        cr_assert_eq(exo_ring_listen(0, &p[i].listen_fd, &ports[i], &err), 0);
+        p[i].rank = i;
+        p[i].world = 2;
+        p[i].next_port = ports[1 - i];
+        p[i].timeout_ms = 1500;
+        memset(p[i].key, i ? 2 : 1, sizeof p[i].key); /* different keys */
+    }
+    pthread_t th[2];
+    for (int i = 0; i < 2; i++)
+        pthread_create(&th[i], NULL, peer_connect, &p[i]);
+    for (int i = 0; i < 2; i++)
+        pthread_join(th[i], NULL);
+    for (int i = 0; i < 2; i++) {
+        cr_assert_neq(p[i].rc, 0, "rank %d joined a ring with the wrong key", i);
+        cr_assert(p[i].rc == EXO_EPERM || p[i].rc == EXO_ETIMEDOUT || p[i].rc == EXO_EIO, "%d %s",
+                  p[i].rc, p[i].err.msg);
+    }
+}
+
+Test(ring, a_closed_peer_fails_the_receive_at_once, .timeout = 30)
+{
+    ring_peer p[2];
+    make_ring(p, 2, 10000);
+    cr_assert_eq(p[0].rc, 0, "%s", p[0].err.msg);
+    cr_assert_eq(p[1].rc, 0, "%s", p[1].err.msg);
+    exo_ring_free(p[1].ring);
+    exo_ring_msg m;
+    exo_err err = {0};
+    double t0 = (double)clock() / CLOCKS_PER_SEC;
+    cr_assert_eq(exo_ring_recv(p[0].ring, &m, -1, &err), EXO_EIO, "%s", err.msg);
+    cr_assert_lt((double)clock() / CLOCKS_PER_SEC - t0, 1.0);
+    exo_ring_free(p[0].ring);
+}
+
+Test(ring, pings_keep_a_quiet_link_alive, .timeout = 30)
+{
+    ring_peer p[2];
+    make_ring(p, 2, 600);
+    cr_assert_eq(p[0].rc, 0, "%s", p[0].err.msg);
+    /* nobody sends anything for 3 timeouts: the pings keep it alive */
+    exo_ring_msg m;
+    exo_err err = {0};
+    for (int i = 0; i < 18; i++) {
+        usleep(100 * 1000);
+        cr_assert_eq(exo_ring_idle(p[0].ring, &m, &err), 0, "%s", err.msg);
+    }
+    /* a frame after the quiet time arrives whole */
+    float v[3] = {1, 2, 3};
+    cr_assert_eq(exo_ring_send(p[1].ring, 42, 1, 2, v, sizeof v, NULL, 0, &err), 0);
+    cr_assert_eq(exo_ring_recv(p[0].ring, &m, -1, &err), 0, "%s", err.msg);
+    cr_assert_eq(m.type, 42);
+    cr_assert_eq(m.len, sizeof v);
+    cr_assert_eq(memcmp(m.payload, v, sizeof v), 0);
+    exo_ring_free(p[0].ring);
+    exo_ring_free(p[1].ring);
+}
+
+/* A next rank that accepts and then says nothing (a frozen process, a link
+ * that went down): connecting fails with a timeout, it does not hang. */
+Test(ring, a_silent_peer_times_out, .timeout = 30)
+{
+    int silent_fd, silent_port, my_fd, my_port;
+    exo_err err = {0};
+    cr_assert_eq(exo_ring_listen(0, &silent_fd, &silent_port, &err), 0);
+    cr_assert_eq(exo_ring_listen(0, &my_fd, &my_port, &err), 0);
+    exo_ring_config c = {.rank = 0, .world = 2, .listen_fd = my_fd, .next_host = "127.0.0.1",
+                         .next_port = silent_port, .timeout_ms = 800};
+    exo_ring *r = NULL;
+    cr_assert_eq(exo_ring_connect(&c, &r, &err), EXO_ETIMEDOUT, "%s", err.msg);
+    cr_assert_null(r);
+    close(silent_fd);
+}
