@@ -35,6 +35,7 @@
 #include <string.h>
 
 #define MAX_LOGIT_ROWS 16 /* LM-head rows computed per step when all logits are wanted */
+#define EXO_MAX_TP     256
 
 typedef struct layer {
     exo_backend *be;
@@ -68,7 +69,10 @@ struct exo_model {
     exo_attn_shape attn;
     bool embeds, has_head;
     exo_allreduce_fn allreduce; /* tensor parallel, else NULL */
+    exo_allgather_fn allgather;
     void *allreduce_ctx;
+    size_t vocab_bounds[EXO_MAX_TP + 1]; /* tensor parallel: each rank's LM-head rows */
+    int tp_rank;
     exo_linear embed;   /* on the first layer's backend (first shard) */
     exo_linear lm_head; /* on the last layer's backend (last shard) */
     float *final_norm;
@@ -442,7 +446,7 @@ int exo_model_build(const exo_model_config *cfg, const exo_weight_source *src,
     if (first < 0 || first >= last || last > total)
         return exo_err_set(err, EXO_EINVAL, "layer range [%d, %d) is not within the model's %d layers",
                            first, last, total);
-    if (tp > 1 && (tr < 0 || tr >= tp || !o.tp_allreduce))
+    if (tp > 1 && (tr < 0 || tr >= tp || tp > EXO_MAX_TP || !o.tp_allreduce || !o.tp_allgather))
         return exo_err_set(err, EXO_EINVAL, "tensor parallel rank %d of %d needs a collective", tr, tp);
     if (tp > 1 && (first != 0 || last != total))
         return exo_err_set(err, EXO_EUNSUPPORTED, "a tensor-parallel rank holds every layer");
@@ -467,9 +471,22 @@ int exo_model_build(const exo_model_config *cfg, const exo_weight_source *src,
     m->eps = (float)cfg->rms_norm_eps;
     m->max_chunk = o.max_chunk > 0 ? o.max_chunk : 512;
     m->embeds = first == 0;
-    m->has_head = last == total && !o.skip_head;
+    m->has_head = last == total;
     m->allreduce = tp > 1 ? o.tp_allreduce : NULL;
+    m->allgather = tp > 1 ? o.tp_allgather : NULL;
     m->allreduce_ctx = o.tp_ctx;
+    m->tp_rank = tr;
+    part phead = {0};
+    if (tp > 1) {
+        for (int r = 0; r < tp; r++) {
+            int64_t lo, hi;
+            if ((rc = exo_tp_share(V, 1, r, tp, &lo, &hi, err)))
+                goto fail_early;
+            m->vocab_bounds[r] = (size_t)lo;
+            m->vocab_bounds[r + 1] = (size_t)hi;
+        }
+        phead = (part){(int64_t)m->vocab_bounds[tr], (int64_t)m->vocab_bounds[tr + 1], 0, 0};
+    }
     m->attn = (exo_attn_shape){m->n_heads, m->n_kv, m->hd, (int)cfg->sliding_window,
                                1.0f / sqrtf((float)m->hd)};
     m->cpu = exo_backend_cpu_create(o.n_threads, err);
@@ -529,11 +546,12 @@ int exo_model_build(const exo_model_config *cfg, const exo_weight_source *src,
     if (m->has_head) {
         TRY(bind_vector(&b, "model.norm.weight", D, true, &m->final_norm));
         bool has_head = false;
-        TRY(bind_linear(&b, "lm_head", V, D, !cfg->tie_word_embeddings, &m->lm_head, &has_head));
-        if (!has_head && m->embeds)
+        TRY(bind_linear_part(&b, "lm_head", V, D, !cfg->tie_word_embeddings, phead, &m->lm_head,
+                             &has_head));
+        if (!has_head && m->embeds && tp == 1)
             m->lm_head = m->embed; /* tied: same backend in a single-backend model */
-        else if (!has_head)    /* tied, and this shard has no embedding of its own */
-            TRY(bind_linear(&b, "model.embed_tokens", V, D, true, &m->lm_head, NULL));
+        else if (!has_head) /* tied, and this shard's head is not its whole embedding */
+            TRY(bind_linear_part(&b, "model.embed_tokens", V, D, true, phead, &m->lm_head, NULL));
     }
     TRY(alloc_acts(m, &m->act, m->cpu, err));
     {
@@ -550,6 +568,9 @@ int exo_model_build(const exo_model_config *cfg, const exo_weight_source *src,
     return 0;
 fail:
     exo_model_free(m);
+    return rc;
+fail_early: /* nothing bound or allocated yet */
+    exo_free(m);
     return rc;
 }
 
@@ -781,17 +802,29 @@ static int layer_forward(exo_model *m, exo_seq *s, int l, int T, int pos0, exo_e
 }
 
 /* Final norm and LM head for `rows` consecutive rows of a->x starting at
- * row r0; logits land in host memory at out. */
-static int head_forward(exo_model *m, int r0, int rows, float *out)
+ * row r0; logits land in host memory at out. A tensor-parallel rank
+ * computes its rows of the vocabulary, one position at a time, and the
+ * ranks gather the rest. */
+static int head_forward(exo_model *m, int r0, int rows, float *out, exo_err *err)
 {
     exo_backend *be = m->layers[m->n_layers - 1].be;
     acts *a = &m->act;
     float *x = a->x + (size_t)r0 * (size_t)m->dim;
+    size_t V = (size_t)m->vocab;
     OK(be->ops->rmsnorm(be, a->h, x, m->final_norm, rows, m->dim, m->eps));
     const exo_linear *w[1] = {&m->lm_head};
+    if (m->allgather) {
+        for (int r = 0; r < rows; r++) {
+            float *const y[1] = {a->logits + m->vocab_bounds[m->tp_rank]};
+            OK(be->ops->matmul(be, 1, w, a->h + (size_t)r * (size_t)m->dim, 1, y));
+            OK(m->allgather(m->allreduce_ctx, a->logits, m->vocab_bounds, err));
+            OK(be->ops->to_host(be, out + (size_t)r * V, a->logits, sizeof(float) * V));
+        }
+        return 0;
+    }
     float *const y[1] = {a->logits};
     OK(be->ops->matmul(be, 1, w, a->h, rows, y));
-    return be->ops->to_host(be, out, a->logits, sizeof(float) * (size_t)rows * (size_t)m->vocab);
+    return be->ops->to_host(be, out, a->logits, sizeof(float) * (size_t)rows * V);
 }
 
 static int step_chunk(exo_model *m, exo_seq *s, const exo_step *st, int t0, int n, exo_err *err)
@@ -815,10 +848,10 @@ static int step_chunk(exo_model *m, exo_seq *s, const exo_step *st, int t0, int 
     if (st->all_logits) {
         for (int r = 0; r < n; r += MAX_LOGIT_ROWS) {
             int rows = n - r < MAX_LOGIT_ROWS ? n - r : MAX_LOGIT_ROWS;
-            OK(head_forward(m, r, rows, st->logits + (size_t)(t0 + r) * V));
+            OK(head_forward(m, r, rows, st->logits + (size_t)(t0 + r) * V, err));
         }
     } else if (t0 + n == st->T) {
-        OK(head_forward(m, n - 1, 1, st->logits));
+        OK(head_forward(m, n - 1, 1, st->logits, err));
     }
     return 0;
 }

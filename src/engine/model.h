@@ -38,6 +38,9 @@ typedef struct exo_seq exo_seq;
  * same bits on every rank. Returns 0 or an EXO_E* code (a peer gone, a
  * timeout), which the forward pass returns unchanged. */
 typedef int (*exo_allreduce_fn)(void *ctx, float *x, size_t n, exo_err *err);
+/* Rank r holds x[bounds[r] .. bounds[r+1]); afterwards every rank holds
+ * all of x (bounds: tp_size + 1 entries). */
+typedef int (*exo_allgather_fn)(void *ctx, float *x, const size_t *bounds, exo_err *err);
 
 typedef struct exo_model_opts {
     int n_threads;   /* CPU threads; <= 0: all online CPUs */
@@ -46,14 +49,15 @@ typedef struct exo_model_opts {
      * Pipeline: layers [start_layer, end_layer) (end 0 = the last layer);
      * the first shard (start 0) embeds tokens, the last one holds the final
      * norm and LM head; the others take and return hidden states.
-     * Tensor parallel: rank tp_rank of tp_size holds the attention heads
-     * and MLP columns exo_tp_share gives it, and needs tp_allreduce; only
-     * ranks with want_head bind the final norm and LM head. */
+     * Tensor parallel: rank tp_rank of tp_size holds the attention heads,
+     * MLP columns and LM-head rows (vocabulary) exo_tp_share gives it; the
+     * collectives sum the partial products and gather the logits, which
+     * every rank then has. */
     int start_layer, end_layer;
     int tp_rank, tp_size;
     exo_allreduce_fn tp_allreduce;
+    exo_allgather_fn tp_allgather;
     void *tp_ctx;
-    bool skip_head;  /* a shard whose logits nobody reads (tensor ranks > 0) */
     /* Called after each layer's weights are bound (and, from a checkpoint,
      * read into the backend's memory): progress of a load. */
     void (*on_layer)(void *ctx, int layers_bound, int layers_total);

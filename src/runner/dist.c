@@ -294,7 +294,9 @@ static int serve_step(exo_dist *d, const exo_ring_msg *m, exo_err *err)
         if (!ids)
             return exo_err_set(err, EXO_ENOMEM, "out of memory");
         memcpy(ids, m->payload, 4 * (size_t)T);
-        exo_step st = {.T = T, .tokens = ids};
+        /* a sample: rank 0 needs the logits, which every rank's share of the
+         * head makes together (rank 0 samples; these are dropped) */
+        exo_step st = {.T = T, .tokens = ids, .logits = want ? d->logits : NULL};
         rc = exo_model_step(d->m, d->seq, &st, err);
         exo_free(ids);
         return rc;
@@ -368,4 +370,9 @@ exo_gen_stepper *exo_dist_stepper(exo_dist *d) { return &d->base; }
 int exo_dist_allreduce(void *ring, float *x, size_t n, exo_err *err)
 {
     return exo_ring_allreduce(ring, x, n, err);
+}
+
+int exo_dist_allgather(void *ring, float *x, const size_t *bounds, exo_err *err)
+{
+    return exo_ring_allgather(ring, x, bounds, err);
 }

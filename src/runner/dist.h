@@ -41,7 +41,8 @@ exo_gen_stepper *exo_dist_stepper(exo_dist *d);
  * ring's, EXO_EFORMAT for a frame that makes no sense here. */
 int exo_dist_serve(exo_dist *d, const exo_ring_msg *msg, exo_err *err);
 
-/* exo_model_opts.tp_allreduce over a ring (ctx: the exo_ring). */
+/* exo_model_opts.tp_allreduce / tp_allgather over a ring (ctx: the exo_ring). */
 int exo_dist_allreduce(void *ring, float *x, size_t n, exo_err *err);
+int exo_dist_allgather(void *ring, float *x, const size_t *bounds, exo_err *err);
 
 #endif

@@ -85,5 +85,8 @@ int exo_ring_poll_fd(const exo_ring *r);
 int exo_ring_idle(exo_ring *r, exo_ring_msg *m, exo_err *err);
 /* x[0..n) = sum over ranks of x, the same on every rank. */
 int exo_ring_allreduce(exo_ring *r, float *x, size_t n, exo_err *err);
+/* Rank i holds x[bounds[i] .. bounds[i+1]); afterwards every rank holds
+ * all of x (bounds has world + 1 entries, non-decreasing). */
+int exo_ring_allgather(exo_ring *r, float *x, const size_t *bounds, exo_err *err);
 
 #endif

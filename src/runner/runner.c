@@ -543,7 +543,7 @@ static void do_load(runner *r)
         opts.tp_size = r->load.world;
         opts.tp_allreduce = exo_dist_allreduce;
         opts.tp_ctx = r->ring;
-        opts.skip_head = r->load.rank != 0;
+        opts.tp_allgather = exo_dist_allgather;
     }
     send_status(r, EXO_RUNNER_LOADING, 0, 0, NULL);
     if (exo_model_load(dir, &opts, &r->model, &err))

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The cluster suite (tests/cluster/): several real `exo serve` daemons on
-# loopback, and in network namespaces joined by a bridge when run as root.
+# loopback, and in network namespaces joined by a bridge when run as root
+# (cluster.test.mjs; distributed.test.mjs: one model split across them).
 # Driven by node:test with the npm API clients from tests/package-lock.json.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -12,7 +13,8 @@ for p in openai @anthropic-ai/sdk ollama; do
 done
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT
-timeout -k 10 1500 node --test-reporter=./tests/e2e/reporter.mjs tests/cluster/cluster.test.mjs >"$out" 2>&1
+timeout -k 10 1500 node --test-reporter=./tests/e2e/reporter.mjs tests/cluster/cluster.test.mjs \
+  tests/cluster/distributed.test.mjs >"$out" 2>&1
 rc=$?
 cat "$out"
 line=$(grep -E '^[0-9]+ passed, [0-9]+ failed$' "$out" | tail -n 1)

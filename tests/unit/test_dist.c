@@ -74,7 +74,7 @@ static int join(rank_ctx *c)
         o.tp_size = c->world;
         o.tp_allreduce = exo_dist_allreduce;
         o.tp_ctx = c->ring;
-        o.skip_head = c->rank != 0;
+        o.tp_allgather = exo_dist_allgather;
     } else {
         o.start_layer = c->start;
         o.end_layer = c->end;

@@ -1,0 +1,292 @@
+/* A model split over runner processes against one process, in the same run.
+ *
+ *   build/bench_dist [--synthetic PRESET] [--quant q4|q8|bf16] [--gen-tokens N]
+ *                    [--prompt-tokens N] [--ranks N]
+ *
+ * Writes the synthetic model (real shapes, random weights; default
+ * llama-3.2-1b q4) to a temporary directory, then measures greedy decode:
+ *   one    one process, one thread, pinned to core 0 (the peer);
+ *   tensor N processes (one thread each, rank i pinned to core i) joined by
+ *          the TCP ring on loopback (runner/ring.h), tensor parallel;
+ *   pipeline  the same, each holding a layer range.
+ * Decode is bound by the bandwidth one core can pull, so N processes on N
+ * cores can go up to N times one (tensor) or stay at one (pipeline, one
+ * request: the ranks take turns). Prints tokens/s and the ratio to `one`.
+ * Then the ring itself: the all-reduce round trip of 4-64 KB vectors (the
+ * sizes a layer sends) between two processes on loopback, next to the
+ * time to copy the same bytes in memory. */
+#include "core/alloc.h"
+#include "core/clock.h"
+#include "engine/generate.h"
+#include "engine/synthetic.h"
+#include "runner/dist.h"
+#include "runner/ring.h"
+
+#include <sched.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define MAX_RANKS 8
+
+static int n_prompt = 16, n_gen = 64;
+
+static void pin(int core)
+{
+    cpu_set_t s;
+    CPU_ZERO(&s);
+    CPU_SET(core % (int)sysconf(_SC_NPROCESSORS_ONLN), &s);
+    sched_setaffinity(0, sizeof s, &s);
+}
+
+static exo_gen_params params(void)
+{
+    exo_gen_params p = {.sampling = exo_sampler_defaults(), .max_tokens = n_gen};
+    p.sampling.temperature = 0;
+    return p;
+}
+
+static void prompt(int V, int32_t *ids)
+{
+    for (int i = 0; i < n_prompt; i++)
+        ids[i] = (int32_t)((i * 7919 + 3) % V);
+}
+
+static double decode_tps(const exo_gen_stats *st)
+{
+    return st->generated_tokens > 1 && st->decode_seconds > 0
+               ? (st->generated_tokens - 1) / st->decode_seconds : 0;
+}
+
+static double run_one(const char *dir)
+{
+    pin(0);
+    exo_model *m;
+    exo_seq *s;
+    exo_err err = {0};
+    exo_model_opts o = {.n_threads = 1};
+    if (exo_model_load(dir, &o, &m, &err) || exo_seq_create(m, 1024, &s, &err)) {
+        fprintf(stderr, "bench_dist: %s\n", err.msg);
+        exit(1);
+    }
+    int32_t ids[256];
+    prompt(exo_model_vocab(m), ids);
+    exo_gen_params p = params();
+    exo_gen_stats st;
+    exo_generate(m, s, ids, n_prompt, &p, NULL, NULL, &st, &err); /* warm */
+    exo_seq_truncate(s, 0);
+    exo_generate(m, s, ids, n_prompt, &p, NULL, NULL, &st, &err);
+    exo_seq_free(s);
+    exo_model_free(m);
+    return decode_tps(&st);
+}
+
+/* One rank of a split run, in its own process; rank 0 writes tokens/s to *out. */
+static void rank_main(const char *dir, int rank, int world, bool tensor, int listen_fd, int next_port,
+                      double *out)
+{
+    pin(rank);
+    exo_err err = {0};
+    exo_ring_config rc = {.rank = rank, .world = world, .listen_fd = listen_fd, .next_host = "127.0.0.1",
+                          .next_port = next_port, .timeout_ms = 60000};
+    memset(rc.key, 1, sizeof rc.key);
+    exo_ring *ring;
+    if (exo_ring_connect(&rc, &ring, &err)) {
+        fprintf(stderr, "bench_dist: rank %d: %s\n", rank, err.msg);
+        _exit(1);
+    }
+    exo_model_config cfg;
+    exo_config_load(dir, &cfg, &err);
+    int L = (int)cfg.num_hidden_layers;
+    exo_config_free(&cfg);
+    exo_model_opts o = {.n_threads = 1};
+    if (tensor) {
+        o.tp_rank = rank;
+        o.tp_size = world;
+        o.tp_allreduce = exo_dist_allreduce;
+        o.tp_ctx = ring;
+        o.tp_allgather = exo_dist_allgather;
+    } else {
+        o.start_layer = L * rank / world;
+        o.end_layer = L * (rank + 1) / world;
+    }
+    exo_model *m;
+    exo_seq *s;
+    if (exo_model_load(dir, &o, &m, &err) || exo_seq_create(m, 1024, &s, &err)) {
+        fprintf(stderr, "bench_dist: rank %d: %s\n", rank, err.msg);
+        _exit(1);
+    }
+    exo_dist *d = exo_dist_new(ring, tensor, m, s);
+    if (rank == 0) {
+        int32_t ids[256];
+        prompt(exo_model_vocab(m), ids);
+        exo_gen_params p = params();
+        exo_gen_stats st;
+        int r1 = exo_generate_with(exo_dist_stepper(d), ids, n_prompt, &p, NULL, NULL, &st, &err);
+        exo_seq_truncate(s, 0);
+        int r2 = exo_generate_with(exo_dist_stepper(d), ids, n_prompt, &p, NULL, NULL, &st, &err);
+        if (r1 || r2)
+            fprintf(stderr, "bench_dist: %s\n", err.msg);
+        *out = decode_tps(&st);
+    } else {
+        for (;;) {
+            exo_ring_msg msg;
+            if (exo_ring_recv(ring, &msg, -1, &err) || exo_dist_serve(d, &msg, &err))
+                break;
+        }
+    }
+    exo_dist_free(d);
+    exo_ring_free(ring);
+    exo_seq_free(s);
+    exo_model_free(m);
+    _exit(0);
+}
+
+static double run_split(const char *dir, int world, bool tensor)
+{
+    int fds[MAX_RANKS], ports[MAX_RANKS];
+    exo_err err = {0};
+    for (int i = 0; i < world; i++)
+        if (exo_ring_listen(0, &fds[i], &ports[i], &err)) {
+            fprintf(stderr, "bench_dist: %s\n", err.msg);
+            exit(1);
+        }
+    double *out = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    *out = 0;
+    pid_t pids[MAX_RANKS];
+    for (int i = 0; i < world; i++) {
+        pids[i] = fork();
+        if (pids[i] == 0) {
+            for (int k = 0; k < world; k++)
+                if (k != i)
+                    close(fds[k]);
+            rank_main(dir, i, world, tensor, fds[i], ports[(i + 1) % world], out);
+        }
+    }
+    for (int i = 0; i < world; i++)
+        close(fds[i]);
+    for (int i = 0; i < world; i++)
+        waitpid(pids[i], NULL, 0);
+    double r = *out;
+    munmap(out, 4096);
+    return r;
+}
+
+/* ---- the ring alone ------------------------------------------------------------ */
+
+static void ring_peer(int rank, int fd, int next_port, size_t bytes, int iters, double *out)
+{
+    pin(rank);
+    exo_err err = {0};
+    exo_ring_config rc = {.rank = rank, .world = 2, .listen_fd = fd, .next_host = "127.0.0.1",
+                          .next_port = next_port, .timeout_ms = 20000};
+    memset(rc.key, 2, sizeof rc.key);
+    exo_ring *ring;
+    if (exo_ring_connect(&rc, &ring, &err))
+        _exit(1);
+    size_t n = bytes / 4;
+    float *x = exo_calloc(n, 4);
+    for (int i = 0; i < 50; i++)
+        exo_ring_allreduce(ring, x, n, &err);
+    double t0 = exo_clock_seconds();
+    for (int i = 0; i < iters; i++)
+        exo_ring_allreduce(ring, x, n, &err);
+    if (rank == 0)
+        *out = (exo_clock_seconds() - t0) / iters;
+    exo_free(x);
+    exo_ring_free(ring);
+    _exit(0);
+}
+
+static double allreduce_us(size_t bytes)
+{
+    int fds[2], ports[2];
+    exo_err err = {0};
+    for (int i = 0; i < 2; i++)
+        exo_ring_listen(0, &fds[i], &ports[i], &err);
+    double *out = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    pid_t pids[2];
+    for (int i = 0; i < 2; i++)
+        if ((pids[i] = fork()) == 0) {
+            close(fds[1 - i]);
+            ring_peer(i, fds[i], ports[1 - i], bytes, 2000, out);
+        }
+    close(fds[0]);
+    close(fds[1]);
+    waitpid(pids[0], NULL, 0);
+    waitpid(pids[1], NULL, 0);
+    double r = *out * 1e6;
+    munmap(out, 4096);
+    return r;
+}
+
+int main(int argc, char **argv)
+{
+    const char *preset = "llama-3.2-1b", *quant = "q4";
+    int world = 2;
+    for (int i = 1; i + 1 < argc; i += 2) {
+        if (!strcmp(argv[i], "--synthetic"))
+            preset = argv[i + 1];
+        else if (!strcmp(argv[i], "--quant"))
+            quant = argv[i + 1];
+        else if (!strcmp(argv[i], "--gen-tokens"))
+            n_gen = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--prompt-tokens"))
+            n_prompt = atoi(argv[i + 1]) > 0 && atoi(argv[i + 1]) <= 256 ? atoi(argv[i + 1]) : 16;
+        else if (!strcmp(argv[i], "--ranks"))
+            world = atoi(argv[i + 1]) >= 2 && atoi(argv[i + 1]) <= MAX_RANKS ? atoi(argv[i + 1]) : 2;
+    }
+    signal(SIGPIPE, SIG_IGN);
+    printf("ring all-reduce, 2 processes on loopback (the sizes a layer sends):\n");
+    for (size_t kb = 4; kb <= 64; kb *= 2) {
+        size_t bytes = kb * 1024;
+        char *a = exo_malloc(bytes), *b = exo_malloc(bytes);
+        memset(a, 1, bytes);
+        double t0 = exo_clock_seconds();
+        for (int i = 0; i < 10000; i++) {
+            memcpy(b, a, bytes);
+            __asm__ volatile("" ::: "memory");
+        }
+        double copy_us = (exo_clock_seconds() - t0) / 10000 * 1e6;
+        exo_free(a);
+        exo_free(b);
+        double us = allreduce_us(bytes);
+        printf("  %3zu KB: %7.1f us per all-reduce (%.2f GB/s of payload), memcpy of the same %5.2f us\n", kb,
+               us, bytes / us / 1e3, copy_us);
+    }
+    exo_synth_quant q;
+    exo_err err = {0};
+    exo_synth *syn;
+    if (exo_synth_quant_parse(quant, &q) || exo_synth_create(preset, q, 1, &syn, &err)) {
+        fprintf(stderr, "bench_dist: %s %s: %s\n", preset, quant, err.msg);
+        return 2;
+    }
+    char dir[] = "/tmp/exo-bench-dist-XXXXXX";
+    if (!mkdtemp(dir))
+        return 1;
+    size_t bytes = 0;
+    double t0 = exo_clock_seconds();
+    if (exo_synth_write(syn, dir, &bytes, &err)) {
+        fprintf(stderr, "bench_dist: %s\n", err.msg);
+        return 1;
+    }
+    exo_synth_free(syn);
+    printf("%s %s: %.0f MB of weights written in %.1f s; greedy decode of %d tokens after %d:\n", preset,
+           quant, bytes / 1e6, exo_clock_seconds() - t0, n_gen, n_prompt);
+    double one = run_one(dir);
+    printf("  one process, 1 core:      %6.2f tok/s\n", one);
+    double tp = run_split(dir, world, true);
+    printf("  tensor,   %d processes:    %6.2f tok/s  = %.2fx one (goal >= %.1fx)\n", world, tp, tp / one,
+           0.9 * world);
+    double pp = run_split(dir, world, false);
+    printf("  pipeline, %d processes:    %6.2f tok/s  = %.2fx one (goal >= 0.95x)\n", world, pp, pp / one);
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    if (system(cmd))
+        fprintf(stderr, "bench_dist: could not remove %s\n", dir);
+    return 0;
+}
