@@ -196,13 +196,28 @@ static void ring_peer(int rank, int fd, int next_port, size_t bytes, int iters, 
     for (int i = 0; i < iters; i++)
         exo_ring_allreduce(ring, x, n, &err);
     if (rank == 0)
-        *out = (exo_clock_seconds() - t0) / iters;
+        out[0] = (exo_clock_seconds() - t0) / iters;
+    /* ping-pong: half a round trip is one message's latency (what
+     * ucx_perftest -t tag_lat reports) */
+    t0 = exo_clock_seconds();
+    for (int i = 0; i < iters; i++) {
+        exo_ring_msg m;
+        if (rank == 0) {
+            exo_ring_send(ring, 9, 0, 0, x, bytes, NULL, 0, &err);
+            exo_ring_recv(ring, &m, -1, &err);
+        } else {
+            exo_ring_recv(ring, &m, -1, &err);
+            exo_ring_send(ring, 9, 0, 0, m.payload, m.len, NULL, 0, &err);
+        }
+    }
+    if (rank == 0)
+        out[1] = (exo_clock_seconds() - t0) / iters / 2;
     exo_free(x);
     exo_ring_free(ring);
     _exit(0);
 }
 
-static double allreduce_us(size_t bytes)
+static double allreduce_us(size_t bytes, double *oneway_us)
 {
     int fds[2], ports[2];
     exo_err err = {0};
@@ -219,7 +234,8 @@ static double allreduce_us(size_t bytes)
     close(fds[1]);
     waitpid(pids[0], NULL, 0);
     waitpid(pids[1], NULL, 0);
-    double r = *out * 1e6;
+    double r = out[0] * 1e6;
+    *oneway_us = out[1] * 1e6;
     munmap(out, 4096);
     return r;
 }
@@ -254,9 +270,10 @@ int main(int argc, char **argv)
         double copy_us = (exo_clock_seconds() - t0) / 10000 * 1e6;
         exo_free(a);
         exo_free(b);
-        double us = allreduce_us(bytes);
-        printf("  %3zu KB: %7.1f us per all-reduce (%.2f GB/s of payload), memcpy of the same %5.2f us\n", kb,
-               us, bytes / us / 1e3, copy_us);
+        double oneway;
+        double us = allreduce_us(bytes, &oneway);
+        printf("  %3zu KB: all-reduce %6.1f us (%.2f GB/s of payload), one message %5.1f us, "
+               "memcpy of the same %5.2f us\n", kb, us, bytes / us / 1e3, oneway, copy_us);
     }
     exo_synth_quant q;
     exo_err err = {0};

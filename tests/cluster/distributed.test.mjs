@@ -8,7 +8,8 @@
 // Faults: a rank's runner killed mid-generation gives the open request an
 // error (no hang) and the instance comes back Ready by itself; a node that
 // dies takes its instance with it and the master places the model again on
-// the nodes that are left.
+// the nodes that are left. In network namespaces (root): the same parity
+// over a bridge, and a link that goes dark mid-generation.
 //
 // Run: tests/integration/test_cluster.sh, or
 //      node --test-reporter=./tests/e2e/reporter.mjs tests/cluster/distributed.test.mjs
@@ -240,4 +241,60 @@ test('faults: a killed rank fails the open request, the instance comes back; a l
     assert.ok(!where.includes(nodeId), 'not on the dead node');
     assert.equal(await openaiText(rest[1].base, PROMPTS[0]), want, 're-placed instance answers the same');
   });
+});
+
+// In network namespaces (root only): a link that goes dark mid-generation
+// (its veth on the bridge set down: packets vanish, no connection closes;
+// this kernel has no sch_netem for `tc netem loss 100%`) ends the open
+// request with an error within the ring timeout, and the instance comes back
+// once the link does (or, if the node was timed out meanwhile, is placed again).
+const netnsSkip = C.canUseNetns();
+
+test('netns: a link lost mid-generation fails the request in time; the instance comes back', {
+  ...T, timeout: 180000 * C.SLOW, skip: netnsSkip ?? false }, async () => {
+  const lan = new C.Lan(3);
+  try {
+    await withCluster(async (cl) => {
+      const nodes = [];
+      for (let i = 0; i < 3; i++)
+        nodes.push(await cl.start(`n${i}`, { models, netns: lan.ns[i].ns, apiHost: lan.ns[i].ip }));
+      await cl.converged(nodes);
+      await meshed(nodes);
+      // across namespaces too: every API on every node answers as one node does
+      await place(nodes[0], 'Pipeline', 1);
+      const single = await answers(nodes);
+      await deleteAll(nodes[0]);
+      const { inst } = await place(nodes[0], 'Pipeline', 3);
+      assert.deepEqual(await answers(nodes), single, 'pipeline over 3 namespaces = one node');
+      const want = single[PROMPTS[0]];
+
+      // the node of the last rank loses its link while rank 0 streams
+      const ids = await Promise.all(nodes.map((n) => n.id()));
+      const ranks = Object.entries(inst.shardAssignments.runnerToShard).map(([rid, s]) => ({ rid, ...Object.values(s)[0] }));
+      const rankNode = (k) => Object.entries(inst.shardAssignments.nodeToRunner)
+        .find(([, r]) => r === ranks.find((x) => x.deviceRank === k).rid)[0];
+      const first = ids.indexOf(rankNode(0)), lost = ids.indexOf(rankNode(2));
+      const long = { model: MODEL, messages: chat('Once'), max_tokens: 3000, stream: true };
+      const r = await fetch(`${nodes[first].base}/bench/chat/completions`, { method: 'POST',
+        body: JSON.stringify(long), headers: { 'content-type': 'application/json' } });
+      const reader = r.body.getReader();
+      let text = '';
+      while ((text.match(/"content"/g) ?? []).length < 5) text += new TextDecoder().decode((await reader.read()).value);
+      const t0 = Date.now();
+      lan.setLink(lost, false);
+      for (;;) {
+        const { value, done } = await reader.read();
+        if (done) break;
+        text += new TextDecoder().decode(value);
+      }
+      const waited = Date.now() - t0;
+      assert.match(text, /"error"|finish_reason":"error/, 'the stream ends with an error');
+      assert.ok(waited < RING_TIMEOUT_MS + 10000 * C.SLOW, `ended ${waited} ms after the link went dark`);
+      lan.setLink(lost, true);
+      await readyInstance(nodes[first], () => true, 120000 * C.SLOW);
+      assert.equal(await openaiText(nodes[first].base, PROMPTS[0]), want, 'served again, same output');
+    });
+  } finally {
+    lan.destroy();
+  }
 });
