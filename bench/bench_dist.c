@@ -8,13 +8,16 @@
  *   one    one process, one thread, pinned to core 0 (the peer);
  *   tensor N processes (one thread each, rank i pinned to core i) joined by
  *          the TCP ring on loopback (runner/ring.h), tensor parallel;
- *   pipeline  the same, each holding a layer range.
+ *   pipeline  the same, each holding a layer range; one request, then
+ *          2 x N requests at once (rank 0 keeps one in flight per slot)
+ *          against one process serving them one after another.
  * Decode is bound by the bandwidth one core can pull, so N processes on N
  * cores can go up to N times one (tensor) or stay at one (pipeline, one
  * request: the ranks take turns). Prints tokens/s and the ratio to `one`.
  * Then the ring itself: the all-reduce round trip of 4-64 KB vectors (the
  * sizes a layer sends) between two processes on loopback, next to the
  * time to copy the same bytes in memory. */
+#include "cluster/placement.h"
 #include "core/alloc.h"
 #include "core/clock.h"
 #include "engine/generate.h"
@@ -34,6 +37,7 @@
 #define MAX_RANKS 8
 
 static int n_prompt = 16, n_gen = 64;
+static int32_t split_starts[MAX_RANKS + 1]; /* the pipeline's layer ranges, as placement splits them */
 
 static void pin(int core)
 {
@@ -62,6 +66,36 @@ static double decode_tps(const exo_gen_stats *st)
                ? (st->generated_tokens - 1) / st->decode_seconds : 0;
 }
 
+/* Wall-clock tokens/s of n requests served one after another. */
+static double run_one_seq(const char *dir, int n_req)
+{
+    pin(0);
+    exo_model *m;
+    exo_seq *s;
+    exo_err err = {0};
+    exo_model_opts o = {.n_threads = 1};
+    if (exo_model_load(dir, &o, &m, &err) || exo_seq_create(m, 1024, &s, &err)) {
+        fprintf(stderr, "bench_dist: %s\n", err.msg);
+        exit(1);
+    }
+    int32_t ids[256];
+    prompt(exo_model_vocab(m), ids);
+    exo_gen_params p = params();
+    exo_gen_stats st;
+    exo_generate(m, s, ids, n_prompt, &p, NULL, NULL, &st, &err); /* warm */
+    double t0 = exo_clock_seconds();
+    int total = 0;
+    for (int k = 0; k < n_req; k++) {
+        exo_seq_truncate(s, 0);
+        exo_generate(m, s, ids, n_prompt, &p, NULL, NULL, &st, &err);
+        total += st.generated_tokens;
+    }
+    double tps = total / (exo_clock_seconds() - t0);
+    exo_seq_free(s);
+    exo_model_free(m);
+    return tps;
+}
+
 static double run_one(const char *dir)
 {
     pin(0);
@@ -86,8 +120,8 @@ static double run_one(const char *dir)
 }
 
 /* One rank of a split run, in its own process; rank 0 writes tokens/s to *out. */
-static void rank_main(const char *dir, int rank, int world, bool tensor, int listen_fd, int next_port,
-                      double *out)
+static void rank_main(const char *dir, int rank, int world, bool tensor, int n_req, int listen_fd,
+                      int next_port, double *out)
 {
     pin(rank);
     exo_err err = {0};
@@ -111,17 +145,43 @@ static void rank_main(const char *dir, int rank, int world, bool tensor, int lis
         o.tp_ctx = ring;
         o.tp_allgather = exo_dist_allgather;
     } else {
-        o.start_layer = L * rank / world;
-        o.end_layer = L * (rank + 1) / world;
+        o.start_layer = split_starts[rank];
+        o.end_layer = rank + 1 < world ? split_starts[rank + 1] : L;
     }
     exo_model *m;
-    exo_seq *s;
-    if (exo_model_load(dir, &o, &m, &err) || exo_seq_create(m, 1024, &s, &err)) {
+    exo_seq *seqs[EXO_DIST_MAX_SLOTS] = {0};
+    int n_slots = n_req > 1 ? n_req : 1;
+    if (exo_model_load(dir, &o, &m, &err)) {
         fprintf(stderr, "bench_dist: rank %d: %s\n", rank, err.msg);
         _exit(1);
     }
-    exo_dist *d = exo_dist_new(ring, tensor, m, s);
-    if (rank == 0) {
+    for (int i = 0; i < n_slots; i++)
+        if (exo_seq_create(m, 1024, &seqs[i], &err))
+            _exit(1);
+    exo_seq *s = seqs[0];
+    exo_dist *d = exo_dist_new(ring, tensor, m, seqs, n_slots);
+    if (rank == 0 && n_req > 1) {
+        int32_t ids[256];
+        prompt(exo_model_vocab(m), ids);
+        const int32_t *prompts[EXO_DIST_MAX_SLOTS];
+        int lens[EXO_DIST_MAX_SLOTS];
+        void *ctxs[EXO_DIST_MAX_SLOTS] = {0};
+        exo_gen_stats st[EXO_DIST_MAX_SLOTS];
+        for (int k = 0; k < n_req; k++) {
+            prompts[k] = ids;
+            lens[k] = n_prompt;
+        }
+        exo_gen_params p = params();
+        exo_dist_generate_batch(d, n_req, prompts, lens, &p, NULL, ctxs, st, &err); /* warm */
+        double t0 = exo_clock_seconds();
+        int brc = exo_dist_generate_batch(d, n_req, prompts, lens, &p, NULL, ctxs, st, &err);
+        int total = 0;
+        for (int k = 0; k < n_req; k++)
+            total += st[k].generated_tokens;
+        if (brc)
+            fprintf(stderr, "bench_dist: %s\n", err.msg);
+        *out = total / (exo_clock_seconds() - t0);
+    } else if (rank == 0) {
         int32_t ids[256];
         prompt(exo_model_vocab(m), ids);
         exo_gen_params p = params();
@@ -141,12 +201,13 @@ static void rank_main(const char *dir, int rank, int world, bool tensor, int lis
     }
     exo_dist_free(d);
     exo_ring_free(ring);
-    exo_seq_free(s);
+    for (int i = 0; i < n_slots; i++)
+        exo_seq_free(seqs[i]);
     exo_model_free(m);
     _exit(0);
 }
 
-static double run_split(const char *dir, int world, bool tensor)
+static double run_split(const char *dir, int world, bool tensor, int n_req)
 {
     int fds[MAX_RANKS], ports[MAX_RANKS];
     exo_err err = {0};
@@ -164,7 +225,7 @@ static double run_split(const char *dir, int world, bool tensor)
             for (int k = 0; k < world; k++)
                 if (k != i)
                     close(fds[k]);
-            rank_main(dir, i, world, tensor, fds[i], ports[(i + 1) % world], out);
+            rank_main(dir, i, world, tensor, n_req, fds[i], ports[(i + 1) % world], out);
         }
     }
     for (int i = 0; i < world; i++)
@@ -291,16 +352,38 @@ int main(int argc, char **argv)
         fprintf(stderr, "bench_dist: %s\n", err.msg);
         return 1;
     }
+    /* the pipeline's layers as placement would split them over equal nodes */
+    const exo_model_config *cfg = exo_synth_config(syn);
+    exo_model_card card = {.n_layers = (int32_t)cfg->num_hidden_layers,
+                           .hidden_size = (int32_t)cfg->hidden_size,
+                           .vocab_size = (int32_t)cfg->vocab_size, .storage_bytes = bytes};
+    snprintf(card.quantization, sizeof card.quantization, "%s",
+             q == EXO_SYNTH_Q4 ? "4bit" : q == EXO_SYNTH_Q8 ? "8bit" : "bf16");
+    uint64_t weights[MAX_RANKS];
+    for (int i = 0; i < world; i++)
+        weights[i] = 1;
+    exo_placement_pipeline_split(&card, weights, world, split_starts, &err);
     exo_synth_free(syn);
     printf("%s %s: %.0f MB of weights written in %.1f s; greedy decode of %d tokens after %d:\n", preset,
            quant, bytes / 1e6, exo_clock_seconds() - t0, n_gen, n_prompt);
     double one = run_one(dir);
     printf("  one process, 1 core:      %6.2f tok/s\n", one);
-    double tp = run_split(dir, world, true);
+    double tp = run_split(dir, world, true, 1);
     printf("  tensor,   %d processes:    %6.2f tok/s  = %.2fx one (goal >= %.1fx)\n", world, tp, tp / one,
            0.9 * world);
-    double pp = run_split(dir, world, false);
-    printf("  pipeline, %d processes:    %6.2f tok/s  = %.2fx one (goal >= 0.95x)\n", world, pp, pp / one);
+    double pp = run_split(dir, world, false, 1);
+    printf("  pipeline, %d processes:    %6.2f tok/s  = %.2fx one (goal >= 0.95x); layers from", world, pp,
+           pp / one);
+    for (int i = 0; i < world; i++)
+        printf(" %d", split_starts[i]);
+    printf(" (the last rank also reads the head)\n");
+    int n_req = 2 * world <= EXO_DIST_MAX_SLOTS ? 2 * world : EXO_DIST_MAX_SLOTS;
+    double one_n = run_one_seq(dir, n_req);
+    double pp_n = run_split(dir, world, false, n_req);
+    printf("%d requests (prefill included, wall clock):\n", n_req);
+    printf("  one process, one after another: %6.2f tok/s\n", one_n);
+    printf("  pipeline, %d processes, all in flight: %6.2f tok/s = %.2fx (goal >= 1.8x)\n", world, pp_n,
+           pp_n / one_n);
     char cmd[256];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     if (system(cmd))

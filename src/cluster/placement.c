@@ -1,5 +1,9 @@
 /* Placement (see placement.h).
  *
+ * Speed: when every candidate reports its memory bandwidth, each size's
+ * best set is predicted (exo_placement_predict) and the fastest wins; a
+ * larger set must be 2% faster to be worth its extra nodes.
+ *
  * Candidates are ranked once (most available memory first, then node id);
  * node sets are bit masks over that ranking and are tried by size, so the
  * first size with a valid set is the smallest. A set is valid when its
@@ -57,6 +61,44 @@ int exo_placement_split_layers(int n_layers, const uint64_t *weights, int n, int
     }
     exo_free(count);
     exo_free(rem);
+    return 0;
+}
+
+/* Bytes of the LM head: vocab x hidden at the checkpoint's bits per weight
+ * (MLX affine: the bits plus a 16-bit scale and bias per group of 64). */
+static double head_bytes(const exo_model_card *c)
+{
+    if (c->vocab_size <= 0 || c->hidden_size <= 0)
+        return 0;
+    double bits = 16;
+    int qb = atoi(c->quantization);
+    if (qb > 0 && qb <= 8 && strstr(c->quantization, "bit"))
+        bits = qb + 0.5;
+    else if (!strcmp(c->quantization, "fp32"))
+        bits = 32;
+    return (double)c->vocab_size * c->hidden_size * bits / 8;
+}
+
+int exo_placement_pipeline_split(const exo_model_card *card, const uint64_t *weights, int n,
+                                 int32_t *starts, exo_err *err)
+{
+    int L = card->n_layers;
+    double head = head_bytes(card), rest = (double)card->storage_bytes - head;
+    int extra = 0;
+    if (n > 1 && head > 0 && rest > 0)
+        extra = (int)(head / (rest / L) + 0.5);
+    if (extra > L)
+        extra = L;
+    int rc = exo_placement_split_layers(L + extra, weights, n, starts, err);
+    if (rc)
+        return exo_placement_split_layers(L, weights, n, starts, err);
+    /* the last rank's share included the head: it ends at L, not L + extra;
+     * every rank keeps at least one layer */
+    for (int i = n - 1; i >= 0; i--) {
+        int32_t limit = i == n - 1 ? L - 1 : starts[i + 1] - 1;
+        if (starts[i] > limit)
+            starts[i] = limit;
+    }
     return 0;
 }
 
@@ -213,7 +255,7 @@ static bool try_set(const candidates *c, const exo_placement_request *req, uint3
     for (int i = 0; i < k; i++)
         weights[i] = c->node[order[i]]->info.memory_available;
     if (sharding == EXO_SHARDING_PIPELINE) {
-        if (exo_placement_split_layers(card->n_layers, weights, k, starts, &why) < 0) {
+        if (exo_placement_pipeline_split(card, weights, k, starts, &why) < 0) {
             note(a, STAGE_RULES, &why);
             return false;
         }
@@ -235,6 +277,69 @@ static bool try_set(const candidates *c, const exo_placement_request *req, uint3
         }
     }
     return true;
+}
+
+/* ---- speed --------------------------------------------------------------------------- */
+
+/* The best measured link from a to b: round trip (s) and bandwidth (bytes/s). */
+static bool link_of(const exo_state *st, const exo_id *a, const exo_id *b, double *rtt, double *bps)
+{
+    bool found = false;
+    for (size_t i = 0; i < exo_state_edge_count(st); i++) {
+        const exo_topology_edge *e = exo_state_edge_at(st, i);
+        if (!exo_id_eq(&e->source, a) || !exo_id_eq(&e->sink, b) || e->latency_us <= 0)
+            continue;
+        double r = (double)e->latency_us / 1e6;
+        /* a link whose bandwidth was not measured yet: assume 1 Gbit/s */
+        double w = e->bandwidth_bps ? (double)e->bandwidth_bps / 8 : 125e6;
+        if (!found || r < *rtt) {
+            *rtt = r;
+            *bps = w;
+            found = true;
+        }
+    }
+    return found;
+}
+
+double exo_placement_predict(const exo_state *st, const exo_instance *inst, const exo_model_card *card)
+{
+    size_t k = inst->n_shards;
+    if (!k || card->n_layers <= 0)
+        return 0;
+    double bytes = (double)card->storage_bytes, hidden = 4.0 * (card->hidden_size > 0 ? card->hidden_size : 4096);
+    double compute = 0, comm = 0, worst_rtt = 0, worst_bps = 0;
+    for (size_t i = 0; i < k; i++) {
+        const exo_shard *s = &inst->shards[i];
+        const exo_state_node *sn = exo_state_node_find(st, &s->node_id);
+        if (!sn || !sn->info.mem_read_bps)
+            return 0;
+        double bw = (double)sn->info.mem_read_bps;
+        if (inst->sharding == EXO_SHARDING_TENSOR && k > 1) {
+            double t = bytes / (double)k / bw;
+            compute = t > compute ? t : compute;
+        } else if (k == 1) {
+            compute += bytes / bw;
+        } else { /* the last rank also reads the head */
+            double head = head_bytes(card), rest = bytes > head ? bytes - head : bytes;
+            compute += (rest * (s->end_layer - s->start_layer) / card->n_layers + (i + 1 == k ? head : 0)) / bw;
+        }
+        if (k < 2)
+            continue;
+        double rtt = 0, bps = 0;
+        if (!link_of(st, &s->node_id, &inst->shards[(i + 1) % k].node_id, &rtt, &bps))
+            return 0;
+        if (inst->sharding == EXO_SHARDING_PIPELINE) /* the last hop carries only the sample */
+            comm += rtt / 2 + (i + 1 < k ? hidden / bps : 0);
+        worst_rtt = rtt > worst_rtt ? rtt : worst_rtt;
+        worst_bps = !worst_bps || bps < worst_bps ? bps : worst_bps;
+    }
+    if (inst->sharding == EXO_SHARDING_TENSOR && k > 1) {
+        /* ring all-reduce: 2(k-1) steps of hidden/k each, twice per layer */
+        double allreduce = 2.0 * (double)(k - 1) * (worst_rtt / 2 + hidden / (double)k / worst_bps);
+        comm = 2.0 * card->n_layers * allreduce;
+    }
+    double t = compute + comm;
+    return t > 0 ? 1.0 / t : 0;
 }
 
 static void build(const candidates *c, const exo_placement_request *req, int k, exo_sharding sharding,
@@ -282,6 +387,13 @@ int exo_placement_place(const exo_state *st, const exo_placement_request *req, e
                            req->exact_nodes > 0 ? "the node count asked for is" : "min_nodes is", lo, c.n,
                            c.n == 1 ? " has" : "s have", card->model_id);
     attempt a = {0};
+    /* with every node's speed known, the fastest predicted set of any size
+     * wins; without, the smallest set that fits */
+    bool predictable = true;
+    for (int i = 0; i < c.n; i++)
+        predictable &= c.node[i]->info.mem_read_bps > 0;
+    exo_instance fastest = {0};
+    double fastest_tps = 0;
     for (int k = lo; k <= hi; k++) {
         exo_sharding sharding = k == 1 ? EXO_SHARDING_PIPELINE : req->sharding;
         exo_instance_meta meta = k == 1 ? EXO_INSTANCE_META_MLX_RING : req->meta;
@@ -303,10 +415,30 @@ int exo_placement_place(const exo_state *st, const exo_placement_request *req, e
                 memcpy(best_starts, starts, sizeof starts);
             }
         }
-        if (best) {
-            build(&c, req, k, sharding, meta, best_order, best_starts, out);
+        if (!best)
+            continue;
+        exo_instance inst;
+        build(&c, req, k, sharding, meta, best_order, best_starts, &inst);
+        double tps = predictable ? exo_placement_predict(st, &inst, card) : 0;
+        if (tps <= 0) { /* not predictable: the smallest set, as before */
+            if (fastest.n_shards) {
+                exo_instance_clear(&inst);
+                break;
+            }
+            *out = inst;
             return 0;
         }
+        if (tps > fastest_tps * 1.02) { /* a clear gain, else fewer nodes */
+            exo_instance_clear(&fastest);
+            fastest = inst;
+            fastest_tps = tps;
+        } else {
+            exo_instance_clear(&inst);
+        }
+    }
+    if (fastest.n_shards) {
+        *out = fastest;
+        return 0;
     }
     if (a.stage == STAGE_MEMORY) /* say the best any set of the sizes tried had */
         return exo_err_set(err, EXO_EINVAL,
@@ -361,10 +493,13 @@ void exo_placement_previews(const exo_state *st, const exo_model_card *card, jso
                     }
                     json_object_set_new(p, "instance", exo_instance_to_json(&inst));
                     json_object_set_new(p, "error", json_null());
+                    double tps = exo_placement_predict(st, &inst, card);
+                    json_object_set_new(p, "predicted_tokens_per_second", tps > 0 ? json_real(tps) : json_null());
                     exo_instance_clear(&inst);
                 } else {
                     json_object_set_new(p, "instance", json_null());
                     json_object_set_new(p, "error", json_string(err.msg));
+                    json_object_set_new(p, "predicted_tokens_per_second", json_null());
                 }
                 json_object_set_new(p, "memory_delta_by_node", delta);
                 json_array_append_new(out, p);

@@ -8,8 +8,11 @@
  *     topology: one node always does; several need a directed cycle through
  *     all of them over the State's edges (exo's "cycles of the topology");
  *   - the set must have at least min_nodes nodes and hold the weights in
- *     its available memory; the smallest such sets win, then the one with
- *     the most available memory, then node ids (deterministic);
+ *     its available memory. When every candidate reports its memory
+ *     bandwidth, the set with the highest predicted decode speed wins
+ *     (exo_placement_predict; fewer nodes on a tie); otherwise the smallest
+ *     such sets win, then the one with the most available memory, then
+ *     node ids (deterministic);
  *   - one node is always Pipeline + MlxRing (exo forces this); MlxJaccl
  *     (RDMA) needs RDMA links, which no node reports yet;
  *   - Tensor needs the card to allow it and hidden_size and
@@ -40,11 +43,29 @@ typedef struct exo_placement_request {
 int exo_placement_place(const exo_state *st, const exo_placement_request *req, exo_instance *out,
                         exo_err *err);
 
+/* Predicted decode speed of one request on an instance, tokens/s, from
+ * what the State measured: each node's memory read bandwidth (decode
+ * streams its share of the weights once per token) and the ring's links
+ * (round-trip latency, bandwidth). Pipeline: the ranks' times add up, plus
+ * one hop of hidden states per link; tensor: the slowest rank's share, plus
+ * two all-reduces of the hidden state per layer. 0 when a node's bandwidth
+ * or a link is not known. */
+double exo_placement_predict(const exo_state *st, const exo_instance *inst, const exo_model_card *card);
+
 /* Every option for a model, as exo's /instance/previews: for each sharding
  * x instance meta x node count 1..N, the placement or why there is none.
  * Appended to a JSON array of {model_id, sharding, instance_meta,
- * node_count, instance|null, memory_delta_by_node, error|null}. */
+ * node_count, instance|null, memory_delta_by_node, error|null,
+ * predicted_tokens_per_second|null}. */
 void exo_placement_previews(const exo_state *st, const exo_model_card *card, json_t *out);
+
+/* A pipeline's layers over n nodes in proportion to weights, counting the
+ * LM head (read every token by the last rank, vocab x hidden at the
+ * checkpoint's width) as the layers its bytes make, so the last rank gets
+ * fewer layers and every rank reads about its share of the bytes each
+ * token. Each node keeps at least one layer. */
+int exo_placement_pipeline_split(const exo_model_card *card, const uint64_t *weights, int n,
+                                 int32_t *starts, exo_err *err);
 
 /* Splits n_layers over n nodes in proportion to weights (largest remainder,
  * each node >= 1 layer): writes n start layers (end = next start or

@@ -152,6 +152,7 @@ typedef struct exo_model_card {
     int32_t  n_layers;
     int32_t  hidden_size;
     int32_t  n_kv_heads;
+    int32_t  vocab_size;        /* 0: unknown */
     uint64_t storage_bytes;
     bool     supports_tensor;
     /* for listing the model on any node (/v1/models, Ollama tags) */
@@ -205,6 +206,8 @@ typedef struct exo_node_info {
     uint64_t disk_available;
     int32_t  api_port;          /* 0: no API on this node */
     int32_t  cluster_port;      /* 0: not in a cluster */
+    uint64_t mem_read_bps;      /* memory read bandwidth, bytes/s, measured once (0: unknown):
+                                   what bounds decode, for placement's speed predictions */
     EXO__ARRAY(exo_gpu_info)  gpus;
     EXO__ARRAY(exo_net_iface) interfaces;
     EXO__ARRAY(exo_model_card) models;  /* complete on disk here */

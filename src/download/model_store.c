@@ -182,12 +182,14 @@ static void read_config(exo_model_entry *m, const json_t *top)
     static const char *const kv[] = {"num_key_value_heads", NULL};
     static const char *const heads[] = {"num_attention_heads", "n_head", "num_heads", NULL};
     static const char *const ctx[] = {"max_position_embeddings", "n_positions", "max_sequence_length", NULL};
+    static const char *const vocab[] = {"vocab_size", "n_vocab", NULL};
     m->n_layers = clamp_int(get_int(text, top, layers));
     m->hidden_size = clamp_int(get_int(text, top, hidden));
     m->n_kv_heads = clamp_int(get_int(text, top, kv));
     if (!m->n_kv_heads)
         m->n_kv_heads = clamp_int(get_int(text, top, heads));
     m->context_length = get_int(text, top, ctx);
+    m->vocab_size = clamp_int(get_int(text, top, vocab));
 
     const char *qkeys[] = {"quantization", "quantization_config"};
     for (int i = 0; i < 2 && !m->quantization[0]; i++) {

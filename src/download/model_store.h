@@ -45,7 +45,7 @@ typedef struct exo_model_entry {
     char    model_type[64];    /* config.json model_type */
     char    quantization[16];  /* "4bit", "8bit", "bf16", "fp16", "fp32", "" */
     int64_t storage_bytes;
-    int     n_layers, hidden_size, n_kv_heads;
+    int     n_layers, hidden_size, n_kv_heads, vocab_size;
     int64_t context_length;
     bool    has_tokenizer, has_chat_template, supports_tools, supports_thinking;
     int64_t created;

@@ -1,4 +1,6 @@
-/* Generation loop (see generate.h). The token history handed to the
+/* Generation loop (see generate.h): one generation is a small state machine
+ * (exo_gen_seq) that says what the next forward step runs and takes the
+ * samples; exo_generate_with drives one through a stepper. The token history handed to the
  * sampler (for penalties) is the prompt plus what was generated. A chunked
  * prefill runs the chunks before the last without logits (the model then
  * skips the LM head) and rolls the sequence back if a chunk fails, so an
@@ -101,34 +103,116 @@ void exo_gen_stepper_local_free(exo_gen_stepper *st)
 
 /* ---- the loop ------------------------------------------------------------ */
 
-/* Runs the prompt through the stepper, in chunks of p->prefill_chunk tokens
- * when that is set; the last chunk samples the first token into *first.
- * Sets finish = CANCEL when on_prefill asks to stop. */
-static int prefill(exo_gen_stepper *g, const int32_t *prompt, int n_prompt, const exo_gen_params *p,
-                   void *ctx, exo_sample *first, exo_gen_stats *stats, exo_err *err)
+/* ---- one generation, step by step -------------------------------------- */
+
+typedef enum { GS_PREFILL, GS_WAIT, GS_DECODE, GS_DONE } gs_state;
+
+struct exo_gen_seq {
+    exo_gen_params   p;
+    const int32_t   *prompt; /* the caller's, valid until the last step */
+    int              n_prompt, done, chunk;
+    int              pos, capacity;
+    int32_t          last;   /* the token the next decode step runs */
+    bool             stepped_last_chunk;
+    gs_state         state;
+    exo_gen_stats    stats;
+    double           t0, t1;
+    exo_gen_token_fn on_token;
+    void            *ctx;
+};
+
+exo_gen_seq *exo_gen_seq_new(const int32_t *prompt, int n_prompt, int pos, int capacity,
+                             const exo_gen_params *p, exo_gen_token_fn on_token, void *ctx)
 {
-    int chunk = p->prefill_chunk > 0 && p->prefill_chunk < n_prompt ? p->prefill_chunk : n_prompt;
-    int len0 = g->len(g->ctx);
-    /* One call, also when it must fail (no tokens, no room): the error is
-     * then the model's, found before any work. */
-    if (chunk == n_prompt || n_prompt > g->capacity(g->ctx) - len0)
-        return g->step(g->ctx, prompt, n_prompt, first, err);
-    for (int done = 0; done < n_prompt;) {
-        int n = n_prompt - done < chunk ? n_prompt - done : chunk;
-        bool last = done + n == n_prompt;
-        int rc = g->step(g->ctx, prompt + done, n, last ? first : NULL, err);
-        if (rc) {
-            g->truncate(g->ctx, len0);
-            return rc;
-        }
-        done += n;
-        if (!last && p->on_prefill && p->on_prefill(ctx, done, n_prompt)) {
-            stats->finish = EXO_FINISH_CANCEL;
-            return 0;
-        }
-    }
-    return 0;
+    exo_gen_seq *g = exo_calloc(1, sizeof *g);
+    g->p = *p;
+    g->prompt = prompt;
+    g->n_prompt = n_prompt;
+    g->pos = pos;
+    g->capacity = capacity;
+    /* one call when it must fail anyway (no room): the error is then the
+     * model's, found before any work */
+    g->chunk = p->prefill_chunk > 0 && p->prefill_chunk < n_prompt && n_prompt <= capacity - pos
+                   ? p->prefill_chunk : n_prompt;
+    g->on_token = on_token;
+    g->ctx = ctx;
+    g->stats.prompt_tokens = n_prompt;
+    g->t0 = exo_clock_seconds();
+    g->state = p->max_tokens > 0 ? GS_PREFILL : GS_DONE;
+    return g;
 }
+
+void exo_gen_seq_free(exo_gen_seq *g) { exo_free(g); }
+
+bool exo_gen_seq_next(exo_gen_seq *g, const int32_t **tokens, int *T, bool *want_sample)
+{
+    if (g->state == GS_PREFILL) {
+        int n = g->n_prompt - g->done < g->chunk ? g->n_prompt - g->done : g->chunk;
+        *tokens = g->prompt + g->done;
+        *T = n;
+        *want_sample = g->done + n == g->n_prompt;
+        return true;
+    }
+    if (g->state == GS_DECODE) {
+        *tokens = &g->last;
+        *T = 1;
+        *want_sample = true;
+        return true;
+    }
+    return false;
+}
+
+void exo_gen_seq_stepped(exo_gen_seq *g)
+{
+    int T = g->state == GS_PREFILL ? (g->n_prompt - g->done < g->chunk ? g->n_prompt - g->done : g->chunk)
+                                   : 1;
+    g->pos += T;
+    if (g->state == GS_DECODE) {
+        g->state = GS_WAIT;
+        return;
+    }
+    g->done += T;
+    if (g->done == g->n_prompt) {
+        g->state = GS_WAIT;
+        return;
+    }
+    if (g->p.on_prefill && g->p.on_prefill(g->ctx, g->done, g->n_prompt)) {
+        g->stats.finish = EXO_FINISH_CANCEL;
+        g->state = GS_DONE;
+    }
+}
+
+bool exo_gen_seq_sampled(exo_gen_seq *g, const exo_sample *s)
+{
+    if (g->state != GS_WAIT)
+        return false;
+    double now = exo_clock_seconds();
+    if (!g->t1) {
+        g->t1 = now;
+        g->stats.prefill_seconds = now - g->t0;
+        g->stats.finish = EXO_FINISH_LENGTH;
+    }
+    g->state = GS_DONE;
+    if (is_eos(&g->p, s->id))
+        g->stats.finish = EXO_FINISH_STOP;
+    else if (g->stats.generated_tokens++, g->on_token && g->on_token(g->ctx, s))
+        g->stats.finish = EXO_FINISH_CANCEL;
+    else if (g->stats.generated_tokens == g->p.max_tokens)
+        g->stats.finish = EXO_FINISH_LENGTH;
+    else if (g->pos >= g->capacity)
+        g->stats.finish = EXO_FINISH_CONTEXT;
+    else {
+        g->last = s->id;
+        g->state = GS_DECODE;
+    }
+    if (g->state == GS_DONE)
+        g->stats.decode_seconds = now - g->t1;
+    return g->state == GS_DECODE;
+}
+
+bool exo_gen_seq_done(const exo_gen_seq *g) { return g->state == GS_DONE; }
+bool exo_gen_seq_in_prefill(const exo_gen_seq *g) { return g->state == GS_PREFILL || !g->t1; }
+void exo_gen_seq_stats(const exo_gen_seq *g, exo_gen_stats *out) { *out = g->stats; }
 
 int exo_generate_with(exo_gen_stepper *g, const int32_t *prompt, int n_prompt,
                       const exo_gen_params *p, exo_gen_token_fn on_token, void *ctx,
@@ -140,40 +224,30 @@ int exo_generate_with(exo_gen_stepper *g, const int32_t *prompt, int n_prompt,
     if (n_prompt < 0 || n_prompt > INT32_MAX - p->max_tokens)
         return exo_err_set(err, EXO_ERANGE, "generate: prompt too long");
     int rc = g->start(g->ctx, &p->sampling, prompt, n_prompt, p->max_tokens, err);
-    if (rc)
-        goto done;
-    stats->prompt_tokens = n_prompt;
-    double t0 = exo_clock_seconds();
-    exo_sample s;
-    rc = prefill(g, prompt, n_prompt, p, ctx, &s, stats, err);
-    double t1 = exo_clock_seconds();
-    stats->prefill_seconds = t1 - t0;
-    if (rc || stats->finish == EXO_FINISH_CANCEL)
-        goto done;
-    stats->finish = EXO_FINISH_LENGTH;
-    for (int i = 0; i < p->max_tokens; i++) {
-        if (is_eos(p, s.id)) {
-            stats->finish = EXO_FINISH_STOP;
-            break;
-        }
-        stats->generated_tokens++;
-        if (on_token && on_token(ctx, &s)) {
-            stats->finish = EXO_FINISH_CANCEL;
-            break;
-        }
-        if (i + 1 == p->max_tokens)
-            break;
-        if (g->len(g->ctx) >= g->capacity(g->ctx)) {
-            stats->finish = EXO_FINISH_CONTEXT;
-            break;
-        }
-        int32_t id = s.id;
-        rc = g->step(g->ctx, &id, 1, &s, err);
-        if (rc)
-            goto done;
+    if (rc) {
+        g->finish(g->ctx);
+        return rc;
     }
-    stats->decode_seconds = exo_clock_seconds() - t1;
-done:
+    int len0 = g->len(g->ctx);
+    exo_gen_params q = *p;
+    exo_gen_seq *s = exo_gen_seq_new(prompt, n_prompt, len0, g->capacity(g->ctx), &q, on_token, ctx);
+    const int32_t *tokens;
+    int T;
+    bool want;
+    while (exo_gen_seq_next(s, &tokens, &T, &want)) {
+        exo_sample smp;
+        bool prefilling = exo_gen_seq_in_prefill(s);
+        if ((rc = g->step(g->ctx, tokens, T, want ? &smp : NULL, err))) {
+            if (prefilling) /* an error during the prefill leaves the sequence as it was */
+                g->truncate(g->ctx, len0);
+            break;
+        }
+        exo_gen_seq_stepped(s);
+        if (want)
+            exo_gen_seq_sampled(s, &smp);
+    }
+    exo_gen_seq_stats(s, stats);
+    exo_gen_seq_free(s);
     g->finish(g->ctx);
     return rc;
 }

@@ -82,6 +82,29 @@ int exo_generate_with(exo_gen_stepper *st, const int32_t *prompt, int n_prompt,
                       const exo_gen_params *p, exo_gen_token_fn on_token, void *ctx,
                       exo_gen_stats *stats, exo_err *err);
 
+/* One generation as a state machine, for callers that interleave several
+ * (a pipeline's rank 0 keeps one per request in flight): it says what the
+ * next forward step runs, and takes the sample the step produced.
+ *   exo_gen_seq_new: the prompt (the caller's, valid until the last step)
+ *     goes in at position `pos` of a sequence of `capacity` positions.
+ *   exo_gen_seq_next: the step to run now (tokens, T, whether it wants a
+ *     sample); false when the generation waits for a sample or is done.
+ *   exo_gen_seq_stepped: that step ran (on_prefill is called between
+ *     prompt chunks, and may end the generation: finish CANCEL).
+ *   exo_gen_seq_sampled: the sample of the last step: on_token, stop
+ *     conditions; true when another step follows.
+ * Stats as exo_generate's. */
+typedef struct exo_gen_seq exo_gen_seq;
+exo_gen_seq *exo_gen_seq_new(const int32_t *prompt, int n_prompt, int pos, int capacity,
+                             const exo_gen_params *p, exo_gen_token_fn on_token, void *ctx);
+void exo_gen_seq_free(exo_gen_seq *g);
+bool exo_gen_seq_next(exo_gen_seq *g, const int32_t **tokens, int *T, bool *want_sample);
+void exo_gen_seq_stepped(exo_gen_seq *g);
+bool exo_gen_seq_sampled(exo_gen_seq *g, const exo_sample *s);
+bool exo_gen_seq_done(const exo_gen_seq *g);
+bool exo_gen_seq_in_prefill(const exo_gen_seq *g); /* no sample yet */
+void exo_gen_seq_stats(const exo_gen_seq *g, exo_gen_stats *out);
+
 /* exo_generate_with on the local stepper of (m, seq). */
 int exo_generate(exo_model *m, exo_seq *seq, const int32_t *prompt, int n_prompt,
                  const exo_gen_params *p, exo_gen_token_fn on_token, void *ctx,

@@ -26,16 +26,39 @@
 
 #include "engine/generate.h"
 #include "engine/model.h"
+#include "runner/dist_frames.h"
 #include "runner/ring.h"
 
 typedef struct exo_dist exo_dist;
 
-/* The ring and model stay the caller's; seq is this rank's sequence. */
-exo_dist *exo_dist_new(exo_ring *ring, bool tensor, exo_model *m, exo_seq *seq);
+/* The ring and model stay the caller's; seqs are this rank's sequences,
+ * one per slot (slot 0 is the stepper's). */
+exo_dist *exo_dist_new(exo_ring *ring, bool tensor, exo_model *m, exo_seq *const *seqs, int n_seqs);
 void      exo_dist_free(exo_dist *d);
+int       exo_dist_slots(const exo_dist *d);
+exo_seq  *exo_dist_seq(exo_dist *d, int slot);
 
-/* Rank 0: the stepper that drives the group (owned by d). */
+/* Rank 0: the stepper that drives the group on slot 0 (owned by d). */
 exo_gen_stepper *exo_dist_stepper(exo_dist *d);
+
+/* Rank 0 of a pipeline, several requests in flight: a new generation in a
+ * slot (its sampling and prompt go to the last rank); a step of a slot's
+ * sequence, run through this rank's layers and sent on (returns at once;
+ * with want_sample the last rank's sample comes back later); the next
+ * sample that came back, of whichever slot. */
+int exo_dist_begin(exo_dist *d, int slot, const exo_sampler_params *sp, const int32_t *prompt,
+                   int n_prompt, int max_tokens, exo_err *err);
+int exo_dist_send_step(exo_dist *d, int slot, const int32_t *tokens, int T, bool want_sample,
+                       exo_err *err);
+int exo_dist_recv_sample(exo_dist *d, int *slot, exo_sample *s, exo_err *err);
+
+/* Rank 0 of a pipeline: n generations at once, one per slot (n <= the
+ * slots), each with its prompt, ctx for on_token and stats; the way the
+ * runner keeps a pipeline busy, for a fixed set of requests (tests,
+ * benchmarks). */
+int exo_dist_generate_batch(exo_dist *d, int n, const int32_t *const *prompts, const int *n_prompts,
+                            const exo_gen_params *p, exo_gen_token_fn on_token, void *const *ctx,
+                            exo_gen_stats *stats, exo_err *err);
 
 /* Ranks > 0: handles one frame from the ring. Errors: the model's, the
  * ring's, EXO_EFORMAT for a frame that makes no sense here. */

@@ -505,19 +505,30 @@ int exo_ring_recv(exo_ring *r, exo_ring_msg *m, int timeout_ms, exo_err *err)
     m->len = get_u32(r->hdr + 12);
     if (m->len > EXO_RING_PAYLOAD_MAX)
         return exo_err_set(err, EXO_EFORMAT, "ring: a frame announces %zu bytes", m->len);
-    if (m->len > r->rcap) {
-        void *p = exo_try_malloc(m->len);
-        if (!p)
-            return exo_err_set(err, EXO_ENOMEM, "ring: cannot receive %zu bytes", m->len);
-        exo_free(r->rbuf);
-        r->rbuf = p;
-        r->rcap = m->len;
+    /* the rest of a frame that has begun arrives at link speed: the same
+     * deadline again, not what is left of the wait for its start. The
+     * buffer grows with what arrives, not with what the header announces. */
+    uint64_t deadline = exo_clock_ns() + (uint64_t)r->timeout_ms * 1000000ull;
+    for (size_t got = 0; got < m->len;) {
+        if (got == r->rcap) {
+            size_t cap = r->rcap ? 2 * r->rcap : 65536;
+            cap = cap < m->len ? cap : m->len;
+            void *p = exo_try_malloc(cap);
+            if (!p)
+                return exo_err_set(err, EXO_ENOMEM, "ring: cannot receive %zu bytes", m->len);
+            if (got)
+                memcpy(p, r->rbuf, got);
+            exo_free(r->rbuf);
+            r->rbuf = p;
+            r->rcap = cap;
+        }
+        size_t want = (m->len < r->rcap ? m->len : r->rcap) - got;
+        if ((rc = read_full(r->prev_fd, (char *)r->rbuf + got, want, deadline, err)))
+            return rc;
+        got += want;
     }
     m->payload = r->rbuf;
-    /* the rest of a frame that has begun arrives at link speed: the same
-     * deadline again, not what is left of the wait for its start */
-    uint64_t deadline = exo_clock_ns() + (uint64_t)r->timeout_ms * 1000000ull;
-    return read_full(r->prev_fd, r->rbuf, m->len, deadline, err);
+    return 0;
 }
 
 int exo_ring_poll_fd(const exo_ring *r) { return r->world > 1 ? r->prev_fd : -1; }
@@ -679,6 +690,28 @@ int exo_ring_connect(const exo_ring_config *c, exo_ring **out, exo_err *err)
     }
     *out = r;
     return 0;
+}
+
+exo_ring *exo_ring_wrap(int rank, int world, int prev_fd, int next_fd, int timeout_ms)
+{
+    exo_ring *r = exo_calloc(1, sizeof *r);
+    r->rank = rank;
+    r->world = world;
+    r->timeout_ms = timeout_ms > 0 ? timeout_ms : DEFAULT_TIMEOUT_MS;
+    r->prev_fd = prev_fd;
+    r->next_fd = next_fd;
+    r->last_rx_ns = exo_clock_ns();
+    pthread_mutex_init(&r->mu, NULL);
+    pthread_cond_init(&r->cv, NULL);
+    fcntl(prev_fd, F_SETFL, fcntl(prev_fd, F_GETFL) | O_NONBLOCK);
+    if (next_fd >= 0) {
+        fcntl(next_fd, F_SETFL, fcntl(next_fd, F_GETFL) | O_NONBLOCK);
+        if (world > 1 && pthread_create(&r->sender, NULL, sender_main, r) == 0)
+            r->sender_started = true;
+    } else {
+        r->send_errno = EPIPE; /* a ring that only receives */
+    }
+    return r;
 }
 
 void exo_ring_free(exo_ring *r)

@@ -37,7 +37,7 @@
 #include <stdint.h>
 
 #define EXO_RING_KEY_BYTES   32
-#define EXO_RING_PAYLOAD_MAX ((size_t)1 << 30)
+#define EXO_RING_PAYLOAD_MAX ((size_t)256 << 20) /* a frame: a 512-token chunk of a 64k-wide model */
 
 typedef struct exo_ring exo_ring;
 
@@ -59,6 +59,9 @@ int exo_ring_listen(int port, int *fd_out, int *port_out, exo_err *err);
  * without the key). */
 int  exo_ring_connect(const exo_ring_config *cfg, exo_ring **out, exo_err *err);
 void exo_ring_free(exo_ring *r);
+/* A ring over links already connected and trusted (tests, fuzzing): the
+ * fds are taken; next_fd -1 makes a ring that only receives. */
+exo_ring *exo_ring_wrap(int rank, int world, int prev_fd, int next_fd, int timeout_ms);
 int  exo_ring_rank(const exo_ring *r);
 int  exo_ring_world(const exo_ring *r);
 void exo_ring_set_timeout(exo_ring *r, int timeout_ms);

@@ -76,8 +76,11 @@ typedef struct runner {
     char                  *fail_msg;
     /* requests */
     job                   *head, *tail;
-    const char            *cur_id; /* the running request, or NULL */
-    bool                   cancel_cur;
+    /* requests being generated (one, or a pipeline's requests in flight) */
+    struct gen_ctx        *active[EXO_DIST_MAX_SLOTS];
+    int                    n_active;
+    exo_seq               *seqs[EXO_DIST_MAX_SLOTS]; /* seqs[0] == seq; more for a pipeline */
+    int                    n_slots;
 } runner;
 
 /* ---- sending ------------------------------------------------------------ */
@@ -173,6 +176,9 @@ static void job_free(job *j)
     exo_free(j);
 }
 
+/* Cancels the active request `id` (NULL: all of them); false when none is. */
+static bool cancel_active(runner *r, const char *id);
+
 static void handle(runner *r, exo_runner_msg *m)
 {
     switch (m->kind) {
@@ -202,10 +208,8 @@ static void handle(runner *r, exo_runner_msg *m)
         break;
     }
     case EXO_RMSG_CANCEL:
-        if (r->cur_id && !strcmp(r->cur_id, m->command_id)) {
-            r->cancel_cur = true;
+        if (cancel_active(r, m->command_id))
             break;
-        }
         for (job **pp = &r->head; *pp; pp = &(*pp)->next) {
             job *j = *pp;
             if (strcmp(j->id, m->command_id))
@@ -223,7 +227,7 @@ static void handle(runner *r, exo_runner_msg *m)
         break;
     case EXO_RMSG_SHUTDOWN:
         r->shutdown = true;
-        r->cancel_cur = true;
+        cancel_active(r, NULL);
         break;
     default:
         EXO_LOG_WARN("runner: unexpected %s frame ignored", exo_runner_msg_name(m->kind));
@@ -361,7 +365,10 @@ static void unload(runner *r)
     r->dist = NULL;
     exo_ring_free(r->ring);
     r->ring = NULL;
-    exo_seq_free(r->seq);
+    for (int i = 0; i < r->n_slots; i++)
+        exo_seq_free(r->seqs[i]);
+    memset(r->seqs, 0, sizeof r->seqs);
+    r->n_slots = 0;
     exo_model_free(r->model);
     exo_tokenizer_free(r->tok);
     exo_chat_template_free(r->tpl);
@@ -562,10 +569,16 @@ static void do_load(runner *r)
         r->tpl_source = r->tpl ? template_source(dir) : NULL;
     }
     r->ctx = r->load.ctx > 0 ? r->load.ctx : (max_pos && max_pos < DEFAULT_CTX ? max_pos : DEFAULT_CTX);
-    if (exo_seq_create(r->model, r->ctx, &r->seq, &err))
-        goto fail;
+    /* a pipeline keeps one sequence per request in flight, so every rank
+     * can work on a different one: as many as there are ranks */
+    r->n_slots = split(r) && !tensor ? (r->load.world < EXO_DIST_MAX_SLOTS ? r->load.world
+                                                                           : EXO_DIST_MAX_SLOTS) : 1;
+    for (int i = 0; i < r->n_slots; i++)
+        if (exo_seq_create(r->model, r->ctx, &r->seqs[i], &err))
+            goto fail;
+    r->seq = r->seqs[0];
     if (split(r)) {
-        r->dist = exo_dist_new(r->ring, tensor, r->model, r->seq);
+        r->dist = exo_dist_new(r->ring, tensor, r->model, r->seqs, r->n_slots);
         r->stepper = exo_dist_stepper(r->dist);
     } else {
         r->stepper = exo_gen_stepper_local(r->model, r->seq);
@@ -615,7 +628,17 @@ typedef struct gen_ctx {
     exo_output_parser *parser;
     exo_detok_stream  *ds;
     bool               stopped; /* a stop sequence matched */
+    bool               cancel;  /* a Cancel (or Shutdown) for this request */
     int32_t            prev_id; /* the token before the one being reported */
+    char              *prompt;  /* the rendered template */
+    int32_t           *ids;     /* its tokens */
+    size_t             n_ids;
+    exo_gen_params     gp;
+    int64_t            eos[EXO_CONFIG_MAX_EOS + 8];
+    /* a pipeline's request in flight: its slot and generation */
+    int                slot;
+    exo_gen_seq       *seq;
+    bool               waiting; /* a step that wants a sample is out */
 } gen_ctx;
 
 /* The text an alternative token would have added after prev: decoding it
@@ -666,7 +689,7 @@ static int on_token(void *ctx, const exo_sample *s)
         g->stopped = true;
     exo_chunk_free(&c);
     drain(r, false);
-    return g->stopped || r->cancel_cur || r->peer_gone;
+    return g->stopped || g->cancel || r->peer_gone;
 }
 
 /* Between prefill chunks: progress up, cancels in. */
@@ -679,7 +702,7 @@ static int on_prefill(void *ctx, int processed, int total)
     send_chunk(r, g->j->id, &c);
     exo_chunk_free(&c);
     drain(r, false);
-    return r->cancel_cur || r->peer_gone;
+    return g->cancel || r->peer_gone;
 }
 
 static void sampling_for(const runner *r, const exo_gen_request *q, exo_sampler_params *sp)
@@ -719,20 +742,51 @@ static void sampling_for(const runner *r, const exo_gen_request *q, exo_sampler_
     sp->top_logprobs = q->logprobs ? c->top_logprobs : 0;
 }
 
-static void run_job(runner *r, job *j)
+static bool cancel_active(runner *r, const char *id)
+{
+    bool found = false;
+    for (int i = 0; i < r->n_active; i++)
+        if (!id || !strcmp(r->active[i]->j->id, id)) {
+            r->active[i]->cancel = true;
+            found = true;
+        }
+    return found;
+}
+
+static void activate(runner *r, gen_ctx *g)
+{
+    r->active[r->n_active++] = g;
+}
+
+static void deactivate(runner *r, gen_ctx *g)
+{
+    for (int i = 0; i < r->n_active; i++)
+        if (r->active[i] == g) {
+            r->active[i] = r->active[--r->n_active];
+            break;
+        }
+}
+
+/* Template, tokens, parser and parameters of a request; false (after
+ * answering it with an error) when it cannot run. */
+static bool job_open(runner *r, job *j, gen_ctx *g)
 {
     exo_gen_request *q = &j->req;
     exo_err err = {0};
-    char *prompt = NULL;
-    int32_t *ids = NULL;
-    size_t n_ids = 0;
-    gen_ctx g = {r, j, NULL, NULL, false, -1};
     char msg[EXO_ERR_LEN + 64];
-
+    memset(g, 0, sizeof *g);
+    g->r = r;
+    g->j = j;
+    g->prev_id = -1;
+    g->cancel = r->shutdown;
+    if (split(r) && r->load.rank != 0) {
+        fail_request(r, j->id, "this runner is not rank 0 of its model: it takes no requests");
+        return false;
+    }
     if (!r->tok || !r->tpl) {
         fail_request(r, j->id, r->tok ? "the model has no chat template"
                                       : "the model has no tokenizer.json");
-        return;
+        return false;
     }
     json_t *extra = json_object();
     if (q->enable_thinking >= 0)
@@ -741,100 +795,255 @@ static void run_job(runner *r, job *j)
         json_object_set_new(extra, "reasoning_effort",
                             json_string(exo_reasoning_effort_name(q->reasoning_effort)));
     const json_t *tools = q->tools && json_array_size(q->tools) ? q->tools : NULL;
-    int rc = exo_chat_template_render(r->tpl, q->messages, tools, true, extra, &prompt, &err);
+    int rc = exo_chat_template_render(r->tpl, q->messages, tools, true, extra, &g->prompt, &err);
     json_decref(extra);
     if (rc) {
         snprintf(msg, sizeof msg, "chat template: %s", err.msg);
         fail_request(r, j->id, msg);
-        goto out;
+        return false;
     }
-    if (exo_tokenizer_encode(r->tok, prompt, strlen(prompt), false, &ids, &n_ids, &err)) {
+    if (exo_tokenizer_encode(r->tok, g->prompt, strlen(g->prompt), false, &g->ids, &g->n_ids, &err)) {
         snprintf(msg, sizeof msg, "tokenizer: %s", err.msg);
         fail_request(r, j->id, msg);
-        goto out;
+        return false;
     }
-    if (n_ids == 0) {
+    if (g->n_ids == 0) {
         fail_request_status(r, j->id, 400, "the prompt encodes to no tokens");
-        goto out;
+        return false;
     }
-    if (n_ids >= (size_t)r->ctx) {
+    if (g->n_ids >= (size_t)r->ctx) {
         snprintf(msg, sizeof msg, "the prompt is %zu tokens, more than the context of %d tokens allows",
-                 n_ids, r->ctx);
+                 g->n_ids, r->ctx);
         fail_request_status(r, j->id, 400, msg);
-        goto out;
+        return false;
     }
-
-    g.prev_id = ids[n_ids - 1];
+    g->prev_id = g->ids[g->n_ids - 1];
     exo_output_parser_config pc = {0};
-    exo_output_parser_detect(r->tpl_source, prompt, &pc);
+    exo_output_parser_detect(r->tpl_source, g->prompt, &pc);
     pc.stop = (const char *const *)q->stop;
     pc.n_stop = q->n_stop;
     pc.tools = tools;
     pc.raw = q->bench;
-    g.parser = exo_output_parser_create(&pc);
+    g->parser = exo_output_parser_create(&pc);
     /* Markup the parser needs may be special tokens: keep them when it parses. */
     bool keep_special = !q->bench && (pc.tool_format != EXO_TOOL_FMT_NONE || pc.think_start);
-    g.ds = exo_detok_stream_new(r->tok, !keep_special);
+    g->ds = exo_detok_stream_new(r->tok, !keep_special);
 
-    exo_gen_params gp = {0};
-    sampling_for(r, q, &gp.sampling);
-    gp.max_tokens = q->has & EXO_GEN_HAS_MAX_TOKENS ? q->max_tokens : DEFAULT_MAX_TOKENS;
-    int64_t eos[EXO_CONFIG_MAX_EOS + 8];
-    gp.eos_ids = eos;
-    gp.n_eos = q->bench ? 0 : eos_list(r, eos);
-    gp.prefill_chunk = split(r) && !r->load.tensor ? PIPELINE_CHUNK : PREFILL_CHUNK;
-    gp.on_prefill = on_prefill;
+    sampling_for(r, q, &g->gp.sampling);
+    g->gp.max_tokens = q->has & EXO_GEN_HAS_MAX_TOKENS ? q->max_tokens : DEFAULT_MAX_TOKENS;
+    g->gp.eos_ids = g->eos;
+    g->gp.n_eos = q->bench ? 0 : eos_list(r, g->eos);
+    g->gp.prefill_chunk = split(r) && !r->load.tensor ? PIPELINE_CHUNK : PREFILL_CHUNK;
+    g->gp.on_prefill = on_prefill;
+    return true;
+}
 
-    exo_gen_stats st;
-    exo_seq_truncate(r->seq, 0);
-    rc = exo_generate_with(r->stepper, ids, (int)n_ids, &gp, on_token, &g, &st, &err);
-    if (rc) {
-        snprintf(msg, sizeof msg, "generation failed: %s", err.msg[0] ? err.msg : exo_strerror(rc));
-        fail_request(r, j->id, msg);
-        if (split(r) && ring_error(rc))
-            ring_failed(r, err.msg[0] ? err.msg : exo_strerror(rc));
-        goto out;
-    }
-    if (!g.stopped) {
+static void job_free_ctx(gen_ctx *g)
+{
+    exo_output_parser_free(g->parser);
+    exo_detok_stream_free(g->ds);
+    exo_gen_seq_free(g->seq);
+    exo_free(g->ids);
+    exo_free(g->prompt);
+    g->parser = NULL;
+    g->ds = NULL;
+    g->seq = NULL;
+    g->ids = NULL;
+    g->prompt = NULL;
+}
+
+/* The end of a request that ran: the rest of the text, the finish chunk, Done. */
+static void job_close(runner *r, gen_ctx *g, const exo_gen_stats *st)
+{
+    job *j = g->j;
+    if (!g->stopped) {
         size_t len;
-        const char *rest = exo_detok_stream_flush(g.ds, &len);
+        const char *rest = exo_detok_stream_flush(g->ds, &len);
         if (len) {
             exo_chunk c;
             exo_chunk_token(&c, rest, len, -1, false);
-            if (exo_output_parser_feed(g.parser, &c, emit, &g))
-                g.stopped = true;
+            if (exo_output_parser_feed(g->parser, &c, emit, g))
+                g->stopped = true;
             exo_chunk_free(&c);
         }
     }
     exo_finish_reason fr;
-    if (g.stopped || st.finish == EXO_FINISH_STOP)
+    if (g->stopped || st->finish == EXO_FINISH_STOP)
         fr = EXO_FR_STOP;
-    else if (st.finish == EXO_FINISH_CANCEL)
+    else if (st->finish == EXO_FINISH_CANCEL)
         fr = EXO_FR_CANCELLED;
     else
         fr = EXO_FR_LENGTH;
-    fr = exo_output_parser_finish(g.parser, fr, emit, &g);
-    exo_usage usage = {(int)n_ids, st.generated_tokens,
-                       exo_output_parser_reasoning_tokens(g.parser), 0};
+    fr = exo_output_parser_finish(g->parser, fr, emit, g);
+    exo_usage usage = {(int)g->n_ids, st->generated_tokens,
+                       exo_output_parser_reasoning_tokens(g->parser), 0};
     /* a prefill cancelled part way has no meaningful prompt speed */
-    bool prefilled = st.finish != EXO_FINISH_CANCEL || st.generated_tokens > 0;
-    double ptps = prefilled && st.prefill_seconds > 0 ? n_ids / st.prefill_seconds : 0;
-    double gtps = st.decode_seconds > 0 && st.generated_tokens > 1
-                      ? (st.generated_tokens - 1) / st.decode_seconds : 0;
+    bool prefilled = st->finish != EXO_FINISH_CANCEL || st->generated_tokens > 0;
+    double ptps = prefilled && st->prefill_seconds > 0 ? g->n_ids / st->prefill_seconds : 0;
+    double gtps = st->decode_seconds > 0 && st->generated_tokens > 1
+                      ? (st->generated_tokens - 1) / st->decode_seconds : 0;
     exo_chunk fin;
     exo_chunk_finish(&fin, fr, &usage, ptps, gtps);
-    exo_chunk_set_stop_sequence(&fin, exo_output_parser_stop_sequence(g.parser));
+    exo_chunk_set_stop_sequence(&fin, exo_output_parser_stop_sequence(g->parser));
     struct rusage ru;
     if (getrusage(RUSAGE_SELF, &ru) == 0)
         fin.peak_memory_bytes = (int64_t)ru.ru_maxrss * 1024; /* Linux reports KiB */
     send_chunk(r, j->id, &fin);
     exo_chunk_free(&fin);
     send_done(r, j->id);
-out:
-    exo_output_parser_free(g.parser);
-    exo_detok_stream_free(g.ds);
-    exo_free(ids);
-    exo_free(prompt);
+}
+
+/* A request that failed while generating: the error, and for a broken ring
+ * the runner itself. */
+static void job_error(runner *r, gen_ctx *g, int rc, const exo_err *err)
+{
+    char msg[EXO_ERR_LEN + 64];
+    snprintf(msg, sizeof msg, "generation failed: %s", err->msg[0] ? err->msg : exo_strerror(rc));
+    fail_request(r, g->j->id, msg);
+}
+
+static void run_job(runner *r, job *j)
+{
+    gen_ctx g;
+    if (!job_open(r, j, &g)) {
+        job_free_ctx(&g);
+        return;
+    }
+    activate(r, &g);
+    exo_gen_stats st;
+    exo_err err = {0};
+    exo_seq_truncate(r->seq, 0);
+    int rc = exo_generate_with(r->stepper, g.ids, (int)g.n_ids, &g.gp, on_token, &g, &st, &err);
+    deactivate(r, &g);
+    if (rc) {
+        job_error(r, &g, rc, &err);
+        if (split(r) && ring_error(rc))
+            ring_failed(r, err.msg[0] ? err.msg : exo_strerror(rc));
+    } else {
+        job_close(r, &g, &st);
+    }
+    job_free_ctx(&g);
+}
+
+/* ---- a pipeline's requests in flight ---------------------------------------- */
+
+/* Rank 0 of a pipeline: up to one request per slot at once. Each request's
+ * generation (exo_gen_seq) says what its next step is; rank 0 runs it
+ * through its layers and sends it on, then goes on to another request's
+ * step instead of waiting, so the ranks work on different requests at
+ * the same time; samples come back from the last rank in any order. */
+static job *pop(runner *r);
+
+static void run_pipeline(runner *r)
+{
+    gen_ctx *slots[EXO_DIST_MAX_SLOTS] = {0};
+    int n = r->n_slots;
+    exo_err err = {0};
+    int rc = 0;
+    for (;;) {
+        /* new requests into free slots (a slot whose sample is still out
+         * stays taken until it comes back) */
+        for (int i = 0; i < n && r->head && !rc; i++) {
+            if (slots[i])
+                continue;
+            job *j = pop(r);
+            gen_ctx *g = exo_calloc(1, sizeof *g);
+            if (!job_open(r, j, g)) {
+                job_free_ctx(g);
+                exo_free(g);
+                job_free(j);
+                continue;
+            }
+            g->slot = i;
+            exo_seq_truncate(r->seqs[i], 0);
+            g->seq = exo_gen_seq_new(g->ids, (int)g->n_ids, 0, exo_seq_capacity(r->seqs[i]), &g->gp,
+                                     on_token, g);
+            if ((rc = exo_dist_begin(r->dist, i, &g->gp.sampling, g->ids, (int)g->n_ids,
+                                     g->gp.max_tokens, &err))) {
+                job_error(r, g, rc, &err);
+                job_free_ctx(g);
+                exo_free(g);
+                job_free(j);
+                break;
+            }
+            slots[i] = g;
+            activate(r, g);
+        }
+        /* one step of every request that has one to take */
+        bool any = false;
+        for (int i = 0; i < n && !rc; i++) {
+            gen_ctx *g = slots[i];
+            if (!g || g->waiting)
+                continue;
+            const int32_t *tokens;
+            int T;
+            bool want;
+            bool cancelled = g->cancel && !exo_gen_seq_done(g->seq); /* between steps */
+            if (!cancelled && exo_gen_seq_next(g->seq, &tokens, &T, &want)) {
+                if ((rc = exo_dist_send_step(r->dist, i, tokens, T, want, &err)))
+                    break;
+                exo_gen_seq_stepped(g->seq);
+                g->waiting = want;
+                any = true;
+                continue;
+            }
+            /* done (or cancelled): answer it and free the slot */
+            exo_gen_stats st;
+            exo_gen_seq_stats(g->seq, &st);
+            if (cancelled)
+                st.finish = EXO_FINISH_CANCEL;
+            deactivate(r, g);
+            job_close(r, g, &st);
+            job_free_ctx(g);
+            job_free(g->j);
+            exo_free(g);
+            slots[i] = NULL;
+        }
+        if (rc)
+            break;
+        bool waiting = false;
+        for (int i = 0; i < n; i++)
+            waiting |= slots[i] && slots[i]->waiting;
+        if (!waiting && !any) {
+            bool left = false;
+            for (int i = 0; i < n; i++)
+                left |= slots[i] != NULL;
+            if (!left && !r->head)
+                break;
+            continue;
+        }
+        if (any && !waiting)
+            continue;
+        /* a sample back (the step just sent computes meanwhile) */
+        int i;
+        exo_sample s;
+        if ((rc = exo_dist_recv_sample(r->dist, &i, &s, &err)))
+            break;
+        if (!slots[i] || !slots[i]->waiting) {
+            rc = exo_err_set(&err, EXO_EFORMAT, "ring: a sample for slot %d, which waits for none", i);
+            break;
+        }
+        slots[i]->waiting = false;
+        exo_gen_seq_sampled(slots[i]->seq, &s);
+        drain(r, false);
+        if (r->peer_gone)
+            cancel_active(r, NULL);
+    }
+    if (!rc)
+        return;
+    /* the ring broke: every request in flight gets the error */
+    for (int i = 0; i < n; i++) {
+        gen_ctx *g = slots[i];
+        if (!g)
+            continue;
+        deactivate(r, g);
+        job_error(r, g, rc, &err);
+        job_free_ctx(g);
+        job_free(g->j);
+        exo_free(g);
+    }
+    if (ring_error(rc))
+        ring_failed(r, err.msg[0] ? err.msg : exo_strerror(rc));
 }
 
 /* ---- main loop ------------------------------------------------------------ */
@@ -894,12 +1103,15 @@ int exo_runner_main(int fd)
             job *j = pop(r);
             if (r->state != EXO_RUNNER_RUNNING)
                 send_status(r, EXO_RUNNER_RUNNING, 0, 0, NULL);
-            r->cur_id = j->id;
-            r->cancel_cur = r->shutdown;
-            run_job(r, j);
-            r->cur_id = NULL;
-            r->cancel_cur = false;
-            job_free(j);
+            if (r->dist && r->n_slots > 1) { /* a pipeline: its requests in flight at once */
+                r->head = j; /* back in front: run_pipeline takes them */
+                if (!r->tail)
+                    r->tail = j;
+                run_pipeline(r);
+            } else {
+                run_job(r, j);
+                job_free(j);
+            }
             drain(r, false);
             if (!r->head && !r->shutdown && r->state == EXO_RUNNER_RUNNING)
                 send_status(r, EXO_RUNNER_READY, 0, 0, NULL);

@@ -40,7 +40,13 @@ static void check(const char *payload, size_t len)
         if (m.kind == EXO_RMSG_LOAD_MODEL &&
             (strcmp(m.load.model_dir, again.load.model_dir) || m.load.ctx != again.load.ctx ||
              m.load.n_threads != again.load.n_threads ||
-             m.load.warmup_tokens != again.load.warmup_tokens))
+             m.load.warmup_tokens != again.load.warmup_tokens || m.load.world != again.load.world ||
+             m.load.rank != again.load.rank || m.load.tensor != again.load.tensor ||
+             m.load.start_layer != again.load.start_layer || m.load.end_layer != again.load.end_layer ||
+             strcmp(m.load.ring_key, again.load.ring_key)))
+            abort();
+        if (m.kind == EXO_RMSG_CONNECT &&
+            (strcmp(m.connect.host, again.connect.host) || m.connect.port != again.connect.port))
             abort();
         if (m.kind == EXO_RMSG_CHUNK && m.chunk.kind != again.chunk.kind)
             abort();

@@ -13,7 +13,7 @@ for p in openai @anthropic-ai/sdk ollama; do
 done
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT
-timeout -k 10 1500 node --test-reporter=./tests/e2e/reporter.mjs tests/cluster/cluster.test.mjs \
+timeout -k 10 1500 node --test --test-concurrency=1 --test-reporter=./tests/e2e/reporter.mjs tests/cluster/cluster.test.mjs \
   tests/cluster/distributed.test.mjs >"$out" 2>&1
 rc=$?
 cat "$out"

@@ -511,3 +511,133 @@ Test(master, instance_json_round_trip_and_rejections)
     exo_instance_clear(&inst);
     exo_state_free(st);
 }
+
+/* ---- speed predictions ------------------------------------------------------------- */
+
+/* Nodes with a measured bandwidth (bytes/s) and links of a given round trip
+ * and bandwidth (bits/s) both ways between all of them. */
+static exo_state *speed_cluster(int n, uint64_t mem_bps, int64_t rtt_us, uint64_t link_bps)
+{
+    static const char *const ids[] = {"a", "b", "c", "d"};
+    exo_state *st = exo_state_new();
+    for (int i = 0; i < n; i++) {
+        exo_event ev;
+        exo_event_init(&ev, EXO_EVENT_NODE_GATHERED_INFO);
+        exo_id_set(&ev.u.node_gathered_info.node_id, ids[i], NULL);
+        ev.u.node_gathered_info.when_ms = 1;
+        exo_node_info *in = &ev.u.node_gathered_info.info;
+        in->memory_total = 16 * GIB;
+        in->memory_available = 8 * GIB - (uint64_t)i; /* a fixed rank order */
+        in->cpu_count = 2;
+        in->mem_read_bps = mem_bps;
+        snprintf(in->friendly_name, sizeof in->friendly_name, "%s", ids[i]);
+        in->backends = 1u << EXO_BACKEND_CPU;
+        in->models.n = 1;
+        in->models.v = exo_calloc(1, sizeof *in->models.v);
+        in->models.v[0] = model(16, GIB);
+        apply(st, &ev);
+        exo_event_clear(&ev);
+    }
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < n; j++) {
+            if (i == j)
+                continue;
+            exo_event ev;
+            exo_event_init(&ev, EXO_EVENT_TOPOLOGY_EDGE_CREATED);
+            exo_topology_edge *e = &ev.u.topology_edge_created.edge;
+            exo_id_set(&e->source, ids[i], NULL);
+            exo_id_set(&e->sink, ids[j], NULL);
+            snprintf(e->address, sizeof e->address, "10.0.0.%d:52414", j + 1);
+            e->latency_us = rtt_us;
+            e->bandwidth_bps = link_bps;
+            apply(st, &ev);
+            exo_event_clear(&ev);
+        }
+    return st;
+}
+
+static exo_instance place_as(exo_state *st, exo_sharding sh, int min_nodes, int exact)
+{
+    exo_model_card card = model(16, GIB);
+    exo_placement_request req = {&card, sh, EXO_INSTANCE_META_MLX_RING, min_nodes, exact};
+    exo_instance inst;
+    exo_err err = {0};
+    cr_assert_eq(exo_placement_place(st, &req, &inst, &err), 0, "%s", err.msg);
+    return inst;
+}
+
+Test(placement, predicts_decode_speed_from_bandwidth_and_links)
+{
+    /* 1 GiB of weights at 10 GB/s: ~9.3 tok/s on one node */
+    exo_state *st = speed_cluster(2, 10000000000ull, 100, 10000000000ull);
+    exo_model_card card = model(16, GIB);
+    exo_instance one = place_as(st, EXO_SHARDING_PIPELINE, 1, 1);
+    double t1 = exo_placement_predict(st, &one, &card);
+    cr_assert_float_eq(t1, 1e10 / (double)GIB, 1e-6);
+    /* pipeline over 2: the same bytes, plus the hops: a little slower */
+    exo_instance pp = place_as(st, EXO_SHARDING_PIPELINE, 2, 2);
+    double t2 = exo_placement_predict(st, &pp, &card);
+    cr_assert(t2 < t1 && t2 > 0.98 * t1, "%g vs %g", t2, t1);
+    /* tensor over 2 on a fast link: close to twice one node */
+    exo_instance tp = place_as(st, EXO_SHARDING_TENSOR, 2, 2);
+    double t3 = exo_placement_predict(st, &tp, &card);
+    cr_assert(t3 > 1.8 * t1 && t3 < 2 * t1, "%g vs %g", t3, t1);
+    exo_instance_clear(&one);
+    exo_instance_clear(&pp);
+    exo_instance_clear(&tp);
+    exo_state_free(st);
+    /* on a 5 ms link, 64 all-reduces a token cost more than they save */
+    st = speed_cluster(2, 10000000000ull, 5000, 1000000000ull);
+    tp = place_as(st, EXO_SHARDING_TENSOR, 2, 2);
+    one = place_as(st, EXO_SHARDING_PIPELINE, 1, 1);
+    cr_assert_lt(exo_placement_predict(st, &tp, &card), exo_placement_predict(st, &one, &card));
+    exo_instance_clear(&one);
+    exo_instance_clear(&tp);
+    exo_state_free(st);
+}
+
+Test(placement, picks_the_fastest_predicted_set)
+{
+    /* fast links: tensor parallel over all 4 nodes beats fewer */
+    exo_state *st = speed_cluster(4, 10000000000ull, 50, 40000000000ull);
+    exo_instance inst = place_as(st, EXO_SHARDING_TENSOR, 1, 0);
+    cr_assert_eq(inst.n_shards, 4);
+    exo_instance_clear(&inst);
+    /* pipeline: one node is fastest for one request, so it stays on one */
+    inst = place_as(st, EXO_SHARDING_PIPELINE, 1, 0);
+    cr_assert_eq(inst.n_shards, 1);
+    exo_instance_clear(&inst);
+    exo_state_free(st);
+    /* slow links: tensor parallel is not worth it */
+    st = speed_cluster(4, 10000000000ull, 5000, 1000000000ull);
+    inst = place_as(st, EXO_SHARDING_TENSOR, 1, 0);
+    cr_assert_eq(inst.n_shards, 1);
+    exo_instance_clear(&inst);
+    exo_state_free(st);
+}
+
+Test(placement, pipeline_split_counts_the_head_on_the_last_rank)
+{
+    /* llama-3.2-1b q4: 16 layers, a 128256 x 2048 head (~148 MB of 695 MB,
+     * about 4.4 layers' worth): two equal nodes split 10 + 6, not 8 + 8 */
+    exo_model_card c = model(16, 695000000ull);
+    c.hidden_size = 2048;
+    c.vocab_size = 128256;
+    snprintf(c.quantization, sizeof c.quantization, "4bit");
+    uint64_t w[2] = {1, 1};
+    int32_t starts[4];
+    cr_assert_eq(exo_placement_pipeline_split(&c, w, 2, starts, NULL), 0);
+    cr_assert_eq(starts[0], 0);
+    cr_assert_eq(starts[1], 10, "%d", starts[1]);
+    /* no vocabulary known: the plain split */
+    c.vocab_size = 0;
+    cr_assert_eq(exo_placement_pipeline_split(&c, w, 2, starts, NULL), 0);
+    cr_assert_eq(starts[1], 8);
+    /* a head bigger than the layers: every rank still keeps a layer */
+    c.vocab_size = 10000000;
+    uint64_t w4[4] = {1, 1, 1, 1};
+    cr_assert_eq(exo_placement_pipeline_split(&c, w4, 4, starts, NULL), 0);
+    for (int i = 1; i < 4; i++)
+        cr_assert_gt(starts[i], starts[i - 1]);
+    cr_assert_leq(starts[3], 15);
+}

@@ -1,0 +1,165 @@
+/* Ring frames of a split model: encoders and the checking parser (see
+ * dist_frames.h). */
+#include "runner/dist_frames.h"
+
+#include <math.h>
+#include <string.h>
+
+static void put32(unsigned char *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        p[i] = (unsigned char)(v >> (8 * i));
+}
+
+static uint32_t get32(const unsigned char *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static void putf(unsigned char *p, float f)
+{
+    uint32_t v;
+    memcpy(&v, &f, 4);
+    put32(p, v);
+}
+
+static float getf(const unsigned char *p)
+{
+    uint32_t v = get32(p);
+    float f;
+    memcpy(&f, &v, 4);
+    return f;
+}
+
+void exo_dist_encode_sampling(const exo_sampler_params *sp, int slot,
+                              unsigned char p[EXO_DIST_SAMPLING_BYTES])
+{
+    putf(p, sp->temperature);
+    put32(p + 4, (uint32_t)sp->top_k);
+    putf(p + 8, sp->top_p);
+    putf(p + 12, sp->min_p);
+    putf(p + 16, sp->repetition_penalty);
+    put32(p + 20, (uint32_t)sp->repetition_context_size);
+    putf(p + 24, sp->presence_penalty);
+    putf(p + 28, sp->frequency_penalty);
+    put32(p + 32, (uint32_t)sp->seed);
+    put32(p + 36, (uint32_t)(sp->seed >> 32));
+    put32(p + 40, (uint32_t)sp->top_logprobs);
+    put32(p + 44, (uint32_t)slot);
+}
+
+uint32_t exo_dist_step_bits(int pos0, int slot, bool want_sample)
+{
+    return (uint32_t)pos0 << 4 | (uint32_t)slot << 1 | (want_sample ? 1u : 0u);
+}
+
+size_t exo_dist_encode_sample(const exo_sample *s, unsigned char out[EXO_DIST_SAMPLE_MAX])
+{
+    putf(out, s->logprob);
+    put32(out + 4, (uint32_t)s->n_top);
+    for (int i = 0; i < s->n_top; i++) {
+        put32(out + 8 + 8 * i, (uint32_t)s->top_ids[i]);
+        putf(out + 12 + 8 * i, s->top_logprobs[i]);
+    }
+    return 8 + 8 * (size_t)s->n_top;
+}
+
+static bool is_finite(float v) { return isfinite(v); }
+
+static int parse_sampling(const unsigned char *p, exo_sampler_params *sp, exo_err *err)
+{
+    *sp = exo_sampler_defaults();
+    sp->temperature = getf(p);
+    sp->top_k = (int)get32(p + 4);
+    sp->top_p = getf(p + 8);
+    sp->min_p = getf(p + 12);
+    sp->repetition_penalty = getf(p + 16);
+    sp->repetition_context_size = (int)get32(p + 20);
+    sp->presence_penalty = getf(p + 24);
+    sp->frequency_penalty = getf(p + 28);
+    sp->seed = (uint64_t)get32(p + 32) | (uint64_t)get32(p + 36) << 32;
+    sp->top_logprobs = (int)get32(p + 40);
+    if (sp->top_logprobs < 0 || sp->top_logprobs > EXO_MAX_TOP_LOGPROBS || sp->top_k < 0 ||
+        sp->repetition_context_size < 0 || !(sp->temperature >= 0) || !is_finite(sp->temperature) ||
+        !(sp->top_p >= 0 && sp->top_p <= 1) || !(sp->min_p >= 0 && sp->min_p <= 1) ||
+        !(sp->repetition_penalty > 0) || !is_finite(sp->repetition_penalty) ||
+        !is_finite(sp->presence_penalty) || !is_finite(sp->frequency_penalty))
+        return exo_err_set(err, EXO_EFORMAT, "ring: BEGIN carries invalid sampling parameters");
+    return 0;
+}
+
+int exo_dist_frame_parse(const exo_ring_msg *m, const exo_dist_shape *sh, exo_dist_frame *f,
+                         exo_err *err)
+{
+    memset(f, 0, sizeof *f);
+    f->type = m->type;
+    const unsigned char *p = m->payload;
+    int rc;
+    switch (m->type) {
+    case EXO_DIST_BEGIN:
+        if (sh->tensor)
+            return exo_err_set(err, EXO_EFORMAT, "ring: BEGIN in a tensor-parallel group");
+        if (m->len < EXO_DIST_SAMPLING_BYTES || m->a > (1u << 24) || m->b > (1u << 24) ||
+            m->len != EXO_DIST_SAMPLING_BYTES + 4 * (size_t)m->a)
+            return exo_err_set(err, EXO_EFORMAT, "ring: a malformed BEGIN");
+        if ((rc = parse_sampling(p, &f->sampling, err)))
+            return rc;
+        f->slot = (int)get32(p + 44);
+        f->n_prompt = (int)m->a;
+        f->max_tokens = (int)m->b;
+        f->prompt = p + EXO_DIST_SAMPLING_BYTES;
+        for (int i = 0; i < f->n_prompt; i++) {
+            uint32_t id = get32(f->prompt + 4 * i);
+            if (id >= (uint32_t)sh->vocab)
+                return exo_err_set(err, EXO_EFORMAT, "ring: BEGIN: token id %u out of range", id);
+        }
+        break;
+    case EXO_DIST_HIDDEN:
+    case EXO_DIST_TOKENS:
+        f->T = (int)(m->a <= EXO_DIST_MAX_STEP ? m->a : 0);
+        f->want_sample = m->b & 1;
+        f->slot = (int)(m->b >> 1 & 7);
+        f->pos0 = (int)(m->b >> 4);
+        f->data = m->payload;
+        if (f->T <= 0 || f->pos0 > EXO_DIST_MAX_POS)
+            return exo_err_set(err, EXO_EFORMAT, "ring: a step of %u tokens at %u", m->a, m->b >> 4);
+        if (m->type == EXO_DIST_TOKENS && (!sh->tensor || m->len != 4 * (size_t)f->T))
+            return exo_err_set(err, EXO_EFORMAT, "ring: a malformed TOKENS frame");
+        if (m->type == EXO_DIST_HIDDEN &&
+            (sh->tensor || m->len != sizeof(float) * (size_t)f->T * (size_t)sh->hidden_size))
+            return exo_err_set(err, EXO_EFORMAT, "ring: a malformed HIDDEN frame");
+        break;
+    case EXO_DIST_SAMPLE: {
+        exo_sample *s = &f->sample;
+        if (m->len < 8)
+            return exo_err_set(err, EXO_EFORMAT, "ring: a malformed sample");
+        f->slot = (int)(m->b < (uint32_t)EXO_DIST_MAX_SLOTS ? m->b : EXO_DIST_MAX_SLOTS);
+        s->id = (int32_t)m->a;
+        s->logprob = getf(p);
+        uint32_t n_top = get32(p + 4);
+        if (m->a >= (uint32_t)sh->vocab || n_top > EXO_MAX_TOP_LOGPROBS ||
+            m->len != 8 + 8 * (size_t)n_top)
+            return exo_err_set(err, EXO_EFORMAT, "ring: a malformed sample");
+        s->n_top = (int)n_top;
+        for (int i = 0; i < s->n_top; i++) {
+            uint32_t id = get32(p + 8 + 8 * i);
+            if (id >= (uint32_t)sh->vocab)
+                return exo_err_set(err, EXO_EFORMAT, "ring: a sample's alternative %u out of range", id);
+            s->top_ids[i] = (int32_t)id;
+            s->top_logprobs[i] = getf(p + 12 + 8 * i);
+        }
+        break;
+    }
+    default:
+        return exo_err_set(err, EXO_EFORMAT, "ring: unknown frame %u", m->type);
+    }
+    if (f->slot < 0 || f->slot >= sh->n_slots)
+        return exo_err_set(err, EXO_EFORMAT, "ring: sequence slot %d of %d", f->slot, sh->n_slots);
+    return 0;
+}
+
+void exo_dist_frame_prompt(const exo_dist_frame *f, int32_t *ids)
+{
+    for (int i = 0; i < f->n_prompt; i++)
+        ids[i] = (int32_t)get32(f->prompt + 4 * i);
+}

@@ -1,0 +1,74 @@
+/* The frames the ranks of a split model send round their ring (dist.h),
+ * encoded and checked. Pure functions: no I/O, no model.
+ *
+ * Every frame is one ring frame (ring.h: type, a, b, payload), for the
+ * sequence in one slot:
+ *   BEGIN   a = n_prompt, b = max_tokens; payload: 48 bytes of sampling
+ *           parameters (the slot in the last word), then the prompt's
+ *           n_prompt int32 ids (the sampler's history for its penalties)
+ *   HIDDEN  a = T, b = pos0 << 4 | slot << 1 | want_sample; payload:
+ *           T x hidden_size f32 hidden states
+ *   TOKENS  a = T, b as HIDDEN; payload: T int32 token ids
+ *   SAMPLE  a = token id, b = slot; payload: f32 logprob, u32 n_top, then
+ *           n_top (u32 id, f32 logprob) alternatives
+ * All little-endian; floats are IEEE-754 bits.
+ *
+ * A peer that passed the ring's handshake is trusted to be a rank of this
+ * instance, not to be bug-free: exo_dist_frame_parse checks every field
+ * against this rank's shape (slots, vocabulary, width) before anything
+ * indexes with it. */
+#ifndef EXO_RUNNER_DIST_FRAMES_H
+#define EXO_RUNNER_DIST_FRAMES_H
+
+#include "core/error.h"
+#include "engine/sampler.h"
+#include "runner/ring.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* Sequences a group can have in flight at once (a pipeline's requests). */
+#define EXO_DIST_MAX_SLOTS      8
+#define EXO_DIST_SAMPLING_BYTES 48
+#define EXO_DIST_SAMPLE_MAX     (8 + 8 * EXO_MAX_TOP_LOGPROBS)
+#define EXO_DIST_MAX_STEP       (1 << 20) /* tokens in one step */
+#define EXO_DIST_MAX_POS        (1 << 27) /* positions a frame can name */
+
+enum { EXO_DIST_BEGIN = 1, EXO_DIST_HIDDEN, EXO_DIST_TOKENS, EXO_DIST_SAMPLE };
+
+/* What a rank checks frames against. */
+typedef struct exo_dist_shape {
+    int  n_slots, vocab, hidden_size;
+    bool tensor;
+} exo_dist_shape;
+
+typedef struct exo_dist_frame {
+    uint32_t type;
+    int      slot;
+    /* BEGIN */
+    exo_sampler_params sampling;
+    int                n_prompt, max_tokens;
+    const unsigned char *prompt; /* n_prompt little-endian int32 (in the frame) */
+    /* HIDDEN, TOKENS */
+    int         T, pos0;
+    bool        want_sample;
+    const void *data;            /* the payload */
+    /* SAMPLE */
+    exo_sample  sample;
+} exo_dist_frame;
+
+/* Parses and checks m. EXO_EFORMAT naming the problem otherwise. */
+int exo_dist_frame_parse(const exo_ring_msg *m, const exo_dist_shape *sh, exo_dist_frame *f,
+                         exo_err *err);
+/* BEGIN's prompt ids, copied out of the frame (n_prompt of them). */
+void exo_dist_frame_prompt(const exo_dist_frame *f, int32_t *ids);
+
+/* Encoders: BEGIN's parameter block, the b field of a step, a SAMPLE's
+ * payload (returns its length). */
+void     exo_dist_encode_sampling(const exo_sampler_params *sp, int slot,
+                                  unsigned char out[EXO_DIST_SAMPLING_BYTES]);
+uint32_t exo_dist_step_bits(int pos0, int slot, bool want_sample);
+size_t   exo_dist_encode_sample(const exo_sample *s, unsigned char out[EXO_DIST_SAMPLE_MAX]);
+
+#endif

@@ -1,0 +1,93 @@
+/* libFuzzer target for what a ring neighbour can send a split model's
+ * rank: the byte stream on the link (exo_ring_recv's framing) and each
+ * frame's fields (exo_dist_frame_parse against a rank's shape). The first
+ * byte picks the shape (tensor or pipeline, slots); the rest is the stream.
+ * A frame that parses must satisfy the shape (slot, sizes, ids in the
+ * vocabulary), and a sample must re-encode to the bytes it came from. */
+// FUZZ_SOURCES: src/runner/ring.c src/runner/dist_frames.c src/core/alloc.c src/core/error.c src/core/log.c src/core/clock.c src/proto/sampling.c
+// FUZZ_LIBS: -lsodium -lm
+#include "runner/dist_frames.h"
+#include "runner/ring.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+static void check(const exo_ring_msg *m, const exo_dist_shape *sh)
+{
+    exo_dist_frame f;
+    exo_err err = {0};
+    if (exo_dist_frame_parse(m, sh, &f, &err)) {
+        if (!err.msg[0])
+            abort(); /* every rejection names its reason */
+        return;
+    }
+    if (f.slot < 0 || f.slot >= sh->n_slots)
+        abort();
+    switch (f.type) {
+    case EXO_DIST_BEGIN: {
+        int32_t *ids = malloc(4 * (size_t)(f.n_prompt + 1));
+        exo_dist_frame_prompt(&f, ids);
+        for (int i = 0; i < f.n_prompt; i++)
+            if (ids[i] < 0 || ids[i] >= sh->vocab)
+                abort();
+        free(ids);
+        if (f.sampling.top_logprobs < 0 || f.sampling.top_logprobs > EXO_MAX_TOP_LOGPROBS)
+            abort();
+        break;
+    }
+    case EXO_DIST_HIDDEN:
+    case EXO_DIST_TOKENS:
+        if (f.T <= 0 || m->len != (size_t)f.T * (f.type == EXO_DIST_HIDDEN ? 4u * (size_t)sh->hidden_size : 4u))
+            abort();
+        break;
+    case EXO_DIST_SAMPLE: {
+        unsigned char buf[EXO_DIST_SAMPLE_MAX];
+        if (f.sample.id < 0 || f.sample.id >= sh->vocab || f.sample.n_top > EXO_MAX_TOP_LOGPROBS)
+            abort();
+        size_t n = exo_dist_encode_sample(&f.sample, buf);
+        if (n != m->len || memcmp(buf, m->payload, n))
+            abort();
+        break;
+    }
+    default:
+        abort();
+    }
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    if (size < 1 || size > (1 << 20))
+        return 0;
+    exo_dist_shape sh = {1 + (data[0] >> 1) % EXO_DIST_MAX_SLOTS, 512, 8, data[0] & 1};
+    int link[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM, 0, link))
+        return 0;
+    /* the whole stream is written, then the writer closes: the reader meets
+     * end of stream where the bytes run out, never a timeout */
+    size_t left = size - 1;
+    const uint8_t *p = data + 1;
+    int buf = 4 << 20;
+    setsockopt(link[0], SOL_SOCKET, SO_SNDBUF, &buf, sizeof buf);
+    while (left) {
+        ssize_t k = write(link[0], p, left);
+        if (k <= 0)
+            break;
+        p += k;
+        left -= (size_t)k;
+    }
+    close(link[0]);
+    exo_ring *r = exo_ring_wrap(1, 2, link[1], -1, 1000);
+    for (int i = 0; i < 64; i++) {
+        exo_ring_msg m;
+        exo_err err = {0};
+        if (exo_ring_recv(r, &m, 1000, &err))
+            break;
+        check(&m, &sh);
+    }
+    exo_ring_free(r);
+    return 0;
+}
