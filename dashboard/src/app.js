@@ -780,6 +780,7 @@ function placementOption(m, o, p, busy) {
     h('div', { class: 'placement-head' },
       h('span', { class: 'placement-label', text: o.label }),
       h('span', { class: 'muted small', title: 'memory the instance needs, all nodes together', text: `needs ${formatBytes(o.totalBytes)}` }),
+      o.predictedTps ? h('span', { class: 'muted small', title: 'decode speed of one request the cluster predicts from its nodes\' measured memory bandwidth and links', text: `~${o.predictedTps.toFixed(o.predictedTps < 10 ? 1 : 0)} tok/s` }) : null,
       o.fits ? null : h('span', { class: 'pill warn', title: 'a node would need more memory than it has free', text: 'may not fit' }),
       h('button', {
         type: 'button',

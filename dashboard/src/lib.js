@@ -1136,7 +1136,7 @@ export function placementLabel(p) {
  * GET /instance/previews?model_id=X as
  * {modelId, valid: [{key, modelId, sharding, instanceMeta, nodeCount, label,
  *   nodes: [{id, name, deltaBytes, ramAvailable, fits}], totalBytes, fits,
- *   shards, request}],
+ *   predictedTps, shards, request}],
  *  invalid: [{error, options: [{key, sharding, instanceMeta, nodeCount, label}]}]}.
  * Valid options come by node count, then sharding and instance meta; invalid
  * ones are grouped by their error (one message often rules out several).
@@ -1197,6 +1197,9 @@ export function buildPreviewsView(response, nodes, modelId = null) {
       nodeCount: nodeCount ?? (rows.length || null),
       nodes: rows,
       totalBytes: rows.reduce((s, r) => s + (r.deltaBytes || 0), 0),
+      // decode tokens/s the daemon predicts from its nodes' measured
+      // bandwidth and links (null: not measured)
+      predictedTps: numOf(p.predicted_tokens_per_second ?? p.predictedTokensPerSecond),
       fits: rows.every((r) => r.fits),
       shards: inst.shards,
       request,

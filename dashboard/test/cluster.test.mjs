@@ -549,7 +549,7 @@ test('buildPreviewsView: memory that does not fit, odd and partial replies', () 
   const inst = (n) => ({ MlxRingInstance: { shardAssignments: { modelId: 'm', runnerToShard: { r: { PipelineShardMetadata: { deviceRank: 0, startLayer: 0, endLayer: 4, nLayers: 4 } } }, nodeToRunner: { [n]: 'r' } } } });
   const v = buildPreviewsView({
     previews: [
-      { modelId: 'm', sharding: 'Pipeline', instanceMeta: 'MlxRing', nodeCount: 1, instance: inst('a'), error: null, memoryDeltaByNode: { a: 150 } },
+      { modelId: 'm', sharding: 'Pipeline', instanceMeta: 'MlxRing', nodeCount: 1, instance: inst('a'), error: null, memoryDeltaByNode: { a: 150 }, predicted_tokens_per_second: 12.5 },
       { model_id: 'm', sharding: 'Pipeline', instance_meta: 'MlxRing', node_count: 1, instance: inst('a'), error: null, memory_delta_by_node: { a: 1 } }, // the same option twice
       { sharding: 'Tensor', instance_meta: 'MlxRing', node_count: 1, instance: inst('ghost'), memory_delta_by_node: { ghost: { inBytes: 10 } } },
       { sharding: 'Pipeline', instance_meta: 'MlxJaccl', node_count: 2, instance: null, error: { message: 'no <RDMA>' } },
@@ -562,6 +562,8 @@ test('buildPreviewsView: memory that does not fit, odd and partial replies', () 
   assert.deepEqual(v.valid[0].nodes, [{ id: 'a', name: 'alpha', deltaBytes: 150, ramAvailable: 100, fits: false }]);
   assert.deepEqual(v.valid[1].nodes, [{ id: 'ghost', name: 'ghost', deltaBytes: 10, ramAvailable: null, fits: true }]);
   assert.equal(v.valid[1].shards[0].nodeGone, true);
+  assert.equal(v.valid[0].predictedTps, 12.5, 'the daemon\'s prediction');
+  assert.equal(v.valid[1].predictedTps, null, 'none: not measured');
   assert.deepEqual(v.valid[1].request, { model_id: 'm', sharding: 'Tensor', instance_meta: 'MlxRing', min_nodes: 1 });
   assert.deepEqual(v.invalid.map((g) => [g.error, g.options.map((o) => o.key)]), [
     ['no <RDMA>', ['Pipeline/MlxJaccl/2']],

@@ -83,6 +83,8 @@ int exo_placement_pipeline_split(const exo_model_card *card, const uint64_t *wei
                                  int32_t *starts, exo_err *err)
 {
     int L = card->n_layers;
+    if (n <= 0 || L < n) /* the plain split says why not */
+        return exo_placement_split_layers(L, weights, n, starts, err);
     double head = head_bytes(card), rest = (double)card->storage_bytes - head;
     int extra = 0;
     if (n > 1 && head > 0 && rest > 0)
@@ -387,9 +389,11 @@ int exo_placement_place(const exo_state *st, const exo_placement_request *req, e
                            req->exact_nodes > 0 ? "the node count asked for is" : "min_nodes is", lo, c.n,
                            c.n == 1 ? " has" : "s have", card->model_id);
     attempt a = {0};
-    /* with every node's speed known, the fastest predicted set of any size
-     * wins; without, the smallest set that fits */
-    bool predictable = true;
+    /* with every node's speed known and no node count asked for, the
+     * fastest predicted set of any size wins; otherwise the smallest set
+     * that fits (min_nodes is then what exo makes of it: that many nodes,
+     * more only when fewer cannot hold the model) */
+    bool predictable = min_nodes <= 1 && req->exact_nodes <= 0;
     for (int i = 0; i < c.n; i++)
         predictable &= c.node[i]->info.mem_read_bps > 0;
     exo_instance fastest = {0};

@@ -8,11 +8,12 @@
  *     topology: one node always does; several need a directed cycle through
  *     all of them over the State's edges (exo's "cycles of the topology");
  *   - the set must have at least min_nodes nodes and hold the weights in
- *     its available memory. When every candidate reports its memory
- *     bandwidth, the set with the highest predicted decode speed wins
- *     (exo_placement_predict; fewer nodes on a tie); otherwise the smallest
- *     such sets win, then the one with the most available memory, then
- *     node ids (deterministic);
+ *     its available memory. When no node count is asked for (min_nodes 1)
+ *     and every candidate reports its memory bandwidth, the set with the
+ *     highest predicted decode speed wins (exo_placement_predict; fewer
+ *     nodes unless more are 2% faster); otherwise the smallest such sets
+ *     win, then the one with the most available memory, then node ids
+ *     (deterministic);
  *   - one node is always Pipeline + MlxRing (exo forces this); MlxJaccl
  *     (RDMA) needs RDMA links, which no node reports yet;
  *   - Tensor needs the card to allow it and hidden_size and
