@@ -32,6 +32,7 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define MAX_LOGIT_ROWS 16 /* LM-head rows computed per step when all logits are wanted */
@@ -574,6 +575,34 @@ fail_early: /* nothing bound or allocated yet */
     return rc;
 }
 
+/* Which tensors a shard needs: its layers, and the embedding, final norm
+ * and head on the first or last shard (a middle one needs none of those). */
+typedef struct shard_filter {
+    int  first, last, total;
+    bool tied; /* the head is the embedding table */
+} shard_filter;
+
+static long layer_of(const char *name)
+{
+    const char *s = strstr(name, "layers.");
+    if (!s)
+        return -1;
+    char *end;
+    long v = strtol(s + 7, &end, 10);
+    return end != s + 7 && *end == '.' ? v : -1;
+}
+
+static bool shard_keeps(void *ctx, const char *name)
+{
+    const shard_filter *f = ctx;
+    long l = layer_of(name);
+    if (l >= 0)
+        return l >= f->first && l < f->last;
+    if (strstr(name, "embed_tokens"))
+        return f->first == 0 || (f->last == f->total && f->tied);
+    return f->last == f->total; /* the final norm, the head */
+}
+
 int exo_model_load(const char *dir, const exo_model_opts *opts, exo_model **out, exo_err *err)
 {
     *out = NULL;
@@ -582,18 +611,26 @@ int exo_model_load(const char *dir, const exo_model_opts *opts, exo_model **out,
     if (rc)
         return rc;
     exo_st *st = NULL;
-    rc = exo_st_open(dir, &st, err);
+    int total = (int)cfg.num_hidden_layers;
+    shard_filter f = {opts ? opts->start_layer : 0, opts && opts->end_layer ? opts->end_layer : total,
+                      total, cfg.tie_word_embeddings};
+    rc = exo_st_open_filtered(dir, shard_keeps, &f, &st, err);
     if (rc) {
         exo_config_free(&cfg);
         return rc;
     }
+    /* multimodal wrappers keep the text model under another prefix: look
+     * for this shard's first layer (a middle shard has no embedding) */
     st_source s = {st, &cfg, "", err};
-    if (!exo_st_find(st, "model.embed_tokens.weight")) {
+    char probe[160];
+    snprintf(probe, sizeof probe, "model.layers.%d.input_layernorm.weight", f.first);
+    if (!exo_st_find(st, "model.embed_tokens.weight") && !exo_st_find(st, probe)) {
         static const char *const prefixes[] = {"language_model.model.", "model.language_model."};
         for (size_t i = 0; i < 2; i++) {
-            char probe[128];
-            snprintf(probe, sizeof probe, "%sembed_tokens.weight", prefixes[i]);
-            if (exo_st_find(st, probe))
+            char a[160], b[160];
+            snprintf(a, sizeof a, "%sembed_tokens.weight", prefixes[i]);
+            snprintf(b, sizeof b, "%slayers.%d.input_layernorm.weight", prefixes[i], f.first);
+            if (exo_st_find(st, a) || exo_st_find(st, b))
                 snprintf(s.prefix, sizeof s.prefix, "%s", prefixes[i]);
         }
     }

@@ -494,7 +494,8 @@ static bool safe_relpath(const char *s)
     return true;
 }
 
-static int open_index(exo_st *st, const char *dir, const char *index_path, exo_err *err)
+static int open_index(exo_st *st, const char *dir, const char *index_path, exo_st_keep_fn keep,
+                      void *keep_ctx, exo_err *err)
 {
     json_error_t jerr;
     json_t *root = json_load_file(index_path, JSON_REJECT_DUPLICATES, &jerr);
@@ -521,10 +522,12 @@ static int open_index(exo_st *st, const char *dir, const char *index_path, exo_e
                              index_path, name);
             goto out;
         }
-        files[nfiles++] = json_string_value(v);
+        if (!keep || keep(keep_ctx, name))
+            files[nfiles++] = json_string_value(v);
     }
     if (!nfiles) {
-        rc = exo_err_set(err, EXO_EFORMAT, "%s: \"weight_map\" is empty", index_path);
+        rc = exo_err_set(err, EXO_EFORMAT, "%s: \"weight_map\" %s", index_path,
+                         json_object_size(wm) ? "lists none of the tensors wanted" : "is empty");
         goto out;
     }
     qsort(files, nfiles, sizeof *files, cmp_str);
@@ -541,6 +544,8 @@ static int open_index(exo_st *st, const char *dir, const char *index_path, exo_e
     }
     json_object_foreach(wm, name, v)
     {
+        if (keep && !keep(keep_ctx, name))
+            continue;
         const exo_st_tensor *t = exo_st_find(st, name);
         char *p = path_join(dir, json_string_value(v));
         bool ok = t && !strcmp(t->file, p);
@@ -602,6 +607,12 @@ static int open_glob(exo_st *st, const char *dir, exo_err *err)
 
 int exo_st_open(const char *path, exo_st **out, exo_err *err)
 {
+    return exo_st_open_filtered(path, NULL, NULL, out, err);
+}
+
+int exo_st_open_filtered(const char *path, exo_st_keep_fn keep, void *keep_ctx, exo_st **out,
+                         exo_err *err)
+{
     *out = NULL;
     struct stat sb;
     if (!path || stat(path, &sb) != 0)
@@ -613,7 +624,7 @@ int exo_st_open(const char *path, exo_st **out, exo_err *err)
         char *index = path_join(path, "model.safetensors.index.json");
         char *single = path_join(path, "model.safetensors");
         if (is_regular(index))
-            rc = open_index(st, path, index, err);
+            rc = open_index(st, path, index, keep, keep_ctx, err);
         else if (is_regular(single))
             rc = map_file(st, single, err);
         else

@@ -31,6 +31,7 @@
 #include "core/error.h"
 #include "engine/dtype.h"
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -58,6 +59,15 @@ typedef struct exo_st_tensor {
  * safetensors dtype exo has no type for, such as F8_E4M3, or more than
  * EXO_ST_MAX_DIMS dimensions). */
 int exo_st_open(const char *path_file_or_dir, exo_st **out, exo_err *err);
+
+/* exo_st_open, for a shard of a model: with an index, only the files that
+ * hold a tensor keep(ctx, name) wants are opened, and only those need to
+ * exist (a node that downloaded its shard's files has just those); the
+ * tensors of files opened anyway (a single file, no index) all stay
+ * visible. keep NULL: every file. */
+typedef bool (*exo_st_keep_fn)(void *ctx, const char *tensor_name);
+int exo_st_open_filtered(const char *path_file_or_dir, exo_st_keep_fn keep, void *ctx, exo_st **out,
+                         exo_err *err);
 
 /* Parses a safetensors image already in memory. Nothing is copied: `data`
  * must stay valid and unchanged until exo_st_close. `name` is used in error

@@ -1100,15 +1100,12 @@ int exo_runner_main(int fd)
             continue;
         }
         if (r->head && (r->state == EXO_RUNNER_READY || r->state == EXO_RUNNER_RUNNING)) {
-            job *j = pop(r);
             if (r->state != EXO_RUNNER_RUNNING)
                 send_status(r, EXO_RUNNER_RUNNING, 0, 0, NULL);
             if (r->dist && r->n_slots > 1) { /* a pipeline: its requests in flight at once */
-                r->head = j; /* back in front: run_pipeline takes them */
-                if (!r->tail)
-                    r->tail = j;
                 run_pipeline(r);
             } else {
+                job *j = pop(r);
                 run_job(r, j);
                 job_free(j);
             }

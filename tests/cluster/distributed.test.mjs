@@ -114,7 +114,7 @@ const chat = (content) => [{ role: 'user', content }];
 const PROMPTS = ['Once upon a time', 'The little dog', 'Lily and Ben went to the park'];
 
 async function openaiText(base, prompt, max = 40) {
-  const client = new OpenAI({ baseURL: `${base}/v1`, apiKey: 'x', maxRetries: 0 });
+  const client = new OpenAI({ baseURL: `${base}/v1`, apiKey: 'x', maxRetries: 0, timeout: 60000 * C.SLOW });
   const s = await client.chat.completions.create({ model: MODEL, messages: chat(prompt), max_tokens: max,
     temperature: 0, stream: true });
   let text = '';
@@ -123,9 +123,9 @@ async function openaiText(base, prompt, max = 40) {
 }
 
 async function allApis(base, prompt) {
-  const claude = new Anthropic({ baseURL: base, apiKey: 'x', maxRetries: 0 });
+  const claude = new Anthropic({ baseURL: base, apiKey: 'x', maxRetries: 0, timeout: 60000 * C.SLOW });
   const m = await claude.messages.create({ model: MODEL, max_tokens: 40, temperature: 0, messages: chat(prompt) });
-  const openai = new OpenAI({ baseURL: `${base}/v1`, apiKey: 'x', maxRetries: 0 });
+  const openai = new OpenAI({ baseURL: `${base}/v1`, apiKey: 'x', maxRetries: 0, timeout: 60000 * C.SLOW });
   const resp = await openai.responses.create({ model: MODEL, input: prompt, max_output_tokens: 40, temperature: 0 });
   const ollama = new Ollama({ host: `${base}/ollama` });
   const o = await ollama.chat({ model: MODEL, messages: chat(prompt), stream: false,
@@ -162,9 +162,11 @@ test('a model split across 3 nodes (pipeline) and 2 (tensor) answers as on one n
     assert.equal(layers[2][1], 5);
     assert.deepEqual(await answers(nodes), single, 'pipeline over 3 nodes = one node');
 
-    // concurrent streams, and a cancel in the middle of one
-    const many = await Promise.all(PROMPTS.map((p, i) => openaiText(nodes[i].base, p)));
-    assert.deepEqual(many, PROMPTS.map((p) => single[p]));
+    // concurrent streams, more than the pipeline has slots (3): the rest wait
+    // their turn; and a cancel in the middle of one
+    const burst = [...PROMPTS, ...PROMPTS];
+    const many = await Promise.all(burst.map((p, i) => openaiText(nodes[i % 3].base, p)));
+    assert.deepEqual(many, burst.map((p) => single[p]));
     // a client that goes away mid-stream (the bench route ignores EOS: a long stream)
     const ac = new AbortController();
     const long = { model: MODEL, messages: chat('Once'), max_tokens: 1500, stream: true };
@@ -208,7 +210,7 @@ test('faults: a killed rank fails the open request, the instance comes back; a l
     const middle = ranks.find((r) => r.deviceRank === 1);
     const nodeId = Object.entries(inst.shardAssignments.nodeToRunner).find(([, r]) => r === middle.rid)[0];
     const victim = nodes[(await Promise.all(nodes.map((n) => n.id()))).indexOf(nodeId)];
-    const client = new OpenAI({ baseURL: `${nodes[0].base}/v1`, apiKey: 'x', maxRetries: 0 });
+    const client = new OpenAI({ baseURL: `${nodes[0].base}/v1`, apiKey: 'x', maxRetries: 0, timeout: 60000 * C.SLOW });
     const s = await client.chat.completions.create({ model: MODEL, messages: chat('Once'), max_tokens: 4000,
       temperature: 0, stream: true, stream_options: { include_usage: true } });
     const t0 = Date.now();

@@ -16,17 +16,21 @@
  * Splits: stories260K (5 layers, 4 KV heads) 2, 3 and 4 ways pipeline and 2
  * and 4 ways tensor; the HF fixtures (2 layers, 2 KV heads: llama f32, qwen2
  * bf16 with q/k/v biases, qwen3 q4 with q/k norms and tied embeddings,
- * mistral f32, llama q8) 2 ways each. A prompt longer than the prefill chunk
+ * mistral f32, llama q8) 2 ways each, and llama at every affine width
+ * (2-8 bits) and group size (32-128). A prompt longer than the prefill chunk
  * checks the pipelined prefill; several requests in flight through one
- * pipeline (one per slot) each give what they give alone; the ring itself is checked for its
- * all-reduce, its key, a closed peer and a silent one. */
+ * pipeline (one per slot) each give what they give alone; a shard loads
+ * from its own files of a multi-file checkpoint; the ring itself is
+ * checked for its all-reduce, its key, a closed peer and a silent one. */
 #include "core/alloc.h"
 #include "engine/generate.h"
+#include "engine/safetensors.h"
 #include "runner/dist.h"
 #include "runner/ring.h"
 #include "test_tmpdir.h"
 
 #include <criterion/criterion.h>
+#include <jansson.h>
 #include <limits.h>
 #include <math.h>
 #include <pthread.h>
@@ -327,6 +331,30 @@ Test(dist, fixtures_pipeline, .timeout = 60)
     }
 }
 
+/* Every affine width and group size of the fixtures, split both ways
+ * (tensor parallel needs its split on a group edge: with 128-column groups
+ * a 2-way split of o_proj's 128 inputs cannot be, and loading says so). */
+Test(dist, every_quantization, .timeout = 120)
+{
+    static const int bits[] = {2, 3, 4, 5, 6, 8}, groups[] = {32, 64, 128};
+    for (size_t i = 0; i < sizeof bits / sizeof *bits; i++)
+        for (size_t k = 0; k < sizeof groups / sizeof *groups; k++) {
+            char d[256];
+            snprintf(d, sizeof d, "tests/fixtures/llama-q%dg%d", bits[i], groups[k]);
+            check(d, 2, false, 0);
+            if (groups[k] < 128) {
+                check(d, 2, true, 2e-2f);
+                continue;
+            }
+            exo_model *m = NULL;
+            exo_err err = {0};
+            exo_model_opts o = {.n_threads = 1, .tp_rank = 0, .tp_size = 2,
+                                .tp_allreduce = exo_dist_allreduce, .tp_allgather = exo_dist_allgather};
+            cr_assert_eq(exo_model_load(d, &o, &m, &err), EXO_EUNSUPPORTED, "%s", d);
+            cr_assert(strstr(err.msg, "group edge"), "%s", err.msg);
+        }
+}
+
 Test(dist, fixtures_tensor, .timeout = 60)
 {
     static const struct { const char *dir; float tol; } cases[] = {
@@ -497,4 +525,51 @@ Test(ring, a_silent_peer_times_out, .timeout = 30)
     cr_assert_eq(exo_ring_connect(&c, &r, &err), EXO_ETIMEDOUT, "%s", err.msg);
     cr_assert_null(r);
     close(silent_fd);
+}
+
+/* ---- a shard's files -------------------------------------------------------------- */
+
+/* llama-f32 rewritten as two files with an index: layer 0 and the embedding
+ * in one, layer 1, the norm and the head in the other. The second shard
+ * loads with the first file gone (a node has only its shard's files); the
+ * whole model then cannot. */
+Test(dist, a_shard_needs_only_its_files)
+{
+    char tmp[PATH_MAX], a[PATH_MAX + 64], b[PATH_MAX + 64], idx[PATH_MAX + 64], cfg[PATH_MAX + 64];
+    test_tmpdir_make(tmp, "shard_files");
+    exo_st *st;
+    exo_err err = {0};
+    cr_assert_eq(exo_st_open("tests/fixtures/llama-f32", &st, &err), 0, "%s", err.msg);
+    exo_st_writer *wa = exo_st_writer_new(), *wb = exo_st_writer_new();
+    json_t *map = json_object();
+    for (size_t i = 0; i < exo_st_count(st); i++) {
+        const exo_st_tensor *t = exo_st_at(st, i);
+        bool first = strstr(t->name, "layers.0.") || strstr(t->name, "embed_tokens");
+        cr_assert_eq(exo_st_writer_add(first ? wa : wb, t->name, t->dtype, t->ndim, t->shape, t->data,
+                                       t->nbytes, &err), 0, "%s", err.msg);
+        json_object_set_new(map, t->name, json_string(first ? "model-1.safetensors" : "model-2.safetensors"));
+    }
+    snprintf(a, sizeof a, "%s/model-1.safetensors", tmp);
+    snprintf(b, sizeof b, "%s/model-2.safetensors", tmp);
+    cr_assert_eq(exo_st_writer_write(wa, a, &err), 0, "%s", err.msg);
+    cr_assert_eq(exo_st_writer_write(wb, b, &err), 0, "%s", err.msg);
+    exo_st_writer_free(wa);
+    exo_st_writer_free(wb);
+    exo_st_close(st);
+    json_t *index = json_pack("{s:{}, s:o}", "metadata", "weight_map", map);
+    snprintf(idx, sizeof idx, "%s/model.safetensors.index.json", tmp);
+    cr_assert_eq(json_dump_file(index, idx, 0), 0);
+    json_decref(index);
+    snprintf(cfg, sizeof cfg, "cp tests/fixtures/llama-f32/config.json '%s/'", tmp);
+    cr_assert_eq(system(cfg), 0);
+
+    cr_assert_eq(unlink(a), 0);
+    exo_model *m = NULL;
+    exo_model_opts o = {.n_threads = 1, .start_layer = 1, .end_layer = 2};
+    cr_assert_eq(exo_model_load(tmp, &o, &m, &err), 0, "the last shard: %s", err.msg);
+    exo_shard_info sh = exo_model_shard(m);
+    cr_assert(sh.has_head && !sh.embeds && sh.start_layer == 1 && sh.end_layer == 2);
+    exo_model_free(m);
+    exo_model_opts whole = {.n_threads = 1};
+    cr_assert_eq(exo_model_load(tmp, &whole, &m, &err), EXO_ENOENT, "the whole model loaded without its first file");
 }
