@@ -46,8 +46,7 @@ SYNTH_DEEP_REPS=${SYNTH_DEEP_REPS:-0}
 SYNTH_DEEP_TOKENS=${SYNTH_DEEP_TOKENS:-64}
 SYNTH_TRIALS=${SYNTH_TRIALS:-3}
 SYNTH_CTX=${SYNTH_CTX:-2048}
-[ -n "$STORIES" ] || for d in ../shared/models/stories260K /work/shared/models/stories260K; do
-  [ -f "$d/stories260K.bin" ] && STORIES=$d && break; done
+[ -n "$STORIES" ] || STORIES=tests/fixtures/stories260K
 [ -f "$STORIES/stories260K.bin" ] || { echo "bench_api: no stories260K checkpoint" >&2; exit 2; }
 command -v curl >/dev/null || { echo "bench_api: needs curl" >&2; exit 2; }
 only=

@@ -12,8 +12,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
 FILE=${1:-}
-[ -n "$FILE" ] || for f in ../shared/corpora/tinyshakespeare.txt /work/shared/corpora/tinyshakespeare.txt; do
-  [ -f "$f" ] && FILE=$f && break; done
+[ -n "$FILE" ] || FILE=tests/fixtures/corpora/tinyshakespeare.txt
 [ -f "$FILE" ] || { echo "bench_tokenizer: no input file" >&2; exit 2; }
 FILE=$(realpath "$FILE")
 shift || true

@@ -14,7 +14,6 @@ const execFileP = promisify(execFile);
 
 export const REPO = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../..');
 export const EXO_BIN = process.env.EXO_BIN || path.join(REPO, 'build/exo');
-export const SHARED = process.env.EXO_SHARED || path.resolve(REPO, '../shared');
 export const THREADS = 1;            // runner and `exo run` use the same thread count
 export const CTX = 8192;             // the daemon's --ctx: long streams for cancel / crash tests
 
@@ -119,7 +118,7 @@ export async function buildModels(modelsDir) {
   await fsp.mkdir(modelsDir, { recursive: true });
   const src = path.join(REPO, 'tests/fixtures/stories260K');
   if (!fs.existsSync(path.join(src, 'stories260K.bin')))
-    throw new Error(`missing ${src}/stories260K.bin (set EXO_SHARED)`);
+    throw new Error(`missing ${src}/stories260K.bin`);
   const stories = path.join(modelsDir, 'karpathy--stories260K');
   await run(EXO_BIN, ['convert-llama2c', path.join(src, 'stories260K.bin'), path.join(src, 'tok512.bin'), stories]);
   await fsp.writeFile(path.join(stories, 'chat_template.jinja'), STORIES_TEMPLATE);
@@ -134,7 +133,7 @@ export async function buildModels(modelsDir) {
   cfg.eos_token_id = id('<|im_end|>'); // as Qwen3: the template's turn end stops generation
   await fsp.writeFile(path.join(qwen, 'config.json'), JSON.stringify(cfg, null, 2));
   await fsp.writeFile(path.join(qwen, 'tokenizer.json'), JSON.stringify(qwenTokenizerJson()));
-  const template = await fsp.readFile(path.join(SHARED, 'chat-templates/Qwen-Qwen3-0.6B.jinja'), 'utf8');
+  const template = await fsp.readFile(path.join(REPO, 'tests/fixtures/chat-templates/Qwen-Qwen3-0.6B.jinja'), 'utf8');
   const added = {};
   QWEN_SPECIALS.forEach(([content, special], i) => {
     added[String(QWEN_FIRST_SPECIAL + i)] = {

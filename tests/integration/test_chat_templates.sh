@@ -1,27 +1,19 @@
 #!/usr/bin/env bash
 # Differential test of `exo chat-template` against Python jinja2 (what
 # transformers runs) and @huggingface/jinja: every real template in
-# shared/chat-templates and in the fetched tokenizer_config.json files, times
+# tests/fixtures/chat-templates and in the fetched tokenizer_config.json files, times
 # generated conversations and flags, plus the language-feature corpus in
 # tests/templates/features.txt. Byte-for-byte; see tests/templates/README.md.
 #
-# env: EXO_BIN (default build/exo), EXO_SHARED (default ../shared next to the
-# repository, or /work/shared), CHAT_TEMPLATE_WORK (scratch dir).
+# env: EXO_BIN (default build/exo), CHAT_TEMPLATE_WORK (scratch dir).
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 2
 EXO_BIN=${EXO_BIN:-build/exo}
-SHARED=${EXO_SHARED:-}
-if [ -z "$SHARED" ]; then
-  for d in ../shared /work/shared; do [ -d "$d/chat-templates" ] && SHARED=$d && break; done
-fi
 if [ ! -x "$EXO_BIN" ]; then echo "test_chat_templates: no exo binary at $EXO_BIN"; echo "0 passed, 1 failed"; exit 1; fi
 if [ ! -x /usr/bin/python3 ] || ! /usr/bin/python3 -c 'import jinja2' 2>/dev/null; then
   echo "test_chat_templates: needs /usr/bin/python3 with jinja2 (Debian python3-jinja2)"; echo "0 passed, 1 failed"; exit 1
 fi
-TEMPLATES=${SHARED:+$SHARED/chat-templates}
-if [ -z "$TEMPLATES" ] || [ ! -d "$TEMPLATES" ]; then
-  echo "test_chat_templates: shared/chat-templates not found; set EXO_SHARED"; TEMPLATES=/nonexistent
-fi
+TEMPLATES=tests/fixtures/chat-templates
 tests/templates/fetch_configs.sh || echo "test_chat_templates: warning: some tokenizer configs could not be fetched"
 NODE_FLAG=
 if ! command -v node >/dev/null || [ ! -d tests/node_modules/@huggingface/jinja ]; then

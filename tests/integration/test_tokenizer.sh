@@ -9,16 +9,14 @@
 # the build's libexo.a) compares encode, encode with specials, decode, decode
 # skipping specials, and the streaming detokenizer. Zero mismatches to pass.
 #
+# Data: tests/fixtures/tokenizer-vectors, tests/fixtures/corpora (see
+# tests/fixtures/DATA.md); tokenizer.json files come from npm.
 # env: EXO_BIN (default build/exo), BUILD (default: the folder of EXO_BIN),
-#      EXO_SHARED (default ../shared or /work/shared), TOKENIZER_FAMILIES.
+#      TOKENIZER_FAMILIES.
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 2
 EXO_BIN=${EXO_BIN:-build/exo}
 BUILD=${BUILD:-$(dirname "$EXO_BIN")}
-SHARED=${EXO_SHARED:-}
-if [ -z "$SHARED" ]; then
-  for d in ../shared /work/shared; do [ -d "$d/tokenizer-vectors" ] && SHARED=$d && break; done
-fi
 FAMILIES=${TOKENIZER_FAMILIES:-qwen3 qwen2_5 llama3_2 llama3 gemma3 gptoss deepseek_v3 mistral_nemo llama2}
 CACHE=tests/.cache/tokenizers
 pass=0 fail=0
@@ -46,7 +44,7 @@ fi
 [ -d tests/node_modules/tokenizers ] || { bad "npm package 'tokenizers' unavailable"; finish; }
 
 CORPORA=()
-[ -n "$SHARED" ] && [ -f "$SHARED/corpora/tinyshakespeare.txt" ] && CORPORA+=("$SHARED/corpora/tinyshakespeare.txt")
+CORPORA+=(tests/fixtures/corpora/tinyshakespeare.txt)
 if tests/tokenizer/fetch.sh corpora >/dev/null 2>&1; then
   CORPORA+=(tests/.cache/corpora/moby-dick.txt tests/.cache/corpora/state-of-the-union.txt)
 fi
@@ -67,11 +65,12 @@ for name in $FAMILIES; do
 done
 
 # llama.cpp vectors (no BOS): qwen2 for Qwen2.5/3, llama-bpe for Llama 3.x
-if [ -n "$SHARED" ]; then
+VECTORS=tests/fixtures/tokenizer-vectors
+if [ -d "$VECTORS" ]; then
   for pair in qwen2:qwen3 qwen2:qwen2_5 llama-bpe:llama3 llama-bpe:llama3_2; do
     v=${pair%%:*} name=${pair#*:}
     [ -f "$CACHE/$name/tokenizer.json" ] || continue
-    if out=$("$CHECK" vectors "$CACHE/$name" "$SHARED/tokenizer-vectors/$v.inp" "$SHARED/tokenizer-vectors/$v.out" 2>&1); then
+    if out=$("$CHECK" vectors "$CACHE/$name" "$VECTORS/$v.inp" "$VECTORS/$v.out" 2>&1); then
       ok "$name $(echo "$out" | tail -1)"
     else bad "$name vectors"; echo "$out" | tail -20; fi
   done

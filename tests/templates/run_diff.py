@@ -2,7 +2,7 @@
 """Differential test of `exo chat-template` against Python jinja2 (the
 reference: it is what transformers runs) and @huggingface/jinja.
 
-For every template (the real HF templates in shared/chat-templates and the
+For every template (the real HF templates in tests/fixtures/chat-templates and the
 tokenizer_config.json files fetched by fetch_configs.sh) and every generated
 conversation (system or not, multi-turn, tool calls with dict or string
 arguments, tool results, reasoning_content, tools present or absent,
