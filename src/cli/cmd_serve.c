@@ -41,6 +41,8 @@ static void usage(FILE *f)
             "  --threads N         threads per runner (default: all CPUs)\n"
             "  --ctx N             KV cache tokens per runner (default: the model's, at most 4096)\n"
             "  --warmup-tokens N   tokens generated to warm a runner up (default 4)\n"
+            "  --place MODEL_ID    place MODEL_ID at start, unless an instance of it runs already\n"
+            "                      (scripts/run.sh does, for the model that ships with exo)\n"
             "cluster (nodes of one namespace on a LAN find each other with no flags):\n"
             "  --namespace NAME    cluster namespace (default \"exo\"; also EXO_NAMESPACE): nodes of\n"
             "                      other namespaces are ignored\n"
@@ -97,6 +99,36 @@ static char *find_dashboard(void)
     return exo_strdup(real);
 }
 
+/* --place: once the cluster can place it (a master elected, this node's
+ * models reported), place the model, unless an instance of it runs: a
+ * restarted daemon finds its instance in the State it replays. Gives up
+ * after a minute, with the reason. */
+typedef struct placer {
+    exo_node   *node;
+    const char *model_id;
+    bool        stop;
+} placer;
+
+static void *place_at_start(void *arg)
+{
+    placer *p = arg;
+    exo_err err = {0};
+    for (int i = 0; i < 240 && !__atomic_load_n(&p->stop, __ATOMIC_ACQUIRE); i++) {
+        if (exo_node_serves_model(p->node, p->model_id))
+            return NULL;
+        exo_id cmd;
+        if (exo_node_place_instance(p->node, p->model_id, EXO_SHARDING_PIPELINE,
+                                    EXO_INSTANCE_META_MLX_RING, 1, NULL, &cmd, &err) == 0) {
+            EXO_LOG_INFO("--place: placing %s", p->model_id);
+            return NULL;
+        }
+        usleep(250 * 1000);
+    }
+    if (!__atomic_load_n(&p->stop, __ATOMIC_ACQUIRE))
+        EXO_LOG_WARN("--place: could not place %s: %s", p->model_id, err.msg);
+    return NULL;
+}
+
 static void exit_now(int sig)
 {
     static const char msg[] = "exo: second signal, exiting now\n";
@@ -107,7 +139,7 @@ static void exit_now(int sig)
 int exo_cmd_serve(int argc, char **argv)
 {
     long port = DEFAULT_API_PORT, threads = 0, ctx = 0, warmup = 4, cluster_port = -1, discovery_port = 0;
-    const char *host = NULL, *data_dir = NULL;
+    const char *host = NULL, *data_dir = NULL, *place_model = NULL;
     const char *models_dirs[MAX_MODELS_DIRS];
     int n_models_dirs = 0, verbosity = 0;
     bool worker = true, api = true, discovery = true, force_master = false;
@@ -155,6 +187,9 @@ int exo_cmd_serve(int argc, char **argv)
             discovery = false;
         } else if (!strcmp(a, "-m") || !strcmp(a, "--force-master")) {
             force_master = true;
+        } else if (!strcmp(a, "--place")) {
+            if (!(place_model = exo_arg_value("serve", argc, argv, &i)))
+                return 2;
         } else if (!strcmp(a, "--no-worker")) {
             worker = false;
         } else if (!strcmp(a, "--no-api")) {
@@ -249,8 +284,15 @@ int exo_cmd_serve(int argc, char **argv)
         else
             EXO_LOG_INFO("no dashboard: build it with `cd dashboard && npm run build`");
     }
+    placer pl = {node, place_model, false};
+    pthread_t place_thread;
+    bool placing = place_model && pthread_create(&place_thread, NULL, place_at_start, &pl) == 0;
     int sig = 0;
     sigwait(&sigs, &sig);
+    if (placing) {
+        __atomic_store_n(&pl.stop, true, __ATOMIC_RELEASE);
+        pthread_join(place_thread, NULL);
+    }
     EXO_LOG_INFO("%s: shutting down (again to exit at once)", sig == SIGINT ? "SIGINT" : "SIGTERM");
     signal(SIGINT, exit_now);
     signal(SIGTERM, exit_now);
