@@ -66,8 +66,10 @@ static double decode_tps(const exo_gen_stats *st)
                ? (st->generated_tokens - 1) / st->decode_seconds : 0;
 }
 
-/* Wall-clock tokens/s of n requests served one after another. */
-static double run_one_seq(const char *dir, int n_req)
+/* One process on one core: returns the decode tokens/s of one request;
+ * *wall_tps: tokens/s of n_req requests served one after another
+ * (prefill included, wall clock). */
+static double run_one(const char *dir, int n_req, double *wall_tps)
 {
     pin(0);
     exo_model *m;
@@ -83,40 +85,19 @@ static double run_one_seq(const char *dir, int n_req)
     exo_gen_params p = params();
     exo_gen_stats st;
     exo_generate(m, s, ids, n_prompt, &p, NULL, NULL, &st, &err); /* warm */
-    double t0 = exo_clock_seconds();
+    double decode = 0, t0 = exo_clock_seconds();
     int total = 0;
     for (int k = 0; k < n_req; k++) {
         exo_seq_truncate(s, 0);
         exo_generate(m, s, ids, n_prompt, &p, NULL, NULL, &st, &err);
         total += st.generated_tokens;
+        if (!k)
+            decode = decode_tps(&st);
     }
-    double tps = total / (exo_clock_seconds() - t0);
+    *wall_tps = total / (exo_clock_seconds() - t0);
     exo_seq_free(s);
     exo_model_free(m);
-    return tps;
-}
-
-static double run_one(const char *dir)
-{
-    pin(0);
-    exo_model *m;
-    exo_seq *s;
-    exo_err err = {0};
-    exo_model_opts o = {.n_threads = 1};
-    if (exo_model_load(dir, &o, &m, &err) || exo_seq_create(m, 1024, &s, &err)) {
-        fprintf(stderr, "bench_dist: %s\n", err.msg);
-        exit(1);
-    }
-    int32_t ids[256];
-    prompt(exo_model_vocab(m), ids);
-    exo_gen_params p = params();
-    exo_gen_stats st;
-    exo_generate(m, s, ids, n_prompt, &p, NULL, NULL, &st, &err); /* warm */
-    exo_seq_truncate(s, 0);
-    exo_generate(m, s, ids, n_prompt, &p, NULL, NULL, &st, &err);
-    exo_seq_free(s);
-    exo_model_free(m);
-    return decode_tps(&st);
+    return decode;
 }
 
 /* One rank of a split run, in its own process; rank 0 writes tokens/s to *out. */
@@ -366,7 +347,9 @@ int main(int argc, char **argv)
     exo_synth_free(syn);
     printf("%s %s: %.0f MB of weights written in %.1f s; greedy decode of %d tokens after %d:\n", preset,
            quant, bytes / 1e6, exo_clock_seconds() - t0, n_gen, n_prompt);
-    double one = run_one(dir);
+    int n_req = 2 * world <= EXO_DIST_MAX_SLOTS ? 2 * world : EXO_DIST_MAX_SLOTS;
+    double one_n;
+    double one = run_one(dir, n_req, &one_n);
     printf("  one process, 1 core:      %6.2f tok/s\n", one);
     double tp = run_split(dir, world, true, 1);
     printf("  tensor,   %d processes:    %6.2f tok/s  = %.2fx one (goal >= %.1fx)\n", world, tp, tp / one,
@@ -377,8 +360,6 @@ int main(int argc, char **argv)
     for (int i = 0; i < world; i++)
         printf(" %d", split_starts[i]);
     printf(" (the last rank also reads the head)\n");
-    int n_req = 2 * world <= EXO_DIST_MAX_SLOTS ? 2 * world : EXO_DIST_MAX_SLOTS;
-    double one_n = run_one_seq(dir, n_req);
     double pp_n = run_split(dir, world, false, n_req);
     printf("%d requests (prefill included, wall clock):\n", n_req);
     printf("  one process, one after another: %6.2f tok/s\n", one_n);

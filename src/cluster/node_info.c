@@ -44,11 +44,6 @@ static uint64_t membw_bps;
 
 static void membw_probe(void)
 {
-    const char *env = getenv("EXO_MEM_READ_BPS"); /* tests: a node's speed set by hand */
-    if (env && atof(env) > 0) {
-        membw_bps = (uint64_t)atof(env);
-        return;
-    }
     exo_membw *probe = exo_membw_create((size_t)256 << 20);
     if (!probe)
         return;

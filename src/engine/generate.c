@@ -38,8 +38,6 @@ typedef struct local_stepper {
     exo_seq        *seq;
     exo_sampler    *smp;
     float          *logits;
-    int32_t        *hist;
-    int             n_hist, cap_hist;
 } local_stepper;
 
 static int local_start(void *ctx, const exo_sampler_params *sp, const int32_t *prompt, int n_prompt,
@@ -48,13 +46,9 @@ static int local_start(void *ctx, const exo_sampler_params *sp, const int32_t *p
     local_stepper *l = ctx;
     int V = exo_model_vocab(l->m);
     l->logits = exo_try_malloc(sizeof(float) * (size_t)V);
-    l->cap_hist = n_prompt + max_tokens;
-    l->hist = exo_try_malloc(sizeof(int32_t) * (size_t)l->cap_hist);
-    if (!l->logits || !l->hist)
-        return exo_err_set(err, EXO_ENOMEM, "generate: out of memory");
-    memcpy(l->hist, prompt, sizeof(int32_t) * (size_t)n_prompt);
-    l->n_hist = n_prompt;
     l->smp = exo_sampler_create(sp, V);
+    if (!l->logits || exo_sampler_begin(l->smp, prompt, n_prompt, max_tokens))
+        return exo_err_set(err, EXO_ENOMEM, "generate: out of memory");
     return 0;
 }
 
@@ -64,9 +58,7 @@ static int local_step(void *ctx, const int32_t *tokens, int T, exo_sample *sampl
     int rc = exo_model_forward(l->m, l->seq, tokens, T, sample ? l->logits : NULL, false, err);
     if (rc || !sample)
         return rc;
-    exo_sampler_sample(l->smp, l->logits, l->hist, l->n_hist, sample);
-    if (l->n_hist < l->cap_hist)
-        l->hist[l->n_hist++] = sample->id;
+    exo_sampler_next(l->smp, l->logits, sample);
     return 0;
 }
 
@@ -78,10 +70,8 @@ static void local_finish(void *ctx)
 {
     local_stepper *l = ctx;
     exo_sampler_free(l->smp);
-    exo_free(l->hist);
     exo_free(l->logits);
     l->smp = NULL;
-    l->hist = NULL;
     l->logits = NULL;
 }
 

@@ -3,6 +3,7 @@
  * alone never sort the vocabulary. */
 #include "engine/sampler.h"
 #include "core/alloc.h"
+#include "core/error.h"
 #include "engine/cpu/ops.h"
 
 #include <math.h>
@@ -16,6 +17,8 @@ struct exo_sampler {
     int32_t *cand;    /* (vocab) candidate ids */
     float *prob;      /* (vocab) */
     uint16_t *count;  /* (vocab) occurrences in the penalty window */
+    int32_t *hist;    /* exo_sampler_next's history: the prompt, then its picks */
+    int n_hist, cap_hist;
 };
 
 static uint64_t splitmix64(uint64_t *x)
@@ -71,7 +74,29 @@ void exo_sampler_free(exo_sampler *s)
     exo_free(s->cand);
     exo_free(s->prob);
     exo_free(s->count);
+    exo_free(s->hist);
     exo_free(s);
+}
+
+int exo_sampler_begin(exo_sampler *s, const int32_t *prompt, int n, int max_tokens)
+{
+    int cap = n + (max_tokens > 0 ? max_tokens : 0);
+    int32_t *h = exo_try_malloc(sizeof(int32_t) * (size_t)(cap > 0 ? cap : 1));
+    if (!h)
+        return EXO_ENOMEM;
+    memcpy(h, prompt, sizeof(int32_t) * (size_t)n);
+    exo_free(s->hist);
+    s->hist = h;
+    s->n_hist = n;
+    s->cap_hist = cap;
+    return 0;
+}
+
+void exo_sampler_next(exo_sampler *s, float *logits, exo_sample *out)
+{
+    exo_sampler_sample(s, logits, s->hist, s->n_hist, out);
+    if (s->n_hist < s->cap_hist)
+        s->hist[s->n_hist++] = out->id;
 }
 
 static void apply_penalties(exo_sampler *s, float *logits, const int32_t *hist, int n)

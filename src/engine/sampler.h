@@ -39,4 +39,10 @@ typedef struct exo_sample {
 void exo_sampler_sample(exo_sampler *s, float *logits, const int32_t *history, int n_history,
                         exo_sample *out);
 
+/* The sampler of one generation keeps its own history: begin with the
+ * prompt (room for max_tokens more; 0 or EXO_ENOMEM), then each
+ * exo_sampler_next picks a token and adds it. */
+int  exo_sampler_begin(exo_sampler *s, const int32_t *prompt, int n, int max_tokens);
+void exo_sampler_next(exo_sampler *s, float *logits, exo_sample *out);
+
 #endif

@@ -13,12 +13,10 @@
 #include <string.h>
 
 /* What a rank keeps per sequence: its cache and, on the rank that samples,
- * the sampler with its history. */
+ * the sampler (which keeps the history its penalties look at). */
 typedef struct slot {
     exo_seq     *seq;
     exo_sampler *smp;
-    int32_t     *hist;
-    int          n_hist, cap_hist;
 } slot;
 
 struct exo_dist {
@@ -39,10 +37,7 @@ struct exo_dist {
 static void sampler_drop(slot *sl)
 {
     exo_sampler_free(sl->smp);
-    exo_free(sl->hist);
     sl->smp = NULL;
-    sl->hist = NULL;
-    sl->n_hist = sl->cap_hist = 0;
 }
 
 static int sampler_begin(exo_dist *d, slot *sl, const exo_sampler_params *sp, const int32_t *prompt,
@@ -51,13 +46,9 @@ static int sampler_begin(exo_dist *d, slot *sl, const exo_sampler_params *sp, co
     sampler_drop(sl);
     if (!d->logits)
         return exo_err_set(err, EXO_EFORMAT, "ring: a sampler on a rank without the head");
-    sl->cap_hist = n + max_tokens;
-    sl->hist = exo_try_malloc(sizeof(int32_t) * (size_t)(sl->cap_hist ? sl->cap_hist : 1));
-    if (!sl->hist)
-        return exo_err_set(err, EXO_ENOMEM, "generate: out of memory");
-    memcpy(sl->hist, prompt, sizeof(int32_t) * (size_t)n);
-    sl->n_hist = n;
     sl->smp = exo_sampler_create(sp, exo_model_vocab(d->m));
+    if (exo_sampler_begin(sl->smp, prompt, n, max_tokens))
+        return exo_err_set(err, EXO_ENOMEM, "generate: out of memory");
     return 0;
 }
 
@@ -65,9 +56,7 @@ static int sample_here(exo_dist *d, slot *sl, exo_sample *s, exo_err *err)
 {
     if (!sl->smp)
         return exo_err_set(err, EXO_EFORMAT, "ring: a sample asked for before BEGIN");
-    exo_sampler_sample(sl->smp, d->logits, sl->hist, sl->n_hist, s);
-    if (sl->n_hist < sl->cap_hist)
-        sl->hist[sl->n_hist++] = s->id;
+    exo_sampler_next(sl->smp, d->logits, s);
     return 0;
 }
 
@@ -299,18 +288,20 @@ static int serve_step(exo_dist *d, const exo_ring_msg *m, const exo_dist_frame *
         exo_free(ids);
         return rc;
     }
-    if ((rc = ensure_hidden(d, T, err)))
-        return rc;
-    memcpy(d->hidden, f->data, m->len);
+    /* a pipeline step has no collective inside: the frame's payload stays
+     * valid through it and is the input as it is */
+    const float *in = f->data;
     if (!is_last(d)) {
-        exo_step st = {.T = T, .hidden_in = d->hidden, .hidden_out = d->hidden};
+        if ((rc = ensure_hidden(d, T, err)))
+            return rc;
+        exo_step st = {.T = T, .hidden_in = in, .hidden_out = d->hidden};
         if ((rc = exo_model_step(d->m, sl->seq, &st, err)))
             return rc;
         return exo_ring_send(d->ring, EXO_DIST_HIDDEN, m->a, m->b, d->hidden, m->len, NULL, 0, err);
     }
     if (f->want_sample && !d->logits)
         return exo_err_set(err, EXO_EFORMAT, "ring: a sample asked of a rank without the head");
-    exo_step st = {.T = T, .hidden_in = d->hidden, .logits = f->want_sample ? d->logits : NULL};
+    exo_step st = {.T = T, .hidden_in = in, .logits = f->want_sample ? d->logits : NULL};
     if ((rc = exo_model_step(d->m, sl->seq, &st, err)))
         return rc;
     if (!f->want_sample)
@@ -370,8 +361,6 @@ void exo_dist_free(exo_dist *d)
 }
 
 exo_gen_stepper *exo_dist_stepper(exo_dist *d) { return &d->base; }
-exo_seq *exo_dist_seq(exo_dist *d, int slot_i) { return d->slots[slot_i].seq; }
-int exo_dist_slots(const exo_dist *d) { return d->n_slots; }
 
 int exo_dist_allreduce(void *ring, float *x, size_t n, exo_err *err)
 {

@@ -35,8 +35,6 @@ typedef struct exo_dist exo_dist;
  * one per slot (slot 0 is the stepper's). */
 exo_dist *exo_dist_new(exo_ring *ring, bool tensor, exo_model *m, exo_seq *const *seqs, int n_seqs);
 void      exo_dist_free(exo_dist *d);
-int       exo_dist_slots(const exo_dist *d);
-exo_seq  *exo_dist_seq(exo_dist *d, int slot);
 
 /* Rank 0: the stepper that drives the group on slot 0 (owned by d). */
 exo_gen_stepper *exo_dist_stepper(exo_dist *d);

@@ -744,7 +744,3 @@ void exo_ring_free(exo_ring *r)
 
 int exo_ring_rank(const exo_ring *r) { return r->rank; }
 int exo_ring_world(const exo_ring *r) { return r->world; }
-void exo_ring_set_timeout(exo_ring *r, int timeout_ms)
-{
-    r->timeout_ms = timeout_ms > 0 ? timeout_ms : DEFAULT_TIMEOUT_MS;
-}

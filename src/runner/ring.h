@@ -64,7 +64,6 @@ void exo_ring_free(exo_ring *r);
 exo_ring *exo_ring_wrap(int rank, int world, int prev_fd, int next_fd, int timeout_ms);
 int  exo_ring_rank(const exo_ring *r);
 int  exo_ring_world(const exo_ring *r);
-void exo_ring_set_timeout(exo_ring *r, int timeout_ms);
 
 typedef struct exo_ring_msg {
     uint32_t type, a, b;

@@ -251,3 +251,21 @@ Test(sampler, sum_exp_over_a_vocabulary)
     cr_assert(fabs(got - want) <= 1e-6 * want, "%.9g vs %.9g", got, want);
     exo_free(x);
 }
+
+/* exo_sampler_next keeps the history itself: the prompt, then its own picks,
+ * which the penalties then see (here a repeated pick is penalised away). */
+Test(sampler, next_penalises_its_own_picks)
+{
+    exo_sampler_params p = exo_sampler_defaults();
+    p.temperature = 0;
+    p.repetition_penalty = 4.0f;
+    exo_sampler *s = exo_sampler_create(&p, 3);
+    int32_t prompt[1] = {0};
+    cr_assert_eq(exo_sampler_begin(s, prompt, 1, 4), 0);
+    exo_sample out;
+    exo_sampler_next(s, (float[3]){8, 3, 2.5f}, &out); /* token 0 is in the prompt: 8 / 4 = 2 */
+    cr_expect_eq(out.id, 1);
+    exo_sampler_next(s, (float[3]){1, 3, 2.5f}, &out); /* 1 was just picked: 3 / 4 */
+    cr_expect_eq(out.id, 2);
+    exo_sampler_free(s);
+}
