@@ -17,7 +17,7 @@ WARN     := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototy
             -Wpointer-arith -Wno-unused-parameter
 # -Wno-unused-parameter: vtable implementations and CLI handlers share one
 # signature and many of them legitimately ignore some arguments.
-PKGS     := jansson libpcre2-8 libutf8proc msgpack libzstd libmicrohttpd libuv libsodium
+PKGS     := jansson libpcre2-8 libutf8proc msgpack libzstd libmicrohttpd libuv libsodium libcurl libcrypto
 # -fvect-cost-model=dynamic: at -O2 GCC 12 only vectorises loops whose trip
 # count it knows; the element-wise kernels (head_dim, hidden size) need more.
 VECTORIZE := $(if $(findstring clang,$(CC)),,-fvect-cost-model=dynamic)

@@ -1,6 +1,7 @@
 // The exo dashboard: the cluster (its nodes, the links between them, the
 // master and the election), where each instance's shards run, the model
-// launcher with placement previews, and chat. Plain DOM and SVG, no
+// catalogue (download status, downloads, custom Hugging Face models) and
+// launcher with placement previews, every node's downloads, and chat. Plain DOM and SVG, no
 // framework. Every piece of text from the daemon or a model is set with
 // textContent / text nodes (never innerHTML). The logic that can be tested
 // without a browser lives in lib.js.
@@ -9,6 +10,7 @@ import {
   SSEParser,
   buildChatRequest,
   buildClusterView,
+  buildDownloadsView,
   buildInstancesView,
   buildModelsView,
   buildNodesView,
@@ -16,6 +18,9 @@ import {
   buildTopologyView,
   chatActionFromSSE,
   chatModelOptions,
+  downloadDetails,
+  downloadStatusText,
+  downloadsSummary,
   errorMessageFromBody,
   finishAssistant,
   formatBandwidth,
@@ -29,10 +34,13 @@ import {
   formatUsedOfTotal,
   isServing,
   messageStats,
+  modelPath,
+  modelStatusBadge,
   newAssistantMessage,
   pickChatModel,
   reduceAssistant,
   shortId,
+  validateHfModelId,
 } from './lib.js';
 
 const POLL_MS = 2000;
@@ -50,6 +58,11 @@ const API = {
   previews: (modelId) => `instance/previews?model_id=${encodeURIComponent(modelId)}`,
   instance: (id) => `instance/${encodeURIComponent(id)}`,
   chat: 'v1/chat/completions',
+  addModel: 'models/add',
+  customModel: (modelId) => `models/custom/${modelPath(modelId)}`,
+  downloadStart: 'download/start',
+  downloadCancel: 'download/cancel',
+  downloadDelete: (nodeId, modelId) => `download/${encodeURIComponent(nodeId)}/${modelPath(modelId)}`,
 };
 
 const ui = {
@@ -70,12 +83,18 @@ const ui = {
   placing: new Map(),
   openDetails: new Set(), // the <details> (by key) the user opened: rebuilds keep them open
   filter: '',
+  statusFilter: '', // '' (all) | downloaded | downloading | downloadable
+  // download actions under way, by key: "start <model>", "cancel <node> <model>",
+  // "delete <node> <model>", "remove <model>" (a custom card)
+  busy: new Set(),
+  adding: false, // POST /models/add under way
+  addError: null,
   chat: {
     model: null,
     messages: [],
     streaming: null, // {controller, index}
   },
-  views: { nodes: [], instances: [], models: [], cluster: null, topology: null },
+  views: { nodes: [], instances: [], models: [], downloads: [], cluster: null, topology: null },
 };
 
 const $ = (id) => document.getElementById(id);
@@ -329,6 +348,107 @@ async function removeInstance(id) {
   }
 }
 
+// ---- actions: downloads and the catalogue -----------------------------------------------
+
+/** The key of a download action in ui.busy. */
+const busyKey = (kind, nodeId, modelId) => `${kind} ${nodeId || ''} ${modelId}`;
+
+/** Asks before something is destroyed (yes where the page has no dialog). */
+const confirmed = (message) => typeof globalThis.confirm !== 'function' || globalThis.confirm(message) === true;
+
+/** Runs one action (once at a time per key): the button shows it busy, a
+ * toast tells how it went, then the models (when they may have changed)
+ * and the State are reloaded. Resolves true when it succeeded. */
+async function act(key, run, { ok, fail, models = true }) {
+  if (ui.busy.has(key)) return false;
+  ui.busy.add(key);
+  render();
+  try {
+    await run();
+    if (ok) toast(ok, 'ok');
+    if (models) await loadModels();
+    await poll();
+    return true;
+  } catch (e) {
+    toast(`${fail}: ${e.message}`);
+    return false;
+  } finally {
+    ui.busy.delete(key);
+    render();
+  }
+}
+
+const nodeLabel = (nodeId) => {
+  const n = ui.views.nodes.find((x) => x.id === nodeId);
+  return n ? n.displayName : shortId(nodeId);
+};
+
+/** POST /download/start: to `nodeId`, by default this node (the one serving
+ * the page; the daemon's default too when its id is not known yet). */
+function startDownload(modelId, nodeId = ui.nodeId) {
+  const body = { model_id: modelId };
+  if (nodeId) body.target_node_id = nodeId;
+  return act(busyKey('start', nodeId, modelId), () => api('POST', API.downloadStart, body), {
+    ok: `Downloading ${modelId}${nodeId ? ` to ${nodeLabel(nodeId)}` : ''}`,
+    fail: 'Download failed',
+    models: false,
+  });
+}
+
+function cancelDownload(row) {
+  return act(
+    busyKey('cancel', row.nodeId, row.modelId),
+    () => api('POST', API.downloadCancel, { model_id: row.modelId, target_node_id: row.nodeId }),
+    { ok: `Cancelled the download of ${row.modelId} on ${row.nodeName}`, fail: 'Cancel failed' },
+  );
+}
+
+/** DELETE /download/{node}/{org}/{name}: the model's files on that node. */
+function deleteDownload(row) {
+  if (!confirmed(`Delete the files of ${row.modelId} on ${row.nodeName}?`)) return Promise.resolve(false);
+  return act(busyKey('delete', row.nodeId, row.modelId), () => api('DELETE', API.downloadDelete(row.nodeId, row.modelId)), {
+    ok: `Deleted ${row.modelId} from ${row.nodeName}`,
+    fail: 'Delete failed',
+  });
+}
+
+/** DELETE /models/custom/{org}/{name}: a model the user added. */
+function removeCustomModel(modelId) {
+  if (!confirmed(`Remove ${modelId} from the models list? (Files already downloaded stay on disk.)`)) return Promise.resolve(false);
+  return act(busyKey('remove', '', modelId), () => api('DELETE', API.customModel(modelId)), {
+    ok: `Removed ${modelId}`,
+    fail: 'Remove failed',
+  });
+}
+
+/** POST /models/add with the id typed in the "Add a Hugging Face model"
+ * box, checked first; its error stays under the box until the next try. */
+async function addModel() {
+  if (ui.adding) return;
+  const input = $('add-model-id');
+  const v = validateHfModelId(input.value);
+  if (!v.ok) {
+    ui.addError = v.error;
+    renderAddModel();
+    return;
+  }
+  ui.adding = true;
+  ui.addError = null;
+  renderAddModel();
+  try {
+    const card = await api('POST', API.addModel, { model_id: v.id });
+    const id = card && typeof card.id === 'string' ? card.id : v.id;
+    input.value = '';
+    toast(`Added ${id}`, 'ok');
+    await loadModels();
+  } catch (e) {
+    ui.addError = e.message;
+  } finally {
+    ui.adding = false;
+    render();
+  }
+}
+
 // ---- rendering: cluster ---------------------------------------------------------------
 
 function render() {
@@ -341,12 +461,15 @@ function render() {
   ui.views.cluster = buildClusterView(cluster, ui.views.nodes);
   ui.views.topology = st ? buildTopologyView(st, ui.views.nodes, { width: topologyWidth() }) : null;
   ui.views.instances = st ? buildInstancesView(st) : [];
-  ui.views.models = buildModelsView(ui.models || [], ui.views.instances, ui.views.nodes);
+  ui.views.downloads = st ? buildDownloadsView(st) : [];
+  ui.views.models = buildModelsView(ui.models || [], ui.views.instances, ui.views.nodes, ui.views.downloads);
   renderHeader();
   renderClusterStatus();
   renderTopology();
   renderNodes();
   renderInstances();
+  renderDownloads();
+  renderAddModel();
   renderModels();
   renderChatModels();
   if (!ui.chat.messages.length) renderMessages();
@@ -600,7 +723,9 @@ function renderInstances() {
   const ready = list.filter(isServing).length;
   $('instances-summary').textContent = list.length ? `${list.length} placed · ${ready} ready` : '';
   const deleting = [...ui.deleting];
-  renderInto($('instances'), { list, deleting, has: !!ui.state }, ({ list: insts, has }) => {
+  // a runner whose node is still downloading its shard shows that download
+  const dls = ui.views.downloads.filter((d) => d.status !== 'completed').map((d) => [d.key, d.status, d.percent]);
+  renderInto($('instances'), { list, deleting, dls, has: !!ui.state }, ({ list: insts, has }) => {
     if (!has) return h('p', { class: 'empty', text: '—' });
     if (!insts.length) return h('p', { class: 'empty', text: 'No instances. Launch a model below.' });
     return insts.map(instanceCard);
@@ -636,12 +761,19 @@ function instanceCard(inst) {
       h('span', { class: 'mono', title: inst.id, text: shortId(inst.id) }),
       inst.activeTasks ? ` · ${inst.activeTasks} active request${inst.activeTasks === 1 ? '' : 's'}` : null),
     inst.progress !== null ? progressBar(inst.progress) : null,
-    h('ul', { class: 'runners' }, inst.runners.map(runnerRow)));
+    h('ul', { class: 'runners' }, inst.runners.map((r) => runnerRow(r, inst.modelId))));
 }
 
-/** One shard: its rank, the node it runs on, its layers, its runner's status. */
-function runnerRow(r) {
+const DOWNLOAD_PILL = { ongoing: 'busy', pending: 'warn', failed: 'bad', completed: 'ok', unknown: 'warn' };
+
+/** One shard: its rank, the node it runs on, its layers, its runner's
+ * status, and while it is not ready, its node's download of the model. */
+function runnerRow(r, modelId) {
   const status = [r.status.label, r.status.detail].filter(Boolean).join(' ');
+  const waiting = r.status.phase !== 'ready' && r.status.phase !== 'running';
+  const dl = waiting && r.nodeId
+    ? ui.views.downloads.find((d) => d.nodeId === r.nodeId && d.modelId === modelId && d.status !== 'completed')
+    : null;
   return h('li', { class: 'runner', title: `runner ${r.runnerId}${r.nodeId ? `\nnode ${r.nodeId}` : ''}` },
     h('span', { class: 'rank', title: r.worldSize !== null ? `rank ${r.deviceRank} of ${r.worldSize}` : 'rank', text: r.deviceRank !== null ? `#${r.deviceRank}` : '#?' }),
     h('span', { class: 'runner-where' },
@@ -650,7 +782,90 @@ function runnerRow(r) {
       h('span', { class: 'muted', text: formatLayers(r.startLayer, r.endLayer, r.nLayers) })),
     h('span', { class: `pill ${PHASE_PILL[r.status.phase] || ''}`, text: status }),
     r.status.phase === 'loading' && r.status.progress !== null ? progressBar(r.status.progress) : null,
+    dl
+      ? h('div', { class: 'runner-download small' },
+          h('span', { class: `pill ${DOWNLOAD_PILL[dl.status] || ''}`, title: `this node fetches the model first\n${downloadDetails(dl)}`, text: `${dl.status === 'pending' ? 'download queued' : dl.status === 'failed' ? 'download failed' : `downloading ${dl.percent}%`}` }),
+          h('span', { class: 'muted', text: downloadDetails(dl) }))
+      : null,
+    dl && dl.status === 'ongoing' ? progressBar(dl.fraction) : null,
+    dl && dl.status === 'failed' && dl.errorMessage ? h('div', { class: 'error-text', text: dl.errorMessage }) : null,
     r.status.error ? h('div', { class: 'error-text', text: r.status.error }) : null);
+}
+
+// ---- rendering: downloads --------------------------------------------------------------
+
+function renderDownloads() {
+  const rows = ui.views.downloads;
+  $('downloads-summary').textContent = downloadsSummary(rows);
+  const busy = [...ui.busy];
+  renderInto($('downloads'), { rows, busy, has: !!ui.state }, ({ has }) => {
+    if (!has) return h('p', { class: 'empty', text: '—' });
+    if (!rows.length) {
+      return h('p', { class: 'empty', text: 'No downloads. Download a model from the list below, or launch one that is not on disk yet.' });
+    }
+    return rows.map(downloadRow);
+  });
+}
+
+/** One (node, model): status, progress, speed, ETA, files, layers, and
+ * Cancel (under way), Delete (downloaded, not read-only) or Retry (failed). */
+function downloadRow(d) {
+  const cancelling = ui.busy.has(busyKey('cancel', d.nodeId, d.modelId));
+  const deleting = ui.busy.has(busyKey('delete', d.nodeId, d.modelId));
+  const retrying = ui.busy.has(busyKey('start', d.nodeId, d.modelId));
+  const details = downloadDetails(d);
+  return h('div', { class: `download ${d.status}`, 'data-node': d.nodeId, 'data-model': d.modelId },
+    h('div', { class: 'download-head' },
+      h('span', { class: 'download-model', title: d.modelDirectory || d.modelId, text: d.modelId }),
+      h('span', { class: 'download-node', title: d.nodeId }, h('span', { class: 'muted', text: 'on ' }), h('span', { class: 'runner-node', text: d.nodeName })),
+      d.nodeGone ? h('span', { class: 'pill bad', title: 'this node is not in the cluster', text: 'node gone' }) : null,
+      d.readOnly ? h('span', { class: 'pill', title: 'in a read-only models dir: it cannot be deleted from here', text: 'read-only' }) : null,
+      h('span', { class: `pill ${DOWNLOAD_PILL[d.status] || ''}`, text: downloadStatusText(d) }),
+      d.canCancel
+        ? h('button', {
+            type: 'button',
+            class: 'btn btn-small',
+            disabled: cancelling,
+            title: `Stop downloading ${d.modelId} on ${d.nodeName} (POST /download/cancel)`,
+            text: cancelling ? 'Cancelling…' : 'Cancel',
+            onclick: () => cancelDownload(d),
+          })
+        : null,
+      d.canRetry
+        ? h('button', {
+            type: 'button',
+            class: 'btn btn-small',
+            disabled: retrying,
+            title: `Download ${d.modelId} to ${d.nodeName} again`,
+            text: retrying ? 'Retrying…' : 'Retry',
+            onclick: () => startDownload(d.modelId, d.nodeId),
+          })
+        : null,
+      d.canDelete
+        ? h('button', {
+            type: 'button',
+            class: 'btn btn-danger btn-small',
+            disabled: deleting,
+            title: `Delete the files of ${d.modelId} on ${d.nodeName}${d.modelDirectory ? ` (${d.modelDirectory})` : ''}`,
+            text: deleting ? 'Deleting…' : 'Delete',
+            onclick: () => deleteDownload(d),
+          })
+        : null),
+    progressBar(d.fraction, d.status === 'failed' ? 'failed' : d.status === 'completed' ? 'done' : ''),
+    details ? h('div', { class: 'download-details', text: details }) : null,
+    d.status === 'failed' ? h('div', { class: 'error-text', text: d.errorMessage || 'the download failed' }) : null);
+}
+
+/** The "Add a Hugging Face model" box: busy while the daemon fetches the
+ * model's config, the reason under it when it fails. */
+function renderAddModel() {
+  const btn = $('add-model-btn');
+  btn.disabled = ui.adding;
+  btn.textContent = ui.adding ? 'Adding…' : 'Add';
+  $('add-model-id').disabled = ui.adding;
+  const err = $('add-model-error');
+  err.hidden = !ui.addError;
+  err.textContent = ui.addError || '';
 }
 
 // ---- rendering: models -----------------------------------------------------------------
@@ -658,10 +873,20 @@ function runnerRow(r) {
 function renderModels() {
   const all = ui.views.models;
   const q = ui.filter.trim().toLowerCase();
-  const list = q
-    ? all.filter((m) => [m.id, m.name, m.family, m.quantization].some((s) => s && s.toLowerCase().includes(q)))
-    : all;
-  $('models-summary').textContent = ui.models ? `${all.length} on disk${all.some((m) => !m.local) ? ' in the cluster' : ''}` : '';
+  const sf = ui.statusFilter;
+  const list = all.filter(
+    (m) =>
+      (!sf || m.status === sf) &&
+      (!q || [m.id, m.name, m.family, m.quantization].some((s) => s && s.toLowerCase().includes(q))),
+  );
+  const by = (st) => all.filter((m) => m.status === st).length;
+  $('models-summary').textContent = ui.models
+    ? [
+        `${by('downloaded')} on disk${all.some((m) => !m.local) ? ' in the cluster' : ''}`,
+        by('downloading') ? `${by('downloading')} downloading` : null,
+        by('downloadable') ? `${by('downloadable')} to download` : null,
+      ].filter(Boolean).join(' · ')
+    : '';
   const placing = {};
   for (const [id, p] of ui.placing) {
     placing[id] = {
@@ -677,6 +902,8 @@ function renderModels() {
     q,
     launching: [...ui.launching],
     errors: [...ui.launchErrors],
+    busy: [...ui.busy],
+    nodeId: ui.nodeId,
     placing,
     loaded: ui.models !== null,
     error: ui.modelsError,
@@ -689,7 +916,7 @@ function renderModels() {
       return out;
     }
     if (!all.length) {
-      out.push(h('p', { class: 'empty', text: 'No models on disk. Put Hugging Face model folders in a models dir (<models dir>/<org>--<name>/).' }));
+      out.push(h('p', { class: 'empty', text: 'No models yet. Add one from Hugging Face above, or put model folders in a models dir (<models dir>/<org>--<name>/).' }));
     } else if (!list.length) {
       out.push(h('p', { class: 'empty', text: 'No model matches the filter.' }));
     }
@@ -698,10 +925,26 @@ function renderModels() {
 }
 
 
+/** The tooltip of a model's status badge. */
+function statusTitle(m) {
+  if (m.status === 'downloaded') {
+    return m.onNodes.length ? `on disk on:\n${m.onNodes.join('\n')}` : 'on disk';
+  }
+  if (m.status === 'downloading') {
+    return m.downloadingOn.length ? `downloading on:\n${m.downloadingOn.join('\n')}` : 'a download is under way';
+  }
+  return 'not on any node: Download fetches it to this node; Launch makes the nodes it runs on download it first';
+}
+
 function modelRow(m, placing) {
   const busy = ui.launching.has(m.id);
   const err = ui.launchErrors.get(m.id);
+  const badge = modelStatusBadge(m.status, m.downloadFraction, m.downloadFailed);
+  const starting = ui.busy.has(busyKey('start', ui.nodeId, m.id));
+  const removing = ui.busy.has(busyKey('remove', '', m.id));
   const tags = [
+    h('span', { class: `pill model-status ${badge.kind}`, title: statusTitle(m), text: badge.text }),
+    m.isCustom ? h('span', { class: 'pill', title: 'a model you added', text: 'custom' }) : null,
     m.family ? h('span', { class: 'pill', text: m.family }) : null,
     m.quantization ? h('span', { class: 'pill', text: m.quantization }) : null,
     m.sizeBytes !== null ? h('span', { class: 'pill', text: formatBytes(m.sizeBytes) }) : null,
@@ -728,9 +971,30 @@ function modelRow(m, placing) {
         title: placing ? 'Close the placement options' : `See where ${m.id} can run, then launch it`,
         text: busy ? 'Launching…' : placing ? 'Cancel' : 'Launch',
         onclick: () => togglePlacements(m.id),
-      })),
+      }),
+      m.status === 'downloadable'
+        ? h('button', {
+            type: 'button',
+            class: 'btn btn-small',
+            disabled: starting,
+            title: `Download ${m.id} to this node${m.sizeBytes !== null ? ` (${formatBytes(m.sizeBytes)})` : ''}`,
+            text: starting ? 'Starting…' : 'Download',
+            onclick: () => startDownload(m.id),
+          })
+        : null,
+      m.isCustom
+        ? h('button', {
+            type: 'button',
+            class: 'btn btn-ghost btn-danger btn-small',
+            disabled: removing,
+            title: `Remove ${m.id} from the models list`,
+            text: removing ? 'Removing…' : 'Remove',
+            onclick: () => removeCustomModel(m.id),
+          })
+        : null),
     h('div', { class: 'model-id', text: m.id }),
     h('div', { class: 'model-tags' }, tags),
+    m.status === 'downloading' && m.downloadFraction !== null ? progressBar(m.downloadFraction, 'model-progress') : null,
     err ? h('div', { class: 'error-text', text: err }) : null,
     placing ? placementPicker(m, placing) : null);
 }
@@ -769,6 +1033,9 @@ function placementPicker(m, p) {
   }
   return h('div', { class: 'placements' },
     h('div', { class: 'placements-title', text: 'Where to run it' }),
+    m.status !== 'downloaded'
+      ? h('p', { class: 'muted small', text: 'Not on disk yet: the nodes it runs on download it first (see Downloads); it is ready once they have.' })
+      : null,
     body);
 }
 
@@ -1114,6 +1381,20 @@ function wire() {
   $('model-filter').addEventListener('input', (e) => {
     ui.filter = e.target.value;
     renderModels();
+  });
+  $('model-status-filter').addEventListener('change', (e) => {
+    ui.statusFilter = e.target.value || '';
+    renderModels();
+  });
+  $('add-model').addEventListener('submit', (e) => {
+    e.preventDefault();
+    addModel();
+  });
+  $('add-model-id').addEventListener('input', () => {
+    if (ui.addError) {
+      ui.addError = null;
+      renderAddModel();
+    }
   });
   $('models-refresh').addEventListener('click', async () => {
     await loadModels();

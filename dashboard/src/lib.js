@@ -2,7 +2,8 @@
 // streams, the reducer that turns stream events into an assistant message,
 // and the mapping of GET /state, GET /cluster, GET /instance/previews and
 // GET /v1/models into view models (the cluster's nodes, the topology graph's
-// geometry, where each instance's shards run, the placement options).
+// geometry, where each instance's shards run, the placement options, the
+// models with their download status, the downloads of every node).
 // Nothing here touches the DOM, the network or the clock (times are passed
 // in), so all of it is unit-tested under node (dashboard/test/).
 
@@ -1261,16 +1262,22 @@ export function pickChatModel(options, current) {
 }
 
 /**
- * The models: those of GET /v1/models (this node's disk), then those other
- * nodes have on disk (the State's nodeModels; a node without a models dir
- * can still launch them):
+ * The models: those of GET /v1/models (the catalogue, the custom cards and
+ * what is on disk), then those other nodes have on disk that it does not
+ * list (the State's nodeModels; a node without a models dir can still
+ * launch them):
  * [{id, name, family, quantization, sizeBytes, contextLength, capabilities,
- *   instances, readyInstances, fits, local, onNodes}] by name. local: this
- * node lists it; onNodes: the names of the nodes that have it on disk; fits
- * is false when the model is larger than all nodes' available memory
- * together.
+ *   instances, readyInstances, fits, local, onNodes, status, isCustom,
+ *   downloadFraction, downloadFailed, downloadingOn}], those on disk first,
+ *   then those downloading, then the downloadable ones, each by name.
+ * local: this node lists it; onNodes: the names of the nodes that have it on
+ * disk; fits is false when the model is larger than all nodes' available
+ * memory together. status, downloadFraction, downloadFailed, downloadingOn:
+ * modelDownloadState of its card's status and its rows of `downloads`
+ * (buildDownloadsView: the State is fresher than the list, reloaded less
+ * often).
  */
-export function buildModelsView(modelsResponse, instances, nodes) {
+export function buildModelsView(modelsResponse, instances, nodes, downloads = []) {
   const list = Array.isArray(modelsResponse)
     ? modelsResponse
     : modelsResponse && Array.isArray(modelsResponse.data)
@@ -1288,11 +1295,18 @@ export function buildModelsView(modelsResponse, instances, nodes) {
   const local = list.filter((m) => m && typeof m.id === 'string');
   const listed = new Set(local.map((m) => m.id));
   const remote = [...where.keys()].filter((id) => !listed.has(id)).map((id) => ({ id, remote: true }));
+  const rowsOf = new Map(); // model id -> its download rows
+  for (const r of Array.isArray(downloads) ? downloads : []) {
+    if (!r || typeof r.modelId !== 'string') continue;
+    if (!rowsOf.has(r.modelId)) rowsOf.set(r.modelId, []);
+    rowsOf.get(r.modelId).push(r);
+  }
   return local
     .concat(remote)
     .map((m) => {
       const sizeBytes = megabytesToBytes(m.storage_size_megabytes);
       const insts = (instances || []).filter((i) => i.modelId === m.id);
+      const dl = modelDownloadState(m.remote === true ? 'downloaded' : m.status, rowsOf.get(m.id) || []);
       return {
         id: m.id,
         name: (typeof m.name === 'string' && m.name) || m.id,
@@ -1306,7 +1320,273 @@ export function buildModelsView(modelsResponse, instances, nodes) {
         fits: !haveMemory || sizeBytes === null || sizeBytes <= available,
         local: m.remote !== true,
         onNodes: where.get(m.id) || [],
+        status: dl.status,
+        isCustom: m.is_custom === true,
+        downloadFraction: dl.fraction,
+        downloadFailed: dl.failed,
+        downloadingOn: dl.nodes,
       };
     })
-    .sort((a, b) => a.name.localeCompare(b.name) || a.id.localeCompare(b.id));
+    .sort(
+      (a, b) =>
+        MODEL_STATUS_ORDER.indexOf(a.status) - MODEL_STATUS_ORDER.indexOf(b.status) ||
+        a.name.localeCompare(b.name) ||
+        a.id.localeCompare(b.id),
+    );
+}
+
+// ---- downloads and the model catalogue -------------------------------------------------
+
+/** Bytes per second: 1536 -> "1.5 KiB/s", 0 -> "0 B/s"; not a speed -> "—". */
+export function formatSpeed(bps) {
+  const b = formatBytes(bps);
+  return b === '—' ? b : `${b}/s`;
+}
+
+/** Time left: 4200 -> "5s" (whole seconds, up), 185000 -> "3m 05s",
+ * 7_500_000 -> "2h 05m", 2 days and 3 hours -> "2d 3h"; not a time -> "—". */
+export function formatEta(ms) {
+  if (typeof ms !== 'number' || !Number.isFinite(ms) || ms < 0) return '—';
+  const s = Math.ceil(ms / 1000);
+  const pad = (n) => String(n).padStart(2, '0');
+  if (s < 60) return `${s}s`;
+  if (s < 3600) return `${Math.floor(s / 60)}m ${pad(s % 60)}s`;
+  if (s < 86400) return `${Math.floor(s / 3600)}h ${pad(Math.floor((s % 3600) / 60))}m`;
+  return `${Math.floor(s / 86400)}d ${Math.floor((s % 86400) / 3600)}h`;
+}
+
+const HF_PART = /^[A-Za-z0-9._-]+$/;
+const HF_ID_MAX = 255; // the daemon keeps ids in 256 bytes
+
+/**
+ * A Hugging Face model id typed by the user, checked before it is sent
+ * (POST /models/add): {ok: true, id} or {ok: false, error}. Spaces around it
+ * and a pasted "https://huggingface.co/org/name" (or "hf.co/...", with a
+ * trailing "/") are accepted and give "org/name". The id is org/name, both
+ * parts of [A-Za-z0-9._-], neither starting with '.', with no ".." and no
+ * "--" (the daemon stores org/name as the directory org--name), as the
+ * daemon's own check.
+ */
+export function validateHfModelId(input) {
+  if (typeof input !== 'string') return { ok: false, error: 'Enter a model id: org/name' };
+  let id = input.trim();
+  const url = /^(?:https?:\/\/)?(?:www\.)?(?:huggingface\.co|hf\.co)\/(.*)$/i.exec(id);
+  if (url) id = url[1];
+  id = id.replace(/\/+$/, '');
+  if (!id) return { ok: false, error: 'Enter a model id: org/name' };
+  const parts = id.split('/');
+  if (parts.length !== 2 || !parts[0] || !parts[1]) {
+    return { ok: false, error: `"${id}" is not of the form org/name` };
+  }
+  for (const p of parts) {
+    if (!HF_PART.test(p)) {
+      return { ok: false, error: `"${p}" may only hold letters, digits, ".", "_" and "-"` };
+    }
+    if (p.startsWith('.')) return { ok: false, error: `"${p}" may not start with "."` };
+  }
+  if (id.includes('..')) return { ok: false, error: 'a model id may not contain ".."' };
+  if (id.includes('--')) return { ok: false, error: 'a model id may not contain "--"' };
+  if (id.length > HF_ID_MAX) return { ok: false, error: `a model id is at most ${HF_ID_MAX} characters` };
+  return { ok: true, id };
+}
+
+/** "org/name" as URL path segments, each encoded: "org/name%20x". */
+export function modelPath(modelId) {
+  return String(modelId).split('/').map(encodeURIComponent).join('/');
+}
+
+const DOWNLOAD_TAGS = {
+  DownloadPending: ['pending', 'Queued'],
+  DownloadOngoing: ['ongoing', 'Downloading'],
+  DownloadCompleted: ['completed', 'Downloaded'],
+  DownloadFailed: ['failed', 'Failed'],
+};
+const DOWNLOAD_ORDER = ['ongoing', 'pending', 'failed', 'completed', 'unknown'];
+
+/** A byte count or a count of files: a finite number >= 0, else 0. */
+const count = (v) => (typeof v === 'number' && Number.isFinite(v) && v > 0 ? v : 0);
+
+/**
+ * One tagged entry of state.downloads[nodeId] as a row, or null when it is
+ * not one: {nodeId, modelId, tag, status (pending | ongoing | completed |
+ * failed | unknown), label, total, downloaded, downloadedThisSession,
+ * fraction, percent, completedFiles, totalFiles, speed, etaMs, readOnly,
+ * errorMessage, startLayer, endLayer, nLayers, partial, modelDirectory}.
+ * Byte counts are >= 0 with downloaded <= total; fraction is 0 when the
+ * total is not known yet (0), 1 when completed; percent is whole (floored:
+ * 100 only once completed). etaMs: the daemon's, else the bytes left over
+ * the speed, null when neither is known or it is not downloading.
+ */
+export function parseDownloadEntry(entry, nodeId) {
+  const [tag, body] = unwrapTagged(entry);
+  if (!tag || !isObj(entry)) return null;
+  const g = (camel, snake) => (body[camel] !== undefined ? body[camel] : body[snake]);
+  const modelId = strOf(g('modelId', 'model_id'));
+  if (!modelId) return null;
+  const [status, label] = DOWNLOAD_TAGS[tag] || ['unknown', tag.replace(/^Download/, '') || tag];
+  const total = count(g('total', 'total'));
+  let downloaded = count(g('downloaded', 'downloaded'));
+  if (total > 0 && downloaded > total) downloaded = total;
+  const done = status === 'completed';
+  const fraction = done ? 1 : total > 0 ? clamp01(downloaded / total) : 0;
+  const percent = done ? 100 : Math.min(99, Math.floor(fraction * 100));
+  const speed = count(g('speed', 'speed'));
+  const eta = numOf(g('etaMs', 'eta_ms'));
+  let etaMs = null;
+  if (status === 'ongoing') {
+    if (eta !== null && eta > 0) etaMs = eta;
+    else if (speed > 0 && total > downloaded) etaMs = ((total - downloaded) / speed) * 1000;
+    else if (total > 0 && downloaded >= total) etaMs = 0;
+  }
+  const startLayer = numOf(g('startLayer', 'start_layer'));
+  const endLayer = numOf(g('endLayer', 'end_layer'));
+  const nLayers = numOf(g('nLayers', 'n_layers'));
+  const err = g('errorMessage', 'error_message');
+  return {
+    nodeId: strOf(nodeId) || strOf(g('nodeId', 'node_id')) || '',
+    modelId,
+    tag,
+    status,
+    label,
+    total,
+    downloaded,
+    downloadedThisSession: count(g('downloadedThisSession', 'downloaded_this_session')),
+    fraction,
+    percent,
+    completedFiles: count(g('completedFiles', 'completed_files')),
+    totalFiles: count(g('totalFiles', 'total_files')),
+    speed: status === 'ongoing' ? speed : 0,
+    etaMs,
+    readOnly: g('readOnly', 'read_only') === true,
+    errorMessage: typeof err === 'string' ? err : err ? errorMessageFromJson(err) || String(err) : '',
+    startLayer,
+    endLayer,
+    nLayers,
+    // a shard of the model (a pipeline stage), not all of its layers
+    partial:
+      startLayer !== null && endLayer !== null && nLayers !== null && nLayers > 0 && (startLayer > 0 || endLayer < nLayers),
+    modelDirectory: strOf(g('modelDirectory', 'model_directory')) || '',
+  };
+}
+
+/**
+ * state.downloads (node id -> [tagged entry], one per model on that node) as
+ * the Downloads panel's rows: parseDownloadEntry's fields plus {key,
+ * nodeName, nodeGone, layers (text, '' unless partial), files ("3/7", ''
+ * when unknown), canCancel (pending or ongoing), canDelete (completed and
+ * not read-only), canRetry (failed)}. Downloading first, then queued,
+ * failed, completed; then by model and node.
+ */
+export function buildDownloadsView(state) {
+  const st = objOf(state);
+  const names = nodeNames(st);
+  const rows = [];
+  for (const [nodeId, list] of Object.entries(objOf(st.downloads))) {
+    const entries = Array.isArray(list) ? list : isObj(list) ? Object.values(list) : [];
+    for (const e of entries) {
+      const r = parseDownloadEntry(e, nodeId);
+      if (!r) continue;
+      rows.push({
+        ...r,
+        key: `${r.nodeId}\u0000${r.modelId}`,
+        nodeName: names.get(r.nodeId) || shortId(r.nodeId),
+        nodeGone: !names.has(r.nodeId),
+        layers: r.partial ? formatLayers(r.startLayer, r.endLayer, r.nLayers) : '',
+        files: r.totalFiles > 0 ? `${Math.min(r.completedFiles, r.totalFiles)}/${r.totalFiles}` : '',
+        canCancel: r.status === 'pending' || r.status === 'ongoing',
+        canDelete: r.status === 'completed' && !r.readOnly,
+        canRetry: r.status === 'failed',
+      });
+    }
+  }
+  rows.sort(
+    (a, b) =>
+      DOWNLOAD_ORDER.indexOf(a.status) - DOWNLOAD_ORDER.indexOf(b.status) ||
+      a.modelId.localeCompare(b.modelId) ||
+      a.nodeName.localeCompare(b.nodeName) ||
+      a.nodeId.localeCompare(b.nodeId),
+  );
+  return rows;
+}
+
+/** "1.2 / 4.5 GiB · 12.3 MiB/s · ETA 3m 05s · files 3/7 · layers 0–13 of 28":
+ * what is known of a row of parseDownloadEntry (speed and ETA while it
+ * downloads, the layers when it is a shard). */
+export function downloadDetails(row) {
+  const parts = [];
+  if (row.total > 0) parts.push(formatUsedOfTotal(row.downloaded, row.total));
+  else if (row.downloaded > 0) parts.push(formatBytes(row.downloaded));
+  if (row.status === 'ongoing') {
+    parts.push(formatSpeed(row.speed));
+    if (row.etaMs !== null) parts.push(`ETA ${formatEta(row.etaMs)}`);
+  }
+  if (row.totalFiles > 0) parts.push(`files ${Math.min(row.completedFiles, row.totalFiles)}/${row.totalFiles}`);
+  if (row.partial) parts.push(formatLayers(row.startLayer, row.endLayer, row.nLayers));
+  return parts.join(' · ');
+}
+
+/** "Downloading 45%", "Queued", "Downloaded", "Failed". */
+export function downloadStatusText(row) {
+  return row.status === 'ongoing' ? `${row.label} ${row.percent}%` : row.label;
+}
+
+/** "2 downloading · 1 queued · 1 failed · 3 done" (the counts not 0). */
+export function downloadsSummary(rows) {
+  const n = (s) => rows.filter((r) => r.status === s).length;
+  return [
+    [n('ongoing'), 'downloading'],
+    [n('pending'), 'queued'],
+    [n('failed'), 'failed'],
+    [n('completed'), 'done'],
+  ]
+    .filter(([k]) => k > 0)
+    .map(([k, w]) => `${k} ${w}`)
+    .join(' · ');
+}
+
+const MODEL_STATUS = new Set(['downloaded', 'downloading', 'downloadable']);
+const MODEL_STATUS_ORDER = ['downloaded', 'downloading', 'downloadable'];
+
+/**
+ * A model's download status from its card's status (GET /v1/models; a card
+ * without one, from an older daemon that lists only what is on disk, is
+ * "downloaded") and its rows of buildDownloadsView, which are fresher: a
+ * completed download of all its layers makes it downloaded, one under way
+ * makes it downloading. {status, fraction (of the downloads under way, all
+ * bytes together; null when none), failed (none under way, one failed),
+ * nodes (the names of the nodes downloading it)}.
+ */
+export function modelDownloadState(cardStatus, rows) {
+  const list = Array.isArray(rows) ? rows : [];
+  const card = MODEL_STATUS.has(cardStatus) ? cardStatus : cardStatus === undefined || cardStatus === null ? 'downloaded' : 'downloadable';
+  const active = list.filter((r) => r.status === 'ongoing' || r.status === 'pending');
+  const whole = list.some((r) => r.status === 'completed' && !r.partial);
+  let status = card;
+  if (whole) status = 'downloaded';
+  else if (active.length && card !== 'downloaded') status = 'downloading';
+  let fraction = null;
+  if (active.length) {
+    const total = active.reduce((s, r) => s + r.total, 0);
+    const done = active.reduce((s, r) => s + r.downloaded, 0);
+    fraction = total > 0 ? clamp01(done / total) : 0;
+  }
+  return {
+    status,
+    fraction,
+    failed: !active.length && status !== 'downloaded' && list.some((r) => r.status === 'failed'),
+    nodes: active.map((r) => r.nodeName || shortId(r.nodeId)),
+  };
+}
+
+/** A model's badge: {text, kind (a pill class)}: "downloaded" (ok),
+ * "downloading 45%" (busy; "downloading" when no bytes are known),
+ * "download failed" (bad), "downloadable". */
+export function modelStatusBadge(status, fraction = null, failed = false) {
+  if (status === 'downloaded') return { text: 'downloaded', kind: 'ok' };
+  if (status === 'downloading') {
+    const pct = typeof fraction === 'number' && Number.isFinite(fraction) ? Math.min(99, Math.floor(clamp01(fraction) * 100)) : null;
+    return { text: pct === null ? 'downloading' : `downloading ${pct}%`, kind: 'busy' };
+  }
+  if (failed) return { text: 'download failed', kind: 'bad' };
+  return { text: 'downloadable', kind: '' };
 }

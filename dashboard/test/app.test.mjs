@@ -322,6 +322,7 @@ test('the page, end to end on a fake DOM and a fake daemon', async (t) => {
   let daemonUp = true;
   let cluster = CLUSTER; // null: an older daemon without /cluster
   let state = STATE;
+  let models = MODELS;
   let chat = null; // (opts) => Response
   globalThis.fetch = async (url, opts = {}) => {
     const method = opts.method || 'GET';
@@ -336,7 +337,23 @@ test('the page, end to end on a fake DOM and a fake daemon', async (t) => {
       return json(404, { error: { message: `model ${id} is not on disk on any node`, type: 'not_found_error', param: null, code: 404 } });
     }
     if (url === 'node_id') return json(200, SELF);
-    if (url === 'v1/models') return json(200, MODELS);
+    if (url === 'v1/models') return json(200, models);
+    if (url === 'models/add') {
+      const { model_id: id } = JSON.parse(opts.body);
+      if (id === 'bad-org/missing') return json(404, { error: { message: 'could not fetch the config of <bad-org/missing> from Hugging Face (HTTP 404)', type: 'not_found_error' } });
+      const card = { id, name: id.split('/')[1], status: 'downloadable', is_custom: true, storage_size_megabytes: 700 };
+      models = { ...models, data: [...models.data, card] };
+      return json(200, card);
+    }
+    if (url.startsWith('models/custom/') && method === 'DELETE') {
+      const id = url.slice('models/custom/'.length);
+      models = { ...models, data: models.data.filter((m) => m.id !== id) };
+      return json(200, { message: 'removed' });
+    }
+    if (url === 'download/start' || url === 'download/cancel') return json(200, { command_id: 'c1' });
+    if (url.startsWith('download/') && method === 'DELETE') {
+      return json(400, { error: { message: 'the models dir of this node is <read-only>', type: 'invalid_request_error' } });
+    }
     if (url === 'place_instance') {
       const { model_id: id } = JSON.parse(opts.body);
       if (id === 'bad/model') return json(400, { error: { message: 'Not enough memory for <bad/model>', type: 'Bad Request', param: null, code: 400 } });
@@ -609,6 +626,151 @@ test('the page, end to end on a fake DOM and a fake daemon', async (t) => {
     assert.equal(byClass($('messages'), 'msg').length, 0);
     assert.ok($('messages').textContent.includes('Chat with your cluster'));
     assert.equal(JSON.parse(localStorage.getItem('exo-dashboard-chat')).messages.length, 0);
+  });
+
+  await t.test('downloads: the panel, the badges, Download, Cancel, Retry, Delete; adding and removing a model', async () => {
+    assert.ok($('downloads').textContent.includes('No downloads'));
+    assert.equal($('downloads-summary').textContent, '');
+    const GiB = 2 ** 30;
+    const dl = (tag, body) => ({ [tag]: { startLayer: 0, endLayer: 6, nLayers: 6, modelDirectory: '/m', total: 4 * GiB, downloaded: GiB, downloadedThisSession: GiB, completedFiles: 3, totalFiles: 7, speed: 12.5 * 2 ** 20, etaMs: 245000, readOnly: false, errorMessage: '', ...body } });
+    state = {
+      ...STATE,
+      downloads: {
+        [SELF]: [
+          dl('DownloadOngoing', { nodeId: SELF, modelId: 'org/Loading-Model', endLayer: 3 }),
+          dl('DownloadCompleted', { nodeId: SELF, modelId: 'karpathy/stories260K', total: 2 ** 20, downloaded: 2 ** 20 }),
+          dl('DownloadCompleted', { nodeId: SELF, modelId: 'ro/model', readOnly: true }),
+        ],
+        [OTHER]: [dl('DownloadFailed', { nodeId: OTHER, modelId: 'mlx-community/Qwen3-0.6B-4bit', total: 0, downloaded: 0, errorMessage: 'HTTP 401 <unauthorized>' })],
+      },
+    };
+    models = {
+      object: 'list',
+      data: [
+        ...MODELS.data.map((m) => ({ ...m, status: 'downloaded' })),
+        { id: 'mlx-community/Qwen3-0.6B-4bit', name: 'Qwen3-0.6B-4bit', status: 'downloadable', storage_size_megabytes: 400, is_custom: false },
+        { id: 'me/custom-model', name: 'custom-model', status: 'downloadable', is_custom: true },
+      ],
+    };
+    $('models-refresh').click();
+    await waitFor(() => byClass($('downloads'), 'download').length === 4 && modelRow('me/custom-model'), 'the downloads and the catalogue');
+
+    // the panel: under way first
+    assert.equal($('downloads-summary').textContent, '1 downloading · 1 failed · 2 done');
+    const rows = byClass($('downloads'), 'download');
+    const [ongoing, failed, done, ro] = rows;
+    assert.ok(ongoing.textContent.includes('org/Loading-Model'));
+    for (const x of ['on vm', 'Downloading 25%', '1.0 / 4.0 GiB · 12.5 MiB/s · ETA 4m 05s · files 3/7 · layers 0–2 of 6']) assert.ok(ongoing.textContent.includes(x), x);
+    assert.equal(findAll(ongoing, (e) => e.attrs.role === 'progressbar')[0].firstChild.style.width, '25%');
+    assert.equal(button(ongoing, 'Cancel').length, 1);
+    assert.equal(button(ongoing, 'Delete').length, 0);
+    assert.ok(failed.textContent.includes('on gpu-box <b>'));
+    assert.equal(byClass(failed, 'error-text')[0].textContent, 'HTTP 401 <unauthorized>');
+    assert.equal(button(failed, 'Retry').length, 1);
+    assert.ok(done.textContent.includes('karpathy/stories260K'));
+    assert.equal(button(done, 'Delete').length, 1);
+    assert.ok(ro.textContent.includes('read-only'));
+    assert.equal(button(ro, 'Delete').length, 0);
+    assert.equal(findAll($('downloads'), (e) => ['B', 'UNAUTHORIZED'].includes(e.tagName)).length, 0);
+
+    // the loading instance's runner waits for its node's download
+    const loading = byClass($('instances'), 'instance').find((c) => c.textContent.includes('org/Loading-Model'));
+    assert.ok(loading.textContent.includes('downloading 25%'));
+
+    // the models: a badge each, Download for downloadable ones, Remove for custom ones
+    assert.ok(modelRow('karpathy/stories260K').textContent.includes('downloaded'));
+    assert.equal(button(modelRow('karpathy/stories260K'), 'Download').length, 0);
+    const qwen = modelRow('mlx-community/Qwen3-0.6B-4bit');
+    assert.ok(qwen.textContent.includes('download failed'));
+    assert.ok(qwen.textContent.includes('400 MiB'));
+    assert.equal(button(qwen, 'Launch').length, 1);
+    assert.equal(button(qwen, 'Remove').length, 0);
+    const custom = modelRow('me/custom-model');
+    for (const x of ['downloadable', 'custom']) assert.ok(custom.textContent.includes(x), x);
+    assert.equal(button(custom, 'Remove').length, 1);
+    assert.ok($('models-summary').textContent.includes('2 on disk · 2 to download'), $('models-summary').textContent);
+    // the downloadable ones come after those on disk
+    assert.deepEqual(byClass($('models'), 'model').map((r) => byClass(r, 'model-id')[0].textContent), [
+      'bad/model', 'karpathy/stories260K', 'me/custom-model', 'mlx-community/Qwen3-0.6B-4bit',
+    ]);
+
+    // the status filter
+    $('model-status-filter').value = 'downloadable';
+    $('model-status-filter').dispatch('change');
+    assert.equal(byClass($('models'), 'model').length, 2);
+    $('model-status-filter').value = '';
+    $('model-status-filter').dispatch('change');
+    assert.equal(byClass($('models'), 'model').length, 4);
+
+    // Download: to this node
+    button(qwen, 'Download')[0].click();
+    await waitFor(() => calls.some((c) => c.url === 'download/start'), 'the download');
+    assert.deepEqual(calls.filter((c) => c.url === 'download/start').map((c) => [c.method, c.body]), [['POST', { model_id: 'mlx-community/Qwen3-0.6B-4bit', target_node_id: SELF }]]);
+    await waitFor(() => $('toasts').textContent.includes('Downloading mlx-community/Qwen3-0.6B-4bit to vm'), 'the download toast');
+
+    // Launch of a model not on disk: the picker says it is downloaded first
+    button(modelRow('mlx-community/Qwen3-0.6B-4bit'), 'Launch')[0].click();
+    await waitFor(() => modelRow('mlx-community/Qwen3-0.6B-4bit').textContent.includes('Launch with defaults'), 'the picker');
+    assert.ok(modelRow('mlx-community/Qwen3-0.6B-4bit').textContent.includes('Not on disk yet: the nodes it runs on download it first'));
+    button(modelRow('mlx-community/Qwen3-0.6B-4bit'), 'Cancel')[0].click();
+
+    // Cancel and Retry in the panel
+    button(byClass($('downloads'), 'download')[0], 'Cancel')[0].click();
+    await waitFor(() => calls.some((c) => c.url === 'download/cancel'), 'the cancel');
+    assert.deepEqual(calls.find((c) => c.url === 'download/cancel').body, { model_id: 'org/Loading-Model', target_node_id: SELF });
+    await waitFor(() => button(byClass($('downloads'), 'download')[1], 'Retry').length === 1, 'the panel after the cancel');
+    button(byClass($('downloads'), 'download')[1], 'Retry')[0].click();
+    await waitFor(() => calls.filter((c) => c.url === 'download/start').length === 2, 'the retry');
+    assert.deepEqual(calls.filter((c) => c.url === 'download/start')[1].body, { model_id: 'mlx-community/Qwen3-0.6B-4bit', target_node_id: OTHER });
+
+    // Delete asks first; the daemon's refusal is shown
+    const asked = [];
+    globalThis.confirm = (m) => (asked.push(m), false);
+    await waitFor(() => button(byClass($('downloads'), 'download')[2], 'Delete').length === 1, 'the panel after the retry');
+    button(byClass($('downloads'), 'download')[2], 'Delete')[0].click();
+    assert.deepEqual(asked, ['Delete the files of karpathy/stories260K on vm?']);
+    assert.equal(calls.filter((c) => c.url.startsWith('download/') && c.method === 'DELETE').length, 0);
+    globalThis.confirm = () => true;
+    button(byClass($('downloads'), 'download')[2], 'Delete')[0].click();
+    await waitFor(() => $('toasts').textContent.includes('Delete failed: the models dir of this node is <read-only>'), 'the refusal');
+    assert.deepEqual(calls.filter((c) => c.url.startsWith('download/') && c.method === 'DELETE').map((c) => c.url), [`download/${SELF}/karpathy/stories260K`]);
+
+    // Add: checked before it is sent, then the daemon's error, then added
+    const adds = () => calls.filter((c) => c.url === 'models/add');
+    $('add-model-id').value = 'not an id';
+    $('add-model').dispatch('submit');
+    assert.equal($('add-model-error').hidden, false);
+    assert.ok($('add-model-error').textContent.includes('not of the form org/name'));
+    $('add-model-id').value = 'org/na--me';
+    $('add-model').dispatch('submit');
+    assert.ok($('add-model-error').textContent.includes('"--"'));
+    assert.equal(adds().length, 0);
+    $('add-model-id').dispatch('input');
+    assert.equal($('add-model-error').hidden, true);
+    $('add-model-id').value = 'bad-org/missing';
+    $('add-model').dispatch('submit');
+    await waitFor(() => $('add-model-error').hidden === false, 'the add error');
+    assert.equal($('add-model-error').textContent, 'could not fetch the config of <bad-org/missing> from Hugging Face (HTTP 404)');
+    assert.equal($('add-model-id').value, 'bad-org/missing'); // kept, to fix it
+    assert.equal($('add-model-btn').disabled, false);
+    $('add-model-id').value = ' https://huggingface.co/new-org/New-Model ';
+    $('add-model').dispatch('submit');
+    await waitFor(() => modelRow('new-org/New-Model'), 'the new model');
+    assert.deepEqual(adds().map((c) => c.body), [{ model_id: 'bad-org/missing' }, { model_id: 'new-org/New-Model' }]);
+    assert.equal($('add-model-id').value, '');
+    assert.equal($('add-model-error').hidden, true);
+    assert.ok(modelRow('new-org/New-Model').textContent.includes('custom'));
+
+    // Remove a custom model
+    button(modelRow('me/custom-model'), 'Remove')[0].click();
+    await waitFor(() => !modelRow('me/custom-model'), 'the removal');
+    assert.ok(calls.some((c) => c.method === 'DELETE' && c.url === 'models/custom/me/custom-model'));
+    delete globalThis.confirm;
+
+    state = STATE;
+    models = MODELS;
+    $('models-refresh').click();
+    await waitFor(() => $('downloads').textContent.includes('No downloads') && !modelRow('new-org/New-Model'), 'back to no downloads');
   });
 
   await t.test('a daemon that goes away shows as offline, then comes back', async () => {

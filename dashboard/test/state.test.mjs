@@ -352,6 +352,12 @@ test('buildModelsView: fields, sizes, instances, fit, sorting', () => {
     fits: true,
     local: true,
     onNodes: [],
+    // no `status` in the card (an older daemon lists only what is on disk)
+    status: 'downloaded',
+    isCustom: false,
+    downloadFraction: null,
+    downloadFailed: false,
+    downloadingOn: [],
   });
   const llama = models.find((m) => m.id === 'mlx-community/Llama-3.2-1B-Instruct-4bit');
   assert.equal(llama.instances, 1);

@@ -8,6 +8,8 @@
 #include "cluster/node_info.h"
 #include "cluster/events.h"
 #include "core/alloc.h"
+#include "download/catalogue.h"
+#include "download/downloader.h"
 #include "core/log.h"
 
 #include <stdio.h>
@@ -339,15 +341,17 @@ static void h_delete_instance(exo_http_request *r, void *ud)
 
 /* ---- models ------------------------------------------------------------------------ */
 
-/* The models of the cluster: this node's models dirs, then every model
- * another node reports on its disk (any node's API serves any instance, so
- * any node lists them all), each with the nodes that have it and whether an
- * instance of it runs. */
+/* The models of the cluster: this node's models dirs, every model another
+ * node reports on its disk (any node's API serves any instance, so any node
+ * lists them all), the custom models users added and the built-in
+ * catalogue; each with the nodes that have it, whether an instance of it
+ * runs and where it stands: "downloaded" (complete on a node's disk),
+ * "downloading" (a node is fetching it), "downloadable". */
 typedef struct cluster_model {
     exo_model_card card;
     int64_t        created;   /* the files' time where this node has them, else 0 */
     json_t        *nodes;     /* node ids with it on disk */
-    bool           running;
+    bool           running, is_custom, downloading;
 } cluster_model;
 
 typedef struct model_list {
@@ -398,11 +402,28 @@ static void models_from_state(void *ctx, const exo_state *st)
             add_node_once(m->nodes, sn->node_id.s);
         }
     }
+    for (size_t i = 0; i < exo_state_custom_card_count(st); i++) {
+        const exo_model_card *c = exo_state_custom_card_at(st, i);
+        cluster_model *m = model_list_find(l, c->model_id);
+        (m ? m : model_list_add(l, c))->is_custom = true;
+    }
+    for (size_t i = 0; i < exo_state_download_count(st); i++) {
+        const exo_download_status *d = exo_state_download_at(st, i);
+        cluster_model *m = model_list_find(l, d->model_id);
+        if (m && (d->kind == EXO_DOWNLOAD_KIND_ONGOING || d->kind == EXO_DOWNLOAD_KIND_PENDING))
+            m->downloading = true;
+    }
     for (size_t i = 0; i < l->n; i++)
         l->v[i].running = exo_state_instances_for_model(st, l->v[i].card.model_id, NULL, 0) > 0;
 }
 
-static void model_list_load(exo_api_server *s, model_list *l)
+static const char *model_status(const cluster_model *m)
+{
+    return json_array_size(m->nodes) ? "downloaded" : m->downloading ? "downloading" : "downloadable";
+}
+
+/* on_disk_only: the models some node has (Ollama's tags, ?status=downloaded) */
+static void model_list_load(exo_api_server *s, model_list *l, bool on_disk_only)
 {
     memset(l, 0, sizeof *l);
     exo_model_store *store = exo_node_models(s->node);
@@ -415,7 +436,25 @@ static void model_list_load(exo_api_server *s, model_list *l)
         add_node_once(m->nodes, exo_node_id(s->node));
     }
     exo_model_store_free(store);
+    for (size_t i = 0; i < exo_catalogue_count(); i++) {
+        const exo_catalogue_card *c = exo_catalogue_at(i);
+        if (!model_list_find(l, c->model_id)) {
+            exo_model_card card;
+            exo_model_card_from_catalogue(c, &card);
+            model_list_add(l, &card);
+        }
+    }
     exo_node_read_state(s->node, models_from_state, l);
+    if (on_disk_only) {
+        size_t k = 0;
+        for (size_t i = 0; i < l->n; i++) {
+            if (json_array_size(l->v[i].nodes))
+                l->v[k++] = l->v[i];
+            else
+                json_decref(l->v[i].nodes);
+        }
+        l->n = k;
+    }
 }
 
 static void model_list_free(model_list *l)
@@ -440,13 +479,20 @@ static json_t *cluster_model_json(const cluster_model *m)
     json_t *j = exo_model_entry_to_json(&e);
     json_object_set(j, "nodes", m->nodes);
     json_object_set_new(j, "running", json_boolean(m->running));
+    json_object_set_new(j, "is_custom", json_boolean(m->is_custom));
+    json_object_set_new(j, "status", json_string(model_status(m)));
     return j;
 }
 
 static void h_models(exo_http_request *r, void *ud)
 {
+    const char *status = exo_http_query(r, "status");
+    if (status && *status && strcmp(status, "downloaded")) {
+        respond_error(r, 400, "status: only \"downloaded\" filters the list");
+        return;
+    }
     model_list l;
-    model_list_load(ud, &l);
+    model_list_load(ud, &l, status && *status);
     json_t *data = json_array();
     for (size_t i = 0; i < l.n; i++)
         json_array_append_new(data, cluster_model_json(&l.v[i]));
@@ -458,11 +504,111 @@ static void h_models(exo_http_request *r, void *ud)
 static json_t *model_card(exo_api_server *s, const char *model_id)
 {
     model_list l;
-    model_list_load(s, &l);
+    model_list_load(s, &l, false);
     cluster_model *m = model_list_find(&l, model_id);
     json_t *j = m ? cluster_model_json(m) : json_pack("{s:s}", "model_id", model_id);
     model_list_free(&l);
     return j;
+}
+
+/* POST /models/add {model_id}: the model's card from the hub (config.json
+ * and file list), added for every node as a custom model. */
+static void h_models_add(exo_http_request *r, void *ud)
+{
+    exo_api_server *s = ud;
+    json_t *body = json_body(r);
+    if (!body)
+        return;
+    const char *id = json_string_value(json_object_get(body, "model_id"));
+    char dname[300];
+    if (!id || !exo_model_dir_name(id, dname, sizeof dname)) {
+        json_decref(body);
+        respond_error(r, 400, "model_id: a Hugging Face model id (org/name) is required");
+        return;
+    }
+    exo_hub_opts hub = *exo_node_hub(s->node);
+    hub.attempts = hub.attempts < 2 ? hub.attempts : 2; /* a person waits for the answer */
+    hub.api_timeout_s = 15;
+    exo_model_entry e;
+    exo_err err = {0};
+    int rc = exo_download_card(&hub, id, &e, &err);
+    json_decref(body);
+    if (rc) {
+        respond_error(r, rc == EXO_EPERM ? 403 : 400, err.msg);
+        return;
+    }
+    exo_model_card card;
+    exo_model_card_from_entry(&e, &card);
+    exo_id cmd;
+    if ((rc = exo_node_custom_model(s->node, &card, NULL, &cmd, &err))) {
+        respond_error(r, status_for(rc), err.msg);
+        return;
+    }
+    e.dir = NULL;
+    json_t *j = exo_model_entry_to_json(&e);
+    json_object_set_new(j, "is_custom", json_true());
+    json_object_set_new(j, "status", json_string("downloadable"));
+    json_object_set_new(j, "command_id", json_string(cmd.s));
+    respond_json(r, 200, j);
+}
+
+static void h_models_custom_delete(exo_http_request *r, void *ud)
+{
+    exo_api_server *s = ud;
+    const char *id = exo_http_param(r, "model_id");
+    exo_id cmd;
+    exo_err err = {0};
+    int rc = exo_node_custom_model(s->node, NULL, id, &cmd, &err);
+    if (rc) {
+        respond_error(r, status_for(rc), err.msg);
+        return;
+    }
+    json_t *j = command_received(&cmd);
+    json_object_set_new(j, "model_id", json_string(id));
+    respond_json(r, 200, j);
+}
+
+static void download_action(exo_http_request *r, exo_api_server *s, exo_download_action what, const char *target,
+                            const char *model_id)
+{
+    exo_id cmd;
+    exo_err err = {0};
+    if (!model_id) {
+        respond_error(r, 400, "model_id is required");
+        return;
+    }
+    int rc = exo_node_download(s->node, what, target, model_id, &cmd, &err);
+    if (rc) {
+        respond_error(r, rc == EXO_EPERM ? 400 : status_for(rc), err.msg);
+        return;
+    }
+    json_t *j = command_received(&cmd);
+    json_object_set_new(j, "model_id", json_string(model_id));
+    respond_json(r, 200, j);
+}
+
+/* POST /download/start and /download/cancel {model_id, target_node_id?} */
+static void h_download_post(exo_http_request *r, void *ud, exo_download_action what)
+{
+    json_t *body = json_body(r);
+    if (!body)
+        return;
+    json_t *target = json_object_get(body, "target_node_id");
+    if (target && !json_is_string(target) && !json_is_null(target)) {
+        json_decref(body);
+        respond_error(r, 400, "target_node_id must be a node id");
+        return;
+    }
+    download_action(r, ud, what, json_string_value(target), json_string_value(json_object_get(body, "model_id")));
+    json_decref(body);
+}
+
+static void h_download_start(exo_http_request *r, void *ud) { h_download_post(r, ud, EXO_DOWNLOAD_START); }
+static void h_download_cancel(exo_http_request *r, void *ud) { h_download_post(r, ud, EXO_DOWNLOAD_CANCEL); }
+
+static void h_download_delete(exo_http_request *r, void *ud)
+{
+    download_action(r, ud, EXO_DOWNLOAD_DELETE, exo_http_param(r, "node_id"), exo_http_param(r, "model_id"));
 }
 
 /* The Ollama formatters take a flat list with running flags. */
@@ -474,7 +620,7 @@ typedef struct model_infos {
 
 static void model_infos_load(exo_api_server *s, model_infos *mi)
 {
-    model_list_load(s, &mi->list);
+    model_list_load(s, &mi->list, true);
     mi->n = (int)mi->list.n;
     mi->v = exo_calloc((size_t)mi->n + 1, sizeof *mi->v);
     for (int i = 0; i < mi->n; i++) {
@@ -762,6 +908,11 @@ static const route routes[] = {
     {"DELETE", "/instance/{id}", h_delete_instance},
     {"GET", "/models", h_models},
     {"GET", "/v1/models", h_models},
+    {"POST", "/models/add", h_models_add},
+    {"DELETE", "/models/custom/{model_id:path}", h_models_custom_delete},
+    {"POST", "/download/start", h_download_start},
+    {"POST", "/download/cancel", h_download_cancel},
+    {"DELETE", "/download/{node_id}/{model_id:path}", h_download_delete},
     {"POST", "/v1/cancel/{command_id}", h_cancel},
     {"GET", "/ollama/api/tags", h_ollama_tags},
     {"GET", "/ollama/api/api/tags", h_ollama_tags},

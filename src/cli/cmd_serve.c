@@ -41,6 +41,7 @@ static void usage(FILE *f)
             "  --threads N         threads per runner (default: all CPUs)\n"
             "  --ctx N             KV cache tokens per runner (default: the model's, at most 4096)\n"
             "  --warmup-tokens N   tokens generated to warm a runner up (default 4)\n"
+            "  --offline           never download: use only models on disk (also HF_HUB_OFFLINE=1)\n"
             "  --place MODEL_ID    place MODEL_ID at start, unless an instance of it runs already\n"
             "                      (scripts/run.sh does, for the model that ships with exo)\n"
             "cluster (nodes of one namespace on a LAN find each other with no flags):\n"
@@ -142,7 +143,7 @@ int exo_cmd_serve(int argc, char **argv)
     const char *host = NULL, *data_dir = NULL, *place_model = NULL;
     const char *models_dirs[MAX_MODELS_DIRS];
     int n_models_dirs = 0, verbosity = 0;
-    bool worker = true, api = true, discovery = true, force_master = false;
+    bool worker = true, api = true, discovery = true, force_master = false, offline = false;
     const char *namespace_ = getenv("EXO_NAMESPACE"), *secret = getenv("EXO_CLUSTER_SECRET");
     const char *bootstrap = getenv("EXO_BOOTSTRAP_PEERS");
     for (int i = 1; i < argc; i++) {
@@ -190,6 +191,8 @@ int exo_cmd_serve(int argc, char **argv)
         } else if (!strcmp(a, "--place")) {
             if (!(place_model = exo_arg_value("serve", argc, argv, &i)))
                 return 2;
+        } else if (!strcmp(a, "--offline")) {
+            offline = true;
         } else if (!strcmp(a, "--no-worker")) {
             worker = false;
         } else if (!strcmp(a, "--no-api")) {
@@ -248,6 +251,12 @@ int exo_cmd_serve(int argc, char **argv)
                           .cluster_port = (int)cluster_port, .discovery_port = (int)discovery_port,
                           .no_discovery = !discovery, .force_master = force_master,
                           .api_port = api ? (int)port : 0};
+    exo_hub_opts hub;
+    exo_hub_opts_from_env(&hub);
+    hub.offline |= offline;
+    nc.hub = &hub;
+    if (hub.offline)
+        EXO_LOG_INFO("offline: models are never downloaded");
     const char *ring_timeout = getenv("EXO_RING_TIMEOUT_MS");
     if (ring_timeout)
         nc.ring_timeout_ms = atoi(ring_timeout) > 0 ? atoi(ring_timeout) : 0;

@@ -11,6 +11,7 @@ int exo_cmd_convert_llama2c(int argc, char **argv);
 int exo_cmd_quantize(int argc, char **argv);
 int exo_cmd_bench(int argc, char **argv);
 int exo_cmd_synth_model(int argc, char **argv);
+int exo_cmd_download(int argc, char **argv);
 int exo_cmd_chat_template(int argc, char **argv);
 
 int exo_cmd_tokenize(int argc, char **argv);
@@ -25,6 +26,7 @@ static const exo_command commands[] = {
     {"convert-llama2c", exo_cmd_convert_llama2c, "convert a llama2.c checkpoint to a HF Llama dir"},
     {"quantize", exo_cmd_quantize, "write an MLX affine-quantized copy of a model"},
     {"bench", exo_cmd_bench, "measure prefill/decode speed against memory bandwidth"},
+    {"download", exo_cmd_download, "fetch a model (or a shard's files) from the Hugging Face hub"},
     {"synth-model", exo_cmd_synth_model, "write a synthetic preset's random-weight model as a HF dir"},
     {"chat-template", exo_cmd_chat_template, "render a model's chat template for a conversation"},
     {"tokenize", exo_cmd_tokenize, "print the token ids of a text (tokenizer.json)"},

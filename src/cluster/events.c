@@ -297,6 +297,17 @@ static const exo_field ev_topology_edge_deleted[] = {
     EF(topology_edge_deleted.address, "address", "address", exo_ft_addr),
 };
 
+static const exo_field ev_node_download_progress[] = {
+    EF_RECORD(node_download_progress.status, "status", "downloadProgress", exo_download_status_desc)};
+static const exo_field ev_node_download_deleted[] = {
+    EF(node_download_deleted.node_id, "node_id", "nodeId", exo_ft_id),
+    EF(node_download_deleted.model_id, "model_id", "modelId", exo_ft_model_id),
+};
+static const exo_field ev_custom_model_card_added[] = {
+    EF_RECORD(custom_model_card_added.card, "model_card", "modelCard", exo_model_card_desc)};
+static const exo_field ev_custom_model_card_deleted[] = {
+    EF(custom_model_card_deleted.model_id, "model_id", "modelId", exo_ft_model_id)};
+
 #define KIND(name, fields) {name, fields, sizeof fields / sizeof *fields, sizeof(exo_event)}
 static const exo_record_desc event_kinds[EXO_EVENT__COUNT] = {
     [EXO_EVENT_INSTANCE_CREATED] = KIND("InstanceCreated", ev_instance_created),
@@ -311,6 +322,10 @@ static const exo_record_desc event_kinds[EXO_EVENT__COUNT] = {
     [EXO_EVENT_NODE_TIMED_OUT] = KIND("NodeTimedOut", ev_node_timed_out),
     [EXO_EVENT_TOPOLOGY_EDGE_CREATED] = KIND("TopologyEdgeCreated", ev_topology_edge_created),
     [EXO_EVENT_TOPOLOGY_EDGE_DELETED] = KIND("TopologyEdgeDeleted", ev_topology_edge_deleted),
+    [EXO_EVENT_NODE_DOWNLOAD_PROGRESS] = KIND("NodeDownloadProgress", ev_node_download_progress),
+    [EXO_EVENT_NODE_DOWNLOAD_DELETED] = KIND("NodeDownloadDeleted", ev_node_download_deleted),
+    [EXO_EVENT_CUSTOM_MODEL_CARD_ADDED] = KIND("CustomModelCardAdded", ev_custom_model_card_added),
+    [EXO_EVENT_CUSTOM_MODEL_CARD_DELETED] = KIND("CustomModelCardDeleted", ev_custom_model_card_deleted),
 };
 #undef KIND
 
@@ -339,6 +354,11 @@ static const exo_field cmd_task_cancelled[] = {
     CF(task_cancelled.cancelled_command_id, "cancelled_command_id", "cancelledCommandId", exo_ft_id)};
 static const exo_field cmd_task_finished[] = {
     CF(task_finished.finished_command_id, "finished_command_id", "finishedCommandId", exo_ft_id)};
+static const exo_field cmd_add_custom_model_card[] = {
+    {"model_card", "modelCard", &exo_ft_record, offsetof(exo_command, u.add_custom_model_card.card), false, 0, 0,
+     NULL, &exo_model_card_desc}};
+static const exo_field cmd_delete_custom_model_card[] = {
+    CF(delete_custom_model_card.model_id, "model_id", "modelId", exo_ft_model_id)};
 
 #define KIND(name, fields) {name, fields, sizeof fields / sizeof *fields, sizeof(exo_command)}
 static const exo_record_desc command_kinds[EXO_COMMAND__COUNT] = {
@@ -348,6 +368,8 @@ static const exo_record_desc command_kinds[EXO_COMMAND__COUNT] = {
     [EXO_COMMAND_TEXT_GENERATION] = KIND("TextGeneration", cmd_text_generation),
     [EXO_COMMAND_TASK_CANCELLED] = KIND("TaskCancelled", cmd_task_cancelled),
     [EXO_COMMAND_TASK_FINISHED] = KIND("TaskFinished", cmd_task_finished),
+    [EXO_COMMAND_ADD_CUSTOM_MODEL_CARD] = KIND("AddCustomModelCard", cmd_add_custom_model_card),
+    [EXO_COMMAND_DELETE_CUSTOM_MODEL_CARD] = KIND("DeleteCustomModelCard", cmd_delete_custom_model_card),
 };
 #undef KIND
 
@@ -823,4 +845,25 @@ int exo_instance_from_json(const json_t *j, exo_instance *out, exo_err *err)
     if (rc)
         exo_instance_clear(out);
     return rc;
+}
+
+json_t *exo_download_status_to_json(const exo_download_status *st)
+{
+    json_t *body = json_object();
+    exo_record_to_json(&exo_download_status_desc, st, body);
+    json_object_del(body, "kind"); /* the tag says it */
+    if (!json_object_get(body, "errorMessage"))
+        json_object_set_new(body, "errorMessage", json_string(""));
+    static const char *const always[] = {"startLayer", "endLayer", "nLayers", "total", "downloaded",
+                                         "downloadedThisSession", "completedFiles", "totalFiles", "speed", "etaMs"};
+    for (size_t i = 0; i < sizeof always / sizeof *always; i++)
+        if (!json_object_get(body, always[i]))
+            json_object_set_new(body, always[i], json_integer(0));
+    if (!json_object_get(body, "readOnly"))
+        json_object_set_new(body, "readOnly", json_false());
+    if (!json_object_get(body, "modelDirectory"))
+        json_object_set_new(body, "modelDirectory", json_string(""));
+    json_t *root = json_object();
+    json_object_set_new(root, exo_download_kind_name(st->kind), body);
+    return root;
 }

@@ -59,12 +59,18 @@
     XX(TASK_STATUS_UPDATED, "TaskStatusUpdated") XX(TASK_FAILED, "TaskFailed")      \
     XX(TASK_DELETED, "TaskDeleted") XX(NODE_GATHERED_INFO, "NodeGatheredInfo")      \
     XX(NODE_TIMED_OUT, "NodeTimedOut") XX(TOPOLOGY_EDGE_CREATED, "TopologyEdgeCreated") \
-    XX(TOPOLOGY_EDGE_DELETED, "TopologyEdgeDeleted")
+    XX(TOPOLOGY_EDGE_DELETED, "TopologyEdgeDeleted")                                \
+    XX(NODE_DOWNLOAD_PROGRESS, "NodeDownloadProgress")                              \
+    XX(NODE_DOWNLOAD_DELETED, "NodeDownloadDeleted")                                \
+    XX(CUSTOM_MODEL_CARD_ADDED, "CustomModelCardAdded")                             \
+    XX(CUSTOM_MODEL_CARD_DELETED, "CustomModelCardDeleted")
 
 #define EXO_COMMAND_KIND_MAP(XX)                                                    \
     XX(PLACE_INSTANCE, "PlaceInstance") XX(CREATE_INSTANCE, "CreateInstance")       \
     XX(DELETE_INSTANCE, "DeleteInstance") XX(TEXT_GENERATION, "TextGeneration")     \
-    XX(TASK_CANCELLED, "TaskCancelled") XX(TASK_FINISHED, "TaskFinished")
+    XX(TASK_CANCELLED, "TaskCancelled") XX(TASK_FINISHED, "TaskFinished")           \
+    XX(ADD_CUSTOM_MODEL_CARD, "AddCustomModelCard")                                 \
+    XX(DELETE_CUSTOM_MODEL_CARD, "DeleteCustomModelCard")
 
 #define XX(n, s) EXO__ENUM_ITEM(EXO_EVENT_, n, s)
 typedef enum exo_event_kind { EXO_EVENT_KIND_MAP(XX) EXO_EVENT__COUNT } exo_event_kind;
@@ -96,6 +102,13 @@ typedef struct exo_event {
         /* insert or replace the edge with the same (source, sink, address) */
         struct { exo_topology_edge edge; } topology_edge_created;
         struct { exo_id source, sink; char address[EXO_ADDR_MAX]; } topology_edge_deleted;
+        /* replaces the (node, model) entry */
+        struct { exo_download_status status; } node_download_progress;
+        /* the node deleted the model's files: its entry goes */
+        struct { exo_id node_id; char model_id[EXO_MODEL_ID_MAX]; } node_download_deleted;
+        /* a model added by a user (POST /models/add): listed and placeable everywhere */
+        struct { exo_model_card card; } custom_model_card_added;
+        struct { char model_id[EXO_MODEL_ID_MAX]; } custom_model_card_deleted;
     } u;
 } exo_event;
 
@@ -119,6 +132,8 @@ typedef struct exo_command {
         struct { char model_id[EXO_MODEL_ID_MAX]; char *params_json; exo_id origin; } text_generation;
         struct { exo_id cancelled_command_id; } task_cancelled;
         struct { exo_id finished_command_id; } task_finished;
+        struct { exo_model_card card; } add_custom_model_card;
+        struct { char model_id[EXO_MODEL_ID_MAX]; } delete_custom_model_card;
     } u;
 } exo_command;
 
@@ -168,6 +183,8 @@ json_t *exo_instance_to_json(const exo_instance *inst);
 int     exo_instance_from_json(const json_t *j, exo_instance *out, exo_err *err);
 json_t *exo_task_to_json(const exo_task *t);
 json_t *exo_runner_status_to_json(const exo_runner_status *st);
+/* {"DownloadOngoing": {nodeId, modelId, ...camelCase}}, every field present */
+json_t *exo_download_status_to_json(const exo_download_status *st);
 
 /* Field types of the compound records, for other field tables (cluster
  * messages embed whole events and commands). */

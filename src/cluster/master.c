@@ -111,6 +111,22 @@ int exo_master_handle(const exo_state *st, const exo_command *cmd, exo_event_lis
             exo_event_list_add(out, EXO_EVENT_TASK_DELETED)->u.task_deleted.task_id = t->task_id;
         break;
     }
+    case EXO_COMMAND_ADD_CUSTOM_MODEL_CARD:
+        if ((rc = exo_model_card_validate(&cmd->u.add_custom_model_card.card, err)))
+            break;
+        exo_event_list_add(out, EXO_EVENT_CUSTOM_MODEL_CARD_ADDED)->u.custom_model_card_added.card =
+            cmd->u.add_custom_model_card.card;
+        break;
+    case EXO_COMMAND_DELETE_CUSTOM_MODEL_CARD: {
+        const char *id = cmd->u.delete_custom_model_card.model_id;
+        if (!exo_state_custom_card(st, id)) {
+            rc = exo_err_set(err, EXO_ENOENT, "%s is not a custom model", id);
+            break;
+        }
+        memcpy(exo_event_list_add(out, EXO_EVENT_CUSTOM_MODEL_CARD_DELETED)->u.custom_model_card_deleted.model_id, id,
+               EXO_MODEL_ID_MAX);
+        break;
+    }
     default:
         rc = exo_err_set(err, EXO_EINVAL, "unknown command kind %d", (int)cmd->kind);
     }

@@ -59,6 +59,12 @@ static const exo_field gen_done_fields[] = {
     EXO_FIELD(exo_msg_gen_done, command_id, "command_id", "commandId", exo_ft_id),
 };
 
+static const exo_field download_fields[] = {
+    EXO_FIELD(exo_msg_download, command_id, "command_id", "commandId", exo_ft_id),
+    EXO_FIELD_RANGE(exo_msg_download, action, "action", "action", exo_ft_i32, 0, 2),
+    EXO_FIELD(exo_msg_download, model_id, "model_id", "modelId", exo_ft_model_id),
+};
+
 static const exo_field peer_addr_fields[] = {
     EXO_FIELD(exo_peer_addr, node_id, "node_id", "nodeId", exo_ft_id),
     EXO_FIELD(exo_peer_addr, address, "address", "address", exo_ft_addr),
@@ -79,6 +85,7 @@ static const exo_record_desc kinds[EXO_MSG__END] = {
     [EXO_MSG_CHUNK] = EXO_RECORD("Chunk", exo_msg_chunk, chunk_fields),
     [EXO_MSG_GEN_DONE] = EXO_RECORD("GenDone", exo_msg_gen_done, gen_done_fields),
     [EXO_MSG_PEERS] = EXO_RECORD("Peers", exo_msg_peers, peers_fields),
+    [EXO_MSG_DOWNLOAD] = EXO_RECORD("Download", exo_msg_download, download_fields),
 };
 
 static const exo_record_desc *desc_of(int type)

@@ -18,6 +18,8 @@
  *   PEERS          the sender's cluster port and the nodes it is linked
  *                  with (where they listen), so a node that knows one
  *                  peer (--bootstrap-peers) links with all of them
+ *   DOWNLOAD       a user's start / cancel / delete of a model download,
+ *                  to the node that should do it (its API is elsewhere)
  *
  * Example usage:
  *   exo_msg_head h = {.head = 42};
@@ -50,6 +52,7 @@ typedef enum exo_msg_type {
     EXO_MSG_CHUNK         = 8,
     EXO_MSG_GEN_DONE      = 9,
     EXO_MSG_PEERS         = 10,
+    EXO_MSG_DOWNLOAD      = 11,
     EXO_MSG__END
 } exo_msg_type;
 
@@ -109,6 +112,12 @@ typedef struct exo_msg_chunk {
 typedef struct exo_msg_gen_done {
     exo_id command_id;
 } exo_msg_gen_done;
+
+typedef struct exo_msg_download {
+    exo_id  command_id;
+    int32_t action;          /* exo_download_action (cluster/downloads.h) */
+    char    model_id[EXO_MODEL_ID_MAX];
+} exo_msg_download;
 
 #define EXO_MSG_MAX_PEERS 256
 typedef struct exo_peer_addr {

@@ -46,6 +46,7 @@
 #include "cluster/replication.h"
 #include "cluster/worker.h"
 #include "core/alloc.h"
+#include "download/catalogue.h"
 #include "core/clock.h"
 #include "core/log.h"
 #include "net/discovery.h"
@@ -60,6 +61,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <uv.h>
 
@@ -78,13 +80,15 @@
 #define MAX_PENDING_COMMANDS 4096
 #define SEEN_COMMANDS        4096
 
-typedef enum { ACT_EVENT, ACT_COMMAND, ACT_DONE, ACT_CANCEL } action_kind;
+typedef enum { ACT_EVENT, ACT_COMMAND, ACT_DONE, ACT_CANCEL, ACT_DOWNLOAD } action_kind;
 
 typedef struct action {
     action_kind    kind;
     exo_event      ev;  /* ACT_EVENT */
     exo_command    cmd; /* ACT_COMMAND */
     exo_id         id;  /* ACT_DONE, ACT_CANCEL: the command id */
+    exo_id         target;        /* ACT_DOWNLOAD: the node */
+    exo_msg_download download;    /* ACT_DOWNLOAD */
     struct action *next;
 } action;
 
@@ -161,6 +165,7 @@ struct exo_node {
     bool            dirty, unflushed, flushing;
     uv_work_t       flush_work;
     exo_worker     *worker;
+    exo_hub_opts    hub;         /* where models come from (immutable) */
     exo_node_info   published;   /* the last node info published */
     bool            has_published;
     uint64_t        published_ms, next_info_ms;
@@ -952,6 +957,19 @@ static void gen_done_here(exo_node *n, const exo_id *command_id)
     }
 }
 
+/* A user's download action for this node (from its API or another's). */
+static void download_here(exo_node *n, const exo_msg_download *m)
+{
+    exo_err err = {0};
+    if (!n->worker) {
+        EXO_LOG_WARN("node: download of %s asked of a node without a worker", m->model_id);
+        return;
+    }
+    if (exo_worker_download(n->worker, (exo_download_action)m->action, m->model_id, &err))
+        EXO_LOG_WARN("node: download %s of %s: %s", m->action == EXO_DOWNLOAD_START ? "start"
+                     : m->action == EXO_DOWNLOAD_CANCEL ? "cancel" : "delete", m->model_id, err.msg);
+}
+
 static void net_message(void *ctx, const char *from, uint8_t type, const uint8_t *payload, size_t len)
 {
     exo_node *n = ctx;
@@ -980,6 +998,7 @@ static void net_message(void *ctx, const char *from, uint8_t type, const uint8_t
         exo_msg_chunk ch;
         exo_msg_gen_done d;
         exo_msg_peers p;
+        exo_msg_download dl;
     } m;
     if (exo_msg_decode(type, payload, len, &m, &err) < 0) {
         EXO_LOG_WARN("node: dropped a bad %s from %s: %s", exo_msg_type_name(type), from, err.msg);
@@ -1006,6 +1025,7 @@ static void net_message(void *ctx, const char *from, uint8_t type, const uint8_t
         if (serves_command(n, from, &m.d.command_id))
             gen_done_here(n, &m.d.command_id);
         break;
+    case EXO_MSG_DOWNLOAD: download_here(n, &m.dl); break;
     case EXO_MSG_PEERS: {
         bool knew = peer_find(n, from) && peer_find(n, from)->has_addr;
         on_peers(n, from, &m.p);
@@ -1584,6 +1604,13 @@ static void settle(exo_node *n)
             case ACT_DONE:
                 gen_done_here(n, &a->id);
                 break;
+            case ACT_DOWNLOAD:
+                if (exo_id_eq(&a->target, &n->node_id))
+                    download_here(n, &a->download);
+                else if (send_msg(n, a->target.s, EXO_MSG_DOWNLOAD, &a->download))
+                    EXO_LOG_WARN("node: cannot reach %s for the download of %s", a->target.s,
+                                 a->download.model_id);
+                break;
             case ACT_CANCEL: {
                 exo_command cmd;
                 exo_command_init(&cmd, EXO_COMMAND_TASK_CANCELLED);
@@ -1879,6 +1906,10 @@ int exo_node_start(const exo_node_config *cfg, exo_node **out, exo_err *err)
         exo_node_free(n);
         return rc;
     }
+    if (cfg->hub)
+        n->hub = *cfg->hub;
+    else
+        exo_hub_opts_from_env(&n->hub);
     if (cfg->worker) {
         exo_worker_config wc = {
             .node_id = n->node_id,
@@ -1893,6 +1924,7 @@ int exo_node_start(const exo_node_config *cfg, exo_node **out, exo_err *err)
             .ring_timeout_ms = cfg->ring_timeout_ms,
         };
         memcpy(wc.cluster_key, n->keys.psk, sizeof wc.cluster_key);
+        wc.hub = n->hub;
         exo_worker_host host = {n, host_emit, host_command, host_chunk, host_done, host_replan};
         n->worker = exo_worker_new(&n->loop, &wc, &host);
     }
@@ -2096,12 +2128,86 @@ int exo_node_model_card(exo_node *n, const char *model_id, exo_model_card *out, 
     const exo_model_card *found = NULL;
     for (size_t i = 0; i < exo_state_node_count(n->state) && !found; i++)
         found = exo_node_info_model(&exo_state_node_at(n->state, i)->info, model_id);
+    if (!found)
+        found = exo_state_custom_card(n->state, model_id);
     if (found)
         *out = *found;
     pthread_mutex_unlock(&n->mu);
-    if (!found)
-        return exo_err_set(err, EXO_ENOENT, "model %s is not on disk on any node", model_id);
-    return 0;
+    if (found)
+        return 0;
+    const exo_catalogue_card *c = exo_catalogue_find(model_id);
+    if (c) {
+        exo_model_card_from_catalogue(c, out);
+        return 0;
+    }
+    return exo_err_set(err, EXO_ENOENT,
+                       "model %s is not on disk on any node, not in the catalogue and not a custom model "
+                       "(add it with POST /models/add)", model_id);
+}
+
+int exo_node_download(exo_node *n, exo_download_action what, const char *target, const char *model_id,
+                      exo_id *command_id, exo_err *err)
+{
+    char dname[300];
+    if (!exo_model_dir_name(model_id, dname, sizeof dname))
+        return exo_err_set(err, EXO_EINVAL, "'%s' is not a model id (org/name)", model_id);
+    exo_id node = n->node_id;
+    if (target && *target && exo_id_set(&node, target, err))
+        return EXO_EINVAL;
+    pthread_mutex_lock(&n->mu);
+    bool known = exo_id_eq(&node, &n->node_id) || exo_state_node_find(n->state, &node);
+    pthread_mutex_unlock(&n->mu);
+    if (!known)
+        return exo_err_set(err, EXO_ENOENT, "node %s is not in the cluster", node.s);
+    if (exo_id_eq(&node, &n->node_id) && !n->cfg.worker)
+        return exo_err_set(err, EXO_EINVAL, "this node runs no worker (--no-worker): it keeps no models");
+    if (what == EXO_DOWNLOAD_DELETE && exo_id_eq(&node, &n->node_id)) {
+        /* answered here: the files and their dirs are this process's to see */
+        bool writable = false, read_only = false;
+        for (int i = 0; i < n->cfg.paths->n_models_dirs; i++) {
+            char p[4400];
+            struct stat sb;
+            snprintf(p, sizeof p, "%s/%s", n->cfg.paths->models_dirs[i].path, dname);
+            if (!stat(p, &sb) && S_ISDIR(sb.st_mode))
+                *(n->cfg.paths->models_dirs[i].read_only ? &read_only : &writable) = true;
+        }
+        if (!writable && read_only)
+            return exo_err_set(err, EXO_EPERM, "%s is in a read-only models directory: not deleted", model_id);
+    }
+    action *a = exo_calloc(1, sizeof *a);
+    a->kind = ACT_DOWNLOAD;
+    a->target = node;
+    exo_id_new(&a->download.command_id);
+    a->download.action = (int32_t)what;
+    snprintf(a->download.model_id, sizeof a->download.model_id, "%s", model_id);
+    if (command_id)
+        *command_id = a->download.command_id;
+    pthread_mutex_lock(&n->mu);
+    int rc = post_locked(n, a);
+    pthread_mutex_unlock(&n->mu);
+    return rc ? exo_err_set(err, rc, "the node is shutting down") : 0;
+}
+
+int exo_node_custom_model(exo_node *n, const exo_model_card *card, const char *delete_id, exo_id *command_id,
+                          exo_err *err)
+{
+    exo_command cmd;
+    if (card) {
+        int rc = exo_model_card_validate(card, err);
+        if (rc)
+            return rc;
+        exo_command_init(&cmd, EXO_COMMAND_ADD_CUSTOM_MODEL_CARD);
+        cmd.u.add_custom_model_card.card = *card;
+    } else {
+        pthread_mutex_lock(&n->mu);
+        bool known = exo_state_custom_card(n->state, delete_id) != NULL;
+        pthread_mutex_unlock(&n->mu);
+        if (!known)
+            return exo_err_set(err, EXO_ENOENT, "%s is not a custom model", delete_id);
+        exo_command_init(&cmd, EXO_COMMAND_DELETE_CUSTOM_MODEL_CARD);
+        snprintf(cmd.u.delete_custom_model_card.model_id, EXO_MODEL_ID_MAX, "%s", delete_id);
+    }
+    return post_command(n, &cmd, command_id, err);
 }
 
 /* A model just put on this node's disk is not in the State until the next
@@ -2261,6 +2367,8 @@ json_t *exo_node_cluster_json(exo_node *n)
     pthread_mutex_unlock(&n->mu);
     return v ? v : json_object();
 }
+
+const exo_hub_opts *exo_node_hub(exo_node *n) { return &n->hub; }
 
 exo_model_store *exo_node_models(exo_node *n)
 {

@@ -36,8 +36,10 @@
 #ifndef EXO_CLUSTER_NODE_H
 #define EXO_CLUSTER_NODE_H
 
+#include "cluster/downloads.h"
 #include "cluster/state.h"
 #include "core/paths.h"
+#include "download/hub.h"
 #include "download/model_store.h"
 #include "proto/gen_types.h"
 
@@ -57,6 +59,7 @@ typedef struct exo_node_config {
     int         warmup_tokens;
     int         ring_timeout_ms; /* split models: receive timeout on the ring; 0: default */
     bool        verbose;
+    const exo_hub_opts *hub;  /* model downloads (NULL: exo_hub_opts_from_env) */
     /* the cluster */
     const char *namespace_;   /* NULL: EXO_DEFAULT_NAMESPACE */
     const char *secret;       /* NULL: none (the namespace alone keys the links) */
@@ -106,10 +109,23 @@ int exo_node_generate(exo_node *n, const exo_gen_request *req, const exo_gen_sin
  * unknown or already finished. Its stream then ends within a token. */
 int exo_node_cancel(exo_node *n, const char *command_id);
 
-/* ---- instances ---- */
-/* The card of a model: from this node's models dirs, else from any node's
- * report in the State. EXO_ENOENT when no node has it. */
+/* ---- models ---- */
+/* The card of a model: from this node's models dirs, else any node's report
+ * in the State, else the State's custom cards, else the built-in catalogue.
+ * EXO_ENOENT when none knows it. */
 int exo_node_model_card(exo_node *n, const char *model_id, exo_model_card *out, exo_err *err);
+/* A user's download start / cancel / delete on node target (NULL or "":
+ * this node), done there by its worker (downloads.h); the outcome shows in
+ * the State's downloads. EXO_EINVAL bad id or no worker, EXO_ENOENT unknown
+ * node, EXO_EPERM deleting a model of this node's read-only dirs. */
+int exo_node_download(exo_node *n, exo_download_action action, const char *target, const char *model_id,
+                      exo_id *command_id, exo_err *err);
+/* Adds card as a custom model (card != NULL) or deletes the custom model
+ * delete_id (EXO_ENOENT if it is not one), through the master. */
+int exo_node_custom_model(exo_node *n, const exo_model_card *card, const char *delete_id, exo_id *command_id,
+                          exo_err *err);
+
+/* ---- instances ---- */
 /* Validates the placement now (EXO_ENOENT unknown model, EXO_EINVAL no fit
  * or one that needs several nodes; *preview, if not NULL, receives it) and
  * submits PlaceInstance. */
@@ -136,6 +152,8 @@ json_t *exo_node_events_json(exo_node *n, int64_t since, int64_t limit, exo_err 
  * sessionClock, isMaster, electionInProgress, caughtUp, clusterPort,
  * peers: [{nodeId, remote, dialed, rttUs}]}. */
 json_t *exo_node_cluster_json(exo_node *n);
+/* The hub this node downloads from (its config, or the environment's). */
+const exo_hub_opts *exo_node_hub(exo_node *n);
 /* A fresh scan of the models dirs (free with exo_model_store_free). */
 exo_model_store *exo_node_models(exo_node *n);
 /* Generations currently open (tests, logs). */

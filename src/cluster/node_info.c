@@ -14,6 +14,7 @@
 #include "core/alloc.h"
 #include "core/log.h"
 #include "core/threadpool.h"
+#include "download/catalogue.h"
 #include "download/model_store.h"
 #include "engine/cpu/membw.h"
 
@@ -340,6 +341,23 @@ void exo_model_card_from_entry(const exo_model_entry *m, exo_model_card *c)
     printable(c->model_type, sizeof c->model_type, m->model_type);
     printable(c->quantization, sizeof c->quantization, m->quantization);
     c->context_length = m->context_length > 0 ? m->context_length : 0;
+    c->supports_tools = m->supports_tools;
+    c->supports_thinking = m->supports_thinking;
+}
+
+void exo_model_card_from_catalogue(const exo_catalogue_card *m, exo_model_card *c)
+{
+    memset(c, 0, sizeof *c);
+    snprintf(c->model_id, sizeof c->model_id, "%s", m->model_id);
+    c->n_layers = m->n_layers;
+    c->hidden_size = m->hidden_size;
+    c->n_kv_heads = m->n_kv_heads;
+    c->vocab_size = m->vocab_size;
+    c->storage_bytes = m->storage_bytes;
+    c->supports_tensor = m->supports_tensor;
+    printable(c->model_type, sizeof c->model_type, m->model_type);
+    printable(c->quantization, sizeof c->quantization, m->quantization);
+    c->context_length = m->context_length;
     c->supports_tools = m->supports_tools;
     c->supports_thinking = m->supports_thinking;
 }

@@ -25,6 +25,9 @@ int exo_node_info_gather(const exo_node_info_opts *opts, exo_node_info *info, ex
 /* The card of a model on disk (what placement and listings need). */
 struct exo_model_entry;
 void exo_model_card_from_entry(const struct exo_model_entry *m, exo_model_card *out);
+/* The same from a built-in catalogue card (download/catalogue.h). */
+struct exo_catalogue_card;
+void exo_model_card_from_catalogue(const struct exo_catalogue_card *c, exo_model_card *out);
 
 /* Whether two reports differ enough to publish the newer: anything but
  * available memory changed, or it moved by more than 1% of the total or

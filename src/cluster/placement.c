@@ -113,9 +113,14 @@ typedef struct candidates {
     int                   with_backend, with_model;            /* before the cap */
 } candidates;
 
-static int by_memory_desc(const void *a, const void *b)
+/* Ranking of candidates: nodes that already have the model on disk first
+ * (no download before the model runs), then by available memory. */
+static int by_memory_desc(const void *a, const void *b, void *model_id)
 {
     const exo_state_node *x = *(const exo_state_node *const *)a, *y = *(const exo_state_node *const *)b;
+    bool hx = exo_node_info_model(&x->info, model_id) != NULL, hy = exo_node_info_model(&y->info, model_id) != NULL;
+    if (hx != hy)
+        return hx ? -1 : 1;
     if (x->info.memory_available != y->info.memory_available)
         return x->info.memory_available > y->info.memory_available ? -1 : 1;
     return strcmp(x->node_id.s, y->node_id.s);
@@ -132,12 +137,10 @@ static void gather(const exo_state *st, const char *model_id, candidates *c)
         if (!sn->info.backends)
             continue;
         c->with_backend++;
-        if (!exo_node_info_model(&sn->info, model_id))
-            continue;
-        c->with_model++;
-        all[n++] = sn;
+        c->with_model += exo_node_info_model(&sn->info, model_id) != NULL;
+        all[n++] = sn; /* nodes without the files download them */
     }
-    qsort(all, (size_t)n, sizeof *all, by_memory_desc);
+    qsort_r(all, (size_t)n, sizeof *all, by_memory_desc, (void *)model_id);
     c->n = n < MAX_CANDIDATES ? n : MAX_CANDIDATES;
     memcpy(c->node, all, (size_t)c->n * sizeof *all);
     exo_free(all);
@@ -377,17 +380,13 @@ int exo_placement_place(const exo_state *st, const exo_placement_request *req, e
     gather(st, card->model_id, &c);
     if (!c.with_backend)
         return exo_err_set(err, EXO_EINVAL, "no nodes with a compute backend (is any worker running?)");
-    if (!c.n)
-        return exo_err_set(err, EXO_EINVAL,
-                           "no node has %s on disk (downloading models is not built yet: put its files "
-                           "in a models directory of the nodes that should run it)", card->model_id);
     int min_nodes = req->min_nodes > 0 ? req->min_nodes : 1;
     int lo = req->exact_nodes > 0 ? req->exact_nodes : min_nodes;
     int hi = req->exact_nodes > 0 ? req->exact_nodes : c.n;
     if (lo > c.n)
-        return exo_err_set(err, EXO_EINVAL, "%s %d but only %d node%s %s on disk",
+        return exo_err_set(err, EXO_EINVAL, "%s %d but the cluster has %d node%s with a compute backend",
                            req->exact_nodes > 0 ? "the node count asked for is" : "min_nodes is", lo, c.n,
-                           c.n == 1 ? " has" : "s have", card->model_id);
+                           c.n == 1 ? "" : "s");
     attempt a = {0};
     /* with every node's speed known and no node count asked for, the
      * fastest predicted set of any size wins; otherwise the smallest set
@@ -403,18 +402,23 @@ int exo_placement_place(const exo_state *st, const exo_placement_request *req, e
         exo_instance_meta meta = k == 1 ? EXO_INSTANCE_META_MLX_RING : req->meta;
         uint32_t best = 0;
         uint64_t best_mem = 0;
+        int best_have = -1;
         int order[MAX_CANDIDATES], best_order[MAX_CANDIDATES];
         int32_t starts[MAX_CANDIDATES], best_starts[MAX_CANDIDATES];
         for (uint32_t mask = 1; mask < (1u << c.n); mask++) {
             if (__builtin_popcount(mask) != k || !try_set(&c, req, mask, k, sharding, order, starts, &a))
                 continue;
             uint64_t mem = 0;
+            int have = 0; /* nodes that need no download */
             for (int i = 0; i < c.n; i++)
-                if (mask & (1u << i))
+                if (mask & (1u << i)) {
                     mem += c.node[i]->info.memory_available;
-            if (!best || mem > best_mem) {
+                    have += exo_node_info_model(&c.node[i]->info, card->model_id) != NULL;
+                }
+            if (!best || have > best_have || (have == best_have && mem > best_mem)) {
                 best = mask;
                 best_mem = mem;
+                best_have = have;
                 memcpy(best_order, order, sizeof order);
                 memcpy(best_starts, starts, sizeof starts);
             }
@@ -446,7 +450,7 @@ int exo_placement_place(const exo_state *st, const exo_placement_request *req, e
     }
     if (a.stage == STAGE_MEMORY) /* say the best any set of the sizes tried had */
         return exo_err_set(err, EXO_EINVAL,
-                           "not enough memory for %s: it needs %.0f MiB, the nodes that have it offer at most "
+                           "not enough memory for %s: it needs %.0f MiB, the nodes offer at most "
                            "%.0f MiB available", card->model_id, card->storage_bytes / MIB, a.best_memory / MIB);
     if (err)
         *err = a.why;

@@ -1,9 +1,10 @@
 /* Placement: which nodes run a model, in which ring order, and which
  * layers each one holds (exo-reference §2.5, exo's place_instance).
  *
- *   - candidates are the nodes the State knows that have a compute backend
- *     and the model on disk (downloads are not built yet, so a node without
- *     the files cannot run it);
+ *   - candidates are the nodes the State knows that have a compute backend;
+ *     among sets of one size, those with more nodes that already have the
+ *     model on disk win (the others download their shard first), then
+ *     the one with the most available memory;
  *   - a set of nodes can host an instance when its ranks form a ring in the
  *     topology: one node always does; several need a directed cycle through
  *     all of them over the State's edges (exo's "cycles of the topology");
@@ -12,8 +13,7 @@
  *     and every candidate reports its memory bandwidth, the set with the
  *     highest predicted decode speed wins (exo_placement_predict; fewer
  *     nodes unless more are 2% faster); otherwise the smallest such sets
- *     win, then the one with the most available memory, then node ids
- *     (deterministic);
+ *     win, ranked as above, then by node ids (deterministic);
  *   - one node is always Pipeline + MlxRing (exo forces this); MlxJaccl
  *     (RDMA) needs RDMA links, which no node reports yet;
  *   - Tensor needs the card to allow it and hidden_size and
@@ -39,8 +39,8 @@ typedef struct exo_placement_request {
 /* Fills *out (fresh ids for the instance and its runners; clear with
  * exo_instance_clear). EXO_EINVAL with the reason when no placement fits:
  * "not enough memory for X: it needs A MiB, the largest ring of N nodes
- * has B MiB available", "no node has X on disk", "nodes a and b have no
- * link between them", tensor divisibility... */
+ * has B MiB available", "nodes a and b have no link between them", tensor
+ * divisibility... */
 int exo_placement_place(const exo_state *st, const exo_placement_request *req, exo_instance *out,
                         exo_err *err);
 

@@ -34,6 +34,10 @@ struct exo_state {
     size_t          n_nodes, cap_nodes;
     exo_topology_edge *edges;
     size_t          n_edges, cap_edges;
+    exo_download_status *downloads; /* one per (node, model) */
+    size_t          n_downloads, cap_downloads;
+    exo_model_card *custom_cards;
+    size_t          n_custom_cards, cap_custom_cards;
 };
 
 /* Grows *arr so one more element fits. */
@@ -72,6 +76,10 @@ void exo_state_free(exo_state *st)
         exo_task_clear(&st->tasks[i]);
     for (size_t i = 0; i < st->n_nodes; i++)
         exo_node_info_clear(&st->nodes[i].info);
+    for (size_t i = 0; i < st->n_downloads; i++)
+        exo_download_status_clear(&st->downloads[i]);
+    exo_free(st->downloads);
+    exo_free(st->custom_cards);
     exo_free(st->instances);
     exo_free(st->runners);
     exo_free(st->tasks);
@@ -93,7 +101,13 @@ exo_state *exo_state_clone(const exo_state *src)
     CLONE_ARRAY(tasks, n_tasks, cap_tasks)
     CLONE_ARRAY(nodes, n_nodes, cap_nodes)
     CLONE_ARRAY(edges, n_edges, cap_edges)
+    CLONE_ARRAY(downloads, n_downloads, cap_downloads)
+    CLONE_ARRAY(custom_cards, n_custom_cards, cap_custom_cards)
 #undef CLONE_ARRAY
+    for (size_t i = 0; i < src->n_downloads; i++)
+        exo_download_status_copy(&st->downloads[i], &src->downloads[i]);
+    if (src->n_custom_cards)
+        memcpy(st->custom_cards, src->custom_cards, src->n_custom_cards * sizeof *st->custom_cards);
     for (size_t i = 0; i < src->n_instances; i++)
         exo_instance_copy(&st->instances[i], &src->instances[i]);
     for (size_t i = 0; i < src->n_runners; i++) {
@@ -297,6 +311,61 @@ static void apply_node_timed_out(exo_state *st, const exo_id *id)
         remove_at(st->nodes, &st->n_nodes, (size_t)i, sizeof *st->nodes);
     }
     remove_edges_where(st, edge_touches, id);
+    for (size_t d = 0; d < st->n_downloads;) {
+        if (exo_id_eq(&st->downloads[d].node_id, id)) {
+            exo_download_status_clear(&st->downloads[d]);
+            remove_at(st->downloads, &st->n_downloads, d, sizeof *st->downloads);
+        } else {
+            d++;
+        }
+    }
+}
+
+static ptrdiff_t find_download(const exo_state *st, const exo_id *node, const char *model_id)
+{
+    for (size_t i = 0; i < st->n_downloads; i++)
+        if (exo_id_eq(&st->downloads[i].node_id, node) && !strcmp(st->downloads[i].model_id, model_id))
+            return (ptrdiff_t)i;
+    return -1;
+}
+
+static void apply_download(exo_state *st, const exo_download_status *d)
+{
+    ptrdiff_t i = find_download(st, &d->node_id, d->model_id);
+    if (i < 0) {
+        st->downloads = grow(st->downloads, st->n_downloads, &st->cap_downloads, sizeof *st->downloads);
+        i = (ptrdiff_t)st->n_downloads++;
+    } else {
+        exo_download_status_clear(&st->downloads[i]);
+    }
+    exo_download_status_copy(&st->downloads[i], d);
+}
+
+static void apply_download_deleted(exo_state *st, const exo_id *node, const char *model_id)
+{
+    ptrdiff_t i = find_download(st, node, model_id);
+    if (i >= 0) {
+        exo_download_status_clear(&st->downloads[i]);
+        remove_at(st->downloads, &st->n_downloads, (size_t)i, sizeof *st->downloads);
+    }
+}
+
+static ptrdiff_t find_custom_card(const exo_state *st, const char *model_id)
+{
+    for (size_t i = 0; i < st->n_custom_cards; i++)
+        if (!strcmp(st->custom_cards[i].model_id, model_id))
+            return (ptrdiff_t)i;
+    return -1;
+}
+
+static void apply_custom_card(exo_state *st, const exo_model_card *c)
+{
+    ptrdiff_t i = find_custom_card(st, c->model_id);
+    if (i < 0) {
+        st->custom_cards = grow(st->custom_cards, st->n_custom_cards, &st->cap_custom_cards, sizeof *st->custom_cards);
+        i = (ptrdiff_t)st->n_custom_cards++;
+    }
+    st->custom_cards[i] = *c;
 }
 
 static void apply_edge_created(exo_state *st, const exo_topology_edge *e)
@@ -352,6 +421,17 @@ int exo_state_apply(exo_state *st, int64_t idx, const exo_event *ev, exo_err *er
         remove_edges_where(st, edge_same, &key);
         break;
     }
+    case EXO_EVENT_NODE_DOWNLOAD_PROGRESS: apply_download(st, &ev->u.node_download_progress.status); break;
+    case EXO_EVENT_NODE_DOWNLOAD_DELETED:
+        apply_download_deleted(st, &ev->u.node_download_deleted.node_id, ev->u.node_download_deleted.model_id);
+        break;
+    case EXO_EVENT_CUSTOM_MODEL_CARD_ADDED: apply_custom_card(st, &ev->u.custom_model_card_added.card); break;
+    case EXO_EVENT_CUSTOM_MODEL_CARD_DELETED: {
+        ptrdiff_t i = find_custom_card(st, ev->u.custom_model_card_deleted.model_id);
+        if (i >= 0)
+            remove_at(st->custom_cards, &st->n_custom_cards, (size_t)i, sizeof *st->custom_cards);
+        break;
+    }
     default: return exo_err_set(err, EXO_EINTERNAL, "unhandled event kind %d", (int)ev->kind);
     }
     st->last_idx = idx;
@@ -359,6 +439,32 @@ int exo_state_apply(exo_state *st, int64_t idx, const exo_event *ev, exo_err *er
 }
 
 /* ---- lookups ---- */
+
+size_t exo_state_download_count(const exo_state *st) { return st->n_downloads; }
+
+const exo_download_status *exo_state_download_at(const exo_state *st, size_t i)
+{
+    return i < st->n_downloads ? &st->downloads[i] : NULL;
+}
+
+const exo_download_status *exo_state_download(const exo_state *st, const exo_id *node_id, const char *model_id)
+{
+    ptrdiff_t i = find_download(st, node_id, model_id);
+    return i >= 0 ? &st->downloads[i] : NULL;
+}
+
+size_t exo_state_custom_card_count(const exo_state *st) { return st->n_custom_cards; }
+
+const exo_model_card *exo_state_custom_card_at(const exo_state *st, size_t i)
+{
+    return i < st->n_custom_cards ? &st->custom_cards[i] : NULL;
+}
+
+const exo_model_card *exo_state_custom_card(const exo_state *st, const char *model_id)
+{
+    ptrdiff_t i = find_custom_card(st, model_id);
+    return i >= 0 ? &st->custom_cards[i] : NULL;
+}
 
 size_t exo_state_instance_count(const exo_state *st) { return st->n_instances; }
 
@@ -490,6 +596,13 @@ void exo_state_to_events(const exo_state *st, exo_event_list *out)
     }
     for (size_t i = 0; i < st->n_tasks; i++)
         exo_task_copy(&exo_event_list_add(out, EXO_EVENT_TASK_CREATED)->u.task_created.task, &st->tasks[i]);
+    for (size_t i = 0; i < st->n_downloads; i++) {
+        exo_event *ev = exo_event_list_add(out, EXO_EVENT_NODE_DOWNLOAD_PROGRESS);
+        exo_download_status_copy(&ev->u.node_download_progress.status, &st->downloads[i]);
+    }
+    for (size_t i = 0; i < st->n_custom_cards; i++)
+        exo_event_list_add(out, EXO_EVENT_CUSTOM_MODEL_CARD_ADDED)->u.custom_model_card_added.card =
+            st->custom_cards[i];
 }
 
 /* ---- JSON ---- */
@@ -555,6 +668,23 @@ json_t *exo_state_to_json(const exo_state *st)
     json_object_set_new(root, "nodeBackends", backends);
     json_object_set_new(root, "nodeModels", models);
     json_object_set_new(root, "topology", json_pack("{s:o, s:o}", "nodes", topo_nodes, "connections", conns));
+    json_t *downloads = json_object(), *custom = json_object();
+    for (size_t i = 0; i < st->n_downloads; i++) {
+        const char *node = st->downloads[i].node_id.s;
+        json_t *list = json_object_get(downloads, node);
+        if (!list) {
+            list = json_array();
+            json_object_set_new(downloads, node, list);
+        }
+        json_array_append_new(list, exo_download_status_to_json(&st->downloads[i]));
+    }
+    for (size_t i = 0; i < st->n_custom_cards; i++) {
+        json_t *card = json_object();
+        exo_record_to_json(&exo_model_card_desc, &st->custom_cards[i], card);
+        json_object_set_new(custom, st->custom_cards[i].model_id, card);
+    }
+    json_object_set_new(root, "downloads", downloads);
+    json_object_set_new(root, "customModelCards", custom);
     json_object_set_new(root, "lastEventAppliedIdx", json_integer(st->last_idx));
     return root;
 }

@@ -110,6 +110,16 @@ size_t                exo_state_node_count(const exo_state *st);
 const exo_state_node *exo_state_node_at(const exo_state *st, size_t i);
 const exo_state_node *exo_state_node_find(const exo_state *st, const exo_id *node_id);
 
+/* Downloads: the latest status of each (node, model). */
+size_t                     exo_state_download_count(const exo_state *st);
+const exo_download_status *exo_state_download_at(const exo_state *st, size_t i);
+const exo_download_status *exo_state_download(const exo_state *st, const exo_id *node_id, const char *model_id);
+
+/* Model cards users added (POST /models/add), by model id. */
+size_t                exo_state_custom_card_count(const exo_state *st);
+const exo_model_card *exo_state_custom_card_at(const exo_state *st, size_t i);
+const exo_model_card *exo_state_custom_card(const exo_state *st, const char *model_id);
+
 /* Events that rebuild st from an empty State (a new master's session
  * starts with them): folding them in order gives a State whose JSON equals
  * st's, except lastEventAppliedIdx. Appended to out. */
@@ -120,7 +130,8 @@ void exo_state_to_events(const exo_state *st, exo_event_list *out);
  * ramAvailable: {inBytes}}), "nodeDisk", "nodeSystem", "nodeNetwork",
  * "nodeGpus", "nodeBackends", "nodeModels", "topology" ({nodes,
  * connections: [{source, sink, address, latencyUs, bandwidthBps}]}),
- * "lastEventAppliedIdx"},
+ * "downloads" (node id -> [tagged download status]), "customModelCards"
+ * (model id -> card), "lastEventAppliedIdx"},
  * camelCase, maps keyed by id in insertion order. Never NULL. */
 json_t *exo_state_to_json(const exo_state *st);
 

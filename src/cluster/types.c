@@ -22,6 +22,7 @@ static const char *const sharding_names[] = {EXO_SHARDING_MAP(NAME_ITEM)};
 static const char *const meta_names[] = {EXO_INSTANCE_META_MAP(NAME_ITEM)};
 static const char *const backend_names[] = {EXO_BACKEND_MAP(NAME_ITEM)};
 static const char *const iface_names[] = {EXO_IFACE_KIND_MAP(NAME_ITEM)};
+static const char *const download_kind_names[] = {EXO_DOWNLOAD_KIND_MAP(NAME_ITEM)};
 #undef NAME_ITEM
 
 static const char *table_name(const char *const *t, size_t n, int v)
@@ -52,6 +53,7 @@ ENUM_FUNCS(sharding, exo_sharding, sharding_names)
 ENUM_FUNCS(instance_meta, exo_instance_meta, meta_names)
 ENUM_FUNCS(backend, exo_backend_kind, backend_names)
 ENUM_FUNCS(iface_kind, exo_iface_kind, iface_names)
+ENUM_FUNCS(download_kind, exo_download_kind, download_kind_names)
 #undef ENUM_FUNCS
 
 /* The same tables as field-codec enum descriptors (int-typed accessors). */
@@ -63,6 +65,7 @@ ENUM_DESC(sharding, exo_sharding, EXO_SHARDING__COUNT)
 ENUM_DESC(instance_meta, exo_instance_meta, EXO_INSTANCE_META__COUNT)
 ENUM_DESC(backend, exo_backend_kind, EXO_BACKEND__COUNT)
 ENUM_DESC(iface_kind, exo_iface_kind, EXO_IFACE__COUNT)
+ENUM_DESC(download_kind, exo_download_kind, EXO_DOWNLOAD_KIND__COUNT)
 #undef ENUM_DESC
 
 _Static_assert(sizeof task_kind_names / sizeof *task_kind_names == EXO_TASK_KIND__COUNT, "table");
@@ -256,6 +259,40 @@ int exo_model_card_validate(const exo_model_card *c, exo_err *err)
 {
     return exo_record_validate(&exo_model_card_desc, c, err);
 }
+
+/* ---- downloads ------------------------------------------------------------------------------ */
+
+#define DF(member, key, json, type) EXO_FIELD(exo_download_status, member, key, json, type)
+#define DF_OPT(member, key, json, type, lo, hi) \
+    {key, json, &(type), offsetof(exo_download_status, member), true, (lo), (hi), NULL, NULL}
+static const exo_field download_fields[] = {
+    DF(node_id, "node_id", "nodeId", exo_ft_id),
+    DF(model_id, "model_id", "modelId", exo_ft_model_id),
+    EXO_FIELD_ENUM(exo_download_status, kind, "kind", "kind", exo_download_kind_enum),
+    DF_OPT(start_layer, "start_layer", "startLayer", exo_ft_i32, 0, 1 << 20),
+    DF_OPT(end_layer, "end_layer", "endLayer", exo_ft_i32, 0, 1 << 20),
+    DF_OPT(n_layers, "n_layers", "nLayers", exo_ft_i32, 0, 1 << 20),
+    DF_OPT(model_directory, "model_directory", "modelDirectory", exo_ft_text, 0, 4096),
+    DF_OPT(total, "total", "total", exo_ft_u64, 0, 0),
+    DF_OPT(downloaded, "downloaded", "downloaded", exo_ft_u64, 0, 0),
+    DF_OPT(downloaded_this_session, "downloaded_this_session", "downloadedThisSession", exo_ft_u64, 0, 0),
+    DF_OPT(completed_files, "completed_files", "completedFiles", exo_ft_i32, 0, 1 << 20),
+    DF_OPT(total_files, "total_files", "totalFiles", exo_ft_i32, 0, 1 << 20),
+    DF_OPT(speed, "speed", "speed", exo_ft_u64, 0, 0),
+    DF_OPT(eta_ms, "eta_ms", "etaMs", exo_ft_i64, 0, INT64_MAX),
+    DF_OPT(read_only, "read_only", "readOnly", exo_ft_bool, 0, 0),
+    DF_OPT(error_message, "error_message", "errorMessage", exo_ft_text, 0, 0),
+};
+#undef DF
+#undef DF_OPT
+const exo_record_desc exo_download_status_desc = EXO_RECORD("download", exo_download_status, download_fields);
+
+void exo_download_status_copy(exo_download_status *dst, const exo_download_status *src)
+{
+    exo_record_copy(&exo_download_status_desc, dst, src);
+}
+
+void exo_download_status_clear(exo_download_status *st) { exo_record_clear(&exo_download_status_desc, st); }
 
 /* ---- node info ------------------------------------------------------------------------------ */
 

@@ -73,10 +73,19 @@ typedef enum exo_instance_meta { EXO_INSTANCE_META_MAP(XX) EXO_INSTANCE_META__CO
 #define XX(n, s) EXO__ENUM_ITEM(EXO_BACKEND_, n, s)
 typedef enum exo_backend_kind { EXO_BACKEND_MAP(XX) EXO_BACKEND__COUNT } exo_backend_kind;
 #undef XX
+/* Where a node's download of a model stands (exo's DownloadPending /
+ * Ongoing / Completed / Failed). */
+#define EXO_DOWNLOAD_KIND_MAP(XX) XX(PENDING, "DownloadPending") XX(ONGOING, "DownloadOngoing") \
+    XX(COMPLETED, "DownloadCompleted") XX(FAILED, "DownloadFailed")
+#define XX(n, s) EXO__ENUM_ITEM(EXO_DOWNLOAD_KIND_, n, s)
+typedef enum exo_download_kind { EXO_DOWNLOAD_KIND_MAP(XX) EXO_DOWNLOAD_KIND__COUNT } exo_download_kind;
+#undef XX
 
 /* name(value) returns the table name ("?" when out of range); parse(name)
  * returns the value or -1 (exact, case-sensitive match of len bytes). */
 const char *exo_task_status_name(exo_task_status s);
+const char *exo_download_kind_name(exo_download_kind k);
+int exo_download_kind_parse(const char *s, size_t len);
 const char *exo_task_kind_name(exo_task_kind k);
 const char *exo_sharding_name(exo_sharding s);
 const char *exo_instance_meta_name(exo_instance_meta m);
@@ -164,6 +173,27 @@ typedef struct exo_model_card {
 
 int exo_model_card_validate(const exo_model_card *c, exo_err *err);
 
+/* ---- downloads (NodeDownloadProgress) ----------------------------------------
+ * One node's download of one model (or of a pipeline shard's layers of it:
+ * [start_layer, end_layer) of n_layers; 0, 0, 0 for the whole model). The
+ * State keeps the latest per (node, model). */
+typedef struct exo_download_status {
+    exo_id            node_id;
+    char              model_id[EXO_MODEL_ID_MAX];
+    exo_download_kind kind;
+    int32_t           start_layer, end_layer, n_layers;
+    char             *model_directory; /* heap; may be NULL */
+    uint64_t          total, downloaded, downloaded_this_session; /* bytes */
+    int32_t           completed_files, total_files;
+    uint64_t          speed;   /* bytes/s */
+    int64_t           eta_ms;
+    bool              read_only;
+    char             *error_message; /* heap; Failed only */
+} exo_download_status;
+
+void exo_download_status_copy(exo_download_status *dst, const exo_download_status *src);
+void exo_download_status_clear(exo_download_status *st);
+
 /* ---- node information (NodeGatheredInfo) ----------------------------------
  * What a node reports about itself. Records with heap arrays: copy/clear/
  * equal/validate go through the record descriptors (codec.h) below, the
@@ -239,9 +269,10 @@ struct exo_record_desc;
 extern const struct exo_record_desc exo_node_info_desc;
 extern const struct exo_record_desc exo_topology_edge_desc;
 extern const struct exo_record_desc exo_model_card_desc;
+extern const struct exo_record_desc exo_download_status_desc;
 /* Enum descriptors for field tables. */
 struct exo_enum_desc;
 extern const struct exo_enum_desc exo_task_status_enum, exo_sharding_enum, exo_instance_meta_enum,
-    exo_backend_enum, exo_iface_kind_enum;
+    exo_backend_enum, exo_iface_kind_enum, exo_download_kind_enum;
 
 #endif

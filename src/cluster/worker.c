@@ -9,10 +9,10 @@
  * crash or not). */
 #include "cluster/worker.h"
 
+#include "cluster/downloads.h"
 #include "core/alloc.h"
 #include "core/clock.h"
 #include "core/log.h"
-#include "download/model_store.h"
 #include "runner/supervisor.h"
 
 #include <poll.h>
@@ -49,6 +49,7 @@ struct exo_worker {
     exo_worker_host   host;
     uv_timer_t        backoff;
     wrunner          *runners;
+    exo_downloads    *downloads;
 };
 
 /* ---- events --------------------------------------------------------------- */
@@ -290,17 +291,24 @@ static void spawn(wrunner *r, const exo_instance *inst)
 {
     exo_worker *w = r->w;
     const exo_worker_config *cfg = &w->cfg;
-    exo_model_store *models = exo_model_store_scan(cfg->models_dirs, cfg->n_models_dirs);
-    const exo_model_entry *m = exo_model_store_find(models, r->model_id);
-    char why[EXO_ERR_LEN + 64];
-    if (!m) {
+    char why[EXO_ERR_LEN + EXO_MODEL_ID_MAX + 64];
+    exo_err err = {0};
+    /* the files this shard loads: on disk, or downloaded first */
+    const exo_shard *sh = inst ? exo_instance_shard_of_runner(inst, &r->runner_id) : NULL;
+    exo_layer_shard need = {0};
+    if (sh && inst->n_shards > 1 && inst->sharding == EXO_SHARDING_PIPELINE)
+        need = (exo_layer_shard){sh->start_layer, sh->end_layer, sh->n_layers, false};
+    char model_dir[4096];
+    int drc = exo_downloads_ensure(w->downloads, r->model_id, &need, model_dir, sizeof model_dir, &err);
+    if (drc == EXO_EBUSY)
+        return; /* the download's end replans */
+    if (drc) {
         r->failures++;
-        snprintf(why, sizeof why, "model %s is not in any models directory", r->model_id);
+        snprintf(why, sizeof why, "model %s: %s", r->model_id, err.msg);
         EXO_LOG_WARN("worker: %s", why);
         emit_runner_failed(r, why);
         r->last = EXO_RUNNER_FAILED;
         schedule_respawn(r);
-        exo_model_store_free(models);
         return;
     }
     char log_path[4096];
@@ -308,11 +316,9 @@ static void spawn(wrunner *r, const exo_instance *inst)
         snprintf(log_path, sizeof log_path, "%s/runner-%s.log", cfg->runner_log_dir, r->runner_id.s);
     exo_supervisor_opts o = {cfg->runner_bin, cfg->runner_log_dir ? log_path : NULL, cfg->verbose};
     exo_supervisor_callbacks cb = {r, on_status, on_chunk, on_done};
-    exo_err err = {0};
-    exo_runner_load load = {.model_dir = m->dir, .n_threads = cfg->runner_threads,
+    exo_runner_load load = {.model_dir = model_dir, .n_threads = cfg->runner_threads,
                             .ctx = cfg->runner_ctx, .warmup_tokens = cfg->warmup_tokens, .world = 1};
-    if (inst && inst->n_shards > 1) {
-        const exo_shard *sh = exo_instance_shard_of_runner(inst, &r->runner_id);
+    if (sh && inst->n_shards > 1) {
         load.rank = sh->device_rank;
         load.world = sh->world_size;
         load.tensor = inst->sharding == EXO_SHARDING_TENSOR;
@@ -331,12 +337,10 @@ static void spawn(wrunner *r, const exo_instance *inst)
         emit_runner_failed(r, why);
         r->last = EXO_RUNNER_FAILED;
         schedule_respawn(r);
-        exo_model_store_free(models);
         return;
     }
     EXO_LOG_INFO("worker: runner %s (pid %d) loading %s from %s", r->runner_id.s,
-                 (int)exo_supervisor_pid(r->sup), r->model_id, m->dir);
-    exo_model_store_free(models);
+                 (int)exo_supervisor_pid(r->sup), r->model_id, model_dir);
     r->poll = exo_calloc(1, sizeof *r->poll);
     uv_poll_init(w->loop, r->poll, exo_supervisor_fd(r->sup));
     r->poll->data = r;
@@ -544,7 +548,17 @@ exo_worker *exo_worker_new(uv_loop_t *loop, const exo_worker_config *cfg, const 
     w->host = *host;
     uv_timer_init(loop, &w->backoff);
     w->backoff.data = w;
+    exo_downloads_host dh = {host->ctx, host->emit, host->replan};
+    w->downloads = exo_downloads_new(loop, &cfg->node_id, cfg->models_dirs, cfg->n_models_dirs, &cfg->hub, &dh);
     return w;
+}
+
+int exo_worker_download(exo_worker *w, exo_download_action action, const char *model_id, exo_err *err)
+{
+    bool in_use = false;
+    for (const wrunner *r = w->runners; r; r = r->next)
+        in_use |= !strcmp(r->model_id, model_id);
+    return exo_downloads_act(w->downloads, action, model_id, in_use, err);
 }
 
 void exo_worker_shutdown(exo_worker *w)
@@ -558,6 +572,7 @@ void exo_worker_shutdown(exo_worker *w)
     }
     uv_timer_stop(&w->backoff);
     uv_close((uv_handle_t *)&w->backoff, NULL);
+    exo_downloads_shutdown(w->downloads);
 }
 
 void exo_worker_free(exo_worker *w)
@@ -569,6 +584,7 @@ void exo_worker_free(exo_worker *w)
         w->runners = r->next;
         exo_free(r);
     }
+    exo_downloads_free(w->downloads);
     exo_free(w);
 }
 

@@ -4,7 +4,10 @@
  * exo_worker_plan(st) is called by the node loop after every change of the
  * State; it compares the State with the runners it has and acts
  * (exo-reference §2.6, single rank per node):
- *   - an instance with a shard on this node and no runner: spawn one (after
+ *   - an instance with a shard on this node and no runner: make sure the
+ *     files the shard loads are on disk (downloads.h: downloaded first,
+ *     only the shard's files for a pipeline rank; a failed download
+ *     counts as a failed start), then spawn one (after
  *     a failure: backoff 0.5 s doubling to 10 s; after
  *     EXO_WORKER_MAX_RETRIES failures in a row the instance is deleted)
  *     and send it LoadModel for the model's directory;
@@ -27,8 +30,10 @@
 
 #include "proto/gen_types.h"
 #include "cluster/events.h"
+#include "cluster/downloads.h"
 #include "cluster/state.h"
 #include "core/paths.h"
+#include "download/hub.h"
 
 #include <uv.h>
 
@@ -68,10 +73,13 @@ typedef struct exo_worker_config {
      * after ring_timeout_ms (0: the ring's default). */
     uint8_t               cluster_key[32];
     int                   ring_timeout_ms;
+    exo_hub_opts          hub; /* where models not on disk come from */
 } exo_worker_config;
 
 exo_worker *exo_worker_new(uv_loop_t *loop, const exo_worker_config *cfg, const exo_worker_host *host);
 void        exo_worker_plan(exo_worker *w, const exo_state *st);
+/* A user's download start / cancel / delete on this node (downloads.h). */
+int         exo_worker_download(exo_worker *w, exo_download_action action, const char *model_id, exo_err *err);
 /* Shuts every runner down (bounded: ~2 s each, then SIGKILL) without
  * callbacks; commands in flight get no more chunks. Closes the handles;
  * run the loop once more before freeing. */

@@ -24,7 +24,8 @@
     XX(BUSY,     -10, "resource busy")                                      \
     XX(INTERNAL, -11, "internal error")                                     \
     XX(TIMEDOUT, -12, "timed out")                                          \
-    XX(PERM,     -13, "not permitted")
+    XX(PERM,     -13, "not permitted")                                     \
+    XX(NOSPC,    -14, "no space left on device")
 
 enum {
     EXO_OK = 0,

@@ -17,6 +17,8 @@
  * past MAX_JSON_BYTES, chat_template.jinja past MAX_TEMPLATE_BYTES. */
 #include "download/model_store.h"
 
+#include "download/downloader.h"
+
 #include "core/alloc.h"
 #include "core/log.h"
 
@@ -164,7 +166,7 @@ static void quant_from_block(const json_t *q, char *out, size_t cap)
     }
 }
 
-static void read_config(exo_model_entry *m, const json_t *top)
+void exo_model_entry_from_config(const json_t *top, exo_model_entry *m)
 {
     const json_t *text = obj_get(top, "text_config");
     if (text && !json_is_object(text))
@@ -311,8 +313,18 @@ static bool read_model(exo_model_entry *m, const char *dir)
         EXO_LOG_DEBUG("model store: %s: no readable config.json, not a model", dir);
         return false;
     }
-    read_config(m, cfg);
+    exo_model_entry_from_config(cfg, m);
     json_decref(cfg);
+    /* a download in progress, or one that fetched only a shard's files */
+    if (snprintf(path, sizeof path, "%s/%s", dir, EXO_DOWNLOAD_META) < (int)sizeof path && !access(path, F_OK)) {
+        json_t *meta = load_json(path);
+        bool complete = json_is_true(obj_get(meta, "complete"));
+        json_decref(meta);
+        if (!complete) {
+            EXO_LOG_DEBUG("model store: %s: download incomplete, not listed", dir);
+            return false;
+        }
+    }
     m->created = (int64_t)sb.st_mtime;
     m->storage_bytes = safetensors_bytes(dir);
     m->has_tokenizer = is_regular(dir, "tokenizer.json");

@@ -62,6 +62,10 @@ size_t                 exo_model_store_count(const exo_model_store *s);
 const exo_model_entry *exo_model_store_at(const exo_model_store *s, size_t i); /* sorted by id */
 const exo_model_entry *exo_model_store_find(const exo_model_store *s, const char *model_id);
 
+/* Fills the config.json fields of m (the list at the top of this file)
+ * from a parsed config.json; the rest of m is left as it is. */
+void exo_model_entry_from_config(const json_t *config, exo_model_entry *m);
+
 /* exo's tensor-parallel allowlist (by architecture class, as model_type). */
 bool exo_model_type_supports_tensor(const char *model_type);
 

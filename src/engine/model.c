@@ -29,6 +29,7 @@
 #include "engine/quant.h"
 #include "engine/rope.h"
 #include "engine/safetensors.h"
+#include "proto/shard.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -575,32 +576,9 @@ fail_early: /* nothing bound or allocated yet */
     return rc;
 }
 
-/* Which tensors a shard needs: its layers, and the embedding, final norm
- * and head on the first or last shard (a middle one needs none of those). */
-typedef struct shard_filter {
-    int  first, last, total;
-    bool tied; /* the head is the embedding table */
-} shard_filter;
-
-static long layer_of(const char *name)
-{
-    const char *s = strstr(name, "layers.");
-    if (!s)
-        return -1;
-    char *end;
-    long v = strtol(s + 7, &end, 10);
-    return end != s + 7 && *end == '.' ? v : -1;
-}
-
 static bool shard_keeps(void *ctx, const char *name)
 {
-    const shard_filter *f = ctx;
-    long l = layer_of(name);
-    if (l >= 0)
-        return l >= f->first && l < f->last;
-    if (strstr(name, "embed_tokens"))
-        return f->first == 0 || (f->last == f->total && f->tied);
-    return f->last == f->total; /* the final norm, the head */
+    return exo_layer_shard_needs(ctx, name);
 }
 
 int exo_model_load(const char *dir, const exo_model_opts *opts, exo_model **out, exo_err *err)
@@ -612,8 +590,8 @@ int exo_model_load(const char *dir, const exo_model_opts *opts, exo_model **out,
         return rc;
     exo_st *st = NULL;
     int total = (int)cfg.num_hidden_layers;
-    shard_filter f = {opts ? opts->start_layer : 0, opts && opts->end_layer ? opts->end_layer : total,
-                      total, cfg.tie_word_embeddings};
+    exo_layer_shard f = {opts ? opts->start_layer : 0, opts && opts->end_layer ? opts->end_layer : total,
+                         total, cfg.tie_word_embeddings};
     rc = exo_st_open_filtered(dir, shard_keeps, &f, &st, err);
     if (rc) {
         exo_config_free(&cfg);

@@ -14,7 +14,7 @@ done
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT
 timeout -k 10 1500 node --test --test-concurrency=1 --test-reporter=./tests/e2e/reporter.mjs tests/cluster/cluster.test.mjs \
-  tests/cluster/distributed.test.mjs >"$out" 2>&1
+  tests/cluster/distributed.test.mjs tests/cluster/downloads.test.mjs >"$out" 2>&1
 rc=$?
 cat "$out"
 line=$(grep -E '^[0-9]+ passed, [0-9]+ failed$' "$out" | tail -n 1)

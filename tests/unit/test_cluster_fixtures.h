@@ -167,6 +167,46 @@ static inline void fx_event(exo_event *ev, exo_event_kind kind, int variant)
         fx_id(&ev->u.topology_edge_deleted.sink, "node", variant + 1);
         snprintf(ev->u.topology_edge_deleted.address, EXO_ADDR_MAX, "[fe80::2%%eth0]:52414");
         break;
+    case EXO_EVENT_NODE_DOWNLOAD_PROGRESS: {
+        exo_download_status *d = &ev->u.node_download_progress.status;
+        fx_id(&d->node_id, "node", variant);
+        snprintf(d->model_id, EXO_MODEL_ID_MAX, "org/model-%d", variant % 3);
+        d->kind = (exo_download_kind)(variant % EXO_DOWNLOAD_KIND__COUNT);
+        if (variant % 2) {
+            d->start_layer = 4;
+            d->end_layer = 12;
+            d->n_layers = 16;
+        }
+        d->model_directory = exo_strdup("/models/org--model");
+        d->total = 1ull << 33;
+        d->downloaded = (uint64_t)variant << 20;
+        d->downloaded_this_session = (uint64_t)variant << 19;
+        d->completed_files = variant % 4;
+        d->total_files = 4;
+        d->speed = 123456789;
+        d->eta_ms = 4200;
+        d->read_only = variant % 5 == 0;
+        if (d->kind == EXO_DOWNLOAD_KIND_FAILED)
+            d->error_message = exo_strdup("429 rate limited");
+        break;
+    }
+    case EXO_EVENT_NODE_DOWNLOAD_DELETED:
+        fx_id(&ev->u.node_download_deleted.node_id, "node", variant);
+        snprintf(ev->u.node_download_deleted.model_id, EXO_MODEL_ID_MAX, "org/model-%d", variant % 3);
+        break;
+    case EXO_EVENT_CUSTOM_MODEL_CARD_ADDED: {
+        exo_model_card *c = &ev->u.custom_model_card_added.card;
+        snprintf(c->model_id, EXO_MODEL_ID_MAX, "user/custom-%d", variant % 3);
+        c->n_layers = 28;
+        c->hidden_size = 1024;
+        c->n_kv_heads = 8;
+        c->storage_bytes = 600u << 20;
+        snprintf(c->model_type, sizeof c->model_type, "qwen3");
+        break;
+    }
+    case EXO_EVENT_CUSTOM_MODEL_CARD_DELETED:
+        snprintf(ev->u.custom_model_card_deleted.model_id, EXO_MODEL_ID_MAX, "user/custom-%d", variant % 3);
+        break;
     default: break;
     }
 }
@@ -198,6 +238,14 @@ static inline void fx_command(exo_command *cmd, exo_command_kind kind, int varia
         break;
     case EXO_COMMAND_TASK_CANCELLED: fx_id(&cmd->u.task_cancelled.cancelled_command_id, "cmd", variant); break;
     case EXO_COMMAND_TASK_FINISHED: fx_id(&cmd->u.task_finished.finished_command_id, "cmd", variant); break;
+    case EXO_COMMAND_ADD_CUSTOM_MODEL_CARD:
+        snprintf(cmd->u.add_custom_model_card.card.model_id, EXO_MODEL_ID_MAX, "user/custom-%d", variant);
+        cmd->u.add_custom_model_card.card.n_layers = 28;
+        cmd->u.add_custom_model_card.card.storage_bytes = 1u << 30;
+        break;
+    case EXO_COMMAND_DELETE_CUSTOM_MODEL_CARD:
+        snprintf(cmd->u.delete_custom_model_card.model_id, EXO_MODEL_ID_MAX, "user/custom-%d", variant);
+        break;
     default: break;
     }
 }

@@ -141,7 +141,7 @@ Test(placement, fewest_nodes_that_fit_most_memory_first)
     m.storage_bytes = GIB;
     req.min_nodes = 4;
     cr_assert_eq(exo_placement_place(st, &req, &inst, &err), EXO_EINVAL);
-    cr_assert(strstr(err.msg, "min_nodes is 4 but only 3 nodes have org/model on disk"), "%s", err.msg);
+    cr_assert(strstr(err.msg, "min_nodes is 4 but the cluster has 3 nodes with a compute backend"), "%s", err.msg);
 
     req.min_nodes = 3;
     req.sharding = EXO_SHARDING_TENSOR;
@@ -205,7 +205,7 @@ Test(placement, several_nodes_need_a_ring)
     exo_state_free(st);
 }
 
-Test(placement, only_nodes_with_the_model_on_disk)
+Test(placement, nodes_with_the_model_on_disk_first)
 {
     exo_state *st = exo_state_new();
     add_node_with(st, "empty", 64 * GIB, false);
@@ -213,11 +213,17 @@ Test(placement, only_nodes_with_the_model_on_disk)
     exo_placement_request req = {&m, EXO_SHARDING_PIPELINE, EXO_INSTANCE_META_MLX_RING, 1, 0};
     exo_instance inst;
     exo_err err = {0};
-    cr_assert_eq(exo_placement_place(st, &req, &inst, &err), EXO_EINVAL);
-    cr_assert(strstr(err.msg, "no node has org/model on disk"), "%s", err.msg);
+    cr_assert_eq(exo_placement_place(st, &req, &inst, &err), 0, "a node without the files downloads them: %s",
+                 err.msg);
+    cr_assert_str_eq(inst.shards[0].node_id.s, "empty");
+    exo_instance_clear(&inst);
     add_node(st, "small", 2 * GIB);
     cr_assert_eq(exo_placement_place(st, &req, &inst, &err), 0, "%s", err.msg);
-    cr_assert_str_eq(inst.shards[0].node_id.s, "small", "the bigger node lacks the files");
+    cr_assert_str_eq(inst.shards[0].node_id.s, "small", "the node that has the files beats a bigger one");
+    exo_instance_clear(&inst);
+    m.storage_bytes = 3 * GIB; /* too big for "small": the download is worth it */
+    cr_assert_eq(exo_placement_place(st, &req, &inst, &err), 0, "%s", err.msg);
+    cr_assert_str_eq(inst.shards[0].node_id.s, "empty");
     exo_instance_clear(&inst);
     exo_state_free(st);
 }
@@ -415,8 +421,9 @@ Test(master, text_generation_lifecycle)
     exo_command_init(&place, EXO_COMMAND_PLACE_INSTANCE);
     place.u.place_instance.card = model(4, GIB);
     snprintf(place.u.place_instance.card.model_id, EXO_MODEL_ID_MAX, "org/absent");
+    place.u.place_instance.card.storage_bytes = 1ull << 50;
     cr_assert_eq(exo_master_handle(st, &place, &out, &err), EXO_EINVAL);
-    cr_assert(strstr(err.msg, "no node has org/absent on disk"), "%s", err.msg);
+    cr_assert(strstr(err.msg, "not enough memory for org/absent"), "%s", err.msg);
 
     exo_command_clear(&gen);
     exo_command_clear(&other);
