@@ -71,9 +71,9 @@ unit: $(BUILD)/unit_tests $(BUILD)/exo
 integration: $(BUILD)/exo
 	EXO_BIN=$(abspath $(BUILD)/exo) BUILD=$(BUILD) tests/integration/run.sh
 
-# The sanitizer build runs the unit tests, the end-to-end daemon suite and
-# the cluster suite (the daemons and their runners under ASan+UBSan, driven
-# by the npm clients).
+# The sanitizer build runs the unit tests, the end-to-end daemon suite, the
+# cluster suite and the download suite (the daemons and their runners under
+# ASan+UBSan, driven by the npm clients and the test hub).
 # It is built with clang, whose UBSan checks more than GCC's (a zero offset
 # applied to a NULL pointer, for one) and whose -Werror warnings differ, so
 # the project compiles clean under both.
@@ -82,6 +82,7 @@ asan:
 	$(MAKE) BUILD=build-asan SANITIZE=1 OPT=-O1 CC=$(SAN_CC) unit
 	EXO_BIN=$(abspath build-asan/exo) tests/integration/test_e2e_api.sh
 	EXO_BIN=$(abspath build-asan/exo) tests/integration/test_cluster.sh
+	EXO_BIN=$(abspath build-asan/exo) tests/integration/test_download.sh
 
 fuzz:
 	tests/fuzz/run.sh

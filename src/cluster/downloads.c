@@ -113,7 +113,7 @@ static void publish(exo_downloads *d, job *j, const exo_download_progress *p)
         s->end_layer = j->shard.last;
         s->n_layers = j->shard.total;
     }
-    s->model_directory = p->dir[0] ? exo_strndup(p->dir, 4096) : NULL;
+    s->model_directory = p->dir[0] ? exo_strndup(p->dir, strnlen(p->dir, sizeof p->dir - 1)) : NULL;
     s->total = p->total > 0 ? (uint64_t)p->total : 0;
     s->downloaded = p->downloaded > 0 ? (uint64_t)p->downloaded : 0;
     s->downloaded_this_session = p->downloaded_this_session > 0 ? (uint64_t)p->downloaded_this_session : 0;
@@ -123,7 +123,7 @@ static void publish(exo_downloads *d, job *j, const exo_download_progress *p)
     s->eta_ms = p->eta_ms > 0 ? p->eta_ms : 0;
     s->read_only = p->read_only;
     if (p->phase == EXO_DOWNLOAD_FAILED)
-        s->error_message = exo_strndup(p->err.msg, EXO_MESSAGE_MAX - 1);
+        s->error_message = exo_strndup(p->err.msg, strnlen(p->err.msg, sizeof p->err.msg - 1));
     j->last = *p;
     j->published_ms = exo_clock_ns() / 1000000;
     d->host.emit(d->host.ctx, &ev);

@@ -295,13 +295,13 @@ static bool dir_satisfies(const char *dir, const exo_layer_shard *shard)
             closedir(d);
         return weights;
     }
-    if (complete) {
-        exo_hub_file_list_free(&l);
-        return true;
-    }
     bool *wanted = l.n ? exo_calloc(l.n, sizeof *wanted) : NULL;
     exo_err err;
-    bool ok = select_files(dir, &l, shard, wanted, &err) == 0;
+    /* complete or not, the files must still be there: a file deleted or
+     * cut short since is fetched again */
+    bool ok = complete || select_files(dir, &l, shard, wanted, &err) == 0;
+    for (size_t i = 0; complete && i < l.n; i++)
+        wanted[i] = !ignored(l.v[i].path);
     for (size_t i = 0; ok && i < l.n; i++) {
         if (!wanted[i])
             continue;
@@ -660,6 +660,7 @@ exo_download *exo_download_start(const exo_download_opts *o, const char *model_i
         d->dirs[i].read_only = o->dirs[i].read_only;
     }
     d->opts.dirs = d->dirs;
+    d->opts.hub.cancel = &d->cancel;
     snprintf(d->model_id, sizeof d->model_id, "%s", model_id);
     if (shard && !whole(shard))
         d->shard = *shard;

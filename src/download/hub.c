@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -348,18 +349,25 @@ static int classify(const exo_hub_opts *o, CURLcode cc, const exchange *x, const
                        (int)(x->error_len > 200 ? 200 : x->error_len), x->error_body);
 }
 
-/* Sleeps ms, waking every 100 ms to ask progress whether to go on. */
-static bool wait_ms(int64_t ms, exo_hub_progress_fn progress, void *ctx)
+static bool cancelled(const exo_hub_opts *o) { return o->cancel && *o->cancel; }
+
+/* Sleeps ms, waking every 100 ms to ask whether to go on. */
+static bool wait_ms(const exo_hub_opts *o, int64_t ms, exo_hub_progress_fn progress, void *ctx)
 {
     while (ms > 0) {
         int64_t step = ms < 100 ? ms : 100;
         struct timespec ts = {0, (long)step * 1000000L};
         nanosleep(&ts, NULL);
         ms -= step;
-        if (progress && !progress(ctx, 0))
+        if ((progress && !progress(ctx, 0)) || cancelled(o))
             return false;
     }
     return true;
+}
+
+static int on_small_xfer(void *ud, curl_off_t dt, curl_off_t dn, curl_off_t ut, curl_off_t un)
+{
+    return cancelled(ud);
 }
 
 static int64_t backoff_for(const exo_hub_opts *o, int attempt, int wait_s)
@@ -433,6 +441,9 @@ static int get_small(const exo_hub_opts *o, const char *model_id, const char *pa
         curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_mem);
         curl_easy_setopt(c, CURLOPT_WRITEDATA, &m);
         curl_easy_setopt(c, CURLOPT_TIMEOUT, (long)o->api_timeout_s);
+        curl_easy_setopt(c, CURLOPT_XFERINFOFUNCTION, on_small_xfer);
+        curl_easy_setopt(c, CURLOPT_XFERINFODATA, (void *)o);
+        curl_easy_setopt(c, CURLOPT_NOPROGRESS, 0L);
         CURLcode cc = curl_easy_perform(c);
         if (!x.status)
             curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &x.status);
@@ -457,7 +468,8 @@ static int get_small(const exo_hub_opts *o, const char *model_id, const char *pa
         if (!retry || attempt + 1 == o->attempts)
             break;
         EXO_LOG_WARN("hub: %s (retrying)", err->msg);
-        wait_ms(backoff_for(o, attempt, wait_s), NULL, NULL);
+        if (!wait_ms(o, backoff_for(o, attempt, wait_s), NULL, NULL))
+            return exo_err_set(err, EXO_ECANCELED, "%s: cancelled", what);
     }
     return rc;
 }
@@ -501,6 +513,7 @@ typedef struct fetch {
     exo_hub_progress_fn progress;
     void               *ctx;
     bool                cancelled;
+    const exo_hub_opts *o;
 } fetch;
 
 static void md_restart(fetch *t)
@@ -570,7 +583,7 @@ static size_t on_file(char *p, size_t size, size_t n, void *ud)
 static int on_xfer(void *ud, curl_off_t dt, curl_off_t dn, curl_off_t ut, curl_off_t un)
 {
     fetch *t = ud;
-    if (t->progress && !t->progress(t->ctx, 0)) {
+    if ((t->progress && !t->progress(t->ctx, 0)) || cancelled(t->o)) {
         t->cancelled = true;
         return 1;
     }
@@ -611,6 +624,43 @@ static void fsync_dir_of(const char *path)
     }
 }
 
+/* Opens and locks the partial file: two downloads of one model into one
+ * dir (two CLIs, or the CLI beside the daemon) take turns per file instead
+ * of writing one file together. The winner publishes the file by renaming
+ * the partial (under the lock); a waiter then finds the file in place
+ * (*fd = -1, done), or holds an inode that is no longer the partial and
+ * opens it again. */
+static int lock_partial(const exo_hub_opts *o, const exo_hub_file *f, const char *dest, const char *partial,
+                        exo_hub_progress_fn progress, void *ctx, int *fd_out, exo_err *err)
+{
+    *fd_out = -1;
+    for (;;) {
+        int fd = open(partial, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+        if (fd < 0)
+            return exo_err_set(err, errno == ENOSPC ? EXO_ENOSPC : EXO_EIO, "%s: %s", partial, strerror(errno));
+        while (flock(fd, LOCK_EX | LOCK_NB)) {
+            if (errno != EWOULDBLOCK && errno != EINTR) {
+                close(fd);
+                return exo_err_set(err, EXO_EIO, "%s: lock: %s", partial, strerror(errno));
+            }
+            if (!wait_ms(o, 100, progress, ctx)) {
+                close(fd);
+                return exo_err_set(err, EXO_ECANCELED, "%s: cancelled", f->path);
+            }
+        }
+        struct stat held, named;
+        if (!stat(dest, &named) && S_ISREG(named.st_mode) && named.st_size == f->size) {
+            close(fd);
+            return 0;
+        }
+        if (!fstat(fd, &held) && !stat(partial, &named) && held.st_ino == named.st_ino && held.st_dev == named.st_dev) {
+            *fd_out = fd;
+            return 0;
+        }
+        close(fd);
+    }
+}
+
 /* One attempt. *retry says whether another may help. */
 static int fetch_once(const exo_hub_opts *o, const char *model_id, const exo_hub_file *f, const char *dest,
                       const char *partial, exo_hub_progress_fn progress, void *ctx, bool *retry, int *wait_s,
@@ -618,16 +668,16 @@ static int fetch_once(const exo_hub_opts *o, const char *model_id, const exo_hub
 {
     *retry = false;
     *wait_s = -1;
-    int fd = open(partial, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (fd < 0)
-        return exo_err_set(err, errno == ENOSPC ? EXO_ENOSPC : EXO_EIO, "%s: %s", partial, strerror(errno));
+    int fd;
+    int rc = lock_partial(o, f, dest, partial, progress, ctx, &fd, err);
+    if (rc || fd < 0)
+        return rc; /* fd < 0: another process published the file meanwhile */
     struct stat sb;
     fstat(fd, &sb);
     exchange x = {0};
-    fetch t = {.x = &x, .fd = fd, .f = f, .have = sb.st_size, .progress = progress, .ctx = ctx};
+    fetch t = {.x = &x, .fd = fd, .f = f, .have = sb.st_size, .progress = progress, .ctx = ctx, .o = o};
     t.md = EVP_MD_CTX_new();
     md_restart(&t);
-    int rc = 0;
     if (t.have > f->size) { /* not a prefix of this file */
         if (ftruncate(fd, 0))
             rc = exo_err_set(err, EXO_EIO, "%s: truncate: %s", partial, strerror(errno));
@@ -750,7 +800,7 @@ int exo_hub_fetch(const exo_hub_opts *o, const char *model_id, const exo_hub_fil
         int64_t ms = backoff_for(o, attempt, wait_s);
         EXO_LOG_WARN("hub: %s (attempt %d of %d; retrying in %lld ms)", err->msg, attempt + 1, o->attempts,
                      (long long)ms);
-        if (!wait_ms(ms, progress, ctx))
+        if (!wait_ms(o, ms, progress, ctx))
             return exo_err_set(err, EXO_ECANCELED, "%s: %s: cancelled", model_id, f->path);
     }
 }

@@ -45,6 +45,9 @@ typedef struct exo_hub_opts {
     int  stall_s;           /* abort a transfer that moved < 1 KiB/s for this long (30) */
     int  connect_timeout_s; /* (10) */
     int  api_timeout_s;     /* whole small request (30) */
+    /* When set and nonzero, every call stops within ~100 ms (EXO_ECANCELED),
+     * retry waits included. */
+    const volatile int *cancel;
 } exo_hub_opts;
 
 /* Defaults, then the environment: HF_ENDPOINT, HF_TOKEN (else the file

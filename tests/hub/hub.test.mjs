@@ -458,7 +458,7 @@ test('fault slow: throttled to bytes_per_second', async () => {
   assert.equal(r.status, 206);
   assert.deepEqual(body, MODEL.subarray(0, n));
   const want = n / rate;
-  assert.ok(s > want * 0.9 && s < want * 1.3, `took ${s.toFixed(3)} s, want ~${want} s`);
+  assert.ok(s > want * 0.9 && s < want * 1.6, `took ${s.toFixed(3)} s, want ~${want} s`);
 });
 
 test('bad fault lists are refused', async () => {
