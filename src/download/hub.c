@@ -10,6 +10,7 @@
 #include "download/hub.h"
 
 #include "core/alloc.h"
+#include "core/clock.h"
 #include "core/log.h"
 
 #include <curl/curl.h>
@@ -30,6 +31,8 @@
 #define ERROR_BODY_MAX 4096
 #define RATE_LIMIT_CAP_S 300
 #define WRITEBACK_STEP   ((int64_t)32 << 20)
+#define WRITE_CHUNK      ((size_t)1 << 20)
+#define FLUSH_NS         250000000ull
 
 static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
 static void curl_init_once(void) { curl_global_init(CURL_GLOBAL_DEFAULT); }
@@ -507,6 +510,9 @@ typedef struct fetch {
     const exo_hub_file *f;
     int64_t             have;       /* bytes in the partial file (and hashed) */
     int64_t             flushed;    /* writeback started up to here */
+    char               *wbuf;       /* curl hands over 16 KiB at a time: */
+    size_t              wlen;       /* written in WRITE_CHUNK pieces, */
+    uint64_t            flushed_ns; /* or after FLUSH_NS (slow transfers) */
     bool                decided;    /* the response's meaning is known */
     bool                writing;    /* 200/206: the body goes to the file */
     int                 write_errno;
@@ -526,6 +532,29 @@ static void md_restart(fetch *t)
     }
 }
 
+static bool write_all(fetch *t, const char *p, size_t len)
+{
+    for (size_t off = 0; off < len;) {
+        ssize_t w = write(t->fd, p + off, len - off);
+        if (w < 0) {
+            if (errno == EINTR)
+                continue;
+            t->write_errno = errno;
+            return false;
+        }
+        off += (size_t)w;
+    }
+    return true;
+}
+
+static bool flush_buf(fetch *t)
+{
+    bool ok = write_all(t, t->wbuf, t->wlen);
+    t->wlen = 0;
+    t->flushed_ns = exo_clock_ns();
+    return ok;
+}
+
 static size_t on_file(char *p, size_t size, size_t n, void *ud)
 {
     fetch *t = ud;
@@ -534,6 +563,7 @@ static size_t on_file(char *p, size_t size, size_t n, void *ud)
         t->decided = true;
         curl_easy_getinfo(t->c, CURLINFO_RESPONSE_CODE, &t->x->status);
         if (t->x->status == 200 && t->have > 0) { /* the range was ignored: start over */
+            t->wlen = 0;
             if (ftruncate(t->fd, 0) || lseek(t->fd, 0, SEEK_SET)) {
                 t->write_errno = errno;
                 return 0;
@@ -555,15 +585,17 @@ static size_t on_file(char *p, size_t size, size_t n, void *ud)
     }
     if (t->have + (int64_t)len > t->f->size) /* more than the listing said: not this file */
         return 0;
-    for (size_t off = 0; off < len;) {
-        ssize_t w = write(t->fd, p + off, len - off);
-        if (w < 0) {
-            if (errno == EINTR)
-                continue;
-            t->write_errno = errno;
+    if (t->wlen + len > WRITE_CHUNK && !flush_buf(t))
+        return 0;
+    if (len >= WRITE_CHUNK) {
+        if (!write_all(t, p, len))
             return 0;
-        }
-        off += (size_t)w;
+    } else {
+        memcpy(t->wbuf + t->wlen, p, len);
+        t->wlen += len;
+        /* a slow transfer still reaches the disk often: a crash loses little */
+        if (exo_clock_ns() - t->flushed_ns >= FLUSH_NS && !flush_buf(t))
+            return 0;
     }
     EVP_DigestUpdate(t->md, p, len);
     t->have += (int64_t)len;
@@ -677,6 +709,8 @@ static int fetch_once(const exo_hub_opts *o, const char *model_id, const exo_hub
     exchange x = {0};
     fetch t = {.x = &x, .fd = fd, .f = f, .have = sb.st_size, .progress = progress, .ctx = ctx, .o = o};
     t.md = EVP_MD_CTX_new();
+    t.wbuf = exo_malloc(WRITE_CHUNK);
+    t.flushed_ns = exo_clock_ns();
     md_restart(&t);
     if (t.have > f->size) { /* not a prefix of this file */
         if (ftruncate(fd, 0))
@@ -713,6 +747,9 @@ static int fetch_once(const exo_hub_opts *o, const char *model_id, const exo_hub
             CURLcode cc = curl_easy_perform(c);
             if (!x.status)
                 curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &x.status);
+            /* what arrived stays in the partial file, for a resume */
+            if (t.wlen && !flush_buf(&t))
+                t.have = (int64_t)lseek(fd, 0, SEEK_END); /* hashed more than written: not this attempt's */
             if (t.cancelled) {
                 rc = exo_err_set(err, EXO_ECANCELED, "%s: cancelled", what);
             } else if (t.write_errno) {
@@ -755,6 +792,7 @@ static int fetch_once(const exo_hub_opts *o, const char *model_id, const exo_hub
         }
     }
     EVP_MD_CTX_free(t.md);
+    exo_free(t.wbuf);
     close(fd);
     return rc;
 }
