@@ -511,6 +511,17 @@ static json_t *model_card(exo_api_server *s, const char *model_id)
     return j;
 }
 
+typedef struct custom_probe {
+    const char *model_id;
+    bool       *known;
+} custom_probe;
+
+static void has_custom_card(void *ctx, const exo_state *st)
+{
+    custom_probe *p = ctx;
+    *p->known = exo_state_custom_card(st, p->model_id) != NULL;
+}
+
 /* POST /models/add {model_id}: the model's card from the hub (config.json
  * and file list), added for every node as a custom model. */
 static void h_models_add(exo_http_request *r, void *ud)
@@ -543,6 +554,16 @@ static void h_models_add(exo_http_request *r, void *ud)
     if ((rc = exo_node_custom_model(s->node, &card, NULL, &cmd, &err))) {
         respond_error(r, status_for(rc), err.msg);
         return;
+    }
+    /* answer once this node's State has the card, so a place_instance sent
+     * here next finds it (other nodes get it a replication later) */
+    for (int i = 0; i < 150; i++) {
+        bool known = false;
+        exo_node_read_state(s->node, has_custom_card, &(custom_probe){card.model_id, &known});
+        if (known)
+            break;
+        struct timespec ts = {0, 20 * 1000000L};
+        nanosleep(&ts, NULL);
     }
     e.dir = NULL;
     json_t *j = exo_model_entry_to_json(&e);

@@ -341,7 +341,8 @@ static int classify(const exo_hub_opts *o, CURLcode cc, const exchange *x, const
                            "%s: 403 forbidden: the token has no access to %s (a gated model: accept its licence on the hub)",
                            what, model_id);
     if (s == 404)
-        return exo_err_set(err, EXO_ENOENT, "%s: 404 not found on %s", what, o->endpoint);
+        return exo_err_set(err, EXO_ENOENT, "%s: 404 not found on %s (is the model id right?)", what,
+                           o->endpoint);
     if (s == 429) {
         *retry = true;
         *wait_s = exo_hub_retry_after(x->retry_after, x->ratelimit);

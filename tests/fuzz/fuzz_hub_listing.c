@@ -31,7 +31,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (exo_hub_parse_tree((const char *)data, size, &l, &err) == 0) {
         for (size_t i = 0; i < l.n; i++) {
             const exo_hub_file *f = &l.v[i];
-            if (!exo_hub_path_safe(f->path) || strstr(f->path, "..") == f->path || f->size < 0 ||
+            if (!exo_hub_path_safe(f->path) || f->size < 0 ||
                 (f->sha256[0] && !lower_hex(f->sha256, 64)) || (f->git_oid[0] && !lower_hex(f->git_oid, 40)))
                 abort();
         }
