@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
-# The first five minutes of a new user: `./scripts/run.sh` with no arguments
-# (set-up is already done here, so it only builds what changed) must start a
-# daemon on port 52415 that lists stories260K, places it by itself and
-# answers the README's first curl, offline and with nothing in the user's
-# data dir. The daemon runs with a HOME of its own and a namespace of its
-# own (no other exo on the LAN joins it).
+# The first five minutes of a new user: in a fresh clone of this repository
+# (what `git clone` gives: the committed files, no build), `./scripts/run.sh`
+# with no arguments must build and start a daemon on port 52415 that lists
+# stories260K, places it by itself and answers the README's first curl,
+# offline and with nothing in the user's data dir. The daemon runs with a
+# HOME of its own and a namespace of its own (no other exo on the LAN joins
+# it). The Debian packages are installed already (set-up checks them); the
+# tests' npm oracles are copied in so the clone's set-up needs no network
+# (a user's set-up runs `npm ci` for them).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 pass=0 fail=0
@@ -22,11 +25,20 @@ cleanup() {
   rm -rf "$home"
 }
 trap cleanup EXIT
+repo=$PWD
+if git -C "$repo" rev-parse --git-dir >/dev/null 2>&1; then
+  git clone -q "$repo" "$home/exo" || { bad "git clone failed"; finish; }
+  if [ -d "$repo/tests/node_modules" ]; then
+    cp -a "$repo/tests/node_modules" "$home/exo/tests/" && touch "$home/exo/tests/node_modules"
+  fi
+  cd "$home/exo"
+  ok "a fresh clone of HEAD ($(git rev-parse --short HEAD))"
+fi
 env -u EXO_MODELS_DIRS -u EXO_MODELS_READ_ONLY_DIRS -u EXO_HOME -u XDG_DATA_HOME -u XDG_CACHE_HOME \
   HOME="$home" EXO_NAMESPACE="first-run-$$-$RANDOM" ./scripts/run.sh >"$log" 2>&1 &
 pid=$!
 up=0
-for _ in $(seq 1 600); do # set-up and build first: up to 5 minutes
+for _ in $(seq 1 1200); do # set-up and a full build first: up to 10 minutes
   if curl -s -m 2 -o /dev/null localhost:52415/v1/models; then up=1; break; fi
   kill -0 "$pid" 2>/dev/null || break
   sleep 0.5
