@@ -204,9 +204,13 @@ exo_downloads *exo_downloads_new(uv_loop_t *loop, const exo_id *node_id, const e
 int exo_downloads_ensure(exo_downloads *d, const char *model_id, const exo_layer_shard *shard, char *dir, size_t cap,
                          exo_err *err)
 {
+    /* asked on every plan while it downloads: no disk scan then */
+    job *j = job_find(d, model_id);
+    if (j && j->dl && covers(&j->shard, shard))
+        return exo_err_set(err, EXO_EBUSY, "%s is downloading", model_id);
     if (!exo_download_locate(d->dirs, d->n_dirs, model_id, shard, dir, cap, NULL))
         return 0;
-    job *j = job_get(d, model_id);
+    j = job_get(d, model_id);
     if (j->cancelled)
         return exo_err_set(err, EXO_ECANCELED, "the download of %s was cancelled (start it again to run the model)",
                            model_id);

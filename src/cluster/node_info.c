@@ -345,21 +345,16 @@ void exo_model_card_from_entry(const exo_model_entry *m, exo_model_card *c)
     c->supports_thinking = m->supports_thinking;
 }
 
-void exo_model_card_from_catalogue(const exo_catalogue_card *m, exo_model_card *c)
+void exo_model_card_from_catalogue(const exo_catalogue_card *c, exo_model_card *out)
 {
-    memset(c, 0, sizeof *c);
-    snprintf(c->model_id, sizeof c->model_id, "%s", m->model_id);
-    c->n_layers = m->n_layers;
-    c->hidden_size = m->hidden_size;
-    c->n_kv_heads = m->n_kv_heads;
-    c->vocab_size = m->vocab_size;
-    c->storage_bytes = m->storage_bytes;
-    c->supports_tensor = m->supports_tensor;
-    printable(c->model_type, sizeof c->model_type, m->model_type);
-    printable(c->quantization, sizeof c->quantization, m->quantization);
-    c->context_length = m->context_length;
-    c->supports_tools = m->supports_tools;
-    c->supports_thinking = m->supports_thinking;
+    exo_model_entry e = {.n_layers = c->n_layers, .hidden_size = c->hidden_size, .n_kv_heads = c->n_kv_heads,
+                         .vocab_size = c->vocab_size, .storage_bytes = (int64_t)c->storage_bytes,
+                         .context_length = c->context_length, .supports_tools = c->supports_tools,
+                         .supports_thinking = c->supports_thinking};
+    snprintf(e.id, sizeof e.id, "%s", c->model_id);
+    snprintf(e.model_type, sizeof e.model_type, "%s", c->model_type);
+    snprintf(e.quantization, sizeof e.quantization, "%s", c->quantization);
+    exo_model_card_from_entry(&e, out);
 }
 
 static void gather_models(const exo_node_info_opts *o, exo_node_info *info)

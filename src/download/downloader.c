@@ -689,10 +689,6 @@ void exo_download_get(exo_download *d, exo_download_progress *out)
 
 void exo_download_cancel(exo_download *d) { __atomic_store_n(&d->cancel, 1, __ATOMIC_RELAXED); }
 
-const char *exo_download_model_id(const exo_download *d) { return d->model_id; }
-
-exo_layer_shard exo_download_shard(const exo_download *d) { return d->shard; }
-
 void exo_download_free(exo_download *d)
 {
     if (!d)

@@ -76,9 +76,6 @@ void          exo_download_get(exo_download *d, exo_download_progress *out);
 void          exo_download_cancel(exo_download *d);
 /* Cancels if running, waits for the thread, frees. */
 void          exo_download_free(exo_download *d);
-const char   *exo_download_model_id(const exo_download *d);
-/* The shard it fetches (total 0: the whole model). */
-exo_layer_shard exo_download_shard(const exo_download *d);
 
 /* Where the files a shard needs (shard NULL: the whole model) are all on
  * disk: 0 with the model dir (and whether it is read-only), else

@@ -571,7 +571,7 @@ static size_t on_file(char *p, size_t size, size_t n, void *ud)
             }
             if (t->progress)
                 t->progress(t->ctx, -t->have);
-            t->have = 0;
+            t->have = t->flushed = 0;
             md_restart(t);
         }
         t->writing = t->x->status == 200 || t->x->status == 206;
@@ -725,7 +725,7 @@ static int fetch_once(const exo_hub_opts *o, const char *model_id, const exo_hub
     lseek(fd, t.have, SEEK_SET);
     t.flushed = t.have;
     if (!rc && t.have < f->size) {
-        struct curl_slist *h;
+        struct curl_slist *h = NULL;
         CURL *c = new_handle(o, &h, &x);
         char url[4096];
         if (!c || !build_url(o, c, model_id, f->path, false, url, sizeof url)) {

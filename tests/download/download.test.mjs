@@ -6,8 +6,7 @@
 //   node --test --test-concurrency=1 --test-reporter=./tests/e2e/reporter.mjs \
 //        tests/download/download.test.mjs
 //
-// EXO_BIN (default build/exo) is copied once into the suite's temp dir so a
-// rebuild of build/exo during the run cannot swap the binary under a test.
+// EXO_BIN: the binary under test (default build/exo).
 // The model served is stories260K (tests/fixtures/stories260K, converted as
 // scripts/run.sh does), plus random big files where a test needs bytes in
 // flight. Every child (hubs, CLIs, daemons, their runners) is killed in the
@@ -35,7 +34,7 @@ const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 const sha256 = (b) => crypto.createHash('sha256').update(b).digest('hex');
 
 let TMP; // the suite's temp dir
-let EXO; // the snapshot of EXO_BIN
+let EXO; // the binary under test
 let HUB_ROOT; // repos: HUB_ROOT/<org>/<name>/
 let STORIES_SRC; // the converted stories260K HF dir (a template for repos)
 let hub; // the main hub (no token)
@@ -440,42 +439,14 @@ async function place(d, modelId) {
 
 // ---- set-up --------------------------------------------------------------------------------
 
-// The binary is rebuilt by someone else meanwhile: wait until it exists, has
-// stopped changing and runs, then copy it.
-async function snapshotBinary() {
-  const dest = path.join(TMP, 'exo');
-  let lastErr;
-  for (let i = 0; i < 120; i++) {
-    try {
-      const a = fs.statSync(SRC_BIN);
-      await sleep(500);
-      const b = fs.statSync(SRC_BIN);
-      if (a.size !== b.size || a.mtimeMs !== b.mtimeMs || !(a.mode & 0o111)) throw new Error('changing');
-      fs.copyFileSync(SRC_BIN, dest + '.tmp');
-      fs.chmodSync(dest + '.tmp', 0o755);
-      const c = fs.statSync(SRC_BIN);
-      if (c.mtimeMs !== b.mtimeMs || fs.statSync(dest + '.tmp').size !== c.size) throw new Error('changed while copied');
-      try {
-        execFileSync(dest + '.tmp', ['download'], { stdio: 'pipe' });
-      } catch (e) {
-        if (e.status !== 2 || !/usage: exo download/.test(String(e.stderr))) throw new Error(`exo download: ${e.message}`);
-      }
-      fs.renameSync(dest + '.tmp', dest);
-      return dest;
-    } catch (e) {
-      lastErr = e;
-      await sleep(500);
-    }
-  }
-  throw new Error(`no usable binary at ${SRC_BIN}: ${lastErr?.message}`);
-}
 
 before(async () => {
   TMP = fs.mkdtempSync(path.join(os.tmpdir(), 'exo-dl-test-'));
   fs.mkdirSync(path.join(TMP, 'home'));
   HUB_ROOT = path.join(TMP, 'hub');
   fs.mkdirSync(HUB_ROOT);
-  EXO = await snapshotBinary();
+  EXO = SRC_BIN;
+  assert.ok(fs.existsSync(EXO) && fs.statSync(EXO).mode & 0o111, `no exo binary at ${EXO} (make)`);
   // stories260K as scripts/run.sh makes it
   STORIES_SRC = path.join(TMP, 'stories260K');
   execFileSync(EXO, ['convert-llama2c', path.join(STORIES_FIX, 'stories260K.bin'), path.join(STORIES_FIX, 'tok512.bin'),

@@ -6,6 +6,7 @@
 # (scripts/setup.sh runs `npm ci` in tests/); without them this test fails.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
+. tests/integration/node_suite.sh
 : "${EXO_BIN:=$PWD/build/exo}"
 export EXO_BIN
 
@@ -29,7 +30,6 @@ EXO_E2E_LOG_DIR=$logs timeout -k 10 600 node --test-reporter=./tests/e2e/reporte
   tests/e2e/api.test.mjs >"$out" 2>&1
 rc=$?
 cat "$out"
-line=$(grep -E '^[0-9]+ passed, [0-9]+ failed$' "$out" | tail -n 1)
 if [ "$rc" -ne 0 ]; then
   if [ -f "$logs/daemon.log" ]; then
     echo "--- daemon log (tail)"; tail -n 20 "$logs/daemon.log"
@@ -37,15 +37,5 @@ if [ "$rc" -ne 0 ]; then
   for f in "$logs"/exo_log/runner_log/*.log; do
     [ -s "$f" ] && { echo "--- $f (tail)"; tail -n 10 "$f"; }
   done
-  [ "$rc" -eq 124 ] && echo "FAIL the suite timed out"
-  # the failing tests again, last, where run.sh's tail shows them
-  sed -n '/^failed:$/,/^[0-9]* passed, [0-9]* failed$/p' "$out" | grep -v -E '^[0-9]+ passed'
-  # a crash or timeout before the reporter's summary still counts as a failure
-  if [ -z "$line" ] || [ "$(echo "$line" | awk '{print $3}')" -eq 0 ]; then
-    p=$(echo "${line:-0 passed}" | awk '{print $1}')
-    line="$p passed, 1 failed"
-  fi
-  echo "$line"
-  exit 1
 fi
-[ -n "$line" ] || { echo "0 passed, 1 failed"; exit 1; }
+node_suite_result "$out" "$rc"
