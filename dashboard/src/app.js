@@ -10,6 +10,7 @@ import {
   SSEParser,
   buildChatRequest,
   buildClusterView,
+  buildDeletedInstancesView,
   buildDownloadsView,
   buildInstancesView,
   buildModelsView,
@@ -23,6 +24,7 @@ import {
   downloadsSummary,
   errorMessageFromBody,
   finishAssistant,
+  formatAgo,
   formatBandwidth,
   formatBytes,
   formatContext,
@@ -461,6 +463,7 @@ function render() {
   ui.views.cluster = buildClusterView(cluster, ui.views.nodes);
   ui.views.topology = st ? buildTopologyView(st, ui.views.nodes, { width: topologyWidth() }) : null;
   ui.views.instances = st ? buildInstancesView(st) : [];
+  ui.views.deleted = st ? buildDeletedInstancesView(st) : [];
   ui.views.downloads = st ? buildDownloadsView(st) : [];
   ui.views.models = buildModelsView(ui.models || [], ui.views.instances, ui.views.nodes, ui.views.downloads);
   renderHeader();
@@ -725,11 +728,27 @@ function renderInstances() {
   const deleting = [...ui.deleting];
   // a runner whose node is still downloading its shard shows that download
   const dls = ui.views.downloads.filter((d) => d.status !== 'completed').map((d) => [d.key, d.status, d.percent]);
-  renderInto($('instances'), { list, deleting, dls, has: !!ui.state }, ({ list: insts, has }) => {
+  // the recently deleted ones say why they went (a runner that kept
+  // failing, a node that left, a user); "ago" moves once a minute
+  const minute = Math.floor(Date.now() / 60000);
+  renderInto($('instances'), { list, deleting, dls, has: !!ui.state, deleted: ui.views.deleted, minute }, ({ list: insts, has, deleted }) => {
     if (!has) return h('p', { class: 'empty', text: '—' });
-    if (!insts.length) return h('p', { class: 'empty', text: 'No instances. Launch a model below.' });
-    return insts.map(instanceCard);
+    const gone = deleted.length ? deletedList(deleted) : null;
+    if (!insts.length) return [h('p', { class: 'empty', text: 'No instances. Launch a model below.' }), gone];
+    return [...insts.map(instanceCard), gone];
   });
+}
+
+function deletedList(deleted) {
+  const now = Date.now();
+  return h('div', { class: 'deleted-instances' },
+    h('div', { class: 'deleted-title small muted', text: `Recently deleted (${deleted.length})` }),
+    h('ul', {}, deleted.map((d) => h('li', { class: 'deleted-instance', title: `instance ${d.id}${d.when !== null ? `\ndeleted ${new Date(d.when).toLocaleString()}` : ''}` },
+      h('span', { class: 'instance-model', text: d.modelId || 'unknown model' }),
+      ' ',
+      h('span', { class: 'mono muted', text: shortId(d.id) }),
+      d.when !== null ? h('span', { class: 'muted', text: ` · ${formatAgo(d.when, now)}` }) : null,
+      h('div', { class: 'error-text', text: d.reason || 'no reason recorded' })))));
 }
 
 function instanceCard(inst) {

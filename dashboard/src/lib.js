@@ -1123,6 +1123,38 @@ export function buildInstancesView(state) {
   return out;
 }
 
+/**
+ * The instances deleted lately, newest first: [{id, modelId, reason, when}]
+ * from /state's deletedInstances (instance id -> {instanceId, modelId,
+ * reason, deletedAt}, oldest first). reason and when (Unix ms) are null
+ * where the daemon recorded none (instances deleted before it did).
+ */
+export function buildDeletedInstancesView(state) {
+  const out = [];
+  for (const [key, d] of Object.entries(objOf(objOf(state).deletedInstances))) {
+    if (!isObj(d)) continue;
+    const when = typeof d.deletedAt === 'string' ? Date.parse(d.deletedAt) : NaN;
+    out.push({
+      id: typeof d.instanceId === 'string' ? d.instanceId : key,
+      modelId: typeof d.modelId === 'string' ? d.modelId : null,
+      reason: typeof d.reason === 'string' && d.reason ? d.reason : null,
+      when: Number.isFinite(when) ? when : null,
+    });
+  }
+  return out.reverse();
+}
+
+/** How long ago, coarsely: "just now", "42 s ago", "5 min ago", "3 h ago", "2 d ago". */
+export function formatAgo(when, now) {
+  if (typeof when !== 'number' || typeof now !== 'number' || !Number.isFinite(when) || !Number.isFinite(now)) return '';
+  const s = Math.max(0, Math.round((now - when) / 1000));
+  if (s < 5) return 'just now';
+  if (s < 60) return `${s} s ago`;
+  if (s < 3600) return `${Math.floor(s / 60)} min ago`;
+  if (s < 86400) return `${Math.floor(s / 3600)} h ago`;
+  return `${Math.floor(s / 86400)} d ago`;
+}
+
 // ---- placement previews ----------------------------------------------------------------
 
 const META_LABELS = { MlxRing: 'MLX Ring', MlxJaccl: 'MLX Jaccl' };

@@ -241,6 +241,9 @@ const STATE = {
       { source: OTHER, sink: GONE, address: '10.0.0.9:5000', latencyUs: 1, bandwidthBps: 1e12 },
     ],
   },
+  deletedInstances: {
+    'i-crashed': { instanceId: 'i-crashed', modelId: 'org/Crashy <b>', reason: 'runner for org/Crashy <b> failed 5 times in a row: runner exited (signal 9)', deletedAt: '2026-11-29T23:40:00.000Z' },
+  },
   lastEventAppliedIdx: 8,
 };
 const CLUSTER = {
@@ -429,6 +432,12 @@ test('the page, end to end on a fake DOM and a fake daemon', async (t) => {
     assert.ok(cards[1].textContent.includes('karpathy/stories260K'));
     assert.ok(cards[1].textContent.includes('Ready'));
     assert.ok(cards[1].textContent.includes('MLX Ring · Pipeline · 1 runner · on 1 node'));
+    // a deleted instance says why it went (daemon text stays text)
+    const gone = byClass($('instances'), 'deleted-instance');
+    assert.equal(gone.length, 1);
+    for (const s of ['org/Crashy <b>', 'failed 5 times in a row: runner exited (signal 9)', 'ago']) assert.ok(gone[0].textContent.includes(s), s);
+    assert.equal(findAll($('instances'), (e) => e.tagName === 'B').length, 0);
+    assert.ok($('instances').textContent.includes('Recently deleted (1)'));
 
     const rows = byClass($('models'), 'model');
     assert.equal(rows.length, 2);

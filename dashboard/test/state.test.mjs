@@ -2,7 +2,9 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 
 import {
+  buildDeletedInstancesView,
   buildInstancesView,
+  formatAgo,
   buildModelsView,
   buildNodesView,
   chatModelOptions,
@@ -373,4 +375,34 @@ test('buildModelsView: fields, sizes, instances, fit, sorting', () => {
   // a plain array also works; no memory known -> everything fits
   assert.equal(buildModelsView(MODELS.data, [], [])[0].fits, true);
   assert.deepEqual(buildModelsView(null, [], []), []);
+});
+
+test('buildDeletedInstancesView: newest first, with the reason and time; older records without them', () => {
+  const st = {
+    deletedInstances: {
+      'i-old': { instanceId: 'i-old', modelId: 'org/a', reason: null, deletedAt: null },
+      'i-user': { instanceId: 'i-user', modelId: 'org/b', reason: 'deleted by user', deletedAt: '2026-01-01T00:00:00.000Z' },
+      'i-node': { instanceId: 'i-node', modelId: 'org/c', reason: 'node 9b1f left the cluster', deletedAt: '2026-01-01T00:01:00.500Z' },
+      junk: 7,
+    },
+  };
+  assert.deepEqual(buildDeletedInstancesView(st), [
+    { id: 'i-node', modelId: 'org/c', reason: 'node 9b1f left the cluster', when: Date.UTC(2026, 0, 1, 0, 1, 0, 500) },
+    { id: 'i-user', modelId: 'org/b', reason: 'deleted by user', when: Date.UTC(2026, 0, 1) },
+    { id: 'i-old', modelId: 'org/a', reason: null, when: null },
+  ]);
+  // a daemon that does not report them, or no State at all
+  assert.deepEqual(buildDeletedInstancesView({ instances: {} }), []);
+  assert.deepEqual(buildDeletedInstancesView(null), []);
+});
+
+test('formatAgo', () => {
+  const now = Date.UTC(2026, 0, 2);
+  assert.equal(formatAgo(now - 1000, now), 'just now');
+  assert.equal(formatAgo(now - 42000, now), '42 s ago');
+  assert.equal(formatAgo(now - 5 * 60000, now), '5 min ago');
+  assert.equal(formatAgo(now - 3 * 3600000, now), '3 h ago');
+  assert.equal(formatAgo(now - 2 * 86400000, now), '2 d ago');
+  assert.equal(formatAgo(now + 5000, now), 'just now', 'a clock ahead of ours');
+  assert.equal(formatAgo(null, now), '');
 });

@@ -25,8 +25,8 @@ typedef enum exo_api_family {
     EXO_API_BENCH_CHAT,      /* /bench/chat/completions */
     EXO_API_CLAUDE,          /* /v1/messages */
     EXO_API_RESPONSES,       /* /v1/responses */
-    EXO_API_OLLAMA_CHAT,     /* /ollama/api/chat (+ aliases) */
-    EXO_API_OLLAMA_GENERATE, /* /ollama/api/generate */
+    EXO_API_OLLAMA_CHAT,     /* /ollama/api/chat (+ aliases), /api/chat */
+    EXO_API_OLLAMA_GENERATE, /* /ollama/api/generate, /api/generate */
 } exo_api_family;
 
 /* The generation endpoints (POST) and their families, exo's aliases
@@ -41,6 +41,9 @@ extern const int           exo_api_n_generation_routes;
 
 /* Parses and validates a request body. On failure returns a negative EXO_E*
  * code, sets err, and stores the HTTP status to answer with (400, 413). */
+/* The HTTP status for a body that exo_ju_parse_body refused: 413 for a tree
+ * over the per-request cap, 503 when request memory is short, else 400. */
+int exo_api_status_for_parse(int rc);
 int exo_api_parse_request(exo_api_family f, const char *body, size_t len, exo_gen_request *out,
                           int *http_status, exo_err *err);
 

@@ -38,6 +38,16 @@ static void strip_anthropic_headers(exo_sbuf *s)
 
 static int read_system(const json_t *sys, exo_gen_request *r, exo_err *err)
 {
+    /* Anthropic's shape: a string or a list of text blocks */
+    if (sys && !json_is_null(sys) && !json_is_string(sys) && !json_is_array(sys))
+        return exo_err_set(err, EXO_EINVAL, "system: Input should be a valid string or a list of text blocks");
+    size_t i;
+    json_t *b;
+    json_array_foreach(json_is_array(sys) ? sys : NULL, i, b) {
+        const char *type = NULL;
+        if (!json_is_object(b) || exo_ju_str(b, "type", &type, true, NULL) || strcmp(type, "text"))
+            return exo_err_set(err, EXO_EINVAL, "system[%zu]: only text blocks are allowed", i);
+    }
     exo_sbuf text;
     exo_sbuf_init(&text);
     int rc = exo_api_content_text(sys, "system", &text, err);
@@ -221,6 +231,8 @@ int exo_claude_parse(const json_t *j, exo_gen_request *r, exo_err *err)
     json_t *msgs;
     if ((rc = exo_ju_array(j, "messages", &msgs, true, err)))
         return rc;
+    if (json_array_size(msgs) == 0)
+        return exo_err_set(err, EXO_EINVAL, "messages: at least one message is required");
     if (json_array_size(msgs) > EXO_GEN_MAX_MESSAGES)
         return exo_err_set(err, EXO_ERANGE, "too many messages");
     r->messages = json_array();
@@ -233,8 +245,12 @@ int exo_claude_parse(const json_t *j, exo_gen_request *r, exo_err *err)
             return rc;
     }
     exo_sampler_params *sp = &r->sampling;
-    if ((rc = exo_api_read_float(j, "temperature", &sp->temperature, EXO_GEN_HAS_TEMPERATURE, r, err)) ||
-        (rc = exo_api_read_float(j, "top_p", &sp->top_p, EXO_GEN_HAS_TOP_P, r, err)) ||
+    /* Anthropic's ranges: temperature and top_p 0..1, top_k >= 0 */
+    json_t *stops = exo_ju_get(j, "stop_sequences");
+    if (stops && !json_is_array(stops))
+        return exo_err_set(err, EXO_EINVAL, "stop_sequences: Input should be a valid list");
+    if ((rc = exo_api_read_float_in(j, "temperature", 0, 1, &sp->temperature, EXO_GEN_HAS_TEMPERATURE, r, err)) ||
+        (rc = exo_api_read_float_in(j, "top_p", 0, 1, &sp->top_p, EXO_GEN_HAS_TOP_P, r, err)) ||
         (rc = exo_api_read_intf(j, "top_k", &sp->top_k, EXO_GEN_HAS_TOP_K, r, err)) ||
         (rc = exo_api_read_stop(j, "stop_sequences", r, err)) ||
         (rc = exo_ju_bool(j, "stream", &r->stream, NULL, err)) ||

@@ -21,6 +21,10 @@ const exo_api_route exo_api_generation_routes[] = {
     {"/ollama/api/api/chat", EXO_API_OLLAMA_CHAT},
     {"/ollama/api/v1/chat", EXO_API_OLLAMA_CHAT},
     {"/ollama/api/generate", EXO_API_OLLAMA_GENERATE},
+    /* Ollama's own paths, so a client pointed at the daemon as its Ollama
+     * host works unmodified */
+    {"/api/chat", EXO_API_OLLAMA_CHAT},
+    {"/api/generate", EXO_API_OLLAMA_GENERATE},
 };
 const int exo_api_n_generation_routes =
     (int)(sizeof exo_api_generation_routes / sizeof *exo_api_generation_routes);
@@ -38,6 +42,11 @@ static const exo_api_encoder_vt *vt_of(exo_api_family f)
     return &exo_openai_chat_vt;
 }
 
+int exo_api_status_for_parse(int rc)
+{
+    return rc == EXO_ETOOBIG ? 413 : rc == EXO_EBUSY ? 503 : 400;
+}
+
 int exo_api_parse_request(exo_api_family f, const char *body, size_t len, exo_gen_request *out,
                           int *http_status, exo_err *err)
 {
@@ -45,8 +54,10 @@ int exo_api_parse_request(exo_api_family f, const char *body, size_t len, exo_ge
     exo_gen_request_init(out);
     *http_status = 400;
     int rc = exo_ju_parse_body(body, len, &j, err);
-    if (rc)
+    if (rc) {
+        *http_status = exo_api_status_for_parse(rc);
         return rc;
+    }
     switch (f) {
     case EXO_API_OPENAI_CHAT: rc = exo_openai_chat_parse(j, false, out, err); break;
     case EXO_API_BENCH_CHAT: rc = exo_openai_chat_parse(j, true, out, err); break;
@@ -239,13 +250,15 @@ void exo_api_write_usage(exo_sbuf *b, const exo_usage *u)
 
 void exo_api_write_logprob(exo_sbuf *b, const exo_chunk *c)
 {
-    size_t n = strlen(c->text);
+    /* the token's own text, as its top_logprobs alternatives are written */
+    const char *tok = c->token_text ? c->token_text : c->text;
+    size_t n = strlen(tok);
     exo_sbuf_puts(b, "{\"token\":");
-    exo_sbuf_json_strn(b, c->text, n);
+    exo_sbuf_json_strn(b, tok, n);
     exo_sbuf_puts(b, ",\"logprob\":");
     exo_sbuf_json_num(b, c->logprob);
     exo_sbuf_puts(b, ",\"bytes\":");
-    exo_sbuf_json_bytes(b, c->text, n);
+    exo_sbuf_json_bytes(b, tok, n);
     exo_sbuf_puts(b, ",\"top_logprobs\":[");
     for (int i = 0; i < c->n_top; i++) {
         const char *t = c->top[i].token ? c->top[i].token : "";
@@ -282,10 +295,10 @@ json_t *exo_api_args_value(const char *arguments)
 
 void exo_api_write_json(exo_sbuf *b, const json_t *j)
 {
-    char *s = json_dumps(j, JSON_COMPACT | JSON_ENCODE_ANY);
+    char *s = exo_json_dumps(j, JSON_COMPACT | JSON_ENCODE_ANY);
     if (s) {
         exo_sbuf_puts(b, s);
-        free(s);
+        exo_free(s);
     } else {
         exo_sbuf_puts(b, "null");
     }
@@ -344,6 +357,22 @@ int exo_api_read_float(const json_t *obj, const char *key, float *dst, uint32_t 
         return rc;
     if (d > 1e9 || d < -1e9)
         return exo_err_set(err, EXO_ERANGE, "'%s' is out of range", key);
+    *dst = (float)d;
+    r->has |= bit;
+    return 0;
+}
+
+int exo_api_read_float_in(const json_t *obj, const char *key, double lo, double hi, float *dst,
+                          uint32_t bit, exo_gen_request *r, exo_err *err)
+{
+    double d;
+    bool present = false;
+    int rc = exo_ju_num(obj, key, &d, &present, err);
+    if (rc || !present)
+        return rc;
+    if (!(d >= lo && d <= hi))
+        return exo_err_set(err, EXO_ERANGE, "Invalid '%s': expected a value between %g and %g, got %g", key,
+                           lo, hi, d);
     *dst = (float)d;
     r->has |= bit;
     return 0;

@@ -68,6 +68,10 @@ int exo_api_content_text(const json_t *content, const char *where, exo_sbuf *out
 /* Common sampling fields: reads a number into a float field and sets the bit. */
 int exo_api_read_float(const json_t *obj, const char *key, float *dst, uint32_t bit,
                        exo_gen_request *r, exo_err *err);
+/* The same within [lo, hi], the range the real API accepts (OpenAI's
+ * temperature 0..2, Claude's 0..1, ...): outside it a 400 naming both. */
+int exo_api_read_float_in(const json_t *obj, const char *key, double lo, double hi, float *dst,
+                          uint32_t bit, exo_gen_request *r, exo_err *err);
 int exo_api_read_intf(const json_t *obj, const char *key, int *dst, uint32_t bit,
                       exo_gen_request *r, exo_err *err);
 /* "stop": string or array of strings. */

@@ -77,7 +77,8 @@ exo_api_family exo_api_family_for_path(const char *path)
         return EXO_API_CLAUDE;
     if (!strncmp(path, "/v1/responses", 13))
         return EXO_API_RESPONSES;
-    if (!strncmp(path, "/ollama/api/", 12) || !strcmp(path, "/ollama/api") || !strcmp(path, "/ollama/"))
+    if (!strncmp(path, "/ollama/api/", 12) || !strcmp(path, "/ollama/api") || !strcmp(path, "/ollama/") ||
+        !strncmp(path, "/api/", 5))
         return strstr(path, "generate") ? EXO_API_OLLAMA_GENERATE : EXO_API_OLLAMA_CHAT;
     if (!strncmp(path, "/bench/", 7))
         return EXO_API_BENCH_CHAT;

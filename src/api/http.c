@@ -10,15 +10,34 @@
  * false under the mutex, and only they, calls MHD_resume_connection (outside
  * the mutex), so a connection is resumed exactly once per suspension.
  * MHD_suspend_connection is called only on MHD threads (the access handler
- * and the content reader), as MHD requires. */
+ * and the content reader), as MHD requires.
+ *
+ * Deadlines. MHD's own timeout only measures inactivity, which a client
+ * trickling a byte every few seconds never shows. So every connection is
+ * tracked (MHD's connection notifications) with the time by which its next
+ * step must be done: headers (or, on a kept-alive connection, the next
+ * request) within header_timeout_s, then the body within body_timeout_s.
+ * The watcher thread shuts down the socket of a connection past its
+ * deadline, and MHD closes it as a peer hang-up. A tracker is unlinked,
+ * under the server mutex, before MHD closes its socket, so the watcher never
+ * shuts down a descriptor that has been reused.
+ *
+ * Memory. Bodies are charged to the server's budget when their length is
+ * known (before a byte of them is read) or as they arrive (chunked), and per
+ * client-address bucket, so one address cannot take more than its share;
+ * the handler's thread charges its JSON parse to the same budget. A body is
+ * freed, and paid back, as soon as its handler returns. */
 #include "api/http.h"
 
 #include "core/sbuf.h"
 #include "core/alloc.h"
+#include "core/budget.h"
 #include "core/clock.h"
+#include "core/json_util.h"
 #include "core/log.h"
 
 #include <arpa/inet.h>
+#include <ctype.h>
 #include <errno.h>
 #include <microhttpd.h>
 #include <netinet/in.h>
@@ -31,6 +50,20 @@
 #include <time.h>
 
 #define MAX_PARAMS 8
+#define CLIENT_BUCKETS 1024 /* client addresses hash into these for their memory share */
+/* Bodies over this are "large" and may fill only 3/4 of the budget, so a
+ * flood of large bodies from many addresses leaves room for ordinary
+ * requests (a chat request is a few KiB). */
+#define SMALL_BODY ((size_t)64 << 10)
+#define RETRY_AFTER_S "2"
+
+/* One per open connection (see "Deadlines" above). */
+typedef struct conn_track {
+    struct conn_track *prev, *next;
+    int      fd;
+    unsigned client;   /* bucket of the peer address */
+    double   deadline; /* 0: none (a handler or a stream has it) */
+} conn_track;
 
 typedef struct route {
     char *method;
@@ -51,6 +84,12 @@ struct exo_http_server {
     pthread_t         watcher;
     bool              watcher_running;
     pthread_cond_t    wake;
+    /* hostile clients (guarded by mtx, but for the budget) */
+    exo_budget        memory;
+    size_t            client_share;
+    size_t            client_bytes[CLIENT_BUCKETS];
+    conn_track       *tracked;
+    exo_http_stats    stats;
 };
 
 struct exo_http_stream {
@@ -78,10 +117,15 @@ struct exo_http_stream {
 struct exo_http_request {
     exo_http_server       *srv;
     struct MHD_Connection *conn;
+    conn_track            *track;
     const char            *method;
     char                  *path;
     exo_sbuf               body;
-    bool                   too_big, handled;
+    size_t                 charged; /* body bytes charged to the budget */
+    bool                   handled;
+    bool                   answered_early; /* refused before the body (see admit) */
+    int                    refusal;        /* answered once the body is drained */
+    char                   refusal_msg[128];
     int                    n_params;
     char                  *pnames[MAX_PARAMS], *pvals[MAX_PARAMS];
     /* immediate response */
@@ -152,6 +196,8 @@ static enum MHD_Result queue_buffer(struct MHD_Connection *c, int status, const 
     if (ctype)
         MHD_add_response_header(r, "Content-Type", ctype);
     add_cors(r);
+    if (status == 503) /* every 503 here is a momentary shortage */
+        MHD_add_response_header(r, "Retry-After", RETRY_AFTER_S);
     enum MHD_Result ret = MHD_queue_response(c, (unsigned)status, r);
     MHD_destroy_response(r);
     return ret;
@@ -175,6 +221,353 @@ static enum MHD_Result queue_error(exo_http_server *srv, struct MHD_Connection *
     enum MHD_Result r = queue_buffer(c, status, "application/json", body, strlen(body));
     exo_free(body);
     return r;
+}
+
+/* ---- hostile clients: tracking, budgets, framing, access ------------------------ */
+
+static unsigned client_bucket(struct MHD_Connection *c)
+{
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+    const unsigned char *p = NULL;
+    size_t n = 0;
+    if (ci && ci->client_addr && ci->client_addr->sa_family == AF_INET) {
+        p = (const unsigned char *)&((const struct sockaddr_in *)ci->client_addr)->sin_addr;
+        n = 4;
+    } else if (ci && ci->client_addr && ci->client_addr->sa_family == AF_INET6) {
+        p = (const unsigned char *)&((const struct sockaddr_in6 *)ci->client_addr)->sin6_addr;
+        n = 16;
+    }
+    uint32_t h = 2166136261u; /* FNV-1a */
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ p[i]) * 16777619u;
+    return h % CLIENT_BUCKETS;
+}
+
+static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
+                          enum MHD_ConnectionNotificationCode code)
+{
+    exo_http_server *srv = cls;
+    if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+        conn_track *t = exo_calloc(1, sizeof *t);
+        t->fd = conn_fd(c);
+        t->client = client_bucket(c);
+        t->deadline = exo_clock_seconds() + srv->cfg.header_timeout_s;
+        pthread_mutex_lock(&srv->mtx);
+        t->next = srv->tracked;
+        if (srv->tracked)
+            srv->tracked->prev = t;
+        srv->tracked = t;
+        srv->stats.connections++;
+        pthread_mutex_unlock(&srv->mtx);
+        *socket_context = t;
+        return;
+    }
+    conn_track *t = *socket_context;
+    if (!t)
+        return;
+    pthread_mutex_lock(&srv->mtx);
+    if (t->prev)
+        t->prev->next = t->next;
+    else
+        srv->tracked = t->next;
+    if (t->next)
+        t->next->prev = t->prev;
+    srv->stats.connections--;
+    pthread_mutex_unlock(&srv->mtx);
+    exo_free(t);
+    *socket_context = NULL;
+}
+
+static conn_track *track_of(struct MHD_Connection *c)
+{
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return ci ? ci->socket_context : NULL;
+}
+
+/* The connection's next step must be done within after_s (0: no deadline). */
+static void set_deadline(exo_http_server *srv, conn_track *t, double after_s)
+{
+    if (!t)
+        return;
+    pthread_mutex_lock(&srv->mtx);
+    t->deadline = after_s > 0 ? exo_clock_seconds() + after_s : 0;
+    pthread_mutex_unlock(&srv->mtx);
+}
+
+static void count_stat(exo_http_server *srv, unsigned long *counter)
+{
+    pthread_mutex_lock(&srv->mtx);
+    (*counter)++;
+    pthread_mutex_unlock(&srv->mtx);
+}
+
+/* Charges n more body bytes to the budget and the client's share. */
+static bool charge_body(exo_http_server *srv, exo_http_request *req, size_t n)
+{
+    unsigned b = req->track ? req->track->client : 0;
+    size_t ceiling = req->charged + n > SMALL_BODY ? srv->memory.limit / 4 * 3 : srv->memory.limit;
+    pthread_mutex_lock(&srv->mtx);
+    bool ok = srv->client_bytes[b] + n <= srv->client_share && exo_budget_charge_upto(&srv->memory, n, ceiling);
+    if (ok)
+        srv->client_bytes[b] += n;
+    else
+        srv->stats.refused_memory++;
+    pthread_mutex_unlock(&srv->mtx);
+    if (ok)
+        req->charged += n;
+    return ok;
+}
+
+static void release_body(exo_http_server *srv, exo_http_request *req)
+{
+    exo_sbuf_free(&req->body);
+    if (!req->charged)
+        return;
+    unsigned b = req->track ? req->track->client : 0;
+    pthread_mutex_lock(&srv->mtx);
+    srv->client_bytes[b] -= req->charged;
+    pthread_mutex_unlock(&srv->mtx);
+    exo_budget_release(&srv->memory, req->charged);
+    req->charged = 0;
+}
+
+/* An answer before the body is read: the connection closes after it, so
+ * the unread body can never be taken for the next request. */
+static enum MHD_Result refuse(exo_http_server *srv, exo_http_request *req, int status, const char *msg,
+                              const char *extra_header, const char *extra_value)
+{
+    req->answered_early = true;
+    char *body = srv->cfg.error_body(req->path, status, msg);
+    struct MHD_Response *r = MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_COPY);
+    exo_free(body);
+    if (!r)
+        return MHD_NO;
+    MHD_add_response_header(r, "Content-Type", "application/json");
+    MHD_add_response_header(r, "Connection", "close");
+    add_cors(r);
+    if (status == 503)
+        MHD_add_response_header(r, "Retry-After", RETRY_AFTER_S);
+    if (extra_header)
+        MHD_add_response_header(r, extra_header, extra_value);
+    enum MHD_Result ret = MHD_queue_response(req->conn, (unsigned)status, r);
+    MHD_destroy_response(r);
+    return ret;
+}
+
+typedef struct framing {
+    int         content_lengths, transfer_encodings, hosts, bad_names;
+    const char *content_length, *transfer_encoding;
+    bool        lengths_differ;
+} framing;
+
+static enum MHD_Result note_framing_header(void *cls, enum MHD_ValueKind kind, const char *key,
+                                           const char *value)
+{
+    framing *f = cls;
+    (void)kind;
+    if (strpbrk(key, " \t")) /* "Name :" (RFC 9112 5.1): a proxy may read another name */
+        f->bad_names++;
+    if (!strcasecmp(key, "Content-Length")) {
+        if (f->content_lengths++ && strcmp(f->content_length, value ? value : ""))
+            f->lengths_differ = true;
+        f->content_length = value ? value : "";
+    } else if (!strcasecmp(key, "Transfer-Encoding")) {
+        f->transfer_encodings++;
+        f->transfer_encoding = value ? value : "";
+    } else if (!strcasecmp(key, "Host")) {
+        f->hosts++;
+    }
+    return MHD_YES;
+}
+
+/* RFC 9112 section 6: a body's length must be unambiguous, or two parsers
+ * (a proxy in front of us, and us) could split the byte stream into
+ * different requests. Returns 0, or the status to refuse with (*why set);
+ * *body_len is the declared length (0 when none), *chunked for chunked. */
+static int check_framing(struct MHD_Connection *c, const char *version, uint64_t *body_len,
+                         bool *chunked, const char **why)
+{
+    framing f = {0};
+    MHD_get_connection_values(c, MHD_HEADER_KIND, note_framing_header, &f);
+    *body_len = 0;
+    *chunked = false;
+    bool http11 = version && !strcmp(version, "HTTP/1.1");
+    if (f.bad_names)
+        return *why = "whitespace in a header name", 400;
+    if (http11 && f.hosts != 1)
+        return *why = f.hosts ? "more than one Host header" : "an HTTP/1.1 request needs a Host header", 400;
+    if (f.transfer_encodings) {
+        if (f.content_lengths)
+            return *why = "a request may not have both Content-Length and Transfer-Encoding", 400;
+        if (!http11)
+            return *why = "Transfer-Encoding needs HTTP/1.1", 400;
+        if (f.transfer_encodings > 1 || strcasecmp(f.transfer_encoding, "chunked"))
+            return *why = "the only transfer coding accepted is 'chunked'", 501;
+        *chunked = true;
+        return 0;
+    }
+    if (!f.content_lengths)
+        return 0;
+    if (f.content_lengths > 1)
+        return *why = f.lengths_differ ? "conflicting Content-Length headers" : "duplicate Content-Length headers",
+               400;
+    const char *v = f.content_length;
+    size_t n = strlen(v);
+    if (!n || n > 18 || strspn(v, "0123456789") != n)
+        return *why = "Content-Length must be a decimal number", 400;
+    *body_len = strtoull(v, NULL, 10);
+    return 0;
+}
+
+/* Length-independent comparison, so response timing says nothing of the key. */
+static bool same_secret(const char *given, size_t given_len, const char *key)
+{
+    size_t n = strlen(key);
+    unsigned char d = given_len != n;
+    for (size_t i = 0; i < n; i++)
+        d |= (unsigned char)((i < given_len ? given[i] : 0) ^ key[i]);
+    return d == 0;
+}
+
+static bool authorized(exo_http_server *srv, struct MHD_Connection *c)
+{
+    const char *key = srv->cfg.api_key;
+    if (!key || !*key)
+        return true;
+    const char *v = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
+    if (v && !strncasecmp(v, "Bearer ", 7) && same_secret(v + 7, strlen(v + 7), key))
+        return true;
+    v = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "x-api-key");
+    if (v && same_secret(v, strlen(v), key))
+        return true;
+    v = MHD_lookup_connection_value(c, MHD_COOKIE_KIND, "exo_api_key");
+    if (v) {
+        char *plain = exo_strdup(v); /* the dashboard's prompt URI-encodes it */
+        size_t n = MHD_http_unescape(plain);
+        bool ok = same_secret(plain, n, key);
+        exo_free(plain);
+        return ok;
+    }
+    return false;
+}
+
+/* What a browser gets instead of the dashboard without the key: a prompt
+ * that keeps the key in a same-site cookie, which the dashboard's own
+ * requests then carry. */
+static const char login_page[] =
+    "<!doctype html><html><head><meta charset=\"utf-8\"><title>exo: API key</title>"
+    "<style>body{font-family:system-ui,sans-serif;background:#111;color:#eee;display:flex;"
+    "justify-content:center;margin-top:20vh}input,button{font-size:1rem;padding:.4rem}</style></head>"
+    "<body><form id=\"f\"><p>This exo node needs its API key.</p>"
+    "<input id=\"k\" type=\"password\" autocomplete=\"current-password\" autofocus> "
+    "<button>Open</button></form><script>"
+    "document.getElementById('f').onsubmit=function(e){e.preventDefault();"
+    "document.cookie='exo_api_key='+encodeURIComponent(document.getElementById('k').value)"
+    "+';path=/;SameSite=Strict';location.reload();};</script></body></html>";
+
+static const char need_key[] = "a valid API key is required (Authorization: Bearer <key> or x-api-key)";
+static const char short_of_memory[] = "the server is short of request memory; retry shortly";
+
+static bool expects_continue(struct MHD_Connection *c)
+{
+    const char *v = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Expect");
+    return v && !strcasecmp(v, "100-continue");
+}
+
+/* A refusal of a request whose framing is sound. A client that is sending
+ * its body (without Expect: 100-continue) would see its connection reset,
+ * and likely not our answer, if we closed it under the upload: so the body
+ * is read and dropped (no memory, within the body deadline) and the answer
+ * goes out after it, as nginx's lingering close does. */
+static void defer_refusal(exo_http_server *srv, exo_http_request *req, int status, const char *msg)
+{
+    req->refusal = status;
+    snprintf(req->refusal_msg, sizeof req->refusal_msg, "%s", msg);
+    release_body(srv, req);
+}
+
+static enum MHD_Result refuse_after_body(exo_http_server *srv, exo_http_request *req, bool has_body, int status,
+                                         const char *msg)
+{
+    if (!has_body || expects_continue(req->conn))
+        return refuse(srv, req, status, msg, status == 401 ? "WWW-Authenticate" : NULL, "Bearer");
+    defer_refusal(srv, req, status, msg);
+    set_deadline(srv, req->track, srv->cfg.body_timeout_s);
+    return MHD_YES;
+}
+
+static enum MHD_Result refuse_unauthorized(exo_http_server *srv, exo_http_request *req, bool has_body)
+{
+    count_stat(srv, &srv->stats.unauthorized);
+    bool page = !strcmp(req->method, "GET") && (!strcmp(req->path, "/") || !strncmp(req->path, "/dashboard/", 11));
+    if (!page)
+        return refuse_after_body(srv, req, has_body, 401, need_key);
+    req->answered_early = true;
+    struct MHD_Response *r =
+        MHD_create_response_from_buffer(sizeof login_page - 1, (void *)login_page, MHD_RESPMEM_PERSISTENT);
+    if (!r)
+        return MHD_NO;
+    MHD_add_response_header(r, "Content-Type", "text/html; charset=utf-8");
+    MHD_add_response_header(r, "Connection", "close");
+    MHD_add_response_header(r, "WWW-Authenticate", "Bearer");
+    enum MHD_Result ret = MHD_queue_response(req->conn, 401, r);
+    MHD_destroy_response(r);
+    return ret;
+}
+
+/* The first call for a request (its headers are in): everything that can be
+ * refused is refused here, before a byte of the body is read or held. */
+static enum MHD_Result admit(exo_http_server *srv, exo_http_request *req, const char *version)
+{
+    uint64_t len;
+    bool chunked;
+    const char *why = NULL;
+    int status = check_framing(req->conn, version, &len, &chunked, &why);
+    if (status) {
+        count_stat(srv, &srv->stats.rejected_framing);
+        return refuse(srv, req, status, why, NULL, NULL);
+    }
+    bool has_body = len || chunked;
+    if (strcmp(req->method, "OPTIONS") && !authorized(srv, req->conn))
+        return refuse_unauthorized(srv, req, has_body);
+    if (len > srv->cfg.max_body) {
+        char msg[96];
+        snprintf(msg, sizeof msg, "request body exceeds %zu bytes", srv->cfg.max_body);
+        return refuse_after_body(srv, req, true, 413, msg);
+    }
+    if (len) {
+        if (!charge_body(srv, req, (size_t)len + 1))
+            return refuse_after_body(srv, req, true, 503, short_of_memory);
+        exo_sbuf_reserve(&req->body, (size_t)len);
+    }
+    set_deadline(srv, req->track, len || chunked ? srv->cfg.body_timeout_s : 0);
+    return MHD_YES;
+}
+
+/* Appends upload bytes, charging a chunked body as it grows (doubling, so
+ * the charges stay few). */
+static void take_upload(exo_http_server *srv, exo_http_request *req, const char *data, size_t n)
+{
+    if (req->answered_early || req->refusal)
+        return; /* drained */
+    if (req->body.len + n > srv->cfg.max_body) {
+        char msg[96];
+        snprintf(msg, sizeof msg, "request body exceeds %zu bytes", srv->cfg.max_body);
+        defer_refusal(srv, req, 413, msg);
+        return;
+    }
+    size_t need = req->body.len + n + 1;
+    if (need > req->charged) {
+        size_t want = req->charged * 2 > need ? req->charged * 2 : need;
+        if (want > srv->cfg.max_body + 1)
+            want = srv->cfg.max_body + 1;
+        if (!charge_body(srv, req, want - req->charged)) {
+            defer_refusal(srv, req, 503, short_of_memory);
+            return;
+        }
+        exo_sbuf_reserve(&req->body, req->charged - 1);
+    }
+    exo_sbuf_append(&req->body, data, n);
 }
 
 /* ---- content reader ----------------------------------------------------------- */
@@ -263,6 +656,8 @@ static enum MHD_Result queue_stream(exo_http_stream *s, struct MHD_Connection *c
     MHD_add_response_header(r, "Content-Type", ctype);
     exo_free(ctype);
     add_cors(r);
+    if (status == 503)
+        MHD_add_response_header(r, "Retry-After", RETRY_AFTER_S);
     if (sse) {
         MHD_add_response_header(r, "Cache-Control", "no-cache");
         MHD_add_response_header(r, "X-Accel-Buffering", "no");
@@ -325,11 +720,6 @@ static enum MHD_Result handle_final(exo_http_server *srv, exo_http_request *req)
 {
     struct MHD_Connection *c = req->conn;
     const char *m = req->method;
-    if (req->too_big) {
-        char msg[96];
-        snprintf(msg, sizeof msg, "request body exceeds %zu bytes", srv->cfg.max_body);
-        return queue_error(srv, c, req->path, 413, msg);
-    }
     if (!strcmp(m, "OPTIONS")) {
         struct MHD_Response *r = MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
         add_cors(r);
@@ -389,24 +779,15 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         req = exo_calloc(1, sizeof *req);
         req->srv = srv;
         req->conn = conn;
+        req->track = track_of(conn);
         req->method = method;
         req->path = exo_strdup(url);
         exo_sbuf_init(&req->body);
-        const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Content-Length");
-        if (cl && strtoull(cl, NULL, 10) > srv->cfg.max_body)
-            req->too_big = true;
         *con_cls = req;
-        return MHD_YES;
+        return admit(srv, req, version);
     }
     if (*upload_size) {
-        if (!req->too_big) {
-            if (req->body.len + *upload_size > srv->cfg.max_body) {
-                req->too_big = true;
-                exo_sbuf_free(&req->body);
-            } else {
-                exo_sbuf_append(&req->body, upload, *upload_size);
-            }
-        }
+        take_upload(srv, req, upload, *upload_size);
         *upload_size = 0;
         return MHD_YES;
     }
@@ -429,9 +810,22 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     }
     if (req->handled)
         return MHD_YES;
+    set_deadline(srv, req->track, 0); /* the handler or its stream has it now */
+    if (req->answered_early)
+        return MHD_YES;
+    if (req->refusal)
+        return refuse(srv, req, req->refusal, req->refusal_msg, req->refusal == 401 ? "WWW-Authenticate" : NULL,
+                       "Bearer");
     if (!req->body.data)
         exo_sbuf_append(&req->body, "", 0);
-    return handle_final(srv, req);
+    /* A tree may cost up to 8x its text (+4 MiB, ample for any ordinary
+     * request); jansson needs ~18x for a body of tiny values. */
+    size_t tree_cap = req->body.len < (SIZE_MAX - (4u << 20)) / 8 ? req->body.len * 8 + (4u << 20) : SIZE_MAX;
+    exo_ju_set_parse_budget(&srv->memory, tree_cap < srv->client_share ? tree_cap : srv->client_share);
+    enum MHD_Result ret = handle_final(srv, req);
+    exo_ju_set_parse_budget(NULL, 0);
+    release_body(srv, req); /* handlers copy what they keep */
+    return ret;
 }
 
 static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
@@ -478,9 +872,11 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
         }
         stream_unref(s);
     }
+    /* kept alive: the next request's headers are due within the header timeout */
+    set_deadline(srv, req->track, srv->cfg.header_timeout_s);
     free_params(req);
     exo_free(req->path);
-    exo_sbuf_free(&req->body);
+    release_body(srv, req);
     exo_free(req->ctype);
     exo_free(req->resp);
     exo_free(req);
@@ -507,13 +903,20 @@ static void *watcher_main(void *arg)
         pthread_cond_timedwait(&srv->wake, &srv->mtx, &ts);
         if (srv->stopping)
             break;
+        double now = exo_clock_seconds();
+        for (conn_track *t = srv->tracked; t; t = t->next) {
+            if (t->deadline && now > t->deadline && t->fd >= 0) {
+                shutdown(t->fd, SHUT_RDWR); /* MHD sees a hang-up and closes it */
+                t->deadline = 0;
+                srv->stats.timed_out++;
+            }
+        }
         if ((size_t)srv->n_streams > cap) {
             cap = (size_t)srv->n_streams * 2;
             batch = exo_realloc(batch, sizeof *batch * cap);
             pfd = exo_realloc(pfd, sizeof *pfd * cap);
             ka = exo_realloc(ka, sizeof *ka * cap);
         }
-        double now = exo_clock_seconds();
         size_t n = 0;
         for (exo_http_stream *s = srv->streams; s && n < cap; s = s->next) {
             pthread_mutex_lock(&s->mtx);
@@ -574,6 +977,23 @@ exo_http_server *exo_http_create(const exo_http_config *cfg)
         s->cfg.keepalive_s = 10;
     if (!s->cfg.error_body)
         s->cfg.error_body = default_error;
+    if (s->cfg.header_timeout_s <= 0)
+        s->cfg.header_timeout_s = 20;
+    if (s->cfg.body_timeout_s <= 0)
+        s->cfg.body_timeout_s = 60;
+    if (s->cfg.idle_timeout_s <= 0)
+        s->cfg.idle_timeout_s = 120;
+    if (!s->cfg.max_per_client)
+        s->cfg.max_per_client = 128;
+    if (!s->cfg.memory_budget)
+        s->cfg.memory_budget = (size_t)256 << 20;
+    if (!s->cfg.stream_max_pending)
+        s->cfg.stream_max_pending = (size_t)4 << 20;
+    s->cfg.api_key = s->cfg.api_key && *s->cfg.api_key ? exo_strdup(s->cfg.api_key) : NULL;
+    s->cfg.bind_addr = s->cfg.bind_addr ? exo_strdup(s->cfg.bind_addr) : NULL;
+    exo_budget_init(&s->memory, s->cfg.memory_budget);
+    s->client_share = s->cfg.memory_budget / 4;
+    s->stats.memory_budget = s->cfg.memory_budget;
     pthread_mutex_init(&s->mtx, NULL);
     pthread_cond_init(&s->wake, NULL);
     return s;
@@ -619,8 +1039,11 @@ int exo_http_start(exo_http_server *s, exo_err *err)
                               MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr,
                               MHD_OPTION_THREAD_POOL_SIZE, (unsigned)s->cfg.threads,
                               MHD_OPTION_CONNECTION_LIMIT, s->cfg.max_connections,
-                              MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)300,
+                              MHD_OPTION_PER_IP_CONNECTION_LIMIT, s->cfg.max_per_client,
+                              MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)(s->cfg.idle_timeout_s + 0.5),
+                              MHD_OPTION_STRICT_FOR_CLIENT, (int)1,
                               MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
+                              MHD_OPTION_NOTIFY_CONNECTION, on_connection, s,
                               MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
                               MHD_OPTION_LISTEN_BACKLOG_SIZE, 1024u,
                               MHD_OPTION_END);
@@ -646,6 +1069,15 @@ int exo_http_open_streams(exo_http_server *s)
     int n = s->n_streams;
     pthread_mutex_unlock(&s->mtx);
     return n;
+}
+
+void exo_http_get_stats(exo_http_server *s, exo_http_stats *out)
+{
+    pthread_mutex_lock(&s->mtx);
+    *out = s->stats;
+    pthread_mutex_unlock(&s->mtx);
+    out->memory_used = exo_budget_used(&s->memory);
+    out->memory_peak = exo_budget_peak(&s->memory);
 }
 
 void exo_http_destroy(exo_http_server *s)
@@ -686,6 +1118,8 @@ void exo_http_destroy(exo_http_server *s)
         exo_free(s->routes[i].pattern);
     }
     exo_free(s->routes);
+    exo_free((char *)s->cfg.api_key);
+    exo_free((char *)s->cfg.bind_addr);
     pthread_cond_destroy(&s->wake);
     pthread_mutex_destroy(&s->mtx);
     exo_free(s);
@@ -795,6 +1229,17 @@ int exo_http_stream_write(exo_http_stream *s, const void *data, size_t len)
     pthread_mutex_lock(&s->mtx);
     if (s->gone || s->closed || s->ended) {
         pthread_mutex_unlock(&s->mtx);
+        return EXO_ECANCELED;
+    }
+    if (s->buf.len - s->rpos + len > s->srv->cfg.stream_max_pending) {
+        /* The client stopped reading: drop the stream rather than hold an
+         * answer that grows without end. */
+        s->gone = true;
+        struct MHD_Connection *c = take_resume(s); /* the reader ends it */
+        pthread_mutex_unlock(&s->mtx);
+        if (c)
+            MHD_resume_connection(c);
+        count_stat(s->srv, &s->srv->stats.dropped_streams);
         return EXO_ECANCELED;
     }
     exo_sbuf_append(&s->buf, data, len);

@@ -18,7 +18,16 @@
  * sockets for a peer hang-up. Every write also checks the socket, so a client
  * that disconnects is noticed at the next token at the latest: the stream's
  * close callback reports client_gone = true and the node cancels the
- * generation. CORS is open (`*`) on every response, preflights included. */
+ * generation. CORS is open (`*`) on every response, preflights included.
+ *
+ * Hostile clients. Every connection has a deadline for its headers and then
+ * its body (slowloris), connections per client address are capped, request
+ * framing that two parsers could read differently (Content-Length with
+ * Transfer-Encoding, two lengths, an unknown coding) is refused before any
+ * body is read, and the bytes of request bodies and of their JSON parse
+ * trees (exo_ju_parse_body on the handler's thread) are charged to one
+ * memory budget: a request that does not fit is answered 503 with
+ * Retry-After, and nothing grows past it. */
 #ifndef EXO_API_HTTP_H
 #define EXO_API_HTTP_H
 
@@ -49,7 +58,34 @@ typedef struct exo_http_config {
     unsigned    max_connections; /* 0: 8192 */
     double      keepalive_s;     /* SSE idle keep-alive period; 0: 10 s */
     exo_http_error_fn error_body; /* NULL: {"error":{"message":...}} */
+    /* Budgets against slow or hostile clients (docs/DAEMON.md, "Limits"). */
+    double      header_timeout_s; /* a request's headers, and a keep-alive connection's next
+                                     request, must arrive within this; 0: 20 s */
+    double      body_timeout_s;   /* its body within this once the headers are in; 0: 60 s */
+    double      idle_timeout_s;   /* a connection with no progress at all (a client that stops
+                                     reading its answer) is closed; 0: 120 s */
+    unsigned    max_per_client;   /* connections per client address; 0: 128 */
+    size_t      memory_budget;    /* request bodies + their parse trees held at once, all
+                                     clients together; 0: 256 MiB. One client address may hold
+                                     a quarter of it, bodies over 64 KiB together three
+                                     quarters. Over budget: 503 + Retry-After. */
+    size_t      stream_max_pending; /* bytes a stream may queue for a client that is not
+                                       reading them; over it the stream is dropped; 0: 4 MiB */
+    const char *api_key;          /* NULL or "": every route is open; otherwise every route but
+                                     CORS preflights needs it (Bearer, x-api-key or the cookie
+                                     the dashboard's key prompt sets) */
 } exo_http_config;
+
+/* Counters for /state and the reliability tests. */
+typedef struct exo_http_stats {
+    unsigned connections;        /* open now */
+    size_t   memory_used, memory_peak, memory_budget;
+    unsigned long refused_memory; /* 503s for want of request memory */
+    unsigned long timed_out;      /* connections closed for slow headers or bodies */
+    unsigned long rejected_framing; /* ambiguous or malformed requests refused (400/501) */
+    unsigned long unauthorized;   /* 401s */
+    unsigned long dropped_streams; /* streams dropped for a client not reading */
+} exo_http_stats;
 
 exo_http_server *exo_http_create(const exo_http_config *cfg);
 /* Routes: method "GET", "POST", ... ; pattern "/v1/models/{id}" where {name}
@@ -63,6 +99,7 @@ int  exo_http_port(const exo_http_server *s);
 void exo_http_destroy(exo_http_server *s);
 /* Streams currently open (tests, /state). */
 int  exo_http_open_streams(exo_http_server *s);
+void exo_http_get_stats(exo_http_server *s, exo_http_stats *out);
 
 /* Request accessors, valid during the handler. */
 const char *exo_http_method(const exo_http_request *r);
@@ -84,7 +121,8 @@ exo_http_stream *exo_http_stream_open(exo_http_request *r, exo_http_close_fn on_
 /* Sends the headers. sse adds Cache-Control: no-cache, X-Accel-Buffering: no,
  * an immediate keep-alive comment and the idle keep-alives. */
 int  exo_http_stream_start(exo_http_stream *s, int status, const char *content_type, bool sse);
-/* Queues bytes. EXO_ECANCELED once the client is gone (stop generating). */
+/* Queues bytes. EXO_ECANCELED once the client is gone (stop generating), or
+ * when it has stopped reading and stream_max_pending bytes wait for it. */
 int  exo_http_stream_write(exo_http_stream *s, const void *data, size_t len);
 void exo_http_stream_end(exo_http_stream *s);
 /* start + write + end with a Content-Length body (for non-streaming answers). */

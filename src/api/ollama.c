@@ -336,11 +336,9 @@ static json_t *details(const exo_api_model_info *m)
 
 static char *dump(json_t *j)
 {
-    char *s = json_dumps(j, JSON_COMPACT);
+    char *s = exo_json_dumps(j, JSON_COMPACT);
     json_decref(j);
-    char *r = exo_strdup(s ? s : "{}");
-    free(s);
-    return r;
+    return s ? s : exo_strdup("{}");
 }
 
 static json_t *now_json(void)

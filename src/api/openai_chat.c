@@ -154,14 +154,15 @@ int exo_openai_chat_parse(const json_t *j, bool bench, exo_gen_request *r, exo_e
         r->has |= EXO_GEN_HAS_MAX_TOKENS;
     }
     exo_sampler_params *sp = &r->sampling;
-    if ((rc = exo_api_read_float(j, "temperature", &sp->temperature, EXO_GEN_HAS_TEMPERATURE, r, err)) ||
-        (rc = exo_api_read_float(j, "top_p", &sp->top_p, EXO_GEN_HAS_TOP_P, r, err)) ||
+    /* OpenAI's ranges: temperature 0..2, top_p 0..1, penalties -2..2 */
+    if ((rc = exo_api_read_float_in(j, "temperature", 0, 2, &sp->temperature, EXO_GEN_HAS_TEMPERATURE, r, err)) ||
+        (rc = exo_api_read_float_in(j, "top_p", 0, 1, &sp->top_p, EXO_GEN_HAS_TOP_P, r, err)) ||
         (rc = exo_api_read_intf(j, "top_k", &sp->top_k, EXO_GEN_HAS_TOP_K, r, err)) ||
         (rc = exo_api_read_float(j, "min_p", &sp->min_p, EXO_GEN_HAS_MIN_P, r, err)) ||
         (rc = exo_api_read_float(j, "repetition_penalty", &sp->repetition_penalty, EXO_GEN_HAS_REP_PENALTY, r, err)) ||
         (rc = exo_api_read_intf(j, "repetition_context_size", &sp->repetition_context_size, EXO_GEN_HAS_REP_CONTEXT, r, err)) ||
-        (rc = exo_api_read_float(j, "presence_penalty", &sp->presence_penalty, EXO_GEN_HAS_PRESENCE, r, err)) ||
-        (rc = exo_api_read_float(j, "frequency_penalty", &sp->frequency_penalty, EXO_GEN_HAS_FREQUENCY, r, err)) ||
+        (rc = exo_api_read_float_in(j, "presence_penalty", -2, 2, &sp->presence_penalty, EXO_GEN_HAS_PRESENCE, r, err)) ||
+        (rc = exo_api_read_float_in(j, "frequency_penalty", -2, 2, &sp->frequency_penalty, EXO_GEN_HAS_FREQUENCY, r, err)) ||
         (rc = exo_api_read_seed(j, "seed", r, err)) ||
         (rc = exo_api_read_stop(j, "stop", r, err)) ||
         (rc = exo_ju_bool(j, "stream", &r->stream, NULL, err)) ||
@@ -179,6 +180,9 @@ int exo_openai_chat_parse(const json_t *j, bool bench, exo_gen_request *r, exo_e
     int64_t n = 1;
     if ((rc = exo_ju_int(j, "n", &n, NULL, err)))
         return rc;
+    if (n < 1 || n > 128)
+        return exo_err_set(err, EXO_ERANGE, "Invalid 'n': expected a value between 1 and 128, got %lld",
+                           (long long)n);
     if (n != 1)
         return exo_err_set(err, EXO_EUNSUPPORTED, "only n=1 is supported");
     if ((rc = exo_api_read_openai_tools(exo_ju_get(j, "tools"), r, err)))

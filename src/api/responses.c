@@ -13,7 +13,10 @@
  * summary_text deltas), a message item (content part + output_text deltas,
  * always emitted, empty if no text), one function_call item per tool call,
  * then response.completed (response.incomplete for max_output_tokens,
- * response.failed on error, as the official clients expect). */
+ * response.failed on error, as the official clients expect). A message cut
+ * short (max_output_tokens, or an error while it is open) is done with
+ * status "incomplete"; on error the open items are closed before
+ * response.failed, whose output then lists whole items only. */
 #include "api/encoder_impl.h"
 #include "core/json_util.h"
 #include "core/alloc.h"
@@ -174,7 +177,11 @@ static int read_item(rs_ctx *c, const json_t *it, size_t i)
         add_call(c, id, name, v);
         return 0;
     }
-    return 0; /* item_reference, mcp_list_tools, ...: nothing for the template */
+    /* item_reference, mcp_list_tools, mcp_approval_*: nothing for the template;
+     * any other type is not an input item (the API answers 400 too) */
+    if (!strcmp(type, "item_reference") || !strncmp(type, "mcp_", 4))
+        return 0;
+    return exo_err_set(err, EXO_EINVAL, "%s.type: invalid value '%.32s'", where, type);
 }
 
 static int read_tools(const json_t *tools, exo_gen_request *r, exo_err *err)
@@ -229,6 +236,8 @@ int exo_responses_parse(const json_t *j, exo_gen_request *r, exo_err *err)
     if (json_is_string(input)) {
         json_array_append_new(r->messages, json_pack("{s:s, s:O}", "role", "user", "content", input));
     } else if (json_is_array(input)) {
+        if (json_array_size(input) == 0)
+            return exo_err_set(err, EXO_EINVAL, "'input' must not be empty");
         if (json_array_size(input) > EXO_GEN_MAX_MESSAGES)
             return exo_err_set(err, EXO_ERANGE, "too many input items");
         rs_ctx c = {.msgs = r->messages, .err = err};
@@ -255,8 +264,8 @@ int exo_responses_parse(const json_t *j, exo_gen_request *r, exo_err *err)
         r->has |= EXO_GEN_HAS_MAX_TOKENS;
     }
     exo_sampler_params *sp = &r->sampling;
-    if ((rc = exo_api_read_float(j, "temperature", &sp->temperature, EXO_GEN_HAS_TEMPERATURE, r, err)) ||
-        (rc = exo_api_read_float(j, "top_p", &sp->top_p, EXO_GEN_HAS_TOP_P, r, err)) ||
+    if ((rc = exo_api_read_float_in(j, "temperature", 0, 2, &sp->temperature, EXO_GEN_HAS_TEMPERATURE, r, err)) ||
+        (rc = exo_api_read_float_in(j, "top_p", 0, 1, &sp->top_p, EXO_GEN_HAS_TOP_P, r, err)) ||
         (rc = exo_api_read_intf(j, "top_k", &sp->top_k, EXO_GEN_HAS_TOP_K, r, err)) ||
         (rc = exo_api_read_seed(j, "seed", r, err)) ||
         (rc = exo_api_read_stop(j, "stop", r, err)) ||
@@ -438,7 +447,9 @@ static void open_message(exo_api_encoder *e, exo_sbuf *out)
                     e->msg_index);
 }
 
-static void close_message(exo_api_encoder *e, exo_sbuf *out)
+/* status: "completed", or "incomplete" when the response stopped early
+ * (max_output_tokens, or an error while the message was open) */
+static void close_message(exo_api_encoder *e, exo_sbuf *out, const char *status)
 {
     const char *t = e->text.data ? e->text.data : "";
     ev(e, out, "response.output_text.done");
@@ -454,7 +465,7 @@ static void close_message(exo_api_encoder *e, exo_sbuf *out)
                     e->msg_index);
     exo_sbuf_json_strn(out, t, e->text.len);
     exo_sbuf_puts(out, ",\"annotations\":[]}}\n\n");
-    json_t *item = message_item(e, "completed");
+    json_t *item = message_item(e, status);
     ev(e, out, "response.output_item.done");
     exo_sbuf_printf(out, ",\"output_index\":%d,\"item\":", e->msg_index);
     exo_api_write_json(out, item);
@@ -539,10 +550,10 @@ static void rs_feed(exo_api_encoder *e, const exo_chunk *c, exo_sbuf *out)
     case EXO_CHUNK_PREFILL:
         return;
     case EXO_CHUNK_FINISH: {
+        bool incomplete = c->reason == EXO_FR_LENGTH;
         close_reasoning(e, out);
         open_message(e, out);
-        close_message(e, out);
-        bool incomplete = c->reason == EXO_FR_LENGTH;
+        close_message(e, out, incomplete ? "incomplete" : "completed");
         ev(e, out, incomplete ? "response.incomplete" : "response.completed");
         exo_sbuf_puts(out, ",\"response\":");
         write_response(e, out, incomplete ? "incomplete" : "completed", NULL);
@@ -550,6 +561,12 @@ static void rs_feed(exo_api_encoder *e, const exo_chunk *c, exo_sbuf *out)
         return;
     }
     case EXO_CHUNK_ERROR:
+        /* items still open are closed as incomplete first, so the failed
+         * response's output holds only whole items (never a null the
+         * clients' accumulators would trip over) */
+        close_reasoning(e, out);
+        if (e->msg_index >= 0)
+            close_message(e, out, "incomplete");
         ev(e, out, "response.failed");
         exo_sbuf_puts(out, ",\"response\":");
         write_response(e, out, "failed", c);
@@ -563,7 +580,7 @@ static void rs_body(exo_api_encoder *e, exo_sbuf *out)
     json_array_clear(e->outputs);
     if (e->thinking.len)
         json_array_append_new(e->outputs, reasoning_item(e));
-    json_array_append_new(e->outputs, message_item(e, "completed"));
+    json_array_append_new(e->outputs, message_item(e, e->reason == EXO_FR_LENGTH ? "incomplete" : "completed"));
     size_t i;
     json_t *c;
     json_array_foreach(e->calls, i, c) {

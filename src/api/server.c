@@ -4,9 +4,11 @@
  * own beyond the per-generation glue (struct api_gen). */
 #include "api/server.h"
 
+#include "api/events_reader.h"
 #include "api/gen_response.h"
 #include "cluster/node_info.h"
 #include "cluster/events.h"
+#include "core/json_util.h"
 #include "core/alloc.h"
 #include "download/catalogue.h"
 #include "download/downloader.h"
@@ -21,6 +23,7 @@
 struct exo_api_server {
     exo_node        *node;
     exo_http_server *http;
+    exo_events_reader *events;     /* builds GET /events pages off the HTTP threads */
     char            *dashboard_dir; /* NULL: no dashboard */
 };
 
@@ -28,9 +31,9 @@ struct exo_api_server {
 
 static void respond_json(exo_http_request *r, int status, json_t *j)
 {
-    char *s = json_dumps(j, JSON_COMPACT | JSON_ENCODE_ANY);
-    exo_http_respond(r, status, "application/json", s, strlen(s));
-    free(s);
+    char *s = exo_json_dumps(j, JSON_COMPACT | JSON_ENCODE_ANY);
+    exo_http_respond(r, status, "application/json", s ? s : "null", s ? strlen(s) : 4);
+    exo_free(s);
     json_decref(j);
 }
 
@@ -49,15 +52,11 @@ static json_t *json_body(exo_http_request *r)
 {
     size_t len;
     const char *body = exo_http_body(r, &len);
-    json_error_t jerr;
-    json_t *j = json_loadb(body, len, JSON_REJECT_DUPLICATES, &jerr);
-    if (!json_is_object(j)) {
-        char msg[256];
-        snprintf(msg, sizeof msg, j ? "the body must be a JSON object" : "invalid JSON: %s", jerr.text);
-        json_decref(j);
-        respond_error(r, 400, msg);
-        return NULL;
-    }
+    json_t *j = NULL;
+    exo_err err = {0};
+    int rc = exo_ju_parse_body(body, len, &j, &err);
+    if (rc)
+        respond_error(r, exo_api_status_for_parse(rc), err.msg);
     return j;
 }
 
@@ -140,19 +139,36 @@ static long long query_count(exo_http_request *r, const char *name, long long df
     return x;
 }
 
-static void h_events(exo_http_request *r, void *ud)
+/* GET /events: a JSON array, as before pagination, of at most `limit`
+ * events (default and maximum EXO_EVENTS_PAGE_MAX) from `since` (default:
+ * the oldest kept); the next page starts at since + its length.
+ * GET /events/page: the same page in an object that says where it stands
+ * ({first, since, next, count, more, events}). `since` before the oldest
+ * kept event (compacted into a snapshot) is 410 Gone with
+ * {"error": {..., "first": <where to start>}}. The page is built on the
+ * events reader's thread (api/events_reader.h), not this one. */
+static void events_page(exo_http_request *r, exo_api_server *s, bool wrapped)
 {
-    exo_api_server *s = ud;
-    long long from = query_count(r, "since", 0), limit;
-    if (from < 0 || (limit = query_count(r, "limit", 0)) < 0)
+    long long since = -1, limit;
+    if (exo_http_query(r, "since") && (since = query_count(r, "since", 0)) < 0)
         return;
-    exo_err err = {0};
-    json_t *j = exo_node_events_json(s->node, from, limit, &err);
-    if (!j)
-        respond_error(r, 500, err.msg);
-    else
-        respond_json(r, 200, j);
+    if ((limit = query_count(r, "limit", 0)) < 0)
+        return;
+    exo_http_stream *st = exo_http_stream_open(r, NULL, NULL);
+    if (!st) {
+        respond_error(r, 500, "cannot open a response");
+        return;
+    }
+    if (exo_events_reader_submit(s->events, st, since, limit, wrapped) < 0) {
+        const char *msg = "{\"error\": {\"message\": \"too many GET /events requests at once; retry\", "
+                          "\"type\": \"unavailable\"}}";
+        exo_http_stream_respond(st, 503, "application/json", msg, strlen(msg));
+        exo_http_stream_release(st);
+    }
 }
+
+static void h_events(exo_http_request *r, void *ud) { events_page(r, ud, false); }
+static void h_events_page(exo_http_request *r, void *ud) { events_page(r, ud, true); }
 
 /* ---- instances ------------------------------------------------------------------ */
 
@@ -299,25 +315,39 @@ static void h_create_instance(exo_http_request *r, void *ud)
 typedef struct find_instance {
     exo_id  id;
     json_t *out;
+    json_t *deleted; /* a recently deleted one: why and when */
 } find_instance;
 
 static void grab_instance(void *ctx, const exo_state *st)
 {
     find_instance *f = ctx;
     const exo_instance *inst = exo_state_instance(st, &f->id);
+    const exo_deleted_instance *gone = inst ? NULL : exo_state_deleted_instance(st, &f->id);
     f->out = inst ? exo_instance_to_json(inst) : NULL;
+    f->deleted = gone ? exo_deleted_instance_to_json(gone) : NULL;
 }
 
 static void h_get_instance(exo_http_request *r, void *ud)
 {
     exo_api_server *s = ud;
-    find_instance f = {{{0}}, NULL};
+    find_instance f = {{{0}}, NULL, NULL};
     if (!exo_id_set(&f.id, exo_http_param(r, "id"), NULL))
         exo_node_read_state(s->node, grab_instance, &f);
-    if (f.out)
+    if (f.out) {
         respond_json(r, 200, f.out);
-    else
+    } else if (f.deleted) { /* still 404, saying why it went */
+        const char *model = json_string_value(json_object_get(f.deleted, "modelId"));
+        const char *why = json_string_value(json_object_get(f.deleted, "reason"));
+        const char *when = json_string_value(json_object_get(f.deleted, "deletedAt"));
+        char msg[EXO_DELETE_REASON_MAX + EXO_MODEL_ID_MAX + 256];
+        snprintf(msg, sizeof msg, "Instance %.64s%s%s%s was deleted%s%.40s: %s", f.id.s, model ? " (" : "",
+                 model ? model : "", model ? ")" : "", when ? " at " : "", when ? when : "",
+                 why ? why : "no reason recorded");
+        respond_error(r, 404, msg);
+        json_decref(f.deleted);
+    } else {
         respond_error(r, 404, "Instance not found");
+    }
 }
 
 static void h_delete_instance(exo_http_request *r, void *ud)
@@ -498,6 +528,25 @@ static void h_models(exo_http_request *r, void *ud)
         json_array_append_new(data, cluster_model_json(&l.v[i]));
     model_list_free(&l);
     respond_json(r, 200, json_pack("{s:s, s:o}", "object", "list", "data", data));
+}
+
+/* GET /v1/models/{id}: one model as /v1/models lists it (the openai SDK's
+ * models.retrieve); an unknown id is OpenAI's 404, code model_not_found. */
+static void h_model_get(exo_http_request *r, void *ud)
+{
+    const char *id = exo_http_param(r, "id");
+    model_list l;
+    model_list_load(ud, &l, false);
+    cluster_model *m = id ? model_list_find(&l, id) : NULL;
+    if (m) {
+        respond_json(r, 200, cluster_model_json(m));
+    } else {
+        char msg[EXO_MODEL_ID_MAX + 64];
+        snprintf(msg, sizeof msg, "The model '%.200s' does not exist", id ? id : "");
+        respond_json(r, 404, json_pack("{s:{s:s, s:s, s:s, s:s}}", "error", "message", msg, "type",
+                                       "invalid_request_error", "param", "model", "code", "model_not_found"));
+    }
+    model_list_free(&l);
 }
 
 /* The card of a model on any node's disk, as /models lists it. */
@@ -920,6 +969,7 @@ static const route routes[] = {
     {"GET", "/state", h_state},
     {"GET", "/state/{path:path}", h_state},
     {"GET", "/events", h_events},
+    {"GET", "/events/page", h_events_page},
     {"GET", "/cluster", h_cluster},
     {"POST", "/instance", h_create_instance},
     {"POST", "/place_instance", h_place_instance},
@@ -929,6 +979,7 @@ static const route routes[] = {
     {"DELETE", "/instance/{id}", h_delete_instance},
     {"GET", "/models", h_models},
     {"GET", "/v1/models", h_models},
+    {"GET", "/v1/models/{id:path}", h_model_get},
     {"POST", "/models/add", h_models_add},
     {"DELETE", "/models/custom/{model_id:path}", h_models_custom_delete},
     {"POST", "/download/start", h_download_start},
@@ -942,6 +993,11 @@ static const route routes[] = {
     {"GET", "/ollama/api/version", h_ollama_version},
     {"GET", "/ollama/", h_ollama_version},
     {"POST", "/ollama/api/show", h_ollama_show},
+    /* the same at Ollama's own paths (an Ollama client with the daemon as host) */
+    {"GET", "/api/tags", h_ollama_tags},
+    {"GET", "/api/ps", h_ollama_ps},
+    {"GET", "/api/version", h_ollama_version},
+    {"POST", "/api/show", h_ollama_show},
     {"GET", "/", h_dashboard_index},
     {"GET", "/dashboard/{file:path}", h_dashboard_file},
 };
@@ -958,8 +1014,16 @@ int exo_api_server_start(exo_node *node, const exo_api_server_config *cfg, exo_a
         .port = cfg->port,
         .keepalive_s = cfg->keepalive_s,
         .error_body = exo_api_error_for_path,
+        .header_timeout_s = cfg->header_timeout_s,
+        .body_timeout_s = cfg->body_timeout_s,
+        .idle_timeout_s = cfg->idle_timeout_s,
+        .max_per_client = cfg->max_per_client,
+        .memory_budget = cfg->memory_budget,
+        .stream_max_pending = cfg->stream_max_pending,
+        .api_key = cfg->api_key,
     };
     s->http = exo_http_create(&hc);
+    s->events = exo_events_reader_new(node);
     int rc = 0;
     for (size_t i = 0; i < sizeof routes / sizeof *routes && !rc; i++)
         rc = exo_http_route(s->http, routes[i].method, routes[i].pattern, routes[i].handler, s);
@@ -984,7 +1048,9 @@ void exo_api_server_free(exo_api_server *s)
 {
     if (!s)
         return;
+    exo_events_reader_stop(s->events); /* its streams belong to the HTTP server */
     exo_http_destroy(s->http);
+    exo_events_reader_free(s->events);
     exo_free(s->dashboard_dir);
     exo_free(s);
 }

@@ -32,6 +32,11 @@ typedef struct exo_api_server_config {
     int         port;        /* 0: ephemeral */
     double      keepalive_s; /* 0: 10 s */
     const char *dashboard_dir; /* built dashboard (index.html, ...); NULL: none */
+    const char *api_key;     /* NULL: open; see exo_http_config */
+    /* limits against hostile clients, 0: exo_http_config's defaults */
+    double      header_timeout_s, body_timeout_s, idle_timeout_s;
+    unsigned    max_per_client;
+    size_t      memory_budget, stream_max_pending;
 } exo_api_server_config;
 
 int  exo_api_server_start(exo_node *node, const exo_api_server_config *cfg, exo_api_server **out,

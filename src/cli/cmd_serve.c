@@ -33,6 +33,8 @@ static void usage(FILE *f)
             "usage: exo [serve] [options]\n"
             "  --api-port N        HTTP API port (default 52415; 0: any free port)\n"
             "  --host ADDR         bind address (default all interfaces)\n"
+            "  --api-key KEY       every API and dashboard route needs KEY (Bearer or x-api-key;\n"
+            "                      the dashboard asks for it); prefer EXO_API_KEY, which ps cannot show\n"
             "  --models-dir DIR    a models directory (repeatable; also EXO_MODELS_DIRS,\n"
             "                      EXO_MODELS_READ_ONLY_DIRS); models live in DIR/<org>--<name>/\n"
             "  --data-dir DIR      event log, node id and pid file (default XDG data dir)\n"
@@ -130,6 +132,25 @@ static void *place_at_start(void *arg)
     return NULL;
 }
 
+/* Limits against hostile clients, shortened by the reliability tests
+ * (docs/DAEMON.md, "Limits"); unset or invalid: the built-in defaults. */
+static void http_limits_from_env(exo_api_server_config *ac)
+{
+    const char *v;
+    if ((v = getenv("EXO_HTTP_HEADER_TIMEOUT_S")) && atof(v) > 0)
+        ac->header_timeout_s = atof(v);
+    if ((v = getenv("EXO_HTTP_BODY_TIMEOUT_S")) && atof(v) > 0)
+        ac->body_timeout_s = atof(v);
+    if ((v = getenv("EXO_HTTP_IDLE_TIMEOUT_S")) && atof(v) > 0)
+        ac->idle_timeout_s = atof(v);
+    if ((v = getenv("EXO_HTTP_MAX_PER_CLIENT")) && atoi(v) > 0)
+        ac->max_per_client = (unsigned)atoi(v);
+    if ((v = getenv("EXO_HTTP_MEMORY_MB")) && atoi(v) > 0)
+        ac->memory_budget = (size_t)atoi(v) << 20;
+    if ((v = getenv("EXO_HTTP_STREAM_PENDING_KB")) && atoi(v) > 0)
+        ac->stream_max_pending = (size_t)atoi(v) << 10;
+}
+
 static void exit_now(int sig)
 {
     static const char msg[] = "exo: second signal, exiting now\n";
@@ -146,6 +167,7 @@ int exo_cmd_serve(int argc, char **argv)
     bool worker = true, api = true, discovery = true, force_master = false, offline = false;
     const char *namespace_ = getenv("EXO_NAMESPACE"), *secret = getenv("EXO_CLUSTER_SECRET");
     const char *bootstrap = getenv("EXO_BOOTSTRAP_PEERS");
+    const char *api_key = getenv("EXO_API_KEY");
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         if (!strcmp(a, "--api-port")) {
@@ -170,6 +192,9 @@ int exo_cmd_serve(int argc, char **argv)
             long *dst = a[2] == 't' ? &threads : a[2] == 'c' ? &ctx : &warmup;
             if (!(v = exo_arg_value("serve", argc, argv, &i)) ||
                 exo_arg_int("serve", a, v, 0, 1 << 24, dst))
+                return 2;
+        } else if (!strcmp(a, "--api-key")) {
+            if (!(api_key = exo_arg_value("serve", argc, argv, &i)))
                 return 2;
         } else if (!strcmp(a, "--namespace")) {
             if (!(namespace_ = exo_arg_value("serve", argc, argv, &i)))
@@ -260,6 +285,10 @@ int exo_cmd_serve(int argc, char **argv)
     const char *ring_timeout = getenv("EXO_RING_TIMEOUT_MS");
     if (ring_timeout)
         nc.ring_timeout_ms = atoi(ring_timeout) > 0 ? atoi(ring_timeout) : 0;
+    /* failure handling, shortened by tests (docs/DAEMON.md) */
+    const char *backoff = getenv("EXO_RUNNER_BACKOFF_MS"), *stall = getenv("EXO_STALL_TIMEOUT_MS");
+    nc.runner_backoff_ms = backoff && atoi(backoff) > 0 ? atoi(backoff) : 0;
+    nc.stall_timeout_ms = stall && atoi(stall) > 0 ? atoi(stall) : 0;
     char *peers = bootstrap ? exo_strdup(bootstrap) : NULL, *save = NULL;
     for (char *p = peers ? strtok_r(peers, ", ", &save) : NULL; p; p = strtok_r(NULL, ", ", &save)) {
         if (nc.n_bootstrap == EXO_MAX_BOOTSTRAP_PEERS) {
@@ -279,7 +308,9 @@ int exo_cmd_serve(int argc, char **argv)
     }
     if (api) {
         dashboard = find_dashboard();
-        exo_api_server_config ac = {host, (int)port, 0, dashboard};
+        exo_api_server_config ac = {.bind_addr = host, .port = (int)port, .dashboard_dir = dashboard,
+                                    .api_key = api_key && *api_key ? api_key : NULL};
+        http_limits_from_env(&ac);
         if (exo_api_server_start(node, &ac, &server, &err)) {
             fprintf(stderr, "exo: API on port %ld: %s\n", port, err.msg);
             goto out;

@@ -490,8 +490,10 @@ static int time_validate(const exo_field *f, const void *v, exo_err *err)
     return 0;
 }
 static json_t *time_json(const exo_field *f, const void *v) { return exo__time_ms_to_json(CAT(v, int64_t)); }
+/* an optional time is absent as 0 (the epoch is never a real stamp) */
+static bool time_empty(const exo_field *f, const void *v) { return CAT(v, int64_t) == 0; }
 const exo_field_type exo_ft_time_ms = {"time", NULL, i64_pack, time_unpack, time_validate, NULL, NULL,
-                                       i64_equal, time_json, NULL, NULL, sizeof(int64_t)};
+                                       i64_equal, time_json, time_empty, NULL, sizeof(int64_t)};
 
 /* addresses */
 static int addr_unpack(mobj *o, const exo_field *f, void *v, exo_err *err)

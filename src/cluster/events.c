@@ -265,8 +265,16 @@ json_t *exo_node_info_to_json(const exo_node_info *info)
     {key, json, &exo_ft_record, offsetof(exo_event, u.member), false, 0, 0, NULL, &(desc)}
 
 static const exo_field ev_instance_created[] = {EF(instance_created.instance, "instance", "instance", ft_instance)};
+#define EF_OPT(member, key, json, type, hi) \
+    {key, json, &(type), offsetof(exo_event, u.member), true, 0, (hi), NULL, NULL}
+
+/* model_id, reason and when_ms came later: optional, so older logs decode */
 static const exo_field ev_instance_deleted[] = {
-    EF(instance_deleted.instance_id, "instance_id", "instanceId", exo_ft_id)};
+    EF(instance_deleted.instance_id, "instance_id", "instanceId", exo_ft_id),
+    EF_OPT(instance_deleted.model_id, "model_id", "modelId", exo_ft_model_id, 0),
+    EF_OPT(instance_deleted.reason, "reason", "reason", exo_ft_text, EXO_DELETE_REASON_MAX),
+    EF_OPT(instance_deleted.when_ms, "when_ms", "when", exo_ft_time_ms, 0),
+};
 static const exo_field ev_runner_status_updated[] = {
     EF(runner_status_updated.runner_id, "runner_id", "runnerId", exo_ft_id),
     EF(runner_status_updated.status, "status", "runnerStatus", ft_status),
@@ -343,7 +351,10 @@ static const exo_field cmd_place_instance[] = {
 };
 static const exo_field cmd_create_instance[] = {CF(create_instance.instance, "instance", "instance", ft_instance)};
 static const exo_field cmd_delete_instance[] = {
-    CF(delete_instance.instance_id, "instance_id", "instanceId", exo_ft_id)};
+    CF(delete_instance.instance_id, "instance_id", "instanceId", exo_ft_id),
+    {"reason", "reason", &exo_ft_text, offsetof(exo_command, u.delete_instance.reason), true, 0,
+     EXO_DELETE_REASON_MAX, NULL, NULL},
+};
 static const exo_field cmd_text_generation[] = {
     CF(text_generation.model_id, "model_id", "modelId", exo_ft_model_id),
     CF(text_generation.params_json, "params_json", "taskParams", exo_ft_params),

@@ -51,6 +51,8 @@
 /* Largest encoded event or command accepted by the codec (the event log uses
  * the same cap for its records). */
 #define EXO_CODEC_MAX_BYTES ((size_t)16 * 1024 * 1024)
+/* Longest reason an InstanceDeleted / DeleteInstance carries (bytes). */
+#define EXO_DELETE_REASON_MAX 1024
 
 #define EXO_EVENT_KIND_MAP(XX)                                                      \
     XX(INSTANCE_CREATED, "InstanceCreated") XX(INSTANCE_DELETED, "InstanceDeleted") \
@@ -89,7 +91,15 @@ typedef struct exo_event {
     exo_id         event_id;
     union {
         struct { exo_instance instance; } instance_created;
-        struct { exo_id instance_id; } instance_deleted;
+        /* why it went ("runner for M failed 5 times in a row: ...", "deleted
+         * by user", "node N left") and when (Unix ms, stamped by the master);
+         * model_id, reason and when_ms are absent in logs written before them */
+        struct {
+            exo_id  instance_id;
+            char    model_id[EXO_MODEL_ID_MAX];
+            char   *reason;
+            int64_t when_ms;
+        } instance_deleted;
         struct { exo_id runner_id; exo_runner_status status; } runner_status_updated;
         struct { exo_id runner_id; } runner_deleted;
         struct { exo_task task; } task_created;
@@ -125,7 +135,8 @@ typedef struct exo_command {
             int32_t min_nodes;
         } place_instance;
         struct { exo_instance instance; } create_instance;
-        struct { exo_id instance_id; } delete_instance;
+        /* reason: why (heap, optional; the master says "deleted" without one) */
+        struct { exo_id instance_id; char *reason; } delete_instance;
         /* command_id above identifies the request; params_json is the API
          * layer's canonical request as JSON text (heap, required); origin
          * is the node whose API holds the request (empty: the master's) */

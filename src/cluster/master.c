@@ -78,16 +78,23 @@ int exo_master_handle(const exo_state *st, const exo_command *cmd, exo_event_lis
         break;
     case EXO_COMMAND_DELETE_INSTANCE: {
         const exo_id *id = &cmd->u.delete_instance.instance_id;
-        if (!exo_state_instance(st, id)) {
+        const exo_instance *inst = exo_state_instance(st, id);
+        if (!inst) {
             rc = exo_err_set(err, EXO_ENOENT, "instance %s not found", id->s);
             break;
         }
+        /* the deletion first: nodes end the instance's open requests with
+         * its reason, before the cancellations would end them quietly */
+        exo_event *ev = exo_event_list_add(out, EXO_EVENT_INSTANCE_DELETED);
+        ev->u.instance_deleted.instance_id = *id;
+        memcpy(ev->u.instance_deleted.model_id, inst->model_id, EXO_MODEL_ID_MAX);
+        ev->u.instance_deleted.reason = exo_strdup(cmd->u.delete_instance.reason ? cmd->u.delete_instance.reason
+                                                                                 : "deleted");
         for (size_t i = 0; i < exo_state_task_count(st); i++) {
             const exo_task *t = exo_state_task_at(st, i);
             if (exo_id_eq(&t->instance_id, id) && task_active(t))
                 cancel_task(out, t);
         }
-        exo_event_list_add(out, EXO_EVENT_INSTANCE_DELETED)->u.instance_deleted.instance_id = *id;
         break;
     }
     case EXO_COMMAND_TEXT_GENERATION:

@@ -8,8 +8,9 @@
  *   CreateInstance   validated instance -> InstanceCreated
  *                    (both refuse instances of several nodes until
  *                    distributed inference exists)
- *   DeleteInstance   TaskStatusUpdated(Cancelled) for its Pending/Running
- *                    tasks, then InstanceDeleted
+ *   DeleteInstance   InstanceDeleted (its model, the command's reason or
+ *                    "deleted"), then TaskStatusUpdated(Cancelled) for its
+ *                    Pending/Running tasks
  *   TextGeneration   the model's instance with the fewest Pending/Running
  *                    tasks (ties: first created) -> TaskCreated(Pending),
  *                    whose node_id is the origin (the node whose API holds

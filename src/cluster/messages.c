@@ -75,6 +75,17 @@ static const exo_field peers_fields[] = {
     EXO_FIELD_ARRAY(exo_msg_peers, peers, "peers", "peers", peer_addr_desc, EXO_MSG_MAX_PEERS),
 };
 
+static const exo_field snapshot_item_fields[] = {
+    EXO_FIELD(exo_snapshot_item, event, "event", "event", exo_ft_event),
+};
+static const exo_record_desc snapshot_item_desc = EXO_RECORD("snapshot event", exo_snapshot_item,
+                                                             snapshot_item_fields);
+static const exo_field snapshot_fields[] = {
+    SESSION(exo_msg_snapshot),
+    EXO_FIELD(exo_msg_snapshot, count, "count", "count", exo_ft_u64),
+    EXO_FIELD_ARRAY(exo_msg_snapshot, events, "events", "events", snapshot_item_desc, EXO_MSG_MAX_SNAPSHOT_EVENTS),
+};
+
 static const exo_record_desc kinds[EXO_MSG__END] = {
     [EXO_MSG_LOCAL_EVENT] = EXO_RECORD("LocalEvent", exo_msg_local_event, local_event_fields),
     [EXO_MSG_GLOBAL_EVENT] = EXO_RECORD("GlobalEvent", exo_msg_global_event, global_event_fields),
@@ -86,6 +97,7 @@ static const exo_record_desc kinds[EXO_MSG__END] = {
     [EXO_MSG_GEN_DONE] = EXO_RECORD("GenDone", exo_msg_gen_done, gen_done_fields),
     [EXO_MSG_PEERS] = EXO_RECORD("Peers", exo_msg_peers, peers_fields),
     [EXO_MSG_DOWNLOAD] = EXO_RECORD("Download", exo_msg_download, download_fields),
+    [EXO_MSG_SNAPSHOT] = EXO_RECORD("Snapshot", exo_msg_snapshot, snapshot_fields),
 };
 
 static const exo_record_desc *desc_of(int type)
@@ -115,6 +127,9 @@ static int check(int type, const void *msg, exo_err *err)
         if (g->count <= g->idx)
             return exo_err_set(err, EXO_EINVAL, "GlobalEvent: count %llu <= idx %llu",
                                (unsigned long long)g->count, (unsigned long long)g->idx);
+    } else if (type == EXO_MSG_SNAPSHOT) {
+        if (((const exo_msg_snapshot *)msg)->count == 0)
+            return exo_err_set(err, EXO_EINVAL, "Snapshot: count 0");
     } else if (type == EXO_MSG_COMMAND_ACK) {
         const exo_msg_command_ack *a = msg;
         if ((a->code == 0) != (a->error == NULL))

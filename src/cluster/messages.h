@@ -20,6 +20,10 @@
  *                  peer (--bootstrap-peers) links with all of them
  *   DOWNLOAD       a user's start / cancel / delete of a model download,
  *                  to the node that should do it (its API is elsewhere)
+ *   SNAPSHOT       the master's answer to an EVENT_REQUEST for events its
+ *                  log has compacted away: the events that rebuild its
+ *                  State (exo_state_to_events) and the session's event
+ *                  count they stand for; the follower continues from there
  *
  * Example usage:
  *   exo_msg_head h = {.head = 42};
@@ -53,6 +57,7 @@ typedef enum exo_msg_type {
     EXO_MSG_GEN_DONE      = 9,
     EXO_MSG_PEERS         = 10,
     EXO_MSG_DOWNLOAD      = 11,
+    EXO_MSG_SNAPSHOT      = 12,
     EXO_MSG__END
 } exo_msg_type;
 
@@ -129,6 +134,17 @@ typedef struct exo_msg_peers {
     int32_t port;                  /* the sender's cluster listener */
     struct { exo_peer_addr *v; size_t n; } peers;
 } exo_msg_peers;
+
+#define EXO_MSG_MAX_SNAPSHOT_EVENTS (1 << 20)
+typedef struct exo_snapshot_item {
+    exo_event event;
+} exo_snapshot_item;
+
+typedef struct exo_msg_snapshot {
+    exo_session session;
+    uint64_t    count;             /* the events stand for events 0..count-1 (count >= 1) */
+    struct { exo_snapshot_item *v; size_t n; } events;
+} exo_msg_snapshot;
 
 /* Encodes a valid message of that type into a fresh buffer (exo_free). */
 int  exo_msg_encode(int type, const void *msg, uint8_t **out, size_t *out_len, exo_err *err);

@@ -44,7 +44,9 @@
 #include "cluster/node_info.h"
 #include "cluster/placement.h"
 #include "cluster/replication.h"
+#include "cluster/snapshot.h"
 #include "cluster/worker.h"
+#include "core/json_util.h"
 #include "core/alloc.h"
 #include "download/catalogue.h"
 #include "core/clock.h"
@@ -77,7 +79,11 @@
 #define DIAL_WAIT_MS         2000    /* the smaller id dials only if the greater did not */
 #define CATCHUP_BATCH        1000    /* events per EventRequest answer, as exo */
 #define FLUSH_DELAY_MS       200     /* group commit of the log (see docs/DAEMON.md) */
+#define CHECKPOINT_EVENTS    10000   /* a State snapshot + log compaction every this many events */
+#define CHECKPOINT_BYTES     (8u << 20) /* or this many bytes of log, whichever comes first */
 #define MAX_PENDING_COMMANDS 4096
+#define STALL_TIMEOUT_MS     300000  /* default of exo_node_config.stall_timeout_ms */
+#define STALL_CHECK_MS       250     /* open requests checked this often */
 #define SEEN_COMMANDS        4096
 
 typedef enum { ACT_EVENT, ACT_COMMAND, ACT_DONE, ACT_CANCEL, ACT_DOWNLOAD } action_kind;
@@ -96,10 +102,12 @@ typedef struct action_queue {
     action *head, *tail;
 } action_queue;
 
-/* A generation whose API is on this node. */
+/* A generation whose API is on this node. waiting_since_ms: since when it
+ * waits for its next chunk while it should be moving (see check_requests). */
 typedef struct gen {
     exo_id       command_id;
     exo_gen_sink sink;
+    uint64_t     waiting_since_ms;
     struct gen  *next;
 } gen;
 
@@ -171,10 +179,22 @@ struct exo_node {
     uint64_t        published_ms, next_info_ms;
     bool            gathering;
     uint64_t        next_head_ms;
+    uint64_t        next_stall_check_ms;
     int             catchups_running;
+    bool            checkpointing;        /* a snapshot + compaction runs on the thread pool */
+    uint64_t        ckpt_every;           /* CHECKPOINT_EVENTS, or EXO_EVENT_LOG_CHECKPOINT_EVERY (tests) */
+    uint64_t        ckpt_count_mark, ckpt_bytes_mark; /* the log at the last checkpoint */
 };
 
 static uint64_t now_ms(void) { return exo_clock_ns() / 1000000; }
+
+/* Unix ms, for the times events carry. */
+static int64_t wall_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
 
 /* Links and dialling (defined with the peer handling below). */
 static void send_peers(exo_node *n, const char *to);
@@ -220,13 +240,16 @@ static gen *gen_find_locked(exo_node *n, const exo_id *id)
     return NULL;
 }
 
-/* Looks a generation up and copies its sink (false if it is not open). */
+/* Looks a generation up for a chunk of it and copies its sink (false if it
+ * is not open); the chunk is progress, so the stall clock restarts. */
 static bool gen_sink(exo_node *n, const exo_id *id, exo_gen_sink *out)
 {
     pthread_mutex_lock(&n->mu);
     gen *g = gen_find_locked(n, id);
-    if (g)
+    if (g) {
         *out = g->sink;
+        g->waiting_since_ms = now_ms();
+    }
     pthread_mutex_unlock(&n->mu);
     return g != NULL;
 }
@@ -396,6 +419,32 @@ static void on_flush(uv_timer_t *t)
         n->flushing = false;
 }
 
+/* The open requests of an instance that is being deleted (at most max). */
+static size_t gens_of_instance_locked(exo_node *n, const exo_state *st, const exo_id *instance_id, exo_id *out,
+                                      size_t max)
+{
+    size_t k = 0;
+    for (gen *g = n->gens; g && k < max; g = g->next) {
+        const exo_task *t = exo_state_task_for_command(st, &g->command_id);
+        if (t && exo_id_eq(&t->instance_id, instance_id))
+            out[k++] = g->command_id;
+    }
+    return k;
+}
+
+/* Requests whose instance was deleted end with an error that says why. */
+static void end_requests_of_deleted(exo_node *n, const exo_event *ev, const exo_id *ids, size_t k)
+{
+    const char *model = ev->u.instance_deleted.model_id;
+    const char *why = ev->u.instance_deleted.reason ? ev->u.instance_deleted.reason : "deleted";
+    for (size_t i = 0; i < k; i++) {
+        char msg[EXO_DELETE_REASON_MAX + EXO_MODEL_ID_MAX + 128];
+        snprintf(msg, sizeof msg, "the instance serving this request (%.64s%s%s) was deleted: %s",
+                 ev->u.instance_deleted.instance_id.s, model[0] ? ", " : "", model, why);
+        end_with_error(n, &ids[i], 503, msg);
+    }
+}
+
 /* What a fold changes for this node's own requests: a pending request the
  * master cancelled never reaches a runner, so it is answered here; a task
  * that vanished while its request was open ends it. */
@@ -412,14 +461,83 @@ static void after_apply(exo_node *n, const exo_event *ev, exo_id *answer_cancell
     }
 }
 
+/* ---- snapshots and compaction of the log ---------------------------------------------- */
+
+typedef struct ckpt_job {
+    uv_work_t work;
+    exo_node *n;
+    uint8_t  *snap;
+    size_t    len;
+    uint64_t  epoch, count, dropped;
+    int       rc;
+    exo_err   err;
+} ckpt_job;
+
+static void ckpt_work(uv_work_t *w)
+{
+    ckpt_job *j = w->data;
+    j->rc = exo_event_log_checkpoint(j->n->log, j->snap, j->len, false, j->epoch, &j->dropped, &j->err);
+}
+
+static void ckpt_done(uv_work_t *w, int status)
+{
+    ckpt_job *j = w->data;
+    exo_node *n = j->n;
+    n->checkpointing = false;
+    if (j->rc == 0)
+        EXO_LOG_DEBUG("node: event log snapshot at %llu (%zu bytes), %llu events compacted away",
+                      (unsigned long long)j->count, j->len, (unsigned long long)j->dropped);
+    else if (j->rc != EXO_ECANCELED)
+        EXO_LOG_WARN("node: event log snapshot: %s", j->err.msg);
+    if (j->rc != EXO_ECANCELED) { /* a failure waits for the next interval too, not the next event */
+        n->ckpt_count_mark = j->count;
+        n->ckpt_bytes_mark = exo_event_log_bytes(n->log);
+    }
+    exo_free(j->snap);
+    exo_free(j);
+}
+
+/* Every CHECKPOINT_EVENTS events or CHECKPOINT_BYTES of log: snapshot the
+ * session's State here (the loop owns it) and write it and compact the
+ * log on the thread pool (event_log.h: the log keeps about two intervals). */
+static void maybe_checkpoint(exo_node *n, const exo_state *session_state)
+{
+    uint64_t count = exo_event_log_count(n->log), bytes = exo_event_log_bytes(n->log);
+    if (n->checkpointing || n->stopping ||
+        (count - n->ckpt_count_mark < n->ckpt_every && bytes - n->ckpt_bytes_mark < CHECKPOINT_BYTES))
+        return;
+    if ((uint64_t)(exo_state_last_event_applied_idx(session_state) + 1) != count)
+        return; /* the log missed an event (a failed append): a snapshot would not match it */
+    ckpt_job *j = exo_calloc(1, sizeof *j);
+    j->n = n;
+    j->count = count;
+    j->epoch = exo_event_log_epoch(n->log);
+    if (exo_snapshot_encode(session_state, true, &j->snap, &j->len, &j->err) < 0) {
+        EXO_LOG_WARN("node: event log snapshot: %s", j->err.msg);
+        n->ckpt_count_mark = count;
+        exo_free(j);
+        return;
+    }
+    j->work.data = j;
+    n->checkpointing = true;
+    if (uv_queue_work(&n->loop, &j->work, ckpt_work, ckpt_done) < 0) {
+        n->checkpointing = false;
+        exo_free(j->snap);
+        exo_free(j);
+    }
+}
+
 /* Applies event idx to `target` (the live State or the one being built)
  * and logs it. */
 static int apply_to(exo_node *n, exo_state *target, uint64_t idx, const exo_event *ev)
 {
     exo_err err = {0};
-    exo_id answer = {{0}}, orphaned = {{0}};
+    exo_id answer = {{0}}, orphaned = {{0}}, of_deleted[64];
+    size_t n_of_deleted = 0;
     pthread_mutex_lock(&n->mu);
-    if (ev->kind == EXO_EVENT_TASK_STATUS_UPDATED && ev->u.task_status_updated.status == EXO_TASK_CANCELLED) {
+    if (ev->kind == EXO_EVENT_INSTANCE_DELETED)
+        n_of_deleted = gens_of_instance_locked(n, target, &ev->u.instance_deleted.instance_id, of_deleted, 64);
+    else if (ev->kind == EXO_EVENT_TASK_STATUS_UPDATED && ev->u.task_status_updated.status == EXO_TASK_CANCELLED) {
         const exo_task *t = exo_state_task(target, &ev->u.task_status_updated.task_id);
         if (t && t->kind == EXO_TASK_KIND_TEXT_GENERATION && t->status == EXO_TASK_PENDING)
             answer = t->command_id;
@@ -436,11 +554,20 @@ static int apply_to(exo_node *n, exo_state *target, uint64_t idx, const exo_even
                       exo_event_kind_name(ev->kind), err.msg);
         return rc;
     }
+    /* a prompt never reaches the disk: the log holds the task without it
+     * (the State in memory keeps it while the task lives) */
+    exo_event redacted;
+    bool red = exo_event_redact(ev, &redacted);
     uint64_t logged;
-    if (exo_event_log_append_event(n->log, ev, &logged, &err))
+    if (exo_event_log_append_event(n->log, red ? &redacted : ev, &logged, &err))
         EXO_LOG_ERROR("node: event log: %s", err.msg);
+    if (red)
+        exo_event_clear(&redacted);
     n->unflushed = true;
     n->dirty = true;
+    maybe_checkpoint(n, target);
+    if (n_of_deleted)
+        end_requests_of_deleted(n, ev, of_deleted, n_of_deleted);
     after_apply(n, ev, &answer, &orphaned);
     return 0;
 }
@@ -453,6 +580,8 @@ static void index_event(exo_node *n, exo_event *ev, const exo_id *system, uint64
 {
     if (ev->kind == EXO_EVENT_NODE_GATHERED_INFO) /* the master's clock, as exo */
         ev->u.node_gathered_info.when_ms = (int64_t)time(NULL) * 1000;
+    if (ev->kind == EXO_EVENT_INSTANCE_DELETED && !ev->u.instance_deleted.when_ms) /* carried ones keep theirs */
+        ev->u.instance_deleted.when_ms = wall_ms();
     uint64_t idx = (uint64_t)(exo_state_last_event_applied_idx(n->state) + 1);
     if (apply_to(n, n->state, idx, ev))
         return;
@@ -654,6 +783,7 @@ static void rotate_log(exo_node *n)
     exo_err err;
     if (exo_event_log_rotate(n->log, j->path, sizeof j->path, &err))
         EXO_LOG_ERROR("node: event log: %s", err.msg);
+    n->ckpt_count_mark = n->ckpt_bytes_mark = 0;
     j->work.data = j;
     if (!j->path[0] || uv_queue_work(&n->loop, &j->work, archive_work, archive_done) < 0)
         exo_free(j); /* nothing sealed (an archive left behind is taken care of at the next start) */
@@ -809,6 +939,21 @@ static void catchup_work(uv_work_t *w)
         EXO_LOG_WARN("node: reading events from %llu for %s: %s", (unsigned long long)c->since, c->to.s, err.msg);
 }
 
+/* The log holds generation tasks without their prompts; a task that is
+ * still in the State gets its params back from memory before it goes to a
+ * follower (which may be the node that runs it). */
+static void restore_params(exo_node *n, exo_event *ev)
+{
+    if (ev->kind != EXO_EVENT_TASK_CREATED)
+        return;
+    exo_task *t = &ev->u.task_created.task;
+    const exo_task *live = exo_state_task(n->state, &t->task_id);
+    if (!live || !live->params_json || (t->params_json && !strcmp(t->params_json, live->params_json)))
+        return;
+    exo_free(t->params_json);
+    t->params_json = exo_strdup(live->params_json);
+}
+
 static void catchup_done(uv_work_t *w, int status)
 {
     catchup *c = w->data;
@@ -816,6 +961,7 @@ static void catchup_done(uv_work_t *w, int status)
     n->catchups_running--;
     if (c->rc == 0 && n->is_master && exo_session_eq(&c->session, &n->session) && !n->stopping) {
         for (size_t i = 0; i < c->n_events; i++) {
+            restore_params(n, &c->events[i]);
             exo_msg_global_event g;
             memset(&g, 0, sizeof g);
             g.session = n->session;
@@ -830,6 +976,27 @@ static void catchup_done(uv_work_t *w, int status)
     exo_free(c);
 }
 
+/* A follower asked for events the log compacted away: it gets the events
+ * that rebuild the State instead (from memory, prompts included). */
+static void send_snapshot(exo_node *n, const char *to)
+{
+    exo_event_list evs = {0};
+    exo_state_to_events(n->state, &evs);
+    exo_msg_snapshot m;
+    memset(&m, 0, sizeof m);
+    m.session = n->session;
+    m.count = (uint64_t)(exo_state_last_event_applied_idx(n->state) + 1);
+    m.events.n = evs.n;
+    m.events.v = exo_calloc(evs.n ? evs.n : 1, sizeof *m.events.v);
+    for (size_t i = 0; i < evs.n; i++)
+        m.events.v[i].event = evs.v[i]; /* borrowed for the encode */
+    if (send_msg(n, to, EXO_MSG_SNAPSHOT, &m) == 0)
+        EXO_LOG_INFO("node: sent %s a snapshot of the State at %llu (%zu events; its log is compacted)", to,
+                     (unsigned long long)m.count, evs.n);
+    exo_free(m.events.v);
+    exo_event_list_clear(&evs);
+}
+
 static void serve_request(exo_node *n, const char *from, const exo_msg_event_request *r)
 {
     if (!n->is_master || !exo_session_eq(&r->session, &n->session)) {
@@ -842,6 +1009,10 @@ static void serve_request(exo_node *n, const char *from, const exo_msg_event_req
     uint64_t count = (uint64_t)(exo_state_last_event_applied_idx(n->state) + 1);
     if (r->since >= count || n->catchups_running > 16)
         return;
+    if (r->since < exo_event_log_first(n->log)) {
+        send_snapshot(n, from);
+        return;
+    }
     catchup *c = exo_calloc(1, sizeof *c);
     c->n = n;
     snprintf(c->to.s, sizeof c->to.s, "%s", from);
@@ -873,6 +1044,45 @@ static void on_global_event(exo_node *n, const char *from, exo_msg_global_event 
         exo_outbox_ack(n->outbox, &g->system, g->origin_idx);
     exo_replica_offer(n->replica, g->idx, &g->event, replica_apply, n);
     exo_replica_note_count(n->replica, g->count);
+    maybe_caught_up(n);
+}
+
+/* The master's answer when the events we need were compacted away: the
+ * State at m->count - 1, built aside like a new session's and swapped in
+ * once we hold every event announced. */
+static void on_snapshot(exo_node *n, const char *from, exo_msg_snapshot *m)
+{
+    if (n->is_master || !exo_session_eq(&m->session, &n->session) || strcmp(from, n->session.master.s))
+        return;
+    if (exo_replica_next(n->replica) >= m->count)
+        return; /* the events got here first */
+    exo_event *evs = exo_calloc(m->events.n ? m->events.n : 1, sizeof *evs);
+    for (size_t i = 0; i < m->events.n; i++)
+        evs[i] = m->events.v[i].event; /* borrowed */
+    exo_state *st;
+    exo_err err = {0};
+    int rc = exo_state_from_events(evs, m->events.n, (int64_t)m->count - 1, &st, &err);
+    exo_free(evs);
+    if (rc < 0) {
+        EXO_LOG_WARN("node: the master's snapshot does not fold: %s", err.msg);
+        return;
+    }
+    /* our log continues at m->count behind a snapshot of its own (written
+     * here, on the loop: the log must not take an append before it) */
+    uint8_t *snap = NULL;
+    size_t len;
+    if (exo_snapshot_encode(st, true, &snap, &len, &err) < 0 ||
+        exo_event_log_checkpoint(n->log, snap, len, true, exo_event_log_epoch(n->log), NULL, &err) < 0)
+        EXO_LOG_ERROR("node: event log: installing the master's snapshot: %s", err.msg);
+    exo_free(snap);
+    n->ckpt_count_mark = m->count;
+    n->ckpt_bytes_mark = exo_event_log_bytes(n->log);
+    EXO_LOG_INFO("node: adopted the master's State at event %llu (the events before were compacted away)",
+                 (unsigned long long)m->count);
+    if (n->next_state)
+        exo_state_free(n->next_state);
+    n->next_state = st;
+    exo_replica_skip_to(n->replica, m->count, replica_apply, n);
     maybe_caught_up(n);
 }
 
@@ -999,6 +1209,7 @@ static void net_message(void *ctx, const char *from, uint8_t type, const uint8_t
         exo_msg_gen_done d;
         exo_msg_peers p;
         exo_msg_download dl;
+        exo_msg_snapshot sn;
     } m;
     if (exo_msg_decode(type, payload, len, &m, &err) < 0) {
         EXO_LOG_WARN("node: dropped a bad %s from %s: %s", exo_msg_type_name(type), from, err.msg);
@@ -1026,6 +1237,7 @@ static void net_message(void *ctx, const char *from, uint8_t type, const uint8_t
             gen_done_here(n, &m.d.command_id);
         break;
     case EXO_MSG_DOWNLOAD: download_here(n, &m.dl); break;
+    case EXO_MSG_SNAPSHOT: on_snapshot(n, from, &m.sn); break;
     case EXO_MSG_PEERS: {
         bool knew = peer_find(n, from) && peer_find(n, from)->has_addr;
         on_peers(n, from, &m.p);
@@ -1051,8 +1263,9 @@ static void emit_edge_deleted(exo_node *n, const exo_topology_edge *e)
     emit_local(n, &ev);
 }
 
-/* Requests this node holds that the given node was running end with an
- * error: their chunks cannot arrive any more. */
+/* Requests this node holds that the given node was running, or was to
+ * run, end with an error: their chunks cannot arrive any more (a chunk sent
+ * while the link is down is lost, and its runner is cancelled then). */
 static void fail_requests_served_by(exo_node *n, const exo_id *node)
 {
     exo_id orphans[64];
@@ -1061,15 +1274,16 @@ static void fail_requests_served_by(exo_node *n, const exo_id *node)
     for (gen *g = n->gens; g && k < 64; g = g->next) {
         const exo_task *t = exo_state_task_for_command(n->state, &g->command_id);
         const exo_instance *inst = t ? exo_state_instance(n->state, &t->instance_id) : NULL;
-        if (t && t->status == EXO_TASK_RUNNING && inst && exo_instance_shard_of_node(inst, node))
+        if (t && (t->status == EXO_TASK_RUNNING || t->status == EXO_TASK_PENDING) && inst &&
+            exo_instance_shard_of_node(inst, node))
             orphans[k++] = g->command_id;
     }
     pthread_mutex_unlock(&n->mu);
     for (size_t i = 0; i < k; i++) {
         char msg[256];
         snprintf(msg, sizeof msg, "the node running this request (%s) went away", node->s);
+        cancel_command_later(n, &orphans[i]); /* before the end deletes its task */
         end_with_error(n, &orphans[i], 502, msg);
-        cancel_command_later(n, &orphans[i]);
     }
 }
 
@@ -1489,7 +1703,7 @@ static void start_info_gather(exo_node *n)
 static void master_plan(exo_node *n)
 {
     uint64_t now = now_ms();
-    exo_id gone[64], dead_instances[64];
+    exo_id gone[64], dead_instances[64], dead_node[64];
     struct {
         char              model_id[EXO_MODEL_ID_MAX];
         exo_sharding      sharding;
@@ -1512,6 +1726,7 @@ static void master_plan(exo_node *n)
         const exo_instance *inst = exo_state_instance_at(n->state, i);
         for (size_t s = 0; s < inst->n_shards; s++)
             if (!exo_state_node_find(n->state, &inst->shards[s].node_id)) {
+                dead_node[n_dead] = inst->shards[s].node_id;
                 snprintf(dead_what[n_dead].model_id, EXO_MODEL_ID_MAX, "%s", inst->model_id);
                 dead_what[n_dead].sharding = inst->sharding;
                 dead_what[n_dead].meta = inst->meta;
@@ -1544,6 +1759,9 @@ static void master_plan(exo_node *n)
         exo_command cmd;
         exo_command_init(&cmd, EXO_COMMAND_DELETE_INSTANCE);
         cmd.u.delete_instance.instance_id = dead_instances[i];
+        char why[128];
+        snprintf(why, sizeof why, "node %.64s left the cluster", dead_node[i].s);
+        cmd.u.delete_instance.reason = exo_strdup(why);
         exo_err err = {0};
         master_handle(n, &cmd, &err);
         exo_command_clear(&cmd);
@@ -1579,6 +1797,100 @@ static void master_plan(exo_node *n)
         }
         index_event(n, &ev, NULL, 0);
         exo_event_clear(&ev);
+    }
+}
+
+/* ---- open requests that cannot end -------------------------------------------------------------- */
+
+/* Whether a request's task is first in its instance's queue: no earlier
+ * task of the instance is Pending or Running (the runner takes them FIFO,
+ * so a request behind another one waits without chunks, rightly). */
+static bool first_in_queue(const exo_state *st, const exo_task *task)
+{
+    for (size_t i = 0; i < exo_state_task_count(st); i++) {
+        const exo_task *t = exo_state_task_at(st, i);
+        if (t == task)
+            return true;
+        if (exo_id_eq(&t->instance_id, &task->instance_id) &&
+            (t->status == EXO_TASK_PENDING || t->status == EXO_TASK_RUNNING))
+            return false;
+    }
+    return true;
+}
+
+/* A shard's node that this node cannot reach, or NULL. A node never linked
+ * yet is not counted (it may be joining; once it has been away
+ * NODE_TIMEOUT_MS the master deletes the instance, which ends the request). */
+static const exo_id *unreachable_node(exo_node *n, const exo_instance *inst)
+{
+    for (size_t s = 0; s < inst->n_shards; s++) {
+        const exo_id *id = &inst->shards[s].node_id;
+        if (linked(n, id))
+            continue;
+        peer *p = peer_find(n, id->s);
+        if (p && p->down_since_ms)
+            return id;
+    }
+    return NULL;
+}
+
+/* No open request waits for ever (runs on the tick, every STALL_CHECK_MS):
+ *  - one whose instance has a node this node lost the link to ends at once
+ *    (502): its chunks cannot come (peer_down ends those open then; this
+ *    catches the ones routed there after);
+ *  - one that should be moving gets no chunk for the stall timeout (504)
+ *    and is cancelled. It should be moving unless it waits its turn: its
+ *    task is Pending or Running behind another of its instance's tasks, or
+ *    the instance's first runner is not Ready or Running (loading,
+ *    downloading, respawning after a crash, which the worker bounds: after
+ *    EXO_WORKER_MAX_FAILURES the instance is deleted). A request the master
+ *    has not placed yet, a finished task whose end has not come, a task
+ *    whose instance is gone: all should be moving. */
+static void check_requests(exo_node *n, uint64_t now)
+{
+    uint64_t timeout = n->cfg.stall_timeout_ms > 0 ? (uint64_t)n->cfg.stall_timeout_ms : STALL_TIMEOUT_MS;
+    struct { exo_id command_id; int status; char msg[320]; } end[64];
+    size_t k = 0;
+    pthread_mutex_lock(&n->mu);
+    for (gen *g = n->gens; g && k < 64; g = g->next) {
+        const exo_task *t = exo_state_task_for_command(n->state, &g->command_id);
+        const exo_instance *inst = t ? exo_state_instance(n->state, &t->instance_id) : NULL;
+        const exo_id *lost = inst && (t->status == EXO_TASK_PENDING || t->status == EXO_TASK_RUNNING)
+                                 ? unreachable_node(n, inst) : NULL;
+        if (lost) {
+            end[k].command_id = g->command_id;
+            end[k].status = 502;
+            snprintf(end[k++].msg, sizeof end->msg, "the node that runs this request's instance (%.64s) is "
+                     "unreachable", lost->s);
+            continue;
+        }
+        bool waits_its_turn = false;
+        if (inst && (t->status == EXO_TASK_PENDING || t->status == EXO_TASK_RUNNING)) {
+            const exo_runner_status *rs = exo_state_runner_status(n->state, &inst->shards[0].runner_id);
+            waits_its_turn = !first_in_queue(n->state, t) || !rs ||
+                             (rs->kind != EXO_RUNNER_READY && rs->kind != EXO_RUNNER_RUNNING);
+        }
+        if (waits_its_turn || now < g->waiting_since_ms) {
+            g->waiting_since_ms = now;
+            continue;
+        }
+        if (now - g->waiting_since_ms < timeout)
+            continue;
+        end[k].command_id = g->command_id;
+        end[k].status = 504;
+        if (!t)
+            snprintf(end[k++].msg, sizeof end->msg, "the master did not take this request within %llu s",
+                     (unsigned long long)(timeout / 1000));
+        else
+            snprintf(end[k++].msg, sizeof end->msg, "no answer from the runner of instance %.64s%s%.64s for %llu s",
+                     t->instance_id.s, inst ? " on node " : "", inst ? inst->shards[0].node_id.s : "",
+                     (unsigned long long)(timeout / 1000));
+    }
+    pthread_mutex_unlock(&n->mu);
+    for (size_t i = 0; i < k; i++) {
+        EXO_LOG_WARN("node: request %s: %s", end[i].command_id.s, end[i].msg);
+        cancel_command_later(n, &end[i].command_id); /* before the end deletes its task */
+        end_with_error(n, &end[i].command_id, end[i].status, end[i].msg);
     }
 }
 
@@ -1654,6 +1966,10 @@ static void on_tick(uv_timer_t *t)
         }
     }
     dial_known_nodes(n);
+    if (now >= n->next_stall_check_ms) {
+        n->next_stall_check_ms = now + STALL_CHECK_MS;
+        check_requests(n, now);
+    }
     if (now >= __atomic_load_n(&n->next_info_ms, __ATOMIC_RELAXED))
         start_info_gather(n);
     probe_peers(n);
@@ -1700,11 +2016,11 @@ static void host_chunk(void *ctx, const exo_id *command_id, const exo_chunk *c)
     if (!origin_of(n, command_id, &origin))
         return; /* its request has ended */
     json_t *j = exo_chunk_to_json(c);
-    exo_msg_chunk m = {*command_id, json_dumps(j, JSON_COMPACT)};
+    exo_msg_chunk m = {*command_id, exo_json_dumps(j, JSON_COMPACT)};
     json_decref(j);
     if (send_msg(n, origin.s, EXO_MSG_CHUNK, &m) < 0 && c->kind != EXO_CHUNK_ERROR && c->kind != EXO_CHUNK_FINISH)
         cancel_command_later(n, command_id); /* its API node is gone or drowning: stop the runner */
-    free(m.chunk_json);
+    exo_free(m.chunk_json);
 }
 
 static void host_done(void *ctx, const exo_id *command_id)
@@ -1873,6 +2189,8 @@ int exo_node_start(const exo_node_config *cfg, exo_node **out, exo_err *err)
     pthread_mutex_init(&n->mu, NULL);
     n->state = exo_state_new();
     n->replica = exo_replica_new();
+    const char *every = getenv("EXO_EVENT_LOG_CHECKPOINT_EVERY"); /* tests: compaction without 10k events */
+    n->ckpt_every = every && atoll(every) > 0 ? (uint64_t)atoll(every) : CHECKPOINT_EVENTS;
     n->outbox = exo_outbox_new();
     int rc = exo_identity_load_or_create(cfg->paths->data_dir, &n->identity, err);
     if (rc) {
@@ -1922,6 +2240,7 @@ int exo_node_start(const exo_node_config *cfg, exo_node **out, exo_err *err)
             .warmup_tokens = cfg->warmup_tokens,
             .verbose = cfg->verbose,
             .ring_timeout_ms = cfg->ring_timeout_ms,
+            .backoff_ms = cfg->runner_backoff_ms,
         };
         memcpy(wc.cluster_key, n->keys.psk, sizeof wc.cluster_key);
         wc.hub = n->hub;
@@ -2058,7 +2377,7 @@ int exo_node_generate(exo_node *n, const exo_gen_request *req, const exo_gen_sin
     a->cmd.u.text_generation.origin = n->node_id;
     snprintf(a->cmd.u.text_generation.model_id, EXO_MODEL_ID_MAX, "%s", req->model);
     json_t *params = exo_gen_request_to_json(req);
-    a->cmd.u.text_generation.params_json = json_dumps(params, JSON_COMPACT);
+    a->cmd.u.text_generation.params_json = exo_json_dumps(params, JSON_COMPACT);
     json_decref(params);
 
     pthread_mutex_lock(&n->mu);
@@ -2070,6 +2389,7 @@ int exo_node_generate(exo_node *n, const exo_gen_request *req, const exo_gen_sin
     gen *g = exo_calloc(1, sizeof *g);
     g->command_id = *command_id;
     g->sink = *sink;
+    g->waiting_since_ms = now_ms();
     int rc = post_locked(n, a);
     if (!rc) {
         g->next = n->gens;
@@ -2323,6 +2643,7 @@ int exo_node_delete_instance(exo_node *n, const exo_id *instance_id, exo_id *com
     exo_command cmd;
     exo_command_init(&cmd, EXO_COMMAND_DELETE_INSTANCE);
     cmd.u.delete_instance.instance_id = *instance_id;
+    cmd.u.delete_instance.reason = exo_strdup("deleted by user");
     return post_command(n, &cmd, command_id, err);
 }
 
@@ -2333,31 +2654,41 @@ void exo_node_read_state(exo_node *n, void (*fn)(void *ctx, const exo_state *st)
     pthread_mutex_unlock(&n->mu);
 }
 
-json_t *exo_node_events_json(exo_node *n, int64_t since, int64_t limit, exo_err *err)
+int exo_node_events_page(exo_node *n, int64_t since, int64_t limit, exo_events_page *page, exo_err *err)
 {
-    uint64_t count = exo_event_log_count(n->log);
-    uint64_t from = since < 0 ? 0 : (uint64_t)since > count ? count : (uint64_t)since;
-    uint64_t want = count - from;
-    if (limit > 0 && (uint64_t)limit < want)
-        want = (uint64_t)limit;
-    json_t *arr = json_array();
-    /* in batches, so no lock is held for long and memory stays bounded */
-    for (uint64_t done = 0; done < want;) {
-        exo_event *events = NULL;
-        size_t got = 0;
-        size_t batch = want - done > 256 ? 256 : (size_t)(want - done);
-        if (exo_event_log_read_range(n->log, from + done, batch, &events, &got, err)) {
-            json_decref(arr);
-            return NULL;
-        }
-        for (size_t i = 0; i < got; i++)
-            json_array_append_new(arr, exo_event_to_json(&events[i]));
-        exo_event_log_free_events(events, got);
-        if (!got)
-            break; /* the log was rotated under us */
-        done += got;
+    memset(page, 0, sizeof *page);
+    size_t max = limit <= 0 || limit > EXO_EVENTS_PAGE_MAX ? EXO_EVENTS_PAGE_MAX : (size_t)limit;
+    exo_event *events = NULL;
+    size_t got = 0;
+    int rc;
+    /* a compaction or a rotation can move the log between the look at its
+     * bounds and the read: look again (a rotation restarts at 0) */
+    for (int attempt = 0;; attempt++) {
+        page->first = exo_event_log_first(n->log);
+        page->count = exo_event_log_count(n->log);
+        if (since >= 0 && (uint64_t)since < page->first)
+            return exo_err_set(err, EXO_ENOENT,
+                               "events before %llu were compacted into a snapshot: ask from since=%llu (GET /state "
+                               "has the State)",
+                               (unsigned long long)page->first, (unsigned long long)page->first);
+        page->since = since < 0 ? page->first : (uint64_t)since > page->count ? page->count : (uint64_t)since;
+        rc = exo_event_log_read_range(n->log, page->since, max, &events, &got, err);
+        if (rc == 0 || attempt == 2 || (rc != EXO_ENOENT && rc != EXO_ERANGE))
+            break;
     }
-    return arr;
+    if (rc < 0)
+        return rc;
+    page->events = json_array();
+    for (size_t i = 0; i < got; i++) {
+        exo_event red; /* logs written before redaction existed may still hold prompts */
+        bool r = exo_event_redact(&events[i], &red);
+        json_array_append_new(page->events, exo_event_to_json(r ? &red : &events[i]));
+        if (r)
+            exo_event_clear(&red);
+    }
+    exo_event_log_free_events(events, got);
+    page->next = page->since + got;
+    return 0;
 }
 
 json_t *exo_node_cluster_json(exo_node *n)

@@ -58,6 +58,10 @@ typedef struct exo_node_config {
     int         runner_ctx;
     int         warmup_tokens;
     int         ring_timeout_ms; /* split models: receive timeout on the ring; 0: default */
+    int         runner_backoff_ms; /* first respawn delay after a runner failure; 0: 500 */
+    /* An open request that should be moving and gets no chunk this long
+     * ends with an error (504) and is cancelled; 0: 300 s. */
+    int         stall_timeout_ms;
     bool        verbose;
     const exo_hub_opts *hub;  /* model downloads (NULL: exo_hub_opts_from_env) */
     /* the cluster */
@@ -139,15 +143,29 @@ int exo_node_preview_placement(exo_node *n, const char *model_id, exo_sharding s
  * with err when the model is unknown. */
 json_t *exo_node_previews(exo_node *n, const char *model_id, exo_err *err);
 int exo_node_create_instance(exo_node *n, const exo_instance *inst, exo_id *command_id, exo_err *err);
-/* EXO_ENOENT when no such instance. */
+/* A user's deletion (the reason is "deleted by user"); EXO_ENOENT when no
+ * such instance. */
 int exo_node_delete_instance(exo_node *n, const exo_id *instance_id, exo_id *command_id, exo_err *err);
 
 /* ---- reading ---- */
 void exo_node_read_state(exo_node *n, void (*fn)(void *ctx, const exo_state *st), void *ctx);
-/* Events from index `since` (of the current session) on, at most `limit`
- * (0: all), as a JSON array of {"<Kind>": {...}}; NULL with err on a log
- * read error. Reads the log without holding the node's lock. */
-json_t *exo_node_events_json(exo_node *n, int64_t since, int64_t limit, exo_err *err);
+/* One page of the current session's event log (GET /events). */
+#define EXO_EVENTS_PAGE_MAX 1000
+typedef struct exo_events_page {
+    json_t  *events;  /* array of {"<Kind>": {...}} (generation tasks' params redacted) */
+    uint64_t first;   /* the oldest event still kept (older ones were compacted) */
+    uint64_t since;   /* index of events[0] */
+    uint64_t next;    /* where the next page starts (since + its length) */
+    uint64_t count;   /* events in the session so far */
+} exo_events_page;
+/* Events from index `since` on (-1: the oldest kept), at most `limit`
+ * (0: EXO_EVENTS_PAGE_MAX; larger is capped to it). `since` past the end
+ * gives an empty page at count. EXO_ENOENT (page->first says where the log
+ * starts) when `since` is before the oldest kept event; other errors are
+ * log read errors. Reads and decodes only the page, without the node's
+ * lock and off the node's loop thread. On success free page->events
+ * (json_decref). */
+int exo_node_events_page(exo_node *n, int64_t since, int64_t limit, exo_events_page *page, exo_err *err);
 /* This node's view of the cluster: {nodeId, namespace, masterNodeId,
  * sessionClock, isMaster, electionInProgress, caughtUp, clusterPort,
  * peers: [{nodeId, remote, dialed, rttUs}]}. */

@@ -307,6 +307,26 @@ void exo_replica_note_count(exo_replica *r, uint64_t count)
         r->known = count;
 }
 
+void exo_replica_skip_to(exo_replica *r, uint64_t next, exo_replica_apply_fn fn, void *ctx)
+{
+    if (next <= r->next)
+        return;
+    r->next = next;
+    exo_replica_note_count(r, next);
+    while (r->n && r->waiting[0].idx < next) {
+        exo_event_clear(&r->waiting[0].ev);
+        memmove(r->waiting, r->waiting + 1, (r->n - 1) * sizeof *r->waiting);
+        r->n--;
+    }
+    progressed(r);
+    if (r->n && r->waiting[0].idx == next) {
+        exo_event ev = r->waiting[0].ev;
+        memmove(r->waiting, r->waiting + 1, (r->n - 1) * sizeof *r->waiting);
+        r->n--;
+        exo_replica_offer(r, next, &ev, fn, ctx);
+    }
+}
+
 bool exo_replica_behind(const exo_replica *r) { return r->next < r->known; }
 
 bool exo_replica_request_due(exo_replica *r, uint64_t now_ms, uint64_t *since)

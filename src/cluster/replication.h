@@ -95,6 +95,9 @@ uint64_t     exo_replica_known_count(const exo_replica *r);
  * (beyond the buffer: dropped, a request will fetch it). ev is moved. */
 int          exo_replica_offer(exo_replica *r, uint64_t idx, exo_event *ev, exo_replica_apply_fn fn, void *ctx);
 void         exo_replica_note_count(exo_replica *r, uint64_t count);
+/* The events before next were installed another way (a snapshot): expect
+ * next, drop what waits below it and release what waits from it on. */
+void         exo_replica_skip_to(exo_replica *r, uint64_t next, exo_replica_apply_fn fn, void *ctx);
 /* Whether events are known to exist that are not applied. */
 bool         exo_replica_behind(const exo_replica *r);
 /* When behind and the back-off allows it now: true with the index to ask

@@ -15,6 +15,7 @@
 #include "cluster/codec.h"
 #include "core/alloc.h"
 
+#include <stdio.h>
 #include <string.h>
 
 typedef struct runner_entry {
@@ -38,6 +39,8 @@ struct exo_state {
     size_t          n_downloads, cap_downloads;
     exo_model_card *custom_cards;
     size_t          n_custom_cards, cap_custom_cards;
+    exo_deleted_instance deleted[EXO_STATE_DELETED_MAX]; /* oldest first */
+    size_t          n_deleted;
 };
 
 /* Grows *arr so one more element fits. */
@@ -78,6 +81,8 @@ void exo_state_free(exo_state *st)
         exo_node_info_clear(&st->nodes[i].info);
     for (size_t i = 0; i < st->n_downloads; i++)
         exo_download_status_clear(&st->downloads[i]);
+    for (size_t i = 0; i < st->n_deleted; i++)
+        exo_free(st->deleted[i].reason);
     exo_free(st->downloads);
     exo_free(st->custom_cards);
     exo_free(st->instances);
@@ -122,6 +127,11 @@ exo_state *exo_state_clone(const exo_state *src)
     }
     if (src->n_edges)
         memcpy(st->edges, src->edges, src->n_edges * sizeof *st->edges);
+    for (size_t i = 0; i < src->n_deleted; i++) {
+        st->deleted[i] = src->deleted[i];
+        st->deleted[i].reason = src->deleted[i].reason ? exo_strdup(src->deleted[i].reason) : NULL;
+    }
+    st->n_deleted = src->n_deleted;
     return st;
 }
 
@@ -172,8 +182,43 @@ static void remove_runner(exo_state *st, const exo_id *runner_id)
     remove_at(st->runners, &st->n_runners, (size_t)r, sizeof *st->runners);
 }
 
+static ptrdiff_t find_deleted(const exo_state *st, const exo_id *id)
+{
+    for (size_t i = 0; i < st->n_deleted; i++)
+        if (exo_id_eq(&st->deleted[i].instance_id, id))
+            return (ptrdiff_t)i;
+    return -1;
+}
+
+static void forget_deleted(exo_state *st, const exo_id *id)
+{
+    ptrdiff_t i = find_deleted(st, id);
+    if (i < 0)
+        return;
+    exo_free(st->deleted[i].reason);
+    remove_at(st->deleted, &st->n_deleted, (size_t)i, sizeof *st->deleted);
+}
+
+/* Remembers a deletion as the newest; the oldest goes when the list is full. */
+static void remember_deleted(exo_state *st, const exo_id *id, const char *model_id, const char *reason,
+                             int64_t when_ms)
+{
+    forget_deleted(st, id);
+    if (st->n_deleted == EXO_STATE_DELETED_MAX) {
+        exo_free(st->deleted[0].reason);
+        remove_at(st->deleted, &st->n_deleted, 0, sizeof *st->deleted);
+    }
+    exo_deleted_instance *d = &st->deleted[st->n_deleted++];
+    memset(d, 0, sizeof *d);
+    d->instance_id = *id;
+    snprintf(d->model_id, sizeof d->model_id, "%s", model_id);
+    d->reason = reason ? exo_strdup(reason) : NULL;
+    d->when_ms = when_ms;
+}
+
 static void apply_instance_created(exo_state *st, const exo_instance *inst)
 {
+    forget_deleted(st, &inst->instance_id);
     ptrdiff_t i = find_instance(st, &inst->instance_id);
     if (i >= 0) {
         exo_instance_clear(&st->instances[i]);
@@ -184,12 +229,17 @@ static void apply_instance_created(exo_state *st, const exo_instance *inst)
     exo_instance_copy(&st->instances[st->n_instances++], inst);
 }
 
-static void apply_instance_deleted(exo_state *st, const exo_id *id)
+static void apply_instance_deleted(exo_state *st, const exo_id *id, const char *model_id, const char *reason,
+                                   int64_t when_ms)
 {
     ptrdiff_t i = find_instance(st, id);
-    if (i < 0)
+    if (i < 0) {
+        if (model_id[0]) /* a remembered deletion carried into a new session */
+            remember_deleted(st, id, model_id, reason, when_ms);
         return;
+    }
     exo_instance *inst = &st->instances[i];
+    remember_deleted(st, id, model_id[0] ? model_id : inst->model_id, reason, when_ms);
     for (size_t s = 0; s < inst->n_shards; s++)
         remove_runner(st, &inst->shards[s].runner_id);
     exo_instance_clear(inst);
@@ -389,7 +439,10 @@ int exo_state_apply(exo_state *st, int64_t idx, const exo_event *ev, exo_err *er
         return exo_err_wrap(err, "event %lld", (long long)idx);
     switch (ev->kind) {
     case EXO_EVENT_INSTANCE_CREATED: apply_instance_created(st, &ev->u.instance_created.instance); break;
-    case EXO_EVENT_INSTANCE_DELETED: apply_instance_deleted(st, &ev->u.instance_deleted.instance_id); break;
+    case EXO_EVENT_INSTANCE_DELETED:
+        apply_instance_deleted(st, &ev->u.instance_deleted.instance_id, ev->u.instance_deleted.model_id,
+                               ev->u.instance_deleted.reason, ev->u.instance_deleted.when_ms);
+        break;
     case EXO_EVENT_RUNNER_STATUS_UPDATED:
         apply_runner_status(st, &ev->u.runner_status_updated.runner_id, &ev->u.runner_status_updated.status);
         break;
@@ -464,6 +517,27 @@ const exo_model_card *exo_state_custom_card(const exo_state *st, const char *mod
 {
     ptrdiff_t i = find_custom_card(st, model_id);
     return i >= 0 ? &st->custom_cards[i] : NULL;
+}
+
+size_t exo_state_deleted_count(const exo_state *st) { return st->n_deleted; }
+
+const exo_deleted_instance *exo_state_deleted_at(const exo_state *st, size_t i)
+{
+    return i < st->n_deleted ? &st->deleted[i] : NULL;
+}
+
+const exo_deleted_instance *exo_state_deleted_instance(const exo_state *st, const exo_id *instance_id)
+{
+    ptrdiff_t i = find_deleted(st, instance_id);
+    return i >= 0 ? &st->deleted[i] : NULL;
+}
+
+json_t *exo_deleted_instance_to_json(const exo_deleted_instance *d)
+{
+    return json_pack("{s:s, s:o, s:o, s:o}", "instanceId", d->instance_id.s, "modelId",
+                     exo_json_str_or_null(d->model_id[0] ? d->model_id : NULL), "reason",
+                     exo_json_str_or_null(d->reason), "deletedAt",
+                     d->when_ms ? exo__time_ms_to_json(d->when_ms) : json_null());
 }
 
 size_t exo_state_instance_count(const exo_state *st) { return st->n_instances; }
@@ -585,6 +659,16 @@ void exo_state_to_events(const exo_state *st, exo_event_list *out)
     }
     for (size_t i = 0; i < st->n_edges; i++)
         exo_event_list_add(out, EXO_EVENT_TOPOLOGY_EDGE_CREATED)->u.topology_edge_created.edge = st->edges[i];
+    /* remembered deletions before the instances: a re-created id forgets its own */
+    for (size_t i = 0; i < st->n_deleted; i++) {
+        const exo_deleted_instance *d = &st->deleted[i];
+        exo_event *ev = exo_event_list_add(out, EXO_EVENT_INSTANCE_DELETED);
+        ev->u.instance_deleted.instance_id = d->instance_id;
+        /* its model id (never empty here) makes the fold remember it */
+        memcpy(ev->u.instance_deleted.model_id, d->model_id, EXO_MODEL_ID_MAX);
+        ev->u.instance_deleted.reason = d->reason ? exo_strdup(d->reason) : NULL;
+        ev->u.instance_deleted.when_ms = d->when_ms;
+    }
     for (size_t i = 0; i < st->n_instances; i++)
         exo_instance_copy(&exo_event_list_add(out, EXO_EVENT_INSTANCE_CREATED)->u.instance_created.instance,
                           &st->instances[i]);
@@ -603,6 +687,24 @@ void exo_state_to_events(const exo_state *st, exo_event_list *out)
     for (size_t i = 0; i < st->n_custom_cards; i++)
         exo_event_list_add(out, EXO_EVENT_CUSTOM_MODEL_CARD_ADDED)->u.custom_model_card_added.card =
             st->custom_cards[i];
+}
+
+int exo_state_from_events(const exo_event *evs, size_t n, int64_t last_idx, exo_state **out, exo_err *err)
+{
+    *out = NULL;
+    if (last_idx < 0)
+        return exo_err_set(err, EXO_EINVAL, "a State rebuilt from events stands at index %lld", (long long)last_idx);
+    exo_state *st = exo_state_new();
+    for (size_t i = 0; i < n; i++) {
+        int rc = exo_state_apply(st, (int64_t)i, &evs[i], err);
+        if (rc < 0) {
+            exo_state_free(st);
+            return rc;
+        }
+    }
+    st->last_idx = last_idx; /* the rebuilding events stand for events 0..last_idx */
+    *out = st;
+    return 0;
 }
 
 /* ---- JSON ---- */
@@ -685,6 +787,10 @@ json_t *exo_state_to_json(const exo_state *st)
     }
     json_object_set_new(root, "downloads", downloads);
     json_object_set_new(root, "customModelCards", custom);
+    json_t *deleted = json_object();
+    for (size_t i = 0; i < st->n_deleted; i++)
+        json_object_set_new(deleted, st->deleted[i].instance_id.s, exo_deleted_instance_to_json(&st->deleted[i]));
+    json_object_set_new(root, "deletedInstances", deleted);
     json_object_set_new(root, "lastEventAppliedIdx", json_integer(st->last_idx));
     return root;
 }

@@ -10,7 +10,12 @@
  * Reducers (as exo's shared/apply.py, adapted where the brief says so):
  *   InstanceCreated      insert or replace the instance
  *   InstanceDeleted      remove the instance and the runner statuses of its
- *                        runners (unknown id: no-op)
+ *                        runners, and remember it with the event's reason
+ *                        and time among the last EXO_STATE_DELETED_MAX
+ *                        deleted instances (unknown id: only remembered
+ *                        when the event names a model, as the events of
+ *                        exo_state_to_events do; else a no-op)
+ *   InstanceCreated also forgets a remembered deletion of the same id.
  *   RunnerStatusUpdated  set the runner's status; Shutdown removes the entry
  *   RunnerDeleted        remove the runner's status
  *   TaskCreated          insert or replace the task
@@ -65,6 +70,17 @@ typedef struct exo_state_node {
     int64_t       last_seen_ms;   /* master-stamped Unix ms */
 } exo_state_node;
 
+/* An instance deleted recently, and why (GET /instance/{id}, the
+ * dashboard). The State keeps the last EXO_STATE_DELETED_MAX, oldest
+ * first. */
+#define EXO_STATE_DELETED_MAX 16
+typedef struct exo_deleted_instance {
+    exo_id  instance_id;
+    char    model_id[EXO_MODEL_ID_MAX]; /* "" when unknown */
+    char   *reason;                     /* heap; NULL: the event had none (older logs) */
+    int64_t when_ms;                    /* Unix ms; 0: unknown */
+} exo_deleted_instance;
+
 exo_state *exo_state_new(void);
 void       exo_state_free(exo_state *st);
 /* A deep copy (for a component that folds on its own). */
@@ -110,6 +126,13 @@ size_t                exo_state_node_count(const exo_state *st);
 const exo_state_node *exo_state_node_at(const exo_state *st, size_t i);
 const exo_state_node *exo_state_node_find(const exo_state *st, const exo_id *node_id);
 
+size_t                      exo_state_deleted_count(const exo_state *st);
+const exo_deleted_instance *exo_state_deleted_at(const exo_state *st, size_t i);
+/* NULL unless the instance is among the remembered deletions. */
+const exo_deleted_instance *exo_state_deleted_instance(const exo_state *st, const exo_id *instance_id);
+/* {"instanceId", "modelId", "reason", "deletedAt"} (null where unknown). */
+json_t *exo_deleted_instance_to_json(const exo_deleted_instance *d);
+
 /* Downloads: the latest status of each (node, model). */
 size_t                     exo_state_download_count(const exo_state *st);
 const exo_download_status *exo_state_download_at(const exo_state *st, size_t i);
@@ -124,6 +147,10 @@ const exo_model_card *exo_state_custom_card(const exo_state *st, const char *mod
  * starts with them): folding them in order gives a State whose JSON equals
  * st's, except lastEventAppliedIdx. Appended to out. */
 void exo_state_to_events(const exo_state *st, exo_event_list *out);
+/* The inverse, for a snapshot (cluster/snapshot.h): a fresh State folded
+ * from evs (exo_state_to_events output) that stands at event last_idx.
+ * Errors: EXO_EINVAL (last_idx < 0, or an event the fold refuses). */
+int exo_state_from_events(const exo_event *evs, size_t n, int64_t last_idx, exo_state **out, exo_err *err);
 
 /* GET /state body: {"instances", "runners", "tasks", "lastSeen",
  * "nodeIdentities" ({friendlyName, cpuCount}), "nodeMemory" ({ramTotal,
@@ -131,7 +158,8 @@ void exo_state_to_events(const exo_state *st, exo_event_list *out);
  * "nodeGpus", "nodeBackends", "nodeModels", "topology" ({nodes,
  * connections: [{source, sink, address, latencyUs, bandwidthBps}]}),
  * "downloads" (node id -> [tagged download status]), "customModelCards"
- * (model id -> card), "lastEventAppliedIdx"},
+ * (model id -> card), "deletedInstances" (instance id ->
+ * exo_deleted_instance_to_json, oldest first), "lastEventAppliedIdx"},
  * camelCase, maps keyed by id in insertion order. Never NULL. */
 json_t *exo_state_to_json(const exo_state *st);
 

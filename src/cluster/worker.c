@@ -35,7 +35,9 @@ typedef struct wrunner {
     uv_poll_t      *poll;
     bool            retiring; /* Shutdown sent: exits on purpose */
     bool            deleting; /* too many failures: DeleteInstance sent */
-    int             failures; /* in a row; reset by Ready */
+    int             failures; /* in a row: see count_failure */
+    uint64_t        ready_ns; /* when this process became Ready (0: not yet) */
+    char            last_error[512]; /* the latest failure's message (the deletion's reason) */
     uint64_t        next_spawn_ns;
     exo_runner_status_kind last;
     bool            connect_sent; /* split model: this process was told its next rank */
@@ -127,23 +129,49 @@ static void finish_forwarded(wrunner *r, forwarded *f)
 {
     exo_worker *w = r->w;
     exo_id cmd = f->command_id;
-    if (f->error)
+    if (f->error) {
         emit_task_failed(w, &f->task_id, f->error);
-    else if (!f->cancel_sent)
+    } else if (!f->cancel_sent) {
         emit_task_status(w, &f->task_id, EXO_TASK_COMPLETE);
+        r->failures = 0; /* it works */
+    }
     fwd_remove(r, f);
     w->host.done(w->host.ctx, &cmd);
 }
 
 /* ---- supervisor callbacks ------------------------------------------------- */
 
+/* Counts a failure in a row and keeps its message for the deletion's reason.
+ * A runner that was Ready for STABLE_NS, or completed a request, broke the
+ * row; being Ready alone does not (a small model loads in milliseconds, so a
+ * runner killed at every start, or one that crashes on every request, would
+ * otherwise respawn for ever). */
+#define STABLE_NS (60ull * 1000000000ull)
+static void count_failure(wrunner *r, const char *why)
+{
+    if (r->ready_ns && exo_clock_ns() - r->ready_ns >= STABLE_NS)
+        r->failures = 0;
+    r->ready_ns = 0;
+    r->failures++;
+    snprintf(r->last_error, sizeof r->last_error, "%s", why ? why : "unknown error");
+    /* a cut may split a UTF-8 sequence: drop its lead bytes */
+    size_t n = strlen(r->last_error);
+    if (n == sizeof r->last_error - 1) {
+        while (n && ((unsigned char)r->last_error[n - 1] & 0xC0) == 0x80)
+            n--;
+        if (n && (unsigned char)r->last_error[n - 1] >= 0xC0)
+            n--;
+        r->last_error[n] = 0;
+    }
+}
+
 static void on_status(void *ctx, const exo_runner_status *st)
 {
     wrunner *r = ctx;
     if (st->kind == EXO_RUNNER_FAILED && !r->retiring)
-        r->failures++;
-    if (st->kind == EXO_RUNNER_READY)
-        r->failures = 0;
+        count_failure(r, st->error_message);
+    if (st->kind == EXO_RUNNER_READY && !r->ready_ns)
+        r->ready_ns = exo_clock_ns();
     if (st->kind == EXO_RUNNER_FAILED)
         EXO_LOG_WARN("worker: runner %s (%s) failed: %s", r->runner_id.s, r->model_id,
                      st->error_message ? st->error_message : "?");
@@ -188,9 +216,9 @@ static void close_poll(wrunner *r)
     r->poll = NULL;
 }
 
-static uint64_t backoff_ns(int failures)
+static uint64_t backoff_ns(int failures, int first_ms)
 {
-    uint64_t ms = 500;
+    uint64_t ms = first_ms > 0 ? (uint64_t)first_ms : 500;
     for (int i = 1; i < failures && ms < 10000; i++)
         ms *= 2;
     return (ms > 10000 ? 10000 : ms) * 1000000ull;
@@ -209,7 +237,7 @@ static void wake_at(exo_worker *w, uint64_t deadline_ns)
 
 static void schedule_respawn(wrunner *r)
 {
-    uint64_t delay = r->failures ? backoff_ns(r->failures) : 0;
+    uint64_t delay = r->failures ? backoff_ns(r->failures, r->w->cfg.backoff_ms) : 0;
     r->next_spawn_ns = exo_clock_ns() + delay;
     if (delay)
         wake_at(r->w, r->next_spawn_ns);
@@ -303,8 +331,8 @@ static void spawn(wrunner *r, const exo_instance *inst)
     if (drc == EXO_EBUSY)
         return; /* the download's end replans */
     if (drc) {
-        r->failures++;
         snprintf(why, sizeof why, "model %s: %s", r->model_id, err.msg);
+        count_failure(r, why);
         EXO_LOG_WARN("worker: %s", why);
         emit_runner_failed(r, why);
         r->last = EXO_RUNNER_FAILED;
@@ -328,9 +356,10 @@ static void spawn(wrunner *r, const exo_instance *inst)
         exo_worker_ring_key(cfg->cluster_key, &inst->instance_id, load.ring_key);
     }
     r->connect_sent = false;
+    r->ready_ns = 0;
     if (exo_supervisor_spawn(&o, &cb, &r->sup, &err) || exo_supervisor_load(r->sup, &load, &err)) {
-        r->failures++;
         snprintf(why, sizeof why, "cannot start a runner: %s", err.msg);
+        count_failure(r, why);
         EXO_LOG_ERROR("worker: %s", why);
         exo_supervisor_free(r->sup);
         r->sup = NULL;
@@ -453,14 +482,17 @@ static void plan_runner(wrunner *r, const exo_state *st)
         return;
     }
     if (!r->sup) {
-        if (r->failures > EXO_WORKER_MAX_RETRIES) {
+        if (r->failures >= EXO_WORKER_MAX_FAILURES) {
             if (!r->deleting) {
                 r->deleting = true;
-                EXO_LOG_ERROR("worker: runner for %s failed %d times; deleting instance %s",
-                              r->model_id, r->failures, r->instance_id.s);
+                char why[EXO_MODEL_ID_MAX + sizeof r->last_error + 64];
+                snprintf(why, sizeof why, "runner for %s failed %d times in a row: %s", r->model_id,
+                         r->failures, r->last_error);
+                EXO_LOG_ERROR("worker: %s; deleting instance %s", why, r->instance_id.s);
                 exo_command cmd;
                 exo_command_init(&cmd, EXO_COMMAND_DELETE_INSTANCE);
                 cmd.u.delete_instance.instance_id = r->instance_id;
+                cmd.u.delete_instance.reason = exo_strdup(why);
                 w->host.command(w->host.ctx, &cmd);
             }
             return;
@@ -493,7 +525,9 @@ static void plan_runner(wrunner *r, const exo_state *st)
     }
     for (forwarded *f = r->fwd; f; f = f->next) {
         const exo_task *t = exo_state_task(st, &f->task_id);
-        if (t && t->status == EXO_TASK_CANCELLED && !f->cancel_sent) {
+        /* cancelled, or deleted: its request ended elsewhere (its API node
+         * gave up on it); either way the runner stops */
+        if ((!t || t->status == EXO_TASK_CANCELLED) && !f->cancel_sent) {
             f->cancel_sent = true;
             exo_err err;
             if (exo_supervisor_cancel(r->sup, f->command_id.s, &err))

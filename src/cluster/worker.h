@@ -9,7 +9,9 @@
  *     only the shard's files for a pipeline rank; a failed download
  *     counts as a failed start), then spawn one (after
  *     a failure: backoff 0.5 s doubling to 10 s; after
- *     EXO_WORKER_MAX_RETRIES failures in a row the instance is deleted)
+ *     EXO_WORKER_MAX_FAILURES failures in a row the instance is deleted,
+ *     DeleteInstance saying why: "runner for M failed 5 times in a row:
+ *     <the last error>")
  *     and send it LoadModel for the model's directory;
  *   - a runner whose instance is gone, or that reports Failed: shut it down;
  *   - a Ready/Running runner: forward its instance's Pending TextGeneration
@@ -37,7 +39,9 @@
 
 #include <uv.h>
 
-#define EXO_WORKER_MAX_RETRIES 5
+/* Failures in a row (crashes, failed starts or downloads) after which a
+ * runner's instance is deleted, with the last error as the reason. */
+#define EXO_WORKER_MAX_FAILURES 5
 
 /* The ring key of an instance: BLAKE2b-256(key = cluster key,
  * "exo ring v1" || 0x00 || instance id), as 64 hex digits + NUL. */
@@ -74,6 +78,7 @@ typedef struct exo_worker_config {
     uint8_t               cluster_key[32];
     int                   ring_timeout_ms;
     exo_hub_opts          hub; /* where models not on disk come from */
+    int                   backoff_ms; /* the first respawn delay; 0: 500 (doubles to 10 s) */
 } exo_worker_config;
 
 exo_worker *exo_worker_new(uv_loop_t *loop, const exo_worker_config *cfg, const exo_worker_host *host);

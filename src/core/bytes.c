@@ -2,7 +2,11 @@
 #include "core/bytes.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
 #include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 /* off < 0: read(); else pread() at off. */
@@ -42,3 +46,16 @@ ssize_t exo_read_full(int fd, void *buf, size_t n) { return read_loop(fd, buf, n
 ssize_t exo_pread_full(int fd, void *buf, size_t n, uint64_t off) { return read_loop(fd, buf, n, (int64_t)off); }
 int exo_write_full(int fd, const void *buf, size_t n) { return write_loop(fd, buf, n, -1); }
 int exo_pwrite_full(int fd, const void *buf, size_t n, uint64_t off) { return write_loop(fd, buf, n, (int64_t)off); }
+
+void exo_fsync_dir_of(const char *path)
+{
+    char *copy = strdup(path); /* dirname may write into its argument */
+    if (!copy)
+        return;
+    int dfd = open(dirname(copy), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd >= 0) {
+        fsync(dfd);
+        close(dfd);
+    }
+    free(copy);
+}

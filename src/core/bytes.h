@@ -50,5 +50,8 @@ ssize_t exo_pread_full(int fd, void *buf, size_t n, uint64_t off);
  * errno set. */
 int exo_write_full(int fd, const void *buf, size_t n);
 int exo_pwrite_full(int fd, const void *buf, size_t n, uint64_t off);
+/* fsyncs the directory holding path, so a rename or create in it survives a
+ * crash; best effort (a directory that cannot be opened is left alone). */
+void exo_fsync_dir_of(const char *path);
 
 #endif

@@ -1,8 +1,89 @@
-/* Strict JSON field readers (see json_util.h). */
+/* Strict JSON field readers and jansson's allocator (see json_util.h). */
 #include "core/json_util.h"
 
+#include "core/alloc.h"
+#include "core/budget.h"
+
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
+
+/* ---- jansson's allocator ---------------------------------------------------------- */
+
+/* 16 bytes keep malloc's alignment for what follows the header. */
+typedef struct json_block {
+    size_t      size;   /* header included */
+    exo_budget *budget; /* charged to, or NULL */
+} json_block;
+
+_Static_assert(sizeof(json_block) == 16, "the header must keep 16-byte alignment");
+
+static _Thread_local exo_budget *parse_budget;
+static _Thread_local size_t      parse_cap;
+static _Thread_local bool        parsing;     /* charge only the tree of a body */
+static _Thread_local size_t      parse_used;
+static _Thread_local int         parse_refusal; /* 0, EXO_ETOOBIG or EXO_EBUSY */
+
+static void *json_block_alloc(size_t n)
+{
+    size_t total = n + sizeof(json_block);
+    if (total < n)
+        return NULL;
+    exo_budget *b = parsing ? parse_budget : NULL;
+    if (b) {
+        if (parse_used + total > parse_cap) {
+            parse_refusal = EXO_ETOOBIG;
+            return NULL;
+        }
+        if (!exo_budget_charge(b, total)) {
+            parse_refusal = EXO_EBUSY;
+            return NULL;
+        }
+        parse_used += total;
+    }
+    json_block *h = malloc(total);
+    if (!h) {
+        if (b)
+            exo_budget_release(b, total);
+        return NULL;
+    }
+    h->size = total;
+    h->budget = b;
+    return h + 1;
+}
+
+static void json_block_free(void *p)
+{
+    if (!p)
+        return;
+    json_block *h = (json_block *)p - 1;
+    if (h->budget)
+        exo_budget_release(h->budget, h->size);
+    free(h);
+}
+
+/* jansson requires its allocator before its first allocation, and the unit
+ * tests have no common main(): a constructor runs before either. */
+__attribute__((constructor)) static void install_json_allocator(void)
+{
+    json_set_alloc_funcs(json_block_alloc, json_block_free);
+}
+
+char *exo_json_dumps(const json_t *j, size_t flags)
+{
+    char *s = json_dumps(j, flags);
+    if (!s)
+        return NULL;
+    char *copy = exo_strdup(s);
+    json_block_free(s);
+    return copy;
+}
+
+void exo_ju_set_parse_budget(exo_budget *budget, size_t cap)
+{
+    parse_budget = budget;
+    parse_cap = cap;
+}
 
 json_t *exo_ju_get(const json_t *obj, const char *key)
 {
@@ -119,7 +200,17 @@ int exo_ju_parse_body(const char *body, size_t len, json_t **out, exo_err *err)
 {
     json_error_t je;
     *out = NULL;
+    parsing = true;
+    parse_used = 0;
+    parse_refusal = 0;
     json_t *j = json_loadb(body, len, 0, &je);
+    parsing = false;
+    if (!j && parse_refusal == EXO_ETOOBIG)
+        return exo_err_set(err, EXO_ETOOBIG,
+                           "the request body is too complex: parsing it would take more than %zu MiB",
+                           parse_cap >> 20);
+    if (!j && parse_refusal == EXO_EBUSY)
+        return exo_err_set(err, EXO_EBUSY, "the server is short of request memory; retry shortly");
     if (!j)
         return exo_err_set(err, EXO_EFORMAT, "invalid JSON body: %s (line %d, column %d)", je.text,
                            je.line, je.column);

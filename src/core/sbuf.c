@@ -10,39 +10,76 @@
 void exo_sbuf_init(exo_sbuf *b)
 {
     b->data = NULL;
+    b->len = b->cap = b->max = 0;
+    b->overflow = false;
+}
+
+/* Empties b, keeping its cap. */
+static void reset(exo_sbuf *b)
+{
+    b->data = NULL;
     b->len = b->cap = 0;
+    b->overflow = false;
 }
 
 void exo_sbuf_free(exo_sbuf *b)
 {
     exo_free(b->data);
-    exo_sbuf_init(b);
+    reset(b);
 }
 
 void exo_sbuf_clear(exo_sbuf *b)
 {
     b->len = 0;
+    b->overflow = false;
     if (b->data)
         b->data[0] = 0;
 }
 
-static void reserve(exo_sbuf *b, size_t extra)
+static size_t max_of(const exo_sbuf *b) { return b->max ? b->max : EXO_SBUF_DEFAULT_MAX; }
+
+/* Room for extra more bytes and the NUL; false (and overflow set) over the cap. */
+static bool reserve(exo_sbuf *b, size_t extra)
 {
     size_t need;
-    if (exo_size_add(b->len, extra + 1, &need))
-        need = SIZE_MAX; /* exo_realloc aborts with the size */
+    if (exo_size_add(b->len, extra, &need) || exo_size_add(need, 1, &need) || need - 1 > max_of(b)) {
+        b->overflow = true;
+        return false;
+    }
     if (need <= b->cap)
-        return;
+        return true;
     size_t cap = b->cap ? b->cap : 64;
     while (cap < need)
-        cap = cap > SIZE_MAX / 2 ? need : cap * 2;
+        cap *= 2;
+    if (cap - 1 > max_of(b))
+        cap = max_of(b) + 1;
     b->data = exo_realloc(b->data, cap);
     b->cap = cap;
+    return true;
+}
+
+void exo_sbuf_set_max(exo_sbuf *b, size_t max) { b->max = max; }
+bool exo_sbuf_overflowed(const exo_sbuf *b) { return b->overflow; }
+
+bool exo_sbuf_reserve(exo_sbuf *b, size_t total)
+{
+    if (total > max_of(b)) {
+        b->overflow = true;
+        return false;
+    }
+    if (total + 1 > b->cap) {
+        b->data = exo_realloc(b->data, total + 1);
+        if (!b->cap)
+            b->data[0] = 0;
+        b->cap = total + 1;
+    }
+    return true;
 }
 
 void exo_sbuf_append(exo_sbuf *b, const void *s, size_t n)
 {
-    reserve(b, n);
+    if (!reserve(b, n))
+        return;
     if (n)
         memcpy(b->data + b->len, s, n);
     b->len += n;
@@ -66,7 +103,10 @@ void exo_sbuf_vprintf(exo_sbuf *b, const char *fmt, va_list ap)
     if ((size_t)n < sizeof small) {
         exo_sbuf_append(b, small, (size_t)n);
     } else {
-        reserve(b, (size_t)n);
+        if (!reserve(b, (size_t)n)) {
+            va_end(ap2);
+            return;
+        }
         vsnprintf(b->data + b->len, (size_t)n + 1, fmt, ap2);
         b->len += (size_t)n;
     }
@@ -83,10 +123,12 @@ void exo_sbuf_printf(exo_sbuf *b, const char *fmt, ...)
 
 char *exo_sbuf_take(exo_sbuf *b)
 {
-    if (!b->data)
-        reserve(b, 0), b->data[0] = 0;
+    if (!b->data) {
+        b->data = exo_malloc(1);
+        b->data[0] = 0;
+    }
     char *d = b->data;
-    exo_sbuf_init(b);
+    reset(b);
     return d;
 }
 
@@ -137,7 +179,7 @@ void exo_sbuf_json_strn(exo_sbuf *b, const char *s, size_t n)
 {
     static const char hex[] = "0123456789abcdef";
     const unsigned char *u = (const unsigned char *)s;
-    reserve(b, n + 2);
+    (void)reserve(b, n + 2); /* a hint: each append below checks the cap itself */
     exo_sbuf_putc(b, '"');
     size_t run = 0; /* start of the pending run of bytes copied verbatim */
     size_t i = 0;
@@ -210,7 +252,8 @@ void exo_sbuf_json_int(exo_sbuf *b, int64_t v) { exo_sbuf_printf(b, "%lld", (lon
 void exo_sbuf_json_bytes(exo_sbuf *b, const char *s, size_t n)
 {
     /* Per-token hot path (logprobs): digits by hand, no printf. */
-    reserve(b, n * 4 + 2);
+    if (!reserve(b, n * 4 + 2))
+        return;
     char *o = b->data + b->len;
     *o++ = '[';
     for (size_t i = 0; i < n; i++) {

@@ -2,6 +2,7 @@
  * writer (atomic tmp + fsync + rename). See safetensors.h for the format and
  * the guarantees; this file is the only place that knows the byte layout. */
 #include "engine/safetensors.h"
+#include "core/json_util.h"
 #include "core/alloc.h"
 
 #include <dirent.h>
@@ -906,7 +907,7 @@ int exo_st_writer_write(exo_st_writer *w, const char *path, exo_err *err)
             goto out;
         }
     }
-    hdr = json_dumps(root, JSON_COMPACT);
+    hdr = exo_json_dumps(root, JSON_COMPACT);
     if (!hdr) {
         rc = exo_err_set(err, EXO_ENOMEM, "%s: cannot serialise header", path);
         goto out;
@@ -972,7 +973,7 @@ out:
         close(fd);
     if (rc && tmp)
         unlink(tmp);
-    free(hdr); /* jansson allocates with malloc */
+    exo_free(hdr);
     exo_free(tmp);
     json_decref(root);
     exo_free(order);

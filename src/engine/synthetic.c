@@ -5,6 +5,7 @@
  * (seed, name). Scales are chosen so a random weight row has about unit
  * gain (std ~ 1/sqrt(cols)). */
 #include "engine/synthetic.h"
+#include "core/json_util.h"
 #include "core/alloc.h"
 #include "core/arena.h"
 #include "engine/safetensors.h"
@@ -523,13 +524,13 @@ int exo_synth_write(exo_synth *s, const char *dir, size_t *bytes, exo_err *err)
         return rc;
     /* config.json last: a directory without it is not a loadable model */
     json_t *cfg = config_json(s);
-    char *text = json_dumps(cfg, JSON_INDENT(2) | JSON_REAL_PRECISION(15));
+    char *text = exo_json_dumps(cfg, JSON_INDENT(2) | JSON_REAL_PRECISION(15));
     json_decref(cfg);
     if (!text)
         return exo_err_set(err, EXO_ENOMEM, "cannot serialise config.json");
     snprintf(path, sizeof path, "%s/config.json", dir);
     rc = write_text(path, text, err);
-    free(text); /* jansson allocates with malloc */
+    exo_free(text);
     if (!rc && bytes)
         *bytes = total;
     return rc;

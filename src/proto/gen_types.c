@@ -436,6 +436,12 @@ void exo_chunk_set_top(exo_chunk *c, int i, const char *token, float logprob)
         c->n_top = i + 1;
 }
 
+void exo_chunk_set_token_text(exo_chunk *c, const char *token_text)
+{
+    exo_free(c->token_text);
+    c->token_text = token_text ? exo_strdup(token_text) : NULL;
+}
+
 void exo_chunk_set_stop_sequence(exo_chunk *c, const char *stop)
 {
     exo_free(c->stop_sequence);
@@ -445,6 +451,7 @@ void exo_chunk_set_stop_sequence(exo_chunk *c, const char *stop)
 void exo_chunk_free(exo_chunk *c)
 {
     exo_free(c->text);
+    exo_free(c->token_text);
     for (int i = 0; i < EXO_MAX_TOP_LOGPROBS; i++)
         exo_free(c->top[i].token);
     for (int i = 0; i < c->n_tool_calls; i++) {
@@ -464,6 +471,7 @@ void exo_chunk_copy(exo_chunk *dst, const exo_chunk *src)
 {
     *dst = *src;
     dst->text = dup_or_null(src->text);
+    dst->token_text = dup_or_null(src->token_text);
     for (int i = 0; i < EXO_MAX_TOP_LOGPROBS; i++)
         dst->top[i].token = dup_or_null(src->top[i].token);
     dst->tool_calls = NULL;
@@ -488,6 +496,8 @@ json_t *exo_chunk_to_json(const exo_chunk *c)
     case EXO_CHUNK_TOKEN: {
         json_object_set_new(j, "text", json_string(c->text ? c->text : ""));
         json_object_set_new(j, "token_id", json_integer(c->token_id));
+        if (c->token_text)
+            json_object_set_new(j, "token_text", json_string(c->token_text));
         if (c->has_logprob)
             json_object_set_new(j, "logprob", json_real(isfinite(c->logprob) ? c->logprob : -9999.0));
         if (c->n_top) {
@@ -570,11 +580,14 @@ int exo_chunk_from_json(const json_t *j, exo_chunk *out, exo_err *err)
     if ((rc = exo_ju_str(j, "type", &type, true, err)))
         return rc;
     if (strcmp(type, "token") == 0) {
-        static const char *const k[] = {"type", "text", "token_id", "logprob", "top_logprobs",
-                                        "is_thinking", NULL};
+        static const char *const k[] = {"type", "text", "token_id", "token_text", "logprob",
+                                        "top_logprobs", "is_thinking", NULL};
         TRY(exo_ju_only_keys(j, k, "token chunk", err));
         out->kind = EXO_CHUNK_TOKEN;
         TRY(get_string_dup(j, "text", &out->text, err));
+        const char *tt = NULL;
+        TRY(exo_ju_str(j, "token_text", &tt, false, err));
+        exo_chunk_set_token_text(out, tt);
         int64_t id = -1;
         TRY(exo_ju_int(j, "token_id", &id, NULL, err));
         if (id < -1 || id > INT32_MAX) {

@@ -136,6 +136,11 @@ typedef struct exo_chunk {
     /* TOKEN */
     char   *text;          /* owned */
     int32_t token_id;      /* -1 if the text is not one token's */
+    char   *token_text;    /* owned or NULL: with a logprob, the sampled token's own text,
+                            * decoded after its predecessor as its top_logprobs
+                            * alternatives are (so " upon" with its space, where
+                            * text may differ: the first piece of an answer, held-back
+                            * text); what a logprobs entry names. NULL: text */
     bool    has_logprob;
     float   logprob;
     int     n_top;
@@ -170,6 +175,7 @@ void exo_chunk_prefill(exo_chunk *c, int processed, int total);
 void exo_chunk_tool_calls(exo_chunk *c);
 void exo_chunk_add_tool_call(exo_chunk *c, const char *id, const char *name, const char *arguments);
 void exo_chunk_set_top(exo_chunk *c, int i, const char *token, float logprob);
+void exo_chunk_set_token_text(exo_chunk *c, const char *token_text); /* copied; NULL clears */
 void exo_chunk_set_stop_sequence(exo_chunk *c, const char *stop); /* FINISH; NULL clears */
 void exo_chunk_free(exo_chunk *c);
 void exo_chunk_copy(exo_chunk *dst, const exo_chunk *src); /* deep copy */

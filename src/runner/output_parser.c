@@ -6,6 +6,7 @@
  * its markers, so nothing is delayed longer than a marker could need. */
 #include "runner/output_parser.h"
 
+#include "core/json_util.h"
 #include "core/sbuf.h"
 #include "core/alloc.h"
 
@@ -95,6 +96,7 @@ static void deliver(exo_output_parser *p, const char *s, size_t n, bool thinking
         c.token_id = p->cur->token_id;
         c.has_logprob = p->cur->has_logprob;
         c.logprob = p->cur->logprob;
+        exo_chunk_set_token_text(&c, p->cur->token_text);
         for (int i = 0; i < p->cur->n_top; i++)
             exo_chunk_set_top(&c, i, p->cur->top[i].token, p->cur->top[i].logprob);
         p->meta_used = true;
@@ -111,6 +113,7 @@ static void deliver_meta_only(exo_output_parser *p, bool thinking)
     exo_chunk_token(&c, "", 0, p->cur->token_id, thinking);
     c.has_logprob = true;
     c.logprob = p->cur->logprob;
+    exo_chunk_set_token_text(&c, p->cur->token_text);
     for (int i = 0; i < p->cur->n_top; i++)
         exo_chunk_set_top(&c, i, p->cur->top[i].token, p->cur->top[i].logprob);
     p->meta_used = true;
@@ -243,7 +246,7 @@ static bool emit_call(exo_output_parser *p, const char *name, const json_t *args
         json_decref(args);
         return false;
     }
-    char *text = json_dumps(args, JSON_COMPACT);
+    char *text = exo_json_dumps(args, JSON_COMPACT);
     char id[48];
     exo_gen_random_id(id, sizeof id, "call_");
     exo_chunk c;
@@ -251,7 +254,7 @@ static bool emit_call(exo_output_parser *p, const char *name, const json_t *args
     exo_chunk_add_tool_call(&c, id, name, text);
     p->emit(p->ctx, &c);
     exo_chunk_free(&c);
-    free(text);
+    exo_free(text);
     json_decref(args);
     p->calls++;
     p->meta_used = true;

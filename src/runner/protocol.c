@@ -144,7 +144,7 @@ int exo_runner_msg_encode(const exo_runner_msg *m, exo_sbuf *out, exo_err *err)
         rc = exo_err_set(err, EXO_EINVAL, "%s: bad command id", exo_runner_msg_name(m->kind));
     char *text = NULL;
     if (!rc) {
-        text = json_dumps(j, JSON_COMPACT);
+        text = exo_json_dumps(j, JSON_COMPACT);
         if (!text)
             rc = exo_err_set(err, EXO_EINVAL, "%s: not encodable (invalid UTF-8?)",
                              exo_runner_msg_name(m->kind));
@@ -154,7 +154,7 @@ int exo_runner_msg_encode(const exo_runner_msg *m, exo_sbuf *out, exo_err *err)
         return rc;
     size_t n = strlen(text);
     if (n > EXO_RUNNER_FRAME_MAX) {
-        free(text); /* jansson allocates with malloc */
+        exo_free(text);
         return exo_err_set(err, EXO_ETOOBIG, "%s: %zu bytes exceeds the frame limit",
                            exo_runner_msg_name(m->kind), n);
     }
@@ -162,7 +162,7 @@ int exo_runner_msg_encode(const exo_runner_msg *m, exo_sbuf *out, exo_err *err)
                             (unsigned char)(n >> 24)};
     exo_sbuf_append(out, hdr, 4);
     exo_sbuf_append(out, text, n);
-    free(text);
+    exo_free(text);
     return 0;
 }
 

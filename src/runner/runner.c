@@ -678,6 +678,11 @@ static int on_token(void *ctx, const exo_sample *s)
     if (g->j->req.logprobs) {
         c.has_logprob = true;
         c.logprob = s->logprob;
+        /* the entry names the token as its alternatives are named (after
+         * its predecessor), not the piece the detokenizer let out now */
+        char *own = alt_text(r->tok, g->prev_id, s->id);
+        exo_chunk_set_token_text(&c, own);
+        exo_free(own);
         for (int i = 0; i < s->n_top; i++) {
             char *t = alt_text(r->tok, g->prev_id, s->top_ids[i]);
             exo_chunk_set_top(&c, i, t, s->top_logprobs[i]);

@@ -105,6 +105,8 @@ size_t jv_utf8_len(const char *s, size_t n);
 size_t jv_utf8_offset(const char *s, size_t n, size_t cp); /* byte offset of code point cp */
 
 /* A growable byte buffer. */
+/* Capped from outside: every byte a template makes counts against the
+ * render's max_values budget, and its output against max_output (jinja.h). */
 typedef struct jbuf { char *p; size_t len, cap; } jbuf;
 void jbuf_put(jbuf *b, const char *s, size_t n);
 void jbuf_puts(jbuf *b, const char *s);

@@ -18,7 +18,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* ---- growable byte buffer and span lists (utf8.c) ---- */
+/* ---- growable byte buffer and span lists (utf8.c) ----
+ * Capped from outside: what they hold grows by a bounded factor of the text
+ * being encoded or decoded, which EXO_TOKENIZER_MAX_INPUT caps. */
 
 typedef struct exo_tok_buf {
     char  *p;

@@ -453,6 +453,11 @@ int exo_tokenizer_encode(const exo_tokenizer *tok, const char *text, size_t len,
     *n   = 0;
     if (!text)
         len = 0;
+    if (len > EXO_TOKENIZER_MAX_INPUT) {
+        exo_tok_bpe_scratch_free(e.sc);
+        return exo_err_set(err, EXO_ETOOBIG, "text of %zu bytes exceeds the tokenizer's %zu MiB", len,
+                           EXO_TOKENIZER_MAX_INPUT >> 20);
+    }
     if (len && !exo_tok_utf8_valid(text, len)) {
         exo_tok_utf8_lossy(text, len, &fixed);
         text = fixed.p;

@@ -52,6 +52,11 @@ int  exo_tokenizer_load_mem(const char *json, size_t json_len, const char *confi
                             size_t config_len, exo_tokenizer **out, exo_err *err);
 void exo_tokenizer_free(exo_tokenizer *tok);
 
+/* Longest text encode accepts (EXO_ETOOBIG past it). Every buffer of an
+ * encode grows by a bounded factor of its text, so this caps them all;
+ * chat templates render at most 32 MiB (jinja.h). */
+#define EXO_TOKENIZER_MAX_INPUT ((size_t)64 << 20)
+
 /* *ids is allocated with exo_malloc (free with exo_free), even when *n == 0. */
 int exo_tokenizer_encode(const exo_tokenizer *tok, const char *text, size_t len,
                          bool add_special, int32_t **ids, size_t *n, exo_err *err);

@@ -12,7 +12,9 @@
 // thinking disabled, multi-turn conversations in each API's message shapes);
 // seeded sampling; logprobs; max_tokens; stop sequences; bench; SSE / NDJSON
 // framing (keep-alive, prefill progress, Claude and Responses event
-// sequences); 4xx errors in each family's format; /v1/cancel and client
+// sequences, incomplete items); 4xx errors in each family's format (also what
+// the real APIs refuse: ranges, empty messages / input, roles, block and item
+// types); GET /v1/models/{id}; Ollama at /api/* too; /v1/cancel and client
 // disconnects (also while queued, and at most one token late, checked with
 // the runner stopped by SIGSTOP); FIFO queueing without cross-talk;
 // keep-alives on idle streams; runner SIGKILL mid-request (error to every
@@ -351,7 +353,7 @@ test('placement preview, POST /instance, GET/DELETE /instance/{id}, /events?sinc
   const keys = pv.previews.map((x) => JSON.stringify([x.sharding, x.instance_meta, x.error]));
   assert.equal(new Set(keys).size, keys.length, 'previews are deduplicated');
 
-  const before = (await D.getJson(base, '/events')).length;
+  const before = (await D.getJson(base, '/events/page')).count;
   const bad = await D.postJson(base, '/instance', { instance: { Bogus: {} } });
   assert.equal(bad.status, 400);
   const made = await D.postJson(base, '/instance', { instance: inst });
@@ -370,6 +372,16 @@ test('placement preview, POST /instance, GET/DELETE /instance/{id}, /events?sinc
   const since = await D.getJson(base, `/events?since=${before}`);
   assert.ok(since.length > 0 && 'InstanceCreated' in since[0], JSON.stringify(since[0]));
   assert.equal((await fetch(`${base}/events?since=-1`)).status, 400);
+  // pages: at most 1000 events, and the page says where the next one starts
+  const pg = await D.getJson(base, `/events/page?since=${before}&limit=2`);
+  assert.equal(pg.since, before);
+  assert.ok(pg.events.length <= 2 && pg.events.length > 0);
+  assert.equal(pg.next, before + pg.events.length);
+  assert.equal(pg.first, 0, 'nothing compacted yet');
+  assert.deepEqual(pg.events, since.slice(0, pg.events.length));
+  assert.ok((await D.getJson(base, '/events?limit=100000')).length <= 1000);
+  const end = await D.getJson(base, `/events/page?since=${pg.count + 5}`);
+  assert.deepEqual([end.events.length, end.next, end.more], [0, end.count, false]);
   // two instances of one model now: requests still get their greedy text
   const r = await viaOpenAI(STORIES_ID, P.stories, { max: 8 });
   assert.equal(r.text, ref(STORIES_ID, P.stories, 8).text);
@@ -470,6 +482,25 @@ test('logprobs equal exo run --logprobs (OpenAI chat)', T_TEST, async (t) => {
     assert.equal(lp.length, r.tokens.length, 'one entry per generated token');
     lp.forEach((x, i) => assert.ok(Math.abs(x.logprob - r.tokens[i].logprob) < 1e-5,
       `token ${i}: logprob ${x.logprob} vs ${r.tokens[i].logprob} (entries in order)`));
+  });
+  // An entry names its token as the top_logprobs alternative for the same id does
+  // (decoded after its predecessor, leading space included): the entry used to
+  // carry the piece of content instead ("upon" beside " upon"; "" for a held-back
+  // byte beside its alternative's text).
+  await t.test('an entry\'s token equals the top_logprobs entry of the same token id', async () => {
+    for (const [model, prompt] of [[STORIES_ID, P.stories], [QWEN_ID, P.qwen], [QWEN_ID, P.qwenLp]]) {
+      const r = ref(model, prompt, 12, { logprobs: 3 });
+      const { lp } = await logprobsOf(model, prompt, 12);
+      let matched = 0;
+      lp.forEach((x, i) => {
+        const k = r.tokens[i].top.findIndex(([id]) => id === r.tokens[i].id);
+        if (k < 0) return;
+        matched++;
+        assert.equal(x.top_logprobs[k].token, x.token, `${model} token ${i}`);
+        assert.deepEqual(x.top_logprobs[k].bytes, x.bytes, `${model} token ${i} bytes`);
+      });
+      assert.ok(matched >= 6, `${model}: the chosen token is among the top 3 often enough (${matched})`);
+    }
   });
 });
 
@@ -704,6 +735,10 @@ test('Responses SSE: event order and increasing sequence_number', T_TEST, async 
     'response.output_item.added', 'response.content_part.added']);
   assert.deepEqual(names.slice(-4), ['response.output_text.done', 'response.content_part.done',
     'response.output_item.done', 'response.incomplete']);
+  // cut short by max_output_tokens: the message item is incomplete, as OpenAI's
+  assert.equal(d.at(-2).item.status, 'incomplete');
+  assert.equal(d.at(-1).response.output[0].status, 'incomplete');
+  assert.equal(d.at(-1).response.incomplete_details.reason, 'max_output_tokens');
   const text = d.filter((x) => x.type === 'response.output_text.delta').map((x) => x.delta).join('');
   assert.equal(text, r0.text);
   assert.equal(d.at(-1).response.output_text, r0.text);
@@ -754,6 +789,59 @@ test('Ollama preload (no messages / empty prompt) answers done_reason load witho
   }
   const missing = await D.rawPost(base, '/ollama/api/chat', { model: 'nobody/nothing', messages: [] });
   assert.equal(missing.status, 404);
+});
+
+// The openai SDK's models.retrieve: GET /v1/models/{id}, ids with a slash.
+test('GET /v1/models/{id}: models.retrieve, OpenAI\'s 404 for an unknown id', T_TEST, async () => {
+  for (const id of [STORIES_ID, QWEN_ID]) {
+    const m = await openai.models.retrieve(id);
+    assert.equal(m.id, id);
+    assert.equal(m.object, 'model');
+    assert.equal(typeof m.created, 'number');
+    assert.equal(m.owned_by, 'exo');
+  }
+  await assert.rejects(openai.models.retrieve('nobody/nothing'),
+    (e) => e instanceof OpenAI.NotFoundError && e.status === 404 && e.code === 'model_not_found' &&
+      /nobody\/nothing/.test(e.message));
+  const r = await fetch(`${base}/v1/models/nobody/nothing`);
+  assert.equal(r.status, 404);
+  const j = await r.json();
+  assert.equal(j.error.type, 'invalid_request_error');
+  assert.equal(j.error.param, 'model');
+  assert.equal(j.error.code, 'model_not_found');
+});
+
+// Ollama's own paths: an unmodified client whose host is the daemon (no /ollama prefix).
+test('Ollama API at /api/*: the npm client with the daemon as its host', T_TEST, async () => {
+  const o = new Ollama({ host: base });
+  const names = (await o.list()).models.map((x) => x.name);
+  assert.ok(names.includes(STORIES_ID) && names.includes(QWEN_ID), `tags: ${names}`);
+  assert.deepEqual((await o.ps()).models.map((x) => x.name).sort(), [QWEN_ID, STORIES_ID].sort());
+  assert.equal((await o.show({ model: QWEN_ID })).details.family, 'qwen3');
+  assert.equal(typeof (await o.version()).version, 'string');
+  const r0 = ref(STORIES_ID, P.stories, 8);
+  const opts = { temperature: 0, num_predict: 8 };
+  const msgs = [{ role: 'user', content: P.stories }];
+  const chat = await o.chat({ model: STORIES_ID, messages: msgs, stream: false, options: opts });
+  assert.equal(chat.message.content, r0.text);
+  assert.equal(chat.done_reason, 'length');
+  let text = '';
+  for await (const part of await o.chat({ model: STORIES_ID, messages: msgs, stream: true, options: opts })) text += part.message.content;
+  assert.equal(text, r0.text);
+  text = '';
+  for await (const part of await o.generate({ model: STORIES_ID, prompt: P.stories, stream: true, options: opts })) text += part.response;
+  assert.equal(text, r0.text);
+  assert.equal((await o.generate({ model: STORIES_ID, prompt: P.stories, options: opts })).response, r0.text);
+  // errors in Ollama's format at these paths too
+  await assert.rejects(o.chat({ model: 'nobody/nothing', messages: msgs }), (e) => e.status_code === 404);
+  for (const [pth, body, status] of [['/api/chat', { model: 'nobody/nothing', messages: msgs }, 404],
+    ['/api/generate', '{"model":', 400], ['/api/show', { model: 'nobody/nothing' }, 404]]) {
+    const r = await D.rawPost(base, pth, body);
+    assert.equal(r.status, status, `${pth}: ${r.text}`);
+    assert.equal(typeof JSON.parse(r.text).error, 'string', r.text);
+  }
+  // the /ollama prefix still serves
+  assert.equal((await D.getJson(base, '/ollama/api/version')).version, (await o.version()).version);
 });
 
 // ---- errors -------------------------------------------------------------------------------
@@ -850,6 +938,76 @@ test('errors: 4xx in each API\'s own format, and the daemon keeps serving', T_TE
     const c = await D.rawPost(base, '/v1/cancel/00000000-0000-4000-8000-000000000000', '');
     assert.equal(c.status, 404);
     FAMILIES.openai.check(404, JSON.parse(c.text));
+  });
+});
+
+// What the real APIs refuse with a 400 (ranges, required fields, roles, block and
+// item types), in each API's own error format; the SDKs raise BadRequestError.
+test('requests the real APIs refuse: 400 in each API\'s format', T_TEST, async (t) => {
+  const u = [{ role: 'user', content: 'hi' }];
+  const cases = {
+    openai: [
+      ['temperature 5', chatBody(STORIES_ID, 'hi', 2, { temperature: 5 })],
+      ['temperature -1', chatBody(STORIES_ID, 'hi', 2, { temperature: -1 })],
+      ['top_p 1.5', chatBody(STORIES_ID, 'hi', 2, { top_p: 1.5 })],
+      ['presence_penalty 3', chatBody(STORIES_ID, 'hi', 2, { presence_penalty: 3 })],
+      ['frequency_penalty -3', chatBody(STORIES_ID, 'hi', 2, { frequency_penalty: -3 })],
+      ['n 0', chatBody(STORIES_ID, 'hi', 2, { n: 0 })],
+      ['max_tokens 0', chatBody(STORIES_ID, 'hi', 0)],
+      ['empty messages', { model: STORIES_ID, messages: [] }],
+      ['unknown role', { model: STORIES_ID, messages: [{ role: 'robot', content: 'hi' }] }],
+      ['unknown content part', { model: STORIES_ID, messages: [{ role: 'user', content: [{ type: 'audio' }] }] }],
+      ['logprobs not a boolean', chatBody(STORIES_ID, 'hi', 2, { logprobs: 'yes' })],
+    ],
+    claude: [
+      ['empty messages', { model: STORIES_ID, max_tokens: 5, messages: [] }],
+      ['temperature 5', { model: STORIES_ID, max_tokens: 5, messages: u, temperature: 5 }],
+      ['temperature 1.5', { model: STORIES_ID, max_tokens: 5, messages: u, temperature: 1.5 }],
+      ['top_p 2', { model: STORIES_ID, max_tokens: 5, messages: u, top_p: 2 }],
+      ['max_tokens 0', { model: STORIES_ID, max_tokens: 0, messages: u }],
+      ['no max_tokens', { model: STORIES_ID, messages: u }],
+      ['system role in messages', { model: STORIES_ID, max_tokens: 5, messages: [{ role: 'system', content: 'x' }] }],
+      ['unknown block type', { model: STORIES_ID, max_tokens: 5, messages: [{ role: 'user', content: [{ type: 'bogus' }] }] }],
+      ['stop_sequences a string', { model: STORIES_ID, max_tokens: 5, messages: u, stop_sequences: 'Z' }],
+      ['system a number', { model: STORIES_ID, max_tokens: 5, messages: u, system: 5 }],
+    ],
+    responses: [
+      ['empty input', { model: STORIES_ID, input: [] }],
+      ['temperature 3', { model: STORIES_ID, input: 'hi', temperature: 3 }],
+      ['top_p -1', { model: STORIES_ID, input: 'hi', top_p: -1 }],
+      ['max_output_tokens 0', { model: STORIES_ID, input: 'hi', max_output_tokens: 0 }],
+      ['unknown item type', { model: STORIES_ID, input: [{ type: 'bogus_item' }] }],
+      ['unknown role', { model: STORIES_ID, input: [{ role: 'robot', content: 'hi' }] }],
+    ],
+  };
+  for (const [fam, list] of Object.entries(cases)) {
+    for (const [name, body] of list) {
+      await t.test(`${fam}: ${name} -> 400`, async () => {
+        const r = await D.rawPost(base, FAMILIES[fam].path, body);
+        assert.equal(r.status, 400, r.text.slice(0, 300));
+        FAMILIES[fam].check(400, JSON.parse(r.text));
+      });
+    }
+  }
+  await t.test('the edges of the ranges are accepted', async () => {
+    for (const [p, body] of [
+      ['/v1/chat/completions', chatBody(STORIES_ID, 'hi', 1, { temperature: 2, top_p: 1, presence_penalty: -2, n: 1 })],
+      ['/v1/messages', { model: STORIES_ID, max_tokens: 1, messages: u, temperature: 1, top_p: 1, top_k: 0 }],
+      ['/v1/responses', { model: STORIES_ID, input: 'hi', max_output_tokens: 1, temperature: 2, top_p: 0.5 }],
+    ]) {
+      const r = await D.rawPost(base, p, body);
+      assert.equal(r.status, 200, `${p}: ${r.text.slice(0, 300)}`);
+    }
+  });
+  await t.test('SDKs raise BadRequestError', async () => {
+    await assert.rejects(anthropic.messages.create({ model: STORIES_ID, max_tokens: 5, messages: [] }),
+      (e) => e instanceof Anthropic.BadRequestError && e.status === 400 && e.error?.error?.type === 'invalid_request_error');
+    await assert.rejects(anthropic.messages.create({ model: STORIES_ID, max_tokens: 5, messages: u, temperature: 5 }),
+      (e) => e instanceof Anthropic.BadRequestError && /temperature/.test(e.message));
+    await assert.rejects(openai.responses.create({ model: STORIES_ID, input: [] }),
+      (e) => e instanceof OpenAI.BadRequestError && /input/.test(e.message));
+    await assert.rejects(openai.chat.completions.create(chatBody(STORIES_ID, 'hi', 2, { temperature: 5 })),
+      (e) => e instanceof OpenAI.BadRequestError && /temperature/.test(e.message));
   });
 });
 
@@ -1209,6 +1367,7 @@ test('queued behind a stalled runner: keep-alive every 10 s, FIFO order, exact o
   });
   const streams = [];
   await noTasksLeft();
+  const logMark = (await D.getJson(base, '/events/page')).count;
   await withRunnerPaused(async () => {
     for (const [i, sp] of specs.entries()) {
       streams.push(await D.openStream(base, sp.pth, sp.body));
@@ -1256,16 +1415,16 @@ test('queued behind a stalled runner: keep-alive every 10 s, FIFO order, exact o
     // Complete event must come in the order the tasks were created.
     // (the last Complete event may trail the client's [DONE] by a moment:
     // the runner's Done frame follows its final chunk)
+    // The log keeps no prompts (params are redacted), so the tasks are
+    // known by order: each request was opened only once the previous one's
+    // task existed, so the k-th TaskCreated since the mark is request k.
     let created = [], completed = [];
     for (const t1 = Date.now(); ;) {
       created = []; completed = [];
-      for (const e of await D.getJson(base, '/events')) {
-        if (e.TaskCreated) {
-          const task = e.TaskCreated.task.TextGeneration;
-          const msgs = task?.taskParams?.messages ?? [];
-          const text = msgs.map((m) => (typeof m.content === 'string' ? m.content : JSON.stringify(m.content))).join(' ');
-          const i = CONC_FIFO.findIndex((p) => text.includes(p));
-          if (i >= 0 && !created.some((c) => c.i === i)) created.push({ i, taskId: e.TaskCreated.taskId });
+      for (const e of await D.getJson(base, `/events?since=${logMark}`)) {
+        if (e.TaskCreated?.task?.TextGeneration) {
+          assert.deepEqual(e.TaskCreated.task.TextGeneration.taskParams, { redacted: true }, 'no prompt in the log');
+          if (created.length < CONC_FIFO.length) created.push({ i: created.length, taskId: e.TaskCreated.taskId });
         } else if (e.TaskStatusUpdated?.taskStatus === 'Complete') {
           const c = created.find((x) => x.taskId === e.TaskStatusUpdated.taskId);
           if (c) completed.push(c.i);
@@ -1276,6 +1435,12 @@ test('queued behind a stalled runner: keep-alive every 10 s, FIFO order, exact o
     }
     assert.deepEqual(created.map((c) => c.i), CONC_FIFO.map((_, i) => i), 'created in the order sent');
     assert.deepEqual(completed, CONC_FIFO.map((_, i) => i), 'completed in the order created');
+    // and no file of the event log holds a prompt (log, snapshots, archives)
+    const dir = path.join(daemon.dataDir, 'event_log/master');
+    for (const f of await fsp.readdir(dir)) {
+      const bytes = await fsp.readFile(path.join(dir, f));
+      for (const p of CONC_FIFO) assert.ok(!bytes.includes(p), `${f} holds the prompt ${JSON.stringify(p)}`);
+    }
   });
 });
 
@@ -1334,6 +1499,26 @@ test('runner killed mid-request: every client gets an error naming the exit; the
       await assert.rejects(async () => {
         for await (const ev of s) if (ev.type === 'content_block_delta' && ++n === 3) await kill();
       }, (e) => e instanceof Anthropic.APIError && RX.test(e.message));
+    },
+    // responses.stream() accumulates the items: a failed response must hold
+    // whole items (it threw a TypeError on the null an open message left)
+    'responses SDK stream': async (kill) => {
+      const s = openai.responses.stream({ model: STORIES_ID, input: P.stories, max_output_tokens: LONG, temperature: 0 });
+      let n = 0, failed = null, itemDone = null;
+      for await (const ev of s) {
+        if (ev.type === 'response.output_text.delta' && ++n === 3) await kill();
+        if (ev.type === 'response.output_item.done') itemDone = ev.item;
+        if (ev.type === 'response.failed') failed = ev;
+      }
+      assert.ok(failed, 'a response.failed event');
+      assert.match(failed.response.error.message, RX);
+      assert.equal(itemDone?.status, 'incomplete', 'the open message is done as incomplete');
+      const fin = await s.finalResponse();
+      assert.equal(fin.status, 'failed');
+      assert.match(fin.error.message, RX);
+      fin.output.forEach((item) => assert.equal(typeof item.type, 'string'));
+      assert.equal(fin.output.find((x) => x.type === 'message').status, 'incomplete');
+      assert.ok(fin.output_text.length > 0, 'the text before the crash is kept');
     },
     'responses raw stream': async (kill) => {
       const s = await sse('/v1/responses', { model: STORIES_ID, input: P.stories, max_output_tokens: LONG, temperature: 0 });

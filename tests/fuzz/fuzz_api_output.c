@@ -2,7 +2,7 @@
  * tool format and options, the rest is model output cut into tokens at 0x01
  * bytes. Properties: no crash or leak; with no markers configured the
  * emitted text equals the input; all emitted tool-call arguments are JSON. */
-// FUZZ_SOURCES: src/core/sbuf.c src/core/json_util.c src/proto/gen_types.c src/runner/output_parser.c src/core/alloc.c src/core/error.c src/core/log.c src/core/clock.c src/proto/sampling.c
+// FUZZ_SOURCES: src/core/sbuf.c src/core/json_util.c src/core/budget.c src/proto/gen_types.c src/runner/output_parser.c src/core/alloc.c src/core/error.c src/core/log.c src/core/clock.c src/proto/sampling.c
 #include "runner/output_parser.h"
 #include "core/sbuf.h"
 

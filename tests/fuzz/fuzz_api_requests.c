@@ -2,7 +2,7 @@
  * (the five client adapters, the pipe decoders for exo_gen_request and
  * exo_chunk), the rest is the body. Whatever parses must validate, survive a
  * JSON round trip unchanged, and drive every encoder to valid output. */
-// FUZZ_SOURCES: src/core/sbuf.c src/core/json_util.c src/proto/gen_types.c src/api/encoder.c src/api/openai_chat.c src/api/claude.c src/api/responses.c src/api/ollama.c src/core/alloc.c src/core/error.c src/core/log.c src/core/clock.c src/proto/sampling.c
+// FUZZ_SOURCES: src/core/sbuf.c src/core/json_util.c src/core/budget.c src/proto/gen_types.c src/api/encoder.c src/api/openai_chat.c src/api/claude.c src/api/responses.c src/api/ollama.c src/core/alloc.c src/core/error.c src/core/log.c src/core/clock.c src/proto/sampling.c
 #include "api/api.h"
 #include "core/alloc.h"
 

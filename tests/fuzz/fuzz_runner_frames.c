@@ -4,7 +4,7 @@
  * exo_runner_chan does), odd -> the rest is one frame payload. Whatever
  * decodes must re-encode and decode again to the same message, and a
  * framing error must stop the stream. */
-// FUZZ_SOURCES: src/runner/protocol.c src/proto/gen_types.c src/core/json_util.c src/core/sbuf.c src/proto/types.c src/core/alloc.c src/core/error.c src/core/log.c src/core/clock.c src/proto/sampling.c
+// FUZZ_SOURCES: src/runner/protocol.c src/proto/gen_types.c src/core/json_util.c src/core/budget.c src/core/sbuf.c src/proto/types.c src/core/alloc.c src/core/error.c src/core/log.c src/core/clock.c src/proto/sampling.c
 #include "core/alloc.h"
 #include "runner/protocol.h"
 

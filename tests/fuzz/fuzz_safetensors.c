@@ -4,7 +4,7 @@
  * input, which this target checks by touching every tensor's first and last
  * byte (ASan flags any read outside the buffer); rejected inputs must carry
  * a message naming the input. */
-// FUZZ_SOURCES: src/engine/safetensors.c src/engine/dtype.c src/core/alloc.c src/core/error.c
+// FUZZ_SOURCES: src/engine/safetensors.c src/engine/dtype.c src/core/alloc.c src/core/error.c src/core/json_util.c src/core/budget.c
 #include "engine/safetensors.h"
 
 #include <stdint.h>

@@ -63,6 +63,16 @@ Test(api_adapters, openai_rejects)
         "{\"model\":\"m\",\"messages\":[]}",
         "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"temperature\":\"hot\"}",
         "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"n\":2}",
+        "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"n\":0}",
+        /* OpenAI's ranges */
+        "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"temperature\":2.5}",
+        "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"temperature\":-0.1}",
+        "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"top_p\":1.5}",
+        "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"presence_penalty\":3}",
+        "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"frequency_penalty\":-2.5}",
+        "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":0}",
+        "{\"model\":\"m\",\"messages\":[{\"role\":\"robot\",\"content\":\"x\"}]}",
+        "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"audio\"}]}]}",
         "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"top_logprobs\":50}",
         "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":-1}",
         "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\",\"image_url\":{\"url\":\"x\"}}]}]}",
@@ -81,11 +91,70 @@ Test(api_adapters, openai_rejects)
         cr_assert_neq(parse(EXO_API_OPENAI_CHAT, bad[i], &r, &err), 0, "accepted %s", bad[i]);
         cr_assert(err.msg[0]);
     }
+    /* the edges of the ranges are accepted */
+    exo_gen_request r;
+    exo_err err = {0};
+    cr_assert_eq(parse(EXO_API_OPENAI_CHAT,
+                       "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"temperature\":2,"
+                       "\"top_p\":0,\"presence_penalty\":-2,\"frequency_penalty\":2,\"n\":1,\"max_tokens\":1}",
+                       &r, &err), 0, "%s", err.msg);
+    exo_gen_request_free(&r);
+}
+
+/* What the real Messages and Responses APIs refuse (each a 400). */
+Test(api_adapters, claude_and_responses_reject)
+{
+    static const char *const claude[] = {
+        "{\"model\":\"m\",\"max_tokens\":5,\"messages\":[]}",
+        "{\"model\":\"m\",\"max_tokens\":0,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}",
+        "{\"model\":\"m\",\"max_tokens\":5,\"temperature\":5,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}",
+        "{\"model\":\"m\",\"max_tokens\":5,\"temperature\":1.5,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}",
+        "{\"model\":\"m\",\"max_tokens\":5,\"top_p\":2,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}",
+        "{\"model\":\"m\",\"max_tokens\":5,\"top_k\":-1,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}",
+        "{\"model\":\"m\",\"max_tokens\":5,\"stop_sequences\":\"Z\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}",
+        "{\"model\":\"m\",\"max_tokens\":5,\"system\":5,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}",
+        "{\"model\":\"m\",\"max_tokens\":5,\"system\":[{\"type\":\"image\"}],\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}",
+        "{\"model\":\"m\",\"max_tokens\":5,\"messages\":[{\"role\":\"system\",\"content\":\"x\"}]}",
+        "{\"model\":\"m\",\"max_tokens\":5,\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"bogus\"}]}]}",
+    };
+    static const char *const responses[] = {
+        "{\"model\":\"m\",\"input\":[]}",
+        "{\"model\":\"m\",\"input\":\"x\",\"temperature\":3}",
+        "{\"model\":\"m\",\"input\":\"x\",\"top_p\":-1}",
+        "{\"model\":\"m\",\"input\":\"x\",\"max_output_tokens\":0}",
+        "{\"model\":\"m\",\"input\":[{\"type\":\"bogus_item\"}]}",
+        "{\"model\":\"m\",\"input\":[{\"content\":\"no role, no type\"}]}",
+        "{\"model\":\"m\",\"input\":[{\"role\":\"tool\",\"content\":\"x\"}]}",
+    };
+    for (size_t i = 0; i < sizeof claude / sizeof *claude; i++) {
+        exo_gen_request r;
+        exo_err err = {0};
+        cr_assert_neq(parse(EXO_API_CLAUDE, claude[i], &r, &err), 0, "accepted %s", claude[i]);
+        cr_assert(err.msg[0]);
+    }
+    for (size_t i = 0; i < sizeof responses / sizeof *responses; i++) {
+        exo_gen_request r;
+        exo_err err = {0};
+        cr_assert_neq(parse(EXO_API_RESPONSES, responses[i], &r, &err), 0, "accepted %s", responses[i]);
+        cr_assert(err.msg[0]);
+    }
+    exo_gen_request r;
+    exo_err err = {0};
+    cr_assert_eq(parse(EXO_API_CLAUDE, "{\"model\":\"m\",\"max_tokens\":1,\"temperature\":1,\"top_p\":0,\"top_k\":0,"
+                       "\"system\":\"s\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}", &r, &err), 0, "%s", err.msg);
+    exo_gen_request_free(&r);
+    cr_assert_eq(parse(EXO_API_RESPONSES, "{\"model\":\"m\",\"temperature\":2,\"top_p\":1,"
+                       "\"input\":[{\"role\":\"user\",\"content\":\"x\"},{\"type\":\"mcp_list_tools\"}]}", &r, &err),
+                 0, "%s", err.msg);
+    exo_gen_request_free(&r);
 }
 
 Test(api_adapters, route_table_matches_path_families)
 {
-    cr_assert_eq(exo_api_n_generation_routes, 9);
+    cr_assert_eq(exo_api_n_generation_routes, 11);
+    cr_assert_eq(exo_api_family_for_path("/api/chat"), EXO_API_OLLAMA_CHAT);
+    cr_assert_eq(exo_api_family_for_path("/api/generate"), EXO_API_OLLAMA_GENERATE);
+    cr_assert_eq(exo_api_family_for_path("/api/tags"), EXO_API_OLLAMA_CHAT); /* router errors as Ollama's */
     for (int i = 0; i < exo_api_n_generation_routes; i++)
         cr_assert_eq(exo_api_family_for_path(exo_api_generation_routes[i].path), exo_api_generation_routes[i].family,
                      "%s", exo_api_generation_routes[i].path);
@@ -624,4 +693,149 @@ Test(api_adapters, client_error_chunks_keep_their_status)
             exo_api_encoder_free(e);
             exo_gen_request_free(&r);
         }
+}
+
+/* The data object of the last SSE event of a type, or NULL. */
+static json_t *last_event(json_t *ev, const char *type)
+{
+    json_t *found = NULL;
+    size_t i;
+    json_t *x;
+    json_array_foreach(ev, i, x) {
+        json_t *d = json_object_get(x, "data");
+        const char *t = json_string_value(json_object_get(d, "type"));
+        if (t && !strcmp(t, type))
+            found = d;
+    }
+    return found;
+}
+
+/* An error while the message is open: the message is closed as incomplete
+ * (text done, part done, item done) before response.failed, whose output
+ * holds whole items only: the openai SDK's accumulator reads each item's
+ * type and threw a TypeError on the null an open item left. */
+Test(api_adapters, responses_failed_closes_open_items)
+{
+    char *s = run_encoder(EXO_API_RESPONSES, true, false, EXO_FR_STOP, true);
+    json_t *ev = sse_events(s);
+    static const char *const want[] = {
+        "response.created", "response.in_progress",
+        "response.output_item.added", "response.reasoning_summary_part.added", "response.reasoning_summary_text.delta",
+        "response.reasoning_summary_text.done", "response.reasoning_summary_part.done", "response.output_item.done",
+        "response.output_item.added", "response.content_part.added", "response.output_text.delta", "response.output_text.delta",
+        "response.output_text.done", "response.content_part.done", "response.output_item.done",
+        "response.failed"};
+    expect_event_order(ev, want, sizeof want / sizeof *want, true);
+    json_t *msg_done = json_object_get(last_event(ev, "response.output_item.done"), "item");
+    cr_assert_str_eq(json_string_value(json_object_get(msg_done, "status")), "incomplete");
+    json_t *resp = json_object_get(last_event(ev, "response.failed"), "response");
+    cr_assert_str_eq(json_string_value(json_object_get(resp, "status")), "failed");
+    cr_assert_str_eq(json_string_value(json_object_get(json_object_get(resp, "error"), "message")), "runner died");
+    json_t *output = json_object_get(resp, "output");
+    cr_assert_eq(json_array_size(output), 2, "%s", s);
+    size_t i;
+    json_t *it;
+    json_array_foreach(output, i, it) cr_assert(json_is_object(it), "output[%zu] is %s", i, s);
+    cr_assert_str_eq(json_string_value(json_object_get(json_array_get(output, 1), "status")), "incomplete");
+    json_decref(ev);
+    free(s);
+
+    /* an error before any item: response.failed with an empty output */
+    exo_gen_request r = req_for(true, false);
+    exo_api_encoder *e = exo_api_encoder_create(EXO_API_RESPONSES, &r, "cmd2", 1700000000);
+    exo_sbuf out;
+    exo_sbuf_init(&out);
+    exo_api_encoder_begin(e, &out);
+    exo_chunk c;
+    exo_chunk_error(&c, "no runner");
+    cr_assert(exo_api_encoder_feed(e, &c, &out));
+    exo_chunk_free(&c);
+    ev = sse_events(out.data);
+    resp = json_object_get(last_event(ev, "response.failed"), "response");
+    cr_assert(json_is_array(json_object_get(resp, "output")) && json_array_size(json_object_get(resp, "output")) == 0,
+              "%s", out.data);
+    cr_assert_null(last_event(ev, "response.output_item.done"));
+    json_decref(ev);
+    exo_sbuf_free(&out);
+    exo_api_encoder_free(e);
+    exo_gen_request_free(&r);
+}
+
+/* max_output_tokens reached: the message item is done as "incomplete", in
+ * the stream and in the non-streaming body, as OpenAI's. */
+Test(api_adapters, responses_incomplete_item_status)
+{
+    char *s = run_encoder(EXO_API_RESPONSES, true, false, EXO_FR_LENGTH, false);
+    json_t *ev = sse_events(s);
+    json_t *msg_done = json_object_get(last_event(ev, "response.output_item.done"), "item");
+    cr_assert_str_eq(json_string_value(json_object_get(msg_done, "type")), "message");
+    cr_assert_str_eq(json_string_value(json_object_get(msg_done, "status")), "incomplete");
+    json_t *resp = json_object_get(last_event(ev, "response.incomplete"), "response");
+    cr_assert_str_eq(json_string_value(json_object_get(resp, "status")), "incomplete");
+    cr_assert_str_eq(json_string_value(json_object_get(json_object_get(resp, "incomplete_details"), "reason")),
+                     "max_output_tokens");
+    cr_assert_str_eq(json_string_value(json_object_get(json_array_get(json_object_get(resp, "output"), 1), "status")),
+                     "incomplete");
+    json_decref(ev);
+    free(s);
+    s = run_encoder(EXO_API_RESPONSES, false, false, EXO_FR_LENGTH, false);
+    json_t *j = json_loads(s, 0, NULL);
+    cr_assert(j, "%s", s);
+    cr_assert_str_eq(json_string_value(json_object_get(j, "status")), "incomplete");
+    cr_assert_str_eq(json_string_value(json_object_get(json_array_get(json_object_get(j, "output"), 1), "status")),
+                     "incomplete");
+    json_decref(j);
+    free(s);
+    s = run_encoder(EXO_API_RESPONSES, false, false, EXO_FR_STOP, false);
+    j = json_loads(s, 0, NULL);
+    cr_assert_str_eq(json_string_value(json_object_get(json_array_get(json_object_get(j, "output"), 1), "status")),
+                     "completed");
+    json_decref(j);
+    free(s);
+}
+
+/* A logprobs entry names its token as its top_logprobs alternatives do
+ * (token_text: decoded after its predecessor, with its leading space), not
+ * the piece of content the chunk carries ("upon" at the start of an answer). */
+Test(api_adapters, logprob_entry_names_the_token_text)
+{
+    for (int stream = 0; stream < 2; stream++) {
+        exo_gen_request r = req_for(stream, true);
+        exo_api_encoder *e = exo_api_encoder_create(EXO_API_OPENAI_CHAT, &r, "cmd3", 1700000000);
+        exo_sbuf out;
+        exo_sbuf_init(&out);
+        exo_chunk c;
+        exo_chunk_token(&c, "upon", 4, 7, false);
+        exo_chunk_set_token_text(&c, " upon");
+        c.has_logprob = true;
+        c.logprob = -0.1f;
+        exo_chunk_set_top(&c, 0, " upon", -0.1f);
+        exo_api_encoder_feed(e, &c, &out);
+        exo_chunk_free(&c);
+        exo_usage u = {.prompt_tokens = 1, .completion_tokens = 1};
+        exo_chunk_finish(&c, EXO_FR_STOP, &u, 1, 1);
+        exo_api_encoder_feed(e, &c, &out);
+        exo_chunk_free(&c);
+        json_t *choice;
+        json_t *ev = NULL, *body = NULL;
+        if (stream) {
+            ev = sse_events(out.data);
+            choice = json_array_get(json_object_get(json_object_get(json_array_get(ev, 0), "data"), "choices"), 0);
+            cr_assert_str_eq(json_string_value(json_object_get(json_object_get(choice, "delta"), "content")), "upon");
+        } else {
+            body = json_loads(out.data, 0, NULL);
+            choice = json_array_get(json_object_get(body, "choices"), 0);
+            cr_assert_str_eq(json_string_value(json_object_get(json_object_get(choice, "message"), "content")), "upon");
+        }
+        json_t *lp = json_array_get(json_object_get(json_object_get(choice, "logprobs"), "content"), 0);
+        cr_assert_str_eq(json_string_value(json_object_get(lp, "token")), " upon", "%s", out.data);
+        cr_assert_eq(json_array_size(json_object_get(lp, "bytes")), 5);
+        cr_assert_str_eq(json_string_value(json_object_get(json_array_get(json_object_get(lp, "top_logprobs"), 0), "token")),
+                         " upon");
+        json_decref(ev);
+        json_decref(body);
+        exo_sbuf_free(&out);
+        exo_api_encoder_free(e);
+        exo_gen_request_free(&r);
+    }
 }

@@ -130,6 +130,35 @@ static void idle_handler(exo_http_request *req, void *ud)
     exo_http_stream_start(b->s, 200, "text/event-stream", true);
 }
 
+/* A stream written as fast as possible, for a client that stops reading:
+ * the writes must fail once stream_max_pending bytes wait. */
+static atomic_long flood_written;
+static atomic_int  flood_rc;
+
+static void *flood_producer(void *arg)
+{
+    exo_http_stream *s = arg;
+    static char piece[64 << 10];
+    memset(piece, 'x', sizeof piece);
+    long written = 0;
+    int rc = 0;
+    while (written < (64L << 20) && !(rc = exo_http_stream_write(s, piece, sizeof piece)))
+        written += (long)sizeof piece;
+    atomic_store(&flood_written, written);
+    atomic_store(&flood_rc, rc ? rc : 1);
+    exo_http_stream_release(s);
+    return NULL;
+}
+
+static void flood_handler(exo_http_request *req, void *ud)
+{
+    exo_http_stream *s = exo_http_stream_open(req, NULL, NULL);
+    exo_http_stream_start(s, 200, "text/plain", false);
+    pthread_t t;
+    pthread_create(&t, NULL, flood_producer, s);
+    pthread_detach(t);
+}
+
 static void echo_param(exo_http_request *req, void *ud)
 {
     char b[256];
@@ -146,13 +175,16 @@ static void setup(void)
     rl.rlim_cur = rl.rlim_max < 8192 ? rl.rlim_max : 8192;
     setrlimit(RLIMIT_NOFILE, &rl);
     exo_http_config cfg = {.bind_addr = "127.0.0.1", .port = 0, .max_body = 4096, .threads = 2,
-                           .keepalive_s = 0.3, .error_body = exo_api_error_for_path};
+                           .keepalive_s = 0.3, .error_body = exo_api_error_for_path,
+                           .max_per_client = 4096, /* many_idle_sse_connections: all from 127.0.0.1 */
+                           .stream_max_pending = 256 << 10};
     srv = exo_http_create(&cfg);
     exo_http_route(srv, "POST", "/v1/chat/completions", gen_handler, (void *)(intptr_t)EXO_API_OPENAI_CHAT);
     exo_http_route(srv, "POST", "/v1/messages", gen_handler, (void *)(intptr_t)EXO_API_CLAUDE);
     exo_http_route(srv, "POST", "/v1/responses", gen_handler, (void *)(intptr_t)EXO_API_RESPONSES);
     exo_http_route(srv, "POST", "/ollama/api/chat", gen_handler, (void *)(intptr_t)EXO_API_OLLAMA_CHAT);
     exo_http_route(srv, "GET", "/idle", idle_handler, NULL);
+    exo_http_route(srv, "GET", "/flood", flood_handler, NULL);
     exo_http_route(srv, "GET", "/items/{id}", echo_param, NULL);
     exo_http_route(srv, "GET", "/state/{id}/{rest:path}", echo_param, NULL);
     exo_err err = {0};
@@ -162,6 +194,7 @@ static void setup(void)
     atomic_store(&closes, 0);
     atomic_store(&closes_gone, 0);
     atomic_store(&producer_cancelled, 0);
+    atomic_store(&flood_rc, 0);
 }
 
 static void teardown(void) { exo_http_destroy(srv); }
@@ -519,4 +552,58 @@ Test(api_http, many_idle_sse_connections, .timeout = 120)
         sleep_ms(10);
     cr_assert_eq(exo_http_open_streams(srv), 0);
     cr_assert_eq(atomic_load(&closes), N);
+}
+
+Test(api_http, a_client_that_stops_reading_loses_its_stream)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    int small = 4096;
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+    cr_assert_eq(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+    send_req(fd, "GET", "/flood", NULL);
+    /* and never read */
+    for (int i = 0; i < 500 && !atomic_load(&flood_rc); i++)
+        sleep_ms(10);
+    cr_assert_eq(atomic_load(&flood_rc), EXO_ECANCELED, "the producer must be stopped");
+    long w = atomic_load(&flood_written);
+    cr_log_info("stream dropped after %ld KiB written (cap 256 KiB pending)", w >> 10);
+    cr_assert_lt(w, 16L << 20, "socket buffers + the cap, not more");
+    exo_http_stats st;
+    exo_http_get_stats(srv, &st);
+    cr_assert_eq(st.dropped_streams, 1);
+    close(fd);
+}
+
+Test(api_http, trickled_headers_meet_the_deadline)
+{
+    exo_http_destroy(srv);
+    exo_http_config cfg = {.bind_addr = "127.0.0.1", .header_timeout_s = 0.5, .body_timeout_s = 0.5,
+                           .error_body = exo_api_error_for_path};
+    srv = exo_http_create(&cfg);
+    exo_http_route(srv, "POST", "/v1/chat/completions", gen_handler, (void *)(intptr_t)EXO_API_OPENAI_CHAT);
+    exo_err err = {0};
+    cr_assert_eq(exo_http_start(srv, &err), 0, "%s", err.msg);
+    port = exo_http_port(srv);
+    int h = dial(), b = dial();
+    const char *head = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n";
+    const char *body = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{";
+    send_all(h, head, strlen(head));
+    send_all(b, body, strlen(body));
+    for (int i = 0; i < 4; i++) { /* a byte at a time, never done */
+        sleep_ms(250);
+        send(h, "X", 1, MSG_NOSIGNAL);
+        send(b, " ", 1, MSG_NOSIGNAL);
+    }
+    char c;
+    struct pollfd p[2] = {{h, POLLIN, 0}, {b, POLLIN, 0}};
+    cr_assert_eq(poll(p, 2, 1000), 2);
+    cr_assert_leq(recv(h, &c, 1, MSG_DONTWAIT), 0, "header trickle: closed without an answer");
+    cr_assert_leq(recv(b, &c, 1, MSG_DONTWAIT), 0, "body trickle: closed without an answer");
+    exo_http_stats st;
+    exo_http_get_stats(srv, &st);
+    cr_assert_eq(st.timed_out, 2);
+    close(h);
+    close(b);
 }

@@ -1,6 +1,7 @@
 /* Output parser: reasoning tags, each tool-call family, stop sequences and
  * schema checks, with the model output split at every byte position (and fed
  * byte by byte) so markers that span tokens are exercised everywhere. */
+#include "core/json_util.h"
 #include "runner/output_parser.h"
 #include "core/sbuf.h"
 
@@ -69,7 +70,7 @@ static void check_one(const exo_output_parser_config *cfg, const char *out, cons
     cr_assert_str_eq(k.think.data ? k.think.data : "", ex->think ? ex->think : "", "%s: thinking", what);
     json_t *want = json_loads(ex->calls ? ex->calls : "[]", 0, NULL);
     cr_assert(want);
-    char *got = json_dumps(k.calls, JSON_SORT_KEYS | JSON_COMPACT);
+    char *got = exo_json_dumps(k.calls, JSON_SORT_KEYS | JSON_COMPACT);
     cr_assert(json_equal(want, k.calls), "%s: calls %s", what, got);
     free(got);
     cr_assert_eq(r, ex->reason, "%s: reason %d", what, r);

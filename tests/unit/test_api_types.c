@@ -130,6 +130,12 @@ Test(api_types, chunk_roundtrips)
     exo_chunk_set_top(&c, 0, "h", -0.25f);
     exo_chunk_set_top(&c, 1, "x", -3.5f);
     roundtrip(&c);
+    exo_chunk_set_token_text(&c, " h"); /* the token's own text rides along */
+    roundtrip(&c);
+    exo_chunk copy0;
+    exo_chunk_copy(&copy0, &c);
+    cr_assert_str_eq(copy0.token_text, " h");
+    exo_chunk_free(&copy0);
     exo_chunk_free(&c);
     exo_chunk_tool_calls(&c);
     exo_chunk_add_tool_call(&c, "call_1", "f", "{\"a\":1}");

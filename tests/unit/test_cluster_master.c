@@ -459,16 +459,25 @@ Test(master, least_loaded_instance_and_delete_cancels)
     exo_command del;
     exo_command_init(&del, EXO_COMMAND_DELETE_INSTANCE);
     del.u.delete_instance.instance_id = a.instance_id;
+    del.u.delete_instance.reason = exo_strdup("node n1 left");
     size_t from = out.n;
     handle_apply(st, &del, &out);
-    cr_assert_eq(out.n - from, 3, "two cancels, then the deletion");
-    cr_assert_eq(out.v[from].kind, EXO_EVENT_TASK_STATUS_UPDATED);
-    cr_assert_eq(out.v[from + 2].kind, EXO_EVENT_INSTANCE_DELETED);
+    cr_assert_eq(out.n - from, 3, "the deletion, then two cancels");
+    cr_assert_eq(out.v[from].kind, EXO_EVENT_INSTANCE_DELETED);
+    cr_assert_str_eq(out.v[from].u.instance_deleted.reason, "node n1 left");
+    cr_assert_str_eq(out.v[from].u.instance_deleted.model_id, a.model_id);
+    cr_assert_eq(out.v[from + 1].kind, EXO_EVENT_TASK_STATUS_UPDATED);
+    cr_assert_eq(out.v[from + 2].kind, EXO_EVENT_TASK_STATUS_UPDATED);
+    cr_assert_eq(exo_state_active_task_count(st, &a.instance_id), 0, "its requests are cancelled");
     cr_assert_null(exo_state_instance(st, &a.instance_id));
+    const exo_deleted_instance *gone = exo_state_deleted_instance(st, &a.instance_id);
+    cr_assert_not_null(gone, "the State remembers why it went");
+    cr_assert_str_eq(gone->reason, "node n1 left");
     cr_assert_eq(exo_state_active_task_count(st, &b.instance_id), 1);
     exo_err err = {0};
     cr_assert_eq(exo_master_handle(st, &del, &out, &err), EXO_ENOENT);
 
+    exo_command_clear(&del);
     for (int i = 0; i < 3; i++)
         exo_command_clear(&g[i]);
     exo_event_list_clear(&out);

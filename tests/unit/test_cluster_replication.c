@@ -3,6 +3,7 @@
  * once, whatever the network did), the replica (index order, gaps asked for
  * with back-off), the cluster message codecs (round trips and hostile
  * bytes), and the State snapshot a new master starts its session from. */
+#include "core/json_util.h"
 #include "cluster/messages.h"
 #include "cluster/replication.h"
 #include "cluster/state.h"
@@ -357,7 +358,7 @@ static char *dump_without_idx(const exo_state *st)
 {
     json_t *j = exo_state_to_json(st);
     json_object_del(j, "lastEventAppliedIdx");
-    char *s = json_dumps(j, JSON_COMPACT | JSON_SORT_KEYS);
+    char *s = exo_json_dumps(j, JSON_COMPACT | JSON_SORT_KEYS);
     json_decref(j);
     return s;
 }

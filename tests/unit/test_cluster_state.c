@@ -1,5 +1,6 @@
 /* The State fold: index discipline (gaps and replays rejected, State
  * unchanged), every reducer, lookups, clone, and the /state JSON. */
+#include "core/json_util.h"
 #include "cluster/state.h"
 #include "core/alloc.h"
 #include "test_cluster_fixtures.h"
@@ -19,7 +20,7 @@ static void apply_next(exo_state *st, exo_event *ev)
 static char *dump(const exo_state *st)
 {
     json_t *j = exo_state_to_json(st);
-    char *s = json_dumps(j, JSON_COMPACT | JSON_SORT_KEYS);
+    char *s = exo_json_dumps(j, JSON_COMPACT | JSON_SORT_KEYS);
     json_decref(j);
     return s;
 }

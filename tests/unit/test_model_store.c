@@ -6,6 +6,7 @@
  * detection from chat_template.jinja and tokenizer_config.json (string and
  * list forms) with tools / thinking, exo_model_dir_name's accept and reject
  * cases, and the /v1/models JSON shape. */
+#include "core/json_util.h"
 #include "core/alloc.h"
 #include "core/log.h"
 #include "download/model_store.h"
@@ -445,7 +446,7 @@ Test(model_store, to_json_shape)
     const exo_model_entry *m = must_find(s, "Qwen/Qwen3-30B-A3B-4bit");
     json_t *j = exo_model_entry_to_json(m);
     cr_assert_not_null(j);
-    char *text = json_dumps(j, JSON_SORT_KEYS | JSON_COMPACT);
+    char *text = exo_json_dumps(j, JSON_SORT_KEYS | JSON_COMPACT);
     char want[1024];
     snprintf(want, sizeof want,
              "{\"base_model\":\"Qwen3-30B-A3B-4bit\",\"capabilities\":[\"text\",\"thinking\",\"tools\"],"

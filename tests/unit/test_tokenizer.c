@@ -91,6 +91,22 @@ Test(tokenizer, bpe_merge_order)
     exo_tokenizer_free(tok);
 }
 
+Test(tokenizer, text_over_the_input_cap_is_refused)
+{
+    exo_tokenizer *tok = mk(bl_json);
+    size_t n = EXO_TOKENIZER_MAX_INPUT + 1;
+    char *text = malloc(n);
+    memset(text, 'a', n);
+    int32_t *ids = NULL;
+    size_t nids = 0;
+    exo_err err = {0};
+    cr_assert_eq(exo_tokenizer_encode(tok, text, n, false, &ids, &nids, &err), EXO_ETOOBIG);
+    cr_assert(strstr(err.msg, "exceeds"), "%s", err.msg);
+    cr_assert_null(ids);
+    free(text);
+    exo_tokenizer_free(tok);
+}
+
 Test(tokenizer, merges_as_pairs_and_ignore_merges)
 {
     static const char j[] =
