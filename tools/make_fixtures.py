@@ -18,7 +18,8 @@ What it makes (all from fixed seeds, so a re-run gives the same weights):
 
   arch: llama (llama3 RoPE scaling, untied lm_head), mistral (untied),
         qwen2 (q/k/v biases, tied embeddings), qwen3 (q_norm/k_norm, head_dim 64 != 128/4,
-        tied embeddings).
+        tied embeddings), qwen3_moe (8 experts top-2 in layers 0 and 2, a dense layer 1;
+        quantized copies stack the experts as mlx-lm's switch_mlp).
 
 Every model dir also gets reference.json + reference_logits.f32: the logits of a
 fixed 12-token prompt ([T, vocab] float32 little-endian, row-major) and a greedy
@@ -83,6 +84,8 @@ from transformers import (
     Qwen2ForCausalLM,
     Qwen3Config,
     Qwen3ForCausalLM,
+    Qwen3MoeConfig,
+    Qwen3MoeForCausalLM,
 )
 
 PROMPT_IDS = [1, 17, 250, 3, 99, 42, 318, 7, 128, 64, 200, 5]
@@ -140,6 +143,17 @@ ARCHS = {
         {"rope_type": "default", "rope_theta": 1000000.0},
         1004,
     ),
+    # 3 layers: two sparse (8 experts, top 2, renormalised), the middle one dense
+    # (mlp_only_layers), so both MLP kinds and the routing are checked.
+    "qwen3_moe": (
+        Qwen3MoeConfig,
+        Qwen3MoeForCausalLM,
+        dict(rms_norm_eps=1e-6, tie_word_embeddings=False, head_dim=32, use_sliding_window=False,
+             num_hidden_layers=3, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=64,
+             norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[1]),
+        {"rope_type": "default", "rope_theta": 1000000.0},
+        1005,
+    ),
 }
 
 QUANT_DIRS = [("llama", b, g) for b in (2, 3, 4, 5, 6, 8) for g in (32, 64, 128)] + [
@@ -147,6 +161,8 @@ QUANT_DIRS = [("llama", b, g) for b in (2, 3, 4, 5, 6, 8) for g in (32, 64, 128)
     ("qwen2", 4, 64),
     ("qwen3", 4, 64),
     ("qwen3", 8, 32),
+    ("qwen3_moe", 4, 64),
+    ("qwen3_moe", 8, 64),
 ]
 
 
@@ -327,7 +343,10 @@ def fill_random(model, seed):
     with torch.no_grad():
         for name, p in model.named_parameters():  # tied weights appear once
             shape = p.shape
-            if name.endswith("norm.weight"):
+            if name.endswith("mlp.gate.weight"):
+                # routers: logits far apart, so no top-k choice is a near-tie
+                v = 1.0 * torch.randn(shape, generator=g)
+            elif name.endswith("norm.weight"):
                 v = 1.0 + 0.1 * torch.randn(shape, generator=g)
             elif name.endswith(".bias"):
                 v = 0.5 * torch.randn(shape, generator=g)
@@ -358,9 +377,35 @@ def fix_config_json(path, dtype_name, quant=None):
         f.write("\n")
 
 
+def to_model_keys(model, sd):
+    """Checkpoints name each expert's projections (experts.E.gate_proj.weight, as
+    save_pretrained writes and the hub holds); transformers 5 models hold them fused
+    (experts.gate_up_proj [E, 2I, H] = gate rows then up rows, experts.down_proj)."""
+    params = dict(model.named_parameters())
+    out, experts = {}, {}
+    for k, v in sd.items():
+        parts = k.split(".")
+        if "experts" in parts and parts[parts.index("experts") + 1].isdigit():
+            i = parts.index("experts")
+            base = ".".join(parts[: i + 1])
+            experts.setdefault(base, {})[(int(parts[i + 1]), parts[i + 2])] = v
+        else:
+            out[k] = v
+    for base, d in experts.items():
+        n = 1 + max(e for e, _ in d)
+        if base + ".gate_up_proj" in params:
+            out[base + ".gate_up_proj"] = torch.stack(
+                [torch.cat([d[(e, "gate_proj")], d[(e, "up_proj")]], 0) for e in range(n)])
+            out[base + ".down_proj"] = torch.stack([d[(e, "down_proj")] for e in range(n)])
+        else:
+            for (e, proj), v in d.items():
+                out[f"{base}.{e}.{proj}.weight"] = v
+    return out
+
+
 def load_state_f32(model, state, tied):
     """Load a name->tensor dict (any float dtype) into a float32 model."""
-    sd = {k: v.to(torch.float32) for k, v in state.items()}
+    sd = to_model_keys(model, {k: v.to(torch.float32) for k, v in state.items()})
     res = model.load_state_dict(sd, strict=False)
     missing = [k for k in res.missing_keys if not k.endswith("rotary_emb.inv_freq")]
     allowed = {"lm_head.weight"} if tied else set()
@@ -488,7 +533,7 @@ def make_base(out, arch):
     logits, greedy = run_reference(d16, ref16, model_type, "bfloat16", {"seed": seed})
     # native bf16 run, for information
     nat = new_model(arch, cfg).to(torch.bfloat16)
-    res = nat.load_state_dict(st16, strict=False)
+    res = nat.load_state_dict(to_model_keys(nat, st16), strict=False)
     if tied:
         ensure_tied(nat)
     with torch.no_grad():
@@ -537,6 +582,7 @@ def make_quant(out, arch, bits, gs, cfg, tied, model_type, st16, d16):
             dt, raw = tensor_bytes(v)
             tensors[k] = (dt, list(v.shape), raw)
             deq[k] = v.to(torch.float32)
+    tensors = mlx_stack_experts(tensors)
     write_safetensors(os.path.join(d, "model.safetensors"), tensors, {"format": "mlx"})
     quant = {"group_size": gs, "bits": bits, "mode": "affine"}
     with open(os.path.join(d16, "config.json")) as f:
@@ -556,6 +602,28 @@ def make_quant(out, arch, bits, gs, cfg, tied, model_type, st16, d16):
                   {"quantization": quant, "quantized_tensors": nq,
                    "base": os.path.basename(d16),
                    "reference_weights": "float32 scale*q + bias from the stored bf16 scales/biases"})
+
+
+def mlx_stack_experts(tensors):
+    """mlx-lm's sanitize() for MoE models: model.layers.L.mlp.experts.E.P.{weight,scales,biases}
+    become model.layers.L.mlp.switch_mlp.P.{...} with a leading expert axis [E, rows, cols]
+    (quantizing per expert then stacking is what quantizing the stack does: groups run
+    along rows)."""
+    out, groups = {}, {}
+    for k, v in tensors.items():
+        parts = k.split(".")
+        if "experts" in parts and parts[parts.index("experts") + 1].isdigit():
+            i = parts.index("experts")
+            key = ".".join(parts[:i]) + ".switch_mlp." + ".".join(parts[i + 2:])
+            groups.setdefault(key, {})[int(parts[i + 1])] = v
+        else:
+            out[k] = v
+    for key, d in groups.items():
+        n = len(d)
+        dt, shape, _ = d[0]
+        assert all(d[e][0] == dt and d[e][1] == shape for e in range(n)), key
+        out[key] = (dt, [n] + list(shape), b"".join(d[e][2] for e in range(n)))
+    return out
 
 
 def make_quant_vectors(out):

@@ -91,6 +91,23 @@ typedef struct exo_backend_ops {
     int  (*silu_mul)(exo_backend *be, float *g, const float *u, size_t n);
     /* x += y */
     int  (*add)(exo_backend *be, float *x, const float *y, size_t n);
+    /* x = 0 */
+    int  (*zero)(exo_backend *be, float *x, size_t n);
+
+    /* Mixture of experts. moe_route: for each of T rows of router logits
+     * (T, E), the k experts of largest softmax probability (a float32
+     * softmax over all E, as transformers computes it), best first, with
+     * their probabilities, renormalised to sum to 1 when norm; idx and w
+     * (T * k each) are host memory, since the host picks which experts'
+     * weights run. */
+    int  (*moe_route)(exo_backend *be, const float *logits, int T, int E, int k, bool norm,
+                      int32_t *idx, float *w);
+    /* dst row i = src row rows[i], for n rows of dim floats (rows: host). */
+    int  (*gather_rows)(exo_backend *be, float *dst, const float *src, const int32_t *rows, int n,
+                        int dim);
+    /* dst row rows[i] += scale[i] * src row i (rows, scale: host). */
+    int  (*scatter_add_rows)(exo_backend *be, float *dst, const float *src, const int32_t *rows,
+                             const float *scale, int n, int dim);
     /* Waits for queued work. */
     int  (*sync)(exo_backend *be);
 } exo_backend_ops;

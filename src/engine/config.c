@@ -116,6 +116,64 @@ static int read_size(const ctx *c, const char *key, bool required, int64_t def, 
     return 0;
 }
 
+/* Mixture-of-experts keys (transformers' Qwen3MoeConfig; it saves the
+ * expert count as num_local_experts). */
+static int parse_moe(const ctx *c, exo_model_config *cfg)
+{
+    int rc;
+    const char *key = get(c, "num_experts") ? "num_experts" : "num_local_experts";
+    json_t *ne = get(c, key);
+    if (!ne)
+        return 0;
+    if ((rc = read_int(c, ne, key, &cfg->n_experts)) < 0)
+        return rc;
+    if (cfg->n_experts < 0 || cfg->n_experts > 4096)
+        return exo_err_set(c->err, EXO_EFORMAT, "%s: \"%s\" is out of range (%lld)", c->file, key,
+                           (long long)cfg->n_experts);
+    if (!cfg->n_experts)
+        return 0;
+    if ((rc = read_size(c, "num_experts_per_tok", true, 0, &cfg->n_experts_per_tok)) ||
+        (rc = read_size(c, "moe_intermediate_size", true, 0, &cfg->moe_intermediate_size)) ||
+        (rc = read_size(c, "decoder_sparse_step", false, 1, &cfg->decoder_sparse_step)))
+        return rc;
+    if (cfg->n_experts_per_tok > cfg->n_experts)
+        return exo_err_set(c->err, EXO_EFORMAT, "%s: \"num_experts_per_tok\" %lld exceeds %lld experts",
+                           c->file, (long long)cfg->n_experts_per_tok, (long long)cfg->n_experts);
+    cfg->norm_topk_prob = false;
+    if ((rc = read_bool(c, get(c, "norm_topk_prob"), "norm_topk_prob", &cfg->norm_topk_prob)) < 0)
+        return rc;
+    json_t *only = get(c, "mlp_only_layers");
+    if (!only)
+        return 0;
+    if (!json_is_array(only) || json_array_size(only) > (size_t)cfg->num_hidden_layers)
+        return exo_err_set(c->err, EXO_EFORMAT, "%s: \"mlp_only_layers\" must be a list of layer indices",
+                           c->file);
+    cfg->mlp_only_layers = exo_calloc(json_array_size(only) + 1, sizeof(int64_t));
+    size_t i;
+    json_t *v;
+    json_array_foreach(only, i, v) {
+        int64_t l = -1;
+        if ((rc = read_int(c, v, "mlp_only_layers[]", &l)) < 0)
+            return rc;
+        if (l < 0 || l >= cfg->num_hidden_layers)
+            return exo_err_set(c->err, EXO_EFORMAT, "%s: \"mlp_only_layers\" has layer %lld of %lld",
+                               c->file, (long long)l, (long long)cfg->num_hidden_layers);
+        cfg->mlp_only_layers[cfg->n_mlp_only_layers++] = l;
+    }
+    return 0;
+}
+
+bool exo_config_layer_moe(const exo_model_config *cfg, int64_t l)
+{
+    if (cfg->n_experts <= 0)
+        return false;
+    for (size_t i = 0; i < cfg->n_mlp_only_layers; i++)
+        if (cfg->mlp_only_layers[i] == l)
+            return false;
+    int64_t step = cfg->decoder_sparse_step > 0 ? cfg->decoder_sparse_step : 1;
+    return (l + 1) % step == 0;
+}
+
 static int read_token(const ctx *c, json_t *v, const char *where, int64_t *out)
 {
     int64_t x = 0;
@@ -563,6 +621,9 @@ static int parse_config(const ctx *c, exo_model_config *cfg)
         return rc;
     }
 
+    if ((rc = parse_moe(c, cfg)))
+        return rc;
+
     cfg->generation.temperature = 1.0;
     cfg->generation.top_p = 1.0;
     cfg->generation.top_k = 50;
@@ -597,6 +658,7 @@ void exo_config_free(exo_model_config *cfg)
     for (size_t i = 0; i < cfg->quant.n_overrides; i++)
         exo_free(cfg->quant.overrides[i].module);
     exo_free(cfg->quant.overrides);
+    exo_free(cfg->mlp_only_layers);
     memset(cfg, 0, sizeof *cfg);
 }
 

@@ -118,6 +118,16 @@ typedef struct exo_model_config {
     int64_t eos_token_ids[EXO_CONFIG_MAX_EOS];
     char    torch_dtype[16];   /* "bfloat16", "float16", "float32" or "" */
     int64_t sliding_window;    /* 0 when none */
+    /* Mixture of experts (qwen3_moe); n_experts 0: every MLP is dense. A
+     * layer is sparse unless listed in mlp_only_layers, and only every
+     * decoder_sparse_step-th ((l + 1) % step == 0): exo_config_layer_moe. */
+    int64_t n_experts;          /* num_experts, or num_local_experts as transformers 5 saves it */
+    int64_t n_experts_per_tok;  /* top-k */
+    int64_t moe_intermediate_size;
+    bool    norm_topk_prob;     /* renormalise the top-k probabilities (default false) */
+    int64_t decoder_sparse_step;
+    int64_t *mlp_only_layers;   /* owned */
+    size_t  n_mlp_only_layers;
     exo_generation_defaults generation;
     exo_quant_config quant;
 } exo_model_config;
@@ -130,6 +140,9 @@ typedef struct exo_model_config {
  * wrong types, missing or invalid values), EXO_EUNSUPPORTED (a rope type or
  * quantization mode exo does not implement). */
 int exo_config_load(const char *path, exo_model_config *out, exo_err *err);
+
+/* True if layer l's MLP is a mixture of experts. */
+bool exo_config_layer_moe(const exo_model_config *cfg, int64_t l);
 
 /* Parses config.json text; `name` names the file in error messages. */
 int exo_config_parse(const char *json, size_t len, const char *name, exo_model_config *out,

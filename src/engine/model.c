@@ -11,6 +11,12 @@
  *              head]; rope(q,k); a = attention(q, cache+k, cache+v);
  *              x += a Wo; h = rmsnorm(x); x += (silu(h Wg) * h Wu) Wd
  *   logits = rmsnorm(x) Wlm
+ * A mixture-of-experts layer (qwen3_moe) replaces the MLP: the router picks
+ * k experts per token (softmax, top-k, renormalised), each expert runs the
+ * same SwiGLU MLP over the tokens routed to it (gathered into contiguous
+ * rows, so prefill is a GEMM per expert and decode reads only the chosen
+ * experts' weights), and its output is added into the residual scaled by
+ * the token's routing weight.
  * Long prompts are processed in chunks of max_chunk tokens so activation
  * buffers stay bounded; nothing is allocated per token.
  *
@@ -45,7 +51,10 @@ typedef struct layer {
     float *q_norm, *k_norm;      /* (head_dim) qwen3, else NULL */
     float *bq, *bk, *bv, *bo;    /* (out) biases or NULL */
     exo_linear q, k, v, o;       /* (n_heads*hd, dim) (n_kv*hd, dim) x2, (dim, n_heads*hd) */
-    exo_linear gate, up, down;   /* (ffn, dim) x2, (dim, ffn) */
+    exo_linear gate, up, down;   /* (ffn, dim) x2, (dim, ffn); dense MLP */
+    int n_experts;               /* > 0: a mixture-of-experts MLP instead */
+    exo_linear router;           /* (n_experts, dim) */
+    exo_linear *experts;         /* 3 per expert: gate, up (moe_ffn, dim), down (dim, moe_ffn) */
 } layer;
 
 /* Activation buffers of one backend, each sized for max_chunk tokens. */
@@ -54,9 +63,17 @@ typedef struct acts {
     float *x, *h;     /* (chunk, dim) */
     float *q, *att;   /* (chunk, n_heads*hd) */
     float *k, *v;     /* (chunk, n_kv*hd) */
-    float *g, *u;     /* (chunk, ffn) */
+    float *g, *u;     /* (chunk, max(ffn, moe_ffn)) */
     float *logits;    /* (MAX_LOGIT_ROWS, vocab), when the shard has the head */
     float *inv_freq;  /* (hd/2) */
+    /* mixture of experts, when the shard has such layers */
+    float *router;    /* (chunk, n_experts) */
+    float *xe, *ye;   /* (chunk, dim): one expert's gathered inputs and outputs */
+    float *moe_out;   /* (chunk, dim): tensor parallel: this rank's partial sum */
+    int32_t *top_idx; /* host (chunk, topk) */
+    float *top_w;
+    int32_t *rows;    /* host (chunk): the tokens routed to one expert, and weights */
+    float *row_w;
 } acts;
 
 struct exo_model {
@@ -67,6 +84,7 @@ struct exo_model {
     int n_layers;      /* this shard's layers: global indices first_layer.. */
     int first_layer, total_layers;
     int dim, n_heads, n_kv, hd, ffn, vocab, max_chunk; /* n_heads, n_kv, ffn: this rank's */
+    int n_experts, topk, moe_ffn; /* 0 when no layer of the shard is sparse */
     float mscale, eps;
     exo_attn_shape attn;
     bool embeds, has_head;
@@ -124,9 +142,9 @@ static bool is_float_dtype(exo_dtype t)
     return t == EXO_DTYPE_F32 || t == EXO_DTYPE_F16 || t == EXO_DTYPE_BF16;
 }
 
-static int st_linear(void *ctx, const char *module, exo_linear *out)
+/* A 2-D module (index < 0), or slab `index` of a stacked 3-D one. */
+static int st_linear_at(st_source *s, const char *module, int64_t index, exo_linear *out)
 {
-    st_source *s = ctx;
     char name[512];
     snprintf(name, sizeof name, "%s.weight", module);
     const exo_st_tensor *w = st_lookup(s, name);
@@ -137,18 +155,23 @@ static int st_linear(void *ctx, const char *module, exo_linear *out)
     snprintf(name, sizeof name, "%s.biases", module);
     const exo_st_tensor *bi = st_lookup(s, name);
     memset(out, 0, sizeof *out);
-    if (w->ndim != 2)
-        return exo_err_set(s->err, EXO_EFORMAT, "%s: %s.weight has %d dims, expected 2", w->file,
-                           module, w->ndim);
+    int nd = index < 0 ? 2 : 3, d0 = nd - 2; /* the [rows, cols] dims */
+    if (w->ndim != nd)
+        return exo_err_set(s->err, EXO_EFORMAT, "%s: %s.weight has %d dims, expected %d", w->file,
+                           module, w->ndim, nd);
+    if (index >= 0 && index >= w->shape[0])
+        return exo_err_set(s->err, EXO_EFORMAT, "%s: %s.weight stacks %lld, not %lld", w->file, module,
+                           (long long)w->shape[0], (long long)index + 1);
+    size_t slab = index < 0 ? 0 : (size_t)index; /* elements of one slab: rows * cols */
     if (!sc) {
         if (!is_float_dtype(w->dtype))
             return exo_err_set(s->err, EXO_EFORMAT, "%s: %s.weight has dtype %s and no scales",
                                w->file, module, exo_dtype_name(w->dtype));
         out->format = EXO_WFORMAT_DENSE;
         out->dtype = w->dtype;
-        out->rows = w->shape[0];
-        out->cols = w->shape[1];
-        out->w = w->data;
+        out->rows = w->shape[d0];
+        out->cols = w->shape[d0 + 1];
+        out->w = (const char *)w->data + slab * (size_t)(out->rows * out->cols) * exo_dtype_size(w->dtype);
         return 0;
     }
     int bits = 0, gs = 0;
@@ -156,32 +179,44 @@ static int st_linear(void *ctx, const char *module, exo_linear *out)
         return exo_err_set(s->err, EXO_EFORMAT,
                            "%s: %s has quantization scales but config.json has no quantization "
                            "settings for it", w->file, module);
-    if (!bi || w->dtype != EXO_DTYPE_U32 || sc->ndim != 2 || bi->ndim != 2 ||
-        !is_float_dtype(sc->dtype) || sc->dtype != bi->dtype)
+    if (!bi || w->dtype != EXO_DTYPE_U32 || sc->ndim != nd || bi->ndim != nd ||
+        !is_float_dtype(sc->dtype) || sc->dtype != bi->dtype || (index >= 0 && (sc->shape[0] != w->shape[0] ||
+                                                                               bi->shape[0] != w->shape[0])))
         return exo_err_set(s->err, EXO_EFORMAT,
                            "%s: %s: quantized weight needs U32 weight and matching float "
                            "scales/biases", w->file, module);
-    int64_t rows = w->shape[0], cols = w->shape[1] * 32 / bits;
-    if (w->shape[1] * 32 % bits || sc->shape[0] != rows || bi->shape[0] != rows ||
-        sc->shape[1] * gs != cols || bi->shape[1] != sc->shape[1])
+    int64_t rows = w->shape[d0], cols = w->shape[d0 + 1] * 32 / bits;
+    if (w->shape[d0 + 1] * 32 % bits || sc->shape[d0] != rows || bi->shape[d0] != rows ||
+        sc->shape[d0 + 1] * gs != cols || bi->shape[d0 + 1] != sc->shape[d0 + 1])
         return exo_err_set(s->err, EXO_EFORMAT,
                            "%s: %s: shapes weight [%lld,%lld] scales [%lld,%lld] do not match "
-                           "bits=%d group_size=%d", w->file, module, (long long)w->shape[0],
-                           (long long)w->shape[1], (long long)sc->shape[0],
-                           (long long)sc->shape[1], bits, gs);
+                           "bits=%d group_size=%d", w->file, module, (long long)w->shape[d0],
+                           (long long)w->shape[d0 + 1], (long long)sc->shape[d0],
+                           (long long)sc->shape[d0 + 1], bits, gs);
     int rc = exo_affine_check(bits, gs, cols, s->err);
     if (rc)
         return exo_err_wrap(s->err, "%s: %s", w->file, module);
+    size_t words = (size_t)w->shape[d0 + 1], groups = (size_t)sc->shape[d0 + 1], esz = exo_dtype_size(sc->dtype);
     out->format = EXO_WFORMAT_AFFINE;
     out->dtype = sc->dtype;
     out->rows = rows;
     out->cols = cols;
-    out->w = w->data;
-    out->scales = sc->data;
-    out->biases = bi->data;
+    out->w = (const uint32_t *)w->data + slab * (size_t)rows * words;
+    out->scales = (const char *)sc->data + slab * (size_t)rows * groups * esz;
+    out->biases = (const char *)bi->data + slab * (size_t)rows * groups * esz;
     out->bits = bits;
     out->group_size = gs;
     return 0;
+}
+
+static int st_linear(void *ctx, const char *module, exo_linear *out)
+{
+    return st_linear_at(ctx, module, -1, out);
+}
+
+static int st_stacked(void *ctx, const char *module, int64_t index, exo_linear *out)
+{
+    return st_linear_at(ctx, module, index < 0 ? 0 : index, out);
 }
 
 static int st_vector(void *ctx, const char *name, exo_dtype *dtype, const void **data, int64_t *n)
@@ -275,6 +310,8 @@ typedef struct part {
     int64_t r0, r1, c0, c1;
 } part;
 
+static int load_part(binder *b, const char *module, exo_linear host, part p, exo_linear *out);
+
 static int bind_linear_part(binder *b, const char *module, int64_t rows, int64_t cols, bool required,
                             part p, exo_linear *out, bool *found)
 {
@@ -293,6 +330,13 @@ static int bind_linear_part(binder *b, const char *module, int64_t rows, int64_t
         return exo_err_set(b->err, EXO_EFORMAT, "%s: shape [%lld, %lld], config says [%lld, %lld]",
                            module, (long long)host.rows, (long long)host.cols, (long long)rows,
                            (long long)cols);
+    return load_part(b, module, host, p, out);
+}
+
+/* Hands the part of a host weight a shard binds to the backend. */
+static int load_part(binder *b, const char *module, exo_linear host, part p, exo_linear *out)
+{
+    int rc;
     if (p.r1)
         host = linear_rows(&host, p.r0, p.r1);
     void *gathered = NULL;
@@ -341,17 +385,65 @@ static int bind_vector(binder *b, const char *name, int64_t n, bool required, fl
     return bind_vector_part(b, name, n, 0, n, required, out);
 }
 
+/* A mixture-of-experts MLP: the router (mlp.gate) and each expert's three
+ * projections, named per expert (mlp.experts.E.gate_proj: the hub's and
+ * save_pretrained's layout) or stacked (mlp.switch_mlp.gate_proj
+ * [E, rows, cols]: mlx-lm's). A tensor-parallel rank binds every expert's
+ * share of the intermediate dimension (pgu rows, pd columns), as for a
+ * dense MLP. */
+static int bind_experts(binder *b, int l, layer *L, part pgu, part pd)
+{
+    const exo_model_config *cfg = &b->m->cfg;
+    int64_t E = cfg->n_experts, D = cfg->hidden_size, I = cfg->moe_intermediate_size;
+    char name[256];
+    snprintf(name, sizeof name, "model.layers.%d.mlp.gate", l);
+    int rc = bind_linear(b, name, E, D, true, &L->router, NULL);
+    if (rc)
+        return rc;
+    L->n_experts = (int)E;
+    L->experts = exo_calloc((size_t)E * 3, sizeof(exo_linear));
+    static const char *const proj[3] = {"gate_proj", "up_proj", "down_proj"};
+    for (int64_t e = 0; e < E; e++) {
+        for (int p = 0; p < 3; p++) {
+            int64_t rows = p == 2 ? D : I, cols = p == 2 ? I : D;
+            exo_linear *out = &L->experts[e * 3 + p];
+            bool found = false;
+            snprintf(name, sizeof name, "model.layers.%d.mlp.experts.%lld.%s", l, (long long)e, proj[p]);
+            part pp = p == 2 ? pd : pgu;
+            if ((rc = bind_linear_part(b, name, rows, cols, false, pp, out, &found)))
+                return rc;
+            if (found)
+                continue;
+            snprintf(name, sizeof name, "model.layers.%d.mlp.switch_mlp.%s", l, proj[p]);
+            exo_linear host;
+            rc = b->src->stacked ? b->src->stacked(b->src->ctx, name, e, &host) : EXO_ENOENT;
+            if (rc == EXO_ENOENT)
+                return exo_err_set(b->err, EXO_EFORMAT, "missing weight model.layers.%d.mlp.experts.%lld.%s "
+                                   "(or mlp.switch_mlp.%s)", l, (long long)e, proj[p], proj[p]);
+            if (rc)
+                return rc;
+            if (host.rows != rows || host.cols != cols)
+                return exo_err_set(b->err, EXO_EFORMAT, "%s[%lld]: shape [%lld, %lld], config says [%lld, %lld]",
+                                   name, (long long)e, (long long)host.rows, (long long)host.cols,
+                                   (long long)rows, (long long)cols);
+            if ((rc = load_part(b, name, host, pp, out)))
+                return rc;
+        }
+    }
+    return 0;
+}
+
 static bool arch_supported(const char *mt)
 {
     return !strcmp(mt, "llama") || !strcmp(mt, "mistral") || !strcmp(mt, "qwen2") ||
-           !strcmp(mt, "qwen3");
+           !strcmp(mt, "qwen3") || !strcmp(mt, "qwen3_moe");
 }
 
 static int check_config(const exo_model_config *c, exo_err *err)
 {
     if (!arch_supported(c->model_type))
         return exo_err_set(err, EXO_EUNSUPPORTED,
-                           "model_type '%s' is not supported (llama, mistral, qwen2, qwen3)",
+                           "model_type '%s' is not supported (llama, mistral, qwen2, qwen3, qwen3_moe)",
                            c->model_type);
     if (strcmp(c->hidden_act, "silu") && strcmp(c->hidden_act, "swish"))
         return exo_err_set(err, EXO_EUNSUPPORTED, "hidden_act '%s' is not supported (silu)",
@@ -371,17 +463,22 @@ static void free_acts(acts *a)
     if (!a->be)
         return;
     float **bufs[] = {&a->x, &a->h, &a->q, &a->att, &a->k, &a->v, &a->g, &a->u, &a->logits,
-                      &a->inv_freq};
+                      &a->inv_freq, &a->router, &a->xe, &a->ye, &a->moe_out};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) {
         a->be->ops->release(a->be, *bufs[i]);
         *bufs[i] = NULL;
     }
+    exo_free(a->top_idx);
+    exo_free(a->top_w);
+    exo_free(a->rows);
+    exo_free(a->row_w);
 }
 
 static int alloc_acts(exo_model *m, acts *a, exo_backend *be, exo_err *err)
 {
     a->be = be;
-    size_t C = (size_t)m->max_chunk;
+    size_t C = (size_t)m->max_chunk, F = (size_t)(m->moe_ffn > m->ffn ? m->moe_ffn : m->ffn);
+    size_t E = (size_t)m->n_experts;
     struct {
         float **p;
         size_t n;
@@ -389,7 +486,9 @@ static int alloc_acts(exo_model *m, acts *a, exo_backend *be, exo_err *err)
         {&a->x, C * m->dim},           {&a->h, C * m->dim},
         {&a->q, C * m->n_heads * m->hd}, {&a->att, C * m->n_heads * m->hd},
         {&a->k, C * m->n_kv * m->hd},  {&a->v, C * m->n_kv * m->hd},
-        {&a->g, C * m->ffn},           {&a->u, C * m->ffn},
+        {&a->g, C * F},                {&a->u, C * F},
+        {&a->router, C * E},           {&a->xe, E ? C * m->dim : 0},
+        {&a->ye, E ? C * m->dim : 0},  {&a->moe_out, E && m->allreduce ? C * m->dim : 0},
         {&a->logits, m->has_head ? (size_t)MAX_LOGIT_ROWS * m->vocab : 0},
         {&a->inv_freq, (size_t)m->hd / 2},
     };
@@ -399,6 +498,12 @@ static int alloc_acts(exo_model *m, acts *a, exo_backend *be, exo_err *err)
         *want[i].p = be->ops->alloc(be, want[i].n * sizeof(float));
         if (!*want[i].p)
             return exo_err_set(err, EXO_ENOMEM, "cannot allocate activations for %zu tokens", C);
+    }
+    if (E) {
+        a->top_idx = exo_calloc(C * (size_t)m->topk, sizeof(int32_t));
+        a->top_w = exo_calloc(C * (size_t)m->topk, sizeof(float));
+        a->rows = exo_calloc(C, sizeof(int32_t));
+        a->row_w = exo_calloc(C, sizeof(float));
     }
     return 0;
 }
@@ -455,9 +560,10 @@ int exo_model_build(const exo_model_config *cfg, const exo_weight_source *src,
     int64_t D = cfg->hidden_size, V = cfg->vocab_size, hd = cfg->head_dim;
     int64_t H = cfg->num_attention_heads, KV = cfg->num_key_value_heads, F = cfg->intermediate_size;
     int64_t group = H / KV;
-    int64_t kv0 = 0, kv1 = KV, f0 = 0, f1 = F;
+    int64_t kv0 = 0, kv1 = KV, f0 = 0, f1 = F, I = cfg->moe_intermediate_size, mf0 = 0, mf1 = I;
     if (tp > 1 && ((rc = exo_tp_share(KV, 1, tr, tp, &kv0, &kv1, err)) ||
-                   (rc = exo_tp_share(F, ffn_unit(cfg, F, tp), tr, tp, &f0, &f1, err))))
+                   (rc = exo_tp_share(F, ffn_unit(cfg, F, tp), tr, tp, &f0, &f1, err)) ||
+                   (cfg->n_experts > 0 && (rc = exo_tp_share(I, ffn_unit(cfg, I, tp), tr, tp, &mf0, &mf1, err)))))
         return exo_err_wrap(err, "tensor parallel over %d ranks", tp);
     exo_model *m = exo_calloc(1, sizeof *m);
     m->cfg = *cfg;
@@ -469,6 +575,12 @@ int exo_model_build(const exo_model_config *cfg, const exo_weight_source *src,
     m->n_heads = (int)(m->n_kv * group);
     m->hd = (int)hd;
     m->ffn = (int)(f1 - f0);
+    for (int l = first; l < last; l++)
+        if (exo_config_layer_moe(cfg, l)) {
+            m->n_experts = (int)cfg->n_experts;
+            m->topk = (int)cfg->n_experts_per_tok;
+            m->moe_ffn = (int)(mf1 - mf0);
+        }
     m->vocab = (int)V;
     m->eps = (float)cfg->rms_norm_eps;
     m->max_chunk = o.max_chunk > 0 ? o.max_chunk : 512;
@@ -500,15 +612,17 @@ int exo_model_build(const exo_model_config *cfg, const exo_weight_source *src,
     binder b = {m, src, m->cpu, err};
     int64_t QD = H * hd, KD = KV * hd;
     /* this rank's rows of q (its KV heads' query groups), k, v; columns of o */
-    part pq = {0}, pkv = {0}, po = {0}, pgu = {0}, pd = {0};
+    part pq = {0}, pkv = {0}, po = {0}, pgu = {0}, pd = {0}, pmgu = {0}, pmd = {0};
     if (tp > 1) {
         pq = (part){kv0 * group * hd, kv1 * group * hd, 0, 0};
         pkv = (part){kv0 * hd, kv1 * hd, 0, 0};
         po = (part){0, 0, kv0 * group * hd, kv1 * group * hd};
         pgu = (part){f0, f1, 0, 0};
         pd = (part){0, 0, f0, f1};
+        pmgu = (part){mf0, mf1, 0, 0};
+        pmd = (part){0, 0, mf0, mf1};
     }
-    bool qk_norm = !strcmp(cfg->model_type, "qwen3");
+    bool qk_norm = !strcmp(cfg->model_type, "qwen3") || !strcmp(cfg->model_type, "qwen3_moe");
     bool qkv_bias = cfg->attention_bias || !strcmp(cfg->model_type, "qwen2");
     char name[256];
 #define TRY(x)              \
@@ -530,9 +644,13 @@ int exo_model_build(const exo_model_config *cfg, const exo_weight_source *src,
         TRY(bind_linear_part(&b, P("self_attn.k_proj"), KD, D, true, pkv, &L->k, NULL));
         TRY(bind_linear_part(&b, P("self_attn.v_proj"), KD, D, true, pkv, &L->v, NULL));
         TRY(bind_linear_part(&b, P("self_attn.o_proj"), D, QD, true, po, &L->o, NULL));
-        TRY(bind_linear_part(&b, P("mlp.gate_proj"), F, D, true, pgu, &L->gate, NULL));
-        TRY(bind_linear_part(&b, P("mlp.up_proj"), F, D, true, pgu, &L->up, NULL));
-        TRY(bind_linear_part(&b, P("mlp.down_proj"), D, F, true, pd, &L->down, NULL));
+        if (exo_config_layer_moe(cfg, l)) {
+            TRY(bind_experts(&b, l, L, pmgu, pmd));
+        } else {
+            TRY(bind_linear_part(&b, P("mlp.gate_proj"), F, D, true, pgu, &L->gate, NULL));
+            TRY(bind_linear_part(&b, P("mlp.up_proj"), F, D, true, pgu, &L->up, NULL));
+            TRY(bind_linear_part(&b, P("mlp.down_proj"), D, F, true, pd, &L->down, NULL));
+        }
         if (qk_norm) {
             TRY(bind_vector(&b, P("self_attn.q_norm.weight"), hd, true, &L->q_norm));
             TRY(bind_vector(&b, P("self_attn.k_norm.weight"), hd, true, &L->k_norm));
@@ -612,7 +730,7 @@ int exo_model_load(const char *dir, const exo_model_opts *opts, exo_model **out,
                 snprintf(s.prefix, sizeof s.prefix, "%s", prefixes[i]);
         }
     }
-    exo_weight_source src = {&s, st_linear, st_vector, true};
+    exo_weight_source src = {&s, st_linear, st_vector, true, st_stacked};
     exo_model *m;
     rc = exo_model_build(&cfg, &src, opts, &m, err);
     if (rc) {
@@ -644,6 +762,7 @@ void exo_model_free(exo_model *m)
                              L->bq,        L->bk,       L->bv,     L->bo};
             for (size_t i = 0; i < sizeof vecs / sizeof *vecs; i++)
                 be->ops->release(be, vecs[i]);
+            exo_free(L->experts);
         }
     }
     if (m->cpu) {
@@ -678,6 +797,12 @@ size_t exo_model_decode_bytes(const exo_model *m)
         const exo_linear *ws[] = {&L->q, &L->k, &L->v, &L->o, &L->gate, &L->up, &L->down};
         for (size_t i = 0; i < 7; i++)
             total += exo_linear_bytes(ws[i]);
+        if (L->n_experts) { /* the router and, per token, k experts' weights (on average) */
+            size_t all = 0;
+            for (int i = 0; i < 3 * L->n_experts; i++)
+                all += exo_linear_bytes(&L->experts[i]);
+            total += exo_linear_bytes(&L->router) + all / (size_t)L->n_experts * (size_t)m->topk;
+        }
     }
     return total;
 }
@@ -770,6 +895,52 @@ static int reduce(exo_model *m, float *x, int T, exo_err *err)
     return m->allreduce(m->allreduce_ctx, x, (size_t)T * (size_t)m->dim, err);
 }
 
+/* x += the experts' outputs for the normed rows in a->h (see the top). A
+ * tensor-parallel rank sums its share of them apart, for the all-reduce. */
+static int moe_forward(exo_model *m, layer *L, int T, exo_err *err)
+{
+    exo_backend *be = L->be;
+    const exo_backend_ops *o = be->ops;
+    acts *a = &m->act;
+    int E = L->n_experts, k = m->topk, I = m->moe_ffn;
+    const exo_linear *r[1] = {&L->router};
+    float *const ro[1] = {a->router};
+    OK(o->matmul(be, 1, r, a->h, T, ro));
+    OK(o->moe_route(be, a->router, T, E, k, m->cfg.norm_topk_prob, a->top_idx, a->top_w));
+    float *sum = m->allreduce ? a->moe_out : a->x;
+    if (m->allreduce)
+        OK(o->zero(be, sum, (size_t)T * (size_t)m->dim));
+    for (int e = 0; e < E; e++) {
+        int n = 0;
+        for (int t = 0; t < T; t++)
+            for (int j = 0; j < k; j++)
+                if (a->top_idx[t * k + j] == e) {
+                    a->rows[n] = t;
+                    a->row_w[n++] = a->top_w[t * k + j];
+                }
+        if (!n)
+            continue;
+        const float *in = a->h;
+        if (T > 1) {
+            OK(o->gather_rows(be, a->xe, a->h, a->rows, n, m->dim));
+            in = a->xe;
+        }
+        const exo_linear *gu[2] = {&L->experts[3 * e], &L->experts[3 * e + 1]};
+        float *const gu_out[2] = {a->g, a->u};
+        OK(o->matmul(be, 2, gu, in, n, gu_out));
+        OK(o->silu_mul(be, a->g, a->u, (size_t)n * (size_t)I));
+        const exo_linear *wd[1] = {&L->experts[3 * e + 2]};
+        float *const yo[1] = {a->ye};
+        OK(o->matmul(be, 1, wd, a->g, n, yo));
+        OK(o->scatter_add_rows(be, sum, a->ye, a->rows, a->row_w, n, m->dim));
+    }
+    if (m->allreduce) {
+        OK(reduce(m, sum, T, err));
+        OK(o->add(be, a->x, sum, (size_t)T * (size_t)m->dim));
+    }
+    return 0;
+}
+
 static int layer_forward(exo_model *m, exo_seq *s, int l, int T, int pos0, exo_err *err)
 {
     layer *L = &m->layers[l];
@@ -805,6 +976,8 @@ static int layer_forward(exo_model *m, exo_seq *s, int l, int T, int pos0, exo_e
     OK(o->add(be, a->x, a->h, (size_t)T * (size_t)m->dim));
 
     OK(o->rmsnorm(be, a->h, a->x, L->mlp_norm, T, m->dim, m->eps));
+    if (L->n_experts)
+        return moe_forward(m, L, T, err);
     const exo_linear *gu[2] = {&L->gate, &L->up};
     float *const gu_out[2] = {a->g, a->u};
     OK(o->matmul(be, 2, gu, a->h, T, gu_out));

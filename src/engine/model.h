@@ -93,6 +93,10 @@ typedef struct exo_weight_source {
     /* The data points into file mappings (a checkpoint), not memory that
      * outlives the model: backends copy the weights (see backend.h). */
     bool from_file;
+    /* Slab `index` of a stacked 3-D module [n, rows, cols] (mlx-lm keeps a
+     * layer's experts so: mlp.switch_mlp.gate_proj); 0, or EXO_ENOENT.
+     * NULL: the source has no stacked modules. */
+    int (*stacked)(void *ctx, const char *module, int64_t index, exo_linear *out);
 } exo_weight_source;
 
 int exo_model_build(const exo_model_config *cfg, const exo_weight_source *src,

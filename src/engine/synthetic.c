@@ -322,7 +322,7 @@ const exo_model_config *exo_synth_config(const exo_synth *s) { return &s->cfg; }
 
 int exo_synth_build(exo_synth *s, const exo_model_opts *opts, exo_model **out, exo_err *err)
 {
-    exo_weight_source src = {s, synth_linear, synth_vector, false};
+    exo_weight_source src = {s, synth_linear, synth_vector, false, NULL};
     return exo_model_build(&s->cfg, &src, opts, out, err);
 }
 

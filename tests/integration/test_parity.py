@@ -15,7 +15,9 @@ logits). A copy of llama-f32 whose config.json only has transformers 5.x's
 `rope_parameters` checks that spelling.
 
 Each matmul path of the real binary is pinned with EXO_MATMUL_PATH and held
-to its own tolerance (max abs logit error; logits are O(10)):
+to its own tolerance (max abs logit error; logits are O(10); the prefill
+tolerance is raised to transformers' own bf16-vs-f32 difference where that
+is larger, 0.24 for qwen3_moe):
                     gemv (decode)   gemm (prefill, AMX)
   f32 weights       2e-4            2e-4   f32 everywhere, sums reordered
   bf16 weights      2e-4            0.12   prefill rounds activations to bf16
@@ -35,12 +37,25 @@ FIX = os.path.join(os.path.dirname(__file__), "..", "fixtures")
 passed = failed = 0
 
 
-def tol_for(dtype, path):
+def tol_for(dtype, path, native_bf16=None):
     if dtype == "float32":
         return 2e-4
     if path == "gemm":
-        return 0.12
+        # prefill rounds activations to bf16: as far off as transformers' own
+        # bf16 run is from its f32 run on that model (0.24 on qwen3_moe, whose
+        # routers amplify rounding), and at least 0.12
+        return max(0.12, native_bf16 or 0)
     return 2e-4 if dtype == "bfloat16" else 3e-3
+
+
+def native_bf16_diff(ref):
+    """transformers' bf16-vs-f32 logit difference for the model's bf16 weights."""
+    base = ref.get("base") or (ref["model_type"] + "-bf16")
+    try:
+        r = json.load(open(os.path.join(FIX, base, "reference.json")))
+    except (OSError, ValueError):
+        return None
+    return r.get("bf16_native_max_abs_diff")
 
 
 def check(name, ok, detail=""):
@@ -82,7 +97,7 @@ def check_model(name, model_dir, ref_dir):
     try:
         errs = []
         for path in ("gemv", "gemm"):
-            tol = tol_for(ref["dtype"], path)
+            tol = tol_for(ref["dtype"], path, native_bf16_diff(ref))
             got = logits(model_dir, ref["prompt_ids"], V, path=path)
             err = float(np.abs(got - want).max())
             errs.append(f"{path} {err:.2g}")

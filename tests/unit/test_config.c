@@ -158,6 +158,43 @@ Test(config, qwen3_defaults)
     exo_config_free(&c);
 }
 
+Test(config, qwen3_moe_experts)
+{
+    /* the hub's key (num_experts) and transformers 5's saved one (num_local_experts) */
+    exo_model_config c = ok("{\"model_type\":\"qwen3_moe\"," SIZES ",\"num_experts\":128,\"num_experts_per_tok\":8,"
+                            "\"moe_intermediate_size\":768,\"norm_topk_prob\":true}");
+    cr_assert_eq(c.n_experts, 128);
+    cr_assert_eq(c.n_experts_per_tok, 8);
+    cr_assert_eq(c.moe_intermediate_size, 768);
+    cr_assert(c.norm_topk_prob);
+    cr_assert_eq(c.decoder_sparse_step, 1);
+    cr_assert_eq(c.head_dim, 128, "qwen3's head_dim default holds");
+    cr_assert(exo_config_layer_moe(&c, 0) && exo_config_layer_moe(&c, 1));
+    exo_config_free(&c);
+    c = ok("{\"model_type\":\"qwen3_moe\",\"vocab_size\":10,\"hidden_size\":64,\"intermediate_size\":128,"
+           "\"num_hidden_layers\":6,\"num_attention_heads\":8,\"num_local_experts\":4,\"num_experts_per_tok\":2,"
+           "\"moe_intermediate_size\":16,\"decoder_sparse_step\":2,\"mlp_only_layers\":[3]}");
+    cr_assert_eq(c.n_experts, 4);
+    cr_assert_not(c.norm_topk_prob, "transformers' default");
+    bool want[6] = {false, true, false, false, false, true}; /* (l+1) % 2 == 0, not layer 3 */
+    for (int l = 0; l < 6; l++)
+        cr_assert_eq(exo_config_layer_moe(&c, l), want[l], "layer %d", l);
+    exo_config_free(&c);
+    c = ok("{\"model_type\":\"qwen3\"," SIZES "}");
+    cr_assert_eq(c.n_experts, 0);
+    cr_assert_not(exo_config_layer_moe(&c, 0));
+    exo_config_free(&c);
+    bad("{\"model_type\":\"qwen3_moe\"," SIZES ",\"num_experts\":8,\"moe_intermediate_size\":16}", EXO_EFORMAT,
+        "num_experts_per_tok");
+    bad("{\"model_type\":\"qwen3_moe\"," SIZES ",\"num_experts\":8,\"num_experts_per_tok\":9,"
+        "\"moe_intermediate_size\":16}", EXO_EFORMAT, "exceeds");
+    bad("{\"model_type\":\"qwen3_moe\"," SIZES ",\"num_experts\":8,\"num_experts_per_tok\":2,"
+        "\"moe_intermediate_size\":16,\"mlp_only_layers\":[2]}", EXO_EFORMAT, "mlp_only_layers");
+    bad("{\"model_type\":\"qwen3_moe\"," SIZES ",\"num_experts\":8,\"num_experts_per_tok\":2,"
+        "\"moe_intermediate_size\":16,\"mlp_only_layers\":{}}", EXO_EFORMAT, "mlp_only_layers");
+    bad("{\"model_type\":\"qwen3_moe\"," SIZES ",\"num_experts\":-1}", EXO_EFORMAT, "num_experts");
+}
+
 Test(config, mistral_defaults)
 {
     exo_model_config c = ok("{\"model_type\":\"mistral\"," SIZES "}");

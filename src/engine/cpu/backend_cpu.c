@@ -262,6 +262,69 @@ static int cpu_add(exo_backend *be, float *x, const float *y, size_t n)
 
 static int cpu_sync(exo_backend *be) { return 0; }
 
+static int cpu_moe_route(exo_backend *be, const float *logits, int T, int E, int k, bool norm,
+                         int32_t *idx, float *w)
+{
+    for (int t = 0; t < T; t++) {
+        const float *l = logits + (size_t)t * (size_t)E;
+        int32_t *ti = idx + (size_t)t * (size_t)k;
+        float *tw = w + (size_t)t * (size_t)k;
+        float mx = l[0];
+        for (int e = 1; e < E; e++)
+            mx = l[e] > mx ? l[e] : mx;
+        float sum = 0;
+        for (int e = 0; e < E; e++)
+            sum += expf(l[e] - mx);
+        /* k passes of "largest not taken yet" (k and E are small); the
+         * order of probabilities is the order of logits */
+        float picked = 0;
+        for (int j = 0; j < k; j++) {
+            int best = -1;
+            for (int e = 0; e < E; e++) {
+                bool taken = false;
+                for (int i = 0; i < j; i++)
+                    taken |= ti[i] == e;
+                if (!taken && (best < 0 || l[e] > l[best]))
+                    best = e;
+            }
+            ti[j] = best;
+            tw[j] = expf(l[best] - mx) / sum;
+            picked += tw[j];
+        }
+        if (norm)
+            for (int j = 0; j < k; j++)
+                tw[j] /= picked;
+    }
+    return 0;
+}
+
+static int cpu_zero(exo_backend *be, float *x, size_t n)
+{
+    memset(x, 0, sizeof(float) * n);
+    return 0;
+}
+
+static int cpu_gather_rows(exo_backend *be, float *dst, const float *src, const int32_t *rows, int n,
+                           int dim)
+{
+    for (int i = 0; i < n; i++)
+        memcpy(dst + (size_t)i * (size_t)dim, src + (size_t)rows[i] * (size_t)dim, sizeof(float) * (size_t)dim);
+    return 0;
+}
+
+static int cpu_scatter_add_rows(exo_backend *be, float *dst, const float *src, const int32_t *rows,
+                                const float *scale, int n, int dim)
+{
+    for (int i = 0; i < n; i++) {
+        float *d = dst + (size_t)rows[i] * (size_t)dim;
+        const float *s = src + (size_t)i * (size_t)dim;
+        float a = scale[i];
+        for (int j = 0; j < dim; j++)
+            d[j] += a * s[j];
+    }
+    return 0;
+}
+
 static const exo_backend_ops cpu_ops = {
     .name = "cpu",
     .free = cpu_free,
@@ -279,6 +342,10 @@ static const exo_backend_ops cpu_ops = {
     .attention = cpu_attention,
     .silu_mul = cpu_silu_mul,
     .add = cpu_add,
+    .zero = cpu_zero,
+    .moe_route = cpu_moe_route,
+    .gather_rows = cpu_gather_rows,
+    .scatter_add_rows = cpu_scatter_add_rows,
     .sync = cpu_sync,
 };
 
