@@ -1,5 +1,5 @@
-/* `exo bench MODEL_DIR | --synthetic PRESET [--quant bf16|q8|q4] [--threads N]
- *  [--prompt-tokens N] [--gen-tokens N] [--json]`
+/* `exo bench MODEL_DIR | --synthetic PRESET [--quant bf16|q8|q4] [--layers N]
+ *  [--threads N] [--prompt-tokens N] [--gen-tokens N] [--json]`
  *
  * A benchmark, not a test: it prints speed next to the physical limit it
  * is bounded by, both measured in this run.
@@ -33,7 +33,7 @@ int exo_cmd_bench(int argc, char **argv);
 static void usage(void)
 {
     fprintf(stderr, "usage: exo bench MODEL_DIR | --synthetic PRESET [--quant bf16|q8|q4]\n"
-                    "  [--threads N] [--prompt-tokens N] [--gen-tokens N] [--json]\n"
+                    "  [--layers N] [--threads N] [--prompt-tokens N] [--gen-tokens N] [--json]\n"
                     "presets:");
     for (const char *const *p = exo_synth_presets(); *p; p++)
         fprintf(stderr, " %s", *p);
@@ -82,7 +82,7 @@ int exo_cmd_bench(int argc, char **argv)
     const char *dir = NULL, *preset = NULL, *quant = "q4", *v;
     /* 128 generated tokens as llama-bench: long enough that one stall of
      * the host (membw.h) moves the mean by ~1%, not 2-4% */
-    long threads = 0, n_prompt = 512, n_gen = 128;
+    long threads = 0, n_prompt = 512, n_gen = 128, n_layers = 0;
     bool json = false;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--synthetic")) {
@@ -90,6 +90,10 @@ int exo_cmd_bench(int argc, char **argv)
                 return 2;
         } else if (!strcmp(argv[i], "--quant")) {
             if (!(quant = exo_arg_value("bench", argc, argv, &i)))
+                return 2;
+        } else if (!strcmp(argv[i], "--layers")) {
+            if (!(v = exo_arg_value("bench", argc, argv, &i)) ||
+                exo_arg_int("bench", "--layers", v, 1, 1024, &n_layers))
                 return 2;
         } else if (!strcmp(argv[i], "--threads")) {
             if (!(v = exo_arg_value("bench", argc, argv, &i)) ||
@@ -117,6 +121,10 @@ int exo_cmd_bench(int argc, char **argv)
         usage();
         return 2;
     }
+    if (dir && n_layers) {
+        fprintf(stderr, "exo bench: --layers is for --synthetic presets\n");
+        return 2;
+    }
     exo_synth_quant sq;
     if (exo_synth_quant_parse(quant, &sq)) {
         fprintf(stderr, "exo bench: --quant must be bf16, q8 or q4\n");
@@ -134,7 +142,8 @@ int exo_cmd_bench(int argc, char **argv)
     exo_model_opts opts = {.n_threads = (int)threads, .max_chunk = (int)n_prompt};
     double t_load = exo_clock_seconds();
     if (preset) {
-        if (exo_synth_create(preset, sq, 1234, &syn, &err) || exo_synth_build(syn, &opts, &m, &err))
+        if (exo_synth_create(preset, sq, 1234, &syn, &err) ||
+            (n_layers && exo_synth_set_layers(syn, (int)n_layers, &err)) || exo_synth_build(syn, &opts, &m, &err))
             goto fail;
     } else if (exo_model_load(dir, &opts, &m, &err)) {
         goto fail;
@@ -211,11 +220,15 @@ int exo_cmd_bench(int argc, char **argv)
     double D = (double)cfg->hidden_size, F = (double)cfg->intermediate_size;
     double QD = (double)(cfg->num_attention_heads * cfg->head_dim);
     double KD = (double)(cfg->num_key_value_heads * cfg->head_dim);
-    double layer_params = D * QD * 2 + D * KD * 2 + 3 * D * F;
-    double P = (double)n_prompt;
-    double flops = (double)cfg->num_hidden_layers *
-                       (2 * P * layer_params + 2.0 * QD * P * P) +
-                   2 * D * (double)cfg->vocab_size;
+    double P = (double)n_prompt, flops = 2 * D * (double)cfg->vocab_size;
+    for (int64_t l = 0; l < cfg->num_hidden_layers; l++) {
+        /* a sparse layer's MLP: the router and, per token, its k experts */
+        double mlp = exo_config_layer_moe(cfg, l)
+                         ? D * (double)cfg->n_experts +
+                               3 * D * (double)cfg->moe_intermediate_size * (double)cfg->n_experts_per_tok
+                         : 3 * D * F;
+        flops += 2 * P * (D * QD * 2 + D * KD * 2 + mlp) + 2.0 * QD * P * P;
+    }
     double prefill_gflops = flops / prefill_s / 1e9;
     double avx2 = avx2_gemm_gflops(pool, (int)(n_prompt < 512 ? n_prompt : 512),
                                    (int)cfg->intermediate_size, (int)cfg->hidden_size);

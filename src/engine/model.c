@@ -74,6 +74,8 @@ typedef struct acts {
     float *top_w;
     int32_t *rows;    /* host (chunk): the tokens routed to one expert, and weights */
     float *row_w;
+    const exo_linear **sel_w; /* host (2 topk): decode's chosen experts' gate and up */
+    float **sel_y;
 } acts;
 
 struct exo_model {
@@ -85,6 +87,7 @@ struct exo_model {
     int first_layer, total_layers;
     int dim, n_heads, n_kv, hd, ffn, vocab, max_chunk; /* n_heads, n_kv, ffn: this rank's */
     int n_experts, topk, moe_ffn; /* 0 when no layer of the shard is sparse */
+    bool moe_per_expert; /* EXO_MOE_PATH=per-expert: decode as prefill does (the benchmark's peer) */
     float mscale, eps;
     exo_attn_shape attn;
     bool embeds, has_head;
@@ -472,6 +475,8 @@ static void free_acts(acts *a)
     exo_free(a->top_w);
     exo_free(a->rows);
     exo_free(a->row_w);
+    exo_free(a->sel_w);
+    exo_free(a->sel_y);
 }
 
 static int alloc_acts(exo_model *m, acts *a, exo_backend *be, exo_err *err)
@@ -479,6 +484,9 @@ static int alloc_acts(exo_model *m, acts *a, exo_backend *be, exo_err *err)
     a->be = be;
     size_t C = (size_t)m->max_chunk, F = (size_t)(m->moe_ffn > m->ffn ? m->moe_ffn : m->ffn);
     size_t E = (size_t)m->n_experts;
+    /* decode runs a token's k experts side by side in these */
+    size_t CF = C * F > (size_t)m->topk * (size_t)m->moe_ffn ? C * F : (size_t)m->topk * (size_t)m->moe_ffn;
+    size_t CD = (C > (size_t)m->topk ? C : (size_t)m->topk) * (size_t)m->dim;
     struct {
         float **p;
         size_t n;
@@ -486,9 +494,9 @@ static int alloc_acts(exo_model *m, acts *a, exo_backend *be, exo_err *err)
         {&a->x, C * m->dim},           {&a->h, C * m->dim},
         {&a->q, C * m->n_heads * m->hd}, {&a->att, C * m->n_heads * m->hd},
         {&a->k, C * m->n_kv * m->hd},  {&a->v, C * m->n_kv * m->hd},
-        {&a->g, C * F},                {&a->u, C * F},
+        {&a->g, CF},                   {&a->u, CF},
         {&a->router, C * E},           {&a->xe, E ? C * m->dim : 0},
-        {&a->ye, E ? C * m->dim : 0},  {&a->moe_out, E && m->allreduce ? C * m->dim : 0},
+        {&a->ye, E ? CD : 0},  {&a->moe_out, E && m->allreduce ? C * m->dim : 0},
         {&a->logits, m->has_head ? (size_t)MAX_LOGIT_ROWS * m->vocab : 0},
         {&a->inv_freq, (size_t)m->hd / 2},
     };
@@ -502,8 +510,10 @@ static int alloc_acts(exo_model *m, acts *a, exo_backend *be, exo_err *err)
     if (E) {
         a->top_idx = exo_calloc(C * (size_t)m->topk, sizeof(int32_t));
         a->top_w = exo_calloc(C * (size_t)m->topk, sizeof(float));
-        a->rows = exo_calloc(C, sizeof(int32_t));
+        a->rows = exo_calloc(C > (size_t)m->topk ? C : (size_t)m->topk, sizeof(int32_t));
         a->row_w = exo_calloc(C, sizeof(float));
+        a->sel_w = exo_calloc(2 * (size_t)m->topk, sizeof *a->sel_w);
+        a->sel_y = exo_calloc(2 * (size_t)m->topk, sizeof *a->sel_y);
     }
     return 0;
 }
@@ -582,6 +592,8 @@ int exo_model_build(const exo_model_config *cfg, const exo_weight_source *src,
             m->moe_ffn = (int)(mf1 - mf0);
         }
     m->vocab = (int)V;
+    const char *moe_path = getenv("EXO_MOE_PATH");
+    m->moe_per_expert = moe_path && !strcmp(moe_path, "per-expert");
     m->eps = (float)cfg->rms_norm_eps;
     m->max_chunk = o.max_chunk > 0 ? o.max_chunk : 512;
     m->embeds = first == 0;
@@ -910,7 +922,26 @@ static int moe_forward(exo_model *m, layer *L, int T, exo_err *err)
     float *sum = m->allreduce ? a->moe_out : a->x;
     if (m->allreduce)
         OK(o->zero(be, sum, (size_t)T * (size_t)m->dim));
-    for (int e = 0; e < E; e++) {
+    bool side_by_side = T == 1 && !m->moe_per_expert;
+    if (side_by_side) { /* decode: the k experts side by side, in k + 2 dispatches, not 3k */
+        for (int j = 0; j < k; j++) {
+            const exo_linear *ex = &L->experts[3 * a->top_idx[j]];
+            a->sel_w[2 * j] = &ex[0];
+            a->sel_w[2 * j + 1] = &ex[1];
+            a->sel_y[2 * j] = a->g + (size_t)j * (size_t)I;
+            a->sel_y[2 * j + 1] = a->u + (size_t)j * (size_t)I;
+            a->rows[j] = 0;
+        }
+        OK(o->matmul(be, 2 * k, a->sel_w, a->h, 1, a->sel_y));
+        OK(o->silu_mul(be, a->g, a->u, (size_t)k * (size_t)I));
+        for (int j = 0; j < k; j++) {
+            const exo_linear *wd[1] = {&L->experts[3 * a->top_idx[j] + 2]};
+            float *const yo[1] = {a->ye + (size_t)j * (size_t)m->dim};
+            OK(o->matmul(be, 1, wd, a->g + (size_t)j * (size_t)I, 1, yo));
+        }
+        OK(o->scatter_add_rows(be, sum, a->ye, a->rows, a->top_w, k, m->dim));
+    }
+    for (int e = 0; e < E && !side_by_side; e++) {
         int n = 0;
         for (int t = 0; t < T; t++)
             for (int j = 0; j < k; j++)

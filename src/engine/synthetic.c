@@ -29,28 +29,34 @@ typedef struct preset {
     double llama3_factor; /* llama3 RoPE scaling factor (low 1, high 4, original 8192); 0: none */
     int bos;              /* -1: none */
     int eos[3];           /* 0-terminated (no preset uses id 0) */
+    int experts, topk, moe_ffn; /* mixture of experts in every layer (qwen3_moe); 0: dense */
 } preset;
 
 static const preset presets[] = {
     {"llama-3.2-1b", "llama", "LlamaForCausalLM", 2048, 8192, 16, 32, 8, 64, 128256, true, 500000,
-     1e-5, 131072, 32, 128000, {128001, 128008, 128009}},
+     1e-5, 131072, 32, 128000, {128001, 128008, 128009}, 0, 0, 0},
     {"llama-3.2-3b", "llama", "LlamaForCausalLM", 3072, 8192, 28, 24, 8, 128, 128256, true, 500000,
-     1e-5, 131072, 32, 128000, {128001, 128008, 128009}},
+     1e-5, 131072, 32, 128000, {128001, 128008, 128009}, 0, 0, 0},
     {"llama-3.1-8b", "llama", "LlamaForCausalLM", 4096, 14336, 32, 32, 8, 128, 128256, false,
-     500000, 1e-5, 131072, 8, 128000, {128001, 128008, 128009}},
+     500000, 1e-5, 131072, 8, 128000, {128001, 128008, 128009}, 0, 0, 0},
     {"qwen3-0.6b", "qwen3", "Qwen3ForCausalLM", 1024, 3072, 28, 16, 8, 128, 151936, true, 1000000,
-     1e-6, 40960, 0, 151643, {151645}},
+     1e-6, 40960, 0, 151643, {151645}, 0, 0, 0},
     {"qwen3-1.7b", "qwen3", "Qwen3ForCausalLM", 2048, 6144, 28, 16, 8, 128, 151936, true, 1000000,
-     1e-6, 40960, 0, 151643, {151645}},
+     1e-6, 40960, 0, 151643, {151645}, 0, 0, 0},
     {"qwen3-4b", "qwen3", "Qwen3ForCausalLM", 2560, 9728, 36, 32, 8, 128, 151936, true, 1000000,
-     1e-6, 40960, 0, 151643, {151645}},
+     1e-6, 40960, 0, 151643, {151645}, 0, 0, 0},
     {"qwen3-8b", "qwen3", "Qwen3ForCausalLM", 4096, 12288, 36, 32, 8, 128, 151936, false, 1000000,
-     1e-6, 40960, 0, 151643, {151645}},
+     1e-6, 40960, 0, 151643, {151645}, 0, 0, 0},
+    /* Qwen3-30B-A3B: 128 experts, 8 per token, ~3.3B active parameters */
+    {"qwen3-30b-a3b", "qwen3_moe", "Qwen3MoeForCausalLM", 2048, 6144, 48, 32, 4, 128, 151936, false,
+     1000000, 1e-6, 40960, 0, 151643, {151645}, 128, 8, 768},
     /* test-sized: every linear's input width is a multiple of the group size 64 */
     {"tiny-llama", "llama", "LlamaForCausalLM", 64, 192, 2, 4, 2, 16, 512, false, 10000, 1e-5,
-     2048, 0, 1, {2}},
+     2048, 0, 1, {2}, 0, 0, 0},
     {"tiny-qwen3", "qwen3", "Qwen3ForCausalLM", 64, 192, 2, 4, 2, 32, 512, true, 1000000, 1e-6,
-     2048, 0, 1, {2}},
+     2048, 0, 1, {2}, 0, 0, 0},
+    {"tiny-qwen3-moe", "qwen3_moe", "Qwen3MoeForCausalLM", 64, 192, 2, 4, 2, 32, 512, false, 1000000,
+     1e-6, 2048, 0, 1, {2}, 8, 2, 64},
 };
 #define N_PRESETS (sizeof presets / sizeof *presets)
 
@@ -141,6 +147,12 @@ static int linear_shape(const exo_model_config *c, const char *module, int64_t *
 {
     int64_t D = c->hidden_size, F = c->intermediate_size, V = c->vocab_size;
     int64_t QD = c->num_attention_heads * c->head_dim, KD = c->num_key_value_heads * c->head_dim;
+    if (strstr(module, ".mlp.experts."))
+        F = c->moe_intermediate_size;
+    if (c->n_experts && ends_with(module, ".mlp.gate")) { /* the router */
+        *rows = c->n_experts, *cols = D;
+        return 0;
+    }
     if (!strcmp(module, "model.embed_tokens") || !strcmp(module, "lm_head")) {
         if (!strcmp(module, "lm_head") && c->tie_word_embeddings)
             return EXO_ENOENT;
@@ -224,7 +236,7 @@ static int vector_len(const exo_model_config *c, const char *name, int64_t *len)
 {
     if (ends_with(name, "layernorm.weight") || !strcmp(name, "model.norm.weight"))
         *len = c->hidden_size;
-    else if (!strcmp(c->model_type, "qwen3") &&
+    else if (!strncmp(c->model_type, "qwen3", 5) &&
              (ends_with(name, ".q_norm.weight") || ends_with(name, ".k_norm.weight")))
         *len = c->head_dim;
     else
@@ -300,6 +312,13 @@ int exo_synth_create(const char *name, exo_synth_quant q, uint64_t seed, exo_syn
     c->pad_token_id = -1;
     for (int i = 0; i < 3 && p->eos[i]; i++)
         c->eos_token_ids[c->n_eos++] = p->eos[i];
+    if (p->experts) {
+        c->n_experts = p->experts;
+        c->n_experts_per_tok = p->topk;
+        c->moe_intermediate_size = p->moe_ffn;
+        c->norm_topk_prob = true;
+        c->decoder_sparse_step = 1;
+    }
     if (q != EXO_SYNTH_BF16) {
         c->quant.enabled = true;
         c->quant.bits = quant_bits(s);
@@ -319,6 +338,14 @@ void exo_synth_free(exo_synth *s)
 }
 
 const exo_model_config *exo_synth_config(const exo_synth *s) { return &s->cfg; }
+
+int exo_synth_set_layers(exo_synth *s, int n, exo_err *err)
+{
+    if (n < 1 || n > s->p->layers)
+        return exo_err_set(err, EXO_EINVAL, "%s has %d layers, not %d", s->p->name, s->p->layers, n);
+    s->cfg.num_hidden_layers = n;
+    return 0;
+}
 
 int exo_synth_build(exo_synth *s, const exo_model_opts *opts, exo_model **out, exo_err *err)
 {
@@ -409,13 +436,24 @@ static int add_all(exo_st_writer *w, exo_synth *s, size_t *bytes, exo_err *err)
     static const char *const norms[] = {"input_layernorm.weight",
                                         "post_attention_layernorm.weight",
                                         "self_attn.q_norm.weight", "self_attn.k_norm.weight"};
-    bool qk_norm = !strcmp(s->cfg.model_type, "qwen3");
+    bool qk_norm = !strncmp(s->cfg.model_type, "qwen3", 5);
     char name[256];
     int rc = add_linear(w, s, "model.embed_tokens", bytes, err);
     for (int64_t l = 0; !rc && l < s->cfg.num_hidden_layers; l++) {
-        for (size_t i = 0; !rc && i < sizeof linears / sizeof *linears; i++) {
+        bool moe = exo_config_layer_moe(&s->cfg, l);
+        for (size_t i = 0; !rc && i < (moe ? 4u : sizeof linears / sizeof *linears); i++) {
             snprintf(name, sizeof name, "model.layers.%lld.%s", (long long)l, linears[i]);
             rc = add_linear(w, s, name, bytes, err);
+        }
+        if (moe && !rc) { /* the router and each expert's projections, one tensor each (the hub's layout) */
+            snprintf(name, sizeof name, "model.layers.%lld.mlp.gate", (long long)l);
+            rc = add_linear(w, s, name, bytes, err);
+            for (int64_t e = 0; !rc && e < s->cfg.n_experts; e++)
+                for (size_t i = 4; !rc && i < 7; i++) {
+                    snprintf(name, sizeof name, "model.layers.%lld.mlp.experts.%lld.%s", (long long)l,
+                             (long long)e, linears[i] + 4);
+                    rc = add_linear(w, s, name, bytes, err);
+                }
         }
         for (size_t i = 0; !rc && i < (qk_norm ? 4u : 2u); i++) {
             snprintf(name, sizeof name, "model.layers.%lld.%s", (long long)l, norms[i]);
@@ -434,7 +472,7 @@ static json_t *config_json(const exo_synth *s)
 {
     const exo_model_config *c = &s->cfg;
     const preset *p = s->p;
-    bool qwen3 = !strcmp(c->model_type, "qwen3");
+    bool qwen3 = !strncmp(c->model_type, "qwen3", 5);
     json_t *j = json_object();
     json_object_set_new(j, "architectures", json_pack("[s]", p->architecture));
     json_object_set_new(j, "model_type", json_string(c->model_type));
@@ -466,6 +504,14 @@ static json_t *config_json(const exo_synth *s)
         json_object_set_new(j, "sliding_window", json_null());
     } else {
         json_object_set_new(j, "mlp_bias", json_false());
+    }
+    if (c->n_experts) {
+        json_object_set_new(j, "num_experts", json_integer(c->n_experts));
+        json_object_set_new(j, "num_experts_per_tok", json_integer(c->n_experts_per_tok));
+        json_object_set_new(j, "moe_intermediate_size", json_integer(c->moe_intermediate_size));
+        json_object_set_new(j, "norm_topk_prob", json_boolean(c->norm_topk_prob));
+        json_object_set_new(j, "decoder_sparse_step", json_integer(c->decoder_sparse_step));
+        json_object_set_new(j, "mlp_only_layers", json_array());
     }
     json_object_set_new(j, "attention_dropout", json_real(0));
     json_object_set_new(j, "initializer_range", json_real(0.02));

@@ -25,15 +25,19 @@ int exo_synth_quant_parse(const char *name, exo_synth_quant *out);
 typedef struct exo_synth exo_synth;
 
 /* Presets: llama-3.2-1b, llama-3.2-3b, llama-3.1-8b, qwen3-0.6b, qwen3-1.7b,
- * qwen3-4b, qwen3-8b (the real models' config.json values: sizes, RoPE,
- * norm eps, tied embeddings, bos/eos ids), and two tiny ones for tests:
- * tiny-llama (2 layers, hidden 64, vocab 512, untied) and tiny-qwen3 (the
- * same with qk-norm and tied embeddings). The names are listed by
- * exo_synth_presets() (NULL-terminated). */
+ * qwen3-4b, qwen3-8b, qwen3-30b-a3b (mixture of experts: 128, 8 per token)
+ * (the real models' config.json values: sizes, RoPE, norm eps, tied
+ * embeddings, bos/eos ids), and tiny ones for tests: tiny-llama (2 layers,
+ * hidden 64, vocab 512, untied), tiny-qwen3 (the same with qk-norm and tied
+ * embeddings) and tiny-qwen3-moe (8 experts, 2 per token, untied). The
+ * names are listed by exo_synth_presets() (NULL-terminated). */
 const char *const *exo_synth_presets(void);
 int  exo_synth_create(const char *preset, exo_synth_quant q, uint64_t seed, exo_synth **out,
                       exo_err *err);
 void exo_synth_free(exo_synth *s);
+/* Keeps the first n layers only (n <= the preset's): the real shapes of a
+ * model too big for the machine, measured per layer. */
+int  exo_synth_set_layers(exo_synth *s, int n, exo_err *err);
 const exo_model_config *exo_synth_config(const exo_synth *s);
 /* Builds the model; the exo_synth must outlive it. */
 int exo_synth_build(exo_synth *s, const exo_model_opts *opts, exo_model **out, exo_err *err);

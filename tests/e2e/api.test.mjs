@@ -1580,6 +1580,23 @@ test('runner killed mid-request: every client gets an error naming the exit; the
 
 // Deleting an instance ends its running request (cancelled: finish stop) and
 // fails the queued one, at once; then the model is not served any more.
+test('a mixture-of-experts model (qwen3_moe, MLX q4 experts) serves exo run\'s text, and leaves', T_TEST, async () => {
+  await noTasksLeft();
+  const dir = await D.buildMoeModel(path.join(tmp, 'models'));
+  const ref = await D.exoRun(dir, P.qwen, { maxTokens: 16 });
+  await D.placeInstance(base, D.MOE_ID);
+  for (const stream of [false, true]) {
+    const r = await viaOpenAI(D.MOE_ID, P.qwen, { max: 16, stream });
+    assert.equal(r.text, ref.text, `stream ${stream}`);
+    assert.equal(r.genTokens, ref.genTokens);
+    assert.equal(r.promptTokens, ref.promptTokens);
+  }
+  const st = await D.getJson(base, '/state');
+  const [id] = Object.entries(st.instances).find(([, v]) => Object.values(v)[0].shardAssignments.modelId === D.MOE_ID);
+  assert.equal((await fetch(`${base}/instance/${id}`, { method: 'DELETE' })).status, 200);
+  for (let i = 0; i < 200 && (await D.getJson(base, '/state')).instances[id]; i++) await sleep(10);
+});
+
 test('DELETE /instance: open streams end, the model is no longer served (404)', T_TEST, async () => {
   await noTasksLeft();
   const st = await D.getJson(base, '/state');

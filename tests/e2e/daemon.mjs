@@ -19,6 +19,7 @@ export const CTX = 8192;             // the daemon's --ctx: long streams for can
 
 export const STORIES_ID = 'karpathy/stories260K';
 export const QWEN_ID = 'exo-e2e/qwen3-tiny';
+export const MOE_ID = 'exo-e2e/qwen3-moe-tiny';
 
 export const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
@@ -147,6 +148,26 @@ export async function buildModels(modelsDir) {
     split_special_tokens: false, chat_template: template,
   }, null, 2));
   return { stories, qwen };
+}
+
+// MODELS/exo-e2e--qwen3-moe-tiny/: the qwen3_moe q4g64 parity fixture (its
+// experts stacked as mlx-lm writes them) with the qwen3-tiny dir's tokenizer
+// (the same 320-entry vocabulary). Made by the test that serves it, so the
+// listing tests see two models.
+export async function buildMoeModel(modelsDir) {
+  const fx = path.join(REPO, 'tests/fixtures/qwen3_moe-q4g64');
+  const qwen = path.join(modelsDir, 'exo-e2e--qwen3-tiny');
+  const d = path.join(modelsDir, 'exo-e2e--qwen3-moe-tiny');
+  await fsp.mkdir(d);
+  await fsp.symlink(path.join(fx, 'model.safetensors'), path.join(d, 'model.safetensors'));
+  const cfg = JSON.parse(await fsp.readFile(path.join(fx, 'config.json'), 'utf8'));
+  const qcfg = JSON.parse(await fsp.readFile(path.join(qwen, 'config.json'), 'utf8'));
+  cfg.bos_token_id = qcfg.bos_token_id;
+  cfg.eos_token_id = qcfg.eos_token_id;
+  await fsp.writeFile(path.join(d, 'config.json'), JSON.stringify(cfg, null, 2));
+  for (const f of ['tokenizer.json', 'tokenizer_config.json'])
+    await fsp.copyFile(path.join(qwen, f), path.join(d, f));
+  return d;
 }
 
 // ---- greedy references -------------------------------------------------------------

@@ -18,7 +18,7 @@ tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 E=$EXO_BIN
 
 # every tiny preset and quantization: written == in memory, and it runs
-for p in tiny-llama tiny-qwen3; do
+for p in tiny-llama tiny-qwen3 tiny-qwen3-moe; do
   for q in q4 q8 bf16; do
     d=$tmp/$p-$q
     if out=$("$E" synth-model "$p" "$d" --quant "$q" --verify 2>&1) && grep -q '^verified:' <<<"$out"; then

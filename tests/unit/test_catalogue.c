@@ -64,7 +64,7 @@ Test(catalogue, ids_are_org_slash_name)
 
 Test(catalogue, fields_sane)
 {
-    static const char *const types[] = {"llama", "qwen2", "qwen3", "mistral"};
+    static const char *const types[] = {"llama", "qwen2", "qwen3", "mistral", "qwen3_moe"};
     static const char *const dialects[] = {"post_last_user", "suffix", "channel", "tool_conditional"};
     for (size_t i = 0; i < exo_catalogue_count(); i++) {
         const exo_catalogue_card *c = exo_catalogue_at(i);
@@ -151,7 +151,7 @@ Test(catalogue, find_misses)
         "MLX-COMMUNITY/Llama-3.2-1B-Instruct-4bit",
         "mlx-community/Llama-3.3-70B-Instruct-fp16", /* only the lower-case one exists */
         "Qwen/Qwen3-0.6B",                           /* the upstream repo, not the card */
-        "mlx-community/Qwen3-30B-A3B-4bit",          /* a MoE card left out */
+        "mlx-community/Qwen3-Next-80B-A3B-Instruct-4bit", /* a hybrid card left out */
         "mlx-community/gpt-oss-20b-MXFP4-Q8",
         "aaa/first",
         "zzz/last",
@@ -194,6 +194,14 @@ Test(catalogue, spot_checks)
     cr_assert_eq(c->context_length, 32768);
     cr_assert_eq(c->storage_bytes, 698351616);
     cr_assert_not(c->supports_tensor);
+    cr_assert(c->supports_thinking);
+
+    c = must_find("mlx-community/Qwen3-30B-A3B-4bit");
+    cr_assert_str_eq(c->model_type, "qwen3_moe");
+    cr_assert_eq(c->n_layers, 48);
+    cr_assert_eq(c->n_kv_heads, 4);
+    cr_assert_eq(c->storage_bytes, 17612931072ull);
+    cr_assert(c->supports_tensor);
     cr_assert(c->supports_thinking);
 
     c = must_find("mlx-community/llama-3.3-70b-instruct-fp16");
