@@ -294,3 +294,18 @@ export async function placeAndWait(via, nodes, modelId = MODEL_ID) {
 
 export { D };
 export const exists = (p) => fs.existsSync(p);
+
+// Runs fn(cluster) and stops every daemon after; on failure the error says
+// the tail of each daemon's log.
+export async function withCluster(opts, fn) {
+  const cl = new Cluster(opts);
+  try {
+    await fn(cl);
+  } catch (e) {
+    if (!(e instanceof Error)) e = new Error(JSON.stringify(e));
+    for (const n of cl.nodes) e.message += `\n--- ${n.name} (${n.dataDir}):\n${n.stderr.split('\n').slice(-30).join('\n')}`;
+    throw e;
+  } finally {
+    await cl.stopAll();
+  }
+}

@@ -42,18 +42,7 @@ after(async () => {
   if (!process.env.EXO_CLUSTER_KEEP) await fsp.rm(tmp, { recursive: true, force: true });
 });
 
-// On failure, the tail of every daemon's log.
-async function withCluster(opts, fn) {
-  const cl = new C.Cluster(opts);
-  try {
-    await fn(cl);
-  } catch (e) {
-    for (const n of cl.nodes) e.message += `\n--- ${n.name} (${n.dataDir}):\n${n.stderr.split('\n').slice(-25).join('\n')}`;
-    throw e;
-  } finally {
-    await cl.stopAll();
-  }
-}
+const { withCluster } = C;
 
 const chat = (content) => [{ role: 'user', content }];
 

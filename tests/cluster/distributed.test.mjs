@@ -48,20 +48,15 @@ after(async () => {
   if (!process.env.EXO_CLUSTER_KEEP) await fsp.rm(tmp, { recursive: true, force: true });
 });
 
+// The daemons started inside fn inherit the short ring timeout.
 async function withCluster(fn) {
-  const cl = new C.Cluster();
   const prev = process.env.EXO_RING_TIMEOUT_MS;
   process.env.EXO_RING_TIMEOUT_MS = String(RING_TIMEOUT_MS);
   try {
-    await fn(cl);
-  } catch (e) {
-    if (!(e instanceof Error)) e = new Error(JSON.stringify(e));
-    for (const n of cl.nodes) e.message += `\n--- ${n.name} (${n.dataDir}):\n${n.stderr.split('\n').slice(-30).join('\n')}`;
-    throw e;
+    await C.withCluster({}, fn);
   } finally {
     if (prev === undefined) delete process.env.EXO_RING_TIMEOUT_MS;
     else process.env.EXO_RING_TIMEOUT_MS = prev;
-    await cl.stopAll();
   }
 }
 

@@ -47,8 +47,7 @@ async function logFiles(node) {
 
 test('loopback: the log is compacted behind snapshots, /events pages past it, a late joiner gets a Snapshot', T,
   async () => {
-    const cl = new C.Cluster();
-    try {
+    await C.withCluster({}, async (cl) => {
       const a = await cl.start('a', { models });
       await cl.converged([a]);
       await C.placeAndWait(a, [a]);
@@ -97,10 +96,5 @@ test('loopback: the log is compacted behind snapshots, /events pages past it, a 
           for (const p of prompts) assert.ok(!bytes.includes(p), `${n.name}: ${f} holds ${JSON.stringify(p)}`);
       const files = (await logFiles(a)).map(([f]) => f);
       assert.ok(files.includes('events.bin.snap'), files.join(' '));
-    } catch (e) {
-      for (const n of cl.nodes) e.message += `\n--- ${n.name}:\n${n.stderr.split('\n').slice(-25).join('\n')}`;
-      throw e;
-    } finally {
-      await cl.stopAll();
-    }
+    });
   });

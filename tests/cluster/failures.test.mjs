@@ -34,17 +34,7 @@ after(async () => {
   if (!process.env.EXO_CLUSTER_KEEP) await fsp.rm(tmp, { recursive: true, force: true });
 });
 
-async function withCluster(fn) {
-  const cl = new C.Cluster();
-  try {
-    await fn(cl);
-  } catch (e) {
-    for (const n of cl.nodes) e.message += `\n--- ${n.name} (${n.dataDir}):\n${n.stderr.split('\n').slice(-25).join('\n')}`;
-    throw e;
-  } finally {
-    await cl.stopAll();
-  }
-}
+const withCluster = (fn) => C.withCluster({}, fn);
 
 const instanceOf = (st) => Object.values(st.instances).map((i) => Object.values(i)[0])
   .find((b) => b.shardAssignments.modelId === MODEL_ID);
