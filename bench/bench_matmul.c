@@ -8,9 +8,15 @@
  *     over Llama-3.2-1B's 16 layers (q4 and q8);
  *   prefill GEMM: GFLOP/s of 512 x 2048 x 8192 through the oneDNN paths
  *     (q4 -> bf16 panels, bf16 weights, f32 weights) and through the plain
- *     AVX2 GEMM exo_gemm_f32_avx2 on the same shape.
+ *     AVX2 GEMM exo_gemm_f32_avx2 on the same shape;
+ *   MXFP4 (gpt-oss experts): GEMV at gpt-oss-20b's expert shapes, gate_up
+ *     5760 x 2880 and down 2880 x 2880, against affine q4 g32 (bf16 scales
+ *     and biases) on the same shapes, as GB/s, ratio to the read bandwidth
+ *     and time per matrix (MXFP4 reads 4.25 bits a weight, q4 g32 5); and
+ *     the prefill GEMM of 512 tokens through gate_up (bf16 panels).
  *
- * Usage: bench_matmul [threads=2] [scale of GEMV rounds=1.0 -> 8 rounds] */
+ * Usage: bench_matmul [threads=2] [scale of GEMV rounds=1.0 -> 8 rounds] [mxfp4]
+ * ("mxfp4" runs only the MXFP4 part; EXO_CPU_ISA=avx2 measures its AVX2 kernel.) */
 #include "core/alloc.h"
 #include "core/clock.h"
 #include "core/cpu_features.h"
@@ -49,9 +55,31 @@ static void fill_bf16(uint16_t *p, size_t n, float scale)
         p[i] = exo_f32_to_bf16(((float)(next_u64() % 2001) / 1000.0f - 1.0f) * scale);
 }
 
-static exo_linear make_weight(int bits, int64_t rows, int64_t cols)
+enum { GROUP = 64, MXFP4 = -4 }; /* make_weight's bits: MXFP4 for an MXFP4 weight */
+
+/* bits 16: bf16 dense; 2..8: affine with group G; MXFP4: E2M1 codes and
+ * E8M0 scales in 118..124 (gpt-oss-like magnitudes). */
+static exo_linear make_weight_g(int bits, int G, int64_t rows, int64_t cols)
 {
     exo_linear l = {.dtype = EXO_DTYPE_BF16, .rows = rows, .cols = cols};
+    if (bits == MXFP4) {
+        l.format = EXO_WFORMAT_MXFP4;
+        l.dtype = EXO_DTYPE_U8;
+        l.bits = 4;
+        l.group_size = 32;
+        size_t cb = (size_t)(rows * cols / 2), ng = (size_t)(rows * cols / 32);
+        unsigned char *codes = exo_alloc_aligned(cb), *s = exo_alloc_aligned(ng);
+        if (!codes || !s) {
+            fprintf(stderr, "out of memory\n");
+            exit(1);
+        }
+        fill_bytes(codes, cb);
+        for (size_t i = 0; i < ng; i++)
+            s[i] = (unsigned char)(118 + next_u64() % 7);
+        l.w = codes;
+        l.scales = s;
+        return l;
+    }
     if (bits == 16) {
         l.format = EXO_WFORMAT_DENSE;
         uint16_t *w = exo_alloc_aligned((size_t)(rows * cols) * 2);
@@ -61,8 +89,8 @@ static exo_linear make_weight(int bits, int64_t rows, int64_t cols)
     }
     l.format = EXO_WFORMAT_AFFINE;
     l.bits = bits;
-    l.group_size = 64;
-    size_t cb = (size_t)(rows * cols * bits / 8), ng = (size_t)(rows * cols / 64);
+    l.group_size = G;
+    size_t cb = (size_t)(rows * cols * bits / 8), ng = (size_t)(rows * cols / G);
     void *codes = exo_alloc_aligned(cb);
     uint16_t *s = exo_alloc_aligned(ng * 2), *b = exo_alloc_aligned(ng * 2);
     if (!codes || !s || !b) {
@@ -78,6 +106,22 @@ static exo_linear make_weight(int bits, int64_t rows, int64_t cols)
     return l;
 }
 
+static exo_linear make_weight(int bits, int64_t rows, int64_t cols)
+{
+    return make_weight_g(bits, GROUP, rows, cols);
+}
+
+static const char *weight_name(int bits, int G)
+{
+    static char buf[32];
+    if (bits == MXFP4)
+        return "mxfp4";
+    if (bits == 16)
+        return "bf16 dense";
+    snprintf(buf, sizeof buf, "q%d g%d bf16", bits, G);
+    return buf;
+}
+
 static void free_weight(exo_linear *l)
 {
     exo_free_aligned((void *)l->w);
@@ -90,14 +134,14 @@ static void free_weight(exo_linear *l)
  * from whatever else shares the machine. Reports the best GEMV rate, the
  * best read rate, and the median of the per-round ratios. */
 static void bench_gemv(exo_cpu_matmul_ctx *ctx, exo_pool *pool, exo_membw *probe, int bits,
-                       int64_t rows, int64_t cols, int rounds)
+                       int G, int64_t rows, int64_t cols, int rounds)
 {
     enum { MAXW = 64 };
     exo_linear w[MAXW];
     size_t bytes = 0;
     int NW = 0;
     while (NW < MAXW && bytes < ((size_t)256 << 20)) {
-        w[NW] = make_weight(bits, rows, cols);
+        w[NW] = make_weight_g(bits, G, rows, cols);
         bytes += exo_linear_bytes(&w[NW]);
         NW++;
     }
@@ -109,7 +153,7 @@ static void bench_gemv(exo_cpu_matmul_ctx *ctx, exo_pool *pool, exo_membw *probe
         const exo_linear *wp = &w[i];
         exo_cpu_matmul(ctx, 1, &wp, x, 1, &y);
     }
-    double best = 0, best_bw = 0, ratio[64];
+    double best = 0, best_bw = 0, ratio[64], best_dt = 0;
     for (int k = 0; k < rounds && k < 64; k++) {
         double bw = exo_membw_read(probe, pool, 1);
         double t0 = exo_clock_seconds();
@@ -117,10 +161,13 @@ static void bench_gemv(exo_cpu_matmul_ctx *ctx, exo_pool *pool, exo_membw *probe
             const exo_linear *wp = &w[i];
             exo_cpu_matmul(ctx, 1, &wp, x, 1, &y);
         }
-        double gbs = (double)bytes / (exo_clock_seconds() - t0);
+        double dt = exo_clock_seconds() - t0;
+        double gbs = (double)bytes / dt;
         ratio[k] = gbs / bw;
-        if (gbs > best)
+        if (gbs > best) {
             best = gbs;
+            best_dt = dt;
+        }
         if (bw > best_bw)
             best_bw = bw;
     }
@@ -130,11 +177,10 @@ static void bench_gemv(exo_cpu_matmul_ctx *ctx, exo_pool *pool, exo_membw *probe
             ratio[j] = ratio[j - 1];
             ratio[j - 1] = t;
         }
-    const char *name = bits == 16 ? "bf16 dense" : bits == 4 ? "q4 g64 bf16" : "q8 g64 bf16";
     printf("gemv %-11s %5lld x %-5lld (%3zu MiB, %2d weights): best %6.2f GB/s, read best %6.2f GB/s,"
-           " ratio best/best %5.1f%%, median of rounds %5.1f%%\n",
-           name, (long long)rows, (long long)cols, bytes >> 20, NW, best / 1e9, best_bw / 1e9,
-           100.0 * best / best_bw, 100.0 * ratio[rounds / 2]);
+           " ratio best/best %5.1f%%, median of rounds %5.1f%%, %7.1f us/matrix\n",
+           weight_name(bits, G), (long long)rows, (long long)cols, bytes >> 20, NW, best / 1e9,
+           best_bw / 1e9, 100.0 * best / best_bw, 100.0 * ratio[rounds / 2], best_dt / NW * 1e6);
     for (int i = 0; i < NW; i++)
         free_weight(&w[i]);
     exo_free(x);
@@ -232,10 +278,41 @@ static void run_avx2(void *p)
     exo_gemm_f32_avx2(a->M, a->N, a->K, a->x, a->wf, a->y, a->pool);
 }
 
+/* gpt-oss-20b experts: GEMV of both shapes, MXFP4 against affine q4 g32,
+ * and the 512-token prefill GEMM through gate_up. */
+static void bench_mxfp4(exo_cpu_matmul_ctx *ctx, exo_pool *pool, exo_membw *probe, int rounds)
+{
+    static const int64_t shp[2][2] = {{5760, 2880}, {2880, 2880}};
+    for (int s = 0; s < 2; s++) {
+        bench_gemv(ctx, pool, probe, MXFP4, 32, shp[s][0], shp[s][1], rounds);
+        bench_gemv(ctx, pool, probe, 4, 32, shp[s][0], shp[s][1], rounds);
+    }
+    const int M = 512, K = 2880, N = 5760;
+    double flop = 2.0 * M * N * K;
+    float *x = exo_malloc((size_t)M * K * sizeof(float)), *y = exo_malloc((size_t)M * N * sizeof(float));
+    for (int64_t i = 0; i < (int64_t)M * K; i++)
+        x[i] = (float)((int)(next_u64() % 2001) - 1000) / 1000.0f;
+    exo_linear wm = make_weight_g(MXFP4, 32, N, K), wq = make_weight_g(4, 32, N, K);
+    gemm_arg a = {.ctx = ctx, .x = x, .y = y, .M = M, .pool = pool, .N = N, .K = K};
+    exo_cpu_matmul_force_path(ctx, EXO_MATMUL_GEMM);
+    a.w = &wm;
+    double t = time_best(run_onednn, &a, 3);
+    printf("gemm %dx%dx%d mxfp4 -> bf16 panels, oneDNN:   %7.1f GFLOP/s\n", M, K, N, flop / t / 1e9);
+    a.w = &wq;
+    t = time_best(run_onednn, &a, 3);
+    printf("gemm %dx%dx%d q4 g32 -> bf16 panels, oneDNN:  %7.1f GFLOP/s\n", M, K, N, flop / t / 1e9);
+    exo_cpu_matmul_force_path(ctx, EXO_MATMUL_AUTO);
+    free_weight(&wm);
+    free_weight(&wq);
+    exo_free(x);
+    exo_free(y);
+}
+
 int main(int argc, char **argv)
 {
     int nth = argc > 1 ? atoi(argv[1]) : 2;
     double secs = argc > 2 ? atof(argv[2]) : 1.0;
+    int only_mxfp4 = argc > 3 && !strcmp(argv[3], "mxfp4");
     exo_pool *pool = exo_pool_create(nth);
     exo_cpu_matmul_ctx *ctx = exo_cpu_matmul_ctx_create(pool);
     printf("threads %d, isa %s, amx %d\n", nth, exo_isa_name(exo_cpu_isa()), exo_cpu_has_amx());
@@ -245,12 +322,20 @@ int main(int argc, char **argv)
     int rounds = (int)(secs * 8);
     if (rounds < 3)
         rounds = 3;
+    if (only_mxfp4) {
+        bench_mxfp4(ctx, pool, probe, rounds);
+        exo_membw_free(probe);
+        exo_cpu_matmul_ctx_free(ctx);
+        exo_pool_free(pool);
+        return 0;
+    }
     static const int cases[][3] = {{4, 2048, 8192}, {4, 8192, 2048}, {8, 2048, 8192},
                                    {8, 8192, 2048}, {16, 2048, 8192}};
     for (int c = 0; c < 5; c++)
-        bench_gemv(ctx, pool, probe, cases[c][0], cases[c][1], cases[c][2], rounds);
+        bench_gemv(ctx, pool, probe, cases[c][0], GROUP, cases[c][1], cases[c][2], rounds);
     bench_layers(ctx, pool, probe, 4, rounds);
     bench_layers(ctx, pool, probe, 8, rounds);
+    bench_mxfp4(ctx, pool, probe, rounds);
     exo_membw_free(probe);
 
     const int M = 512, K = 2048, N = 8192;

@@ -40,6 +40,8 @@ def read_safetensors(path):
             arr = bf16_to_f32(np.frombuffer(raw, "<u2"))
         elif dt == "U32":
             arr = np.frombuffer(raw, "<u4")
+        elif dt == "U8":
+            arr = np.frombuffer(raw, "u1")
         else:
             raise ValueError(dt)
         out[name] = (dt, arr.reshape(h["shape"]), raw)
@@ -142,7 +144,8 @@ def check_model_dir(root, name):
         if m > 1e-3:
             check(int(np.argmax(row)) == tok, f"{name}: step {i} teacher-forced argmax != greedy")
     cfg = json.load(open(os.path.join(d, "config.json")))
-    check(cfg.get("vocab_size") == V, f"{name}: vocab mismatch")
+    vocab = cfg.get("vocab_size") or (cfg.get("text_config") or {}).get("vocab_size")
+    check(vocab == V, f"{name}: vocab mismatch")
     meta, st = read_safetensors(os.path.join(d, "model.safetensors"))
     dts = sorted({v[0] for v in st.values()})
     info = dict(T=T, V=V, absmax=float(np.abs(lg).max()), min_margin=min(ref["greedy_margins"]),
@@ -158,6 +161,7 @@ def check_quant(root, name, ref, cfg, st):
     arch = name.split("-")[0]
     _, base = read_safetensors(os.path.join(root, f"{arch}-bf16", "model.safetensors"))
     tied = bool(cfg.get("tie_word_embeddings"))
+    st = unstack_switch_mlp(st)
     nq = 0
     for k, (dt, arr, raw) in base.items():
         if tied and k == "lm_head.weight":
@@ -178,6 +182,20 @@ def check_quant(root, name, ref, cfg, st):
             check(k in st and st[k][2] == raw, f"{name}: {k} not copied verbatim")
     check(nq == ref.get("quantized_tensors"), f"{name}: quantized tensor count {nq}")
     return nq
+
+
+def unstack_switch_mlp(st):
+    """mlx-lm stacks experts: L.mlp.switch_mlp.P.{weight,scales,biases} [E, ...] <- L.mlp.experts.E.P.*"""
+    out = {}
+    for k, (dt, arr, raw) in st.items():
+        if ".switch_mlp." in k:
+            E = arr.shape[0]
+            n = len(raw) // E
+            for e in range(E):
+                out[k.replace(".switch_mlp.", f".experts.{e}.")] = (dt, arr[e], raw[e * n:(e + 1) * n])
+        else:
+            out[k] = (dt, arr, raw)
+    return out
 
 
 def check_quant_vectors(root):
@@ -217,6 +235,266 @@ def check_quant_vectors(root):
     print(f"quant_vectors: {len(man['cases'])} cases checked")
 
 
+
+# ----------------------------------------------------------------------------
+# New architectures (tools/make_fixtures.py NEW_ARCHS): MLX layouts re-derived with numpy
+# from the <arch>-bf16 checkpoints, every quantized tensor re-quantized bit for bit.
+# ----------------------------------------------------------------------------
+
+NEW_ARCHS = ("qwen3_next", "qwen3_5_moe", "qwen3_5", "gemma3", "gpt_oss", "glm4_moe", "deepseek_v3")
+PLUS1_SUFFIXES = (".input_layernorm.weight", ".post_attention_layernorm.weight", "model.norm.weight",
+                  ".q_norm.weight", ".k_norm.weight")
+Q8_OVERRIDE = {"group_size": 64, "bits": 8}
+
+
+def bits_f32(t):
+    """(dtype, array, raw) -> float32 values."""
+    dt, arr, raw = t
+    return np.asarray(arr, dtype=F32)
+
+
+def mk(dt, arr):
+    """A tensor entry from a float32/uint array in the given safetensors dtype."""
+    arr = np.ascontiguousarray(arr)
+    if dt == "BF16":
+        b = f32_to_bf16_bits(arr)
+        return ("BF16", bf16_to_f32(b), b.astype("<u2").tobytes())
+    if dt == "F32":
+        a = arr.astype("<f4")
+        return ("F32", a, a.tobytes())
+    if dt == "U8":
+        return ("U8", arr.astype("u1"), arr.astype("u1").tobytes())
+    raise ValueError(dt)
+
+
+def np_sanitize(arch, base, cfg):
+    """numpy version of make_fixtures.mlx_sanitize (bf16 hub checkpoint -> MLX names/layout)."""
+    sd = dict(base)
+    tcfg = cfg.get("text_config") or cfg
+    if arch in ("qwen3_5_moe", "qwen3_5"):
+        new = {}
+        for k, v in sd.items():
+            if k.startswith("model.language_model."):
+                k = "language_model.model." + k[len("model.language_model."):]
+            elif not k.startswith("language_model."):
+                k = "language_model." + k
+            new[k] = v
+        sd = new
+        for k in [k for k in sd if k.endswith("mlp.experts.gate_up_proj")]:
+            dt, a, _ = sd.pop(k)
+            mid = a.shape[-2] // 2
+            pre = k[: -len("experts.gate_up_proj")]
+            sd[pre + "switch_mlp.gate_proj.weight"] = mk(dt, a[..., :mid, :])
+            sd[pre + "switch_mlp.up_proj.weight"] = mk(dt, a[..., mid:, :])
+            sd[pre + "switch_mlp.down_proj.weight"] = sd.pop(pre + "experts.down_proj")
+    if arch in ("qwen3_next", "glm4_moe", "deepseek_v3"):
+        groups, out = {}, {}
+        for k, v in sd.items():
+            parts = k.split(".")
+            if "experts" in parts and parts[parts.index("experts") + 1].isdigit():
+                i = parts.index("experts")
+                key = ".".join(parts[:i]) + ".switch_mlp." + ".".join(parts[i + 2:])
+                groups.setdefault(key, {})[int(parts[i + 1])] = v
+            else:
+                out[k] = v
+        for key, d in groups.items():
+            dt = d[0][0]
+            out[key] = mk(dt, np.stack([d[e][1] for e in range(len(d))]))
+        sd = out
+    if arch in ("qwen3_next", "qwen3_5_moe", "qwen3_5"):
+        for k in list(sd):
+            dt, a, _ = sd[k]
+            if k.endswith("conv1d.weight") and a.shape[-1] != 1:
+                sd[k] = mk(dt, a.transpose(0, 2, 1))
+            if any(k.endswith(sfx) for sfx in PLUS1_SUFFIXES) and a.ndim == 1:
+                sd[k] = mk(dt, (a.astype(F32) + F32(1.0)).astype(F32))
+    if arch == "gpt_oss":
+        for k in [k for k in sd if k.endswith("mlp.experts.gate_up_proj")]:
+            pre = k[: -len("gate_up_proj")]
+            dt, a, _ = sd.pop(k)
+            w = a.transpose(0, 2, 1)  # [E, 2I, H]
+            sd[pre + "gate_proj.weight"] = mk(dt, w[:, 0::2, :])
+            sd[pre + "up_proj.weight"] = mk(dt, w[:, 1::2, :])
+            dt, b, _ = sd.pop(pre + "gate_up_proj_bias")
+            sd[pre + "gate_proj.bias"] = mk(dt, b[:, 0::2])
+            sd[pre + "up_proj.bias"] = mk(dt, b[:, 1::2])
+            dt, dwn, _ = sd.pop(pre + "down_proj")
+            sd[pre + "down_proj.weight"] = mk(dt, dwn.transpose(0, 2, 1))
+            sd[pre + "down_proj.bias"] = sd.pop(pre + "down_proj_bias")
+    if arch == "deepseek_v3":
+        H, dn, dv = tcfg["num_attention_heads"], tcfg["qk_nope_head_dim"], tcfg["v_head_dim"]
+        for k in [k for k in sd if k.endswith("self_attn.kv_b_proj.weight")]:
+            pre = k[: -len("kv_b_proj.weight")]
+            dt, a, _ = sd.pop(k)
+            v = a.reshape(H, dn + dv, -1)
+            sd[pre + "embed_q.weight"] = mk(dt, v[:, :dn, :].transpose(0, 2, 1))
+            sd[pre + "unembed_out.weight"] = mk(dt, v[:, dn:, :])
+    return sd
+
+
+def np_mxfp4(w):
+    """Second implementation of the MXFP4 quantizer (triton_kernels downcast_to_mxfp_torch
+    semantics): blocks uint8 [..., K/32, 16], scales uint8 [..., K/32]."""
+    w = np.asarray(w, dtype=F32)
+    K = w.shape[-1]
+    x = w.reshape(w.shape[:-1] + (K // 32, 32))
+    amax = np.abs(x).max(axis=-1, keepdims=True)
+    ds = (amax / F32(6.0)).astype(F32)
+    di = ds.view(np.uint32).astype(np.int64)
+    di = (di + 0x007FFFFF) & 0x7F800000
+    dsr = di.astype(np.uint32).view(F32)
+    with np.errstate(divide="ignore"):
+        qs = np.where(dsr == 0, F32(0), F32(1) / dsr).astype(F32)
+    q = (x * qs).astype(F32)
+    u = q.view(np.uint32).astype(np.int64)
+    sign = (u >> 31) & 1
+    exp = (u >> 23) & 0xFF
+    mant = u & 0x7FFFFF
+    shift = np.clip(126 - exp, 0, 63)
+    mant = np.where(exp < 127, (0x400000 | (mant >> 1)) >> shift, mant)
+    e2 = np.maximum(exp, 126) - 126
+    code = np.minimum((((e2 << 2) | (mant >> 21)) + 1) >> 1, 7) | (sign << 3)
+    code = code.reshape(w.shape[:-1] + (K // 32, 16, 2))
+    blocks = (code[..., 0] | (code[..., 1] << 4)).astype(np.uint8)
+    scales = ((di >> 23) & 0xFF)[..., 0].astype(np.uint8)
+    return blocks, scales
+
+
+FP4 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0], F32)
+
+
+def np_mxfp4_dequant(blocks, scales):
+    v = np.stack([FP4[blocks & 15], FP4[blocks >> 4]], axis=-1).reshape(blocks.shape[:-1] + (32,))
+    v = v * np.exp2(scales.astype(np.float64) - 127)[..., None].astype(F32)
+    return v.reshape(blocks.shape[:-2] + (blocks.shape[-2] * 32,)).astype(F32)
+
+
+def mlx_quantizable(arch, name, ndim):
+    if not name.endswith(".weight") or ndim < 2 or name.endswith("conv1d.weight"):
+        return False
+    return not (arch in ("glm4_moe", "deepseek_v3") and name.endswith("mlp.gate.weight"))
+
+
+def expected_override(arch, path, fine_grained):
+    if arch in ("qwen3_next", "qwen3_5_moe") and (path.endswith("mlp.gate") or path.endswith("shared_expert_gate")):
+        return Q8_OVERRIDE
+    if arch == "gpt_oss" and path.endswith("router"):
+        return Q8_OVERRIDE
+    if fine_grained:
+        return {"group_size": 64, "bits": 8, "mode": "affine"}
+    return None
+
+
+def check_new_quant(root, name, ref, cfg, st):
+    """An MLX dir of a new arch: names/layout from np_sanitize(<arch>-bf16), affine tensors
+    re-quantized bit for bit, mxfp4 experts re-quantized bit for bit, the rest byte-equal."""
+    arch = name.split("-")[0]
+    q = cfg.get("quantization")
+    check(isinstance(q, dict) and cfg.get("quantization_config") == q, f"{name}: quantization block")
+    _, base = read_safetensors(os.path.join(root, f"{arch}-bf16", "model.safetensors"))
+    bcfg = json.load(open(os.path.join(root, f"{arch}-bf16", "config.json")))
+    san = np_sanitize(arch, base, bcfg)
+    top_mode = q.get("mode", "affine")
+    fine = top_mode == "mxfp4"
+    expect_names = set()
+    nq = nmx = 0
+    for k, src in san.items():
+        path = k[: -len(".weight")] if k.endswith(".weight") else None
+        a = src[1]
+        if path and mlx_quantizable(arch, k, a.ndim) and a.shape[-1] % 64 == 0:
+            if path in q:
+                params = q[path]
+                mode = params.get("mode", "affine")  # an entry without mode is affine, whatever the top level says
+            else:
+                params, mode = q, top_mode
+            if mode == "mxfp4":
+                check(path not in q, f"{name}: {path} mxfp4 but has its own entry")
+                check(st[k][0] == "U32" and st[path + ".scales"][0] == "U8" and path + ".biases" not in st,
+                      f"{name}: {k} mxfp4 dtypes")
+                blocks, scales = np_mxfp4(bits_f32(src))
+                check(st[k][2] == blocks.tobytes(), f"{name}: {k} mxfp4 blocks differ")
+                check(list(st[k][1].shape) == list(a.shape[:-1]) + [a.shape[-1] // 8], f"{name}: {k} shape")
+                check(st[path + ".scales"][2] == scales.tobytes(), f"{name}: {k} mxfp4 scales differ")
+                expect_names |= {k, path + ".scales"}
+                nmx += 1
+                continue
+            check(mode == "affine", f"{name}: {path} mode {mode}")
+            ov = expected_override(arch, path, fine)
+            check(q.get(path) == ov, f"{name}: {path} config entry {q.get(path)} != {ov}")
+            bits, gs = params["bits"], params["group_size"]
+            check(st[k][0] == "U32" and st[path + ".scales"][0] == "BF16" and st[path + ".biases"][0] == "BF16",
+                  f"{name}: {k} dtypes")
+            w2 = bits_f32(src).reshape(-1, a.shape[-1])
+            codes, words, sc, bi = np_quantize(w2, gs, bits)
+            check(np.array_equal(words.reshape(-1), st[k][1].reshape(-1)), f"{name}: {k} packed codes differ")
+            check(list(st[k][1].shape) == list(a.shape[:-1]) + [a.shape[-1] * bits // 32], f"{name}: {k} shape")
+            check(np.array_equal(f32_to_bf16_bits(sc).reshape(-1),
+                                 np.frombuffer(st[path + ".scales"][2], "<u2")), f"{name}: {k} scales differ")
+            check(np.array_equal(f32_to_bf16_bits(bi).reshape(-1),
+                                 np.frombuffer(st[path + ".biases"][2], "<u2")), f"{name}: {k} biases differ")
+            expect_names |= {k, path + ".scales", path + ".biases"}
+            nq += 1
+        else:
+            check(k in st and st[k][0] == src[0] and st[k][2] == src[2], f"{name}: {k} not stored as sanitized")
+            expect_names.add(k)
+    extra = sorted(set(st) - expect_names)
+    check(not extra, f"{name}: unexpected tensors {extra[:5]}")
+    for path in q:
+        if isinstance(q[path], dict):
+            check(path + ".weight" in st, f"{name}: config entry for missing module {path}")
+    check(nq + nmx == ref.get("quantized_tensors"), f"{name}: quantized tensor count {nq + nmx}")
+    return nq, nmx
+
+
+def check_mxfp4_hub(root, name, ref, cfg, st):
+    """gpt_oss-mxfp4: experts re-quantized from gpt_oss-bf16, everything else byte-equal."""
+    _, base = read_safetensors(os.path.join(root, "gpt_oss-bf16", "model.safetensors"))
+    qc = cfg.get("quantization_config") or {}
+    check(qc.get("quant_method") == "mxfp4" and "quantization" not in cfg, f"{name}: quantization_config")
+    n = 0
+    expect = set()
+    for k, src in base.items():
+        if k.endswith("mlp.experts.gate_up_proj") or k.endswith("mlp.experts.down_proj"):
+            w = bits_f32(src).transpose(0, 2, 1)  # [E, out, in]
+            blocks, scales = np_mxfp4(w)
+            b, s = st[k + "_blocks"], st[k + "_scales"]
+            check(b[0] == "U8" and list(b[1].shape) == list(blocks.shape) and b[2] == blocks.tobytes(),
+                  f"{name}: {k}_blocks differ")
+            check(s[0] == "U8" and list(s[1].shape) == list(scales.shape) and s[2] == scales.tobytes(),
+                  f"{name}: {k}_scales differ")
+            deq = np_mxfp4_dequant(blocks, scales)
+            err = np.abs(deq - w).reshape(deq.shape[:-1] + (-1, 32)).max(-1)
+            smax = np.exp2(scales.astype(np.float64) - 127)  # e2m1 step <= 2 * scale
+            check((err <= 1.0 * smax + 1e-30).all(), f"{name}: {k} dequant error above one scale step")
+            expect |= {k + "_blocks", k + "_scales"}
+            n += 1
+        else:
+            check(k in st and st[k][2] == src[2] and st[k][0] == src[0], f"{name}: {k} not copied verbatim")
+            expect.add(k)
+    check(set(st) == expect, f"{name}: unexpected tensors {sorted(set(st) - expect)[:5]}")
+    return n
+
+
+def check_new_plain(root, name, ref, cfg, st):
+    """-f32 / -bf16 / gemma3_mm-bf16 of a new arch."""
+    want = "F32" if name.endswith("-f32") else "BF16"
+    for k, (dt, arr, raw) in st.items():
+        ok = dt == want or (k.endswith("e_score_correction_bias") and dt == "F32")
+        check(ok, f"{name}: {k} dtype {dt}")
+    if name == "gemma3_mm-bf16":
+        _, base = read_safetensors(os.path.join(root, "gemma3-bf16", "model.safetensors"))
+        for k, v in base.items():
+            k2 = "language_model." + k
+            check(k2 in st and st[k2][2] == v[2], f"{name}: {k2} differs from gemma3-bf16 {k}")
+        other = [k for k in st if not k.startswith("language_model.")]
+        check(all(k.startswith("vision_tower.") or k.startswith("multi_modal_projector.") for k in other),
+              f"{name}: unexpected non-text tensors")
+        for f in ("reference_logits.f32", "reference_sequence_logits.f32"):
+            check(open(os.path.join(root, name, f), "rb").read() == open(os.path.join(root, "gemma3-bf16", f), "rb").read(),
+                  f"{name}: {f} differs from gemma3-bf16")
+    return len(st)
+
+
 def main():
     root = sys.argv[1] if len(sys.argv) > 1 else "tests/fixtures"
     names = sorted(n for n in os.listdir(root)
@@ -224,10 +502,19 @@ def main():
     for n in names:
         ref, cfg, st, info = check_model_dir(root, n)
         extra = ""
-        if "-q" in n:
+        arch = n.split("-")[0]
+        if arch in NEW_ARCHS and ("-q" in n or n.endswith("-mlx-mxfp4q8")):
+            nq, nmx = check_new_quant(root, n, ref, cfg, st)
+            extra = f" quantized={nq} affine" + (f" + {nmx} mxfp4" if nmx else "") + " (bit-exact vs numpy)"
+        elif n == "gpt_oss-mxfp4":
+            nmx = check_mxfp4_hub(root, n, ref, cfg, st)
+            extra = f" mxfp4={nmx} (bit-exact vs numpy)"
+        elif "-q" in n:
             nq = check_quant(root, n, ref, cfg, st)
             extra = f" quantized={nq} (bit-exact vs numpy)"
-        print(f"{n:18s} T={info['T']} V={info['V']} |logit|max={info['absmax']:.2f} "
+        elif arch in NEW_ARCHS or arch == "gemma3_mm":
+            check_new_plain(root, n, ref, cfg, st)
+        print(f"{n:20s} T={info['T']} V={info['V']} |logit|max={info['absmax']:.2f} "
               f"min_margin={info['min_margin']:.4f} dtypes={info['dtypes']} gen_agrees={info['gen']}"
               + (f" bf16_native_diff={info['bfd']:.4f} native_greedy_agrees={info['bfg']}" if info["bfd"] is not None else "")
               + extra)

@@ -1,4 +1,4 @@
-/* `exo bench MODEL_DIR | --synthetic PRESET [--quant bf16|q8|q4] [--layers N]
+/* `exo bench MODEL_DIR | --synthetic PRESET [--quant bf16|q8|q4|mxfp4] [--layers N]
  *  [--threads N] [--prompt-tokens N] [--gen-tokens N] [--json]`
  *
  * A benchmark, not a test: it prints speed next to the physical limit it
@@ -32,7 +32,7 @@ int exo_cmd_bench(int argc, char **argv);
 
 static void usage(void)
 {
-    fprintf(stderr, "usage: exo bench MODEL_DIR | --synthetic PRESET [--quant bf16|q8|q4]\n"
+    fprintf(stderr, "usage: exo bench MODEL_DIR | --synthetic PRESET [--quant bf16|q8|q4|mxfp4]\n"
                     "  [--layers N] [--threads N] [--prompt-tokens N] [--gen-tokens N] [--json]\n"
                     "presets:");
     for (const char *const *p = exo_synth_presets(); *p; p++)

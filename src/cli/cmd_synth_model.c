@@ -1,4 +1,4 @@
-/* `exo synth-model PRESET OUT_DIR [--quant bf16|q8|q4] [--seed N]
+/* `exo synth-model PRESET OUT_DIR [--quant bf16|q8|q4|mxfp4] [--seed N]
  *  [--tokenizer DIR] [--verify]`: writes the random-weight model of a
  * synthetic preset (the one `exo bench --synthetic PRESET` builds in memory;
  * both use seed 1234 unless told otherwise) as a Hugging Face model
@@ -38,7 +38,7 @@ int exo_cmd_synth_model(int argc, char **argv);
 
 static void usage(void)
 {
-    fprintf(stderr, "usage: exo synth-model PRESET OUT_DIR [--quant bf16|q8|q4] [--seed N]\n"
+    fprintf(stderr, "usage: exo synth-model PRESET OUT_DIR [--quant bf16|q8|q4|mxfp4] [--seed N]\n"
                     "         [--tokenizer DIR] [--verify]\npresets:");
     for (const char *const *p = exo_synth_presets(); *p; p++)
         fprintf(stderr, " %s", *p);

@@ -3,8 +3,10 @@
  * What: a fixed, read-only table of the models this engine knows before
  * anything is downloaded: exo's own model cards (exo-explore/exo,
  * resources/inference_model_cards/<org>--<name>.toml), restricted to
- * text-generation cards whose architecture this engine runs today (dense
- * llama and qwen3; qwen2 and mistral when exo ships such cards). Each entry says how big the
+ * text-generation cards whose architecture this engine runs today (llama,
+ * qwen3, qwen3_moe, qwen3_next, qwen3_5(_moe), gpt_oss, glm4_moe,
+ * deepseek_v3 / kimi_k2; qwen2, mistral and gemma3 when exo ships such
+ * cards). Each entry says how big the
  * model is on disk and how it is shaped, so that placement and the model list
  * can reason about a model that no node has yet.
  *

@@ -460,12 +460,14 @@ const exo_model_entry *exo_model_store_find(const exo_model_store *s, const char
 /* ---- /v1/models -------------------------------------------------------------- */
 
 /* exo's tensor-parallel allowlist is by architecture class; these are the
- * model_types of those classes. */
+ * model_types of those classes (Kimi K2's config says kimi_k2 for the
+ * class DeepseekV3ForCausalLM). */
 bool exo_model_type_supports_tensor(const char *model_type)
 {
     static const char *const allow[] = {
         "llama",       "qwen3_moe",    "qwen3_next",   "qwen3_5",    "qwen3_5_moe",   "qwen3_vl",
-        "deepseek_v3", "deepseek_v32", "deepseek_v4",  "glm4_moe_lite", "glm_moe_dsa", "minimax_m2",
+        "deepseek_v3", "kimi_k2",      "deepseek_v32", "deepseek_v4",  "glm4_moe_lite", "glm_moe_dsa",
+        "minimax_m2",
         "gpt_oss",     "step3p5",      "nemotron_h",   "gemma4",
     };
     for (size_t i = 0; i < sizeof allow / sizeof *allow; i++)

@@ -42,7 +42,32 @@ typedef struct exo_attn_shape {
     int head_dim;
     int sliding_window; /* 0 = none: attend to every earlier position */
     float scale;        /* usually 1/sqrt(head_dim) */
+    /* gpt-oss: one logit per query head (backend memory, n_heads) that
+     * joins every softmax's denominator and attends to nothing; NULL: none */
+    const float *sinks;
 } exo_attn_shape;
+
+/* The activation of a gated MLP: g = act(g) * u (see glu). */
+typedef enum exo_glu_kind {
+    EXO_GLU_SILU = 0,   /* silu(g) * u */
+    EXO_GLU_GELU_TANH,  /* gelu (tanh approximation) of g, times u: Gemma */
+    EXO_GLU_OAI,        /* gpt-oss: g = min(g, L), u = clamp(u, -L, L),
+                           (u + 1) * g * sigmoid(1.702 g) */
+} exo_glu_kind;
+
+/* How a router turns logits into k experts and their weights. */
+typedef struct exo_moe_router {
+    int  n_experts, k;
+    bool sigmoid;      /* false: softmax over all experts (f32), top-k of it;
+                          true: sigmoid scores, top-k of score + bias (the
+                          correction bias only picks; the weights are the
+                          scores), first within the topk_group groups whose
+                          two best biased scores sum highest */
+    bool norm;         /* renormalise the k weights to sum to 1 */
+    const float *bias; /* sigmoid: e_score_correction_bias (backend memory, n_experts) or NULL */
+    int  n_group, topk_group;
+    float scale;       /* the weights are finally multiplied by this */
+} exo_moe_router;
 
 typedef struct exo_backend_ops {
     const char *name;
@@ -74,12 +99,16 @@ typedef struct exo_backend_ops {
     /* y[i] = x W[i]^T for n weights sharing x (see cpu/matmul.h). */
     int  (*matmul)(exo_backend *be, int n, const exo_linear *const *w, const float *x, int T,
                    float *const *y);
+    /* y[i] = xs[i] W[i]^T: n weights, each with its own input (same cols) */
+    int  (*matmul_each)(exo_backend *be, int n, const exo_linear *const *w, const float *const *xs, int T,
+                        float *const *y);
     /* y[t][j] += b[j] */
     int  (*add_bias)(exo_backend *be, float *y, const float *b, int T, int dim);
     /* Rotary embedding, rotate-half convention, in place on (T, n_heads,
-     * head_dim) at positions pos0..pos0+T-1. inv_freq has head_dim/2 values
-     * (backend memory); cos/sin are multiplied by mscale. */
-    int  (*rope)(exo_backend *be, float *x, int T, int n_heads, int head_dim, int pos0,
+     * head_dim) at positions pos0..pos0+T-1, on the first rot_dim dims of
+     * each head (the rest pass through: partial RoPE). inv_freq has
+     * rot_dim/2 values (backend memory); cos/sin are multiplied by mscale. */
+    int  (*rope)(exo_backend *be, float *x, int T, int n_heads, int head_dim, int rot_dim, int pos0,
                  const float *inv_freq, float mscale);
     /* Appends k, v (T tokens at pos0) to the layer's cache (of `capacity`
      * positions) and computes causal attention of q over cache positions
@@ -87,20 +116,23 @@ typedef struct exo_backend_ops {
     int  (*attention)(exo_backend *be, const exo_attn_shape *shape, float *out, const float *q,
                       const float *k, const float *v, float *k_cache, float *v_cache,
                       int capacity, int T, int pos0);
-    /* g = silu(g) * u */
-    int  (*silu_mul)(exo_backend *be, float *g, const float *u, size_t n);
+    /* g = act(g) * u (limit: EXO_GLU_OAI's clamp) */
+    int  (*glu)(exo_backend *be, exo_glu_kind kind, float *g, const float *u, size_t n, float limit);
+    /* x[r][j] *= sigmoid(gate[r][j]) over rows of dim; gate_dim 1: one gate
+     * per row (gate[r]) instead */
+    int  (*sigmoid_mul)(exo_backend *be, float *x, const float *gate, int rows, int dim, int gate_dim);
+    /* x *= s */
+    int  (*scale)(exo_backend *be, float *x, float s, size_t n);
     /* x += y */
     int  (*add)(exo_backend *be, float *x, const float *y, size_t n);
     /* x = 0 */
     int  (*zero)(exo_backend *be, float *x, size_t n);
 
     /* Mixture of experts. moe_route: for each of T rows of router logits
-     * (T, E), the k experts of largest softmax probability (a float32
-     * softmax over all E, as transformers computes it), best first, with
-     * their probabilities, renormalised to sum to 1 when norm; idx and w
-     * (T * k each) are host memory, since the host picks which experts'
-     * weights run. */
-    int  (*moe_route)(exo_backend *be, const float *logits, int T, int E, int k, bool norm,
+     * (T, E), the router's k experts, best first, with their weights (see
+     * exo_moe_router); idx and w (T * k each) are host memory, since the
+     * host picks which experts' weights run. */
+    int  (*moe_route)(exo_backend *be, const exo_moe_router *r, const float *logits, int T,
                       int32_t *idx, float *w);
     /* dst row i = src row rows[i], for n rows of dim floats (rows: host). */
     int  (*gather_rows)(exo_backend *be, float *dst, const float *src, const int32_t *rows, int n,
@@ -108,6 +140,33 @@ typedef struct exo_backend_ops {
     /* dst row rows[i] += scale[i] * src row i (rows, scale: host). */
     int  (*scatter_add_rows)(exo_backend *be, float *dst, const float *src, const int32_t *rows,
                              const float *scale, int n, int dim);
+    /* Gated DeltaNet linear attention (qwen3_next, qwen3_5), one layer's
+     * pieces; the layer's state lives in the sequence (backend memory).
+     * conv1d_silu: causal depthwise conv of T rows of C channels (x, row
+     * stride x_stride) with taps w (C, K), continuing from state (K-1, C),
+     * then SiLU, into out (row stride out_stride); state keeps the last K-1
+     * inputs. gated_delta: the delta rule over T tokens (q, k: Hk heads of
+     * Dk at row stride qk_stride; v: Hv heads of Dv at v_stride; a, b: Hv
+     * gate inputs at ab_stride), from and into S (Hv, Dk, Dv); out is
+     * (T, Hv*Dv). rmsnorm_gated: x = rmsnorm(x per head of dim) * w *
+     * silu(z) (z rows at z_stride). */
+    int  (*conv1d_silu)(exo_backend *be, float *out, int out_stride, const float *x, int x_stride,
+                        const float *w, float *state, int T, int C, int K);
+    int  (*gated_delta)(exo_backend *be, float *out, const float *q, const float *k, int qk_stride,
+                        const float *v, int v_stride, const float *a, const float *b, int ab_stride,
+                        const float *A_log, const float *dt_bias, float *S, int T, int Hk, int Hv,
+                        int Dk, int Dv);
+    int  (*rmsnorm_gated)(exo_backend *be, float *x, const float *z, int z_stride, const float *w,
+                          int T, int n_heads, int dim, float eps);
+    /* dst row r = src row r's first cols floats, for rows of strides
+     * dst_ld / src_ld (assembling heads out of parts) */
+    int  (*copy2d)(exo_backend *be, float *dst, size_t dst_ld, const float *src, size_t src_ld,
+                   int rows, int cols);
+    /* A different weight per head (latent attention's absorbed
+     * projections): for tokens t < T and heads h < H,
+     * y[t*y_tok + h*y_head ..] = w[h] x[t*x_tok + h*x_head ..]. */
+    int  (*head_matmul)(exo_backend *be, int H, const exo_linear *w, const float *x, size_t x_head,
+                        size_t x_tok, float *y, size_t y_head, size_t y_tok, int T);
     /* Waits for queued work. */
     int  (*sync)(exo_backend *be);
 } exo_backend_ops;

@@ -36,6 +36,8 @@ const char *exo_rope_type_name(exo_rope_type t)
     return "?";
 }
 
+static bool prefix(const char *s, const char *p) { return !strncmp(s, p, strlen(p)); }
+
 /* Value of key in obj, NULL if absent or null. */
 static json_t *obj_get(json_t *obj, const char *key)
 {
@@ -121,7 +123,9 @@ static int read_size(const ctx *c, const char *key, bool required, int64_t def, 
 static int parse_moe(const ctx *c, exo_model_config *cfg)
 {
     int rc;
-    const char *key = get(c, "num_experts") ? "num_experts" : "num_local_experts";
+    const char *key = get(c, "num_experts")         ? "num_experts"
+                      : get(c, "num_local_experts") ? "num_local_experts"
+                                                    : "n_routed_experts";
     json_t *ne = get(c, key);
     if (!ne)
         return 0;
@@ -132,16 +136,61 @@ static int parse_moe(const ctx *c, exo_model_config *cfg)
                            (long long)cfg->n_experts);
     if (!cfg->n_experts)
         return 0;
+    const char *mt = cfg->model_type;
+    bool gpt_oss = !strcmp(mt, "gpt_oss");
+    /* gpt_oss: every expert is intermediate_size wide */
     if ((rc = read_size(c, "num_experts_per_tok", true, 0, &cfg->n_experts_per_tok)) ||
-        (rc = read_size(c, "moe_intermediate_size", true, 0, &cfg->moe_intermediate_size)) ||
-        (rc = read_size(c, "decoder_sparse_step", false, 1, &cfg->decoder_sparse_step)))
+        (rc = read_size(c, gpt_oss ? "intermediate_size" : "moe_intermediate_size", true, 0,
+                        &cfg->moe_intermediate_size)) ||
+        (rc = read_size(c, "decoder_sparse_step", false, 1, &cfg->decoder_sparse_step)) ||
+        (rc = read_size(c, "shared_expert_intermediate_size", false, 0,
+                        &cfg->shared_expert_intermediate_size)) ||
+        (rc = read_size(c, "n_group", false, 1, &cfg->n_group)) ||
+        (rc = read_size(c, "topk_group", false, 1, &cfg->topk_group)))
         return rc;
+    if ((rc = read_int(c, get(c, "n_shared_experts"), "n_shared_experts", &cfg->n_shared_experts)) < 0 ||
+        (rc = read_int(c, get(c, "first_k_dense_replace"), "first_k_dense_replace",
+                       &cfg->first_k_dense_replace)) < 0)
+        return rc;
+    if (cfg->n_shared_experts < 0 || cfg->n_shared_experts > 64 || cfg->first_k_dense_replace < 0 ||
+        cfg->first_k_dense_replace > cfg->num_hidden_layers)
+        return exo_err_set(c->err, EXO_EFORMAT, "%s: \"n_shared_experts\" or \"first_k_dense_replace\" "
+                           "is out of range", c->file);
+
+    cfg->routed_scaling_factor = 1.0;
+    if ((rc = read_num(c, get(c, "routed_scaling_factor"), "routed_scaling_factor",
+                       &cfg->routed_scaling_factor)) < 0)
+        return rc;
+    char scoring[16] = "";
+    if ((rc = read_str(c, get(c, "scoring_func"), "scoring_func", scoring, sizeof scoring)) < 0)
+        return rc;
+    cfg->router_sigmoid = !strcmp(scoring, "sigmoid") || !strcmp(mt, "glm4_moe") ||
+                          !strcmp(mt, "deepseek_v3") || !strcmp(mt, "kimi_k2");
+    if (scoring[0] && strcmp(scoring, "sigmoid") && strcmp(scoring, "softmax"))
+        return exo_err_set(c->err, EXO_EUNSUPPORTED, "%s: \"scoring_func\" %s is not supported",
+                           c->file, scoring);
+    cfg->router_bias = gpt_oss;
+    if (gpt_oss) {
+        cfg->swiglu_limit = 7.0;
+        if ((rc = read_num(c, get(c, "swiglu_limit"), "swiglu_limit", &cfg->swiglu_limit)) < 0)
+            return rc;
+    }
     if (cfg->n_experts_per_tok > cfg->n_experts)
         return exo_err_set(c->err, EXO_EFORMAT, "%s: \"num_experts_per_tok\" %lld exceeds %lld experts",
                            c->file, (long long)cfg->n_experts_per_tok, (long long)cfg->n_experts);
-    cfg->norm_topk_prob = false;
+    if (cfg->n_group > 256 || cfg->n_experts % cfg->n_group || cfg->topk_group > cfg->n_group ||
+        cfg->n_experts / cfg->n_group * cfg->topk_group < cfg->n_experts_per_tok)
+        return exo_err_set(c->err, EXO_EFORMAT, "%s: %lld experts cannot be split in %lld groups "
+                           "with top-%lld groups holding %lld experts", c->file,
+                           (long long)cfg->n_experts, (long long)cfg->n_group,
+                           (long long)cfg->topk_group, (long long)cfg->n_experts_per_tok);
+    /* transformers: Qwen3Next and GLM default to renormalising; Qwen3.5's
+     * router and gpt-oss's (softmax over the top-k) always do */
+    cfg->norm_topk_prob = !strcmp(mt, "qwen3_next") || !strcmp(mt, "glm4_moe") || !strcmp(mt, "deepseek_v3");
     if ((rc = read_bool(c, get(c, "norm_topk_prob"), "norm_topk_prob", &cfg->norm_topk_prob)) < 0)
         return rc;
+    if (!strcmp(mt, "qwen3_5_moe") || gpt_oss)
+        cfg->norm_topk_prob = true;
     json_t *only = get(c, "mlp_only_layers");
     if (!only)
         return 0;
@@ -163,9 +212,16 @@ static int parse_moe(const ctx *c, exo_model_config *cfg)
     return 0;
 }
 
+exo_layer_kind exo_config_layer_kind(const exo_model_config *cfg, int64_t l)
+{
+    if (cfg->layer_kinds && l >= 0 && l < cfg->num_hidden_layers)
+        return cfg->layer_kinds[l];
+    return cfg->sliding_window > 0 ? EXO_LAYER_SLIDING : EXO_LAYER_FULL;
+}
+
 bool exo_config_layer_moe(const exo_model_config *cfg, int64_t l)
 {
-    if (cfg->n_experts <= 0)
+    if (cfg->n_experts <= 0 || l < cfg->first_k_dense_replace)
         return false;
     for (size_t i = 0; i < cfg->n_mlp_only_layers; i++)
         if (cfg->mlp_only_layers[i] == l)
@@ -310,6 +366,11 @@ static int parse_rope(const ctx *c, exo_model_config *cfg)
     NUM(mscale, "mscale");
     NUM(mscale_all_dim, "mscale_all_dim");
 #undef NUM
+    bool truncate = true;
+    snprintf(where, sizeof where, "%s.truncate", sname);
+    if ((rc = read_bool(c, obj_get(src, "truncate"), where, &truncate)) < 0)
+        return rc;
+    r->yarn_no_truncate = !truncate;
     snprintf(where, sizeof where, "%s.original_max_position_embeddings", sname);
     rc = read_int(c, obj_get(src, "original_max_position_embeddings"), where,
                   &r->original_max_position_embeddings);
@@ -388,6 +449,10 @@ static int parse_quant(const ctx *c, exo_model_config *cfg)
     bool has_gs = rc == 1;
     if (!has_bits || !has_gs) {
         json_t *m = obj_get(q, "quant_method");
+        /* the gpt-oss hub checkpoints: MXFP4 experts (their tensors say
+         * so, see model.c), everything else unquantized */
+        if (m && json_is_string(m) && !strcmp(json_string_value(m), "mxfp4"))
+            return 0;
         if (m && json_is_string(m))
             return exo_err_set(c->err, EXO_EUNSUPPORTED,
                                "%s: \"%s\": quant_method \"%.40s\" is not supported", c->file,
@@ -399,7 +464,11 @@ static int parse_quant(const ctx *c, exo_model_config *cfg)
     snprintf(where, sizeof where, "%s.mode", qname);
     if ((rc = read_str(c, obj_get(q, "mode"), where, qc->mode, sizeof qc->mode)) < 0)
         return rc;
-    if (strcmp(qc->mode, "affine"))
+    bool mxfp4 = !strcmp(qc->mode, "mxfp4");
+    if (mxfp4 && (bits != 4 || gs != 32)) /* as mlx defines the mode */
+        return exo_err_set(c->err, EXO_EUNSUPPORTED, "%s: \"%s\": mode mxfp4 is 4 bits in groups of 32, "
+                           "not bits=%lld group_size=%lld", c->file, qname, (long long)bits, (long long)gs);
+    if (strcmp(qc->mode, "affine") && !mxfp4)
         return exo_err_set(c->err, EXO_EUNSUPPORTED,
                            "%s: \"%s.mode\": quantization mode \"%s\" is not supported", c->file,
                            qname, qc->mode);
@@ -436,10 +505,11 @@ static int parse_quant(const ctx *c, exo_model_config *cfg)
                                    "%s: \"%s.%.100s\": bits=%lld group_size=%lld not supported",
                                    c->file, qname, key, (long long)b, (long long)g);
             json_t *mv = obj_get(v, "mode");
-            if (mv && (!json_is_string(mv) || strcmp(json_string_value(mv), "affine")))
+            if (mv && (!json_is_string(mv) || (strcmp(json_string_value(mv), "affine") &&
+                                               strcmp(json_string_value(mv), "mxfp4"))))
                 return exo_err_set(c->err, EXO_EUNSUPPORTED,
-                                   "%s: \"%s.%.100s.mode\": only \"affine\" is supported", c->file,
-                                   qname, key);
+                                   "%s: \"%s.%.100s.mode\": only \"affine\" and \"mxfp4\" are "
+                                   "supported", c->file, qname, key);
             o.bits = (int)b;
             o.group_size = (int)g;
         } else {
@@ -498,9 +568,135 @@ bool exo_config_is_eos(const exo_model_config *cfg, int64_t id)
 }
 
 /* ------------------------------------------------------------------ */
-/* config.json                                                         */
+/* per-layer kinds and the newer families' keys                        */
 
-static bool prefix(const char *s, const char *p) { return !strncmp(s, p, strlen(p)); }
+/* A key of rope_parameters (5.x, maybe per layer type) or the top level. */
+static int read_rope_num(const ctx *c, const char *layer_type, const char *key, double *out)
+{
+    json_t *rp = get(c, "rope_parameters");
+    json_t *sub = obj_get(rp, layer_type);
+    char where[96];
+    snprintf(where, sizeof where, "rope_parameters.%s.%s", layer_type, key);
+    int rc = read_num(c, obj_get(sub, key), where, out);
+    if (rc)
+        return rc;
+    snprintf(where, sizeof where, "rope_parameters.%s", key);
+    if ((rc = read_num(c, obj_get(rp, key), where, out)))
+        return rc;
+    return read_num(c, get(c, key), key, out);
+}
+
+static int parse_layers(const ctx *c, exo_model_config *cfg)
+{
+    const char *mt = cfg->model_type;
+    bool hybrid = !strcmp(mt, "qwen3_next") || prefix(mt, "qwen3_5"), gemma3 = !strcmp(mt, "gemma3"),
+         gpt_oss = !strcmp(mt, "gpt_oss");
+    int64_t n = cfg->num_hidden_layers;
+    int rc;
+    cfg->layer_kinds = exo_calloc((size_t)n, sizeof *cfg->layer_kinds);
+    json_t *types = get(c, "layer_types");
+    if (types) {
+        if (!json_is_array(types) || (int64_t)json_array_size(types) < n)
+            return exo_err_set(c->err, EXO_EFORMAT, "%s: \"layer_types\" must list %lld layers",
+                               c->file, (long long)n);
+        for (int64_t i = 0; i < n; i++) {
+            json_t *v = json_array_get(types, (size_t)i);
+            const char *t = json_is_string(v) ? json_string_value(v) : "";
+            if (!strcmp(t, "full_attention"))
+                cfg->layer_kinds[i] = EXO_LAYER_FULL;
+            else if (!strcmp(t, "sliding_attention"))
+                cfg->layer_kinds[i] = EXO_LAYER_SLIDING;
+            else if (!strcmp(t, "linear_attention"))
+                cfg->layer_kinds[i] = EXO_LAYER_LINEAR;
+            else
+                return exo_err_set(c->err, EXO_EUNSUPPORTED, "%s: layer_types[%lld] \"%s\" is not "
+                                   "supported", c->file, (long long)i, t);
+        }
+    } else {
+        int64_t every = 0;
+        const char *key = hybrid ? "full_attention_interval" : "sliding_window_pattern";
+        if ((hybrid || gemma3) && (rc = read_size(c, key, false, hybrid ? 4 : 6, &every)))
+            return rc;
+        for (int64_t i = 0; i < n; i++) {
+            exo_layer_kind other = hybrid ? EXO_LAYER_LINEAR : EXO_LAYER_SLIDING;
+            if (hybrid || gemma3)
+                cfg->layer_kinds[i] = (i + 1) % every ? other : EXO_LAYER_FULL;
+            else if (gpt_oss)
+                cfg->layer_kinds[i] = i % 2 ? EXO_LAYER_FULL : EXO_LAYER_SLIDING;
+            else
+                cfg->layer_kinds[i] = cfg->sliding_window ? EXO_LAYER_SLIDING : EXO_LAYER_FULL;
+        }
+    }
+    for (int64_t i = 0; i < n; i++)
+        if ((cfg->layer_kinds[i] == EXO_LAYER_SLIDING && cfg->sliding_window <= 0) ||
+            (cfg->layer_kinds[i] == EXO_LAYER_LINEAR && !hybrid))
+            return exo_err_set(c->err, EXO_EFORMAT, "%s: layer %lld is %s but the model has %s",
+                               c->file, (long long)i,
+                               cfg->layer_kinds[i] == EXO_LAYER_LINEAR ? "linear attention" : "sliding",
+                               cfg->layer_kinds[i] == EXO_LAYER_LINEAR ? "no linear attention" :
+                               "no sliding_window");
+
+    cfg->partial_rotary_factor = hybrid ? 0.25 : !strcmp(mt, "glm4_moe") ? 0.5 : 1.0;
+    if ((rc = read_rope_num(c, "full_attention", "partial_rotary_factor", &cfg->partial_rotary_factor)) < 0)
+        return rc;
+    if (!(cfg->partial_rotary_factor > 0 && cfg->partial_rotary_factor <= 1))
+        return exo_err_set(c->err, EXO_EFORMAT, "%s: \"partial_rotary_factor\" must be in (0, 1]", c->file);
+    if (gemma3) {
+        cfg->rope_local_theta = 10000.0;
+        cfg->query_pre_attn_scalar = 256;
+        json_t *local = obj_get(obj_get(get(c, "rope_parameters"), "sliding_attention"), "rope_theta");
+        if ((rc = read_num(c, local ? local : get(c, "rope_local_base_freq"),
+                           local ? "rope_parameters.sliding_attention.rope_theta" : "rope_local_base_freq",
+                           &cfg->rope_local_theta)) < 0 ||
+            (rc = read_num(c, get(c, "query_pre_attn_scalar"), "query_pre_attn_scalar",
+                           &cfg->query_pre_attn_scalar)) < 0)
+            return rc;
+        if (!(cfg->rope_local_theta > 0) || !(cfg->query_pre_attn_scalar > 0))
+            return exo_err_set(c->err, EXO_EFORMAT, "%s: rope_local_base_freq and "
+                               "query_pre_attn_scalar must be positive", c->file);
+    }
+    if ((rc = read_num(c, get(c, "final_logit_softcapping"), "final_logit_softcapping",
+                       &cfg->final_logit_softcapping)) < 0)
+        return rc;
+    double attn_cap = 0;
+    if ((rc = read_num(c, get(c, "attn_logit_softcapping"), "attn_logit_softcapping", &attn_cap)) < 0)
+        return rc;
+    if (attn_cap != 0 || cfg->final_logit_softcapping < 0)
+        return exo_err_set(c->err, EXO_EUNSUPPORTED, "%s: attention logit softcapping is not "
+                           "supported", c->file);
+    if (!strcmp(mt, "deepseek_v3") || !strcmp(mt, "kimi_k2")) {
+        if ((rc = read_int(c, get(c, "q_lora_rank"), "q_lora_rank", &cfg->q_lora_rank)) < 0 ||
+            (rc = read_size(c, "kv_lora_rank", false, 512, &cfg->kv_lora_rank)) ||
+            (rc = read_size(c, "qk_nope_head_dim", false, 128, &cfg->qk_nope_head_dim)) ||
+            (rc = read_size(c, "qk_rope_head_dim", false, 64, &cfg->qk_rope_head_dim)) ||
+            (rc = read_size(c, "v_head_dim", false, 128, &cfg->v_head_dim)))
+            return rc;
+        if (!get(c, "q_lora_rank") && !json_object_get(c->text ? c->text : c->top, "q_lora_rank"))
+            cfg->q_lora_rank = 1536; /* the class default; null means none */
+        cfg->rope_interleave = true;
+        if ((rc = read_bool(c, get(c, "rope_interleave"), "rope_interleave", &cfg->rope_interleave)) < 0)
+            return rc;
+        if (cfg->q_lora_rank < 0 || cfg->q_lora_rank > MAX_DIM || cfg->qk_rope_head_dim % 2 ||
+            cfg->kv_lora_rank + cfg->qk_rope_head_dim > 4096)
+            return exo_err_set(c->err, EXO_EFORMAT, "%s: latent attention sizes out of range", c->file);
+        cfg->head_dim = cfg->qk_rope_head_dim; /* what RoPE rotates; see qk_nope_head_dim */
+        cfg->num_key_value_heads = cfg->num_attention_heads;
+    }
+    if (hybrid &&
+        ((rc = read_size(c, "linear_num_key_heads", false, 16, &cfg->linear_k_heads)) ||
+         (rc = read_size(c, "linear_num_value_heads", false, 32, &cfg->linear_v_heads)) ||
+         (rc = read_size(c, "linear_key_head_dim", false, 128, &cfg->linear_k_dim)) ||
+         (rc = read_size(c, "linear_value_head_dim", false, 128, &cfg->linear_v_dim)) ||
+         (rc = read_size(c, "linear_conv_kernel_dim", false, 4, &cfg->linear_conv_kernel))))
+        return rc;
+    if (hybrid && (cfg->linear_v_heads % cfg->linear_k_heads || cfg->linear_conv_kernel > 16))
+        return exo_err_set(c->err, EXO_EFORMAT, "%s: linear_num_value_heads must be a multiple of "
+                           "linear_num_key_heads, and the conv kernel at most 16", c->file);
+    return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* config.json                                                         */
 
 static int parse_config(const ctx *c, exo_model_config *cfg)
 {
@@ -521,13 +717,24 @@ static int parse_config(const ctx *c, exo_model_config *cfg)
                            sizeof cfg->architecture)) < 0)
             return rc;
     }
+    /* the text model of a multimodal wrapper says "qwen3_5_moe_text",
+     * "gemma3_text": one family either way */
+    size_t mtlen = strlen(cfg->model_type);
+    if (mtlen > 5 && !strcmp(cfg->model_type + mtlen - 5, "_text"))
+        cfg->model_type[mtlen - 5] = 0;
+    if (!strcmp(cfg->model_type, "kimi_k2")) /* DeepSeek-V3's architecture under another name */
+        snprintf(cfg->model_type, sizeof cfg->model_type, "deepseek_v3");
     const char *mt = cfg->model_type;
     bool qwen2 = !strcmp(mt, "qwen2"), qwen3 = prefix(mt, "qwen3"),
          mistral = !strcmp(mt, "mistral"), llama_like = !strcmp(mt, "llama") || mistral;
+    bool hybrid = !strcmp(mt, "qwen3_next") || prefix(mt, "qwen3_5"), gemma3 = !strcmp(mt, "gemma3"),
+         gpt_oss = !strcmp(mt, "gpt_oss");
 
     if ((rc = read_size(c, "vocab_size", true, 0, &cfg->vocab_size)) ||
         (rc = read_size(c, "hidden_size", true, 0, &cfg->hidden_size)) ||
-        (rc = read_size(c, "intermediate_size", true, 0, &cfg->intermediate_size)) ||
+        /* Qwen3.5-MoE has no dense MLP and no intermediate_size */
+        (rc = read_size(c, "intermediate_size", strcmp(mt, "qwen3_5_moe") != 0, 0,
+                        &cfg->intermediate_size)) ||
         (rc = read_size(c, "num_hidden_layers", true, 0, &cfg->num_hidden_layers)) ||
         (rc = read_size(c, "num_attention_heads", true, 0, &cfg->num_attention_heads)) ||
         (rc = read_size(c, "num_key_value_heads", false, cfg->num_attention_heads,
@@ -541,7 +748,11 @@ static int parse_config(const ctx *c, exo_model_config *cfg)
     if ((rc = read_size(c, "head_dim", false, 0, &cfg->head_dim)))
         return rc;
     if (!explicit_hd) {
-        if (qwen3) {
+        if (hybrid || gemma3) {
+            cfg->head_dim = 256;
+        } else if (gpt_oss) {
+            cfg->head_dim = 64;
+        } else if (qwen3) {
             cfg->head_dim = 128;
         } else {
             if (cfg->hidden_size % cfg->num_attention_heads)
@@ -569,11 +780,11 @@ static int parse_config(const ctx *c, exo_model_config *cfg)
     if ((rc = parse_rope(c, cfg)))
         return rc;
 
-    cfg->tie_word_embeddings = false;
+    cfg->tie_word_embeddings = gemma3;
     if ((rc = read_bool(c, get(c, "tie_word_embeddings"), "tie_word_embeddings",
                         &cfg->tie_word_embeddings)) < 0)
         return rc;
-    cfg->attention_bias = false;
+    cfg->attention_bias = gpt_oss;
     if ((rc = read_bool(c, get(c, "attention_bias"), "attention_bias", &cfg->attention_bias)) < 0)
         return rc;
     if (qwen2)
@@ -581,9 +792,9 @@ static int parse_config(const ctx *c, exo_model_config *cfg)
     cfg->mlp_bias = false;
     if ((rc = read_bool(c, get(c, "mlp_bias"), "mlp_bias", &cfg->mlp_bias)) < 0)
         return rc;
-    snprintf(cfg->hidden_act, sizeof cfg->hidden_act, "silu");
-    if ((rc = read_str(c, get(c, "hidden_act"), "hidden_act", cfg->hidden_act,
-                       sizeof cfg->hidden_act)) < 0)
+    snprintf(cfg->hidden_act, sizeof cfg->hidden_act, "%s", gemma3 ? "gelu_pytorch_tanh" : "silu");
+    const char *act_key = get(c, "hidden_activation") ? "hidden_activation" : "hidden_act";
+    if ((rc = read_str(c, get(c, act_key), act_key, cfg->hidden_act, sizeof cfg->hidden_act)) < 0)
         return rc;
 
     cfg->bos_token_id = llama_like ? 1 : -1;
@@ -619,9 +830,11 @@ static int parse_config(const ctx *c, exo_model_config *cfg)
         cfg->sliding_window = 4096;
     } else if (sw && (rc = read_size(c, "sliding_window", false, 0, &cfg->sliding_window))) {
         return rc;
+    } else if (!sw && (gemma3 || gpt_oss)) {
+        cfg->sliding_window = gemma3 ? 4096 : 128;
     }
 
-    if ((rc = parse_moe(c, cfg)))
+    if ((rc = parse_moe(c, cfg)) || (rc = parse_layers(c, cfg)))
         return rc;
 
     cfg->generation.temperature = 1.0;
@@ -659,6 +872,7 @@ void exo_config_free(exo_model_config *cfg)
         exo_free(cfg->quant.overrides[i].module);
     exo_free(cfg->quant.overrides);
     exo_free(cfg->mlp_only_layers);
+    exo_free(cfg->layer_kinds);
     memset(cfg, 0, sizeof *cfg);
 }
 

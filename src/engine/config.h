@@ -53,7 +53,15 @@ typedef struct exo_rope_scaling {
     double  attention_factor;
     double  mscale;
     double  mscale_all_dim;
+    bool    yarn_no_truncate; /* yarn "truncate": false (gpt-oss): fractional correction range */
 } exo_rope_scaling;
+
+/* What a layer's token mixer is. */
+typedef enum exo_layer_kind {
+    EXO_LAYER_FULL = 0, /* softmax attention over every earlier position */
+    EXO_LAYER_SLIDING,  /* softmax attention over the last sliding_window positions */
+    EXO_LAYER_LINEAR,   /* Gated DeltaNet linear attention (qwen3_next, qwen3_5) */
+} exo_layer_kind;
 
 #define EXO_CONFIG_MAX_EOS 16
 
@@ -128,6 +136,31 @@ typedef struct exo_model_config {
     int64_t decoder_sparse_step;
     int64_t *mlp_only_layers;   /* owned */
     size_t  n_mlp_only_layers;
+    int64_t first_k_dense_replace; /* glm4_moe, deepseek: the first k layers are dense */
+    int64_t shared_expert_intermediate_size; /* qwen3_next, qwen3_5_moe: one sigmoid-gated shared expert */
+    int64_t n_shared_experts;   /* glm4_moe, deepseek: ungated shared experts, moe_intermediate each */
+    bool    router_sigmoid;     /* glm4_moe, deepseek: sigmoid scores, e_score_correction_bias picks */
+    int64_t n_group, topk_group; /* group-limited top-k (1, 1: no grouping) */
+    double  routed_scaling_factor; /* 1 when absent */
+    bool    router_bias;        /* gpt_oss: router has a bias; top-k of logits, softmax over the k */
+    double  swiglu_limit;       /* gpt_oss clamped SwiGLU (0: plain) */
+    /* Per layer (owned, num_hidden_layers entries): the token mixer. From
+     * layer_types, else the family's rule (qwen3_next/qwen3_5: every
+     * full_attention_interval-th layer full, the rest linear; gemma3: every
+     * sliding_window_pattern-th full, the rest sliding; gpt_oss: odd layers
+     * full, even sliding; others: all full, or all sliding with a window). */
+    exo_layer_kind *layer_kinds;
+    double  partial_rotary_factor; /* fraction of head_dim that rotates (1 when absent) */
+    double  rope_local_theta;   /* gemma3 sliding layers' RoPE base (0: rope_theta) */
+    double  query_pre_attn_scalar; /* gemma3: scores scale by its -1/2 power (0: head_dim) */
+    double  final_logit_softcapping; /* 0: none */
+    /* Multi-head latent attention (deepseek_v3, kimi_k2): kv_lora_rank > 0.
+     * q_lora_rank 0: a plain q_proj. RoPE on qk_rope_head_dim dims, in
+     * adjacent pairs unless rope_interleave is false. */
+    int64_t q_lora_rank, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim;
+    bool    rope_interleave;
+    /* Gated DeltaNet (layers of kind EXO_LAYER_LINEAR) */
+    int64_t linear_k_heads, linear_v_heads, linear_k_dim, linear_v_dim, linear_conv_kernel;
     exo_generation_defaults generation;
     exo_quant_config quant;
 } exo_model_config;
@@ -140,6 +173,10 @@ typedef struct exo_model_config {
  * wrong types, missing or invalid values), EXO_EUNSUPPORTED (a rope type or
  * quantization mode exo does not implement). */
 int exo_config_load(const char *path, exo_model_config *out, exo_err *err);
+
+/* Layer l's token mixer (layer_kinds, or when that is NULL: sliding for
+ * every layer of a model with a sliding_window, else full). */
+exo_layer_kind exo_config_layer_kind(const exo_model_config *cfg, int64_t l);
 
 /* True if layer l's MLP is a mixture of experts. */
 bool exo_config_layer_moe(const exo_model_config *cfg, int64_t l);

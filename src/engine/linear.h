@@ -7,6 +7,17 @@
  * plus one scale and one bias per group of `group_size` consecutive columns,
  * and w[r][c] = scale[r][c/G] * q[r][c] + bias[r][c/G].
  *
+ * MXFP4 weights (OCP microscaling FP4, gpt-oss experts) are 4.25 bits a
+ * weight: per row, `cols` FP4 E2M1 codes, two per byte, element 2i in the
+ * low nibble of byte i and 2i+1 in the high nibble (cols/2 bytes a row),
+ * plus one E8M0 scale byte s per 32 consecutive columns, and
+ *   w[r][c] = exo_fp4_e2m1[code] * 2^(s[r][c/32] - 127)
+ * (exo_e8m0_to_f32). This one byte stream is both Hugging Face's
+ * `*_blocks` [rows, cols/32, 16] uint8 with `*_scales` [rows, cols/32]
+ * uint8, and MLX's mode="mxfp4" `weight` [rows, cols/8] uint32 (code k of a
+ * little-endian word at bits 4k..4k+3, i.e. the same bytes) with its uint8
+ * `scales`: either checkpoint's tensors are used as they are.
+ *
  * An exo_linear never owns its memory: it points into a mmapped checkpoint,
  * or into a buffer owned by whoever built it. */
 #ifndef EXO_ENGINE_LINEAR_H
@@ -15,26 +26,56 @@
 #include "engine/dtype.h"
 
 #include <stdint.h>
+#include <string.h>
 
 typedef enum exo_wformat {
     EXO_WFORMAT_DENSE = 0,  /* w is `dtype` [rows][cols] */
     EXO_WFORMAT_AFFINE = 1, /* w is uint32 codes, scales/biases are `dtype` */
+    EXO_WFORMAT_MXFP4 = 2,  /* w is packed E2M1 nibbles, scales are E8M0 bytes */
 } exo_wformat;
 
+/* Field use per format:
+ *           dtype              w                          scales             biases  bits  group_size
+ *   DENSE   element type       (rows, cols) of dtype      -                  -       -     -
+ *   AFFINE  scales/biases type (rows, cols*bits/32) u32   (rows, cols/G)     same    2-8   32/64/128
+ *   MXFP4   EXO_DTYPE_U8       (rows, cols/2) bytes       (rows, cols/32) u8 NULL    4     32
+ * MXFP4 needs cols % 32 == 0; w and scales may have any alignment. */
 typedef struct exo_linear {
     exo_wformat format;
-    exo_dtype   dtype;      /* DENSE: element type; AFFINE: type of scales and biases */
+    exo_dtype   dtype;      /* DENSE: element type; AFFINE: type of scales and biases; MXFP4: U8 */
     int64_t     rows;       /* out features */
     int64_t     cols;       /* in features */
-    const void *w;          /* (rows, cols) dense, or (rows, cols*bits/32) uint32 */
-    const void *scales;     /* AFFINE: (rows, cols/group_size) */
-    const void *biases;     /* AFFINE: (rows, cols/group_size) */
-    int         bits;       /* AFFINE: 2, 3, 4, 5, 6 or 8 */
-    int         group_size; /* AFFINE: 32, 64 or 128 */
+    const void *w;          /* (rows, cols) dense, (rows, cols*bits/32) uint32, or MXFP4 bytes */
+    const void *scales;     /* AFFINE: (rows, cols/group_size); MXFP4: (rows, cols/32) E8M0 */
+    const void *biases;     /* AFFINE: (rows, cols/group_size); MXFP4: unused (NULL) */
+    int         bits;       /* AFFINE: 2, 3, 4, 5, 6 or 8; MXFP4: 4 */
+    int         group_size; /* AFFINE: 32, 64 or 128; MXFP4: 32 */
 } exo_linear;
+
+/* FP4 E2M1 code -> value: bit 3 sign, bits 2..1 exponent (bias 1), bit 0
+ * mantissa; code 1 is the subnormal 0.5, code 8 is -0. */
+extern const float exo_fp4_e2m1[16];
+
+/* E8M0 scale byte -> 2^(s - 127), exactly: s = 0 is 2^-127 (a subnormal f32,
+ * as MLX decodes it), s = 255 gives +inf (NaN in the OCP spec; never in a
+ * checkpoint). */
+static inline float exo_e8m0_to_f32(uint8_t s)
+{
+    uint32_t u = s ? (uint32_t)s << 23 : 0x00400000u;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
 
 /* Bytes a full pass over the weight reads (codes + scales + biases). */
 size_t exo_linear_bytes(const exo_linear *w);
+
+/* Sizes of the three arrays of a weight, in bytes: w, scales, biases (0 for
+ * an array the format has not). Each is rows equal slices, so row r of an
+ * array starts at r * (bytes / rows): code that copies or slices weights by
+ * rows needs nothing format-specific. */
+void exo_linear_part_bytes(const exo_linear *w, size_t *w_bytes, size_t *scales_bytes,
+                           size_t *biases_bytes);
 
 /* Dequantizes/converts row r to f32 (cols values). */
 void exo_linear_row_f32(const exo_linear *w, int64_t r, float *out);

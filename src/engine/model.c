@@ -47,25 +47,61 @@
 
 typedef struct layer {
     exo_backend *be;
+    exo_layer_kind kind;
+    exo_attn_shape attn;         /* softmax attention layers: window, sinks */
+    const float *inv_freq;       /* its RoPE table (acts: global or local) */
+    float mscale;
     float *attn_norm, *mlp_norm; /* (dim) */
-    float *q_norm, *k_norm;      /* (head_dim) qwen3, else NULL */
+    float *post_attn_norm, *post_mlp_norm; /* gemma3's sandwich norms, else NULL */
+    float *q_norm, *k_norm;      /* (head_dim) qwen3 and later, gemma3, glm4, else NULL */
     float *bq, *bk, *bv, *bo;    /* (out) biases or NULL */
+    float *sinks;                /* (n_heads) gpt-oss, else NULL */
     exo_linear q, k, v, o;       /* (n_heads*hd, dim) (n_kv*hd, dim) x2, (dim, n_heads*hd) */
+    exo_linear q_gate;           /* gated attention (qwen3_next, qwen3_5): (n_heads*hd, dim) */
+    /* Gated DeltaNet (kind EXO_LAYER_LINEAR) */
+    exo_linear in_qkv, in_z, in_b, in_a, out_proj; /* (conv_dim, dim) (vd, dim) (Hv, dim) x2 (dim, vd) */
+    float *conv_w;               /* (conv_dim, K) */
+    float *A_log, *dt_bias;      /* (Hv) */
+    float *lin_norm;             /* (Dv) */
+    /* Multi-head latent attention (deepseek_v3): q through a low-rank
+     * q_a/q_b (or q alone), each head's rows [rope | nope]; kv_a's rows as
+     * the latent (kv_c) and the shared rope key (kv_rope); per head, the
+     * absorbed W_UK^T (r, dn) and W_UV (dv, r). */
+    exo_linear q_a, kv_c, kv_rope;
+    float *q_a_norm, *kv_a_norm;
+    exo_linear *absorb, *unabsorb;
     exo_linear gate, up, down;   /* (ffn, dim) x2, (dim, ffn); dense MLP */
     int n_experts;               /* > 0: a mixture-of-experts MLP instead */
     exo_linear router;           /* (n_experts, dim) */
+    float *router_bias;          /* gpt-oss: added to the logits */
+    float *e_score_bias;         /* glm4_moe, deepseek: picks experts, not weighs them */
     exo_linear *experts;         /* 3 per expert: gate, up (moe_ffn, dim), down (dim, moe_ffn) */
+    float *expert_bias;          /* gpt-oss: per expert gate (moe_ffn), up (moe_ffn), down (dim) */
+    bool has_shared;             /* shared expert(s) on every token */
+    exo_linear sh_gate, sh_up, sh_down;
+    exo_linear sh_router;        /* (1, dim) its sigmoid gate (qwen3_next); rows 0: ungated */
 } layer;
 
 /* Activation buffers of one backend, each sized for max_chunk tokens. */
 typedef struct acts {
     exo_backend *be;
     float *x, *h;     /* (chunk, dim) */
-    float *q, *att;   /* (chunk, n_heads*hd) */
+    float *q, *att;   /* (chunk, max(n_heads*hd, linear value dim)) */
+    float *qg;        /* (chunk, n_heads*hd): gated attention's gate */
     float *k, *v;     /* (chunk, n_kv*hd) */
-    float *g, *u;     /* (chunk, max(ffn, moe_ffn)) */
+    float *g, *u;     /* (chunk, max(ffn, moe_ffn, shared ffn)) */
     float *logits;    /* (MAX_LOGIT_ROWS, vocab), when the shard has the head */
-    float *inv_freq;  /* (hd/2) */
+    float *inv_freq;  /* (rot/2) */
+    float *inv_freq_local; /* (rot/2) gemma3's sliding layers */
+    /* Gated DeltaNet */
+    float *lqkv, *lconv; /* (chunk, conv_dim): projections, and after the conv */
+    float *lz;        /* (chunk, value dim) */
+    float *la, *lb;   /* (chunk, Hv) */
+    float *sg;        /* (chunk): the shared expert's gate */
+    /* latent attention */
+    float *mq;        /* (chunk, q_lora_rank) */
+    float *mc, *mr;   /* (chunk, kv_lora_rank), (chunk, rope dims) */
+    float *mqa;       /* (chunk, n_heads * (rope + latent)): absorbed queries */
     /* mixture of experts, when the shard has such layers */
     float *router;    /* (chunk, n_experts) */
     float *xe, *ye;   /* (chunk, dim): one expert's gathered inputs and outputs */
@@ -74,7 +110,8 @@ typedef struct acts {
     float *top_w;
     int32_t *rows;    /* host (chunk): the tokens routed to one expert, and weights */
     float *row_w;
-    const exo_linear **sel_w; /* host (2 topk): decode's chosen experts' gate and up */
+    const exo_linear **sel_w; /* host (2 topk + 1): decode's chosen experts' weights */
+    const float **sel_x;      /* host (topk + 1): their inputs, for the down projections */
     float **sel_y;
 } acts;
 
@@ -86,7 +123,20 @@ struct exo_model {
     int n_layers;      /* this shard's layers: global indices first_layer.. */
     int first_layer, total_layers;
     int dim, n_heads, n_kv, hd, ffn, vocab, max_chunk; /* n_heads, n_kv, ffn: this rank's */
+    int rot_dim;       /* dims of a head that RoPE rotates */
     int n_experts, topk, moe_ffn; /* 0 when no layer of the shard is sparse */
+    int sh_ffn;        /* the shared experts' width (this rank's), 0: none */
+    exo_moe_router router;
+    exo_glu_kind glu;
+    float glu_limit;
+    float embed_scale; /* gemma3: sqrt(dim); else 1 */
+    bool attn_gated;   /* qwen3_next, qwen3_5: q_proj also gives a sigmoid output gate */
+    /* latent attention (mla): q/k dims without and with RoPE, v dims, latent
+     * rank, q rank; hd is then rope + latent, the width of a cached key */
+    bool mla;
+    int mla_dn, mla_dr, mla_dv, mla_r, mla_rq;
+    /* Gated DeltaNet: this rank's heads; n_linear: the shard's linear layers */
+    int lin_hk, lin_hv, lin_dk, lin_dv, lin_k, conv_dim, n_linear;
     bool moe_per_expert; /* EXO_MOE_PATH=per-expert: decode as prefill does (the benchmark's peer) */
     float mscale, eps;
     exo_attn_shape attn;
@@ -109,7 +159,18 @@ struct exo_seq {
     exo_model *m;
     int capacity, len;
     int alloc_capacity;         /* capacity rounded up to EXO_KV_BLOCK */
-    float **k_cache, **v_cache; /* per layer, on that layer's backend (backend.h) */
+    float **k_cache, **v_cache; /* per attention layer, on that layer's backend (backend.h) */
+    /* Per linear-attention layer: its conv inputs (K-1, conv_dim) then its
+     * recurrent state (Hv, Dk, Dv), one contiguous run of state_floats */
+    float **state;
+    size_t state_floats;
+    /* A recurrent state cannot be trimmed: a copy of every layer's, taken
+     * before each multi-token step, lets the sequence go back to snap_len
+     * (an error mid-prompt, a cancelled prefill); going back anywhere else
+     * but 0 loses the state (state_lost) until the sequence restarts. */
+    float *snap;                /* host memory, n_linear * state_floats */
+    int snap_len;               /* -1: no snapshot */
+    bool state_lost;
     void **kv_block;            /* per layer: the block its backend's caches live in,
                                    set on the first layer of each backend */
 };
@@ -130,7 +191,7 @@ static const exo_st_tensor *st_lookup(st_source *s, const char *name)
         snprintf(buf, sizeof buf, "%s%s", s->prefix, name + 6);
         return exo_st_find(s->st, buf);
     }
-    if (s->prefix[0] && !strcmp(name, "lm_head.weight")) {
+    if (s->prefix[0] && !strncmp(name, "lm_head.", 8)) { /* .weight, .scales, .biases */
         const exo_st_tensor *t = exo_st_find(s->st, name);
         if (t)
             return t;
@@ -145,12 +206,61 @@ static bool is_float_dtype(exo_dtype t)
     return t == EXO_DTYPE_F32 || t == EXO_DTYPE_F16 || t == EXO_DTYPE_BF16;
 }
 
+/* MXFP4 (gpt-oss's experts, linear.h): mlx's form, uint32 codes
+ * [.., rows, cols/8] and uint8 scales [.., rows, cols/32]. */
+static int st_mxfp4(st_source *s, const char *module, const exo_st_tensor *w, const exo_st_tensor *sc,
+                    int nd, size_t slab, exo_linear *out)
+{
+    int d0 = nd - 2;
+    int64_t rows = w->shape[d0], cols = w->shape[d0 + 1] * 8;
+    if (w->dtype != EXO_DTYPE_U32 || sc->ndim != nd || sc->shape[d0] != rows || sc->shape[d0 + 1] * 32 != cols ||
+        (nd == 3 && sc->shape[0] != w->shape[0]))
+        return exo_err_set(s->err, EXO_EFORMAT, "%s: %s: an MXFP4 weight needs U32 codes [.., rows, cols/8] "
+                           "and U8 scales [.., rows, cols/32]", w->file, module);
+    *out = (exo_linear){.format = EXO_WFORMAT_MXFP4, .dtype = EXO_DTYPE_U8, .rows = rows, .cols = cols,
+                        .bits = 4, .group_size = 32};
+    out->w = (const char *)w->data + slab * (size_t)(rows * cols / 2);
+    out->scales = (const char *)sc->data + slab * (size_t)(rows * cols / 32);
+    return 0;
+}
+
+/* MXFP4 in the hub's form: `<module>_blocks` [E, rows, cols/32, 16] and
+ * `<module>_scales` [E, rows, cols/32], both uint8 (gpt-oss's experts). */
+static int st_mxfp4_blocks(st_source *s, const char *module, int64_t index, exo_linear *out)
+{
+    char name[512];
+    snprintf(name, sizeof name, "%s_blocks", module);
+    const exo_st_tensor *bl = st_lookup(s, name);
+    snprintf(name, sizeof name, "%s_scales", module);
+    const exo_st_tensor *sc = st_lookup(s, name);
+    if (!bl)
+        return EXO_ENOENT;
+    if (!sc || bl->dtype != EXO_DTYPE_U8 || sc->dtype != EXO_DTYPE_U8 || bl->ndim != 4 || sc->ndim != 3 ||
+        bl->shape[3] != 16 || sc->shape[0] != bl->shape[0] || sc->shape[1] != bl->shape[1] ||
+        sc->shape[2] != bl->shape[2])
+        return exo_err_set(s->err, EXO_EFORMAT, "%s: %s_blocks / _scales: MXFP4 needs uint8 blocks "
+                           "[E, rows, groups, 16] and scales [E, rows, groups]", bl->file, module);
+    if (index >= bl->shape[0])
+        return exo_err_set(s->err, EXO_EFORMAT, "%s: %s_blocks stacks %lld, not %lld", bl->file, module,
+                           (long long)bl->shape[0], (long long)index + 1);
+    int64_t rows = bl->shape[1], cols = bl->shape[2] * 32;
+    *out = (exo_linear){.format = EXO_WFORMAT_MXFP4, .dtype = EXO_DTYPE_U8, .rows = rows, .cols = cols,
+                        .bits = 4, .group_size = 32};
+    out->w = (const char *)bl->data + (size_t)index * (size_t)(rows * cols / 2);
+    out->scales = (const char *)sc->data + (size_t)index * (size_t)(rows * cols / 32);
+    return 0;
+}
+
 /* A 2-D module (index < 0), or slab `index` of a stacked 3-D one. */
 static int st_linear_at(st_source *s, const char *module, int64_t index, exo_linear *out)
 {
     char name[512];
     snprintf(name, sizeof name, "%s.weight", module);
     const exo_st_tensor *w = st_lookup(s, name);
+    if (!w && index >= 0) /* transformers 5's fused experts: "mlp.experts.down_proj", no .weight */
+        w = st_lookup(s, module);
+    if (!w && index >= 0)
+        return st_mxfp4_blocks(s, module, index, out);
     if (!w)
         return EXO_ENOENT;
     snprintf(name, sizeof name, "%s.scales", module);
@@ -177,6 +287,8 @@ static int st_linear_at(st_source *s, const char *module, int64_t index, exo_lin
         out->w = (const char *)w->data + slab * (size_t)(out->rows * out->cols) * exo_dtype_size(w->dtype);
         return 0;
     }
+    if (sc->dtype == EXO_DTYPE_U8 && !bi) /* mlx's "mxfp4" mode: E8M0 scales, no biases */
+        return st_mxfp4(s, module, w, sc, nd, slab, out);
     int bits = 0, gs = 0;
     if (!exo_config_quant_for(s->cfg, module, &bits, &gs))
         return exo_err_set(s->err, EXO_EFORMAT,
@@ -228,11 +340,13 @@ static int st_vector(void *ctx, const char *name, exo_dtype *dtype, const void *
     const exo_st_tensor *t = st_lookup(s, name);
     if (!t)
         return EXO_ENOENT;
-    if (t->ndim != 1 || !is_float_dtype(t->dtype))
-        return exo_err_set(s->err, EXO_EFORMAT, "%s: %s must be a 1-d float tensor", t->file, name);
+    if (t->ndim < 1 || !is_float_dtype(t->dtype))
+        return exo_err_set(s->err, EXO_EFORMAT, "%s: %s must be a float tensor", t->file, name);
     *dtype = t->dtype;
     *data = t->data;
-    *n = t->shape[0];
+    *n = 1;
+    for (int i = 0; i < t->ndim; i++) /* conv taps (C, 1, K), stacked biases (E, n): all values */
+        *n *= t->shape[i];
     return 0;
 }
 
@@ -251,14 +365,13 @@ static exo_linear linear_rows(const exo_linear *w, int64_t r0, int64_t r1)
     exo_linear v = *w;
     size_t esz = exo_dtype_size(w->dtype);
     v.rows = r1 - r0;
-    if (w->format == EXO_WFORMAT_DENSE) {
-        v.w = (const char *)w->w + (size_t)r0 * (size_t)w->cols * esz;
-    } else {
-        size_t groups = (size_t)(w->cols / w->group_size);
-        v.w = (const uint32_t *)w->w + (size_t)r0 * (size_t)(w->cols * w->bits / 32);
-        v.scales = (const char *)w->scales + (size_t)r0 * groups * esz;
-        v.biases = (const char *)w->biases + (size_t)r0 * groups * esz;
-    }
+    (void)esz;
+    size_t wb, sb, bb;
+    exo_linear_part_bytes(w, &wb, &sb, &bb); /* per row: the totals over rows */
+    size_t R = (size_t)w->rows;
+    v.w = (const char *)w->w + wb / R * (size_t)r0;
+    v.scales = sb ? (const char *)w->scales + sb / R * (size_t)r0 : NULL;
+    v.biases = bb ? (const char *)w->biases + bb / R * (size_t)r0 : NULL;
     return v;
 }
 
@@ -298,11 +411,12 @@ static int linear_cols(const exo_linear *src, int64_t c0, int64_t c1, exo_linear
     for (size_t r = 0; r < rows; r++) {
         memcpy(dw + r * nw, (const uint32_t *)w->w + r * words + w0, nw * 4);
         memcpy(ds + r * ng * esz, (const char *)w->scales + (r * groups + g0) * esz, ng * esz);
-        memcpy(db + r * ng * esz, (const char *)w->biases + (r * groups + g0) * esz, ng * esz);
+        if (w->biases) /* MXFP4 has none */
+            memcpy(db + r * ng * esz, (const char *)w->biases + (r * groups + g0) * esz, ng * esz);
     }
     out->w = dw;
     out->scales = ds;
-    out->biases = db;
+    out->biases = w->biases ? db : NULL;
     *buf = d;
     return 0;
 }
@@ -336,23 +450,123 @@ static int bind_linear_part(binder *b, const char *module, int64_t rows, int64_t
     return load_part(b, module, host, p, out);
 }
 
-/* Hands the part of a host weight a shard binds to the backend. */
-static int load_part(binder *b, const char *module, exo_linear host, part p, exo_linear *out)
+/* Hands the part of a host weight a shard binds to the backend. `owned`:
+ * a buffer host already points into (gathered rows, a transpose), which
+ * this takes over. */
+static int load_part_owned(binder *b, const char *module, exo_linear host, part p, void *owned,
+                           exo_linear *out)
 {
     int rc;
     if (p.r1)
         host = linear_rows(&host, p.r0, p.r1);
     void *gathered = NULL;
-    if (p.c1 && (rc = linear_cols(&host, p.c0, p.c1, &host, &gathered, b->err)))
+    if (p.c1 && (rc = linear_cols(&host, p.c0, p.c1, &host, &gathered, b->err))) {
+        exo_free(owned);
         return exo_err_wrap(b->err, "%s", module);
-    rc = b->be->ops->load_linear(b->be, &host, b->src->from_file || gathered, out, b->err);
-    if (gathered && !rc && out->w == host.w) { /* the backend uses it in place: keep it */
+    }
+    if (gathered) { /* the column copy replaces the earlier one */
+        exo_free(owned);
+        owned = gathered;
+    }
+    rc = b->be->ops->load_linear(b->be, &host, b->src->from_file || owned, out, b->err);
+    if (owned && !rc && out->w == host.w) { /* the backend uses it in place: keep it */
         b->m->owned = exo_realloc(b->m->owned, (b->m->n_owned + 1) * sizeof(void *));
-        b->m->owned[b->m->n_owned++] = gathered;
+        b->m->owned[b->m->n_owned++] = owned;
     } else {
-        exo_free(gathered);
+        exo_free(owned);
     }
     return rc;
+}
+
+static int load_part(binder *b, const char *module, exo_linear host, part p, exo_linear *out)
+{
+    return load_part_owned(b, module, host, p, NULL, out);
+}
+
+/* Bytes of one row of w, of its scales and of its biases. */
+static void row_bytes(const exo_linear *w, size_t *wb, size_t *sb, size_t *bb)
+{
+    exo_linear_part_bytes(w, wb, sb, bb);
+    size_t R = w->rows > 0 ? (size_t)w->rows : 1;
+    *wb /= R;
+    *sb /= R;
+    *bb /= R;
+}
+
+/* Rows rows[0..n) of w, in that order, gathered into one new buffer (*buf,
+ * which the result points into): de-interleaving (a q_proj that holds
+ * each head's gate after its queries, gpt-oss's alternating gate/up rows,
+ * Qwen3-Next's per-key-head groups) and tensor-parallel shares that are
+ * not one run of rows. */
+static int linear_gather(const exo_linear *w, const int64_t *rows, int64_t n, exo_linear *out,
+                         void **buf, exo_err *err)
+{
+    size_t wb, sb, bb;
+    row_bytes(w, &wb, &sb, &bb);
+    for (int64_t i = 0; i < n; i++)
+        if (rows[i] < 0 || rows[i] >= w->rows)
+            return exo_err_set(err, EXO_EINTERNAL, "row %lld of a %lld-row weight", (long long)rows[i],
+                               (long long)w->rows);
+    char *d = exo_try_malloc((size_t)n * (wb + sb + bb) + 1);
+    if (!d)
+        return exo_err_set(err, EXO_ENOMEM, "cannot gather %lld weight rows", (long long)n);
+    *out = *w;
+    out->rows = n;
+    char *dw = d, *ds = d + (size_t)n * wb, *db = ds + (size_t)n * sb;
+    for (int64_t i = 0; i < n; i++) {
+        size_t r = (size_t)rows[i];
+        memcpy(dw + (size_t)i * wb, (const char *)w->w + r * wb, wb);
+        if (sb)
+            memcpy(ds + (size_t)i * sb, (const char *)w->scales + r * sb, sb);
+        if (bb)
+            memcpy(db + (size_t)i * bb, (const char *)w->biases + r * bb, bb);
+    }
+    out->w = dw;
+    out->scales = sb ? ds : NULL;
+    out->biases = bb ? db : NULL;
+    *buf = d;
+    return 0;
+}
+
+/* A dense weight stored (in, out), as gpt-oss's experts are in transformers,
+ * turned into the (out, in) of every other linear. */
+static int linear_transpose(const exo_linear *w, exo_linear *out, void **buf, exo_err *err)
+{
+    if (w->format != EXO_WFORMAT_DENSE)
+        return exo_err_set(err, EXO_EUNSUPPORTED, "a quantized weight stored transposed");
+    size_t esz = exo_dtype_size(w->dtype), R = (size_t)w->rows, C = (size_t)w->cols;
+    char *d = exo_try_malloc(R * C * esz);
+    if (!d)
+        return exo_err_set(err, EXO_ENOMEM, "cannot transpose a weight");
+    for (size_t r = 0; r < R; r++)
+        for (size_t c = 0; c < C; c++)
+            memcpy(d + (c * R + r) * esz, (const char *)w->w + (r * C + c) * esz, esz);
+    *out = *w;
+    out->rows = (int64_t)C;
+    out->cols = (int64_t)R;
+    out->w = d;
+    *buf = d;
+    return 0;
+}
+
+/* Binds module (rows, cols) keeping rows[0..n) of it (then part p). */
+static int bind_linear_rows(binder *b, const char *module, int64_t rows, int64_t cols,
+                            const int64_t *pick, int64_t n, part p, exo_linear *out)
+{
+    exo_linear host, g;
+    int rc = b->src->linear(b->src->ctx, module, &host);
+    if (rc == EXO_ENOENT)
+        return exo_err_set(b->err, EXO_EFORMAT, "missing weight %s.weight", module);
+    if (rc)
+        return rc;
+    if (host.rows != rows || host.cols != cols)
+        return exo_err_set(b->err, EXO_EFORMAT, "%s: shape [%lld, %lld], config says [%lld, %lld]",
+                           module, (long long)host.rows, (long long)host.cols, (long long)rows,
+                           (long long)cols);
+    void *buf;
+    if ((rc = linear_gather(&host, pick, n, &g, &buf, b->err)))
+        return rc;
+    return load_part_owned(b, module, g, p, buf, out);
 }
 
 static int bind_linear(binder *b, const char *module, int64_t rows, int64_t cols, bool required,
@@ -363,7 +577,15 @@ static int bind_linear(binder *b, const char *module, int64_t rows, int64_t cols
 
 /* Elements [off, off + n) of a vector of `total` (a tensor-parallel
  * rank's share of a bias; off 0 and n == total otherwise). */
-static int bind_vector_part(binder *b, const char *name, int64_t total, int64_t off, int64_t n,
+/* Picks from a vector: elements pick[0..n) (NULL: [off, off + n)), each
+ * times mul plus add ((1 + w) norms, a bias shared out by ranks). */
+typedef struct vec_pick {
+    int64_t off;
+    const int64_t *pick;
+    float mul, add;
+} vec_pick;
+
+static int bind_vector_pick(binder *b, const char *name, int64_t total, int64_t n, vec_pick vp,
                             bool required, float **out)
 {
     exo_dtype t;
@@ -378,9 +600,29 @@ static int bind_vector_part(binder *b, const char *name, int64_t total, int64_t 
     if (len != total)
         return exo_err_set(b->err, EXO_EFORMAT, "%s: length %lld, expected %lld", name,
                            (long long)len, (long long)total);
-    data = (const char *)data + (size_t)off * exo_dtype_size(t);
-    *out = b->be->ops->load_vector(b->be, t, data, (size_t)n, b->err);
+    size_t esz = exo_dtype_size(t);
+    if (!vp.pick && vp.mul == 1 && vp.add == 0) {
+        *out = b->be->ops->load_vector(b->be, t, (const char *)data + (size_t)vp.off * esz, (size_t)n,
+                                       b->err);
+        return *out ? 0 : EXO_ENOMEM;
+    }
+    float *v = exo_try_malloc(sizeof(float) * (size_t)(n ? n : 1));
+    if (!v)
+        return exo_err_set(b->err, EXO_ENOMEM, "cannot read %s", name);
+    for (int64_t i = 0; i < n; i++) {
+        int64_t src = vp.pick ? vp.pick[i] : vp.off + i;
+        exo_convert_to_f32(t, (const char *)data + (size_t)src * esz, v + i, 1);
+        v[i] = v[i] * vp.mul + vp.add;
+    }
+    *out = b->be->ops->load_vector(b->be, EXO_DTYPE_F32, v, (size_t)n, b->err);
+    exo_free(v);
     return *out ? 0 : EXO_ENOMEM;
+}
+
+static int bind_vector_part(binder *b, const char *name, int64_t total, int64_t off, int64_t n,
+                            bool required, float **out)
+{
+    return bind_vector_pick(b, name, total, n, (vec_pick){off, NULL, 1, 0}, required, out);
 }
 
 static int bind_vector(binder *b, const char *name, int64_t n, bool required, float **out)
@@ -388,69 +630,249 @@ static int bind_vector(binder *b, const char *name, int64_t n, bool required, fl
     return bind_vector_part(b, name, n, 0, n, required, out);
 }
 
-/* A mixture-of-experts MLP: the router (mlp.gate) and each expert's three
- * projections, named per expert (mlp.experts.E.gate_proj: the hub's and
- * save_pretrained's layout) or stacked (mlp.switch_mlp.gate_proj
- * [E, rows, cols]: mlx-lm's). A tensor-parallel rank binds every expert's
- * share of the intermediate dimension (pgu rows, pd columns), as for a
- * dense MLP. */
-static int bind_experts(binder *b, int l, layer *L, part pgu, part pd)
+/* One projection of expert e (0 gate, 1 up, 2 down) as an (out, in)
+ * linear, from whichever layout the checkpoint has:
+ *   mlp.experts.E.gate_proj               one tensor per expert (the hub, save_pretrained)
+ *   mlp.switch_mlp.gate_proj, mlp.experts.gate_proj
+ *                                         [E, out, in] stacked (mlx-lm; gpt-oss's MLX copies)
+ *   mlp.experts.gate_up_proj              [E, 2I, H] fused, gate rows first (transformers 5,
+ *                                         the Qwen3.5 hub); gpt-oss: [E, H, 2I], (in, out)
+ *                                         with gate and up in alternate columns
+ * Returns the host linear and, when rows had to be copied, the buffer. */
+static int expert_host(binder *b, int l, int64_t e, int p, int64_t rows, int64_t cols,
+                       exo_linear *host, void **owned)
+{
+    static const char *const proj[3] = {"gate_proj", "up_proj", "down_proj"};
+    const exo_weight_source *src = b->src;
+    bool gpt_oss = !strcmp(b->m->cfg.model_type, "gpt_oss");
+    char name[256];
+    *owned = NULL;
+    snprintf(name, sizeof name, "model.layers.%d.mlp.experts.%lld.%s", l, (long long)e, proj[p]);
+    int rc = src->linear(src->ctx, name, host);
+    if (rc != EXO_ENOENT)
+        return rc;
+    static const char *const stacks[2] = {"switch_mlp", "experts"};
+    for (int k = 0; k < 2 && src->stacked; k++) {
+        snprintf(name, sizeof name, "model.layers.%d.mlp.%s.%s", l, stacks[k], proj[p]);
+        rc = src->stacked(src->ctx, name, e, host);
+        if (rc == EXO_ENOENT)
+            continue;
+        if (rc)
+            return rc;
+        if (gpt_oss && host->format == EXO_WFORMAT_DENSE) /* transformers keeps them (in, out) */
+            return linear_transpose(host, host, owned, b->err);
+        return 0;
+    }
+    if (p == 2 || !src->stacked)
+        return EXO_ENOENT;
+    exo_linear both;
+    snprintf(name, sizeof name, "model.layers.%d.mlp.experts.gate_up_proj", l);
+    if ((rc = src->stacked(src->ctx, name, e, &both)))
+        return rc;
+    void *t = NULL;
+    if (gpt_oss && both.format == EXO_WFORMAT_DENSE && (rc = linear_transpose(&both, &both, &t, b->err)))
+        return rc;
+    if (both.rows != 2 * rows || both.cols != cols) {
+        exo_free(t);
+        return exo_err_set(b->err, EXO_EFORMAT, "%s[%lld]: shape [%lld, %lld], expected [%lld, %lld]",
+                           name, (long long)e, (long long)both.rows, (long long)both.cols,
+                           (long long)(2 * rows), (long long)cols);
+    }
+    if (!gpt_oss) { /* halves: a view of the slab (or of its copy) */
+        *host = linear_rows(&both, p ? rows : 0, p ? 2 * rows : rows);
+        *owned = t;
+        return 0;
+    }
+    int64_t *pick = exo_try_malloc(sizeof(int64_t) * (size_t)rows);
+    if (!pick) {
+        exo_free(t);
+        return exo_err_set(b->err, EXO_ENOMEM, "cannot split %s", name);
+    }
+    for (int64_t r = 0; r < rows; r++)
+        pick[r] = 2 * r + p; /* gate: even rows, up: odd */
+    rc = linear_gather(&both, pick, rows, host, owned, b->err);
+    exo_free(pick);
+    exo_free(t);
+    return rc;
+}
+
+/* gpt-oss's expert biases, per expert [gate (I) | up (I) | down (D)] of
+ * this rank (I: its share [i0, i1)); the down bias is divided among the
+ * ranks, whose partial sums the all-reduce adds. From gate_up_proj_bias
+ * [E, 2I] (alternating) and down_proj_bias [E, D], or MLX's
+ * experts.{gate,up,down}_proj.bias. */
+static int bind_expert_biases(binder *b, int l, layer *L, int64_t i0, int64_t i1, int tp)
+{
+    const exo_model_config *cfg = &b->m->cfg;
+    int64_t E = cfg->n_experts, D = cfg->hidden_size, I = cfg->moe_intermediate_size, In = i1 - i0;
+    size_t per = (size_t)(2 * In + D);
+    float *all = exo_try_malloc(sizeof(float) * (size_t)E * per);
+    int64_t *pick = exo_try_malloc(sizeof(int64_t) * (size_t)(In ? In : 1));
+    if (!all || !pick) {
+        exo_free(all);
+        exo_free(pick);
+        return exo_err_set(b->err, EXO_ENOMEM, "cannot hold expert biases");
+    }
+    char gu[160], gname[160], uname[160], dname[160];
+    snprintf(gu, sizeof gu, "model.layers.%d.mlp.experts.gate_up_proj_bias", l);
+    snprintf(gname, sizeof gname, "model.layers.%d.mlp.experts.gate_proj.bias", l);
+    snprintf(uname, sizeof uname, "model.layers.%d.mlp.experts.up_proj.bias", l);
+    snprintf(dname, sizeof dname, "model.layers.%d.mlp.experts.down_proj_bias", l);
+    exo_dtype t;
+    const void *data;
+    int64_t len;
+    bool fused = b->src->vector(b->src->ctx, gu, &t, &data, &len) == 0;
+    if (b->src->vector(b->src->ctx, dname, &t, &data, &len) == EXO_ENOENT)
+        snprintf(dname, sizeof dname, "model.layers.%d.mlp.experts.down_proj.bias", l);
+    int rc = 0;
+    for (int64_t e = 0; e < E && !rc; e++) {
+        float *dst = all + (size_t)e * per;
+        float *v = NULL;
+        for (int p = 0; p < 2 && !rc; p++) {
+            for (int64_t r = 0; r < In; r++)
+                pick[r] = fused ? e * 2 * I + 2 * (i0 + r) + p : e * I + i0 + r;
+            vec_pick vp = {0, pick, 1, 0};
+            rc = bind_vector_pick(b, fused ? gu : p ? uname : gname, E * I * (fused ? 2 : 1), In, vp,
+                                  true, &v);
+            if (!rc) {
+                rc = b->be->ops->to_host(b->be, dst + p * In, v, sizeof(float) * (size_t)In);
+                b->be->ops->release(b->be, v);
+            }
+        }
+        if (!rc)
+            rc = bind_vector_pick(b, dname, E * D, D, (vec_pick){e * D, NULL, 1.0f / (float)tp, 0}, true, &v);
+        if (!rc) {
+            rc = b->be->ops->to_host(b->be, dst + 2 * In, v, sizeof(float) * (size_t)D);
+            b->be->ops->release(b->be, v);
+        }
+    }
+    if (!rc) {
+        L->expert_bias = b->be->ops->load_vector(b->be, EXO_DTYPE_F32, all, (size_t)E * per, b->err);
+        rc = L->expert_bias ? 0 : EXO_ENOMEM;
+    }
+    exo_free(all);
+    exo_free(pick);
+    return rc;
+}
+
+/* A mixture-of-experts MLP: the router (mlp.gate, or gpt-oss's mlp.router
+ * with a bias; glm4/deepseek's correction bias), each expert's three
+ * projections (expert_host's layouts), and the shared experts. A
+ * tensor-parallel rank binds every expert's share of the intermediate
+ * dimension (pgu rows, pd columns), as for a dense MLP, and its share of
+ * the shared experts' (psgu, psd). */
+static int bind_experts(binder *b, int l, layer *L, part pgu, part pd, part psgu, part psd, int tp)
 {
     const exo_model_config *cfg = &b->m->cfg;
     int64_t E = cfg->n_experts, D = cfg->hidden_size, I = cfg->moe_intermediate_size;
+    bool gpt_oss = !strcmp(cfg->model_type, "gpt_oss");
     char name[256];
-    snprintf(name, sizeof name, "model.layers.%d.mlp.gate", l);
+    snprintf(name, sizeof name, "model.layers.%d.mlp.%s", l, gpt_oss ? "router" : "gate");
     int rc = bind_linear(b, name, E, D, true, &L->router, NULL);
     if (rc)
         return rc;
+    if (cfg->router_bias) {
+        snprintf(name, sizeof name, "model.layers.%d.mlp.router.bias", l);
+        if ((rc = bind_vector(b, name, E, true, &L->router_bias)))
+            return rc;
+    }
+    if (cfg->router_sigmoid) {
+        snprintf(name, sizeof name, "model.layers.%d.mlp.gate.e_score_correction_bias", l);
+        if ((rc = bind_vector(b, name, E, false, &L->e_score_bias)))
+            return rc;
+    }
     L->n_experts = (int)E;
     L->experts = exo_calloc((size_t)E * 3, sizeof(exo_linear));
     static const char *const proj[3] = {"gate_proj", "up_proj", "down_proj"};
     for (int64_t e = 0; e < E; e++) {
         for (int p = 0; p < 3; p++) {
             int64_t rows = p == 2 ? D : I, cols = p == 2 ? I : D;
-            exo_linear *out = &L->experts[e * 3 + p];
-            bool found = false;
-            snprintf(name, sizeof name, "model.layers.%d.mlp.experts.%lld.%s", l, (long long)e, proj[p]);
-            part pp = p == 2 ? pd : pgu;
-            if ((rc = bind_linear_part(b, name, rows, cols, false, pp, out, &found)))
-                return rc;
-            if (found)
-                continue;
-            snprintf(name, sizeof name, "model.layers.%d.mlp.switch_mlp.%s", l, proj[p]);
             exo_linear host;
-            rc = b->src->stacked ? b->src->stacked(b->src->ctx, name, e, &host) : EXO_ENOENT;
+            void *owned = NULL;
+            rc = expert_host(b, l, e, p, rows, cols, &host, &owned);
             if (rc == EXO_ENOENT)
                 return exo_err_set(b->err, EXO_EFORMAT, "missing weight model.layers.%d.mlp.experts.%lld.%s "
-                                   "(or mlp.switch_mlp.%s)", l, (long long)e, proj[p], proj[p]);
+                                   "(or a stacked or fused form of it)", l, (long long)e, proj[p]);
             if (rc)
                 return rc;
-            if (host.rows != rows || host.cols != cols)
-                return exo_err_set(b->err, EXO_EFORMAT, "%s[%lld]: shape [%lld, %lld], config says [%lld, %lld]",
-                                   name, (long long)e, (long long)host.rows, (long long)host.cols,
-                                   (long long)rows, (long long)cols);
-            if ((rc = load_part(b, name, host, pp, out)))
+            if (host.rows != rows || host.cols != cols) {
+                exo_free(owned);
+                return exo_err_set(b->err, EXO_EFORMAT, "layer %d expert %lld %s: shape [%lld, %lld], "
+                                   "config says [%lld, %lld]", l, (long long)e, proj[p],
+                                   (long long)host.rows, (long long)host.cols, (long long)rows,
+                                   (long long)cols);
+            }
+            if ((rc = load_part_owned(b, proj[p], host, p == 2 ? pd : pgu, owned, &L->experts[e * 3 + p])))
                 return rc;
         }
     }
-    return 0;
+    if (gpt_oss && (rc = bind_expert_biases(b, l, L, pgu.r1 ? pgu.r0 : 0, pgu.r1 ? pgu.r1 : I, tp)))
+        return rc;
+    int64_t S = cfg->shared_expert_intermediate_size ? cfg->shared_expert_intermediate_size
+                                                     : cfg->n_shared_experts * I;
+    if (!S)
+        return 0;
+    const char *sh = cfg->shared_expert_intermediate_size ? "shared_expert" : "shared_experts";
+    L->has_shared = true;
+    for (int p = 0; p < 3; p++) {
+        snprintf(name, sizeof name, "model.layers.%d.mlp.%s.%s", l, sh, proj[p]);
+        exo_linear *out = p == 0 ? &L->sh_gate : p == 1 ? &L->sh_up : &L->sh_down;
+        if ((rc = bind_linear_part(b, name, p == 2 ? D : S, p == 2 ? S : D, true, p == 2 ? psd : psgu, out,
+                                   NULL)))
+            return rc;
+    }
+    if (cfg->shared_expert_intermediate_size) {
+        snprintf(name, sizeof name, "model.layers.%d.mlp.shared_expert_gate", l);
+        rc = bind_linear(b, name, 1, D, true, &L->sh_router, NULL);
+    }
+    return rc;
 }
 
-static bool arch_supported(const char *mt)
+/* The families the forward pass implements, and what sets each apart
+ * (config.h has the per-layer kinds and the MoE routing). */
+typedef struct family {
+    const char *model_type;
+    bool qk_norm;      /* per-head RMSNorm of q and k before RoPE */
+    bool norm_offset;  /* RMSNorm weights stored as w, applied as (1 + w) */
+    bool attn_gate;    /* q_proj also gives each head a sigmoid output gate */
+    bool sandwich;     /* norms after attention and after the MLP too (gemma3) */
+    bool sinks;        /* a learned sink logit per query head (gpt-oss) */
+} family;
+
+static const family families[] = {
+    {"llama", false, false, false, false, false},
+    {"mistral", false, false, false, false, false},
+    {"qwen2", false, false, false, false, false},
+    {"qwen3", true, false, false, false, false},
+    {"qwen3_moe", true, false, false, false, false},
+    {"qwen3_next", true, true, true, false, false},
+    {"qwen3_5", true, true, true, false, false},
+    {"qwen3_5_moe", true, true, true, false, false},
+    {"gemma3", true, true, false, true, false},
+    {"gpt_oss", false, false, false, false, true},
+    {"glm4_moe", false, false, false, false, false}, /* q/k norm: use_qk_norm, read at bind */
+    {"deepseek_v3", false, false, false, false, false},
+};
+
+static const family *family_of(const char *mt)
 {
-    return !strcmp(mt, "llama") || !strcmp(mt, "mistral") || !strcmp(mt, "qwen2") ||
-           !strcmp(mt, "qwen3") || !strcmp(mt, "qwen3_moe");
+    for (size_t i = 0; i < sizeof families / sizeof *families; i++)
+        if (!strcmp(families[i].model_type, mt))
+            return &families[i];
+    return NULL;
 }
 
 static int check_config(const exo_model_config *c, exo_err *err)
 {
-    if (!arch_supported(c->model_type))
+    if (!family_of(c->model_type))
         return exo_err_set(err, EXO_EUNSUPPORTED,
-                           "model_type '%s' is not supported (llama, mistral, qwen2, qwen3, qwen3_moe)",
+                           "model_type '%s' is not supported (llama, mistral, qwen2, qwen3, qwen3_moe, "
+                           "qwen3_next, qwen3_5, qwen3_5_moe, gemma3, gpt_oss, glm4_moe, deepseek_v3)",
                            c->model_type);
-    if (strcmp(c->hidden_act, "silu") && strcmp(c->hidden_act, "swish"))
-        return exo_err_set(err, EXO_EUNSUPPORTED, "hidden_act '%s' is not supported (silu)",
-                           c->hidden_act);
+    if (strcmp(c->hidden_act, "silu") && strcmp(c->hidden_act, "swish") &&
+        strcmp(c->hidden_act, "gelu_pytorch_tanh"))
+        return exo_err_set(err, EXO_EUNSUPPORTED, "hidden_act '%s' is not supported (silu, "
+                           "gelu_pytorch_tanh)", c->hidden_act);
     if (c->head_dim <= 0 || c->head_dim > 1024 || c->head_dim % 2)
         return exo_err_set(err, EXO_EUNSUPPORTED, "head_dim %lld is not supported",
                            (long long)c->head_dim);
@@ -458,6 +880,13 @@ static int check_config(const exo_model_config *c, exo_err *err)
         return exo_err_set(err, EXO_EFORMAT, "num_attention_heads %% num_key_value_heads != 0");
     if (c->vocab_size > INT32_MAX || c->hidden_size > INT32_MAX || c->intermediate_size > INT32_MAX)
         return exo_err_set(err, EXO_ERANGE, "model dimensions too large");
+    if (c->final_logit_softcapping > 0)
+        return exo_err_set(err, EXO_EUNSUPPORTED, "final logit softcapping is not supported");
+    double prf = c->partial_rotary_factor > 0 ? c->partial_rotary_factor : 1;
+    int64_t rot = (int64_t)(c->head_dim * prf);
+    if (rot < 2 || rot % 2)
+        return exo_err_set(err, EXO_EUNSUPPORTED, "a rotary dimension of %lld is not supported",
+                           (long long)rot);
     return 0;
 }
 
@@ -465,8 +894,11 @@ static void free_acts(acts *a)
 {
     if (!a->be)
         return;
-    float **bufs[] = {&a->x, &a->h, &a->q, &a->att, &a->k, &a->v, &a->g, &a->u, &a->logits,
-                      &a->inv_freq, &a->router, &a->xe, &a->ye, &a->moe_out};
+    float **bufs[] = {&a->x,     &a->h,    &a->q,          &a->att,    &a->qg,    &a->k,
+                      &a->v,     &a->g,    &a->u,          &a->logits, &a->inv_freq,
+                      &a->inv_freq_local,  &a->lqkv,       &a->lconv,  &a->lz,    &a->la,
+                      &a->lb,    &a->sg,   &a->router,     &a->xe,     &a->ye,    &a->moe_out,
+                      &a->mq,    &a->mc,   &a->mr,         &a->mqa};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) {
         a->be->ops->release(a->be, *bufs[i]);
         *bufs[i] = NULL;
@@ -476,6 +908,7 @@ static void free_acts(acts *a)
     exo_free(a->rows);
     exo_free(a->row_w);
     exo_free(a->sel_w);
+    exo_free(a->sel_x);
     exo_free(a->sel_y);
 }
 
@@ -483,22 +916,33 @@ static int alloc_acts(exo_model *m, acts *a, exo_backend *be, exo_err *err)
 {
     a->be = be;
     size_t C = (size_t)m->max_chunk, F = (size_t)(m->moe_ffn > m->ffn ? m->moe_ffn : m->ffn);
+    F = F > (size_t)m->sh_ffn ? F : (size_t)m->sh_ffn;
     size_t E = (size_t)m->n_experts;
-    /* decode runs a token's k experts side by side in these */
-    size_t CF = C * F > (size_t)m->topk * (size_t)m->moe_ffn ? C * F : (size_t)m->topk * (size_t)m->moe_ffn;
-    size_t CD = (C > (size_t)m->topk ? C : (size_t)m->topk) * (size_t)m->dim;
+    size_t QD = (size_t)m->n_heads * (size_t)m->hd, VD = (size_t)m->lin_hv * (size_t)m->lin_dv;
+    size_t L = m->n_linear ? 1 : 0, CV = (size_t)m->conv_dim;
+    /* decode runs a token's k experts and the shared ones side by side in these */
+    size_t KF = (size_t)m->topk * (size_t)m->moe_ffn + (size_t)m->sh_ffn, K1 = (size_t)m->topk + 1;
+    size_t CF = C * F > KF ? C * F : KF;
+    size_t CD = (C > K1 ? C : K1) * (size_t)m->dim;
     struct {
         float **p;
         size_t n;
     } want[] = {
         {&a->x, C * m->dim},           {&a->h, C * m->dim},
-        {&a->q, C * m->n_heads * m->hd}, {&a->att, C * m->n_heads * m->hd},
+        {&a->q, C * QD},               {&a->att, C * (QD > VD ? QD : VD)},
+        {&a->qg, m->attn_gated ? C * QD : 0},
+        {&a->lqkv, L * C * CV},        {&a->lconv, L * C * CV},
+        {&a->lz, L * C * VD},          {&a->la, L * C * m->lin_hv},
+        {&a->lb, L * C * m->lin_hv},   {&a->sg, m->sh_ffn ? C : 0},
+        {&a->mq, m->mla ? C * (size_t)m->mla_rq : 0}, {&a->mc, m->mla ? C * (size_t)m->mla_r : 0},
+        {&a->mr, m->mla ? C * (size_t)m->mla_dr : 0}, {&a->mqa, m->mla ? C * QD : 0},
         {&a->k, C * m->n_kv * m->hd},  {&a->v, C * m->n_kv * m->hd},
         {&a->g, CF},                   {&a->u, CF},
         {&a->router, C * E},           {&a->xe, E ? C * m->dim : 0},
         {&a->ye, E ? CD : 0},  {&a->moe_out, E && m->allreduce ? C * m->dim : 0},
         {&a->logits, m->has_head ? (size_t)MAX_LOGIT_ROWS * m->vocab : 0},
-        {&a->inv_freq, (size_t)m->hd / 2},
+        {&a->inv_freq, (size_t)m->rot_dim / 2},
+        {&a->inv_freq_local, m->cfg.rope_local_theta > 0 ? (size_t)m->rot_dim / 2 : 0},
     };
     for (size_t i = 0; i < sizeof want / sizeof *want; i++) {
         if (!want[i].n)
@@ -510,10 +954,11 @@ static int alloc_acts(exo_model *m, acts *a, exo_backend *be, exo_err *err)
     if (E) {
         a->top_idx = exo_calloc(C * (size_t)m->topk, sizeof(int32_t));
         a->top_w = exo_calloc(C * (size_t)m->topk, sizeof(float));
-        a->rows = exo_calloc(C > (size_t)m->topk ? C : (size_t)m->topk, sizeof(int32_t));
-        a->row_w = exo_calloc(C, sizeof(float));
-        a->sel_w = exo_calloc(2 * (size_t)m->topk, sizeof *a->sel_w);
-        a->sel_y = exo_calloc(2 * (size_t)m->topk, sizeof *a->sel_y);
+        a->rows = exo_calloc(C > K1 ? C : K1, sizeof(int32_t));
+        a->row_w = exo_calloc(C > K1 ? C : K1, sizeof(float));
+        a->sel_w = exo_calloc(2 * K1, sizeof *a->sel_w);
+        a->sel_x = exo_calloc(2 * K1, sizeof *a->sel_x);
+        a->sel_y = exo_calloc(2 * K1, sizeof *a->sel_y);
     }
     return 0;
 }
@@ -549,6 +994,220 @@ static void note_layer(const exo_model_opts *opts, int done, int total)
         opts->on_layer(opts->on_layer_ctx, done, total);
 }
 
+/* A Gated DeltaNet layer's weights. Its key heads [g0, g1) (tensor
+ * parallel: a share; their value heads follow) keep, in conv channel order
+ * [q | k | v], their rows of the projections and conv taps. Qwen3.5 has
+ * in_proj_qkv (flat [q | k | v]), in_proj_z, in_proj_b, in_proj_a;
+ * Qwen3-Next groups in_proj_qkvz and in_proj_ba per key head ([q k v z],
+ * [b a]), which the row picks undo. */
+static int bind_linear_attn(binder *b, int l, layer *L, int64_t g0, int64_t g1, float norm_add)
+{
+    const exo_model_config *cfg = &b->m->cfg;
+    int64_t D = cfg->hidden_size, Hk = cfg->linear_k_heads, Hv = cfg->linear_v_heads;
+    int64_t Dk = cfg->linear_k_dim, Dv = cfg->linear_v_dim, K = cfg->linear_conv_kernel, r = Hv / Hk;
+    int64_t KD = Hk * Dk, VD = Hv * Dv, CD = 2 * KD + VD;
+    int64_t nk = g1 - g0, ncd = 2 * nk * Dk + nk * r * Dv, nvd = nk * r * Dv;
+    int64_t *qkv = exo_calloc((size_t)(ncd + nvd + 2 * nk * r), sizeof(int64_t));
+    int64_t *z = qkv + ncd, *bb = z + nvd, *aa = bb + nk * r;
+    char name[256];
+    int rc;
+    bool grouped = false;
+    snprintf(name, sizeof name, "model.layers.%d.linear_attn.in_proj_qkvz", l);
+    exo_linear probe;
+    if (b->src->linear(b->src->ctx, name, &probe) == 0)
+        grouped = true;
+    /* conv channels (and flat in_proj_qkv rows) of this share */
+    int64_t n = 0;
+    for (int64_t c = g0 * Dk; c < g1 * Dk; c++)
+        qkv[n++] = c;
+    for (int64_t c = g0 * Dk; c < g1 * Dk; c++)
+        qkv[n++] = KD + c;
+    for (int64_t c = g0 * r * Dv; c < g1 * r * Dv; c++)
+        qkv[n++] = 2 * KD + c;
+    int64_t *chan = exo_calloc((size_t)ncd, sizeof(int64_t));
+    memcpy(chan, qkv, sizeof(int64_t) * (size_t)ncd);
+    if (grouped) { /* per key head g: [q (Dk) | k (Dk) | v (r Dv) | z (r Dv)], and [b (r) | a (r)] */
+        int64_t G = 2 * Dk + 2 * r * Dv;
+        n = 0;
+        for (int64_t g = g0; g < g1; g++)
+            for (int64_t d = 0; d < Dk; d++)
+                qkv[n++] = g * G + d;
+        for (int64_t g = g0; g < g1; g++)
+            for (int64_t d = 0; d < Dk; d++)
+                qkv[n++] = g * G + Dk + d;
+        for (int64_t g = g0; g < g1; g++)
+            for (int64_t d = 0; d < r * Dv; d++)
+                qkv[n++] = g * G + 2 * Dk + d;
+        for (int64_t g = g0, m = 0; g < g1; g++)
+            for (int64_t d = 0; d < r * Dv; d++)
+                z[m++] = g * G + 2 * Dk + r * Dv + d;
+        for (int64_t g = g0, m = 0; g < g1; g++)
+            for (int64_t j = 0; j < r; j++, m++) {
+                bb[m] = g * 2 * r + j;
+                aa[m] = g * 2 * r + r + j;
+            }
+        snprintf(name, sizeof name, "model.layers.%d.linear_attn.in_proj_qkvz", l);
+        if (!(rc = bind_linear_rows(b, name, CD + VD, D, qkv, ncd, (part){0}, &L->in_qkv)))
+            rc = bind_linear_rows(b, name, CD + VD, D, z, nvd, (part){0}, &L->in_z);
+        snprintf(name, sizeof name, "model.layers.%d.linear_attn.in_proj_ba", l);
+        if (!rc && !(rc = bind_linear_rows(b, name, 2 * Hv, D, bb, nk * r, (part){0}, &L->in_b)))
+            rc = bind_linear_rows(b, name, 2 * Hv, D, aa, nk * r, (part){0}, &L->in_a);
+    } else {
+        part pz = {g0 * r * Dv, g1 * r * Dv, 0, 0}, pba = {g0 * r, g1 * r, 0, 0};
+        snprintf(name, sizeof name, "model.layers.%d.linear_attn.in_proj_qkv", l);
+        rc = bind_linear_rows(b, name, CD, D, qkv, ncd, (part){0}, &L->in_qkv);
+        snprintf(name, sizeof name, "model.layers.%d.linear_attn.in_proj_z", l);
+        if (!rc)
+            rc = bind_linear_part(b, name, VD, D, true, pz, &L->in_z, NULL);
+        snprintf(name, sizeof name, "model.layers.%d.linear_attn.in_proj_b", l);
+        if (!rc)
+            rc = bind_linear_part(b, name, Hv, D, true, pba, &L->in_b, NULL);
+        snprintf(name, sizeof name, "model.layers.%d.linear_attn.in_proj_a", l);
+        if (!rc)
+            rc = bind_linear_part(b, name, Hv, D, true, pba, &L->in_a, NULL);
+    }
+    /* conv taps (C, K) of the picked channels: channel c's K taps are contiguous */
+    int64_t *taps = exo_calloc((size_t)(ncd * K), sizeof(int64_t));
+    for (int64_t i = 0; i < ncd; i++)
+        for (int64_t k = 0; k < K; k++)
+            taps[i * K + k] = chan[i] * K + k;
+    snprintf(name, sizeof name, "model.layers.%d.linear_attn.conv1d.weight", l);
+    if (!rc)
+        rc = bind_vector_pick(b, name, CD * K, ncd * K, (vec_pick){0, taps, 1, 0}, true, &L->conv_w);
+    exo_free(taps);
+    exo_free(chan);
+    exo_free(qkv);
+    snprintf(name, sizeof name, "model.layers.%d.linear_attn.A_log", l);
+    if (!rc)
+        rc = bind_vector_part(b, name, Hv, g0 * r, nk * r, true, &L->A_log);
+    snprintf(name, sizeof name, "model.layers.%d.linear_attn.dt_bias", l);
+    if (!rc)
+        rc = bind_vector_part(b, name, Hv, g0 * r, nk * r, true, &L->dt_bias);
+    snprintf(name, sizeof name, "model.layers.%d.linear_attn.norm.weight", l);
+    if (!rc)
+        rc = bind_vector(b, name, Dv, true, &L->lin_norm);
+    snprintf(name, sizeof name, "model.layers.%d.linear_attn.out_proj", l);
+    part po = {0, 0, g0 * r * Dv, g1 * r * Dv};
+    if (!rc)
+        rc = bind_linear_part(b, name, D, VD, true, b->m->allreduce ? po : (part){0}, &L->out_proj, NULL);
+    (void)norm_add;
+    return rc;
+}
+
+/* Row order of a latent-attention q projection for heads [h0, h1): each
+ * head's RoPE dims first, their adjacent pairs (2i, 2i+1) split into
+ * halves (i, i + dr/2) so the rotate-half kernel applies, then its nope
+ * dims. The same permutation of q's and k's rope dims leaves every score
+ * as it was. */
+static void mla_q_rows(const exo_model *m, int64_t h0, int64_t h1, int64_t *rows)
+{
+    int64_t dn = m->mla_dn, dr = m->mla_dr, n = 0;
+    for (int64_t h = h0; h < h1; h++) {
+        int64_t base = h * (dn + dr);
+        for (int64_t i = 0; i < dr; i++)
+            rows[n++] = base + dn + (m->cfg.rope_interleave ? (i < dr / 2 ? 2 * i : 2 * (i - dr / 2) + 1) : i);
+        for (int64_t i = 0; i < dn; i++)
+            rows[n++] = base + i;
+    }
+}
+
+/* The per-head absorbed projections of kv_b_proj [H (dn + dv), r], or of
+ * mlx-lm's embed_q [H, r, dn] / unembed_out [H, dv, r]. */
+static int bind_mla_heads(binder *b, int l, layer *L, int64_t h0, int64_t h1)
+{
+    exo_model *m = b->m;
+    int64_t dn = m->mla_dn, dv = m->mla_dv, r = m->mla_r, H = m->cfg.num_attention_heads;
+    char name[256], uname[256];
+    L->absorb = exo_calloc((size_t)(h1 - h0), sizeof(exo_linear));
+    L->unabsorb = exo_calloc((size_t)(h1 - h0), sizeof(exo_linear));
+    snprintf(name, sizeof name, "model.layers.%d.self_attn.embed_q", l);
+    snprintf(uname, sizeof uname, "model.layers.%d.self_attn.unembed_out", l);
+    exo_linear probe;
+    int rc;
+    if (b->src->stacked && b->src->stacked(b->src->ctx, name, 0, &probe) == 0) {
+        for (int64_t h = h0; h < h1; h++) {
+            exo_linear wk, wv;
+            if ((rc = b->src->stacked(b->src->ctx, name, h, &wk)) ||
+                (rc = b->src->stacked(b->src->ctx, uname, h, &wv)))
+                return rc == EXO_ENOENT ? exo_err_set(b->err, EXO_EFORMAT, "missing %s", uname) : rc;
+            if (wk.rows != r || wk.cols != dn || wv.rows != dv || wv.cols != r)
+                return exo_err_set(b->err, EXO_EFORMAT, "%s: shapes do not match the config", name);
+            if ((rc = load_part(b, name, wk, (part){0}, &L->absorb[h - h0])) ||
+                (rc = load_part(b, uname, wv, (part){0}, &L->unabsorb[h - h0])))
+                return rc;
+        }
+        return 0;
+    }
+    snprintf(name, sizeof name, "model.layers.%d.self_attn.kv_b_proj", l);
+    exo_linear kvb;
+    rc = b->src->linear(b->src->ctx, name, &kvb);
+    if (rc)
+        return rc == EXO_ENOENT ? exo_err_set(b->err, EXO_EFORMAT, "missing weight %s.weight", name) : rc;
+    if (kvb.rows != H * (dn + dv) || kvb.cols != r)
+        return exo_err_set(b->err, EXO_EFORMAT, "%s: shape [%lld, %lld], config says [%lld, %lld]", name,
+                           (long long)kvb.rows, (long long)kvb.cols, (long long)(H * (dn + dv)), (long long)r);
+    for (int64_t h = h0; h < h1; h++) {
+        exo_linear wk = linear_rows(&kvb, h * (dn + dv), h * (dn + dv) + dn), wt;
+        void *deq = NULL, *t = NULL;
+        if (wk.format != EXO_WFORMAT_DENSE) { /* quantized along r: dequantize, then transpose */
+            float *d = exo_try_malloc(sizeof(float) * (size_t)(dn * r));
+            if (!d)
+                return exo_err_set(b->err, EXO_ENOMEM, "cannot dequantize %s", name);
+            for (int64_t i = 0; i < dn; i++)
+                exo_linear_row_f32(&wk, i, d + i * r);
+            wk = (exo_linear){.format = EXO_WFORMAT_DENSE, .dtype = EXO_DTYPE_F32, .rows = dn, .cols = r, .w = d};
+            deq = d;
+        }
+        rc = linear_transpose(&wk, &wt, &t, b->err);
+        exo_free(deq);
+        if (rc || (rc = load_part_owned(b, name, wt, (part){0}, t, &L->absorb[h - h0])))
+            return rc;
+        exo_linear wv = linear_rows(&kvb, h * (dn + dv) + dn, (h + 1) * (dn + dv));
+        if ((rc = load_part(b, name, wv, (part){0}, &L->unabsorb[h - h0])))
+            return rc;
+    }
+    return 0;
+}
+
+/* A latent-attention layer's weights for heads [h0, h1) (kv_a and its
+ * norm are every rank's). */
+static int bind_mla(binder *b, int l, layer *L, int64_t h0, int64_t h1, part po)
+{
+    exo_model *m = b->m;
+    const exo_model_config *cfg = &m->cfg;
+    int64_t D = cfg->hidden_size, H = cfg->num_attention_heads, dn = m->mla_dn, dr = m->mla_dr;
+    int64_t dv = m->mla_dv, r = m->mla_r, rq = m->mla_rq, nq = (h1 - h0) * (dn + dr);
+    char name[256];
+    int64_t *rows = exo_calloc((size_t)(nq > r + dr ? nq : r + dr), sizeof(int64_t));
+    mla_q_rows(m, h0, h1, rows);
+    int rc;
+#define P(fmt) (snprintf(name, sizeof name, "model.layers.%d.self_attn." fmt, l), name)
+    if (rq) {
+        if (!(rc = bind_linear(b, P("q_a_proj"), rq, D, true, &L->q_a, NULL)) &&
+            !(rc = bind_vector(b, P("q_a_layernorm.weight"), rq, true, &L->q_a_norm)))
+            rc = bind_linear_rows(b, P("q_b_proj"), H * (dn + dr), rq, rows, nq, (part){0}, &L->q);
+    } else {
+        rc = bind_linear_rows(b, P("q_proj"), H * (dn + dr), D, rows, nq, (part){0}, &L->q);
+    }
+    for (int64_t i = 0; i < r; i++)
+        rows[i] = i;
+    if (!rc)
+        rc = bind_linear_rows(b, P("kv_a_proj_with_mqa"), r + dr, D, rows, r, (part){0}, &L->kv_c);
+    for (int64_t i = 0; i < dr; i++)
+        rows[i] = r + (cfg->rope_interleave ? (i < dr / 2 ? 2 * i : 2 * (i - dr / 2) + 1) : i);
+    if (!rc)
+        rc = bind_linear_rows(b, P("kv_a_proj_with_mqa"), r + dr, D, rows, dr, (part){0}, &L->kv_rope);
+    exo_free(rows);
+    if (!rc)
+        rc = bind_vector(b, P("kv_a_layernorm.weight"), r, true, &L->kv_a_norm);
+    if (!rc)
+        rc = bind_linear_part(b, P("o_proj"), D, H * dv, true, po, &L->o, NULL);
+#undef P
+    if (!rc)
+        rc = bind_mla_heads(b, l, L, h0, h1);
+    return rc;
+}
+
 int exo_model_build(const exo_model_config *cfg, const exo_weight_source *src,
                     const exo_model_opts *opts, exo_model **out, exo_err *err)
 {
@@ -556,6 +1215,7 @@ int exo_model_build(const exo_model_config *cfg, const exo_weight_source *src,
     int rc = check_config(cfg, err);
     if (rc)
         return rc;
+    const family *fam = family_of(cfg->model_type);
     exo_model_opts o = opts ? *opts : (exo_model_opts){0};
     int total = (int)cfg->num_hidden_layers;
     int first = o.start_layer, last = o.end_layer ? o.end_layer : total;
@@ -571,9 +1231,19 @@ int exo_model_build(const exo_model_config *cfg, const exo_weight_source *src,
     int64_t H = cfg->num_attention_heads, KV = cfg->num_key_value_heads, F = cfg->intermediate_size;
     int64_t group = H / KV;
     int64_t kv0 = 0, kv1 = KV, f0 = 0, f1 = F, I = cfg->moe_intermediate_size, mf0 = 0, mf1 = I;
+    int64_t S = cfg->shared_expert_intermediate_size ? cfg->shared_expert_intermediate_size
+                                                     : cfg->n_shared_experts * I;
+    int64_t s0 = 0, s1 = S, g0 = 0, g1 = cfg->linear_k_heads;
+    bool any_linear = false, any_dense = false;
+    for (int l = first; l < last; l++) {
+        any_linear |= exo_config_layer_kind(cfg, l) == EXO_LAYER_LINEAR;
+        any_dense |= !exo_config_layer_moe(cfg, l);
+    }
     if (tp > 1 && ((rc = exo_tp_share(KV, 1, tr, tp, &kv0, &kv1, err)) ||
-                   (rc = exo_tp_share(F, ffn_unit(cfg, F, tp), tr, tp, &f0, &f1, err)) ||
-                   (cfg->n_experts > 0 && (rc = exo_tp_share(I, ffn_unit(cfg, I, tp), tr, tp, &mf0, &mf1, err)))))
+                   (any_dense && F && (rc = exo_tp_share(F, ffn_unit(cfg, F, tp), tr, tp, &f0, &f1, err))) ||
+                   (cfg->n_experts > 0 && (rc = exo_tp_share(I, ffn_unit(cfg, I, tp), tr, tp, &mf0, &mf1, err))) ||
+                   (S && (rc = exo_tp_share(S, ffn_unit(cfg, S, tp), tr, tp, &s0, &s1, err))) ||
+                   (any_linear && (rc = exo_tp_share(cfg->linear_k_heads, 1, tr, tp, &g0, &g1, err)))))
         return exo_err_wrap(err, "tensor parallel over %d ranks", tp);
     exo_model *m = exo_calloc(1, sizeof *m);
     m->cfg = *cfg;
@@ -584,18 +1254,54 @@ int exo_model_build(const exo_model_config *cfg, const exo_weight_source *src,
     m->n_kv = (int)(kv1 - kv0);
     m->n_heads = (int)(m->n_kv * group);
     m->hd = (int)hd;
+    m->rot_dim = (int)(hd * (cfg->partial_rotary_factor > 0 ? cfg->partial_rotary_factor : 1));
     m->ffn = (int)(f1 - f0);
+    m->attn_gated = fam->attn_gate;
+    m->glu = cfg->swiglu_limit > 0                               ? EXO_GLU_OAI
+             : !strcmp(cfg->hidden_act, "gelu_pytorch_tanh") ? EXO_GLU_GELU_TANH
+                                                             : EXO_GLU_SILU;
+    m->embed_scale = !strcmp(cfg->model_type, "gemma3") ? sqrtf((float)D) : 1.0f;
     for (int l = first; l < last; l++)
         if (exo_config_layer_moe(cfg, l)) {
             m->n_experts = (int)cfg->n_experts;
             m->topk = (int)cfg->n_experts_per_tok;
             m->moe_ffn = (int)(mf1 - mf0);
+            m->sh_ffn = (int)(s1 - s0);
         }
+    m->router = (exo_moe_router){m->n_experts, m->topk, cfg->router_sigmoid, cfg->norm_topk_prob, NULL,
+                                 (int)(cfg->n_group > 0 ? cfg->n_group : 1),
+                                 (int)(cfg->topk_group > 0 ? cfg->topk_group : 1),
+                                 (float)(cfg->routed_scaling_factor > 0 ? cfg->routed_scaling_factor : 1)};
+    m->glu_limit = (float)cfg->swiglu_limit;
+    if (any_linear) {
+        m->lin_hk = (int)(g1 - g0);
+        m->lin_hv = (int)(m->lin_hk * (cfg->linear_v_heads / cfg->linear_k_heads));
+        m->lin_dk = (int)cfg->linear_k_dim;
+        m->lin_dv = (int)cfg->linear_v_dim;
+        m->lin_k = (int)cfg->linear_conv_kernel;
+        m->conv_dim = 2 * m->lin_hk * m->lin_dk + m->lin_hv * m->lin_dv;
+    }
+    m->mla = cfg->kv_lora_rank > 0;
+    double scalar = cfg->query_pre_attn_scalar > 0 ? cfg->query_pre_attn_scalar : (double)hd;
+    if (m->mla) { /* one latent "KV head" [rope | latent] that every query head reads */
+        m->mla_dn = (int)cfg->qk_nope_head_dim;
+        m->mla_dr = (int)cfg->qk_rope_head_dim;
+        m->mla_dv = (int)cfg->v_head_dim;
+        m->mla_r = (int)cfg->kv_lora_rank;
+        m->mla_rq = (int)cfg->q_lora_rank;
+        m->n_heads = m->n_kv; /* this rank's heads */
+        m->n_kv = 1;
+        m->hd = m->mla_dr + m->mla_r;
+        m->rot_dim = m->mla_dr;
+        scalar = (double)(m->mla_dn + m->mla_dr);
+    }
     m->vocab = (int)V;
     const char *moe_path = getenv("EXO_MOE_PATH");
     m->moe_per_expert = moe_path && !strcmp(moe_path, "per-expert");
     m->eps = (float)cfg->rms_norm_eps;
     m->max_chunk = o.max_chunk > 0 ? o.max_chunk : 512;
+    if (m->mla && m->max_chunk > 64) /* prefill attention scores are (chunk x heads) x positions */
+        m->max_chunk = 64;
     m->embeds = first == 0;
     m->has_head = last == total;
     m->allreduce = tp > 1 ? o.tp_allreduce : NULL;
@@ -613,8 +1319,13 @@ int exo_model_build(const exo_model_config *cfg, const exo_weight_source *src,
         }
         phead = (part){(int64_t)m->vocab_bounds[tr], (int64_t)m->vocab_bounds[tr + 1], 0, 0};
     }
-    m->attn = (exo_attn_shape){m->n_heads, m->n_kv, m->hd, (int)cfg->sliding_window,
-                               1.0f / sqrtf((float)m->hd)};
+    double attn_scale = 1.0 / sqrt(scalar);
+    if (m->mla && cfg->rope.type != EXO_ROPE_DEFAULT && cfg->rope.mscale_all_dim != 0 &&
+        cfg->rope.factor > 1) { /* yarn's mscale, squared, on every score */
+        double ms = 0.1 * cfg->rope.mscale_all_dim * log(cfg->rope.factor) + 1.0;
+        attn_scale *= ms * ms;
+    }
+    m->attn = (exo_attn_shape){m->n_heads, m->n_kv, m->hd, 0, (float)attn_scale, NULL};
     m->cpu = exo_backend_cpu_create(o.n_threads, err);
     if (!m->cpu) {
         exo_free(m);
@@ -624,7 +1335,7 @@ int exo_model_build(const exo_model_config *cfg, const exo_weight_source *src,
     binder b = {m, src, m->cpu, err};
     int64_t QD = H * hd, KD = KV * hd;
     /* this rank's rows of q (its KV heads' query groups), k, v; columns of o */
-    part pq = {0}, pkv = {0}, po = {0}, pgu = {0}, pd = {0}, pmgu = {0}, pmd = {0};
+    part pq = {0}, pkv = {0}, po = {0}, pgu = {0}, pd = {0}, pmgu = {0}, pmd = {0}, psgu = {0}, psd = {0};
     if (tp > 1) {
         pq = (part){kv0 * group * hd, kv1 * group * hd, 0, 0};
         pkv = (part){kv0 * hd, kv1 * hd, 0, 0};
@@ -633,9 +1344,30 @@ int exo_model_build(const exo_model_config *cfg, const exo_weight_source *src,
         pd = (part){0, 0, f0, f1};
         pmgu = (part){mf0, mf1, 0, 0};
         pmd = (part){0, 0, mf0, mf1};
+        psgu = (part){s0, s1, 0, 0};
+        psd = (part){0, 0, s0, s1};
     }
-    bool qk_norm = !strcmp(cfg->model_type, "qwen3") || !strcmp(cfg->model_type, "qwen3_moe");
+    bool qk_norm = fam->qk_norm;
+    if (!strcmp(cfg->model_type, "glm4_moe")) /* GLM-4.5 has them, Air not: the checkpoint says */
+        qk_norm = src->vector(src->ctx, "model.layers.0.self_attn.q_norm.weight", &(exo_dtype){0},
+                              &(const void *){0}, &(int64_t){0}) == 0;
     bool qkv_bias = cfg->attention_bias || !strcmp(cfg->model_type, "qwen2");
+    /* (1 + w) norms, unless the checkpoint already holds 1 + w (mlx-lm's
+     * qwen3_next / qwen3_5 copies; see exo_weight_source) */
+    float norm_add = fam->norm_offset && !src->norms_hold_offset ? 1.0f : 0.0f;
+    vec_pick nv = {0, NULL, 1, norm_add};
+    /* the heads of a q_proj that interleaves each head's queries and gate */
+    int64_t *qpick = NULL, *gpick = NULL;
+    if (m->attn_gated) {
+        qpick = exo_calloc((size_t)(m->n_heads * hd), sizeof(int64_t));
+        gpick = exo_calloc((size_t)(m->n_heads * hd), sizeof(int64_t));
+        for (int64_t h = 0; h < m->n_heads; h++)
+            for (int64_t d = 0; d < hd; d++) {
+                int64_t gh = kv0 * group + h; /* the global head */
+                qpick[h * hd + d] = gh * 2 * hd + d;
+                gpick[h * hd + d] = gh * 2 * hd + hd + d;
+            }
+    }
     char name[256];
 #define TRY(x)              \
     do {                    \
@@ -648,35 +1380,65 @@ int exo_model_build(const exo_model_config *cfg, const exo_weight_source *src,
         int l = first + i;
         layer *L = &m->layers[i];
         L->be = m->cpu;
+        L->kind = exo_config_layer_kind(cfg, l);
         b.be = L->be;
 #define P(fmt) (snprintf(name, sizeof name, "model.layers.%d." fmt, l), name)
-        TRY(bind_vector(&b, P("input_layernorm.weight"), D, true, &L->attn_norm));
-        TRY(bind_vector(&b, P("post_attention_layernorm.weight"), D, true, &L->mlp_norm));
-        TRY(bind_linear_part(&b, P("self_attn.q_proj"), QD, D, true, pq, &L->q, NULL));
-        TRY(bind_linear_part(&b, P("self_attn.k_proj"), KD, D, true, pkv, &L->k, NULL));
-        TRY(bind_linear_part(&b, P("self_attn.v_proj"), KD, D, true, pkv, &L->v, NULL));
-        TRY(bind_linear_part(&b, P("self_attn.o_proj"), D, QD, true, po, &L->o, NULL));
+        TRY(bind_vector_pick(&b, P("input_layernorm.weight"), D, D, nv, true, &L->attn_norm));
+        if (fam->sandwich) {
+            TRY(bind_vector_pick(&b, P("post_attention_layernorm.weight"), D, D, nv, true, &L->post_attn_norm));
+            TRY(bind_vector_pick(&b, P("pre_feedforward_layernorm.weight"), D, D, nv, true, &L->mlp_norm));
+            TRY(bind_vector_pick(&b, P("post_feedforward_layernorm.weight"), D, D, nv, true, &L->post_mlp_norm));
+        } else {
+            TRY(bind_vector_pick(&b, P("post_attention_layernorm.weight"), D, D, nv, true, &L->mlp_norm));
+        }
+        if (L->kind == EXO_LAYER_LINEAR) {
+            TRY(bind_linear_attn(&b, l, L, g0, g1, norm_add));
+        } else if (m->mla) {
+            L->attn = m->attn;
+            part pmo = {0, 0, kv0 * cfg->v_head_dim, kv1 * cfg->v_head_dim};
+            TRY(bind_mla(&b, l, L, kv0, kv1, tp > 1 ? pmo : (part){0}));
+        } else {
+            L->attn = m->attn;
+            L->attn.sliding_window = L->kind == EXO_LAYER_SLIDING ? (int)cfg->sliding_window : 0;
+            if (m->attn_gated) {
+                TRY(bind_linear_rows(&b, P("self_attn.q_proj"), 2 * QD, D, qpick, m->n_heads * hd, (part){0},
+                                     &L->q));
+                TRY(bind_linear_rows(&b, P("self_attn.q_proj"), 2 * QD, D, gpick, m->n_heads * hd, (part){0},
+                                     &L->q_gate));
+            } else {
+                TRY(bind_linear_part(&b, P("self_attn.q_proj"), QD, D, true, pq, &L->q, NULL));
+            }
+            TRY(bind_linear_part(&b, P("self_attn.k_proj"), KD, D, true, pkv, &L->k, NULL));
+            TRY(bind_linear_part(&b, P("self_attn.v_proj"), KD, D, true, pkv, &L->v, NULL));
+            TRY(bind_linear_part(&b, P("self_attn.o_proj"), D, QD, true, po, &L->o, NULL));
+            if (qk_norm) {
+                TRY(bind_vector_pick(&b, P("self_attn.q_norm.weight"), hd, hd, nv, true, &L->q_norm));
+                TRY(bind_vector_pick(&b, P("self_attn.k_norm.weight"), hd, hd, nv, true, &L->k_norm));
+            }
+            int64_t q0 = kv0 * group * hd, k0 = kv0 * hd;
+            TRY(bind_vector_part(&b, P("self_attn.q_proj.bias"), QD, q0, m->n_heads * hd, qkv_bias, &L->bq));
+            TRY(bind_vector_part(&b, P("self_attn.k_proj.bias"), KD, k0, m->n_kv * hd, qkv_bias, &L->bk));
+            TRY(bind_vector_part(&b, P("self_attn.v_proj.bias"), KD, k0, m->n_kv * hd, qkv_bias, &L->bv));
+            TRY(bind_vector(&b, P("self_attn.o_proj.bias"), D, false, &L->bo)); /* added after the sum */
+            if (fam->sinks) {
+                TRY(bind_vector_part(&b, P("self_attn.sinks"), H, kv0 * group, m->n_heads, true, &L->sinks));
+                L->attn.sinks = L->sinks;
+            }
+        }
         if (exo_config_layer_moe(cfg, l)) {
-            TRY(bind_experts(&b, l, L, pmgu, pmd));
+            TRY(bind_experts(&b, l, L, pmgu, pmd, psgu, psd, tp));
         } else {
             TRY(bind_linear_part(&b, P("mlp.gate_proj"), F, D, true, pgu, &L->gate, NULL));
             TRY(bind_linear_part(&b, P("mlp.up_proj"), F, D, true, pgu, &L->up, NULL));
             TRY(bind_linear_part(&b, P("mlp.down_proj"), D, F, true, pd, &L->down, NULL));
         }
-        if (qk_norm) {
-            TRY(bind_vector(&b, P("self_attn.q_norm.weight"), hd, true, &L->q_norm));
-            TRY(bind_vector(&b, P("self_attn.k_norm.weight"), hd, true, &L->k_norm));
-        }
-        int64_t q0 = kv0 * group * hd, k0 = kv0 * hd;
-        TRY(bind_vector_part(&b, P("self_attn.q_proj.bias"), QD, q0, m->n_heads * hd, qkv_bias, &L->bq));
-        TRY(bind_vector_part(&b, P("self_attn.k_proj.bias"), KD, k0, m->n_kv * hd, qkv_bias, &L->bk));
-        TRY(bind_vector_part(&b, P("self_attn.v_proj.bias"), KD, k0, m->n_kv * hd, qkv_bias, &L->bv));
-        TRY(bind_vector(&b, P("self_attn.o_proj.bias"), D, false, &L->bo));
 #undef P
+        if (L->kind == EXO_LAYER_LINEAR)
+            m->n_linear++;
         note_layer(&o, i + 1, m->n_layers);
     }
     if (m->has_head) {
-        TRY(bind_vector(&b, "model.norm.weight", D, true, &m->final_norm));
+        TRY(bind_vector_pick(&b, "model.norm.weight", D, D, nv, true, &m->final_norm));
         bool has_head = false;
         TRY(bind_linear_part(&b, "lm_head", V, D, !cfg->tie_word_embeddings, phead, &m->lm_head,
                              &has_head));
@@ -691,14 +1453,31 @@ int exo_model_build(const exo_model_config *cfg, const exo_weight_source *src,
         exo_rope_scaling rs = cfg->rope;
         if (!rs.original_max_position_embeddings)
             rs.original_max_position_embeddings = cfg->max_position_embeddings;
-        TRY(exo_rope_init(&rs, cfg->rope_theta, m->hd, inv_freq, &m->mscale, err));
+        TRY(exo_rope_init(&rs, cfg->rope_theta, m->rot_dim, inv_freq, &m->mscale, err));
         TRY(m->cpu->ops->to_device(m->cpu, m->act.inv_freq, inv_freq,
-                                   sizeof(float) * (size_t)m->hd / 2));
+                                   sizeof(float) * (size_t)m->rot_dim / 2));
+        float local_mscale = 1;
+        if (cfg->rope_local_theta > 0) { /* gemma3's sliding layers: plain RoPE of their own base */
+            exo_rope_scaling plain = {.type = EXO_ROPE_DEFAULT, .factor = 1};
+            TRY(exo_rope_init(&plain, cfg->rope_local_theta, m->rot_dim, inv_freq, &local_mscale, err));
+            TRY(m->cpu->ops->to_device(m->cpu, m->act.inv_freq_local, inv_freq,
+                                       sizeof(float) * (size_t)m->rot_dim / 2));
+        }
+        for (int i = 0; i < m->n_layers; i++) {
+            layer *L = &m->layers[i];
+            bool local = L->kind == EXO_LAYER_SLIDING && m->act.inv_freq_local;
+            L->inv_freq = local ? m->act.inv_freq_local : m->act.inv_freq;
+            L->mscale = local ? local_mscale : m->mscale;
+        }
     }
 #undef TRY
+    exo_free(qpick);
+    exo_free(gpick);
     *out = m;
     return 0;
 fail:
+    exo_free(qpick);
+    exo_free(gpick);
     exo_model_free(m);
     return rc;
 fail_early: /* nothing bound or allocated yet */
@@ -742,7 +1521,19 @@ int exo_model_load(const char *dir, const exo_model_opts *opts, exo_model **out,
                 snprintf(s.prefix, sizeof s.prefix, "%s", prefixes[i]);
         }
     }
-    exo_weight_source src = {&s, st_linear, st_vector, true, st_stacked};
+    /* mlx-lm's copies of the Qwen hybrids hold 1 + w in their norms; they
+     * are the ones whose conv taps are stored (C, K, 1), not (C, 1, K) */
+    bool norms_hold_offset = false;
+    for (int l = f.first; l < f.last; l++) {
+        char conv[160];
+        snprintf(conv, sizeof conv, "model.layers.%d.linear_attn.conv1d.weight", l);
+        const exo_st_tensor *t = st_lookup(&s, conv);
+        if (t) {
+            norms_hold_offset = t->ndim == 3 && t->shape[2] == 1 && t->shape[1] != 1;
+            break;
+        }
+    }
+    exo_weight_source src = {&s, st_linear, st_vector, true, st_stacked, norms_hold_offset};
     exo_model *m;
     rc = exo_model_build(&cfg, &src, opts, &m, err);
     if (rc) {
@@ -770,11 +1561,18 @@ void exo_model_free(exo_model *m)
             exo_backend *be = L->be;
             if (!be)
                 continue;
-            float *vecs[] = {L->attn_norm, L->mlp_norm, L->q_norm, L->k_norm,
-                             L->bq,        L->bk,       L->bv,     L->bo};
+            float *vecs[] = {L->attn_norm, L->mlp_norm,   L->post_attn_norm, L->post_mlp_norm,
+                             L->q_norm,    L->k_norm,     L->bq,             L->bk,
+                             L->bv,        L->bo,         L->sinks,          L->conv_w,
+                             L->A_log,     L->dt_bias,    L->lin_norm,       L->router_bias,
+                             L->e_score_bias, L->expert_bias};
             for (size_t i = 0; i < sizeof vecs / sizeof *vecs; i++)
                 be->ops->release(be, vecs[i]);
             exo_free(L->experts);
+            exo_free(L->absorb);
+            exo_free(L->unabsorb);
+            be->ops->release(be, L->q_a_norm);
+            be->ops->release(be, L->kv_a_norm);
         }
     }
     if (m->cpu) {
@@ -806,9 +1604,14 @@ size_t exo_model_decode_bytes(const exo_model *m)
     size_t total = m->has_head ? exo_linear_bytes(&m->lm_head) : 0;
     for (int l = 0; l < m->n_layers; l++) {
         const layer *L = &m->layers[l];
-        const exo_linear *ws[] = {&L->q, &L->k, &L->v, &L->o, &L->gate, &L->up, &L->down};
-        for (size_t i = 0; i < 7; i++)
-            total += exo_linear_bytes(ws[i]);
+        const exo_linear *ws[] = {&L->q,    &L->k,      &L->v,    &L->o,    &L->q_gate, &L->in_qkv,
+                                  &L->in_z, &L->in_b,   &L->in_a, &L->out_proj, &L->gate, &L->up,
+                                  &L->down, &L->sh_gate, &L->sh_up, &L->sh_down, &L->sh_router,
+                                  &L->q_a,  &L->kv_c,   &L->kv_rope};
+        for (size_t i = 0; i < sizeof ws / sizeof *ws; i++)
+            total += ws[i]->w ? exo_linear_bytes(ws[i]) : 0;
+        for (int h = 0; L->absorb && h < m->n_heads; h++)
+            total += exo_linear_bytes(&L->absorb[h]) + exo_linear_bytes(&L->unabsorb[h]);
         if (L->n_experts) { /* the router and, per token, k experts' weights (on average) */
             size_t all = 0;
             for (int i = 0; i < 3 * L->n_experts; i++)
@@ -820,6 +1623,15 @@ size_t exo_model_decode_bytes(const exo_model *m)
 }
 
 /* ---- sequences ---------------------------------------------------------- */
+
+/* Floats of layer l's per-sequence memory: K and V for attention, the
+ * conv inputs and recurrent state for linear attention. */
+static size_t seq_floats(const exo_model *m, const exo_seq *s, int l)
+{
+    if (m->layers[l].kind == EXO_LAYER_LINEAR)
+        return s->state_floats;
+    return 2 * (size_t)s->alloc_capacity * (size_t)m->n_kv * (size_t)m->hd;
+}
 
 int exo_seq_create(exo_model *m, int capacity, exo_seq **out, exo_err *err)
 {
@@ -834,22 +1646,26 @@ int exo_seq_create(exo_model *m, int capacity, exo_seq **out, exo_err *err)
     }
     s->capacity = capacity;
     s->alloc_capacity = (capacity + EXO_KV_BLOCK - 1) / EXO_KV_BLOCK * EXO_KV_BLOCK;
+    s->snap_len = -1;
+    s->state_floats = (size_t)(m->lin_k - 1) * (size_t)m->conv_dim +
+                      (size_t)m->lin_hv * (size_t)m->lin_dk * (size_t)m->lin_dv;
     s->k_cache = exo_calloc((size_t)m->n_layers, sizeof(float *));
     s->v_cache = exo_calloc((size_t)m->n_layers, sizeof(float *));
+    s->state = exo_calloc((size_t)m->n_layers, sizeof(float *));
     s->kv_block = exo_calloc((size_t)m->n_layers, sizeof(void *));
     /* One block per backend for all its layers' K and V: decode reads the
      * whole cache every token, and a block of 2 MiB or more gets huge
      * pages (per-layer caches are often smaller; on 4 KiB pages the
      * attention reads stalled at every page, see core/alloc.c) */
-    size_t floats = (size_t)s->alloc_capacity * (size_t)m->n_kv * (size_t)m->hd;
     for (int l = 0; l < m->n_layers; l++) {
         exo_backend *be = m->layers[l].be;
-        if (s->k_cache[l])
+        if (s->k_cache[l] || s->state[l])
             continue;
         size_t n = 0;
         for (int i = l; i < m->n_layers; i++)
-            n += m->layers[i].be == be;
-        float *block = be->ops->alloc(be, 2 * n * floats * sizeof(float));
+            if (m->layers[i].be == be)
+                n += seq_floats(m, s, i);
+        float *block = be->ops->alloc(be, n * sizeof(float));
         if (!block) {
             exo_seq_free(s);
             return exo_err_set(err, EXO_ENOMEM, "cannot allocate KV cache for %d tokens", capacity);
@@ -857,9 +1673,13 @@ int exo_seq_create(exo_model *m, int capacity, exo_seq **out, exo_err *err)
         s->kv_block[l] = block;
         for (int i = l; i < m->n_layers; i++)
             if (m->layers[i].be == be) {
-                s->k_cache[i] = block;
-                s->v_cache[i] = block + floats;
-                block += 2 * floats;
+                if (m->layers[i].kind == EXO_LAYER_LINEAR) {
+                    s->state[i] = block;
+                } else {
+                    s->k_cache[i] = block;
+                    s->v_cache[i] = block + seq_floats(m, s, i) / 2;
+                }
+                block += seq_floats(m, s, i);
             }
     }
     *out = s;
@@ -878,16 +1698,60 @@ void exo_seq_free(exo_seq *s)
     exo_free(s->kv_block);
     exo_free(s->k_cache);
     exo_free(s->v_cache);
+    exo_free(s->state);
+    exo_free(s->snap);
     exo_free(s);
 }
 
 int exo_seq_len(const exo_seq *s) { return s->len; }
 int exo_seq_capacity(const exo_seq *s) { return s->capacity; }
 
+/* Copies every linear layer's state to (save) or from the snapshot. */
+static int seq_snapshot(exo_seq *s, bool save)
+{
+    exo_model *m = s->m;
+    size_t bytes = s->state_floats * sizeof(float);
+    if (save && !s->snap) {
+        s->snap = exo_try_malloc(bytes * (size_t)m->n_linear);
+        if (!s->snap)
+            return EXO_ENOMEM;
+    }
+    for (int l = 0, i = 0; l < m->n_layers; l++) {
+        if (m->layers[l].kind != EXO_LAYER_LINEAR)
+            continue;
+        exo_backend *be = m->layers[l].be;
+        float *host = s->snap + (size_t)i++ * s->state_floats;
+        int rc = save ? be->ops->to_host(be, host, s->state[l], bytes)
+                      : be->ops->to_device(be, s->state[l], host, bytes);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+static void seq_reset_state(exo_seq *s)
+{
+    exo_model *m = s->m;
+    for (int l = 0; l < m->n_layers; l++)
+        if (m->layers[l].kind == EXO_LAYER_LINEAR)
+            m->layers[l].be->ops->zero(m->layers[l].be, s->state[l], s->state_floats);
+    s->state_lost = false;
+    s->snap_len = -1;
+}
+
 void exo_seq_truncate(exo_seq *s, int n)
 {
-    if (n >= 0 && n < s->len)
-        s->len = n;
+    if (n < 0 || n >= s->len)
+        return;
+    s->len = n;
+    if (!s->m->n_linear)
+        return;
+    if (n == 0)
+        seq_reset_state(s);
+    else if (n == s->snap_len && !seq_snapshot(s, false))
+        s->state_lost = false;
+    else
+        s->state_lost = true;
 }
 
 /* ---- forward ------------------------------------------------------------ */
@@ -907,41 +1771,133 @@ static int reduce(exo_model *m, float *x, int T, exo_err *err)
     return m->allreduce(m->allreduce_ctx, x, (size_t)T * (size_t)m->dim, err);
 }
 
+/* Per-expert biases (gpt-oss): gate, up and down of expert e. */
+static const float *expert_bias(const exo_model *m, const layer *L, int e, int p)
+{
+    if (!L->expert_bias)
+        return NULL;
+    return L->expert_bias + (size_t)e * (size_t)(2 * m->moe_ffn + m->dim) + (size_t)p * (size_t)m->moe_ffn;
+}
+
+/* The shared experts of the normed rows in a->h, into sum: one SwiGLU MLP
+ * on every token, times the sigmoid of its own gate (qwen3_next). */
+static int shared_forward(exo_model *m, layer *L, int T, float *sum)
+{
+    exo_backend *be = L->be;
+    const exo_backend_ops *o = be->ops;
+    acts *a = &m->act;
+    const exo_linear *gu[2] = {&L->sh_gate, &L->sh_up};
+    float *const gu_out[2] = {a->g, a->u};
+    OK(o->matmul(be, 2, gu, a->h, T, gu_out));
+    OK(o->glu(be, m->glu, a->g, a->u, (size_t)T * (size_t)m->sh_ffn, m->glu_limit));
+    const exo_linear *wd[1] = {&L->sh_down};
+    float *const yo[1] = {a->ye};
+    OK(o->matmul(be, 1, wd, a->g, T, yo));
+    if (L->sh_router.rows) {
+        const exo_linear *r[1] = {&L->sh_router};
+        float *const ro[1] = {a->sg};
+        OK(o->matmul(be, 1, r, a->h, T, ro));
+        OK(o->sigmoid_mul(be, a->ye, a->sg, T, m->dim, 1));
+    }
+    return o->add(be, sum, a->ye, (size_t)T * (size_t)m->dim);
+}
+
 /* x += the experts' outputs for the normed rows in a->h (see the top). A
  * tensor-parallel rank sums its share of them apart, for the all-reduce. */
+/* Decode (one token) through a mixture-of-experts MLP in six dispatches,
+ * whatever k is, the seeds' fusions in CPU form:
+ *   1. the router, and the shared experts' gate and up (and gate logit),
+ *      one pass over the normed activations;
+ *   2. the k chosen experts' gate and up, one dispatch (2k weights);
+ *   3. the activation of all of them, routed and shared, at once;
+ *   4. every down projection, routed and shared, one dispatch with each
+ *      weight reading its own input (matmul_each): both threads work through
+ *      all k + 1 experts' rows, however few they are;
+ *   5. the shared expert's sigmoid gate (qwen3_next);
+ *   6. the weighted sum of the k + 1 outputs added into the residual.
+ * Only the chosen experts' bytes are read. */
+static int moe_decode(exo_model *m, layer *L, float *sum, exo_err *err)
+{
+    exo_backend *be = L->be;
+    const exo_backend_ops *o = be->ops;
+    acts *a = &m->act;
+    int k = m->topk, I = m->moe_ffn, D = m->dim, S = L->has_shared ? m->sh_ffn : 0;
+    const exo_linear *first[4] = {&L->router, &L->sh_gate, &L->sh_up, &L->sh_router};
+    float *const first_out[4] = {a->router, a->g + (size_t)k * I, a->u + (size_t)k * I, a->sg};
+    int nfirst = !L->has_shared ? 1 : L->sh_router.rows ? 4 : 3;
+    OK(o->matmul(be, nfirst, first, a->h, 1, first_out));
+    if (L->router_bias)
+        OK(o->add_bias(be, a->router, L->router_bias, 1, L->n_experts));
+    exo_moe_router rt = m->router;
+    rt.bias = L->e_score_bias;
+    OK(o->moe_route(be, &rt, a->router, 1, a->top_idx, a->top_w));
+    for (int j = 0; j < k; j++) {
+        const exo_linear *ex = &L->experts[3 * a->top_idx[j]];
+        a->sel_w[2 * j] = &ex[0];
+        a->sel_w[2 * j + 1] = &ex[1];
+        a->sel_y[2 * j] = a->g + (size_t)j * (size_t)I;
+        a->sel_y[2 * j + 1] = a->u + (size_t)j * (size_t)I;
+    }
+    OK(o->matmul(be, 2 * k, a->sel_w, a->h, 1, a->sel_y));
+    for (int j = 0; j < k && L->expert_bias; j++) {
+        OK(o->add_bias(be, a->g + (size_t)j * (size_t)I, expert_bias(m, L, a->top_idx[j], 0), 1, I));
+        OK(o->add_bias(be, a->u + (size_t)j * (size_t)I, expert_bias(m, L, a->top_idx[j], 1), 1, I));
+    }
+    OK(o->glu(be, m->glu, a->g, a->u, (size_t)k * (size_t)I + (size_t)S, m->glu_limit));
+    for (int j = 0; j < k; j++) {
+        a->sel_w[j] = &L->experts[3 * a->top_idx[j] + 2];
+        a->sel_x[j] = a->g + (size_t)j * (size_t)I;
+        a->sel_y[j] = a->ye + (size_t)j * (size_t)D;
+        a->rows[j] = 0;
+        a->row_w[j] = a->top_w[j];
+    }
+    int n = k;
+    if (L->has_shared) {
+        a->sel_w[n] = &L->sh_down;
+        a->sel_x[n] = a->g + (size_t)k * (size_t)I;
+        a->sel_y[n] = a->ye + (size_t)k * (size_t)D;
+        a->rows[n] = 0;
+        a->row_w[n++] = 1.0f;
+    }
+    OK(o->matmul_each(be, n, a->sel_w, a->sel_x, 1, a->sel_y));
+    for (int j = 0; j < k && L->expert_bias; j++)
+        OK(o->add_bias(be, a->ye + (size_t)j * (size_t)D, expert_bias(m, L, a->top_idx[j], 2), 1, D));
+    if (L->sh_router.rows)
+        OK(o->sigmoid_mul(be, a->ye + (size_t)k * (size_t)D, a->sg, 1, D, 1));
+    OK(o->scatter_add_rows(be, sum, a->ye, a->rows, a->row_w, n, D));
+    if (m->allreduce) {
+        OK(reduce(m, sum, 1, err));
+        OK(o->add(be, a->x, sum, (size_t)D));
+    }
+    return 0;
+}
+
 static int moe_forward(exo_model *m, layer *L, int T, exo_err *err)
 {
     exo_backend *be = L->be;
     const exo_backend_ops *o = be->ops;
     acts *a = &m->act;
     int E = L->n_experts, k = m->topk, I = m->moe_ffn;
+    if (T == 1 && !m->moe_per_expert) {
+        float *sum = m->allreduce ? a->moe_out : a->x;
+        if (m->allreduce)
+            OK(o->zero(be, sum, (size_t)m->dim));
+        return moe_decode(m, L, sum, err);
+    }
     const exo_linear *r[1] = {&L->router};
     float *const ro[1] = {a->router};
     OK(o->matmul(be, 1, r, a->h, T, ro));
-    OK(o->moe_route(be, a->router, T, E, k, m->cfg.norm_topk_prob, a->top_idx, a->top_w));
+    if (L->router_bias)
+        OK(o->add_bias(be, a->router, L->router_bias, T, E));
+    exo_moe_router rt = m->router;
+    rt.bias = L->e_score_bias;
+    OK(o->moe_route(be, &rt, a->router, T, a->top_idx, a->top_w));
     float *sum = m->allreduce ? a->moe_out : a->x;
     if (m->allreduce)
         OK(o->zero(be, sum, (size_t)T * (size_t)m->dim));
-    bool side_by_side = T == 1 && !m->moe_per_expert;
-    if (side_by_side) { /* decode: the k experts side by side, in k + 2 dispatches, not 3k */
-        for (int j = 0; j < k; j++) {
-            const exo_linear *ex = &L->experts[3 * a->top_idx[j]];
-            a->sel_w[2 * j] = &ex[0];
-            a->sel_w[2 * j + 1] = &ex[1];
-            a->sel_y[2 * j] = a->g + (size_t)j * (size_t)I;
-            a->sel_y[2 * j + 1] = a->u + (size_t)j * (size_t)I;
-            a->rows[j] = 0;
-        }
-        OK(o->matmul(be, 2 * k, a->sel_w, a->h, 1, a->sel_y));
-        OK(o->silu_mul(be, a->g, a->u, (size_t)k * (size_t)I));
-        for (int j = 0; j < k; j++) {
-            const exo_linear *wd[1] = {&L->experts[3 * a->top_idx[j] + 2]};
-            float *const yo[1] = {a->ye + (size_t)j * (size_t)m->dim};
-            OK(o->matmul(be, 1, wd, a->g + (size_t)j * (size_t)I, 1, yo));
-        }
-        OK(o->scatter_add_rows(be, sum, a->ye, a->rows, a->top_w, k, m->dim));
-    }
-    for (int e = 0; e < E && !side_by_side; e++) {
+    if (L->has_shared)
+        OK(shared_forward(m, L, T, sum));
+    for (int e = 0; e < E; e++) {
         int n = 0;
         for (int t = 0; t < T; t++)
             for (int j = 0; j < k; j++)
@@ -959,10 +1915,16 @@ static int moe_forward(exo_model *m, layer *L, int T, exo_err *err)
         const exo_linear *gu[2] = {&L->experts[3 * e], &L->experts[3 * e + 1]};
         float *const gu_out[2] = {a->g, a->u};
         OK(o->matmul(be, 2, gu, in, n, gu_out));
-        OK(o->silu_mul(be, a->g, a->u, (size_t)n * (size_t)I));
+        if (L->expert_bias) {
+            OK(o->add_bias(be, a->g, expert_bias(m, L, e, 0), n, I));
+            OK(o->add_bias(be, a->u, expert_bias(m, L, e, 1), n, I));
+        }
+        OK(o->glu(be, m->glu, a->g, a->u, (size_t)n * (size_t)I, m->glu_limit));
         const exo_linear *wd[1] = {&L->experts[3 * e + 2]};
         float *const yo[1] = {a->ye};
         OK(o->matmul(be, 1, wd, a->g, n, yo));
+        if (L->expert_bias)
+            OK(o->add_bias(be, a->ye, expert_bias(m, L, e, 2), n, m->dim));
         OK(o->scatter_add_rows(be, sum, a->ye, a->rows, a->row_w, n, m->dim));
     }
     if (m->allreduce) {
@@ -972,18 +1934,19 @@ static int moe_forward(exo_model *m, layer *L, int T, exo_err *err)
     return 0;
 }
 
-static int layer_forward(exo_model *m, exo_seq *s, int l, int T, int pos0, exo_err *err)
+/* Softmax attention of the normed rows in a->h into a->h (before the
+ * residual add): projections, q/k norms, (partial) RoPE, the layer's
+ * window and sinks, gpt-oss/gated variants, output projection. */
+static int attention_forward(exo_model *m, exo_seq *s, int l, int T, int pos0, exo_err *err)
 {
     layer *L = &m->layers[l];
     exo_backend *be = L->be;
     const exo_backend_ops *o = be->ops;
     acts *a = &m->act;
     int QD = m->n_heads * m->hd, KD = m->n_kv * m->hd;
-
-    OK(o->rmsnorm(be, a->h, a->x, L->attn_norm, T, m->dim, m->eps));
-    const exo_linear *qkv[3] = {&L->q, &L->k, &L->v};
-    float *const qkv_out[3] = {a->q, a->k, a->v};
-    OK(o->matmul(be, 3, qkv, a->h, T, qkv_out));
+    const exo_linear *qkv[4] = {&L->q, &L->k, &L->v, &L->q_gate};
+    float *const qkv_out[4] = {a->q, a->k, a->v, a->qg};
+    OK(o->matmul(be, m->attn_gated ? 4 : 3, qkv, a->h, T, qkv_out));
     if (L->bq) {
         OK(o->add_bias(be, a->q, L->bq, T, QD));
         OK(o->add_bias(be, a->k, L->bk, T, KD));
@@ -993,17 +1956,102 @@ static int layer_forward(exo_model *m, exo_seq *s, int l, int T, int pos0, exo_e
         OK(o->rmsnorm(be, a->q, a->q, L->q_norm, T * m->n_heads, m->hd, m->eps));
         OK(o->rmsnorm(be, a->k, a->k, L->k_norm, T * m->n_kv, m->hd, m->eps));
     }
-    OK(o->rope(be, a->q, T, m->n_heads, m->hd, pos0, a->inv_freq, m->mscale));
-    OK(o->rope(be, a->k, T, m->n_kv, m->hd, pos0, a->inv_freq, m->mscale));
-    OK(o->attention(be, &m->attn, a->att, a->q, a->k, a->v, s->k_cache[l], s->v_cache[l],
+    OK(o->rope(be, a->q, T, m->n_heads, m->hd, m->rot_dim, pos0, L->inv_freq, L->mscale));
+    OK(o->rope(be, a->k, T, m->n_kv, m->hd, m->rot_dim, pos0, L->inv_freq, L->mscale));
+    OK(o->attention(be, &L->attn, a->att, a->q, a->k, a->v, s->k_cache[l], s->v_cache[l],
                     s->alloc_capacity, T, pos0));
-
+    if (m->attn_gated)
+        OK(o->sigmoid_mul(be, a->att, a->qg, T, QD, QD));
     const exo_linear *wo[1] = {&L->o};
     float *const ho[1] = {a->h};
     OK(o->matmul(be, 1, wo, a->att, T, ho));
     OK(reduce(m, a->h, T, err));
     if (L->bo)
         OK(o->add_bias(be, a->h, L->bo, T, m->dim));
+    return 0;
+}
+
+/* Multi-head latent attention of the normed rows in a->h into a->h, in
+ * the absorbed form for prompts and decode alike: each head's query is
+ * taken into the latent space (W_UK^T q_nope), so the cache holds one
+ * latent key per position, [rope key | normed latent], which is also the
+ * value; every head attends over it, and its latent output goes back out
+ * through W_UV before o_proj. */
+static int mla_forward(exo_model *m, exo_seq *s, int l, int T, int pos0, exo_err *err)
+{
+    layer *L = &m->layers[l];
+    exo_backend *be = L->be;
+    const exo_backend_ops *o = be->ops;
+    acts *a = &m->act;
+    int H = m->n_heads, dn = m->mla_dn, dr = m->mla_dr, dv = m->mla_dv, r = m->mla_r, W = dr + r;
+    const exo_linear *first[3] = {m->mla_rq ? &L->q_a : &L->q, &L->kv_c, &L->kv_rope};
+    float *const first_out[3] = {m->mla_rq ? a->mq : a->q, a->mc, a->mr};
+    OK(o->matmul(be, 3, first, a->h, T, first_out));
+    if (m->mla_rq) {
+        OK(o->rmsnorm(be, a->mq, a->mq, L->q_a_norm, T, m->mla_rq, 1e-6f));
+        const exo_linear *qb[1] = {&L->q};
+        float *const qo[1] = {a->q};
+        OK(o->matmul(be, 1, qb, a->mq, T, qo));
+    }
+    OK(o->rmsnorm(be, a->mc, a->mc, L->kv_a_norm, T, r, 1e-6f)); /* the latent norms' eps is fixed */
+    OK(o->rope(be, a->q, T, H, dr + dn, dr, pos0, L->inv_freq, L->mscale));
+    OK(o->rope(be, a->mr, T, 1, dr, dr, pos0, L->inv_freq, L->mscale));
+    /* queries [rope | W_UK^T nope], the key [rope | latent] */
+    OK(o->copy2d(be, a->mqa, (size_t)W, a->q, (size_t)(dr + dn), T * H, dr));
+    OK(o->head_matmul(be, H, L->absorb, a->q + dr, (size_t)(dr + dn), (size_t)H * (dr + dn), a->mqa + dr,
+                      (size_t)W, (size_t)H * W, T));
+    OK(o->copy2d(be, a->k, (size_t)W, a->mr, (size_t)dr, T, dr));
+    OK(o->copy2d(be, a->k + dr, (size_t)W, a->mc, (size_t)r, T, r));
+    OK(o->attention(be, &L->attn, a->att, a->mqa, a->k, a->k, s->k_cache[l], s->v_cache[l],
+                    s->alloc_capacity, T, pos0));
+    OK(o->head_matmul(be, H, L->unabsorb, a->att + dr, (size_t)W, (size_t)H * W, a->q, (size_t)dv,
+                      (size_t)H * dv, T));
+    const exo_linear *wo[1] = {&L->o};
+    float *const ho[1] = {a->h};
+    OK(o->matmul(be, 1, wo, a->q, T, ho));
+    return reduce(m, a->h, T, err);
+}
+
+/* Gated DeltaNet of the normed rows in a->h into a->h: projections, the
+ * causal conv (continuing the sequence's conv inputs), the delta rule
+ * (continuing its state), the gated norm, the output projection. */
+static int linear_forward(exo_model *m, exo_seq *s, int l, int T, exo_err *err)
+{
+    layer *L = &m->layers[l];
+    exo_backend *be = L->be;
+    const exo_backend_ops *o = be->ops;
+    acts *a = &m->act;
+    int CD = m->conv_dim, KD = m->lin_hk * m->lin_dk, VD = m->lin_hv * m->lin_dv, Hv = m->lin_hv;
+    const exo_linear *in[4] = {&L->in_qkv, &L->in_z, &L->in_b, &L->in_a};
+    float *const in_out[4] = {a->lqkv, a->lz, a->lb, a->la};
+    OK(o->matmul(be, 4, in, a->h, T, in_out));
+    float *conv_state = s->state[l], *S = conv_state + (size_t)(m->lin_k - 1) * (size_t)CD;
+    OK(o->conv1d_silu(be, a->lconv, CD, a->lqkv, CD, L->conv_w, conv_state, T, CD, m->lin_k));
+    OK(o->gated_delta(be, a->att, a->lconv, a->lconv + KD, CD, a->lconv + 2 * KD, CD, a->la, a->lb, Hv,
+                      L->A_log, L->dt_bias, S, T, m->lin_hk, Hv, m->lin_dk, m->lin_dv));
+    OK(o->rmsnorm_gated(be, a->att, a->lz, VD, L->lin_norm, T, Hv, m->lin_dv, m->eps));
+    const exo_linear *wo[1] = {&L->out_proj};
+    float *const ho[1] = {a->h};
+    OK(o->matmul(be, 1, wo, a->att, T, ho));
+    return reduce(m, a->h, T, err);
+}
+
+static int layer_forward(exo_model *m, exo_seq *s, int l, int T, int pos0, exo_err *err)
+{
+    layer *L = &m->layers[l];
+    exo_backend *be = L->be;
+    const exo_backend_ops *o = be->ops;
+    acts *a = &m->act;
+
+    OK(o->rmsnorm(be, a->h, a->x, L->attn_norm, T, m->dim, m->eps));
+    if (L->kind == EXO_LAYER_LINEAR)
+        OK(linear_forward(m, s, l, T, err));
+    else if (m->mla)
+        OK(mla_forward(m, s, l, T, pos0, err));
+    else
+        OK(attention_forward(m, s, l, T, pos0, err));
+    if (L->post_attn_norm)
+        OK(o->rmsnorm(be, a->h, a->h, L->post_attn_norm, T, m->dim, m->eps));
     OK(o->add(be, a->x, a->h, (size_t)T * (size_t)m->dim));
 
     OK(o->rmsnorm(be, a->h, a->x, L->mlp_norm, T, m->dim, m->eps));
@@ -1012,10 +2060,13 @@ static int layer_forward(exo_model *m, exo_seq *s, int l, int T, int pos0, exo_e
     const exo_linear *gu[2] = {&L->gate, &L->up};
     float *const gu_out[2] = {a->g, a->u};
     OK(o->matmul(be, 2, gu, a->h, T, gu_out));
-    OK(o->silu_mul(be, a->g, a->u, (size_t)T * (size_t)m->ffn));
+    OK(o->glu(be, m->glu, a->g, a->u, (size_t)T * (size_t)m->ffn, m->glu_limit));
     const exo_linear *wd[1] = {&L->down};
+    float *const ho[1] = {a->h};
     OK(o->matmul(be, 1, wd, a->g, T, ho));
     OK(reduce(m, a->h, T, err));
+    if (L->post_mlp_norm)
+        OK(o->rmsnorm(be, a->h, a->h, L->post_mlp_norm, T, m->dim, m->eps));
     OK(o->add(be, a->x, a->h, (size_t)T * (size_t)m->dim));
     return 0;
 }
@@ -1051,9 +2102,11 @@ static int step_chunk(exo_model *m, exo_seq *s, const exo_step *st, int t0, int 
     exo_backend *first = m->layers[0].be, *last = m->layers[m->n_layers - 1].be;
     size_t D = (size_t)m->dim;
     int pos0 = s->len;
-    if (st->tokens)
+    if (st->tokens) {
         OK(first->ops->embed(first, &m->embed, st->tokens + t0, n, m->act.x));
-    else
+        if (m->embed_scale != 1.0f)
+            OK(first->ops->scale(first, m->act.x, m->embed_scale, (size_t)n * D));
+    } else
         OK(first->ops->to_device(first, m->act.x, st->hidden_in + (size_t)t0 * D,
                                  sizeof(float) * (size_t)n * D));
     for (int l = 0; l < m->n_layers; l++)
@@ -1095,12 +2148,26 @@ int exo_model_step(exo_model *m, exo_seq *s, const exo_step *st, exo_err *err)
             if (st->tokens[t] < 0 || st->tokens[t] >= m->vocab)
                 return exo_err_set(err, EXO_ERANGE, "token id %d out of range [0, %d)",
                                    st->tokens[t], m->vocab);
+    if (s->state_lost)
+        return exo_err_set(err, EXO_EINVAL, "forward: the sequence went back to position %d, which "
+                           "its linear-attention state cannot (restart it from 0)", s->len);
     int len0 = s->len;
+    if (m->n_linear && T > 1) { /* a prompt: keep its start to go back to */
+        if (seq_snapshot(s, true))
+            return exo_err_set(err, EXO_ENOMEM, "forward: cannot snapshot the recurrent state");
+        s->snap_len = len0;
+    }
     for (int t0 = 0; t0 < T; t0 += m->max_chunk) {
         int n = T - t0 < m->max_chunk ? T - t0 : m->max_chunk;
         int rc = step_chunk(m, s, st, t0, n, err);
         if (rc) {
             s->len = len0;
+            if (m->n_linear) { /* some layers' states moved on: back to the snapshot, or lost */
+                if (len0 == 0)
+                    seq_reset_state(s);
+                else if (s->snap_len != len0 || seq_snapshot(s, false))
+                    s->state_lost = true;
+            }
             if (!err || !err->msg[0] || err->code != rc)
                 exo_err_set(err, rc, "forward: %s", exo_strerror(rc));
             return rc;

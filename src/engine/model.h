@@ -97,6 +97,10 @@ typedef struct exo_weight_source {
      * layer's experts so: mlp.switch_mlp.gate_proj); 0, or EXO_ENOENT.
      * NULL: the source has no stacked modules. */
     int (*stacked)(void *ctx, const char *module, int64_t index, exo_linear *out);
+    /* The family applies its RMSNorms as (1 + w) (qwen3_next, qwen3_5,
+     * gemma3) but the norm vectors already hold 1 + w (mlx-lm's copies of
+     * the Qwen hybrids add the 1 when converting). */
+    bool norms_hold_offset;
 } exo_weight_source;
 
 int exo_model_build(const exo_model_config *cfg, const exo_weight_source *src,

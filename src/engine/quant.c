@@ -1,5 +1,6 @@
 /* MLX affine quantization (see quant.h), plus the exo_linear helpers that
- * depend on it (exo_linear_bytes, exo_linear_row_f32).
+ * depend on it (exo_linear_bytes, exo_linear_row_f32, which also read MXFP4
+ * weights: see linear.h).
  *
  * What MLX does, established from ml-explore/mlx (commit 846d176, 2026-08):
  *   mlx/ops.cpp            affine_quantize() + pack_and_quantize() (fallback)
@@ -189,14 +190,33 @@ void exo_affine_dequantize_row(const uint32_t *words, const float *scales, const
     }
 }
 
-size_t exo_linear_bytes(const exo_linear *w)
+const float exo_fp4_e2m1[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
+                                 -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+
+void exo_linear_part_bytes(const exo_linear *w, size_t *w_bytes, size_t *scales_bytes,
+                           size_t *biases_bytes)
 {
     size_t rows = (size_t)w->rows, cols = (size_t)w->cols;
-    if (w->format == EXO_WFORMAT_DENSE)
-        return rows * cols * exo_dtype_size(w->dtype);
-    size_t codes = rows * (cols * (size_t)w->bits / 32) * 4;
-    size_t params = 2 * rows * (cols / (size_t)w->group_size) * exo_dtype_size(w->dtype);
-    return codes + params;
+    size_t wb, sb = 0, bb = 0;
+    if (w->format == EXO_WFORMAT_DENSE) {
+        wb = rows * cols * exo_dtype_size(w->dtype);
+    } else if (w->format == EXO_WFORMAT_MXFP4) {
+        wb = rows * (cols / 2); /* two codes a byte */
+        sb = rows * (cols / 32);  /* one E8M0 byte per 32 */
+    } else {
+        wb = rows * (cols * (size_t)w->bits / 32) * 4;
+        sb = bb = rows * (cols / (size_t)w->group_size) * exo_dtype_size(w->dtype);
+    }
+    *w_bytes = wb;
+    *scales_bytes = sb;
+    *biases_bytes = bb;
+}
+
+size_t exo_linear_bytes(const exo_linear *w)
+{
+    size_t wb, sb, bb;
+    exo_linear_part_bytes(w, &wb, &sb, &bb);
+    return wb + sb + bb;
 }
 
 void exo_linear_row_f32(const exo_linear *w, int64_t r, float *out)
@@ -206,6 +226,16 @@ void exo_linear_row_f32(const exo_linear *w, int64_t r, float *out)
         const unsigned char *base = w->w;
         exo_convert_to_f32(w->dtype, base + (size_t)r * (size_t)cols * exo_dtype_size(w->dtype),
                            out, (size_t)cols);
+        return;
+    }
+    if (w->format == EXO_WFORMAT_MXFP4) {
+        const uint8_t *src = (const uint8_t *)w->w + (size_t)r * (size_t)(cols / 2);
+        const uint8_t *sc = (const uint8_t *)w->scales + (size_t)r * (size_t)(cols / 32);
+        for (int64_t c = 0; c < cols; c += 2) {
+            float s = exo_e8m0_to_f32(sc[c / 32]);
+            out[c] = exo_fp4_e2m1[src[c / 2] & 15] * s;
+            out[c + 1] = exo_fp4_e2m1[src[c / 2] >> 4] * s;
+        }
         return;
     }
     int bits = w->bits, G = w->group_size;

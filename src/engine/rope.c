@@ -71,8 +71,12 @@ int exo_rope_init(const exo_rope_scaling *p, double theta, int rot_dim, float *i
             else
                 attn = yarn_get_mscale(factor, 1.0);
         }
-        double low = floor(yarn_correction_dim(beta_fast, rot_dim, base, max_pos));
-        double high = ceil(yarn_correction_dim(beta_slow, rot_dim, base, max_pos));
+        double low = yarn_correction_dim(beta_fast, rot_dim, base, max_pos);
+        double high = yarn_correction_dim(beta_slow, rot_dim, base, max_pos);
+        if (!p->yarn_no_truncate) { /* the default; gpt-oss says "truncate": false */
+            low = floor(low);
+            high = ceil(high);
+        }
         if (low < 0)
             low = 0;
         if (high > rot_dim - 1)

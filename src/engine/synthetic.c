@@ -30,33 +30,58 @@ typedef struct preset {
     int bos;              /* -1: none */
     int eos[3];           /* 0-terminated (no preset uses id 0) */
     int experts, topk, moe_ffn; /* mixture of experts in every layer (qwen3_moe); 0: dense */
+    const struct family_extra *x; /* the newer families' own sizes, or NULL */
 } preset;
+
+/* What qwen3_5_moe and gpt_oss add to a preset. */
+typedef struct family_extra {
+    int lin_k_heads, lin_v_heads, lin_dim; /* Gated DeltaNet (every 4th layer is full attention) */
+    int shared_ffn;                        /* the shared expert's width */
+    int window;                            /* sliding window of alternate layers (gpt-oss) */
+} family_extra;
+
+static const family_extra qwen35_35b = {16, 32, 128, 512, 0};
+static const family_extra qwen35_tiny = {2, 4, 32, 64, 0};
+static const family_extra gpt_oss_20b = {0, 0, 0, 0, 128};
+static const family_extra gpt_oss_tiny = {0, 0, 0, 0, 8};
 
 static const preset presets[] = {
     {"llama-3.2-1b", "llama", "LlamaForCausalLM", 2048, 8192, 16, 32, 8, 64, 128256, true, 500000,
-     1e-5, 131072, 32, 128000, {128001, 128008, 128009}, 0, 0, 0},
+     1e-5, 131072, 32, 128000, {128001, 128008, 128009}, 0, 0, 0, NULL},
     {"llama-3.2-3b", "llama", "LlamaForCausalLM", 3072, 8192, 28, 24, 8, 128, 128256, true, 500000,
-     1e-5, 131072, 32, 128000, {128001, 128008, 128009}, 0, 0, 0},
+     1e-5, 131072, 32, 128000, {128001, 128008, 128009}, 0, 0, 0, NULL},
     {"llama-3.1-8b", "llama", "LlamaForCausalLM", 4096, 14336, 32, 32, 8, 128, 128256, false,
-     500000, 1e-5, 131072, 8, 128000, {128001, 128008, 128009}, 0, 0, 0},
+     500000, 1e-5, 131072, 8, 128000, {128001, 128008, 128009}, 0, 0, 0, NULL},
     {"qwen3-0.6b", "qwen3", "Qwen3ForCausalLM", 1024, 3072, 28, 16, 8, 128, 151936, true, 1000000,
-     1e-6, 40960, 0, 151643, {151645}, 0, 0, 0},
+     1e-6, 40960, 0, 151643, {151645}, 0, 0, 0, NULL},
     {"qwen3-1.7b", "qwen3", "Qwen3ForCausalLM", 2048, 6144, 28, 16, 8, 128, 151936, true, 1000000,
-     1e-6, 40960, 0, 151643, {151645}, 0, 0, 0},
+     1e-6, 40960, 0, 151643, {151645}, 0, 0, 0, NULL},
     {"qwen3-4b", "qwen3", "Qwen3ForCausalLM", 2560, 9728, 36, 32, 8, 128, 151936, true, 1000000,
-     1e-6, 40960, 0, 151643, {151645}, 0, 0, 0},
+     1e-6, 40960, 0, 151643, {151645}, 0, 0, 0, NULL},
     {"qwen3-8b", "qwen3", "Qwen3ForCausalLM", 4096, 12288, 36, 32, 8, 128, 151936, false, 1000000,
-     1e-6, 40960, 0, 151643, {151645}, 0, 0, 0},
+     1e-6, 40960, 0, 151643, {151645}, 0, 0, 0, NULL},
     /* Qwen3-30B-A3B: 128 experts, 8 per token, ~3.3B active parameters */
     {"qwen3-30b-a3b", "qwen3_moe", "Qwen3MoeForCausalLM", 2048, 6144, 48, 32, 4, 128, 151936, false,
-     1000000, 1e-6, 40960, 0, 151643, {151645}, 128, 8, 768},
+     1000000, 1e-6, 40960, 0, 151643, {151645}, 128, 8, 768, NULL},
     /* test-sized: every linear's input width is a multiple of the group size 64 */
     {"tiny-llama", "llama", "LlamaForCausalLM", 64, 192, 2, 4, 2, 16, 512, false, 10000, 1e-5,
-     2048, 0, 1, {2}, 0, 0, 0},
+     2048, 0, 1, {2}, 0, 0, 0, NULL},
     {"tiny-qwen3", "qwen3", "Qwen3ForCausalLM", 64, 192, 2, 4, 2, 32, 512, true, 1000000, 1e-6,
-     2048, 0, 1, {2}, 0, 0, 0},
+     2048, 0, 1, {2}, 0, 0, 0, NULL},
     {"tiny-qwen3-moe", "qwen3_moe", "Qwen3MoeForCausalLM", 64, 192, 2, 4, 2, 32, 512, false, 1000000,
-     1e-6, 2048, 0, 1, {2}, 8, 2, 64},
+     1e-6, 2048, 0, 1, {2}, 8, 2, 64, NULL},
+    /* Qwen3.5-35B-A3B: 30 Gated DeltaNet + 10 gated-attention layers, 256
+     * experts, 8 per token + a shared expert, ~3B active parameters */
+    {"qwen3.5-35b-a3b", "qwen3_5_moe", "Qwen3_5MoeForConditionalGeneration", 2048, 0, 40, 16, 2, 256,
+     248320, false, 10000000, 1e-6, 262144, 0, -1, {248046, 248044}, 256, 8, 512, &qwen35_35b},
+    /* gpt-oss-20b: 24 layers alternating sliding (128) and full attention
+     * with sinks, 32 experts, 4 per token, ~3.6B active parameters */
+    {"gpt-oss-20b", "gpt_oss", "GptOssForCausalLM", 2880, 2880, 24, 64, 8, 64, 201088, false, 150000,
+     1e-5, 131072, 0, 199998, {200002, 199999}, 32, 4, 2880, &gpt_oss_20b},
+    {"tiny-qwen3.5-moe", "qwen3_5_moe", "Qwen3_5MoeForConditionalGeneration", 64, 0, 4, 4, 2, 32, 512,
+     false, 10000000, 1e-6, 2048, 0, 1, {2}, 8, 2, 64, &qwen35_tiny},
+    {"tiny-gpt-oss", "gpt_oss", "GptOssForCausalLM", 64, 64, 2, 4, 2, 16, 512, false, 150000, 1e-5,
+     2048, 0, 1, {2}, 8, 2, 64, &gpt_oss_tiny},
 };
 #define N_PRESETS (sizeof presets / sizeof *presets)
 
@@ -147,10 +172,35 @@ static int linear_shape(const exo_model_config *c, const char *module, int64_t *
 {
     int64_t D = c->hidden_size, F = c->intermediate_size, V = c->vocab_size;
     int64_t QD = c->num_attention_heads * c->head_dim, KD = c->num_key_value_heads * c->head_dim;
+    int64_t LK = c->linear_k_heads * c->linear_k_dim, LV = c->linear_v_heads * c->linear_v_dim;
+    bool gated = !strcmp(c->model_type, "qwen3_5_moe");
     if (strstr(module, ".mlp.experts."))
         F = c->moe_intermediate_size;
-    if (c->n_experts && ends_with(module, ".mlp.gate")) { /* the router */
+    if (strstr(module, ".mlp.shared_expert."))
+        F = c->shared_expert_intermediate_size;
+    if (c->n_experts && (ends_with(module, ".mlp.gate") || ends_with(module, ".mlp.router"))) {
         *rows = c->n_experts, *cols = D;
+        return 0;
+    }
+    if (ends_with(module, ".mlp.shared_expert_gate")) {
+        *rows = 1, *cols = D;
+        return 0;
+    }
+    if (strstr(module, ".linear_attn.")) {
+        if (ends_with(module, ".in_proj_qkv"))
+            *rows = 2 * LK + LV, *cols = D;
+        else if (ends_with(module, ".in_proj_z"))
+            *rows = LV, *cols = D;
+        else if (ends_with(module, ".in_proj_b") || ends_with(module, ".in_proj_a"))
+            *rows = c->linear_v_heads, *cols = D;
+        else if (ends_with(module, ".out_proj"))
+            *rows = D, *cols = LV;
+        else
+            return EXO_ENOENT;
+        return 0;
+    }
+    if (gated && ends_with(module, ".q_proj")) { /* each head's queries, then its gate */
+        *rows = 2 * QD, *cols = D;
         return 0;
     }
     if (!strcmp(module, "model.embed_tokens") || !strcmp(module, "lm_head")) {
@@ -189,6 +239,19 @@ static float affine_bias(const exo_synth *s, int64_t cols)
     return -affine_scale(s, cols) * (float)((1 << quant_bits(s)) - 1) / 2;
 }
 
+/* MXFP4 for the experts of an "mxfp4" model. */
+static bool is_mxfp4(const exo_synth *s, const char *module)
+{
+    return s->quant == EXO_SYNTH_MXFP4 && strstr(module, ".mlp.experts.");
+}
+
+/* The E8M0 scale byte that puts MXFP4's largest value (6) near the
+ * amplitude of a random row. */
+static uint8_t mxfp4_scale(int64_t cols)
+{
+    return (uint8_t)(127 + (int)lrintf(log2f(linear_amplitude(cols) / 6.0f)));
+}
+
 static int synth_linear(void *ctx, const char *module, exo_linear *out)
 {
     exo_synth *s = ctx;
@@ -200,6 +263,21 @@ static int synth_linear(void *ctx, const char *module, exo_linear *out)
     out->rows = rows;
     out->cols = cols;
     uint64_t rng = tensor_rng(s, module);
+    if (is_mxfp4(s, module)) {
+        void *codes = keep(s, (size_t)(rows * cols / 2));
+        uint8_t *sc = keep(s, (size_t)(rows * cols / 32));
+        if (!codes || !sc)
+            return EXO_ENOMEM;
+        fill_random(&rng, codes, (size_t)(rows * cols / 2));
+        memset(sc, mxfp4_scale(cols), (size_t)(rows * cols / 32));
+        out->format = EXO_WFORMAT_MXFP4;
+        out->dtype = EXO_DTYPE_U8;
+        out->w = codes;
+        out->scales = sc;
+        out->bits = 4;
+        out->group_size = 32;
+        return 0;
+    }
     if (s->quant == EXO_SYNTH_BF16) {
         uint16_t *w = keep(s, sizeof(uint16_t) * (size_t)(rows * cols));
         if (!w)
@@ -234,14 +312,47 @@ static int synth_linear(void *ctx, const char *module, exo_linear *out)
  * these presets). Norm weights are all ones. */
 static int vector_len(const exo_model_config *c, const char *name, int64_t *len)
 {
+    int64_t CD = 2 * c->linear_k_heads * c->linear_k_dim + c->linear_v_heads * c->linear_v_dim;
+    bool gpt_oss = !strcmp(c->model_type, "gpt_oss");
     if (ends_with(name, "layernorm.weight") || !strcmp(name, "model.norm.weight"))
         *len = c->hidden_size;
     else if (!strncmp(c->model_type, "qwen3", 5) &&
              (ends_with(name, ".q_norm.weight") || ends_with(name, ".k_norm.weight")))
         *len = c->head_dim;
+    else if (ends_with(name, ".linear_attn.conv1d.weight"))
+        *len = CD * c->linear_conv_kernel;
+    else if (ends_with(name, ".linear_attn.A_log") || ends_with(name, ".linear_attn.dt_bias"))
+        *len = c->linear_v_heads;
+    else if (ends_with(name, ".linear_attn.norm.weight"))
+        *len = c->linear_v_dim;
+    else if (gpt_oss && (ends_with(name, ".q_proj.bias") || ends_with(name, ".self_attn.sinks")))
+        *len = ends_with(name, ".sinks") ? c->num_attention_heads
+                                         : c->num_attention_heads * c->head_dim;
+    else if (gpt_oss && (ends_with(name, ".k_proj.bias") || ends_with(name, ".v_proj.bias")))
+        *len = c->num_key_value_heads * c->head_dim;
+    else if (gpt_oss && ends_with(name, ".o_proj.bias"))
+        *len = c->hidden_size;
+    else if (gpt_oss && ends_with(name, ".mlp.router.bias"))
+        *len = c->n_experts;
+    else if (gpt_oss && ends_with(name, ".mlp.experts.gate_up_proj_bias"))
+        *len = c->n_experts * 2 * c->moe_intermediate_size;
+    else if (gpt_oss && ends_with(name, ".mlp.experts.down_proj_bias"))
+        *len = c->n_experts * c->hidden_size;
     else
         return EXO_ENOENT;
     return 0;
+}
+
+/* The value a synthetic vector holds: norms 1, A_log 0 (decay e^-softplus),
+ * biases and sinks 0, conv taps 1/K (an average). */
+static float vector_value(const exo_model_config *c, const char *name)
+{
+    bool offset = !strncmp(c->model_type, "qwen3_5", 7); /* applied as 1 + w */
+    if (ends_with(name, "norm.weight"))
+        return offset && !ends_with(name, ".linear_attn.norm.weight") ? 0.0f : 1.0f;
+    if (ends_with(name, ".conv1d.weight"))
+        return 1.0f / (float)c->linear_conv_kernel;
+    return 0.0f;
 }
 
 static int synth_vector(void *ctx, const char *name, exo_dtype *dtype, const void **data, int64_t *n)
@@ -255,7 +366,7 @@ static int synth_vector(void *ctx, const char *name, exo_dtype *dtype, const voi
     if (!v)
         return EXO_ENOMEM;
     for (int64_t i = 0; i < len; i++)
-        v[i] = 1.0f;
+        v[i] = vector_value(&s->cfg, name);
     *dtype = EXO_DTYPE_F32;
     *data = v;
     *n = len;
@@ -319,6 +430,34 @@ int exo_synth_create(const char *name, exo_synth_quant q, uint64_t seed, exo_syn
         c->norm_topk_prob = true;
         c->decoder_sparse_step = 1;
     }
+    const family_extra *x = p->x;
+    if (x && x->lin_k_heads) { /* qwen3_5_moe: hybrid layers, partial RoPE, a shared expert */
+        c->layer_kinds = exo_calloc((size_t)p->layers, sizeof *c->layer_kinds);
+        for (int l = 0; l < p->layers; l++)
+            c->layer_kinds[l] = (l + 1) % 4 ? EXO_LAYER_LINEAR : EXO_LAYER_FULL;
+        c->partial_rotary_factor = 0.25;
+        c->linear_k_heads = x->lin_k_heads;
+        c->linear_v_heads = x->lin_v_heads;
+        c->linear_k_dim = c->linear_v_dim = x->lin_dim;
+        c->linear_conv_kernel = 4;
+        c->shared_expert_intermediate_size = x->shared_ffn;
+    }
+    if (x && x->window) { /* gpt_oss: alternate sliding layers, sinks, biases, YaRN */
+        c->layer_kinds = exo_calloc((size_t)p->layers, sizeof *c->layer_kinds);
+        for (int l = 0; l < p->layers; l++)
+            c->layer_kinds[l] = l % 2 ? EXO_LAYER_FULL : EXO_LAYER_SLIDING;
+        c->sliding_window = x->window;
+        c->attention_bias = true;
+        c->router_bias = true;
+        c->swiglu_limit = 7.0;
+        c->rope.type = EXO_ROPE_YARN;
+        c->rope.factor = 32;
+        c->rope.original_max_position_embeddings = 4096;
+        c->rope.yarn_no_truncate = true;
+    }
+    c->partial_rotary_factor = c->partial_rotary_factor > 0 ? c->partial_rotary_factor : 1;
+    c->routed_scaling_factor = 1;
+    c->n_group = c->topk_group = 1;
     if (q != EXO_SYNTH_BF16) {
         c->quant.enabled = true;
         c->quant.bits = quant_bits(s);
@@ -334,6 +473,7 @@ void exo_synth_free(exo_synth *s)
     if (!s)
         return;
     exo_arena_free(s->mem);
+    exo_free(s->cfg.layer_kinds);
     exo_free(s);
 }
 
@@ -349,7 +489,7 @@ int exo_synth_set_layers(exo_synth *s, int n, exo_err *err)
 
 int exo_synth_build(exo_synth *s, const exo_model_opts *opts, exo_model **out, exo_err *err)
 {
-    exo_weight_source src = {s, synth_linear, synth_vector, false, NULL};
+    exo_weight_source src = {s, synth_linear, synth_vector, false, NULL, false};
     return exo_model_build(&s->cfg, &src, opts, out, err);
 }
 
@@ -365,8 +505,20 @@ static int fill_tensor(void *ctx, const char *name, void *dst, size_t nbytes, ex
         return exo_err_set(err, EXO_EINTERNAL, "synthetic tensor '%s'", name);
     snprintf(module, sizeof module, "%.*s", (int)(dot - name), name);
     int64_t rows, cols, len;
+    if (!vector_len(&s->cfg, name, &len)) { /* first: "q_proj.bias" is not q_proj's weight */
+        fill_const_bf16(dst, nbytes / sizeof(uint16_t), vector_value(&s->cfg, name));
+        return 0;
+    }
     if (!linear_shape(&s->cfg, module, &rows, &cols)) {
         size_t n = nbytes / sizeof(uint16_t);
+        if (is_mxfp4(s, module)) {
+            uint64_t rng = tensor_rng(s, module);
+            if (!strcmp(dot, ".scales"))
+                memset(dst, mxfp4_scale(cols), nbytes);
+            else
+                fill_random(&rng, dst, nbytes);
+            return 0;
+        }
         if (!strcmp(dot, ".scales")) {
             fill_const_bf16(dst, n, affine_scale(s, cols));
         } else if (!strcmp(dot, ".biases")) {
@@ -378,10 +530,6 @@ static int fill_tensor(void *ctx, const char *name, void *dst, size_t nbytes, ex
             else
                 fill_random(&rng, dst, nbytes);
         }
-        return 0;
-    }
-    if (!vector_len(&s->cfg, name, &len)) {
-        fill_const_bf16(dst, nbytes / sizeof(uint16_t), 1.0f);
         return 0;
     }
     return exo_err_set(err, EXO_EINTERNAL, "synthetic tensor '%s' has no generator", name);
@@ -407,6 +555,11 @@ static int add_linear(exo_st_writer *w, exo_synth *s, const char *module, size_t
     snprintf(name, sizeof name, "%s.weight", module);
     if (s->quant == EXO_SYNTH_BF16)
         return add_tensor(w, s, name, EXO_DTYPE_BF16, rows, cols, bytes, err);
+    if (is_mxfp4(s, module)) { /* mlx's mxfp4 mode: uint32 codes, uint8 scales, no biases */
+        int rc = add_tensor(w, s, name, EXO_DTYPE_U32, rows, cols / 8, bytes, err);
+        snprintf(name, sizeof name, "%s.scales", module);
+        return rc ? rc : add_tensor(w, s, name, EXO_DTYPE_U8, rows, cols / 32, bytes, err);
+    }
     int rc = add_tensor(w, s, name, EXO_DTYPE_U32, rows, cols * quant_bits(s) / 32, bytes, err);
     snprintf(name, sizeof name, "%s.scales", module);
     if (!rc)
@@ -429,42 +582,65 @@ static int add_vector(exo_st_writer *w, exo_synth *s, const char *name, size_t *
 /* Every tensor exo_model_build binds for these architectures. */
 static int add_all(exo_st_writer *w, exo_synth *s, size_t *bytes, exo_err *err)
 {
-    static const char *const linears[] = {"self_attn.q_proj", "self_attn.k_proj",
-                                          "self_attn.v_proj", "self_attn.o_proj",
-                                          "mlp.gate_proj",    "mlp.up_proj",
-                                          "mlp.down_proj"};
-    static const char *const norms[] = {"input_layernorm.weight",
-                                        "post_attention_layernorm.weight",
-                                        "self_attn.q_norm.weight", "self_attn.k_norm.weight"};
-    bool qk_norm = !strncmp(s->cfg.model_type, "qwen3", 5);
+    static const char *const attn[] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+                                       "self_attn.o_proj"};
+    static const char *const lin[] = {"linear_attn.in_proj_qkv", "linear_attn.in_proj_z",
+                                      "linear_attn.in_proj_b", "linear_attn.in_proj_a",
+                                      "linear_attn.out_proj"};
+    static const char *const lin_vecs[] = {"linear_attn.conv1d.weight", "linear_attn.A_log",
+                                           "linear_attn.dt_bias", "linear_attn.norm.weight"};
+    static const char *const mlp[] = {"gate_proj", "up_proj", "down_proj"};
+    static const char *const oss_vecs[] = {"self_attn.q_proj.bias", "self_attn.k_proj.bias",
+                                           "self_attn.v_proj.bias", "self_attn.o_proj.bias",
+                                           "self_attn.sinks", "mlp.router.bias",
+                                           "mlp.experts.gate_up_proj_bias", "mlp.experts.down_proj_bias"};
+    const exo_model_config *c = &s->cfg;
+    bool qk_norm = !strncmp(c->model_type, "qwen3", 5), gpt_oss = !strcmp(c->model_type, "gpt_oss");
     char name[256];
-    int rc = add_linear(w, s, "model.embed_tokens", bytes, err);
-    for (int64_t l = 0; !rc && l < s->cfg.num_hidden_layers; l++) {
-        bool moe = exo_config_layer_moe(&s->cfg, l);
-        for (size_t i = 0; !rc && i < (moe ? 4u : sizeof linears / sizeof *linears); i++) {
-            snprintf(name, sizeof name, "model.layers.%lld.%s", (long long)l, linears[i]);
-            rc = add_linear(w, s, name, bytes, err);
+#define ADD(fn, ...)                                                        \
+    do {                                                                    \
+        snprintf(name, sizeof name, __VA_ARGS__);                           \
+        if ((rc = fn(w, s, name, bytes, err)))                              \
+            return rc;                                                      \
+    } while (0)
+    int rc;
+    ADD(add_linear, "model.embed_tokens");
+    for (long long l = 0; l < c->num_hidden_layers; l++) {
+        bool linear = exo_config_layer_kind(c, l) == EXO_LAYER_LINEAR;
+        ADD(add_vector, "model.layers.%lld.input_layernorm.weight", l);
+        ADD(add_vector, "model.layers.%lld.post_attention_layernorm.weight", l);
+        for (size_t i = 0; linear && i < 5; i++)
+            ADD(add_linear, "model.layers.%lld.%s", l, lin[i]);
+        for (size_t i = 0; linear && i < 4; i++)
+            ADD(add_vector, "model.layers.%lld.%s", l, lin_vecs[i]);
+        for (size_t i = 0; !linear && i < 4; i++)
+            ADD(add_linear, "model.layers.%lld.%s", l, attn[i]);
+        if (!linear && qk_norm) {
+            ADD(add_vector, "model.layers.%lld.self_attn.q_norm.weight", l);
+            ADD(add_vector, "model.layers.%lld.self_attn.k_norm.weight", l);
         }
-        if (moe && !rc) { /* the router and each expert's projections, one tensor each (the hub's layout) */
-            snprintf(name, sizeof name, "model.layers.%lld.mlp.gate", (long long)l);
-            rc = add_linear(w, s, name, bytes, err);
-            for (int64_t e = 0; !rc && e < s->cfg.n_experts; e++)
-                for (size_t i = 4; !rc && i < 7; i++) {
-                    snprintf(name, sizeof name, "model.layers.%lld.mlp.experts.%lld.%s", (long long)l,
-                             (long long)e, linears[i] + 4);
-                    rc = add_linear(w, s, name, bytes, err);
-                }
+        for (size_t i = 0; gpt_oss && i < sizeof oss_vecs / sizeof *oss_vecs; i++)
+            ADD(add_vector, "model.layers.%lld.%s", l, oss_vecs[i]);
+        if (!exo_config_layer_moe(c, l)) {
+            for (size_t i = 0; i < 3; i++)
+                ADD(add_linear, "model.layers.%lld.mlp.%s", l, mlp[i]);
+            continue;
         }
-        for (size_t i = 0; !rc && i < (qk_norm ? 4u : 2u); i++) {
-            snprintf(name, sizeof name, "model.layers.%lld.%s", (long long)l, norms[i]);
-            rc = add_vector(w, s, name, bytes, err);
+        /* the router and each expert's projections, one tensor each (the hub's layout) */
+        ADD(add_linear, "model.layers.%lld.mlp.%s", l, gpt_oss ? "router" : "gate");
+        for (long long e = 0; e < c->n_experts; e++)
+            for (size_t i = 0; i < 3; i++)
+                ADD(add_linear, "model.layers.%lld.mlp.experts.%lld.%s", l, e, mlp[i]);
+        if (c->shared_expert_intermediate_size) {
+            for (size_t i = 0; i < 3; i++)
+                ADD(add_linear, "model.layers.%lld.mlp.shared_expert.%s", l, mlp[i]);
+            ADD(add_linear, "model.layers.%lld.mlp.shared_expert_gate", l);
         }
     }
-    if (!rc)
-        rc = add_vector(w, s, "model.norm.weight", bytes, err);
-    if (!rc)
-        rc = add_linear(w, s, "lm_head", bytes, err);
-    return rc;
+    ADD(add_vector, "model.norm.weight");
+    ADD(add_linear, "lm_head");
+#undef ADD
+    return 0;
 }
 
 /* config.json as the real model's (the fields exo and transformers read). */
@@ -478,7 +654,8 @@ static json_t *config_json(const exo_synth *s)
     json_object_set_new(j, "model_type", json_string(c->model_type));
     json_object_set_new(j, "vocab_size", json_integer(c->vocab_size));
     json_object_set_new(j, "hidden_size", json_integer(c->hidden_size));
-    json_object_set_new(j, "intermediate_size", json_integer(c->intermediate_size));
+    if (c->intermediate_size) /* Qwen3.5-MoE has no dense MLP */
+        json_object_set_new(j, "intermediate_size", json_integer(c->intermediate_size));
     json_object_set_new(j, "num_hidden_layers", json_integer(c->num_hidden_layers));
     json_object_set_new(j, "num_attention_heads", json_integer(c->num_attention_heads));
     json_object_set_new(j, "num_key_value_heads", json_integer(c->num_key_value_heads));
@@ -512,6 +689,33 @@ static json_t *config_json(const exo_synth *s)
         json_object_set_new(j, "norm_topk_prob", json_boolean(c->norm_topk_prob));
         json_object_set_new(j, "decoder_sparse_step", json_integer(c->decoder_sparse_step));
         json_object_set_new(j, "mlp_only_layers", json_array());
+    }
+    if (c->layer_kinds) {
+        static const char *const kinds[] = {"full_attention", "sliding_attention", "linear_attention"};
+        json_t *types = json_array();
+        for (int64_t l = 0; l < c->num_hidden_layers; l++)
+            json_array_append_new(types, json_string(kinds[c->layer_kinds[l]]));
+        json_object_set_new(j, "layer_types", types);
+    }
+    if (c->linear_k_heads) {
+        json_object_set_new(j, "partial_rotary_factor", json_real(c->partial_rotary_factor));
+        json_object_set_new(j, "linear_num_key_heads", json_integer(c->linear_k_heads));
+        json_object_set_new(j, "linear_num_value_heads", json_integer(c->linear_v_heads));
+        json_object_set_new(j, "linear_key_head_dim", json_integer(c->linear_k_dim));
+        json_object_set_new(j, "linear_value_head_dim", json_integer(c->linear_v_dim));
+        json_object_set_new(j, "linear_conv_kernel_dim", json_integer(c->linear_conv_kernel));
+        json_object_set_new(j, "shared_expert_intermediate_size",
+                            json_integer(c->shared_expert_intermediate_size));
+    }
+    if (!strcmp(c->model_type, "gpt_oss")) {
+        json_object_set_new(j, "sliding_window", json_integer(c->sliding_window));
+        json_object_set_new(j, "attention_bias", json_true());
+        json_object_set_new(j, "swiglu_limit", json_real(c->swiglu_limit));
+        json_object_set_new(j, "rope_scaling",
+                            json_pack("{s:s,s:f,s:f,s:f,s:b,s:I}", "rope_type", "yarn", "factor",
+                                      c->rope.factor, "beta_fast", 32.0, "beta_slow", 1.0, "truncate", 0,
+                                      "original_max_position_embeddings",
+                                      (json_int_t)c->rope.original_max_position_embeddings));
     }
     json_object_set_new(j, "attention_dropout", json_real(0));
     json_object_set_new(j, "initializer_range", json_real(0.02));
@@ -585,7 +789,7 @@ int exo_synth_write(exo_synth *s, const char *dir, size_t *bytes, exo_err *err)
 int exo_synth_quant_parse(const char *name, exo_synth_quant *out)
 {
     static const struct { const char *name; exo_synth_quant q; } names[] = {
-        {"bf16", EXO_SYNTH_BF16}, {"q8", EXO_SYNTH_Q8}, {"q4", EXO_SYNTH_Q4}};
+        {"bf16", EXO_SYNTH_BF16}, {"q8", EXO_SYNTH_Q8}, {"q4", EXO_SYNTH_Q4}, {"mxfp4", EXO_SYNTH_MXFP4}};
     for (size_t i = 0; i < sizeof names / sizeof *names; i++)
         if (!strcmp(name, names[i].name)) {
             *out = names[i].q;

@@ -17,6 +17,7 @@ typedef enum exo_synth_quant {
     EXO_SYNTH_BF16 = 0,
     EXO_SYNTH_Q8,   /* MLX affine 8-bit, group 64, bf16 scales/biases */
     EXO_SYNTH_Q4,   /* MLX affine 4-bit, group 64, bf16 scales/biases */
+    EXO_SYNTH_MXFP4, /* experts MXFP4 (as gpt-oss ships them), the rest affine 8-bit */
 } exo_synth_quant;
 
 /* "bf16", "q8", "q4" -> *out; EXO_EINVAL otherwise. */

@@ -13,9 +13,18 @@
  *      Hermes/Qwen `<tool_call>{"name","arguments"}</tool_call>`, Llama 3
  *      JSON (`{"name","parameters"}` as the whole answer, or after
  *      `<|python_tag|>`), DeepSeek-V3 `<｜tool▁calls▁begin｜>` blocks (V3 and
- *      V3.1 layouts); GPT-OSS harmony replaces 2 and 3 with its channel
- *      parser (analysis -> reasoning, final / plain commentary -> text,
- *      commentary to=functions.NAME -> a tool call).
+ *      V3.1 layouts), Qwen3-Coder / Qwen3.5 XML (`<tool_call><function=NAME>
+ *      <parameter=K>V</parameter></function></tool_call>`, or a bare
+ *      `<function=...>`), GLM-4.5/4.6/4.7 (`<tool_call>NAME<arg_key>K</arg_key>
+ *      <arg_value>V</arg_value></tool_call>`), Kimi K2
+ *      (`<|tool_calls_section_begin|><|tool_call_begin|>functions.NAME:IDX
+ *      <|tool_call_argument_begin|>{json}<|tool_call_end|>...`); GPT-OSS
+ *      harmony replaces 2 and 3 with its channel parser (analysis ->
+ *      reasoning, final / plain commentary -> text, commentary
+ *      to=functions.NAME -> a tool call).
+ *      The XML formats write argument values as text: they are typed by the
+ *      tool's schema (exo_tool_args_check's coercions; GLM values also read
+ *      as JSON where the declared type is not string, as vLLM does).
  * Special tokens must be present in the fed text (decode without skipping
  * special tokens for these families).
  *
@@ -23,9 +32,11 @@
  * the request did not declare, or violates the tool's parameter schema
  * (required properties, basic types after exo's string coercions), and a call
  * left unterminated at the end, is emitted as plain text (its raw markup), and
- * the finish reason is left as is. Without tools in the request, tool-call
- * syntax is not parsed at all. Well-formed calls are emitted whole, one
- * TOOL_CALLS chunk per call, and turn a stop/length finish into tool_calls.
+ * the finish reason is left as is. A block holding several calls (one
+ * <tool_call>, a DeepSeek or Kimi section) is all calls or all text. Without
+ * tools in the request, tool-call syntax is not parsed at all. Well-formed
+ * calls are emitted whole, one TOOL_CALLS chunk per call, and turn a
+ * stop/length finish into tool_calls.
  *
  * Token metadata: the first chunk emitted while a token is fed carries that
  * token's id and logprobs; text released later (held-back marker prefixes)
@@ -43,6 +54,10 @@ typedef enum exo_tool_format {
     EXO_TOOL_FMT_LLAMA3,
     EXO_TOOL_FMT_DEEPSEEK_V3,
     EXO_TOOL_FMT_HARMONY,     /* GPT-OSS */
+    EXO_TOOL_FMT_QWEN3_XML,   /* Qwen3-Coder, Qwen3.5: <function=NAME><parameter=K> */
+    EXO_TOOL_FMT_GLM4,        /* GLM-4.5/4.6/4.7 (glm4_moe): <arg_key>/<arg_value> */
+    EXO_TOOL_FMT_KIMI_K2,     /* Kimi K2: <|tool_calls_section_begin|> */
+    EXO_TOOL_FMT_COUNT
 } exo_tool_format;
 
 typedef struct exo_output_parser_config {
@@ -56,7 +71,9 @@ typedef struct exo_output_parser_config {
 } exo_output_parser_config;
 
 /* Picks the tool format and reasoning tags from a chat template's text, and
- * starts_in_thinking from the end of the rendered prompt (either may be NULL). */
+ * starts_in_thinking from the end of the rendered prompt (either may be NULL).
+ * Templates that write `<think>` get <think>...</think> reasoning (Qwen3,
+ * Qwen3.5, DeepSeek-V3.1/R1, GLM-4.5+, Kimi K2 Thinking). */
 void exo_output_parser_detect(const char *chat_template, const char *prompt,
                               exo_output_parser_config *cfg);
 
@@ -80,9 +97,11 @@ int exo_output_parser_reasoning_tokens(const exo_output_parser *p);
 /* The stop sequence that matched, or NULL (for the FINISH chunk). */
 const char *exo_output_parser_stop_sequence(const exo_output_parser *p);
 
-/* Checks (and coerces in place, as exo does: "3" -> 3 for an integer
- * property, "true" -> true, "{...}" -> object) a call's arguments against the
- * declared tool: EXO_ENOENT for an undeclared tool, EXO_EINVAL otherwise. */
+/* Checks (and coerces in place, as exo does: "3" -> 3 for an integer or
+ * number property, "2.5" -> 2.5, "true" -> true, "{...}" -> object, "null" ->
+ * null where the type list allows null; whitespace around a scalar is
+ * ignored) a call's arguments against the declared tool: EXO_ENOENT for an
+ * undeclared tool, EXO_EINVAL otherwise. */
 int exo_tool_args_check(const json_t *tools, const char *name, json_t *args, exo_err *err);
 
 #endif

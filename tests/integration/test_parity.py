@@ -37,25 +37,47 @@ FIX = os.path.join(os.path.dirname(__file__), "..", "fixtures")
 passed = failed = 0
 
 
+def sensitive(native_bf16):
+    """Models that amplify rounding: transformers' own bf16 run is more than
+    0.5 off its f32 run (the newer fixtures' 80-token prompts through
+    routers with close choices and linear-attention recurrences: 2.3 to 5.7,
+    against 0.05 to 0.24 for the dense ones and gemma3)."""
+    return (native_bf16 or 0) > 0.5
+
+
 def tol_for(dtype, path, native_bf16=None):
-    if dtype == "float32":
-        return 2e-4
+    loose = sensitive(native_bf16)
+    if dtype == "float32" or (dtype == "bfloat16" and path == "gemv"):
+        # f32 arithmetic, sums reordered; a router gap of 1e-2 turned by it
+        # costs up to 8e-4 on the sensitive ones
+        return 1e-3 if loose else 2e-4
     if path == "gemm":
         # prefill rounds activations to bf16: as far off as transformers' own
         # bf16 run is from its f32 run on that model (0.24 on qwen3_moe, whose
-        # routers amplify rounding), and at least 0.12
-        return max(0.12, native_bf16 or 0)
-    return 2e-4 if dtype == "bfloat16" else 3e-3
+        # routers amplify rounding), and at least 0.12; on the sensitive ones
+        # twice that, with the median position held to PREFILL_MEDIAN below
+        return (2 if loose else 1) * max(0.12, native_bf16 or 0)
+    # activations in two int8 levels: a flipped expert moves a few positions
+    return 0.25 if loose else 3e-3
+
+
+# Sensitive models, bf16-activation prefill: most positions stay close,
+# whichever few flip an expert or a state may not.
+PREFILL_MEDIAN = 0.5
 
 
 def native_bf16_diff(ref):
-    """transformers' bf16-vs-f32 logit difference for the model's bf16 weights."""
-    base = ref.get("base") or (ref["model_type"] + "-bf16")
-    try:
-        r = json.load(open(os.path.join(FIX, base, "reference.json")))
-    except (OSError, ValueError):
-        return None
-    return r.get("bf16_native_max_abs_diff")
+    """transformers' bf16-vs-f32 logit difference for the model's bf16 weights
+    (from the dir the model was made from, or its family's bf16 dir)."""
+    family = ref["model_type"].removesuffix("_text")
+    for base in (ref.get("base"), family + "-bf16"):
+        try:
+            r = json.load(open(os.path.join(FIX, base, "reference.json")))
+        except (OSError, ValueError, TypeError):
+            continue
+        if r.get("bf16_native_max_abs_diff") is not None:
+            return r["bf16_native_max_abs_diff"]
+    return None
 
 
 def check(name, ok, detail=""):
@@ -96,13 +118,19 @@ def check_model(name, model_dir, ref_dir):
     want = np.fromfile(os.path.join(ref_dir, ref["logits_file"]), dtype=np.float32).reshape(T, V)
     try:
         errs = []
+        native = native_bf16_diff(ref)
         for path in ("gemv", "gemm"):
-            tol = tol_for(ref["dtype"], path, native_bf16_diff(ref))
+            tol = tol_for(ref["dtype"], path, native)
             got = logits(model_dir, ref["prompt_ids"], V, path=path)
-            err = float(np.abs(got - want).max())
+            rows = np.abs(got - want).max(axis=1)
+            err = float(rows.max())
             errs.append(f"{path} {err:.2g}")
             check(f"{name} prompt logits ({path})", err <= tol, f"max abs err {err:.3g} > {tol}")
-        tol = tol_for(ref["dtype"], "gemv")
+            if path == "gemm" and sensitive(native):
+                med = float(np.median(rows))
+                check(f"{name} prompt logits ({path}, median position)", med <= PREFILL_MEDIAN,
+                      f"median of the positions' max abs err {med:.3g} > {PREFILL_MEDIAN}")
+        tol = tol_for(ref["dtype"], "gemv", native)
         S, _ = ref["sequence_logits_shape"]
         want_seq = np.fromfile(os.path.join(ref_dir, ref["sequence_logits_file"]),
                                dtype=np.float32).reshape(S, V)
@@ -135,7 +163,15 @@ def main():
         for d in dirs:
             ref = json.load(open(os.path.join(FIX, d, "reference.json")))
             q = ref.get("quantization")
-            if not q:
+            # exo quantize writes one bits/group size for every module:
+            # checkpoints with per-module settings (the routers at 8 bits)
+            # or MXFP4 experts are checked as written only
+            if not q or q.get("mode", "affine") != "affine" or any(isinstance(v, dict) for v in q.values()):
+                continue
+            # nor the families mlx-lm converts other than uniformly (routers
+            # kept bf16, norms stored as bf16-rounded 1 + w, kv_b_proj split
+            # into embed_q / unembed_out): their "layout" says how
+            if ref.get("layout"):
                 continue
             base = ref.get("base") or d.split("-")[0] + "-bf16"
             out = os.path.join(tmp, d)

@@ -37,6 +37,7 @@ SPECIALS = [
     ("Mistral", {"bos_token": "<s>", "eos_token": "</s>"}),
     ("moonshotai", {"bos_token": "[BOS]", "eos_token": "[EOS]"}),
     ("openai", {"bos_token": "<|startoftext|>", "eos_token": "<|return|>"}),
+    ("zai-org", {"eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>"}),
 ]
 
 TOOLS = [

@@ -19,7 +19,7 @@ static float frand(unsigned *s)
 
 /* out[t][h] for queries at positions 0..T-1 over all keys 0..T-1 */
 static void naive(int T, int H, int KV, int hd, int window, const float *q, const float *k,
-                  const float *v, double *out)
+                  const float *v, const float *sinks, double *out)
 {
     int group = H / KV;
     for (int t = 0; t < T; t++)
@@ -35,6 +35,8 @@ static void naive(int T, int H, int KV, int hd, int window, const float *q, cons
             }
             for (int s = lo; s <= t; s++)
                 sum += (sc[s] = exp(sc[s] - mx));
+            if (sinks) /* gpt-oss: one more logit in the denominator, attending to nothing */
+                sum += exp((double)sinks[h] - mx);
             for (int i = 0; i < hd; i++) {
                 double o = 0;
                 for (int s = lo; s <= t; s++)
@@ -43,6 +45,8 @@ static void naive(int T, int H, int KV, int hd, int window, const float *q, cons
             }
         }
 }
+
+static bool with_sinks; /* check() with a sink logit per query head */
 
 static void check(int T, int H, int KV, int hd, int window, int prefill_chunk)
 {
@@ -60,11 +64,14 @@ static void check(int T, int H, int KV, int hd, int window, int prefill_chunk)
         k[i] = 2 * frand(&seed);
         v[i] = frand(&seed);
     }
-    naive(T, H, KV, hd, window, q, k, v, want);
+    float sinks[64];
+    for (int h = 0; h < H && h < 64; h++) /* around the scores, and one far above them */
+        sinks[h] = h == 1 ? 6.0f : 2 * frand(&seed);
+    naive(T, H, KV, hd, window, q, k, v, with_sinks ? sinks : NULL, want);
     int capacity = (T + 15) / 16 * 16 + 16; /* what model.c allocates for T + a few */
     float *kc = be->ops->alloc(be, (size_t)capacity * KV * hd * 4);
     float *vc = be->ops->alloc(be, (size_t)capacity * KV * hd * 4);
-    exo_attn_shape sh = {H, KV, hd, window, 1.0f / sqrtf((float)hd)};
+    exo_attn_shape sh = {H, KV, hd, window, 1.0f / sqrtf((float)hd), with_sinks ? sinks : NULL};
     for (int t0 = 0; t0 < T; t0 += prefill_chunk) {
         int n = T - t0 < prefill_chunk ? T - t0 : prefill_chunk;
         be->ops->attention(be, &sh, out + (size_t)t0 * H * hd, q + (size_t)t0 * H * hd,
@@ -124,6 +131,18 @@ Test(attention, sliding_window)
     check(45, 8, 2, 64, 7, 1);
     check(45, 8, 2, 64, 7, 45);
     check(45, 4, 2, 16, 16, 9);
+}
+
+/* Sinks (gpt-oss) on both kernels, with a window, GQA groups of 1 to 8. */
+Test(attention, sinks)
+{
+    with_sinks = true;
+    check(37, 8, 2, 64, 0, 1);
+    check(37, 8, 2, 64, 0, 37);
+    check(45, 8, 1, 32, 7, 1);
+    check(45, 8, 1, 32, 7, 45);
+    check(30, 4, 4, 16, 5, 3);
+    with_sinks = false;
 }
 
 /* The vectorisable expf of the softmax and SiLU against libm: relative

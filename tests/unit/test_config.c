@@ -42,6 +42,8 @@ static void bad(const char *json, int code, const char *needle)
 }
 
 #define SIZES "\"vocab_size\":1000,\"hidden_size\":64,\"intermediate_size\":128,\"num_hidden_layers\":2,\"num_attention_heads\":8"
+/* the same, with the layer count to be given */
+#define SIZES_NL "\"vocab_size\":1000,\"hidden_size\":64,\"intermediate_size\":128,\"num_attention_heads\":8"
 
 Test(config, llama31)
 {
@@ -193,6 +195,156 @@ Test(config, qwen3_moe_experts)
     bad("{\"model_type\":\"qwen3_moe\"," SIZES ",\"num_experts\":8,\"num_experts_per_tok\":2,"
         "\"moe_intermediate_size\":16,\"mlp_only_layers\":{}}", EXO_EFORMAT, "mlp_only_layers");
     bad("{\"model_type\":\"qwen3_moe\"," SIZES ",\"num_experts\":-1}", EXO_EFORMAT, "num_experts");
+}
+
+/* Qwen3.5-MoE's hub config: the text model under text_config (its
+ * model_type "..._text"), layer_types, rope_parameters with the partial
+ * rotary factor, no intermediate_size, the router always renormalised. */
+Test(config, qwen3_5_moe_wrapper)
+{
+    exo_model_config c = ok(
+        "{\"model_type\":\"qwen3_5_moe\",\"architectures\":[\"Qwen3_5MoeForConditionalGeneration\"],"
+        "\"text_config\":{\"model_type\":\"qwen3_5_moe_text\",\"vocab_size\":1000,\"hidden_size\":64,"
+        "\"num_hidden_layers\":4,\"num_attention_heads\":8,\"num_key_value_heads\":2,\"head_dim\":32,"
+        "\"layer_types\":[\"linear_attention\",\"linear_attention\",\"linear_attention\",\"full_attention\"],"
+        "\"linear_num_key_heads\":2,\"linear_num_value_heads\":4,\"linear_key_head_dim\":16,"
+        "\"linear_value_head_dim\":16,\"num_experts\":8,\"num_experts_per_tok\":2,\"moe_intermediate_size\":32,"
+        "\"shared_expert_intermediate_size\":48,\"rope_parameters\":{\"rope_type\":\"default\","
+        "\"rope_theta\":10000000,\"partial_rotary_factor\":0.25,\"mrope_section\":[11,11,10]}},"
+        "\"vision_config\":{\"depth\":2}}");
+    cr_assert_str_eq(c.model_type, "qwen3_5_moe");
+    cr_assert_eq(c.intermediate_size, 0);
+    cr_assert(c.norm_topk_prob, "Qwen3.5's router always renormalises");
+    cr_assert_float_eq(c.partial_rotary_factor, 0.25, 1e-12);
+    cr_assert_float_eq(c.rope_theta, 1e7, 1);
+    cr_assert_eq(c.linear_k_heads, 2);
+    cr_assert_eq(c.linear_v_heads, 4);
+    cr_assert_eq(c.linear_k_dim, 16);
+    cr_assert_eq(c.linear_conv_kernel, 4, "the default kernel");
+    cr_assert_eq(c.shared_expert_intermediate_size, 48);
+    for (int l = 0; l < 4; l++)
+        cr_assert_eq(exo_config_layer_kind(&c, l), l == 3 ? EXO_LAYER_FULL : EXO_LAYER_LINEAR, "layer %d", l);
+    exo_config_free(&c);
+    /* qwen3_next without layer_types: every 4th layer is full attention */
+    c = ok("{\"model_type\":\"qwen3_next\"," SIZES_NL ",\"num_hidden_layers\":8,\"num_experts\":4,"
+           "\"num_experts_per_tok\":2,\"moe_intermediate_size\":16}");
+    for (int l = 0; l < 8; l++)
+        cr_assert_eq(exo_config_layer_kind(&c, l), (l + 1) % 4 ? EXO_LAYER_LINEAR : EXO_LAYER_FULL);
+    cr_assert_eq(c.head_dim, 256);
+    cr_assert_float_eq(c.partial_rotary_factor, 0.25, 1e-12);
+    cr_assert(c.norm_topk_prob, "Qwen3NextConfig's default");
+    exo_config_free(&c);
+    bad("{\"model_type\":\"qwen3_next\"," SIZES ",\"layer_types\":[\"full_attention\"]}", EXO_EFORMAT,
+        "layer_types");
+    bad("{\"model_type\":\"qwen3_next\"," SIZES ",\"layer_types\":[\"full_attention\",\"cross\"]}",
+        EXO_EUNSUPPORTED, "cross");
+    bad("{\"model_type\":\"llama\"," SIZES ",\"layer_types\":[\"full_attention\",\"linear_attention\"]}",
+        EXO_EFORMAT, "linear attention");
+    bad("{\"model_type\":\"qwen3_next\"," SIZES ",\"linear_num_key_heads\":3,\"linear_num_value_heads\":4}",
+        EXO_EFORMAT, "multiple");
+}
+
+/* Gemma 3: per-layer-type rope_parameters (local base for sliding layers),
+ * the sliding pattern, hidden_activation, tied embeddings, its scalar. */
+Test(config, gemma3)
+{
+    exo_model_config c = ok(
+        "{\"model_type\":\"gemma3_text\"," SIZES_NL ",\"num_hidden_layers\":7,\"hidden_activation\":"
+        "\"gelu_pytorch_tanh\",\"query_pre_attn_scalar\":24,\"sliding_window\":512,\"rope_parameters\":{"
+        "\"sliding_attention\":{\"rope_type\":\"default\",\"rope_theta\":10000.0},\"full_attention\":{"
+        "\"rope_type\":\"linear\",\"factor\":8.0,\"rope_theta\":1000000.0}}}");
+    cr_assert_str_eq(c.model_type, "gemma3");
+    cr_assert_str_eq(c.hidden_act, "gelu_pytorch_tanh");
+    cr_assert(c.tie_word_embeddings);
+    cr_assert_eq(c.head_dim, 256);
+    cr_assert_float_eq(c.query_pre_attn_scalar, 24, 1e-12);
+    cr_assert_float_eq(c.rope_theta, 1e6, 1e-6);
+    cr_assert_float_eq(c.rope_local_theta, 1e4, 1e-6);
+    cr_assert_eq(c.rope.type, EXO_ROPE_LINEAR);
+    for (int l = 0; l < 7; l++)
+        cr_assert_eq(exo_config_layer_kind(&c, l), l == 5 ? EXO_LAYER_FULL : EXO_LAYER_SLIDING, "layer %d", l);
+    exo_config_free(&c);
+    c = ok("{\"model_type\":\"gemma3_text\"," SIZES ",\"rope_local_base_freq\":20000,\"rope_theta\":5e5}");
+    cr_assert_float_eq(c.rope_local_theta, 2e4, 1e-6);
+    cr_assert_eq(c.sliding_window, 4096);
+    cr_assert_float_eq(c.query_pre_attn_scalar, 256, 1e-12);
+    exo_config_free(&c);
+    bad("{\"model_type\":\"gemma3_text\"," SIZES ",\"attn_logit_softcapping\":50}", EXO_EUNSUPPORTED,
+        "softcapping");
+}
+
+/* gpt-oss: alternating sliding/full layers, the expert width is
+ * intermediate_size, yarn with truncate false, biases and the clamp. */
+Test(config, gpt_oss)
+{
+    exo_model_config c = ok(
+        "{\"model_type\":\"gpt_oss\"," SIZES_NL ",\"num_hidden_layers\":4,\"num_local_experts\":32,"
+        "\"num_experts_per_tok\":4,\"head_dim\":64,\"rope_theta\":150000,\"rope_scaling\":{\"rope_type\":\"yarn\","
+        "\"factor\":32.0,\"beta_fast\":32.0,\"beta_slow\":1.0,\"truncate\":false,"
+        "\"original_max_position_embeddings\":4096}}");
+    cr_assert_eq(c.n_experts, 32);
+    cr_assert_eq(c.moe_intermediate_size, 128, "the experts are intermediate_size wide");
+    cr_assert(c.norm_topk_prob && c.router_bias && c.attention_bias);
+    cr_assert_float_eq(c.swiglu_limit, 7.0, 1e-12);
+    cr_assert_eq(c.sliding_window, 128);
+    cr_assert(c.rope.yarn_no_truncate);
+    cr_assert_not(c.quant.enabled);
+    for (int l = 0; l < 4; l++)
+        cr_assert_eq(exo_config_layer_kind(&c, l), l % 2 ? EXO_LAYER_FULL : EXO_LAYER_SLIDING, "layer %d", l);
+    exo_config_free(&c);
+    /* the hub's MXFP4 experts (their tensors say so), and mlx-community's
+     * MXFP4-Q8 (experts by default, per-module affine 8-bit for the rest) */
+    c = ok("{\"model_type\":\"gpt_oss\"," SIZES ",\"num_local_experts\":4,\"num_experts_per_tok\":2,"
+           "\"quantization_config\":{\"quant_method\":\"mxfp4\",\"modules_to_not_convert\":[\"lm_head\"]}}");
+    cr_assert_not(c.quant.enabled);
+    exo_config_free(&c);
+    c = ok("{\"model_type\":\"gpt_oss\"," SIZES ",\"num_local_experts\":4,\"num_experts_per_tok\":2,"
+           "\"quantization\":{\"group_size\":32,\"bits\":4,\"mode\":\"mxfp4\",\"model.layers.0.self_attn.q_proj\":"
+           "{\"group_size\":64,\"bits\":8,\"mode\":\"affine\"}}}");
+    int bits = 0, gs = 0;
+    cr_assert(exo_config_quant_for(&c, "model.layers.0.self_attn.q_proj", &bits, &gs));
+    cr_assert_eq(bits, 8);
+    cr_assert_eq(gs, 64);
+    exo_config_free(&c);
+}
+
+/* GLM-4.5 and DeepSeek-V3 / Kimi K2: sigmoid routing with groups, scaling,
+ * dense first layers, shared experts; MLA sizes. */
+Test(config, sigmoid_routers_and_mla)
+{
+    exo_model_config c = ok(
+        "{\"model_type\":\"glm4_moe\"," SIZES_NL ",\"num_hidden_layers\":3,\"n_routed_experts\":8,"
+        "\"num_experts_per_tok\":2,\"moe_intermediate_size\":16,\"first_k_dense_replace\":1,"
+        "\"n_shared_experts\":1,\"routed_scaling_factor\":2.5,\"n_group\":1,\"topk_group\":1,\"head_dim\":32}");
+    cr_assert(c.router_sigmoid && c.norm_topk_prob);
+    cr_assert_eq(c.n_experts, 8);
+    cr_assert_eq(c.n_shared_experts, 1);
+    cr_assert_float_eq(c.routed_scaling_factor, 2.5, 1e-12);
+    cr_assert_float_eq(c.partial_rotary_factor, 0.5, 1e-12);
+    cr_assert_not(exo_config_layer_moe(&c, 0));
+    cr_assert(exo_config_layer_moe(&c, 1) && exo_config_layer_moe(&c, 2));
+    exo_config_free(&c);
+    c = ok("{\"model_type\":\"kimi_k2\",\"architectures\":[\"DeepseekV3ForCausalLM\"]," SIZES
+           ",\"n_routed_experts\":16,\"num_experts_per_tok\":4,\"moe_intermediate_size\":16,\"n_group\":4,"
+           "\"topk_group\":2,\"q_lora_rank\":null,\"kv_lora_rank\":32,\"qk_nope_head_dim\":16,"
+           "\"qk_rope_head_dim\":8,\"v_head_dim\":16}");
+    cr_assert_str_eq(c.model_type, "deepseek_v3");
+    cr_assert_eq(c.q_lora_rank, 0, "null: a plain q_proj");
+    cr_assert_eq(c.kv_lora_rank, 32);
+    cr_assert_eq(c.head_dim, 8, "RoPE dims");
+    cr_assert_eq(c.num_key_value_heads, 8);
+    cr_assert(c.rope_interleave);
+    cr_assert_eq(c.n_group, 4);
+    cr_assert_eq(c.topk_group, 2);
+    exo_config_free(&c);
+    c = ok("{\"model_type\":\"deepseek_v3\"," SIZES ",\"n_routed_experts\":16,\"num_experts_per_tok\":4,"
+           "\"moe_intermediate_size\":16}");
+    cr_assert_eq(c.q_lora_rank, 1536, "absent: the class default");
+    exo_config_free(&c);
+    bad("{\"model_type\":\"deepseek_v3\"," SIZES ",\"n_routed_experts\":16,\"num_experts_per_tok\":4,"
+        "\"moe_intermediate_size\":16,\"n_group\":3}", EXO_EFORMAT, "groups");
+    bad("{\"model_type\":\"deepseek_v3\"," SIZES ",\"n_routed_experts\":16,\"num_experts_per_tok\":8,"
+        "\"moe_intermediate_size\":16,\"n_group\":4,\"topk_group\":1}", EXO_EFORMAT, "groups");
 }
 
 Test(config, mistral_defaults)

@@ -324,7 +324,9 @@ Test(dist, stories_tensor, .init = stories_setup, .timeout = 60)
 Test(dist, fixtures_pipeline, .timeout = 60)
 {
     static const char *const dirs[] = {"llama-f32", "qwen2-bf16", "qwen3-q4g64", "mistral-f32", "llama-q8g32",
-                                       "qwen3_moe-bf16", "qwen3_moe-q4g64"};
+                                       "qwen3_moe-bf16", "qwen3_moe-q4g64", "qwen3_next-bf16", "qwen3_5_moe-q4g64",
+                                       "qwen3_5-bf16", "gemma3-bf16", "gpt_oss-mxfp4", "gpt_oss-mlx-mxfp4q8",
+                                       "glm4_moe-q8g64", "deepseek_v3-bf16", "deepseek_v3-q4g64"};
     for (size_t i = 0; i < sizeof dirs / sizeof *dirs; i++) {
         char d[256];
         snprintf(d, sizeof d, "tests/fixtures/%s", dirs[i]);
@@ -362,7 +364,12 @@ Test(dist, fixtures_tensor, .timeout = 60)
         {"llama-f32", 2e-4f}, {"qwen2-bf16", 2e-4f}, {"qwen3-q4g64", 2e-2f}, {"mistral-f32", 2e-4f},
         {"llama-q8g32", 2e-2f}, {"qwen3_moe-f32", 2e-4f},
         /* its routers' wide logits amplify the split's reordered sums: 8e-4 seen */
-        {"qwen3_moe-bf16", 2e-3f}};
+        {"qwen3_moe-bf16", 2e-3f},
+        /* each rank holds its share of the linear-attention heads, the latent
+         * attention's heads, the experts' and shared experts' columns, the
+         * sinks; the routers' close choices take the reordered sums as above */
+        {"qwen3_next-f32", 2e-3f}, {"qwen3_5_moe-f32", 2e-3f}, {"qwen3_5-f32", 2e-3f}, {"gemma3-f32", 2e-4f},
+        {"gpt_oss-f32", 2e-3f}, {"gpt_oss-mxfp4", 2e-2f}, {"glm4_moe-f32", 2e-3f}, {"deepseek_v3-f32", 2e-3f}};
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         char d[256];
         snprintf(d, sizeof d, "tests/fixtures/%s", cases[i].dir);

@@ -6,7 +6,7 @@
  * the size of the terms, not of the possibly cancelling sum):
  *   reference path vs naive double  : 1e-10 (f32 rounding of the result only)
  *   GEMV, dense weights             : 1e-9  (f32 accumulation)
- *   GEMV, affine weights            : 1e-8  (activations in two int8 levels per
+ *   GEMV, affine and MXFP4 weights  : 1e-8  (activations in two int8 levels per
  *                                            group: step max|x|/(127*256), about
  *                                            (max|x|/32512)^2/12 per element, i.e.
  *                                            ~1e-9 for gaussian x; a single int8
@@ -16,12 +16,16 @@
  *                                            expected ~1e-5)
  *   AUTO                            : the looser of GEMV and GEMM
  * Weights are placed so their last byte is the last byte before a PROT_NONE
- * page: any read past the end of a weight row faults. */
+ * page: any read past the end of a weight row faults.
+ * MXFP4 weights are checked against their own oracle (mx_row_ref: the
+ * format written out from gpt_oss.md with ldexp, not exo_linear_row_f32),
+ * exo_linear_row_f32 and the bf16 expansion against it exactly. */
 #include <criterion/criterion.h>
 
 #include "core/alloc.h"
 #include "core/cpu_features.h"
 #include "core/threadpool.h"
+#include "engine/cpu/kernels.h"
 #include "engine/cpu/matmul.h"
 #include "engine/quant.h"
 
@@ -90,7 +94,20 @@ static void tweight_make(tweight *t, exo_wformat fmt, exo_dtype dt, int64_t rows
     t->l.rows = rows;
     t->l.cols = cols;
     float *row = exo_malloc((size_t)cols * sizeof(float));
-    if (fmt == EXO_WFORMAT_DENSE) {
+    if (fmt == EXO_WFORMAT_MXFP4) {
+        /* random codes, E8M0 scales 120..130 (2^-7 .. 2^3) */
+        unsigned char *codes = guarded_alloc(&t->codes, (size_t)(rows * cols / 2));
+        unsigned char *sc = guarded_alloc(&t->scales, (size_t)(rows * cols / 32));
+        for (int64_t i = 0; i < rows * cols / 2; i++)
+            codes[i] = (unsigned char)(uniform01() * 256.0);
+        for (int64_t i = 0; i < rows * cols / 32; i++)
+            sc[i] = (unsigned char)(120 + (int)(uniform01() * 11.0));
+        t->l.dtype = EXO_DTYPE_U8;
+        t->l.w = codes;
+        t->l.scales = sc;
+        t->l.bits = 4;
+        t->l.group_size = 32;
+    } else if (fmt == EXO_WFORMAT_DENSE) {
         size_t esz = exo_dtype_size(dt);
         unsigned char *w = guarded_alloc(&t->codes, (size_t)(rows * cols) * esz);
         for (int64_t r = 0; r < rows; r++) {
@@ -159,18 +176,41 @@ static float *rand_x(int T, int64_t cols)
     return x;
 }
 
+/* Row r of an MXFP4 weight, written from the format's definition
+ * (gpt_oss.md, "MXFP4 format exactly"): element 2b of a group is the low
+ * nibble of its byte b, value FP4[code] * 2^(scale - 127). */
+static void mx_row_ref(const exo_linear *w, int64_t r, double *out)
+{
+    static const double fp4[16] = {0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6};
+    const uint8_t *blocks = (const uint8_t *)w->w + r * (w->cols / 2);
+    const uint8_t *scales = (const uint8_t *)w->scales + r * (w->cols / 32);
+    for (int64_t g = 0; g < w->cols / 32; g++)
+        for (int b = 0; b < 16; b++) {
+            uint8_t blk = blocks[16 * g + b];
+            out[32 * g + 2 * b] = ldexp(fp4[blk & 0x0f], scales[g] - 127);
+            out[32 * g + 2 * b + 1] = ldexp(fp4[blk >> 4], scales[g] - 127);
+        }
+}
+
 /* y = W x in double; energy[t][r] = sum_c (w_rc x_tc)^2, the scale of the
  * rounding errors of the products, used to normalise errors so a dot
  * product that cancels to ~0 does not blow up the metric. */
 static void naive(const exo_linear *w, const float *x, int T, float *y, double *energy)
 {
     float *row = exo_malloc((size_t)w->cols * sizeof(float));
+    double *rowd = exo_malloc((size_t)w->cols * sizeof(double));
     for (int64_t r = 0; r < w->rows; r++) {
-        exo_linear_row_f32(w, r, row);
+        if (w->format == EXO_WFORMAT_MXFP4) {
+            mx_row_ref(w, r, rowd);
+        } else {
+            exo_linear_row_f32(w, r, row);
+            for (int64_t c = 0; c < w->cols; c++)
+                rowd[c] = row[c];
+        }
         for (int t = 0; t < T; t++) {
             double acc = 0, en = 0;
             for (int64_t c = 0; c < w->cols; c++) {
-                double p = (double)row[c] * x[t * w->cols + c];
+                double p = rowd[c] * x[t * w->cols + c];
                 acc += p;
                 en += p * p;
             }
@@ -179,6 +219,7 @@ static void naive(const exo_linear *w, const float *x, int T, float *y, double *
         }
     }
     exo_free(row);
+    exo_free(rowd);
 }
 
 static double nmse(const float *y, const float *ref, const double *energy, int64_t n)
@@ -242,6 +283,63 @@ static void check_call(exo_cpu_matmul_ctx *ctx, exo_matmul_path path, int n, twe
 
 static const exo_matmul_path all_paths[] = {EXO_MATMUL_REFERENCE, EXO_MATMUL_GEMV, EXO_MATMUL_GEMM,
                                             EXO_MATMUL_AUTO};
+
+/* exo_cpu_matmul_each: weight i reads its own input; each against the
+ * naive product of that input. */
+static void check_each(exo_cpu_matmul_ctx *ctx, exo_matmul_path path, int n, tweight *tw, int T)
+{
+    int64_t cols = tw[0].l.cols;
+    const exo_linear *ws[8];
+    const float *xs[8];
+    float *ys[8], *refs[8];
+    double *ens[8];
+    for (int i = 0; i < n; i++) {
+        ws[i] = &tw[i].l;
+        xs[i] = rand_x(T, cols);
+        ys[i] = exo_malloc((size_t)T * (size_t)tw[i].l.rows * sizeof(float));
+        for (int64_t k = 0; k < T * tw[i].l.rows; k++)
+            ys[i][k] = NAN;
+        refs[i] = exo_malloc((size_t)T * (size_t)tw[i].l.rows * sizeof(float));
+        ens[i] = exo_malloc((size_t)T * (size_t)tw[i].l.rows * sizeof(double));
+        naive(ws[i], xs[i], T, refs[i], ens[i]);
+    }
+    exo_cpu_matmul_force_path(ctx, path);
+    exo_cpu_matmul_each(ctx, n, ws, xs, T, ys);
+    for (int i = 0; i < n; i++) {
+        double e = nmse(ys[i], refs[i], ens[i], T * ws[i]->rows);
+        cr_expect(e <= tolerance(path, ws[i]), "each %s: weight %d fmt %d T %d: nmse %g", path_name(path), i,
+                  ws[i]->format, T, e);
+        exo_free((void *)xs[i]);
+        exo_free(ys[i]);
+        exo_free(refs[i]);
+        exo_free(ens[i]);
+    }
+}
+
+/* The down projections of a token's experts: several weights (mixed
+ * formats), one input each, one dispatch. */
+Test(matmul, each_weight_its_own_input)
+{
+    for (int nth = 1; nth <= 2; nth++) {
+        exo_pool *pool = exo_pool_create(nth);
+        exo_cpu_matmul_ctx *ctx = exo_cpu_matmul_ctx_create(pool);
+        tweight tw[5];
+        tweight_make(&tw[0], EXO_WFORMAT_AFFINE, EXO_DTYPE_BF16, 130, 256, 4, 64);
+        tweight_make(&tw[1], EXO_WFORMAT_AFFINE, EXO_DTYPE_BF16, 130, 256, 8, 64);
+        tweight_make(&tw[2], EXO_WFORMAT_MXFP4, EXO_DTYPE_U8, 65, 256, 4, 32);
+        tweight_make(&tw[3], EXO_WFORMAT_DENSE, EXO_DTYPE_BF16, 9, 256, 0, 0);
+        tweight_make(&tw[4], EXO_WFORMAT_AFFINE, EXO_DTYPE_BF16, 64, 256, 4, 64);
+        for (size_t p = 0; p < 4; p++)
+            for (int T = 1; T <= 5; T += 2) {
+                check_each(ctx, all_paths[p], 5, tw, T);
+                check_each(ctx, all_paths[p], 1, tw + 2, T);
+            }
+        for (int i = 0; i < 5; i++)
+            tweight_free(&tw[i]);
+        exo_cpu_matmul_ctx_free(ctx);
+        exo_pool_free(pool);
+    }
+}
 
 Test(matmul, dense_all_paths)
 {
@@ -404,4 +502,297 @@ Test(matmul, avx2_gemm_matches)
         }
         exo_pool_free(pool);
     }
+}
+
+/* ---------------------------------------------------------------------- */
+/* MXFP4                                                                  */
+
+/* The layout on hand-made bytes: nibble order, the LUT, E8M0 scales (also
+ * the edge bytes 0 and 1), the byte count, and MLX's uint32 packing (code k
+ * of a word at bits 4k) being the same bytes as Hugging Face's blocks. */
+Test(matmul, mxfp4_format)
+{
+    cr_assert_eq(exo_e8m0_to_f32(127), 1.0f);
+    cr_assert_eq(exo_e8m0_to_f32(130), 8.0f);
+    cr_assert_eq(exo_e8m0_to_f32(120), 1.0f / 128.0f);
+    cr_assert_eq(exo_e8m0_to_f32(1), ldexpf(1.0f, -126));
+    cr_assert_eq(exo_e8m0_to_f32(0), ldexpf(1.0f, -127));
+    cr_assert(isinf(exo_e8m0_to_f32(255)));
+
+    uint8_t codes[64]; /* two rows of 64 columns: 2 groups each */
+    uint8_t blocks[2 * 32];
+    for (int i = 0; i < 64; i++)
+        codes[i] = (uint8_t)((i * 7 + 3) & 15);
+    for (int i = 0; i < 64; i++) { /* row 1 repeats row 0's codes */
+        uint8_t c = codes[i];
+        blocks[i / 2] = (uint8_t)(i % 2 ? (blocks[i / 2] & 0x0f) | (c << 4) : c);
+    }
+    memcpy(blocks + 32, blocks, 32);
+    uint8_t scales[4] = {127, 128, 126, 0};
+    exo_linear w = {.format = EXO_WFORMAT_MXFP4, .dtype = EXO_DTYPE_U8, .rows = 2, .cols = 64,
+                    .w = blocks, .scales = scales, .bits = 4, .group_size = 32};
+    cr_assert_eq(exo_linear_bytes(&w), 2 * 32 + 2 * 2);
+    size_t wb, sb, bb;
+    exo_linear_part_bytes(&w, &wb, &sb, &bb);
+    cr_assert(wb == 64 && sb == 4 && bb == 0);
+    exo_linear aff = {.format = EXO_WFORMAT_AFFINE, .dtype = EXO_DTYPE_BF16, .rows = 3, .cols = 128,
+                      .bits = 3, .group_size = 64};
+    exo_linear_part_bytes(&aff, &wb, &sb, &bb);
+    cr_assert(wb == 3 * 48 && sb == 3 * 2 * 2 && bb == sb && exo_linear_bytes(&aff) == wb + sb + bb);
+    exo_linear den = {.format = EXO_WFORMAT_DENSE, .dtype = EXO_DTYPE_F32, .rows = 3, .cols = 5};
+    exo_linear_part_bytes(&den, &wb, &sb, &bb);
+    cr_assert(wb == 60 && sb == 0 && bb == 0);
+    float row[64];
+    static const float fp4[16] = {0, 0.5f, 1, 1.5f, 2, 3, 4, 6, -0.0f, -0.5f, -1, -1.5f, -2, -3, -4, -6};
+    for (int r = 0; r < 2; r++) {
+        exo_linear_row_f32(&w, r, row);
+        for (int c = 0; c < 64; c++) {
+            float want = ldexpf(fp4[codes[c]], scales[2 * r + c / 32] - 127);
+            cr_assert(row[c] == want && signbit(row[c]) == signbit(want),
+                      "r %d c %d: %g, want %g", r, c, row[c], want);
+        }
+    }
+    /* first byte 0x73 would be element 0 = code 3 (1.5), element 1 = code 7 (6) */
+    uint8_t one[16] = {0x73}, s1[1] = {128};
+    exo_linear w1 = {.format = EXO_WFORMAT_MXFP4, .dtype = EXO_DTYPE_U8, .rows = 1, .cols = 32,
+                     .w = one, .scales = s1, .bits = 4, .group_size = 32};
+    float r1[32];
+    exo_linear_row_f32(&w1, 0, r1);
+    cr_assert(r1[0] == 3.0f && r1[1] == 12.0f && r1[2] == 0.0f);
+
+    /* MLX: words[k/8] |= code_k << 4*(k%8), stored little-endian */
+    uint32_t words[8] = {0};
+    for (int k = 0; k < 64; k++)
+        words[k / 8] |= (uint32_t)codes[k] << (4 * (k % 8));
+    uint8_t bytes[32];
+    for (int i = 0; i < 8; i++)
+        for (int j = 0; j < 4; j++)
+            bytes[4 * i + j] = (uint8_t)(words[i] >> (8 * j));
+    cr_assert_eq(memcmp(bytes, blocks, 32), 0);
+}
+
+static void check_row_f32(const exo_linear *w)
+{
+    float *row = exo_malloc((size_t)w->cols * sizeof(float));
+    double *ref = exo_malloc((size_t)w->cols * sizeof(double));
+    for (int64_t r = 0; r < w->rows; r++) {
+        exo_linear_row_f32(w, r, row);
+        mx_row_ref(w, r, ref);
+        for (int64_t c = 0; c < w->cols; c++)
+            if ((double)row[c] != ref[c])
+                cr_assert_fail("row_f32 r %lld c %lld: %g vs %g", (long long)r, (long long)c,
+                               row[c], ref[c]);
+    }
+    exo_free(row);
+    exo_free(ref);
+}
+
+/* Every path against the oracle: cols 32 / 64 / 2880 (gpt-oss hidden, 90
+ * groups, 1440-byte rows: a 32-byte tail after 22 full 64-byte blocks),
+ * odd row counts, T = 1, 3, 17, 64. */
+Test(matmul, mxfp4_all_paths, .timeout = 120)
+{
+    static const int64_t colsv[] = {32, 64, 2880};
+    static const int64_t rowsv[] = {1, 7, 33, 131};
+    static const int Ts[] = {1, 3, 17, 64};
+    for (int nth = 1; nth <= 2; nth++) {
+        exo_pool *pool = exo_pool_create(nth);
+        exo_cpu_matmul_ctx *ctx = exo_cpu_matmul_ctx_create(pool);
+        for (size_t c = 0; c < 3; c++)
+            for (size_t r = 0; r < 4; r++) {
+                tweight tw;
+                tweight_make(&tw, EXO_WFORMAT_MXFP4, EXO_DTYPE_U8, rowsv[r], colsv[c], 4, 32);
+                cr_assert_eq(exo_linear_bytes(&tw.l), (size_t)(rowsv[r] * colsv[c] / 32 * 17));
+                if (nth == 1)
+                    check_row_f32(&tw.l);
+                for (size_t p = 0; p < 4; p++)
+                    for (size_t t = 0; t < sizeof Ts / sizeof Ts[0]; t++)
+                        check_call(ctx, all_paths[p], 1, &tw, Ts[t]);
+                tweight_free(&tw);
+            }
+        exo_cpu_matmul_ctx_free(ctx);
+        exo_pool_free(pool);
+    }
+}
+
+/* Page-strided row blocks (see page_strided_row_blocks) with MXFP4 rows. */
+Test(matmul, mxfp4_page_strided)
+{
+    static const int64_t cases[][2] = {
+        {517, 256},  /* 128-byte rows: super-blocks of 128 rows, + 5 */
+        {70, 2880},  /* 1440-byte rows: runs of 4 rows */
+        {129, 1024}, /* 512-byte rows */
+        {300, 5760}, /* 2880-byte rows: runs of 2 */
+    };
+    for (int nth = 1; nth <= 2; nth++) {
+        exo_pool *pool = exo_pool_create(nth);
+        exo_cpu_matmul_ctx *ctx = exo_cpu_matmul_ctx_create(pool);
+        for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+            tweight tw;
+            tweight_make(&tw, EXO_WFORMAT_MXFP4, EXO_DTYPE_U8, cases[c][0], cases[c][1], 4, 32);
+            for (int T = 1; T <= 2; T++)
+                check_call(ctx, EXO_MATMUL_GEMV, 1, &tw, T);
+            tweight_free(&tw);
+        }
+        exo_cpu_matmul_ctx_free(ctx);
+        exo_pool_free(pool);
+    }
+}
+
+/* MXFP4 weights next to affine ones (q4 g32 shares their activations) and
+ * dense ones in one call. */
+Test(matmul, mxfp4_mixed_formats)
+{
+    for (int nth = 1; nth <= 2; nth++) {
+        exo_pool *pool = exo_pool_create(nth);
+        exo_cpu_matmul_ctx *ctx = exo_cpu_matmul_ctx_create(pool);
+        tweight tw[5];
+        tweight_make(&tw[0], EXO_WFORMAT_MXFP4, EXO_DTYPE_U8, 65, 576, 4, 32);
+        tweight_make(&tw[1], EXO_WFORMAT_AFFINE, EXO_DTYPE_BF16, 33, 576, 4, 32);
+        tweight_make(&tw[2], EXO_WFORMAT_AFFINE, EXO_DTYPE_BF16, 17, 576, 8, 64);
+        tweight_make(&tw[3], EXO_WFORMAT_DENSE, EXO_DTYPE_BF16, 9, 576, 0, 0);
+        tweight_make(&tw[4], EXO_WFORMAT_MXFP4, EXO_DTYPE_U8, 7, 576, 4, 32);
+        static const int Ts[] = {1, 3, 5, 17};
+        for (size_t p = 0; p < 4; p++)
+            for (size_t t = 0; t < 4; t++) {
+                check_call(ctx, all_paths[p], 5, tw, Ts[t]);
+                check_call(ctx, all_paths[p], 2, tw + 3, Ts[t]);
+            }
+        for (int i = 0; i < 5; i++)
+            tweight_free(&tw[i]);
+        exo_cpu_matmul_ctx_free(ctx);
+        exo_pool_free(pool);
+    }
+}
+
+/* The kernels the driver does not pick on this CPU, called directly: the
+ * AVX2 GEMV (on AVX2 activations, and on AVX-512 ones: the two builders
+ * must agree on the layout) and, with AVX-512, the exact bf16 expansion. */
+Test(matmul, mxfp4_kernels_direct)
+{
+    if (exo_cpu_isa() < EXO_ISA_AVX2)
+        return;
+    static const int64_t cases[][2] = {{1, 32}, {7, 64}, {33, 2880}, {131, 256}, {517, 96}};
+    static const int Ts[] = {1, 3};
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        const int64_t rows = cases[k][0], cols = cases[k][1];
+        tweight tw;
+        tweight_make(&tw, EXO_WFORMAT_MXFP4, EXO_DTYPE_U8, rows, cols, 4, 32);
+        const int64_t qlen = exo_qact_q_len(cols), sxl = exo_qact_sx_len(cols);
+        int8_t *tmp = exo_malloc((size_t)(2 * qlen));
+        exo_gemv_scratch s = {.sf_stride = exo_gemv_sf_stride(cols),
+                              .code_stride = exo_gemv_code_stride(cols)};
+        s.sd = exo_malloc((size_t)(EXO_GEMV_ROWS * s.sf_stride) * sizeof(float));
+        s.codes = exo_malloc((size_t)(EXO_GEMV_ROWS * s.code_stride));
+        for (size_t ti = 0; ti < 2; ti++) {
+            const int T = Ts[ti];
+            float *x = rand_x(T, cols);
+            float *ref = exo_malloc((size_t)(T * rows) * sizeof(float));
+            double *en = exo_malloc((size_t)(T * rows) * sizeof(double));
+            float *y = exo_malloc((size_t)(T * rows) * sizeof(float));
+            naive(&tw.l, x, T, ref, en);
+            exo_qact qa[3];
+            for (int b = 0; b < (exo_cpu_isa() >= EXO_ISA_AVX512 ? 2 : 1); b++) {
+                for (int t = 0; t < T; t++) {
+                    qa[t].q = exo_malloc((size_t)qlen);
+                    qa[t].q2 = exo_malloc((size_t)qlen);
+                    qa[t].dx = exo_malloc((size_t)sxl * sizeof(float));
+                    qa[t].sx = exo_malloc((size_t)sxl * sizeof(float));
+                    if (b == 0)
+                        exo_qact_build_avx2(x + t * cols, cols, 32, EXO_QLAYOUT_Q4, &qa[t], tmp);
+                    else
+                        exo_qact_build_avx512(x + t * cols, cols, 32, EXO_QLAYOUT_Q4, &qa[t], tmp);
+                }
+                for (int64_t i = 0; i < T * rows; i++)
+                    y[i] = NAN;
+                /* two ranges, the first ending inside a super-block */
+                int64_t mid = rows / 2 / EXO_GEMV_SPAN_ROWS * EXO_GEMV_SPAN_ROWS;
+                exo_gemv_mxfp4_avx2(&tw.l, 0, mid, T, qa, y, rows, &s);
+                exo_gemv_mxfp4_avx2(&tw.l, mid, rows, T, qa, y, rows, &s);
+                double e = nmse(y, ref, en, T * rows);
+                cr_expect(e <= 1e-8, "avx2 gemv (qact %s) rows %lld cols %lld T %d: nmse %g",
+                          b ? "avx512" : "avx2", (long long)rows, (long long)cols, T, e);
+                if (exo_cpu_isa() >= EXO_ISA_AVX512) {
+                    for (int64_t i = 0; i < T * rows; i++)
+                        y[i] = NAN;
+                    exo_gemv_mxfp4_avx512(&tw.l, 0, rows, T, qa, y, rows, &s);
+                    e = nmse(y, ref, en, T * rows);
+                    cr_expect(e <= 1e-8, "avx512 gemv (qact %s) rows %lld cols %lld T %d: nmse %g",
+                              b ? "avx512" : "avx2", (long long)rows, (long long)cols, T, e);
+                }
+                for (int t = 0; t < T; t++) {
+                    exo_free(qa[t].q);
+                    exo_free(qa[t].q2);
+                    exo_free(qa[t].dx);
+                    exo_free(qa[t].sx);
+                }
+            }
+            exo_free(x);
+            exo_free(ref);
+            exo_free(en);
+            exo_free(y);
+        }
+        if (exo_cpu_isa() >= EXO_ISA_AVX512) {
+            uint16_t *bf = exo_malloc((size_t)(rows * cols) * 2);
+            double *refrow = exo_malloc((size_t)cols * sizeof(double));
+            exo_dequant_rows_bf16_avx512(&tw.l, 0, rows, bf, s.codes);
+            for (int64_t r = 0; r < rows; r++) {
+                mx_row_ref(&tw.l, r, refrow);
+                for (int64_t c = 0; c < cols; c++)
+                    if ((double)exo_bf16_to_f32(bf[r * cols + c]) != refrow[c])
+                        cr_assert_fail("bf16 r %lld c %lld: %g vs %g", (long long)r, (long long)c,
+                                       exo_bf16_to_f32(bf[r * cols + c]), refrow[c]);
+            }
+            exo_free(bf);
+            exo_free(refrow);
+        }
+        exo_free(tmp);
+        exo_free(s.sd);
+        exo_free(s.codes);
+        tweight_free(&tw);
+    }
+}
+
+/* The AVX2 activation quantizer gives the AVX-512 one's bytes and floats. */
+Test(matmul, qact_builders_agree)
+{
+    if (exo_cpu_isa() < EXO_ISA_AVX512)
+        return;
+    static const int64_t colsv[] = {128, 576, 2880, 4096};
+    static const int Gs[] = {32, 64, 128};
+    for (size_t c = 0; c < 4; c++)
+        for (size_t g = 0; g < 3; g++)
+            for (int layout = 0; layout < 2; layout++) {
+                const int64_t cols = colsv[c], qlen = exo_qact_q_len(cols);
+                const int64_t sxl = exo_qact_sx_len(cols);
+                if (cols % Gs[g])
+                    continue;
+                float *x = rand_x(1, cols);
+                x[3] = 0.0f; /* a group of zeros too */
+                if (cols >= 256)
+                    memset(x + 128, 0, 128 * sizeof(float));
+                int8_t *tmp = exo_malloc((size_t)(2 * qlen));
+                exo_qact a[2];
+                for (int k = 0; k < 2; k++) {
+                    a[k].q = exo_malloc((size_t)qlen);
+                    a[k].q2 = exo_malloc((size_t)qlen);
+                    a[k].dx = exo_malloc((size_t)sxl * sizeof(float));
+                    a[k].sx = exo_malloc((size_t)sxl * sizeof(float));
+                }
+                exo_qact_build_avx512(x, cols, Gs[g], layout, &a[0], tmp);
+                exo_qact_build_avx2(x, cols, Gs[g], layout, &a[1], tmp);
+                cr_expect(memcmp(a[0].q, a[1].q, (size_t)qlen) == 0 &&
+                              memcmp(a[0].q2, a[1].q2, (size_t)qlen) == 0 &&
+                              memcmp(a[0].dx, a[1].dx, (size_t)sxl * sizeof(float)) == 0 &&
+                              memcmp(a[0].sx, a[1].sx, (size_t)sxl * sizeof(float)) == 0,
+                          "cols %lld G %d layout %d", (long long)cols, Gs[g], layout);
+                for (int k = 0; k < 2; k++) {
+                    exo_free(a[k].q);
+                    exo_free(a[k].q2);
+                    exo_free(a[k].dx);
+                    exo_free(a[k].sx);
+                }
+                exo_free(tmp);
+                exo_free(x);
+            }
 }

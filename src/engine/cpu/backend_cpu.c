@@ -12,6 +12,7 @@
 #include "core/alloc.h"
 #include "core/arena.h"
 #include "core/threadpool.h"
+#include "engine/cpu/linear_attn.h"
 #include "engine/cpu/matmul.h"
 #include "engine/cpu/ops.h"
 
@@ -75,20 +76,14 @@ static int cpu_load_linear(exo_backend *be, const exo_linear *host, bool from_fi
     *dev = *host;
     if (!from_file)
         return 0;
-    size_t rows = (size_t)host->rows, cols = (size_t)host->cols;
-    size_t esz = exo_dtype_size(host->dtype);
-    const void *w, *sc = NULL, *bi = NULL;
-    if (host->format == EXO_WFORMAT_DENSE) {
-        w = arena_copy(c, host->w, rows * cols * esz);
-    } else {
-        size_t params = rows * (cols / (size_t)host->group_size) * esz;
-        w = arena_copy(c, host->w, rows * (cols * (size_t)host->bits / 32) * 4);
-        sc = w ? arena_copy(c, host->scales, params) : NULL;
-        bi = sc ? arena_copy(c, host->biases, params) : NULL;
-    }
+    size_t wb, sb, bb;
+    exo_linear_part_bytes(host, &wb, &sb, &bb);
+    const void *w = arena_copy(c, host->w, wb);
+    const void *sc = w && sb ? arena_copy(c, host->scales, sb) : NULL;
+    const void *bi = sc && bb ? arena_copy(c, host->biases, bb) : NULL;
     /* out of memory: stream from the mapping instead (slower, same
      * numbers); what was copied of this weight stays unused in the arena */
-    if (!w || (host->format == EXO_WFORMAT_AFFINE && !bi))
+    if (!w || (sb && !sc) || (bb && !bi))
         return 0;
     dev->w = w;
     dev->scales = sc;
@@ -130,6 +125,13 @@ static int cpu_matmul(exo_backend *be, int n, const exo_linear *const *w, const 
     return 0;
 }
 
+static int cpu_matmul_each(exo_backend *be, int n, const exo_linear *const *w, const float *const *xs,
+                           int T, float *const *y)
+{
+    exo_cpu_matmul_each(cpu(be)->mm, n, w, xs, T, y);
+    return 0;
+}
+
 static int cpu_add_bias(exo_backend *be, float *y, const float *b, int T, int dim)
 {
     for (int t = 0; t < T; t++)
@@ -138,10 +140,10 @@ static int cpu_add_bias(exo_backend *be, float *y, const float *b, int T, int di
     return 0;
 }
 
-static int cpu_rope(exo_backend *be, float *x, int T, int n_heads, int head_dim, int pos0,
-                     const float *inv_freq, float mscale)
+static int cpu_rope(exo_backend *be, float *x, int T, int n_heads, int head_dim, int rot_dim,
+                    int pos0, const float *inv_freq, float mscale)
 {
-    exo_cpu_rope(cpu(be)->pool, x, T, n_heads, head_dim, pos0, inv_freq, mscale);
+    exo_cpu_rope(cpu(be)->pool, x, T, n_heads, head_dim, rot_dim, pos0, inv_freq, mscale);
     return 0;
 }
 
@@ -155,6 +157,7 @@ typedef struct softmax_job {
     float *scores; /* (T*group, L) */
     int T, group, L, pos0, window;
     float scale;
+    const float *sinks; /* the group's query heads' sinks, or NULL */
 } softmax_job;
 
 static void softmax_rows(void *p, int ith, int nth)
@@ -171,7 +174,10 @@ static void softmax_rows(void *p, int ith, int nth)
         const float scale = j->scale;
         for (int i = 0; i < n; i++)
             live[i] *= scale;
-        double sum = exo_cpu_exp_sum_f32(live, n, exo_cpu_max_f32(live, n), live);
+        float mx = exo_cpu_max_f32(live, n);
+        double sum = exo_cpu_exp_sum_f32(live, n, mx, live);
+        if (j->sinks)
+            sum += exp((double)j->sinks[r % j->group] - (double)mx);
         const float inv = (float)(1.0 / sum);
         for (int i = 0; i < n; i++)
             live[i] *= inv;
@@ -210,7 +216,8 @@ static int attention_batched(cpu_backend *c, const exo_attn_shape *sh, float *ou
         const exo_linear *pk[1] = {&wk}, *pv[1] = {&wv};
         float *const ys[1] = {sc}, *const yo[1] = {oh};
         exo_cpu_matmul(c->mm, 1, pk, qh, (int)rows, ys);
-        softmax_job sj = {sc, T, group, L, pos0, sh->sliding_window, sh->scale};
+        softmax_job sj = {sc, T, group, L, pos0, sh->sliding_window, sh->scale,
+                          sh->sinks ? sh->sinks + (size_t)g * group : NULL};
         exo_pool_run(c->pool, softmax_rows, &sj);
         exo_cpu_matmul(c->mm, 1, pv, sc, (int)rows, yo);
         for (int t = 0; t < T; t++)
@@ -248,9 +255,88 @@ static int cpu_attention(exo_backend *be, const exo_attn_shape *shape, float *ou
     return 0;
 }
 
-static int cpu_silu_mul(exo_backend *be, float *g, const float *u, size_t n)
+static int cpu_glu(exo_backend *be, exo_glu_kind kind, float *g, const float *u, size_t n, float limit)
 {
-    exo_cpu_silu_mul(cpu(be)->pool, g, u, n);
+    exo_cpu_glu(cpu(be)->pool, kind, g, u, n, limit);
+    return 0;
+}
+
+static int cpu_sigmoid_mul(exo_backend *be, float *x, const float *gate, int rows, int dim,
+                           int gate_dim)
+{
+    for (int r = 0; r < rows; r++) {
+        float *xr = x + (size_t)r * (size_t)dim;
+        const float *gr = gate + (size_t)r * (size_t)gate_dim;
+        for (int j = 0; j < dim; j++)
+            xr[j] *= 1.0f / (1.0f + expf(-gr[gate_dim == 1 ? 0 : j]));
+    }
+    return 0;
+}
+
+static int cpu_scale(exo_backend *be, float *x, float s, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        x[i] *= s;
+    return 0;
+}
+
+static int cpu_copy2d(exo_backend *be, float *dst, size_t dst_ld, const float *src, size_t src_ld,
+                      int rows, int cols)
+{
+    for (int r = 0; r < rows; r++)
+        memcpy(dst + (size_t)r * dst_ld, src + (size_t)r * src_ld, sizeof(float) * (size_t)cols);
+    return 0;
+}
+
+/* One head at a time through the matmul kernels (each multithreaded),
+ * its rows gathered into and out of contiguous scratch. */
+static int cpu_head_matmul(exo_backend *be, int H, const exo_linear *w, const float *x, size_t x_head,
+                           size_t x_tok, float *y, size_t y_head, size_t y_tok, int T)
+{
+    cpu_backend *c = cpu(be);
+    size_t in = (size_t)w[0].cols, out = (size_t)w[0].rows;
+    float *xs = exo_alloc_aligned(sizeof(float) * (size_t)T * in);
+    float *ys = exo_alloc_aligned(sizeof(float) * (size_t)T * out);
+    if (!xs || !ys) {
+        exo_free_aligned(xs);
+        exo_free_aligned(ys);
+        return EXO_ENOMEM;
+    }
+    for (int h = 0; h < H; h++) {
+        for (int t = 0; t < T; t++)
+            memcpy(xs + (size_t)t * in, x + (size_t)t * x_tok + (size_t)h * x_head, sizeof(float) * in);
+        const exo_linear *wh[1] = {&w[h]};
+        float *const yo[1] = {ys};
+        exo_cpu_matmul(c->mm, 1, wh, xs, T, yo);
+        for (int t = 0; t < T; t++)
+            memcpy(y + (size_t)t * y_tok + (size_t)h * y_head, ys + (size_t)t * out, sizeof(float) * out);
+    }
+    exo_free_aligned(xs);
+    exo_free_aligned(ys);
+    return 0;
+}
+
+static int cpu_conv1d_silu(exo_backend *be, float *out, int out_stride, const float *x, int x_stride,
+                           const float *w, float *state, int T, int C, int K)
+{
+    exo_cpu_conv1d_silu(cpu(be)->pool, out, out_stride, x, x_stride, w, state, T, C, K);
+    return 0;
+}
+
+static int cpu_gated_delta(exo_backend *be, float *out, const float *q, const float *k, int qk_stride,
+                           const float *v, int v_stride, const float *a, const float *b, int ab_stride,
+                           const float *A_log, const float *dt_bias, float *S, int T, int Hk, int Hv,
+                           int Dk, int Dv)
+{
+    exo_cpu_gated_delta(cpu(be)->pool, out, q, k, qk_stride, v, v_stride, a, b, ab_stride, A_log,
+                        dt_bias, S, T, Hk, Hv, Dk, Dv);
+    return 0;
+}
+
+static int cpu_rmsnorm_gated(exo_backend *be, float *x, const float *z, int z_stride, const float *w,
+                             int T, int n_heads, int dim, float eps)
+{
+    exo_cpu_rmsnorm_gated(cpu(be)->pool, x, z, z_stride, w, T, n_heads, dim, eps);
     return 0;
 }
 
@@ -262,38 +348,79 @@ static int cpu_add(exo_backend *be, float *x, const float *y, size_t n)
 
 static int cpu_sync(exo_backend *be) { return 0; }
 
-static int cpu_moe_route(exo_backend *be, const float *logits, int T, int E, int k, bool norm,
+/* The k best of n values (k passes of "largest not taken yet": k and n
+ * are small), best first, lowest index on ties. */
+static void top_k(const float *v, int n, int k, int32_t *idx)
+{
+    for (int j = 0; j < k; j++) {
+        int best = -1;
+        for (int e = 0; e < n; e++) {
+            bool taken = false;
+            for (int i = 0; i < j; i++)
+                taken |= idx[i] == e;
+            if (!taken && (best < 0 || v[e] > v[best]))
+                best = e;
+        }
+        idx[j] = best;
+    }
+}
+
+static int cpu_moe_route(exo_backend *be, const exo_moe_router *r, const float *logits, int T,
                          int32_t *idx, float *w)
 {
+    const int E = r->n_experts, k = r->k;
+    float choice[4096];
+    if (E > 4096 || k > E)
+        return EXO_EINVAL;
     for (int t = 0; t < T; t++) {
         const float *l = logits + (size_t)t * (size_t)E;
         int32_t *ti = idx + (size_t)t * (size_t)k;
         float *tw = w + (size_t)t * (size_t)k;
-        float mx = l[0];
-        for (int e = 1; e < E; e++)
-            mx = l[e] > mx ? l[e] : mx;
-        float sum = 0;
-        for (int e = 0; e < E; e++)
-            sum += expf(l[e] - mx);
-        /* k passes of "largest not taken yet" (k and E are small); the
-         * order of probabilities is the order of logits */
-        float picked = 0;
-        for (int j = 0; j < k; j++) {
-            int best = -1;
-            for (int e = 0; e < E; e++) {
-                bool taken = false;
-                for (int i = 0; i < j; i++)
-                    taken |= ti[i] == e;
-                if (!taken && (best < 0 || l[e] > l[best]))
-                    best = e;
-            }
-            ti[j] = best;
-            tw[j] = expf(l[best] - mx) / sum;
-            picked += tw[j];
-        }
-        if (norm)
+        if (!r->sigmoid) { /* softmax: the order of probabilities is the order of logits */
+            float mx = l[0];
+            for (int e = 1; e < E; e++)
+                mx = l[e] > mx ? l[e] : mx;
+            float sum = 0;
+            for (int e = 0; e < E; e++)
+                sum += expf(l[e] - mx);
+            top_k(l, E, k, ti);
             for (int j = 0; j < k; j++)
-                tw[j] /= picked;
+                tw[j] = expf(l[ti[j]] - mx) / sum;
+        } else {
+            for (int e = 0; e < E; e++)
+                choice[e] = 1.0f / (1.0f + expf(-l[e])) + (r->bias ? r->bias[e] : 0.0f);
+            if (r->n_group > 1 && r->topk_group < r->n_group) {
+                /* keep the topk_group groups whose two best choices sum highest */
+                int per = E / r->n_group;
+                float gscore[256];
+                int32_t gbest[2], keep[256];
+                for (int g = 0; g < r->n_group; g++) {
+                    top_k(choice + g * per, per, per < 2 ? 1 : 2, gbest);
+                    gscore[g] = choice[g * per + gbest[0]] + (per < 2 ? 0 : choice[g * per + gbest[1]]);
+                }
+                top_k(gscore, r->n_group, r->topk_group, keep);
+                for (int g = 0; g < r->n_group; g++) {
+                    bool kept = false;
+                    for (int i = 0; i < r->topk_group; i++)
+                        kept |= keep[i] == g;
+                    if (!kept)
+                        for (int e = g * per; e < (g + 1) * per; e++)
+                            choice[e] = -INFINITY; /* as transformers 5 masks them */
+                }
+            }
+            top_k(choice, E, k, ti);
+            for (int j = 0; j < k; j++)
+                tw[j] = 1.0f / (1.0f + expf(-l[ti[j]]));
+        }
+        if (r->norm) {
+            float picked = 0;
+            for (int j = 0; j < k; j++)
+                picked += tw[j];
+            for (int j = 0; j < k; j++)
+                tw[j] /= picked + (r->sigmoid ? 1e-20f : 0.0f);
+        }
+        for (int j = 0; j < k; j++)
+            tw[j] *= r->scale;
     }
     return 0;
 }
@@ -337,10 +464,18 @@ static const exo_backend_ops cpu_ops = {
     .embed = cpu_embed,
     .rmsnorm = cpu_rmsnorm,
     .matmul = cpu_matmul,
+    .matmul_each = cpu_matmul_each,
     .add_bias = cpu_add_bias,
     .rope = cpu_rope,
     .attention = cpu_attention,
-    .silu_mul = cpu_silu_mul,
+    .glu = cpu_glu,
+    .sigmoid_mul = cpu_sigmoid_mul,
+    .scale = cpu_scale,
+    .copy2d = cpu_copy2d,
+    .head_matmul = cpu_head_matmul,
+    .conv1d_silu = cpu_conv1d_silu,
+    .gated_delta = cpu_gated_delta,
+    .rmsnorm_gated = cpu_rmsnorm_gated,
     .add = cpu_add,
     .zero = cpu_zero,
     .moe_route = cpu_moe_route,

@@ -36,7 +36,13 @@
  * GEMV reads at ~14 GB/s, since the hardware prefetchers stop at page
  * boundaries).
  * Weight reads never go past the end of a row (masked tail loads), so a
- * weight at the very end of a mmapped file is safe. */
+ * weight at the very end of a mmapped file is safe.
+ * MXFP4 weights take the q4 kernel with one more step: each nibble goes
+ * through a vpshufb table to u = 2*e2m1 + 12 in 0..24 (an unsigned code,
+ * what vpdpbusd wants), so that w = 2^(s-128) * (u - 12): an affine group
+ * with scale 2^(s-128) and bias -12 * 2^(s-128), whose E8M0 scale bytes
+ * prep_row_mx turns into floats. Same activations (Q4 layout, group 32),
+ * same loop, two vpshufb more per 64 bytes of codes. */
 #include "engine/cpu/kernels.h"
 #include "engine/quant.h"
 
@@ -181,6 +187,41 @@ static __m512 prep_row(const exo_linear *w, int64_t r, int64_t ng, const exo_qac
     return bacc;
 }
 
+/* E8M0 bytes (16, zero-extended to lanes) -> 2^(s - 128) = exo_e8m0_to_f32 / 2
+ * exactly (s = 0 -> 2^-128 via the subnormal 2^-127). */
+INLINE __m512 e8m0_half16(__m128i bytes)
+{
+    __m512i s = _mm512_cvtepu8_epi32(bytes);
+    __m512i bits = _mm512_slli_epi32(s, 23);
+    bits = _mm512_mask_mov_epi32(bits, _mm512_cmpeq_epi32_mask(s, _mm512_setzero_si512()),
+                                 _mm512_set1_epi32(0x00400000));
+    return _mm512_mul_ps(_mm512_castsi512_ps(bits), _mm512_set1_ps(0.5f));
+}
+
+/* prep_row for MXFP4: scale 2^(s-128) and bias -12 * 2^(s-128) per group
+ * (see the top). */
+static __m512 prep_row_mx(const exo_linear *w, int64_t r, int64_t ng, const exo_qact *qa, float *sd)
+{
+    const uint8_t *sc = (const uint8_t *)w->scales + r * ng;
+    __m512 bacc = _mm512_setzero_ps();
+    int64_t g = 0;
+    for (; g < ng; g += 16) {
+        __mmask16 m = mask16(ng - g);
+        __m512 s = _mm512_maskz_mov_ps(m, e8m0_half16(_mm_maskz_loadu_epi8(m, sc + g)));
+        _mm512_storeu_ps(sd + g, _mm512_mul_ps(s, _mm512_loadu_ps(qa->dx + g)));
+        bacc = _mm512_fmadd_ps(s, _mm512_loadu_ps(qa->sx + g), bacc);
+    }
+    _mm512_storeu_ps(sd + g, _mm512_setzero_ps());
+    return _mm512_mul_ps(bacc, _mm512_set1_ps(-12.0f));
+}
+
+/* u = 2 * e2m1 + 12 for each code, replicated in the four 128-bit lanes. */
+INLINE __m512i mx_table(void)
+{
+    return _mm512_broadcast_i32x4(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8,
+                                                6, 4, 0));
+}
+
 /* Sums of four vectors: {sum a, sum b, sum c, sum d}. */
 INLINE __m128 reduce4(__m512 a, __m512 b, __m512 c, __m512 d)
 {
@@ -197,12 +238,13 @@ INLINE __m128 reduce4(__m512 a, __m512 b, __m512 c, __m512 d)
  * where sd = scale * dx. q4: packed 4-bit codes against the Q4 layout; else
  * bytes against the Q8 layout. lpg_shift: log2 of 32-bit lanes per group. */
 /* One 64-byte block b of codes for R rows: acc[i] += cvt(dot) * scale. */
-INLINE void affine_block(int R, int q4, int bcast, const uint8_t *const *wrow, int64_t b,
+INLINE void affine_block(int R, int q4, int bcast, int mx, const uint8_t *const *wrow, int64_t b,
                          int full, __mmask64 m, const float *const *sd, int64_t g0,
                          __m512i idx, __m512i xa, __m512i xb, __m512i xa2, __m512i xb2,
                          int64_t pf_dist, __m512 *acc)
 {
     const __m512i nib = _mm512_set1_epi8(0x0f);
+    const __m512i lut = mx_table();
     #pragma GCC unroll 8
     for (int i = 0; i < R; i++) {
         const uint8_t *p = wrow[i] + 64 * b;
@@ -224,6 +266,12 @@ INLINE void affine_block(int R, int q4, int bcast, const uint8_t *const *wrow, i
         if (q4) {
             __m512i lo = _mm512_and_si512(v, nib);
             __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
+            if (mx) {
+                /* masked-off tail bytes become u = 12: their activations
+                 * are the zero padding, so they add nothing */
+                lo = _mm512_shuffle_epi8(lut, lo);
+                hi = _mm512_shuffle_epi8(lut, hi);
+            }
             d = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, xa);
             d = _mm512_dpbusd_epi32(d, hi, xb);
             d = _mm512_slli_epi32(d, 8);
@@ -252,7 +300,7 @@ INLINE void affine_block(int R, int q4, int bcast, const uint8_t *const *wrow, i
  * bytes against the Q8 layout. lpg_shift: log2 of 32-bit lanes per group;
  * bcast: lpg_shift >= 4 (a block lies in one group). pf_dist: prefetch
  * distance in bytes (0: prefetches the block itself, i.e. nothing). */
-INLINE void affine_rows(int R, int q4, int bcast, const uint8_t *const *wrow, int64_t rowbytes,
+INLINE void affine_rows(int R, int q4, int bcast, int mx, const uint8_t *const *wrow, int64_t rowbytes,
                         const float *const *sd, const __m512 *bacc, const exo_qact *qa,
                         int lpg_shift, int64_t pf_dist, float *out)
 {
@@ -273,7 +321,7 @@ INLINE void affine_rows(int R, int q4, int bcast, const uint8_t *const *wrow, in
         __m512i xa = _mm512_loadu_si512(xp), xa2 = _mm512_loadu_si512(xp2);
         __m512i xb = q4 ? _mm512_loadu_si512(xp + 64) : xa;
         __m512i xb2 = q4 ? _mm512_loadu_si512(xp2 + 64) : xa2;
-        affine_block(R, q4, bcast, wrow, b, 1, 0, sd, (b << 4) >> lpg_shift, idx, xa, xb, xa2, xb2,
+        affine_block(R, q4, bcast, mx, wrow, b, 1, 0, sd, (b << 4) >> lpg_shift, idx, xa, xb, xa2, xb2,
                      pf_dist, acc);
     }
     if (tail) {
@@ -282,7 +330,7 @@ INLINE void affine_rows(int R, int q4, int bcast, const uint8_t *const *wrow, in
         __m512i xa = _mm512_loadu_si512(xp), xa2 = _mm512_loadu_si512(xp2);
         __m512i xb = q4 ? _mm512_loadu_si512(xp + 64) : xa;
         __m512i xb2 = q4 ? _mm512_loadu_si512(xp2 + 64) : xa2;
-        affine_block(R, q4, bcast, wrow, b, 0, mask64(tail), sd, (b << 4) >> lpg_shift, idx, xa,
+        affine_block(R, q4, bcast, mx, wrow, b, 0, mask64(tail), sd, (b << 4) >> lpg_shift, idx, xa,
                      xb, xa2, xb2, 0, acc);
     }
     if (R == 4) {
@@ -295,32 +343,37 @@ INLINE void affine_rows(int R, int q4, int bcast, const uint8_t *const *wrow, in
 }
 
 /* Constant-argument instances, so each loop is compiled without branches. */
-static void affine_rows4(int q4, int bcast, const uint8_t *const *wrow, int64_t rowbytes,
+/* (mx implies q4 and group 32, so bcast is 0) */
+static void affine_rows4(int q4, int bcast, int mx, const uint8_t *const *wrow, int64_t rowbytes,
                          const float *const *sd, const __m512 *bacc, const exo_qact *qa,
                          int lpg_shift, int64_t pf_dist, float *out)
 {
-    if (q4 && bcast)
-        affine_rows(4, 1, 1, wrow, rowbytes, sd, bacc, qa, lpg_shift, pf_dist, out);
+    if (mx)
+        affine_rows(4, 1, 0, 1, wrow, rowbytes, sd, bacc, qa, 2, pf_dist, out);
+    else if (q4 && bcast)
+        affine_rows(4, 1, 1, 0, wrow, rowbytes, sd, bacc, qa, lpg_shift, pf_dist, out);
     else if (q4)
-        affine_rows(4, 1, 0, wrow, rowbytes, sd, bacc, qa, lpg_shift, pf_dist, out);
+        affine_rows(4, 1, 0, 0, wrow, rowbytes, sd, bacc, qa, lpg_shift, pf_dist, out);
     else if (bcast)
-        affine_rows(4, 0, 1, wrow, rowbytes, sd, bacc, qa, lpg_shift, pf_dist, out);
+        affine_rows(4, 0, 1, 0, wrow, rowbytes, sd, bacc, qa, lpg_shift, pf_dist, out);
     else
-        affine_rows(4, 0, 0, wrow, rowbytes, sd, bacc, qa, lpg_shift, pf_dist, out);
+        affine_rows(4, 0, 0, 0, wrow, rowbytes, sd, bacc, qa, lpg_shift, pf_dist, out);
 }
 
-static void affine_rows1(int q4, int bcast, const uint8_t *const *wrow, int64_t rowbytes,
+static void affine_rows1(int q4, int bcast, int mx, const uint8_t *const *wrow, int64_t rowbytes,
                          const float *const *sd, const __m512 *bacc, const exo_qact *qa,
                          int lpg_shift, float *out)
 {
-    if (q4 && bcast)
-        affine_rows(1, 1, 1, wrow, rowbytes, sd, bacc, qa, lpg_shift, 0, out);
+    if (mx)
+        affine_rows(1, 1, 0, 1, wrow, rowbytes, sd, bacc, qa, 2, 0, out);
+    else if (q4 && bcast)
+        affine_rows(1, 1, 1, 0, wrow, rowbytes, sd, bacc, qa, lpg_shift, 0, out);
     else if (q4)
-        affine_rows(1, 1, 0, wrow, rowbytes, sd, bacc, qa, lpg_shift, 0, out);
+        affine_rows(1, 1, 0, 0, wrow, rowbytes, sd, bacc, qa, lpg_shift, 0, out);
     else if (bcast)
-        affine_rows(1, 0, 1, wrow, rowbytes, sd, bacc, qa, lpg_shift, 0, out);
+        affine_rows(1, 0, 1, 0, wrow, rowbytes, sd, bacc, qa, lpg_shift, 0, out);
     else
-        affine_rows(1, 0, 0, wrow, rowbytes, sd, bacc, qa, lpg_shift, 0, out);
+        affine_rows(1, 0, 0, 0, wrow, rowbytes, sd, bacc, qa, lpg_shift, 0, out);
 }
 
 static int ilog2(int v)
@@ -331,11 +384,12 @@ static int ilog2(int v)
     return s;
 }
 
-void exo_gemv_affine_avx512(const exo_linear *w, int64_t r0, int64_t r1, int T,
-                            const exo_qact *qa, float *y, int64_t ldy, exo_gemv_scratch *s)
+/* Affine and MXFP4 rows [r0, r1) (mx: the format is MXFP4). */
+static void gemv_q_avx512(const exo_linear *w, int mx, int64_t r0, int64_t r1, int T,
+                          const exo_qact *qa, float *y, int64_t ldy, exo_gemv_scratch *s)
 {
     const int64_t cols = w->cols;
-    const int bits = w->bits, G = w->group_size;
+    const int bits = mx ? 4 : w->bits, G = mx ? 32 : w->group_size;
     const int64_t ng = cols / G;
     const int64_t wbytes = cols * bits / 8; /* bytes of codes per row */
     const int q4 = bits == 4, q8 = bits == 8;
@@ -376,22 +430,35 @@ void exo_gemv_affine_avx512(const exo_linear *w, int64_t r0, int64_t r1, int T,
                 float out[EXO_GEMV_ROWS];
                 const exo_qact *q = &qa[t];
                 for (int i = 0; i < R; i++)
-                    bacc[i] = prep_row(w, rix[i], ng, q, s->sd + i * s->sf_stride);
+                    bacc[i] = mx ? prep_row_mx(w, rix[i], ng, q, s->sd + i * s->sf_stride)
+                                 : prep_row(w, rix[i], ng, q, s->sd + i * s->sf_stride);
                 if (R == EXO_GEMV_ROWS) {
                     /* one super-block ahead, on the first pass over packed
                      * codes only */
                     int64_t pf = (t == 0 && (q4 || q8)) ? SB * wbytes : 0;
-                    affine_rows4(q4, bcast, wrow, rowbytes, sd, bacc, q, lpg_shift, pf, out);
+                    affine_rows4(q4, bcast, mx, wrow, rowbytes, sd, bacc, q, lpg_shift, pf, out);
                 } else {
                     for (int i = 0; i < R; i++)
-                        affine_rows1(q4, bcast, &wrow[i], rowbytes, &sd[i], &bacc[i], q, lpg_shift,
-                                     &out[i]);
+                        affine_rows1(q4, bcast, mx, &wrow[i], rowbytes, &sd[i], &bacc[i], q,
+                                     lpg_shift, &out[i]);
                 }
                 for (int i = 0; i < R; i++)
                     y[(int64_t)t * ldy + rix[i]] = out[i];
             }
         }
     }
+}
+
+void exo_gemv_affine_avx512(const exo_linear *w, int64_t r0, int64_t r1, int T,
+                            const exo_qact *qa, float *y, int64_t ldy, exo_gemv_scratch *s)
+{
+    gemv_q_avx512(w, 0, r0, r1, T, qa, y, ldy, s);
+}
+
+void exo_gemv_mxfp4_avx512(const exo_linear *w, int64_t r0, int64_t r1, int T,
+                           const exo_qact *qa, float *y, int64_t ldy, exo_gemv_scratch *s)
+{
+    gemv_q_avx512(w, 1, r0, r1, T, qa, y, ldy, s);
 }
 
 /* ---------------------------------------------------------------------- */
@@ -494,6 +561,34 @@ void exo_f32_to_bf16_avx512(const float *x, int64_t n, uint16_t *out)
     }
 }
 
+/* MXFP4 rows to bf16, exactly (an e2m1 value times a power of two has at
+ * most two significant bits): per group of 32, the 16 e2m1 values times
+ * the group's scale form a bf16 table, and one vpermw looks the 32 codes
+ * up. The 16 code bytes are widened to 32-bit lanes holding code 2b in the
+ * low and code 2b+1 in the high 16 bits, i.e. the codes in element order.
+ * (vcvtneps2bf16 flushes subnormals: values below 2^-126, i.e. only scale
+ * bytes 0 and 1, would become zero.) */
+static void dequant_rows_mx_bf16(const exo_linear *w, int64_t r0, int64_t r1, uint16_t *out)
+{
+    const int64_t cols = w->cols, ng = cols / 32;
+    const uint8_t *base = w->w, *scales = w->scales;
+    const __m512 lut = _mm512_loadu_ps(exo_fp4_e2m1);
+    const __m512i lo = _mm512_set1_epi32(0x0f), hi = _mm512_set1_epi32(0xf0);
+    for (int64_t r = r0; r < r1; r++) {
+        const uint8_t *src = base + (size_t)r * (size_t)(cols / 2);
+        const uint8_t *sc = scales + (size_t)r * (size_t)ng;
+        uint16_t *o = out + (r - r0) * cols;
+        for (int64_t g = 0; g < ng; g++) {
+            __m512 t = _mm512_mul_ps(lut, _mm512_set1_ps(exo_e8m0_to_f32(sc[g])));
+            __m512i tab = _mm512_castsi256_si512((__m256i)_mm512_cvtneps_pbh(t));
+            __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(src + 16 * g)));
+            __m512i idx = _mm512_or_si512(_mm512_and_si512(b, lo),
+                                          _mm512_slli_epi32(_mm512_and_si512(b, hi), 12));
+            _mm512_storeu_si512(o + 32 * g, _mm512_permutexvar_epi16(idx, tab));
+        }
+    }
+}
+
 void exo_dequant_rows_bf16_avx512(const exo_linear *w, int64_t r0, int64_t r1, uint16_t *out,
                                   uint8_t *codes)
 {
@@ -515,6 +610,10 @@ void exo_dequant_rows_bf16_avx512(const exo_linear *w, int64_t r0, int64_t r1, u
                 _mm256_mask_storeu_epi16(o + c, m, h);
             }
         }
+        return;
+    }
+    if (w->format == EXO_WFORMAT_MXFP4) {
+        dequant_rows_mx_bf16(w, r0, r1, out);
         return;
     }
     const int bits = w->bits, G = w->group_size;

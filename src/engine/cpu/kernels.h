@@ -1,5 +1,6 @@
 /* Internal interface between the matmul driver (matmul.c) and the ISA
- * specific kernel files (gemv_avx512.c, gemm_avx2.c). Not a public API.
+ * specific kernel files (gemv_avx512.c, gemv_mxfp4_avx2.c, gemm_avx2.c).
+ * Not a public API.
  *
  * The driver owns all memory and threading; kernels work on a row range
  * [r0, r1) of one weight and write y[t*ldy + r] for t < T. */
@@ -31,7 +32,8 @@ static inline int64_t exo_gemv_page_stride(int64_t row_bytes)
 #define EXO_GEMV_SPAN_ROWS 64
 
 /* One row of X quantized for integer dot products against affine weights of
- * group size G, in two int8 levels so the product keeps ~16 bits of the
+ * group size G (and MXFP4 weights: 4-bit codes, group 32, i.e. the Q4 layout
+ * with G = 32, shared with affine q4 g32 weights of the same call), in two int8 levels so the product keeps ~16 bits of the
  * activation: per group g, with d_g = max|x| / 127,
  *   q[i]  = round(x[i] / d_g)                      (int8)
  *   q2[i] = round((x[i] - d_g*q[i]) * 256 / d_g)   (int8, clamped to +-127)
@@ -76,11 +78,21 @@ void exo_qact_build_avx512(const float *x, int64_t cols, int G, int layout, exo_
 void exo_gemv_affine_avx512(const exo_linear *w, int64_t r0, int64_t r1, int T,
                             const exo_qact *qa /* T of them */, float *y, int64_t ldy,
                             exo_gemv_scratch *s);
+/* MXFP4 rows (format EXO_WFORMAT_MXFP4), same contract; qa: Q4 layout, G 32. */
+void exo_gemv_mxfp4_avx512(const exo_linear *w, int64_t r0, int64_t r1, int T,
+                           const exo_qact *qa, float *y, int64_t ldy, exo_gemv_scratch *s);
 void exo_gemv_dense_avx512(const exo_linear *w, int64_t r0, int64_t r1, int T, const float *x,
                            float *y, int64_t ldy);
 /* Rows [r0, r1) of w as bf16, (r1-r0) x cols. codes: exo_gemv_code_stride(cols) bytes. */
 void exo_dequant_rows_bf16_avx512(const exo_linear *w, int64_t r0, int64_t r1, uint16_t *out,
                                   uint8_t *codes);
 void exo_f32_to_bf16_avx512(const float *x, int64_t n, uint16_t *out);
+
+/* AVX2 + FMA (gemv_mxfp4_avx2.c): the same activation quantization (any
+ * layout and G, same contract as exo_qact_build_avx512) and the MXFP4 GEMV. */
+void exo_qact_build_avx2(const float *x, int64_t cols, int G, int layout, exo_qact *out,
+                         int8_t *tmp /* 2 * exo_qact_q_len(cols) */);
+void exo_gemv_mxfp4_avx2(const exo_linear *w, int64_t r0, int64_t r1, int T, const exo_qact *qa,
+                         float *y, int64_t ldy, exo_gemv_scratch *s);
 
 #endif

@@ -19,8 +19,12 @@
  *    the row-major N x K weight itself. Primitives are cached per shape and
  *    thread (creating one costs far more than a small matmul).
  *  - Scratch buffers live in the context and only grow.
- * Without AVX-512 the GEMV path falls back to the reference path and GEMM
- * panels are f32. */
+ *  - MXFP4 weights (linear.h) run on the affine machinery: GEMV on the
+ *    Q4/group-32 activations (one set shared with affine q4 g32 weights of
+ *    the same call) through exo_gemv_mxfp4_avx512 or, on AVX2-only CPUs,
+ *    exo_gemv_mxfp4_avx2; GEMM panels are expanded to bf16 exactly.
+ * Without AVX-512 the GEMV path runs MXFP4 weights on the AVX2 kernel and
+ * everything else on the reference path, and GEMM panels are f32. */
 #include "engine/cpu/matmul.h"
 #include "core/alloc.h"
 #include "core/cpu_features.h"
@@ -152,13 +156,16 @@ void exo_cpu_matmul_force_path(exo_cpu_matmul_ctx *ctx, exo_matmul_path path) { 
 /* Row splitting over the concatenation of all weights                     */
 
 typedef struct rows_job {
+    exo_isa isa;
     int n;
     const exo_linear *const *w;
     float *const *y;
     const float *x;
+    const float *const *xs; /* matmul_each: weight i's own input (else NULL: x) */
     int T;
     int64_t total;
     /* GEMV */
+    const exo_qact *const *qaw; /* matmul_each: weight i's quantized input (T each) */
     const exo_qact *qa[MAX_QACT]; /* T each */
     int qa_layout[MAX_QACT], qa_group[MAX_QACT], nqa;
     /* work distribution (rows_for_thread): chunk c of thread i covers rows
@@ -264,7 +271,7 @@ static void ref_rows(const rows_job *job, int wi, int64_t r0, int64_t r1, unsign
     for (int64_t r = r0; r < r1; r++) {
         exo_linear_row_f32(w, r, row);
         for (int t = 0; t < job->T; t++) {
-            const float *xt = job->x + (int64_t)t * cols;
+            const float *xt = (job->xs ? job->xs[wi] : job->x) + (int64_t)t * cols;
             double acc = 0.0;
             for (int64_t c = 0; c < cols; c++)
                 acc += (double)row[c] * (double)xt[c];
@@ -278,18 +285,36 @@ static void ref_thread(void *p, int ith, int nth) { rows_for_thread(p, ith, nth,
 /* ---------------------------------------------------------------------- */
 /* GEMV path                                                               */
 
-static int qact_layout(const exo_linear *w) { return w->bits == 4 ? EXO_QLAYOUT_Q4 : EXO_QLAYOUT_Q8; }
+/* Which quantized activations a weight's GEMV kernel reads. */
+static int qact_layout(const exo_linear *w)
+{
+    return w->format == EXO_WFORMAT_MXFP4 || w->bits == 4 ? EXO_QLAYOUT_Q4 : EXO_QLAYOUT_Q8;
+}
+static int qact_group(const exo_linear *w)
+{
+    return w->format == EXO_WFORMAT_MXFP4 ? 32 : w->group_size;
+}
+
+/* Whether this CPU has a GEMV kernel for w (else its rows take ref_rows). */
+static int has_gemv_kernel(exo_isa isa, const exo_linear *w)
+{
+    return isa >= EXO_ISA_AVX512 || (isa >= EXO_ISA_AVX2 && w->format == EXO_WFORMAT_MXFP4);
+}
 
 static void gemv_rows(const rows_job *job, int wi, int64_t r0, int64_t r1, unsigned char *scratch)
 {
     const exo_linear *w = job->w[wi];
-    if (w->format == EXO_WFORMAT_DENSE) {
-        exo_gemv_dense_avx512(w, r0, r1, job->T, job->x, job->y[wi], w->rows);
+    if (!has_gemv_kernel(job->isa, w)) {
+        ref_rows(job, wi, r0, r1, scratch);
         return;
     }
-    const exo_qact *qa = NULL;
-    for (int k = 0; k < job->nqa; k++)
-        if (job->qa_layout[k] == qact_layout(w) && job->qa_group[k] == w->group_size)
+    if (w->format == EXO_WFORMAT_DENSE) {
+        exo_gemv_dense_avx512(w, r0, r1, job->T, job->xs ? job->xs[wi] : job->x, job->y[wi], w->rows);
+        return;
+    }
+    const exo_qact *qa = job->qaw ? job->qaw[wi] : NULL;
+    for (int k = 0; k < job->nqa && !qa; k++)
+        if (job->qa_layout[k] == qact_layout(w) && job->qa_group[k] == qact_group(w))
             qa = job->qa[k];
     int64_t cols = job->cols;
     exo_gemv_scratch s;
@@ -297,7 +322,12 @@ static void gemv_rows(const rows_job *job, int wi, int64_t r0, int64_t r1, unsig
     s.code_stride = exo_gemv_code_stride(cols);
     s.sd = (float *)scratch;
     s.codes = (uint8_t *)(s.sd + EXO_GEMV_ROWS * s.sf_stride);
-    exo_gemv_affine_avx512(w, r0, r1, job->T, qa, job->y[wi], w->rows, &s);
+    if (w->format == EXO_WFORMAT_AFFINE)
+        exo_gemv_affine_avx512(w, r0, r1, job->T, qa, job->y[wi], w->rows, &s);
+    else if (job->isa >= EXO_ISA_AVX512)
+        exo_gemv_mxfp4_avx512(w, r0, r1, job->T, qa, job->y[wi], w->rows, &s);
+    else
+        exo_gemv_mxfp4_avx2(w, r0, r1, job->T, qa, job->y[wi], w->rows, &s);
 }
 
 static void gemv_thread(void *p, int ith, int nth) { rows_for_thread(p, ith, nth, gemv_rows); }
@@ -326,14 +356,14 @@ static void run_gemv(exo_cpu_matmul_ctx *ctx, rows_job *job)
     /* which quantized activations are needed */
     for (int i = 0; i < job->n; i++) {
         const exo_linear *w = job->w[i];
-        if (w->format != EXO_WFORMAT_AFFINE)
+        if (w->format == EXO_WFORMAT_DENSE || !has_gemv_kernel(job->isa, w))
             continue;
         int have = 0;
         for (int k = 0; k < job->nqa; k++)
-            have |= job->qa_layout[k] == qact_layout(w) && job->qa_group[k] == w->group_size;
+            have |= job->qa_layout[k] == qact_layout(w) && job->qa_group[k] == qact_group(w);
         if (!have && job->nqa < MAX_QACT) {
             job->qa_layout[job->nqa] = qact_layout(w);
-            job->qa_group[job->nqa] = w->group_size;
+            job->qa_group[job->nqa] = qact_group(w);
             job->nqa++;
         }
     }
@@ -355,8 +385,12 @@ static void run_gemv(exo_cpu_matmul_ctx *ctx, rows_job *job)
                 qa[t].dx = (float *)(p + 2 * qb);
                 qa[t].sx = (float *)(p + 2 * qb + db);
                 p += per;
-                exo_qact_build_avx512(job->x + (int64_t)t * cols, cols, job->qa_group[k],
-                                      job->qa_layout[k], &qa[t], tmp);
+                if (job->isa >= EXO_ISA_AVX512)
+                    exo_qact_build_avx512(job->x + (int64_t)t * cols, cols, job->qa_group[k],
+                                          job->qa_layout[k], &qa[t], tmp);
+                else
+                    exo_qact_build_avx2(job->x + (int64_t)t * cols, cols, job->qa_group[k],
+                                        job->qa_layout[k], &qa[t], tmp);
             }
             job->qa[k] = qa;
         }
@@ -558,26 +592,92 @@ static int run_gemm(exo_cpu_matmul_ctx *ctx, int n, const exo_linear *const *w, 
 
 /* ---------------------------------------------------------------------- */
 
+/* Quantized activations, one set per weight of a matmul_each (weight i
+ * reads xs[i]), built into the context's activation buffer. */
+static void build_each_qact(exo_cpu_matmul_ctx *ctx, rows_job *job)
+{
+    int64_t cols = job->cols;
+    int T = job->T, n = job->n;
+    size_t qb = round64((size_t)exo_qact_q_len(cols));
+    size_t db = round64((size_t)exo_qact_sx_len(cols) * sizeof(float));
+    size_t per = 2 * qb + 2 * db;
+    size_t hdr = round64(sizeof(exo_qact) * (size_t)T * (size_t)n), ptrs = round64(sizeof(void *) * (size_t)n);
+    unsigned char *mem = buf_get(&ctx->act, hdr + ptrs + 2 * qb + per * (size_t)T * (size_t)n);
+    exo_qact *hd = (exo_qact *)mem;
+    const exo_qact **qaw = (const exo_qact **)(mem + hdr);
+    int8_t *tmp = (int8_t *)(mem + hdr + ptrs);
+    unsigned char *p = mem + hdr + ptrs + 2 * qb;
+    for (int i = 0; i < n; i++) {
+        const exo_linear *w = job->w[i];
+        exo_qact *qa = hd + (size_t)i * (size_t)T;
+        qaw[i] = NULL;
+        if (w->format == EXO_WFORMAT_DENSE || !has_gemv_kernel(job->isa, w))
+            continue;
+        for (int t = 0; t < T; t++) {
+            qa[t].q = (int8_t *)p;
+            qa[t].q2 = (int8_t *)(p + qb);
+            qa[t].dx = (float *)(p + 2 * qb);
+            qa[t].sx = (float *)(p + 2 * qb + db);
+            p += per;
+            const float *x = job->xs[i] + (int64_t)t * cols;
+            if (job->isa >= EXO_ISA_AVX512)
+                exo_qact_build_avx512(x, cols, qact_group(w), qact_layout(w), &qa[t], tmp);
+            else
+                exo_qact_build_avx2(x, cols, qact_group(w), qact_layout(w), &qa[t], tmp);
+        }
+        qaw[i] = qa;
+    }
+    job->qaw = qaw;
+}
+
+void exo_cpu_matmul_each(exo_cpu_matmul_ctx *ctx, int n, const exo_linear *const *w,
+                         const float *const *xs, int T, float *const *y)
+{
+    if (n <= 0 || T <= 0)
+        return;
+    rows_job job = {.isa = exo_cpu_isa(), .n = n, .w = w, .y = y, .xs = xs, .T = T, .cols = w[0]->cols};
+    int gemv = 0;
+    for (int i = 0; i < n; i++) {
+        job.total += w[i]->rows;
+        gemv |= has_gemv_kernel(job.isa, w[i]);
+    }
+    exo_matmul_path path = ctx->force;
+    if (path == EXO_MATMUL_AUTO)
+        path = T <= GEMV_MAX_T ? EXO_MATMUL_GEMV : EXO_MATMUL_GEMM;
+    if (path == EXO_MATMUL_GEMM || (path == EXO_MATMUL_GEMV && !gemv)) { /* one call per weight */
+        for (int i = 0; i < n; i++)
+            exo_cpu_matmul(ctx, 1, &w[i], xs[i], T, &y[i]);
+        return;
+    }
+    if (path == EXO_MATMUL_GEMV)
+        build_each_qact(ctx, &job);
+    setup_thr(ctx, &job);
+    exo_pool_run(ctx->pool, path == EXO_MATMUL_GEMV ? gemv_thread : ref_thread, &job);
+}
+
 void exo_cpu_matmul(exo_cpu_matmul_ctx *ctx, int n, const exo_linear *const *w, const float *x,
                     int T, float *const *y)
 {
     if (n <= 0 || T <= 0)
         return;
-    rows_job job = {.n = n, .w = w, .y = y, .x = x, .T = T, .cols = w[0]->cols};
+    rows_job job = {.isa = exo_cpu_isa(), .n = n, .w = w, .y = y, .x = x, .T = T,
+                    .cols = w[0]->cols};
     for (int i = 0; i < n; i++)
         job.total += w[i]->rows;
     exo_matmul_path path = ctx->force;
-    int avx512 = exo_cpu_isa() >= EXO_ISA_AVX512;
+    int gemv = 0; /* any weight with a GEMV kernel on this CPU */
+    for (int i = 0; i < n; i++)
+        gemv |= has_gemv_kernel(job.isa, w[i]);
     if (path == EXO_MATMUL_AUTO) {
         int expand = 0;
         for (int i = 0; i < n; i++)
-            expand |= w[i]->format == EXO_WFORMAT_AFFINE || w[i]->dtype == EXO_DTYPE_F16;
+            expand |= w[i]->format != EXO_WFORMAT_DENSE || w[i]->dtype == EXO_DTYPE_F16;
         int max_t = expand ? GEMV_MAX_T_EXPAND : GEMV_MAX_T;
         path = T <= max_t ? EXO_MATMUL_GEMV : EXO_MATMUL_GEMM;
     }
     if (path == EXO_MATMUL_GEMM && run_gemm(ctx, n, w, x, T, y) == 0)
         return;
-    if (path == EXO_MATMUL_GEMV && avx512) {
+    if (path == EXO_MATMUL_GEMV && gemv) {
         run_gemv(ctx, &job);
         return;
     }

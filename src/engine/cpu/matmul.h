@@ -5,7 +5,7 @@
  * dispatch covers them all:  Y_i[t][r] = sum_c W_i[r][c] * X[t][c].
  *
  * Paths, chosen per call (AUTO: GEMV for T <= 4, or T <= 16 when a weight
- * would need expanding to bf16 for the GEMM, i.e. affine or F16 weights):
+ * would need expanding to bf16 for the GEMM, i.e. affine, MXFP4 or F16 weights):
  *   - T small (decode): matrix-vector kernels that stream the weight once
  *     (for T > 1 each block of rows stays in L1 while the rows of X pass).
  *     Affine weights use integer dot products (AVX-512 VNNI vpdpbusd) on
@@ -13,6 +13,9 @@
  *     using dot(w,x) = s*dot(q,x) + b*sum(x) per group; dense weights use
  *     f32 FMA. Affine results therefore carry the activation rounding:
  *     NMSE ~1e-5..1e-4 against f32 (what llama.cpp's Q8 activations do).
+ *     MXFP4 weights take the same integer path (each E2M1 code looked up
+ *     as 2*value + 12, an affine code with bias -12 * scale/2), on AVX-512
+ *     VNNI or, without it, AVX2 (vpmaddubsw).
  *   - T large (prefill): weights are expanded to bf16 (or kept f32 for f32
  *     checkpoints, for exactness) panel by panel and multiplied with oneDNN,
  *     which uses AMX on CPUs that have it.
@@ -36,6 +39,12 @@ void exo_cpu_matmul_ctx_free(exo_cpu_matmul_ctx *ctx);
 /* All w[i] must have the same cols. y[i] is (T, w[i]->rows) f32, row-major. */
 void exo_cpu_matmul(exo_cpu_matmul_ctx *ctx, int n, const exo_linear *const *w,
                     const float *x, int T, float *const *y);
+
+/* The same with weight i reading its own input xs[i] (T rows of cols each):
+ * the down projections of a token's experts in one dispatch, every thread
+ * on every expert's rows. */
+void exo_cpu_matmul_each(exo_cpu_matmul_ctx *ctx, int n, const exo_linear *const *w,
+                         const float *const *xs, int T, float *const *y);
 
 /* Forces a path, for tests and benchmarks. */
 typedef enum exo_matmul_path {

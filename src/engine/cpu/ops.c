@@ -161,11 +161,11 @@ void exo_cpu_rmsnorm(exo_pool *pool, float *out, const float *x, const float *w,
         exo_pool_run(pool, rmsnorm_worker, &j);
 }
 
-void exo_cpu_rope(exo_pool *pool, float *x, int T, int n_heads, int head_dim, int pos0,
+void exo_cpu_rope(exo_pool *pool, float *x, int T, int n_heads, int head_dim, int rot_dim, int pos0,
                   const float *inv_freq, float mscale)
 {
     (void)pool;
-    int half = head_dim / 2;
+    int half = rot_dim / 2;
     float cs[512], sn[512]; /* head_dim <= 1024 is checked at model load */
     for (int t = 0; t < T; t++) {
         for (int i = 0; i < half; i++) {
@@ -281,7 +281,7 @@ static inline __attribute__((always_inline)) void attend_heads(int G, const floa
                                                                const float *kh, const float *vh,
                                                                int hd, float scale, int lo,
                                                                int qpos, float *sc, long ld,
-                                                               float *o)
+                                                               const float *sinks, float *o)
 {
     for (int b = lo / EXO_KV_BLOCK * EXO_KV_BLOCK; b <= qpos; b += EXO_KV_BLOCK)
         qk_block(G, q, kh + (size_t)b * hd, hd, scale, sc + b, ld);
@@ -291,7 +291,11 @@ static inline __attribute__((always_inline)) void attend_heads(int G, const floa
     for (int g = 0; g < G; g++) {
         float *s = sc + g * ld + lo;
         int n = qpos + 1 - lo;
-        inv[g] = (float)(1.0 / exp_sum_lanes(s, n, max_lanes(s, n), s));
+        float mx = max_lanes(s, n);
+        double sum = exp_sum_lanes(s, n, mx, s);
+        if (sinks) /* the sink's share of the denominator (it may exceed every score) */
+            sum += exp((double)sinks[g] - (double)mx);
+        inv[g] = (float)(1.0 / sum);
     }
     int c = 0;
     for (; c + 64 <= hd; c += 64)
@@ -350,11 +354,12 @@ static void attn_worker(void *p, int ith, int nth)
             for (int g = 0; g < group; g += 4) {
                 const float *qg = j->q + first + (size_t)g * hd;
                 float *og = j->out + first + (size_t)g * hd;
+                const float *sk = s->sinks ? s->sinks + h * group + g : NULL;
                 switch (group - g < 4 ? group - g : 4) {
-                case 4: attend_heads(4, qg, kh, vh, hd, scale, lo, qpos, scores, cap, og); break;
-                case 3: attend_heads(3, qg, kh, vh, hd, scale, lo, qpos, scores, cap, og); break;
-                case 2: attend_heads(2, qg, kh, vh, hd, scale, lo, qpos, scores, cap, og); break;
-                default: attend_heads(1, qg, kh, vh, hd, scale, lo, qpos, scores, cap, og); break;
+                case 4: attend_heads(4, qg, kh, vh, hd, scale, lo, qpos, scores, cap, sk, og); break;
+                case 3: attend_heads(3, qg, kh, vh, hd, scale, lo, qpos, scores, cap, sk, og); break;
+                case 2: attend_heads(2, qg, kh, vh, hd, scale, lo, qpos, scores, cap, sk, og); break;
+                default: attend_heads(1, qg, kh, vh, hd, scale, lo, qpos, scores, cap, sk, og); break;
                 }
             }
         }
@@ -407,11 +412,14 @@ void exo_cpu_attention(exo_pool *pool, const exo_attn_shape *shape, float *out, 
     exo_pool_run(pool, attn_worker, &j);
 }
 
+enum { EW_SILU_MUL, EW_ADD, EW_GELU_TANH_MUL, EW_OAI_GLU };
+
 typedef struct ew_job {
     float *a;
     const float *b;
     size_t n;
     int op;
+    float limit;
 } ew_job;
 
 EXO_SIMD_CLONES
@@ -425,23 +433,45 @@ static void ew_worker(void *p, int ith, int nth)
     const long lo = b0, hi = b1;
     float *restrict a = j->a;
     const float *restrict b = j->b;
-    if (j->op == 0) {
+    const float lim = j->limit;
+    switch (j->op) {
+    case EW_SILU_MUL:
         for (long i = lo; i < hi; i++)
             a[i] = a[i] / (1.0f + exo_fast_expf(-a[i])) * b[i];
-    } else {
+        break;
+    case EW_ADD:
         for (long i = lo; i < hi; i++)
             a[i] += b[i];
+        break;
+    case EW_GELU_TANH_MUL:
+        /* 0.5 x (1 + tanh(z)) = x * sigmoid(2z), z = sqrt(2/pi) (x + 0.044715 x^3) */
+        for (long i = lo; i < hi; i++) {
+            float x = a[i], z = 0.7978845608028654f * (x + 0.044715f * x * x * x);
+            a[i] = x / (1.0f + exo_fast_expf(-2.0f * z)) * b[i];
+        }
+        break;
+    case EW_OAI_GLU:
+        for (long i = lo; i < hi; i++) {
+            float g = a[i] < lim ? a[i] : lim, u = b[i] < -lim ? -lim : b[i] > lim ? lim : b[i];
+            a[i] = (u + 1.0f) * (g / (1.0f + exo_fast_expf(-1.702f * g)));
+        }
+        break;
     }
 }
 
-static void run_ew(exo_pool *pool, float *a, const float *b, size_t n, int op)
+static void run_ew(exo_pool *pool, float *a, const float *b, size_t n, int op, float limit)
 {
-    ew_job j = {a, b, n, op};
+    ew_job j = {a, b, n, op, limit};
     if (n < 32768)
         ew_worker(&j, 0, 1);
     else
         exo_pool_run(pool, ew_worker, &j);
 }
 
-void exo_cpu_silu_mul(exo_pool *pool, float *g, const float *u, size_t n) { run_ew(pool, g, u, n, 0); }
-void exo_cpu_add(exo_pool *pool, float *x, const float *y, size_t n) { run_ew(pool, x, y, n, 1); }
+void exo_cpu_glu(exo_pool *pool, exo_glu_kind kind, float *g, const float *u, size_t n, float limit)
+{
+    int op = kind == EXO_GLU_GELU_TANH ? EW_GELU_TANH_MUL : kind == EXO_GLU_OAI ? EW_OAI_GLU : EW_SILU_MUL;
+    run_ew(pool, g, u, n, op, limit);
+}
+
+void exo_cpu_add(exo_pool *pool, float *x, const float *y, size_t n) { run_ew(pool, x, y, n, EW_ADD, 0); }

@@ -48,7 +48,7 @@ double exo_cpu_exp_sum_f32(const float *x, int n, float shift, float *out);
 
 void exo_cpu_rmsnorm(exo_pool *pool, float *out, const float *x, const float *w, int rows, int dim,
                      float eps);
-void exo_cpu_rope(exo_pool *pool, float *x, int T, int n_heads, int head_dim, int pos0,
+void exo_cpu_rope(exo_pool *pool, float *x, int T, int n_heads, int head_dim, int rot_dim, int pos0,
                   const float *inv_freq, float mscale);
 /* KV cache layout (see backend.h and ops.c): per KV head, K in blocks of
  * EXO_KV_BLOCK positions, each head_dim rows of EXO_KV_BLOCK keys
@@ -67,7 +67,7 @@ void exo_cpu_kv_read(const exo_attn_shape *shape, const float *k_cache, const fl
 void exo_cpu_attention(exo_pool *pool, const exo_attn_shape *shape, float *out, const float *q,
                        const float *k, const float *v, float *k_cache, float *v_cache, int capacity,
                        int T, int pos0, float *const *scratch);
-void exo_cpu_silu_mul(exo_pool *pool, float *g, const float *u, size_t n);
+void exo_cpu_glu(exo_pool *pool, exo_glu_kind kind, float *g, const float *u, size_t n, float limit);
 void exo_cpu_add(exo_pool *pool, float *x, const float *y, size_t n);
 
 #endif
