@@ -83,6 +83,8 @@ asan:
 	EXO_BIN=$(abspath build-asan/exo) tests/integration/test_e2e_api.sh
 	EXO_BIN=$(abspath build-asan/exo) tests/integration/test_cluster.sh
 	EXO_BIN=$(abspath build-asan/exo) tests/integration/test_download.sh
+	EXO_BIN=$(abspath build-asan/exo) tests/integration/test_e2e_toolcalls.sh
+	EXO_BIN=$(abspath build-asan/exo) /usr/bin/python3 tests/integration/test_parity.py
 
 fuzz:
 	tests/fuzz/run.sh

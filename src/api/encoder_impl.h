@@ -36,6 +36,7 @@ struct exo_api_encoder {
     int  block_kind;    /* Claude: 0 none, 1 thinking, 2 text */
     int  n_blocks;
     int  tool_index;    /* OpenAI: next tool call index */
+    bool said_role;     /* OpenAI: a delta with the role went out */
     int  out_index;     /* Responses: next output_index */
     int  rs_index, msg_index; /* Responses: output_index of the reasoning / message item, -1 */
     bool rs_closed;

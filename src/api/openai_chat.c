@@ -245,6 +245,7 @@ static void oa_feed(exo_api_encoder *e, const exo_chunk *c, exo_sbuf *out)
         if (!*c->text && !lp)
             return;
         chunk_head(e, out);
+        e->said_role = true;
         exo_sbuf_puts(out, c->is_thinking ? "\"delta\":{\"role\":\"assistant\",\"reasoning_content\":"
                                           : "\"delta\":{\"role\":\"assistant\",\"content\":");
         exo_sbuf_json_str(out, c->text);
@@ -261,6 +262,7 @@ static void oa_feed(exo_api_encoder *e, const exo_chunk *c, exo_sbuf *out)
     }
     case EXO_CHUNK_TOOL_CALLS:
         chunk_head(e, out);
+        e->said_role = true;
         exo_sbuf_puts(out, "\"delta\":{\"role\":\"assistant\",\"tool_calls\":[");
         for (int i = 0; i < c->n_tool_calls; i++) {
             const exo_tool_call *t = &c->tool_calls[i];
@@ -283,7 +285,10 @@ static void oa_feed(exo_api_encoder *e, const exo_chunk *c, exo_sbuf *out)
         return;
     case EXO_CHUNK_FINISH:
         chunk_head(e, out);
-        exo_sbuf_printf(out, "\"delta\":{},\"logprobs\":null,\"finish_reason\":\"%s\"}],\"usage\":",
+        /* a stream with nothing visible still says whose message it is (clients
+         * that accumulate deltas need the role: openai-node's stream helper) */
+        exo_sbuf_printf(out, "\"delta\":%s,\"logprobs\":null,\"finish_reason\":\"%s\"}],\"usage\":",
+                        e->said_role ? "{}" : "{\"role\":\"assistant\",\"content\":\"\"}",
                         finish_name(c->reason));
         exo_api_write_usage(out, &c->usage);
         exo_sbuf_puts(out, "}\n\n");

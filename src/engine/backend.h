@@ -45,6 +45,11 @@ typedef struct exo_attn_shape {
     /* gpt-oss: one logit per query head (backend memory, n_heads) that
      * joins every softmax's denominator and attends to nothing; NULL: none */
     const float *sinks;
+    /* > 0 (sliding layers): the cache is a ring of this many positions (the
+     * capacity passed, a multiple of EXO_KV_BLOCK, at least the window plus
+     * the most tokens one call appends plus EXO_KV_BLOCK): position p lives in slot p % ring
+     * and overwrites a key no query can see any more. 0: slot p. */
+    int ring;
 } exo_attn_shape;
 
 /* The activation of a gated MLP: g = act(g) * u (see glu). */

@@ -160,6 +160,8 @@ struct exo_seq {
     int capacity, len;
     int alloc_capacity;         /* capacity rounded up to EXO_KV_BLOCK */
     float **k_cache, **v_cache; /* per attention layer, on that layer's backend (backend.h) */
+    int *slots;                 /* per attention layer: positions its cache holds; less than
+                                   alloc_capacity for a sliding layer's ring (backend.h) */
     /* Per linear-attention layer: its conv inputs (K-1, conv_dim) then its
      * recurrent state (Hv, Dk, Dv), one contiguous run of state_floats */
     float **state;
@@ -1325,7 +1327,7 @@ int exo_model_build(const exo_model_config *cfg, const exo_weight_source *src,
         double ms = 0.1 * cfg->rope.mscale_all_dim * log(cfg->rope.factor) + 1.0;
         attn_scale *= ms * ms;
     }
-    m->attn = (exo_attn_shape){m->n_heads, m->n_kv, m->hd, 0, (float)attn_scale, NULL};
+    m->attn = (exo_attn_shape){m->n_heads, m->n_kv, m->hd, 0, (float)attn_scale, NULL, 0};
     m->cpu = exo_backend_cpu_create(o.n_threads, err);
     if (!m->cpu) {
         exo_free(m);
@@ -1630,7 +1632,21 @@ static size_t seq_floats(const exo_model *m, const exo_seq *s, int l)
 {
     if (m->layers[l].kind == EXO_LAYER_LINEAR)
         return s->state_floats;
-    return 2 * (size_t)s->alloc_capacity * (size_t)m->n_kv * (size_t)m->hd;
+    return 2 * (size_t)s->slots[l] * (size_t)m->n_kv * (size_t)m->hd;
+}
+
+/* Positions a layer's cache holds: all of them, or for a sliding layer a
+ * ring of its window plus the longest call (a chunk) plus a block (the
+ * decode kernel scores whole blocks from the one holding a window's first
+ * key), when that is less. */
+static int layer_slots(const exo_model *m, const exo_seq *s, int l)
+{
+    const layer *L = &m->layers[l];
+    if (L->kind != EXO_LAYER_SLIDING || L->attn.sliding_window <= 0)
+        return s->alloc_capacity;
+    int64_t ring = ((int64_t)L->attn.sliding_window + m->max_chunk + 2 * EXO_KV_BLOCK - 1) / EXO_KV_BLOCK *
+                   EXO_KV_BLOCK;
+    return ring < s->alloc_capacity ? (int)ring : s->alloc_capacity;
 }
 
 int exo_seq_create(exo_model *m, int capacity, exo_seq **out, exo_err *err)
@@ -1653,6 +1669,9 @@ int exo_seq_create(exo_model *m, int capacity, exo_seq **out, exo_err *err)
     s->v_cache = exo_calloc((size_t)m->n_layers, sizeof(float *));
     s->state = exo_calloc((size_t)m->n_layers, sizeof(float *));
     s->kv_block = exo_calloc((size_t)m->n_layers, sizeof(void *));
+    s->slots = exo_calloc((size_t)m->n_layers, sizeof(int));
+    for (int l = 0; l < m->n_layers; l++)
+        s->slots[l] = layer_slots(m, s, l);
     /* One block per backend for all its layers' K and V: decode reads the
      * whole cache every token, and a block of 2 MiB or more gets huge
      * pages (per-layer caches are often smaller; on 4 KiB pages the
@@ -1699,6 +1718,7 @@ void exo_seq_free(exo_seq *s)
     exo_free(s->k_cache);
     exo_free(s->v_cache);
     exo_free(s->state);
+    exo_free(s->slots);
     exo_free(s->snap);
     exo_free(s);
 }
@@ -1958,8 +1978,9 @@ static int attention_forward(exo_model *m, exo_seq *s, int l, int T, int pos0, e
     }
     OK(o->rope(be, a->q, T, m->n_heads, m->hd, m->rot_dim, pos0, L->inv_freq, L->mscale));
     OK(o->rope(be, a->k, T, m->n_kv, m->hd, m->rot_dim, pos0, L->inv_freq, L->mscale));
-    OK(o->attention(be, &L->attn, a->att, a->q, a->k, a->v, s->k_cache[l], s->v_cache[l],
-                    s->alloc_capacity, T, pos0));
+    exo_attn_shape sh = L->attn;
+    sh.ring = s->slots[l] < s->alloc_capacity ? s->slots[l] : 0;
+    OK(o->attention(be, &sh, a->att, a->q, a->k, a->v, s->k_cache[l], s->v_cache[l], s->slots[l], T, pos0));
     if (m->attn_gated)
         OK(o->sigmoid_mul(be, a->att, a->qg, T, QD, QD));
     const exo_linear *wo[1] = {&L->o};

@@ -325,8 +325,12 @@ static void emit_batch(exo_output_parser *p, const json_t *batch)
     json_t *e;
     json_array_foreach(batch, i, e) {
         char *text = exo_json_dumps(json_object_get(e, "args"), JSON_COMPACT);
-        char id[48];
-        exo_gen_random_id(id, sizeof id, "call_");
+        char id[72];
+        const char *own = json_string_value(json_object_get(e, "id"));
+        if (own) /* the model's own id (Kimi's functions.NAME:IDX): its template writes it back */
+            snprintf(id, sizeof id, "%s", own);
+        else
+            exo_gen_random_id(id, sizeof id, "call_");
         exo_chunk c;
         exo_chunk_tool_calls(&c);
         exo_chunk_add_tool_call(&c, id, json_string_value(json_object_get(e, "name")), text);
@@ -597,6 +601,7 @@ static bool parse_kimi(exo_output_parser *p, const char *s, size_t n, json_t *ba
         const char *n0 = skip_space(id, ab), *n1 = ab;
         while (n1 > n0 && isspace((unsigned char)n1[-1]))
             n1--;
+        const char *id0 = n0, *id1 = n1;
         if (at(n0, n1, "functions."))
             n0 += strlen("functions.");
         const char *colon = n1;
@@ -606,6 +611,12 @@ static bool parse_kimi(exo_output_parser *p, const char *s, size_t n, json_t *ba
             n1 = colon - 1;
         if (!add_call_n(p, batch, n0, (size_t)(n1 - n0), json_loadb(a0, (size_t)(ce - a0), 0, NULL)))
             return false;
+        bool plain = id1 - id0 <= 64; /* keep it as the call's id if it is short printable ASCII */
+        for (const char *c = id0; plain && c < id1; c++)
+            plain = *c > 32 && *c < 127 && *c != '"' && *c != '\\';
+        if (plain)
+            json_object_set_new(json_array_get(batch, json_array_size(batch) - 1), "id",
+                                json_stringn(id0, (size_t)(id1 - id0)));
         found++;
         q = ce + strlen(KIMI_CALL_END);
     }

@@ -794,8 +794,10 @@ static bool job_open(runner *r, job *j, gen_ctx *g)
         return false;
     }
     json_t *extra = json_object();
-    if (q->enable_thinking >= 0)
+    if (q->enable_thinking >= 0) { /* DeepSeek-V3.1's template reads "thinking" */
         json_object_set_new(extra, "enable_thinking", json_boolean(q->enable_thinking));
+        json_object_set_new(extra, "thinking", json_boolean(q->enable_thinking));
+    }
     if (q->reasoning_effort != EXO_EFFORT_UNSET)
         json_object_set_new(extra, "reasoning_effort",
                             json_string(exo_reasoning_effort_name(q->reasoning_effort)));

@@ -9,6 +9,7 @@
 #include <time.h>
 
 #include "core/alloc.h"
+#include "core/json_util.h"
 #include "tokenizer/jinja.h"
 
 struct exo_chat_template {
@@ -16,9 +17,16 @@ struct exo_chat_template {
     exo_jinja_template *tool_use;  /* list form: "tool_use", may be NULL */
     char *special[4];              /* bos, eos, unk, pad (NULL if unset) */
     int64_t now;
+    /* Earlier tool calls' arguments as a JSON string rather than an object:
+     * most templates iterate or tojson the object (Qwen3.5, GLM), some
+     * concatenate a string (DeepSeek-V3.1). Found by rendering a sample
+     * call both ways at load (probe_arguments). */
+    bool args_as_string;
 };
 
 static const char *const special_names[4] = {"bos_token", "eos_token", "unk_token", "pad_token"};
+
+static void probe_arguments(exo_chat_template *t);
 
 int exo_chat_template_parse_now(const char *s, int64_t *epoch)
 {
@@ -97,6 +105,7 @@ int exo_chat_template_from_string(const char *source, const char *bos_token, con
     }
     t->special[0] = bos_token ? exo_strdup(bos_token) : NULL;
     t->special[1] = eos_token ? exo_strdup(eos_token) : NULL;
+    probe_arguments(t);
     *out = t;
     return 0;
 }
@@ -165,6 +174,7 @@ int exo_chat_template_load(const char *model_dir, exo_chat_template **out, exo_e
         }
     }
     json_decref(cfg);
+    probe_arguments(t);
     *out = t;
     return 0;
 fail:
@@ -173,9 +183,69 @@ fail:
     return rc;
 }
 
+/* messages with every assistant tool call's arguments object turned into
+ * its JSON text (a new reference). */
+static json_t *args_to_strings(const json_t *messages)
+{
+    json_t *m = json_deep_copy(messages);
+    size_t i, k;
+    json_t *msg, *call;
+    json_array_foreach(m, i, msg) {
+        json_array_foreach(json_object_get(msg, "tool_calls"), k, call) {
+            json_t *f = json_object_get(call, "function");
+            json_t *a = json_object_get(f, "arguments");
+            if (!json_is_object(a) && !json_is_array(a))
+                continue;
+            char *text = exo_json_dumps(a, JSON_COMPACT);
+            if (text)
+                json_object_set_new(f, "arguments", json_string(text));
+            exo_free(text);
+        }
+    }
+    return m;
+}
+
+static int render(const exo_chat_template *t, const json_t *messages, const json_t *tools,
+                  bool add_generation_prompt, const json_t *extra_kwargs, bool args_as_string, char **out,
+                  exo_err *err);
+
+/* Which form of earlier calls' arguments the template takes: the object,
+ * unless a sample conversation with one call fails to render with it, or
+ * renders it as Python prints a dict ({'a': 'b'}: the template writes the
+ * arguments out as they come, e.g. Kimi K2's), and renders with the JSON
+ * string instead. */
+static void probe_arguments(exo_chat_template *t)
+{
+    static const char sample[] =
+        "[{\"role\":\"user\",\"content\":\"q\"},{\"role\":\"assistant\",\"content\":\"\","
+        "\"tool_calls\":[{\"id\":\"call_0\",\"type\":\"function\",\"function\":{\"name\":\"f\","
+        "\"arguments\":{\"a\":\"b\"}}}]},{\"role\":\"tool\",\"tool_call_id\":\"call_0\",\"content\":\"r\"}]";
+    static const char tools_json[] =
+        "[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"description\":\"d\",\"parameters\":"
+        "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\"}}}}}]";
+    json_t *msgs = json_loads(sample, 0, NULL), *tools = json_loads(tools_json, 0, NULL);
+    char *out = NULL;
+    exo_err err = {0};
+    if (msgs && tools && (render(t, msgs, tools, true, NULL, false, &out, &err) || strstr(out, "{'a': 'b'}"))) {
+        exo_free(out);
+        out = NULL;
+        t->args_as_string = render(t, msgs, tools, true, NULL, true, &out, &err) == 0;
+    }
+    exo_free(out);
+    json_decref(msgs);
+    json_decref(tools);
+}
+
 int exo_chat_template_render(const exo_chat_template *t, const json_t *messages, const json_t *tools,
                              bool add_generation_prompt, const json_t *extra_kwargs, char **out,
                              exo_err *err)
+{
+    return render(t, messages, tools, add_generation_prompt, extra_kwargs, t->args_as_string, out, err);
+}
+
+static int render(const exo_chat_template *t, const json_t *messages, const json_t *tools,
+                  bool add_generation_prompt, const json_t *extra_kwargs, bool args_as_string, char **out,
+                  exo_err *err)
 {
     const exo_jinja_template *tpl = t->main;
     if (tools && !json_is_null(tools) && t->tool_use)
@@ -185,7 +255,9 @@ int exo_chat_template_render(const exo_chat_template *t, const json_t *messages,
     if (!tpl)
         return exo_err_set(err, EXO_ENOENT, "no chat template");
     json_t *ctx = json_object();
-    json_object_set_new(ctx, "messages", messages ? json_incref((json_t *)messages) : json_array());
+    json_object_set_new(ctx, "messages", !messages       ? json_array()
+                                         : args_as_string ? args_to_strings(messages)
+                                                          : json_incref((json_t *)messages));
     json_object_set_new(ctx, "tools", tools ? json_incref((json_t *)tools) : json_null());
     json_object_set_new(ctx, "documents", json_null());
     json_object_set_new(ctx, "add_generation_prompt", json_boolean(add_generation_prompt));

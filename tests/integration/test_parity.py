@@ -26,7 +26,8 @@ is larger, 0.24 for qwen3_moe):
                                            bf16-rounded dequantized weights
 (transformers' own bf16 run differs from its f32 run by 0.10-0.13 on these
 models.) Logits of the prompt are checked on both paths, the teacher-forced
-sequence one token per step (decode path), and greedy generation with the
+sequence one token per step (decode path), the prompt in 16-token calls
+(caches continued across calls), and greedy generation with the
 gemv path up to the first near-tie (top-1/top-2 margin < 2x tolerance).
 Prints 'N passed, N failed'. Uses Debian's python3 + numpy only."""
 import json, os, shutil, subprocess, sys, tempfile
@@ -131,6 +132,13 @@ def check_model(name, model_dir, ref_dir):
                 check(f"{name} prompt logits ({path}, median position)", med <= PREFILL_MEDIAN,
                       f"median of the positions' max abs err {med:.3g} > {PREFILL_MEDIAN}")
         tol = tol_for(ref["dtype"], "gemv", native)
+        # the prompt in calls of 16 tokens: each continues the caches of the
+        # ones before (a sliding window's ring, linear attention's conv and
+        # recurrent state), as a long prompt's chunks do
+        got = logits(model_dir, ref["prompt_ids"], V, ("--chunk", "16"), path="gemv")
+        err = float(np.abs(got - want).max())
+        errs.append(f"chunks {err:.2g}")
+        check(f"{name} prompt logits (16-token calls)", err <= tol, f"max abs err {err:.3g} > {tol}")
         S, _ = ref["sequence_logits_shape"]
         want_seq = np.fromfile(os.path.join(ref_dir, ref["sequence_logits_file"]),
                                dtype=np.float32).reshape(S, V)

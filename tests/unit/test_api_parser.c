@@ -17,6 +17,7 @@
 typedef struct coll {
     exo_sbuf text, think;
     json_t  *calls;
+    exo_sbuf ids;      /* the calls' ids that are not random call_ ones, space-separated */
     int      n_token_chunks;
     int      n_logprob_entries;
     int32_t  lp_ids[16];
@@ -32,7 +33,10 @@ static void collect(void *ctx, const exo_chunk *c)
             k->lp_ids[k->n_logprob_entries++] = c->token_id;
     } else if (c->kind == EXO_CHUNK_TOOL_CALLS) {
         for (int i = 0; i < c->n_tool_calls; i++) {
-            cr_assert(strncmp(c->tool_calls[i].id, "call_", 5) == 0);
+            if (strncmp(c->tool_calls[i].id, "call_", 5)) { /* the model's own (Kimi's) */
+                exo_sbuf_puts(&k->ids, c->tool_calls[i].id);
+                exo_sbuf_puts(&k->ids, " ");
+            }
             json_t *args = json_loads(c->tool_calls[i].arguments, 0, NULL);
             cr_assert(args, "arguments must be JSON: %s", c->tool_calls[i].arguments);
             json_array_append_new(k->calls, json_pack("{s:s, s:o}", "name", c->tool_calls[i].name, "args", args));
@@ -47,6 +51,7 @@ static const char *weather_tools =
 typedef struct expect {
     const char *text, *think;
     const char *calls; /* JSON array of {name, args} or NULL for none */
+    const char *ids;   /* the model's own call ids kept, "a b " (NULL: none; else random call_ ids) */
     exo_finish_reason reason;
     bool stopped;
 } expect;
@@ -57,6 +62,7 @@ static void check_one(const exo_output_parser_config *cfg, const char *out, cons
     coll k = {.calls = json_array()};
     exo_sbuf_init(&k.text);
     exo_sbuf_init(&k.think);
+    exo_sbuf_init(&k.ids);
     exo_output_parser *p = exo_output_parser_create(cfg);
     size_t prev = 0, n = strlen(out);
     bool stopped = false;
@@ -79,6 +85,8 @@ static void check_one(const exo_output_parser_config *cfg, const char *out, cons
     char *got = exo_json_dumps(k.calls, JSON_SORT_KEYS | JSON_COMPACT);
     cr_assert(json_equal(want, k.calls), "%s: calls %s", what, got);
     free(got);
+    cr_assert_str_eq(k.ids.data ? k.ids.data : "", ex->ids ? ex->ids : "", "%s: call ids", what);
+    exo_sbuf_free(&k.ids);
     cr_assert_eq(r, ex->reason, "%s: reason %d", what, r);
     cr_assert_eq(stopped, ex->stopped, "%s: stopped", what);
     json_decref(want);
@@ -262,6 +270,7 @@ Test(api_parser, stop_sequences_never_leak)
     coll k = {.calls = json_array()};
     exo_sbuf_init(&k.text);
     exo_sbuf_init(&k.think);
+    exo_sbuf_init(&k.ids);
     cr_assert(exo_output_parser_feed(p, &t, collect, &k));
     cr_assert_str_eq(exo_output_parser_stop_sequence(p), "<|im_end|>");
     exo_chunk_free(&t);
@@ -286,6 +295,7 @@ Test(api_parser, metadata_rides_on_first_chunk)
     coll k = {.calls = json_array()};
     exo_sbuf_init(&k.text);
     exo_sbuf_init(&k.think);
+    exo_sbuf_init(&k.ids);
     exo_chunk t;
     exo_chunk_token(&t, "hi", 2, 99, false);
     exo_output_parser_feed(p, &t, collect, &k);
@@ -312,6 +322,7 @@ Test(api_parser, one_logprob_entry_per_token)
     coll k = {.calls = json_array()};
     exo_sbuf_init(&k.text);
     exo_sbuf_init(&k.think);
+    exo_sbuf_init(&k.ids);
     const char *pieces[] = {"a", "", "", "\xe4\xbd\xa0", "E", "N", "x", "E", "ND"};
     for (int i = 0; i < 9; i++) {
         exo_chunk t;
@@ -567,7 +578,8 @@ Test(api_parser, kimi_k2_sections)
     expect ex = {.text = "Let me look.", .think = "Weather needed.",
                  .calls = "[{\"name\":\"get_weather\",\"args\":{\"city\":\"Paris\",\"days\":3}},"
                           "{\"name\":\"search\",\"args\":{\"query\":\"rain\"}}]",
-                 .reason = EXO_FR_TOOL_CALLS};
+                 /* the model's ids are kept: its template writes them back next turn */
+                 .ids = "functions.get_weather:0 functions.search:1 ", .reason = EXO_FR_TOOL_CALLS};
     check_splits(&cfg,
                  "<think>Weather needed.</think>Let me look." KIMI_SB KIMI_B "functions.get_weather:0" KIMI_A
                  "{\"city\": \"Paris\", \"days\": \"3\"}" KIMI_E KIMI_B "functions.search:1" KIMI_A
@@ -576,7 +588,7 @@ Test(api_parser, kimi_k2_sections)
     /* Whitespace between the tokens, an id without the functions. prefix. */
     exo_output_parser_config plain = {.tool_format = EXO_TOOL_FMT_KIMI_K2, .tools = tools};
     expect ws = {.text = "", .calls = "[{\"name\":\"get_weather\",\"args\":{\"city\":\"Rome\"}}]",
-                 .reason = EXO_FR_TOOL_CALLS};
+                 .ids = "get_weather:12 ", .reason = EXO_FR_TOOL_CALLS};
     check_splits(&plain, KIMI_SB "\n" KIMI_B " get_weather:12 " KIMI_A " {\"city\":\"Rome\"} " KIMI_E "\n" KIMI_SE,
                  &ws);
     json_decref(tools);
@@ -730,6 +742,7 @@ Test(api_parser, real_templates_detect_and_parse)
         cr_assert_eq(cfg.starts_in_thinking, tc->starts_in_thinking, "%s %s: starts in thinking", tc->file,
                      tc->kwargs ? tc->kwargs : "");
         expect ex = {.text = tc->text, .think = tc->think_text, .calls = tc->has_call ? WEATHER_CALL : NULL,
+                     .ids = tc->has_call && tc->fmt == EXO_TOOL_FMT_KIMI_K2 ? "functions.get_weather:0 " : NULL,
                      .reason = tc->has_call ? EXO_FR_TOOL_CALLS : EXO_FR_STOP};
         check_splits(&cfg, tc->output, &ex);
         exo_free(src);
@@ -863,5 +876,45 @@ Test(api_parser, parsed_calls_reach_every_api)
         json_decref(j);
         exo_free(src);
     }
+    json_decref(tools);
+}
+
+/* An earlier call's arguments reach each real template in the form it
+ * takes: an object for those that iterate or tojson it (Qwen3.5, GLM, Kimi,
+ * gpt-oss), the JSON text for DeepSeek-V3.1's, which concatenates a
+ * string (an object there was an error: "unsupported operand"). */
+Test(api_parser, earlier_call_arguments_as_each_template_takes_them)
+{
+    static const struct { const char *file, *want; } cases[] = {
+        {"deepseek-ai-DeepSeek-V3.1.jinja", "{\"city\":\"Paris\"}"},
+        {"Qwen-Qwen3.5-4B.jinja", "<parameter=city>\nParis\n</parameter>"},
+        {"zai-org-GLM-4.6.jinja", "<arg_value>Paris</arg_value>"},
+        {"moonshotai-Kimi-K2-Thinking.jinja", "{\"city\": \"Paris\"}"},
+        {"Qwen-Qwen3-0.6B.jinja", "\"arguments\": {\"city\": \"Paris\"}"},
+    };
+    json_t *tools = json_loads(typed_tools, 0, NULL);
+    json_t *msgs = json_loads(
+        "[{\"role\":\"user\",\"content\":\"Weather?\"},{\"role\":\"assistant\",\"content\":\"\",\"tool_calls\":"
+        "[{\"id\":\"functions.get_weather:0\",\"type\":\"function\",\"function\":{\"name\":\"get_weather\","
+        "\"arguments\":{\"city\":\"Paris\"}}}]},{\"role\":\"tool\",\"tool_call_id\":\"functions.get_weather:0\","
+        "\"content\":\"sunny\"}]", 0, NULL);
+    cr_assert(tools && msgs);
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char path[256];
+        snprintf(path, sizeof path, "tests/fixtures/chat-templates/%s", cases[i].file);
+        char *src = read_text(path);
+        exo_chat_template *t = NULL;
+        exo_err err = {0};
+        cr_assert_eq(exo_chat_template_from_string(src, NULL, NULL, &t, &err), 0, "%s: %s", cases[i].file, err.msg);
+        char *prompt = NULL;
+        cr_assert_eq(exo_chat_template_render(t, msgs, tools, true, NULL, &prompt, &err), 0, "%s: %s",
+                     cases[i].file, err.msg);
+        cr_assert(strstr(prompt, cases[i].want), "%s: no %s in:\n%s", cases[i].file, cases[i].want, prompt);
+        cr_assert(!strstr(prompt, "{'city'"), "%s: a Python dict in:\n%s", cases[i].file, prompt);
+        exo_free(prompt);
+        exo_chat_template_free(t);
+        exo_free(src);
+    }
+    json_decref(msgs);
     json_decref(tools);
 }

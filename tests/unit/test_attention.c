@@ -47,6 +47,7 @@ static void naive(int T, int H, int KV, int hd, int window, const float *q, cons
 }
 
 static bool with_sinks; /* check() with a sink logit per query head */
+static bool with_ring;  /* check() with a sliding window's cache kept as a ring */
 
 static void check(int T, int H, int KV, int hd, int window, int prefill_chunk)
 {
@@ -69,9 +70,15 @@ static void check(int T, int H, int KV, int hd, int window, int prefill_chunk)
         sinks[h] = h == 1 ? 6.0f : 2 * frand(&seed);
     naive(T, H, KV, hd, window, q, k, v, with_sinks ? sinks : NULL, want);
     int capacity = (T + 15) / 16 * 16 + 16; /* what model.c allocates for T + a few */
+    int ring = 0;
+    if (with_ring) { /* the window plus a call's tokens, rounded up to a block: model.c's rule */
+        ring = (window + prefill_chunk + 31) / 16 * 16;
+        cr_assert(window > 0 && ring < T, "a ring test needs a window and positions that wrap around");
+        capacity = ring;
+    }
     float *kc = be->ops->alloc(be, (size_t)capacity * KV * hd * 4);
     float *vc = be->ops->alloc(be, (size_t)capacity * KV * hd * 4);
-    exo_attn_shape sh = {H, KV, hd, window, 1.0f / sqrtf((float)hd), with_sinks ? sinks : NULL};
+    exo_attn_shape sh = {H, KV, hd, window, 1.0f / sqrtf((float)hd), with_sinks ? sinks : NULL, ring};
     for (int t0 = 0; t0 < T; t0 += prefill_chunk) {
         int n = T - t0 < prefill_chunk ? T - t0 : prefill_chunk;
         be->ops->attention(be, &sh, out + (size_t)t0 * H * hd, q + (size_t)t0 * H * hd,
@@ -143,6 +150,23 @@ Test(attention, sinks)
     check(45, 8, 1, 32, 7, 45);
     check(30, 4, 4, 16, 5, 3);
     with_sinks = false;
+}
+
+/* A sliding window's cache as a ring of window + chunk positions (rounded
+ * to 16): positions wrap around it several times, on the decode kernel, the
+ * several-tokens-per-call one and the batched prefill; with sinks too. */
+Test(attention, sliding_window_ring)
+{
+    with_ring = true;
+    check(100, 8, 2, 64, 7, 1);
+    check(90, 4, 2, 16, 16, 5);
+    check(120, 8, 2, 64, 20, 16);
+    check(150, 4, 1, 32, 9, 40);
+    with_sinks = true;
+    check(100, 8, 2, 64, 7, 1);
+    check(130, 8, 2, 32, 24, 32);
+    with_sinks = false;
+    with_ring = false;
 }
 
 /* The vectorisable expf of the softmax and SiLU against libm: relative

@@ -154,8 +154,8 @@ static int cpu_rope(exo_backend *be, float *x, int T, int n_heads, int head_dim,
  * a causal (and sliding-window) softmax per row, then O = S V. Causality
  * makes half of S wasted work, which costs less than splitting the GEMMs. */
 typedef struct softmax_job {
-    float *scores; /* (T*group, L) */
-    int T, group, L, pos0, window;
+    float *scores; /* (T*group, L): positions first.. */
+    int T, group, L, pos0, window, first;
     float scale;
     const float *sinks; /* the group's query heads' sinks, or NULL */
 } softmax_job;
@@ -168,6 +168,8 @@ static void softmax_rows(void *p, int ith, int nth)
     for (long r = r0; r < r1; r++) {
         int qpos = j->pos0 + (int)(r / j->group);
         int lo = j->window > 0 && qpos - j->window + 1 > 0 ? qpos - j->window + 1 : 0;
+        qpos -= j->first; /* columns start at position first */
+        lo -= j->first;
         float *row = j->scores + r * j->L;
         float *live = row + lo;
         const int n = qpos + 1 - lo;
@@ -190,7 +192,9 @@ static int attention_batched(cpu_backend *c, const exo_attn_shape *sh, float *ou
                               const float *q, const float *k_cache, const float *v_cache,
                               int capacity, int T, int pos0)
 {
-    int L = pos0 + T, hd = sh->head_dim, H = sh->n_heads, KV = sh->n_kv_heads, group = H / KV;
+    /* only the positions some query of the call can see: a window's start on */
+    int first = sh->sliding_window > 0 && pos0 - sh->sliding_window + 1 > 0 ? pos0 - sh->sliding_window + 1 : 0;
+    int L = pos0 + T - first, hd = sh->head_dim, H = sh->n_heads, KV = sh->n_kv_heads, group = H / KV;
     size_t rows = (size_t)T * (size_t)group;
     size_t need = 2 * (size_t)L * hd + 2 * rows * hd + rows * (size_t)L;
     if (need > c->att_len) {
@@ -205,7 +209,7 @@ static int attention_batched(cpu_backend *c, const exo_attn_shape *sh, float *ou
     float *kh = c->att_buf, *vt = kh + (size_t)L * hd, *qh = vt + (size_t)L * hd;
     float *oh = qh + rows * hd, *sc = oh + rows * hd;
     for (int g = 0; g < KV; g++) {
-        exo_cpu_kv_read(sh, k_cache, v_cache, capacity, g, L, kh, vt);
+        exo_cpu_kv_read(sh, k_cache, v_cache, capacity, g, first, L, kh, vt);
         for (int t = 0; t < T; t++)
             memcpy(qh + (size_t)t * group * hd, q + ((size_t)t * H + (size_t)g * group) * hd,
                    sizeof(float) * (size_t)group * hd);
@@ -216,7 +220,7 @@ static int attention_batched(cpu_backend *c, const exo_attn_shape *sh, float *ou
         const exo_linear *pk[1] = {&wk}, *pv[1] = {&wv};
         float *const ys[1] = {sc}, *const yo[1] = {oh};
         exo_cpu_matmul(c->mm, 1, pk, qh, (int)rows, ys);
-        softmax_job sj = {sc, T, group, L, pos0, sh->sliding_window, sh->scale,
+        softmax_job sj = {sc, T, group, L, pos0, sh->sliding_window, first, sh->scale,
                           sh->sinks ? sh->sinks + (size_t)g * group : NULL};
         exo_pool_run(c->pool, softmax_rows, &sj);
         exo_cpu_matmul(c->mm, 1, pv, sc, (int)rows, yo);

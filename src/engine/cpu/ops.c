@@ -8,6 +8,7 @@
 #include "engine/cpu/ops.h"
 
 #include <math.h>
+#include <stdint.h>
 #include <string.h>
 
 /* The loops below are plain C; this clones each hot function for AVX-512
@@ -226,10 +227,10 @@ static void kv_append_heads(const exo_attn_shape *sh, const float *k, const floa
         float *kc = k_cache + (size_t)h * head, *vc = v_cache + (size_t)h * head;
         for (int t = 0; t < T; t++) {
             const float *kt = k + (size_t)t * row + (size_t)h * hd;
+            int slot = sh->ring ? (pos0 + t) % sh->ring : pos0 + t;
             for (int d = 0; d < hd; d++)
-                kc[kblock_index(pos0 + t, d, hd)] = kt[d];
-            memcpy(vc + (size_t)(pos0 + t) * hd, v + (size_t)t * row + (size_t)h * hd,
-                   sizeof(float) * (size_t)hd);
+                kc[kblock_index(slot, d, hd)] = kt[d];
+            memcpy(vc + (size_t)slot * hd, v + (size_t)t * row + (size_t)h * hd, sizeof(float) * (size_t)hd);
         }
     }
 }
@@ -255,11 +256,15 @@ static inline __attribute__((always_inline)) void qk_block(int G, const float *q
  * vectors of 16 values: G*W accumulators stay in registers while V streams
  * once. */
 static inline __attribute__((always_inline)) void pv_block(int G, int W, const float *p, long ld,
-                                                           const float *vh, int hd, int c, int lo,
-                                                           int hi, float *out)
+                                                           const float *vh, int hd, int c, int n,
+                                                           int s0, int ring, float *out)
 {
+    /* p: the scores of n consecutive positions, the first in V row s0;
+     * past row ring - 1 (a ring cache) the rows go on from 0 */
     v16 acc[4][4] = {{{0}}};
-    for (int sp = lo; sp <= hi; sp++) {
+    for (int i = 0, sp = s0; i < n; i++, sp++) {
+        if (sp == ring)
+            sp = 0;
         const float *vr = vh + (size_t)sp * hd + c;
 #pragma GCC unroll 4
         for (int w = 0; w < W; w++) {
@@ -267,7 +272,7 @@ static inline __attribute__((always_inline)) void pv_block(int G, int W, const f
             v16 vv = *(const v16 *)(vr + 16 * w);
 #pragma GCC unroll 4
             for (int g = 0; g < G; g++)
-                acc[g][w] += p[g * ld + sp] * vv;
+                acc[g][w] += p[g * ld + i] * vv;
         }
     }
     for (int g = 0; g < G; g++)
@@ -280,33 +285,36 @@ static inline __attribute__((always_inline)) void pv_block(int G, int W, const f
 static inline __attribute__((always_inline)) void attend_heads(int G, const float *q,
                                                                const float *kh, const float *vh,
                                                                int hd, float scale, int lo,
-                                                               int qpos, float *sc, long ld,
+                                                               int qpos, int ring, float *sc, long ld,
                                                                const float *sinks, float *o)
 {
-    for (int b = lo / EXO_KV_BLOCK * EXO_KV_BLOCK; b <= qpos; b += EXO_KV_BLOCK)
-        qk_block(G, q, kh + (size_t)b * hd, hd, scale, sc + b, ld);
+    /* scores are kept from the first block's start on (sc[0] is position
+     * base); a ring cache (ring > 0) keeps position p in slot p % ring */
+    const int base = lo / EXO_KV_BLOCK * EXO_KV_BLOCK, off = lo - base, n = qpos + 1 - lo;
+    for (int b = base; b <= qpos; b += EXO_KV_BLOCK)
+        qk_block(G, q, kh + (size_t)(ring ? b % ring : b) * hd, hd, scale, sc + (b - base), ld);
     /* a plain float max or sum over the scores is a serial chain GCC may
      * not reorder (no -ffast-math): ~0.7 ms of a 576-position token */
     float inv[4];
     for (int g = 0; g < G; g++) {
-        float *s = sc + g * ld + lo;
-        int n = qpos + 1 - lo;
+        float *s = sc + g * ld + off;
         float mx = max_lanes(s, n);
         double sum = exp_sum_lanes(s, n, mx, s);
         if (sinks) /* the sink's share of the denominator (it may exceed every score) */
             sum += exp((double)sinks[g] - (double)mx);
         inv[g] = (float)(1.0 / sum);
     }
+    const int s0 = ring ? lo % ring : lo, lim = ring ? ring : INT32_MAX;
     int c = 0;
     for (; c + 64 <= hd; c += 64)
-        pv_block(G, 4, sc, ld, vh, hd, c, lo, qpos, o);
+        pv_block(G, 4, sc + off, ld, vh, hd, c, n, s0, lim, o);
     for (; c + 16 <= hd; c += 16)
-        pv_block(G, 1, sc, ld, vh, hd, c, lo, qpos, o);
+        pv_block(G, 1, sc + off, ld, vh, hd, c, n, s0, lim, o);
     for (; c < hd; c++)
         for (int g = 0; g < G; g++) {
             float a = 0;
-            for (int sp = lo; sp <= qpos; sp++)
-                a += sc[g * ld + sp] * vh[(size_t)sp * hd + c];
+            for (int i = 0, sp = s0; i < n; i++, sp = sp + 1 == lim ? 0 : sp + 1)
+                a += sc[g * ld + off + i] * vh[(size_t)sp * hd + c];
             o[(size_t)g * hd + c] = a;
         }
     for (int g = 0; g < G; g++)
@@ -355,11 +363,12 @@ static void attn_worker(void *p, int ith, int nth)
                 const float *qg = j->q + first + (size_t)g * hd;
                 float *og = j->out + first + (size_t)g * hd;
                 const float *sk = s->sinks ? s->sinks + h * group + g : NULL;
+                const int ring = s->ring;
                 switch (group - g < 4 ? group - g : 4) {
-                case 4: attend_heads(4, qg, kh, vh, hd, scale, lo, qpos, scores, cap, sk, og); break;
-                case 3: attend_heads(3, qg, kh, vh, hd, scale, lo, qpos, scores, cap, sk, og); break;
-                case 2: attend_heads(2, qg, kh, vh, hd, scale, lo, qpos, scores, cap, sk, og); break;
-                default: attend_heads(1, qg, kh, vh, hd, scale, lo, qpos, scores, cap, sk, og); break;
+                case 4: attend_heads(4, qg, kh, vh, hd, scale, lo, qpos, ring, scores, cap, sk, og); break;
+                case 3: attend_heads(3, qg, kh, vh, hd, scale, lo, qpos, ring, scores, cap, sk, og); break;
+                case 2: attend_heads(2, qg, kh, vh, hd, scale, lo, qpos, ring, scores, cap, sk, og); break;
+                default: attend_heads(1, qg, kh, vh, hd, scale, lo, qpos, ring, scores, cap, sk, og); break;
                 }
             }
         }
@@ -390,18 +399,18 @@ void exo_cpu_kv_append(exo_pool *pool, const exo_attn_shape *shape, const float 
 }
 
 void exo_cpu_kv_read(const exo_attn_shape *shape, const float *k_cache, const float *v_cache,
-                     int capacity, int kv_head, int n, float *k_rows, float *v_cols)
+                     int capacity, int kv_head, int first, int n, float *k_rows, float *v_cols)
 {
-    const int hd = shape->head_dim;
+    const int hd = shape->head_dim, ring = shape->ring;
     const float *kh = k_cache + (size_t)kv_head * capacity * hd;
     const float *vh = v_cache + (size_t)kv_head * capacity * hd;
-    for (int b = 0; b < n; b += EXO_KV_BLOCK)
+    for (int i = 0; i < n; i++) {
+        int slot = ring ? (first + i) % ring : first + i;
         for (int d = 0; d < hd; d++)
-            for (int x = 0; x < EXO_KV_BLOCK && b + x < n; x++)
-                k_rows[(size_t)(b + x) * hd + d] = kh[kblock_index(b + x, d, hd)];
-    for (int sp = 0; sp < n; sp++)
+            k_rows[(size_t)i * hd + d] = kh[kblock_index(slot, d, hd)];
         for (int d = 0; d < hd; d++)
-            v_cols[(size_t)d * n + sp] = vh[(size_t)sp * hd + d];
+            v_cols[(size_t)d * n + i] = vh[(size_t)slot * hd + d];
+    }
 }
 
 void exo_cpu_attention(exo_pool *pool, const exo_attn_shape *shape, float *out, const float *q,

@@ -56,10 +56,10 @@ void exo_cpu_rope(exo_pool *pool, float *x, int T, int n_heads, int head_dim, in
  * head_dim)). kv_append writes T new positions at pos0. */
 void exo_cpu_kv_append(exo_pool *pool, const exo_attn_shape *shape, const float *k, const float *v,
                        float *k_cache, float *v_cache, int capacity, int T, int pos0);
-/* The first n positions of one KV head: k_rows (n, head_dim) and V
+/* Positions [first, first + n) of one KV head: k_rows (n, head_dim) and V
  * transposed, v_cols (head_dim, n). */
 void exo_cpu_kv_read(const exo_attn_shape *shape, const float *k_cache, const float *v_cache,
-                     int capacity, int kv_head, int n, float *k_rows, float *v_cols);
+                     int capacity, int kv_head, int first, int n, float *k_rows, float *v_cols);
 /* Appends k, v (T tokens at pos0) and attends q over positions [0, pos0+t]
  * for each token t. scratch: per-thread buffers of at least
  * min(group, 4) * capacity floats each (n_threads of them),
