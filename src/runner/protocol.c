@@ -222,7 +222,8 @@ static int decode_shard(const json_t *j, exo_runner_load *l, exo_err *err)
     const char *key = NULL;
     bool tensor = false;
     if ((rc = exo_ju_only_keys(j, keys, "shard", err)) ||
-        (rc = get_int(j, "world", 1, 256, &l->world, err)) ||
+        /* one runner has no shard: the encoder leaves it out (world 1) */
+        (rc = get_int(j, "world", 2, 256, &l->world, err)) ||
         (rc = get_int(j, "rank", 0, l->world - 1, &l->rank, err)) ||
         (rc = get_int(j, "start_layer", 0, 1 << 20, &l->start_layer, err)) ||
         (rc = get_int(j, "end_layer", 0, 1 << 20, &l->end_layer, err)) ||

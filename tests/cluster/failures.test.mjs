@@ -150,7 +150,8 @@ test('requests to an instance that does not answer, or whose node was killed, en
       process.kill(runner, 'SIGCONT');
     }
     assert.match(errorOf(stalled.text) ?? stalled.text, /no answer from the runner of instance .* for 3 s/);
-    assert.ok(stalled.ms >= STALL_MS - 300 && stalled.ms < STALL_MS + 3000 * C.SLOW, `ended after ${stalled.ms} ms`);
+    // the watchdog's own period plus a loaded 2-core machine's delays (6030 ms seen)
+    assert.ok(stalled.ms >= STALL_MS - 300 && stalled.ms < STALL_MS + 4500 * C.SLOW, `ended after ${stalled.ms} ms`);
     await until('no tasks left', async () => Object.keys((await b.state()).tasks).length === 0);
     const ok = await streamChat(b.base, { max: 8 });
     assert.equal(errorOf(ok.text), null, `the runner serves again: ${ok.text}`);
