@@ -199,6 +199,37 @@ int exo_cmd_bench(int argc, char **argv)
         token_s[i] = exo_clock_seconds() - ts;
     }
     double decode_s = exo_clock_seconds() - t0;
+    /* Mixture of experts: the fused decode against the per-expert one, a
+     * token of each in turn over the same positions (drift in what else
+     * runs on the machine hits both alike); medians. */
+    double fused_ms = 0, unfused_ms = 0;
+    if (cfg->n_experts > 0 && n_gen >= 4) {
+        /* from the prompt again (a linear-attention state cannot step back) */
+        exo_seq_truncate(seq, 0);
+        if (exo_model_forward(m, seq, tokens, (int)n_prompt, logits, false, &err))
+            goto fail_pool;
+        tok = exo_cpu_argmax_f32(logits, V);
+        long half = n_gen / 2;
+        double *tf = exo_malloc(sizeof(double) * (size_t)half), *tu = exo_malloc(sizeof(double) * (size_t)half);
+        for (long i = 0; i < 2 * half; i++) {
+            exo_model_set_moe_fused(m, i % 2 == 0);
+            double ts = exo_clock_seconds();
+            if (exo_model_forward(m, seq, &tok, 1, logits, false, &err)) {
+                exo_free(tf);
+                exo_free(tu);
+                goto fail_pool;
+            }
+            (i % 2 ? tu : tf)[i / 2] = exo_clock_seconds() - ts;
+            tok = exo_cpu_argmax_f32(logits, V);
+        }
+        exo_model_set_moe_fused(m, true);
+        qsort(tf, (size_t)half, sizeof(double), cmp_double);
+        qsort(tu, (size_t)half, sizeof(double), cmp_double);
+        fused_ms = tf[half / 2] * 1e3;
+        unfused_ms = tu[half / 2] * 1e3;
+        exo_free(tf);
+        exo_free(tu);
+    }
     /* the limit is the best read seen, before or after decode */
     double read_after = exo_membw_read(probe, pool, 5);
     if (read_after > read_bw)
@@ -207,31 +238,23 @@ int exo_cmd_bench(int argc, char **argv)
     double median_s = n_gen % 2 ? token_s[n_gen / 2]
                                 : 0.5 * (token_s[n_gen / 2 - 1] + token_s[n_gen / 2]);
 
-    size_t weight_bytes = exo_model_decode_bytes(m);
-    double avg_ctx = (double)n_prompt + 2 + (double)n_gen / 2;
-    double kv_bytes = 2.0 * (double)cfg->num_hidden_layers * (double)cfg->num_key_value_heads *
-                      (double)cfg->head_dim * sizeof(float) * avg_ctx;
-    double bytes_per_token = (double)weight_bytes + kv_bytes;
+    exo_decode_cost cost;
+    exo_model_decode_cost(m, (int)((double)n_prompt + 2 + (double)n_gen / 2), &cost);
+    double weight_bytes = cost.weight_bytes, kv_bytes = cost.cache_bytes;
+    double bytes_per_token = weight_bytes + kv_bytes;
     double prefill_tps = (double)n_prompt / prefill_s, decode_tps = (double)n_gen / decode_s;
     double achieved = bytes_per_token * decode_tps;
     double achieved_median = bytes_per_token / median_s;
     /* prefill FLOPs: every layer's matrix products over all prompt tokens
-     * plus causal attention; the LM head runs for the last token only. */
-    double D = (double)cfg->hidden_size, F = (double)cfg->intermediate_size;
-    double QD = (double)(cfg->num_attention_heads * cfg->head_dim);
-    double KD = (double)(cfg->num_key_value_heads * cfg->head_dim);
-    double P = (double)n_prompt, flops = 2 * D * (double)cfg->vocab_size;
-    for (int64_t l = 0; l < cfg->num_hidden_layers; l++) {
-        /* a sparse layer's MLP: the router and, per token, its k experts */
-        double mlp = exo_config_layer_moe(cfg, l)
-                         ? D * (double)cfg->n_experts +
-                               3 * D * (double)cfg->moe_intermediate_size * (double)cfg->n_experts_per_tok
-                         : 3 * D * F;
-        flops += 2 * P * (D * QD * 2 + D * KD * 2 + mlp) + 2.0 * QD * P * P;
-    }
+     * (a sparse layer: its k experts' share) plus causal attention; the LM
+     * head runs for the last token only. */
+    double P = (double)n_prompt;
+    double flops = 2 * P * (cost.params - cost.head_params) + 2 * cost.head_params +
+                   2.0 * cost.prompt_attn_dims * P * P;
     double prefill_gflops = flops / prefill_s / 1e9;
-    double avx2 = avx2_gemm_gflops(pool, (int)(n_prompt < 512 ? n_prompt : 512),
-                                   (int)cfg->intermediate_size, (int)cfg->hidden_size);
+    int64_t peer_n = cfg->intermediate_size > 0 ? cfg->intermediate_size : cfg->moe_intermediate_size;
+    double avx2 = avx2_gemm_gflops(pool, (int)(n_prompt < 512 ? n_prompt : 512), (int)peer_n,
+                                   (int)cfg->hidden_size);
     const char *name = preset ? preset : dir;
     if (json) {
         printf("{\"model\":\"%s\",\"quant\":\"%s\",\"threads\":%d,\"isa\":\"%s\",\"amx\":%s,"
@@ -239,12 +262,13 @@ int exo_cmd_bench(int argc, char **argv)
                "\"decode_tok_s\":%.3f,\"bytes_per_token\":%.0f,\"achieved_gbs\":%.3f,"
                "\"read_bw_gbs\":%.3f,\"bw_fraction\":%.4f,\"median_token_ms\":%.3f,"
                "\"bw_fraction_median\":%.4f,\"prefill_gflops\":%.1f,"
-               "\"avx2_gemm_gflops\":%.1f,\"prefill_vs_avx2\":%.2f,\"load_s\":%.2f}\n",
+               "\"avx2_gemm_gflops\":%.1f,\"prefill_vs_avx2\":%.2f,\"load_s\":%.2f,"
+               "\"moe_fused_ms\":%.3f,\"moe_per_expert_ms\":%.3f}\n",
                name, preset ? quant : "checkpoint", nthreads, exo_isa_name(exo_cpu_isa()),
                exo_cpu_has_amx() ? "true" : "false", n_prompt, n_gen, prefill_tps, decode_tps,
                bytes_per_token, achieved / 1e9, read_bw / 1e9, achieved / read_bw, median_s * 1e3,
                achieved_median / read_bw, prefill_gflops,
-               avx2, avx2 > 0 ? prefill_gflops / avx2 : 0, t_load);
+               avx2, avx2 > 0 ? prefill_gflops / avx2 : 0, t_load, fused_ms, unfused_ms);
     } else {
         printf("model            %s (%s), %d threads, isa %s%s\n", name,
                preset ? quant : "checkpoint", nthreads, exo_isa_name(exo_cpu_isa()),
@@ -253,10 +277,16 @@ int exo_cmd_bench(int argc, char **argv)
                "%.1f GFLOP/s, x%.2f)\n",
                n_prompt, prefill_tps, prefill_gflops, avx2, avx2 > 0 ? prefill_gflops / avx2 : 0);
         printf("decode           %ld tokens: %.2f tok/s\n", n_gen, decode_tps);
-        printf("bytes/token      %.1f MB (weights %.1f MB + KV %.1f MB)\n", bytes_per_token / 1e6,
-               (double)weight_bytes / 1e6, kv_bytes / 1e6);
+        printf("bytes/token      %.1f MB (weights %.1f MB + caches %.1f MB)\n", bytes_per_token / 1e6,
+               weight_bytes / 1e6, kv_bytes / 1e6);
+        printf("per layer        %.1f MB of weights, %.1f M parameters a token (%d layers; LM head "
+               "%.1f MB)\n", (weight_bytes - cost.head_bytes) / cost.layers / 1e6,
+               (cost.params - cost.head_params) / cost.layers / 1e6, cost.layers, cost.head_bytes / 1e6);
         printf("bandwidth        %.2f GB/s achieved of %.2f GB/s measured read = %.1f%%\n",
                achieved / 1e9, read_bw / 1e9, 100 * achieved / read_bw);
+        if (fused_ms > 0)
+            printf("experts          fused decode %.2f ms a token, per-expert %.2f ms: x%.2f (medians, "
+                   "alternating tokens)\n", fused_ms, unfused_ms, unfused_ms / fused_ms);
         printf("median token     %.2f ms: %.2f GB/s = %.1f%% (the mean above includes tokens\n"
                "                 slowed by whatever else shares the machine)\n",
                median_s * 1e3, achieved_median / 1e9, 100 * achieved_median / read_bw);

@@ -1601,27 +1601,66 @@ exo_shard_info exo_model_shard(const exo_model *m)
                             m->embeds, m->has_head};
 }
 
-size_t exo_model_decode_bytes(const exo_model *m)
+/* Bytes (or, params, parameters) of one weight. */
+static double wcost(const exo_linear *w, bool params)
 {
-    size_t total = m->has_head ? exo_linear_bytes(&m->lm_head) : 0;
-    for (int l = 0; l < m->n_layers; l++) {
-        const layer *L = &m->layers[l];
-        const exo_linear *ws[] = {&L->q,    &L->k,      &L->v,    &L->o,    &L->q_gate, &L->in_qkv,
-                                  &L->in_z, &L->in_b,   &L->in_a, &L->out_proj, &L->gate, &L->up,
-                                  &L->down, &L->sh_gate, &L->sh_up, &L->sh_down, &L->sh_router,
-                                  &L->q_a,  &L->kv_c,   &L->kv_rope};
-        for (size_t i = 0; i < sizeof ws / sizeof *ws; i++)
-            total += ws[i]->w ? exo_linear_bytes(ws[i]) : 0;
-        for (int h = 0; L->absorb && h < m->n_heads; h++)
-            total += exo_linear_bytes(&L->absorb[h]) + exo_linear_bytes(&L->unabsorb[h]);
-        if (L->n_experts) { /* the router and, per token, k experts' weights (on average) */
-            size_t all = 0;
-            for (int i = 0; i < 3 * L->n_experts; i++)
-                all += exo_linear_bytes(&L->experts[i]);
-            total += exo_linear_bytes(&L->router) + all / (size_t)L->n_experts * (size_t)m->topk;
-        }
+    if (!w->w)
+        return 0;
+    return params ? (double)w->rows * (double)w->cols : (double)exo_linear_bytes(w);
+}
+
+static double layer_weights(const exo_model *m, const layer *L, bool params)
+{
+    const exo_linear *ws[] = {&L->q,    &L->k,      &L->v,    &L->o,    &L->q_gate, &L->in_qkv,
+                              &L->in_z, &L->in_b,   &L->in_a, &L->out_proj, &L->gate, &L->up,
+                              &L->down, &L->sh_gate, &L->sh_up, &L->sh_down, &L->sh_router,
+                              &L->q_a,  &L->kv_c,   &L->kv_rope, &L->router};
+    double total = 0;
+    for (size_t i = 0; i < sizeof ws / sizeof *ws; i++)
+        total += wcost(ws[i], params);
+    for (int h = 0; L->absorb && h < m->n_heads; h++)
+        total += wcost(&L->absorb[h], params) + wcost(&L->unabsorb[h], params);
+    if (L->n_experts) { /* per token, k experts' weights (on average) */
+        double all = 0;
+        for (int i = 0; i < 3 * L->n_experts; i++)
+            all += wcost(&L->experts[i], params);
+        total += all / L->n_experts * m->topk;
     }
     return total;
+}
+
+void exo_model_decode_cost(const exo_model *m, int ctx, exo_decode_cost *c)
+{
+    memset(c, 0, sizeof *c);
+    c->layers = m->n_layers;
+    if (m->has_head) {
+        c->head_bytes = wcost(&m->lm_head, false);
+        c->head_params = wcost(&m->lm_head, true);
+    }
+    c->weight_bytes = c->head_bytes;
+    c->params = c->head_params;
+    for (int l = 0; l < m->n_layers; l++) {
+        const layer *L = &m->layers[l];
+        c->weight_bytes += layer_weights(m, L, false);
+        c->params += layer_weights(m, L, true);
+        if (L->kind == EXO_LAYER_LINEAR) { /* the state, read and written; the conv inputs */
+            c->cache_bytes += 2.0 * sizeof(float) * ((double)m->lin_hv * m->lin_dk * m->lin_dv +
+                                                     (double)(m->lin_k - 1) * m->conv_dim);
+            continue;
+        }
+        int seen = L->attn.sliding_window > 0 && L->attn.sliding_window < ctx ? L->attn.sliding_window : ctx;
+        c->cache_bytes += 2.0 * sizeof(float) * m->n_kv * m->hd * seen;
+        c->prompt_attn_dims += (double)m->n_heads * m->hd;
+    }
+}
+
+void exo_model_set_moe_fused(exo_model *m, bool fused) { m->moe_per_expert = !fused; }
+
+size_t exo_model_decode_bytes(const exo_model *m)
+{
+    exo_decode_cost c;
+    exo_model_decode_cost(m, 0, &c);
+    return (size_t)c.weight_bytes;
 }
 
 /* ---- sequences ---------------------------------------------------------- */

@@ -77,6 +77,28 @@ void exo_model_free(exo_model *m);
 
 const exo_model_config *exo_model_get_config(const exo_model *m);
 int     exo_model_vocab(const exo_model *m);
+/* What one decode step of this shard reads and computes, at a context of
+ * ctx positions: the weights' bytes and parameters (a sparse layer: the
+ * router, the shared experts and, on average, k experts' share), the LM
+ * head's part of them, and the caches' bytes (K and V of every position a
+ * layer attends to; a linear-attention layer's state, read and written).
+ * prompt_attn_dims: the sum over softmax-attention layers of the query
+ * dims scoring each key (for prefill's quadratic FLOPs). */
+typedef struct exo_decode_cost {
+    double weight_bytes, head_bytes;
+    double params, head_params;
+    double cache_bytes;
+    double prompt_attn_dims;
+    int    layers;
+} exo_decode_cost;
+
+void exo_model_decode_cost(const exo_model *m, int ctx, exo_decode_cost *out);
+
+/* Decode a mixture-of-experts layer fused (the default, six dispatches)
+ * or expert by expert as prefill does (the benchmark's peer; also
+ * EXO_MOE_PATH=per-expert). */
+void exo_model_set_moe_fused(exo_model *m, bool fused);
+
 /* Bytes of weights one decode step reads (every layer + LM head). */
 size_t  exo_model_decode_bytes(const exo_model *m);
 

@@ -18,8 +18,10 @@ tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 E=$EXO_BIN
 
 # every tiny preset and quantization: written == in memory, and it runs
-for p in tiny-llama tiny-qwen3 tiny-qwen3-moe; do
-  for q in q4 q8 bf16; do
+for p in tiny-llama tiny-qwen3 tiny-qwen3-moe tiny-qwen3.5-moe tiny-gpt-oss; do
+  qs="q4 q8 bf16"
+  [ "$p" = tiny-gpt-oss ] && qs="$qs mxfp4" # experts MXFP4, the rest 8-bit, as mlx-community ships it
+  for q in $qs; do
     d=$tmp/$p-$q
     if out=$("$E" synth-model "$p" "$d" --quant "$q" --verify 2>&1) && grep -q '^verified:' <<<"$out"; then
       ok "$p $q: written logits identical to the in-memory model"

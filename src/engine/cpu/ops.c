@@ -262,17 +262,21 @@ static inline __attribute__((always_inline)) void pv_block(int G, int W, const f
     /* p: the scores of n consecutive positions, the first in V row s0;
      * past row ring - 1 (a ring cache) the rows go on from 0 */
     v16 acc[4][4] = {{{0}}};
-    for (int i = 0, sp = s0; i < n; i++, sp++) {
-        if (sp == ring)
-            sp = 0;
-        const float *vr = vh + (size_t)sp * hd + c;
+    /* at most two runs of rows: s0 up to the ring's end, then from row 0 */
+    int first = n < ring - s0 ? n : ring - s0;
+    for (int part = 0, i0 = 0, row0 = s0, len = first; part < 2; part++, i0 = first, row0 = 0, len = n - first) {
+        const float *pp = p + i0;
+        const float *vb = vh + (size_t)row0 * hd + c;
+        for (int i = 0; i < len; i++) {
+            const float *vr = vb + (size_t)i * hd;
 #pragma GCC unroll 4
-        for (int w = 0; w < W; w++) {
-            ATT_PREFETCH(vr + 16 * w);
-            v16 vv = *(const v16 *)(vr + 16 * w);
+            for (int w = 0; w < W; w++) {
+                ATT_PREFETCH(vr + 16 * w);
+                v16 vv = *(const v16 *)(vr + 16 * w);
 #pragma GCC unroll 4
-            for (int g = 0; g < G; g++)
-                acc[g][w] += p[g * ld + i] * vv;
+                for (int g = 0; g < G; g++)
+                    acc[g][w] += pp[g * ld + i] * vv;
+            }
         }
     }
     for (int g = 0; g < G; g++)
