@@ -193,12 +193,21 @@ Test(block_ops, sigmoid_mul)
     be->ops->free(be);
 }
 
-/* head_matmul: a different (rows, cols) weight per head, strided heads. */
+/* head_matmul: a different (rows, cols) weight per head, strided heads;
+ * a prompt (T = 4) and decode (T = 1: one dispatch for every head). */
+static void check_head_matmul(int T);
+
 Test(block_ops, head_matmul)
 {
+    check_head_matmul(4);
+    check_head_matmul(1);
+}
+
+static void check_head_matmul(int T)
+{
     exo_backend *be = backend();
-    enum { H = 3, T = 4, R = 5, C = 7, XH = 9, YH = 6 };
-    float w[H][R * C], x[T * H * XH], y[T * H * YH];
+    enum { H = 3, R = 5, C = 7, XH = 9, YH = 6, TMAX = 4 };
+    float w[H][R * C], x[TMAX * H * XH], y[TMAX * H * YH];
     unsigned seed = 9;
     exo_linear lin[H];
     for (int h = 0; h < H; h++) {

@@ -292,12 +292,26 @@ static int cpu_copy2d(exo_backend *be, float *dst, size_t dst_ld, const float *s
     return 0;
 }
 
-/* One head at a time through the matmul kernels (each multithreaded),
- * its rows gathered into and out of contiguous scratch. */
+/* Decode (one token): every head's product in one dispatch, each weight
+ * reading its head's slice in place (matmul_each). A prompt: one head at a
+ * time through the matmul kernels (each multithreaded), its rows gathered
+ * into and out of contiguous scratch. */
 static int cpu_head_matmul(exo_backend *be, int H, const exo_linear *w, const float *x, size_t x_head,
                            size_t x_tok, float *y, size_t y_head, size_t y_tok, int T)
 {
     cpu_backend *c = cpu(be);
+    if (T == 1 && H <= 1024) {
+        const exo_linear *ws[1024];
+        const float *xs[1024];
+        float *ys[1024];
+        for (int h = 0; h < H; h++) {
+            ws[h] = &w[h];
+            xs[h] = x + (size_t)h * x_head;
+            ys[h] = y + (size_t)h * y_head;
+        }
+        exo_cpu_matmul_each(c->mm, H, ws, xs, 1, ys);
+        return 0;
+    }
     size_t in = (size_t)w[0].cols, out = (size_t)w[0].rows;
     float *xs = exo_alloc_aligned(sizeof(float) * (size_t)T * in);
     float *ys = exo_alloc_aligned(sizeof(float) * (size_t)T * out);
