@@ -18,10 +18,13 @@ static void usage(FILE *f)
             "usage: exo chat-template DIR --messages FILE.json [--tools FILE.json]\n"
             "                         [--add-generation-prompt] [--enable-thinking true|false]\n"
             "                         [--kwargs FILE.json] [--template FILE.jinja] [--now EPOCH|YYYY-MM-DD]\n"
+            "                         [--raw-arguments]\n"
             "  DIR holds chat_template.jinja and/or tokenizer_config.json.\n"
             "  --kwargs: a JSON object of extra template variables.\n"
             "  --template: use this template text instead of DIR's (DIR still gives bos/eos).\n"
-            "  --now: pin strftime_now() (also env " EXO_CHAT_TEMPLATE_NOW_ENV ").\n");
+            "  --now: pin strftime_now() (also env " EXO_CHAT_TEMPLATE_NOW_ENV ").\n"
+            "  --raw-arguments: earlier tool calls' arguments exactly as given (by default a\n"
+            "    template that cannot take them as an object gets their JSON text, as the API does).\n");
 }
 
 static json_t *load_json(const char *path, const char *what)
@@ -58,7 +61,7 @@ int exo_cmd_chat_template(int argc, char **argv)
 {
     const char *dir = NULL, *msgs_path = NULL, *tools_path = NULL, *kwargs_path = NULL;
     const char *thinking = NULL, *tpl_path = NULL, *now = NULL;
-    bool agp = false;
+    bool agp = false, raw_args = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         bool has_val = i + 1 < argc;
@@ -79,6 +82,8 @@ int exo_cmd_chat_template(int argc, char **argv)
             tpl_path = argv[++i];
         } else if (!strcmp(a, "--now") && has_val) {
             now = argv[++i];
+        } else if (!strcmp(a, "--raw-arguments")) {
+            raw_args = true;
         } else if (a[0] == '-') {
             fprintf(stderr, "exo chat-template: unknown or incomplete option '%s'\n", a);
             usage(stderr);
@@ -149,6 +154,8 @@ int exo_cmd_chat_template(int argc, char **argv)
         }
         exo_chat_template_set_now(t, e);
     }
+    if (raw_args)
+        exo_chat_template_keep_arguments(t);
     rc = exo_chat_template_render(t, messages, tools, agp, kwargs, &out, &err);
     if (rc) {
         fprintf(stderr, "exo chat-template: %s\n", err.msg);

@@ -273,6 +273,7 @@ static int render(const exo_chat_template *t, const json_t *messages, const json
 }
 
 void exo_chat_template_set_now(exo_chat_template *t, int64_t epoch) { t->now = epoch < 0 ? -1 : epoch; }
+void exo_chat_template_keep_arguments(exo_chat_template *t) { t->args_as_string = false; }
 const char *exo_chat_template_bos(const exo_chat_template *t) { return t->special[0]; }
 const char *exo_chat_template_eos(const exo_chat_template *t) { return t->special[1]; }
 

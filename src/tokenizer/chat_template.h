@@ -40,6 +40,10 @@ int exo_chat_template_render(const exo_chat_template *t, const json_t *messages,
 
 /* Pins strftime_now() to `epoch` seconds (UTC); < 0 restores the clock. */
 void exo_chat_template_set_now(exo_chat_template *t, int64_t epoch);
+/* Renders earlier tool calls' arguments exactly as the messages give them.
+ * By default a template that cannot take them as an object (it fails, or
+ * writes a Python dict) gets their JSON text instead, found at load. */
+void exo_chat_template_keep_arguments(exo_chat_template *t);
 
 /* Parses the EXO_CHAT_TEMPLATE_NOW formats; returns 0 and *epoch or EXO_EINVAL. */
 int exo_chat_template_parse_now(const char *s, int64_t *epoch);
