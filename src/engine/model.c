@@ -11,12 +11,26 @@
  *              head]; rope(q,k); a = attention(q, cache+k, cache+v);
  *              x += a Wo; h = rmsnorm(x); x += (silu(h Wg) * h Wu) Wd
  *   logits = rmsnorm(x) Wlm
- * A mixture-of-experts layer (qwen3_moe) replaces the MLP: the router picks
- * k experts per token (softmax, top-k, renormalised), each expert runs the
- * same SwiGLU MLP over the tokens routed to it (gathered into contiguous
- * rows, so prefill is a GEMM per expert and decode reads only the chosen
- * experts' weights), and its output is added into the residual scaled by
- * the token's routing weight.
+ * The families (the table `families`) differ in a few switches on that
+ * skeleton, not in code paths of their own: (1 + w) norms (folded into the
+ * vectors at load), q/k norms, a sigmoid output gate per head, sandwich
+ * norms, sinks, partial RoPE, the gated activation (SiLU, tanh GELU,
+ * gpt-oss's clamp). Per layer, the token mixer is softmax attention (full,
+ * or a sliding window whose cache is a ring), Gated DeltaNet (linear
+ * attention: a causal conv and a recurrent state that live in the
+ * sequence), or latent attention (deepseek_v3, absorbed: the cache holds
+ * one latent key per position).
+ * A mixture-of-experts MLP replaces the dense one: the router picks k
+ * experts per token (softmax or sigmoid with groups, renormalised, scaled),
+ * each expert runs the gated MLP over the tokens routed to it (gathered
+ * into contiguous rows, so prefill is a GEMM per expert), shared experts run
+ * on every token, and the outputs are added into the residual by their
+ * weights. Decode reads only the chosen experts' weights, in six
+ * dispatches (moe_decode).
+ * Checkpoint layouts differ more than the math: the hub's, transformers 5's
+ * fused and transposed tensors and mlx-lm's stacked ones are all taken,
+ * with interleaved rows (q and its gate, gpt-oss's gate and up, Qwen3-Next's
+ * per-key-head groups) gathered apart at load.
  * Long prompts are processed in chunks of max_chunk tokens so activation
  * buffers stay bounded; nothing is allocated per token.
  *
@@ -1002,7 +1016,7 @@ static void note_layer(const exo_model_opts *opts, int done, int total)
  * in_proj_qkv (flat [q | k | v]), in_proj_z, in_proj_b, in_proj_a;
  * Qwen3-Next groups in_proj_qkvz and in_proj_ba per key head ([q k v z],
  * [b a]), which the row picks undo. */
-static int bind_linear_attn(binder *b, int l, layer *L, int64_t g0, int64_t g1, float norm_add)
+static int bind_linear_attn(binder *b, int l, layer *L, int64_t g0, int64_t g1)
 {
     const exo_model_config *cfg = &b->m->cfg;
     int64_t D = cfg->hidden_size, Hk = cfg->linear_k_heads, Hv = cfg->linear_v_heads;
@@ -1092,7 +1106,6 @@ static int bind_linear_attn(binder *b, int l, layer *L, int64_t g0, int64_t g1, 
     part po = {0, 0, g0 * r * Dv, g1 * r * Dv};
     if (!rc)
         rc = bind_linear_part(b, name, D, VD, true, b->m->allreduce ? po : (part){0}, &L->out_proj, NULL);
-    (void)norm_add;
     return rc;
 }
 
@@ -1394,7 +1407,7 @@ int exo_model_build(const exo_model_config *cfg, const exo_weight_source *src,
             TRY(bind_vector_pick(&b, P("post_attention_layernorm.weight"), D, D, nv, true, &L->mlp_norm));
         }
         if (L->kind == EXO_LAYER_LINEAR) {
-            TRY(bind_linear_attn(&b, l, L, g0, g1, norm_add));
+            TRY(bind_linear_attn(&b, l, L, g0, g1));
         } else if (m->mla) {
             L->attn = m->attn;
             part pmo = {0, 0, kv0 * cfg->v_head_dim, kv1 * cfg->v_head_dim};

@@ -8,8 +8,10 @@
  *
  * Architectures: llama (incl. llama3 RoPE scaling, tied embeddings),
  * mistral, qwen2 (q/k/v bias), qwen3 (per-head q/k RMSNorm, explicit
- * head_dim). Weights: F32/F16/BF16, or MLX affine 2..8-bit per module as
- * the checkpoint's quantization block says.
+ * head_dim), qwen3_moe, qwen3_next / qwen3_5 / qwen3_5_moe (Gated DeltaNet),
+ * gemma3, gpt_oss, glm4_moe, deepseek_v3 / kimi_k2 (latent attention).
+ * Weights: F32/F16/BF16, MLX affine 2..8-bit per module as the
+ * checkpoint's quantization block says, or MXFP4.
  *
  * Example:
  *   exo_model *m; exo_seq *s; exo_err err;
