@@ -836,6 +836,9 @@ static int parse_config(const ctx *c, exo_model_config *cfg)
 
     if ((rc = parse_moe(c, cfg)) || (rc = parse_layers(c, cfg)))
         return rc;
+    if (!cfg->intermediate_size && cfg->n_experts <= 0) /* Qwen3.5-MoE's config without its experts */
+        return exo_err_set(c->err, EXO_EFORMAT, "%s: no \"intermediate_size\" and no experts: the model "
+                           "has no MLP", c->file);
 
     cfg->generation.temperature = 1.0;
     cfg->generation.top_p = 1.0;

@@ -236,6 +236,8 @@ Test(config, qwen3_5_moe_wrapper)
     exo_config_free(&c);
     bad("{\"model_type\":\"qwen3_next\"," SIZES ",\"layer_types\":[\"full_attention\"]}", EXO_EFORMAT,
         "layer_types");
+    bad("{\"model_type\":\"qwen3_5_moe\",\"vocab_size\":1000,\"hidden_size\":64,\"num_hidden_layers\":2,"
+        "\"num_attention_heads\":8}", EXO_EFORMAT, "no MLP"); /* found by fuzz_config */
     bad("{\"model_type\":\"qwen3_next\"," SIZES ",\"layer_types\":[\"full_attention\",\"cross\"]}",
         EXO_EUNSUPPORTED, "cross");
     bad("{\"model_type\":\"llama\"," SIZES ",\"layer_types\":[\"full_attention\",\"linear_attention\"]}",
