@@ -25,7 +25,7 @@
 import fs from 'node:fs';
 import fsp from 'node:fs/promises';
 import path from 'node:path';
-import { REPO } from './daemon.mjs';
+import { REPO, bytesToUnicode } from './daemon.mjs';
 
 export const HIDDEN = 64;
 export const GAIN = 4;
@@ -143,24 +143,6 @@ export async function writeBigramModel(dir, { vocab, chain, eos, bos, seed = 1 }
 
 // ---- the tokenizer --------------------------------------------------------------------------
 
-// GPT-2's byte -> printable unicode map (byte-level BPE).
-export function bytesToUnicode() {
-  const bs = [];
-  for (let b = 33; b <= 126; b++) bs.push(b);
-  for (let b = 161; b <= 172; b++) bs.push(b);
-  for (let b = 174; b <= 255; b++) bs.push(b);
-  const cs = bs.slice();
-  let n = 0;
-  for (let b = 0; b < 256; b++) {
-    if (!bs.includes(b)) {
-      bs.push(b);
-      cs.push(256 + n++);
-    }
-  }
-  const m = new Array(256);
-  bs.forEach((b, i) => (m[b] = String.fromCodePoint(cs[i])));
-  return m;
-}
 
 // A vocabulary: the 256 byte symbols, the specials ([content, special]) and
 // the pieces' added tokens. Returns {json (tokenizer.json), idOf(piece), size}.

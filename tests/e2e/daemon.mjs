@@ -31,7 +31,7 @@ const STORIES_TEMPLATE =
   "{% else %}{{ m['content'] }}{% endif %}{% endfor %}";
 
 // GPT-2's byte -> printable unicode map (byte-level BPE).
-function bytesToUnicode() {
+export function bytesToUnicode() {
   const bs = [];
   for (let b = 33; b <= 126; b++) bs.push(b);
   for (let b = 161; b <= 172; b++) bs.push(b);

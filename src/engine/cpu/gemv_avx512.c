@@ -409,12 +409,7 @@ static void gemv_q_avx512(const exo_linear *w, int mx, int64_t r0, int64_t r1, i
             const uint8_t *wrow[EXO_GEMV_ROWS];
             const float *sd[EXO_GEMV_ROWS];
             __m512 bacc[EXO_GEMV_ROWS];
-            int R = 0;
-            for (int i = 0; i < EXO_GEMV_ROWS; i++) {
-                int64_t r = strided ? sb + j + i * S : sb + j * EXO_GEMV_ROWS + i;
-                if (r < end)
-                    rix[R++] = r;
-            }
+            int R = exo_gemv_block_rows(sb, j, S, strided, end, rix);
             for (int i = 0; i < R; i++) {
                 sd[i] = s->sd + i * s->sf_stride;
                 const uint8_t *codes = base + (size_t)rix[i] * (size_t)wbytes;

@@ -227,12 +227,7 @@ void exo_gemv_mxfp4_avx2(const exo_linear *w, int64_t r0, int64_t r1, int T, con
             const uint8_t *wrow[EXO_GEMV_ROWS];
             const float *sd[EXO_GEMV_ROWS];
             float bias[EXO_GEMV_ROWS];
-            int R = 0;
-            for (int i = 0; i < EXO_GEMV_ROWS; i++) {
-                int64_t r = strided ? sb + j + i * S : sb + j * EXO_GEMV_ROWS + i;
-                if (r < end)
-                    rix[R++] = r;
-            }
+            int R = exo_gemv_block_rows(sb, j, S, strided, end, rix);
             for (int i = 0; i < R; i++) {
                 wrow[i] = base + (size_t)rix[i] * (size_t)wbytes;
                 sd[i] = s->sd + i * s->sf_stride;

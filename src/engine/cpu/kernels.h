@@ -26,6 +26,22 @@ static inline int64_t exo_gemv_page_stride(int64_t row_bytes)
         s *= 2;
     return s;
 }
+
+/* The rows of row block j of the span [sb, end) the GEMV kernels walk:
+ * with page-strided spans (strided, stride S) rows sb + j, sb + j + S, ...,
+ * so rows sharing a page land in different blocks; else consecutive rows.
+ * Returns how many (fewer than EXO_GEMV_ROWS at a span's end). */
+static inline int exo_gemv_block_rows(int64_t sb, int64_t j, int64_t S, int strided, int64_t end,
+                                      int64_t *rix)
+{
+    int R = 0;
+    for (int i = 0; i < EXO_GEMV_ROWS; i++) {
+        int64_t r = strided ? sb + j + i * S : sb + j * EXO_GEMV_ROWS + i;
+        if (r < end)
+            rix[R++] = r;
+    }
+    return R;
+}
 /* Row ranges handed to the kernels start at multiples of this, so that
  * super-blocks (EXO_GEMV_ROWS * stride rows) stay whole for rows of 256
  * bytes and more. */

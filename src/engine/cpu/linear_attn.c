@@ -88,20 +88,6 @@ typedef float v16 __attribute__((vector_size(64), aligned(4)));
 
 static ALWAYS_INLINE float silu_f(float x) { return x / (1.0f + exo_fast_expf(-x)); }
 
-static ALWAYS_INLINE float dot16(const float *a, const float *b, int n)
-{
-    float acc[16] = {0};
-    int i = 0;
-    for (; i + 16 <= n; i += 16)
-        for (int j = 0; j < 16; j++)
-            acc[j] += a[i + j] * b[i + j];
-    float s = 0;
-    for (int j = 0; j < 16; j++)
-        s += acc[j];
-    for (; i < n; i++)
-        s += a[i] * b[i];
-    return s;
-}
 
 /* ---- conv1d + SiLU ------------------------------------------------------ */
 
@@ -749,7 +735,7 @@ static ALWAYS_INLINE void normg_worker_body(void *p, int ith, int nth)
         const long t = r / nh, h = r % nh;
         float *x = j->x + r * dim;
         const float *z = j->z + t * j->z_stride + h * dim;
-        const float inv = 1.0f / sqrtf(dot16(x, x, dim) / (float)dim + j->eps);
+        const float inv = 1.0f / sqrtf(exo_cpu_dot_f32(x, x, dim) / (float)dim + j->eps);
         for (int i = 0; i < dim; i++)
             x[i] = (x[i] * inv) * w[i] * silu_f(z[i]);
     }

@@ -16,21 +16,6 @@
  * dispatch), so the same source runs 16 lanes wide where it can. */
 #define EXO_SIMD_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 
-static inline float dot_f32(const float *a, const float *b, int n)
-{
-    float acc[16] = {0};
-    int i = 0;
-    for (; i + 16 <= n; i += 16)
-        for (int j = 0; j < 16; j++)
-            acc[j] += a[i + j] * b[i + j];
-    float s = 0;
-    for (int j = 0; j < 16; j++)
-        s += acc[j];
-    for (; i < n; i++)
-        s += a[i] * b[i];
-    return s;
-}
-
 /* Reductions over a logits row (the sampler's per-token work over the
  * whole vocabulary) and over attention scores: 16 independent lanes so GCC
  * vectorises them. The clones are static behind plain exported functions:
@@ -145,7 +130,7 @@ static void rmsnorm_worker(void *p, int ith, int nth)
     for (long r = r0; r < r1; r++) {
         const float *x = j->x + r * dim;
         float *o = j->out + r * dim;
-        float ss = dot_f32(x, x, dim);
+        float ss = exo_cpu_dot_f32(x, x, dim);
         float inv = 1.0f / sqrtf(ss / (float)dim + j->eps);
         for (int i = 0; i < dim; i++)
             o[i] = w[i] * (x[i] * inv);

@@ -37,6 +37,23 @@ static inline float exo_fast_expf(float x)
     return x <= -87.3f ? 0.0f : p * scale;
 }
 
+/* Dot product in 16 independent lanes (a serial float sum would be one
+ * dependency chain GCC may not reorder): vectorises in any clone. */
+static inline float exo_cpu_dot_f32(const float *a, const float *b, int n)
+{
+    float acc[16] = {0};
+    int i = 0;
+    for (; i + 16 <= n; i += 16)
+        for (int j = 0; j < 16; j++)
+            acc[j] += a[i + j] * b[i + j];
+    float s = 0;
+    for (int j = 0; j < 16; j++)
+        s += acc[j];
+    for (; i < n; i++)
+        s += a[i] * b[i];
+    return s;
+}
+
 /* Index of the largest value (the lowest index on ties; NaN never wins;
  * 0 when nothing is larger than -inf). */
 int exo_cpu_argmax_f32(const float *x, int n);
