@@ -479,6 +479,8 @@ static void ckpt_work(uv_work_t *w)
     j->rc = exo_event_log_checkpoint(j->n->log, j->snap, j->len, false, j->epoch, &j->dropped, &j->err);
 }
 
+static void maybe_checkpoint(exo_node *n, const exo_state *session_state);
+
 static void ckpt_done(uv_work_t *w, int status)
 {
     ckpt_job *j = w->data;
@@ -495,6 +497,10 @@ static void ckpt_done(uv_work_t *w, int status)
     }
     exo_free(j->snap);
     exo_free(j);
+    /* events that arrived while this one was written were let pass: if they
+     * make another interval, it starts now rather than at the next event,
+     * which on an idle cluster may not come for a long time */
+    maybe_checkpoint(n, n->next_state ? n->next_state : n->state);
 }
 
 /* Every CHECKPOINT_EVENTS events or CHECKPOINT_BYTES of log: snapshot the
