@@ -8,6 +8,12 @@
 #                        + bounded fuzzing
 #   make BUILD=dir ...   build into another folder (helpers and sanitizer builds)
 #   make SANITIZE=1      -fsanitize=address,undefined
+#   make CUDA=0          no CUDA plugin even where nvcc is found
+#
+# The CUDA backend (src/engine/cuda/*.cu) is a plugin, $(BUILD)/libexo_cuda.so,
+# built when nvcc is found (/usr/local/cuda or PATH) and loaded at run time
+# (engine/cuda/plugin.c): the same exo binary runs without NVIDIA's driver.
+# The plugin calls back into the executable, hence -rdynamic.
 
 BUILD    ?= build
 CC       ?= gcc
@@ -23,7 +29,25 @@ PKGS     := jansson libpcre2-8 libutf8proc msgpack libzstd libmicrohttpd libuv l
 VECTORIZE := $(if $(findstring clang,$(CC)),,-fvect-cost-model=dynamic)
 CFLAGS   += $(CSTD) $(OPT) -g $(WARN) -fno-strict-aliasing $(VECTORIZE) -pthread -Isrc \
             $(shell pkg-config --cflags $(PKGS))
-LDLIBS   += $(shell pkg-config --libs $(PKGS)) -ldnnl -lm -pthread
+LDLIBS   += $(shell pkg-config --libs $(PKGS)) -ldnnl -lm -ldl -pthread
+LDFLAGS  += -rdynamic
+
+NVCC        ?= $(firstword $(wildcard /usr/local/cuda/bin/nvcc) $(shell command -v nvcc 2>/dev/null))
+# Ampere and Hopper machine code, plus PTX the driver compiles for others.
+CUDA_ARCH   ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
+               -gencode arch=compute_80,code=compute_80
+NVFLAGS     := -std=c++17 -O3 -g -Isrc $(CUDA_ARCH) --Werror all-warnings \
+               -Xcompiler -Wall,-Wextra,-Wno-unused-parameter,-fPIC,-fvisibility=hidden
+CUDA_SRC    := $(wildcard src/engine/cuda/*.cu)
+CUDA_OBJ    := $(CUDA_SRC:%.cu=$(BUILD)/%.o)
+CUDA_PLUGIN :=
+ifneq ($(NVCC),)
+ifneq ($(CUDA),0)
+ifneq ($(SANITIZE),1)
+CUDA_PLUGIN := $(BUILD)/libexo_cuda.so
+endif
+endif
+endif
 
 ifeq ($(SANITIZE),1)
 CFLAGS  += -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
@@ -42,7 +66,16 @@ TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/%.o)
 BENCH_SRC := $(wildcard bench/*.c)
 
 .PHONY: all test unit clean fuzz asan integration bench lint
-all: $(BUILD)/exo
+all: $(BUILD)/exo $(CUDA_PLUGIN)
+
+$(BUILD)/%.o: %.cu
+	@mkdir -p $(dir $@)
+	@echo "  NVCC    $<"
+	@$(NVCC) $(NVFLAGS) -MMD -MP -c $< -o $@
+
+$(BUILD)/libexo_cuda.so: $(CUDA_OBJ)
+	@echo "  LD      $@"
+	@$(NVCC) -shared -o $@ $^ -lcublas
 
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
@@ -64,11 +97,11 @@ $(BUILD)/unit_tests: $(TEST_OBJ) $(BUILD)/libexo.a
 	@echo "  LD      $@"
 	@$(CC) $(LDFLAGS) -o $@ $^ -lcriterion $(LDLIBS)
 
-unit: $(BUILD)/unit_tests $(BUILD)/exo
+unit: $(BUILD)/unit_tests $(BUILD)/exo $(CUDA_PLUGIN)
 	LSAN_OPTIONS=suppressions=$(abspath tests/unit/lsan.supp) EXO_BIN=$(abspath $(BUILD)/exo) \
 	    $(BUILD)/unit_tests --jobs 2
 
-integration: $(BUILD)/exo
+integration: $(BUILD)/exo $(CUDA_PLUGIN)
 	EXO_BIN=$(abspath $(BUILD)/exo) BUILD=$(BUILD) tests/integration/run.sh
 
 # The sanitizer build runs the unit tests, the end-to-end daemon suite, the
@@ -104,4 +137,4 @@ $(BUILD)/bench_%: $(BUILD)/bench/bench_%.o $(BUILD)/libexo.a
 clean:
 	rm -rf build build-asan build-fuzz
 
--include $(LIB_OBJ:.o=.d) $(TEST_OBJ:.o=.d) $(BUILD)/src/cli/main.d $(BENCH_SRC:%.c=$(BUILD)/%.d)
+-include $(CUDA_OBJ:.o=.d) $(LIB_OBJ:.o=.d) $(TEST_OBJ:.o=.d) $(BUILD)/src/cli/main.d $(BENCH_SRC:%.c=$(BUILD)/%.d)

@@ -24,7 +24,7 @@ INCLUDE = re.compile(r'^\s*#\s*include\s+"([a-z_]+)/')
 def main() -> int:
     root = pathlib.Path(__file__).resolve().parent.parent / "src"
     bad = []
-    for path in sorted(root.rglob("*.[ch]")):
+    for path in sorted([*root.rglob("*.[ch]"), *root.rglob("*.cu")]):
         layer = path.relative_to(root).parts[0]
         if layer not in RANK:
             bad.append(f"{path}: folder {layer} has no layer in tools/check_layers.py")

@@ -1,5 +1,5 @@
 /* `exo bench MODEL_DIR | --synthetic PRESET [--quant bf16|q8|q4|mxfp4] [--layers N]
- *  [--threads N] [--prompt-tokens N] [--gen-tokens N] [--json]`
+ *  [--threads N] [--device D] [--gpu-layers N] [--prompt-tokens N] [--gen-tokens N] [--json]`
  *
  * A benchmark, not a test: it prints speed next to the physical limit it
  * is bounded by, both measured in this run.
@@ -9,7 +9,9 @@
  *           threads, best pass before or after decode), both for the mean
  *           over all tokens and for the median token (on a shared host a
  *           few tokens slowed by other guests move the mean, not the
- *           median);
+ *           median); on a GPU the limit is its device-to-device copy
+ *           (bytes read + written), measured here too, and the llama.cpp
+ *           figures of the same shapes on an H200 are printed beside;
  *   prefill is compute bound: reported as tokens/s and GFLOP/s next to a
  *           plain AVX2 f32 GEMM of the same shape (the peer that matrix
  *           units must beat). */
@@ -20,6 +22,7 @@
 #include "core/threadpool.h"
 #include "engine/cpu/matmul.h"
 #include "engine/cpu/membw.h"
+#include "engine/backend.h"
 #include "engine/cpu/ops.h"
 #include "engine/model.h"
 #include "engine/synthetic.h"
@@ -33,11 +36,30 @@ int exo_cmd_bench(int argc, char **argv);
 static void usage(void)
 {
     fprintf(stderr, "usage: exo bench MODEL_DIR | --synthetic PRESET [--quant bf16|q8|q4|mxfp4]\n"
-                    "  [--layers N] [--threads N] [--prompt-tokens N] [--gen-tokens N] [--json]\n"
+                    "  [--layers N] [--threads N] [--device auto|cpu|cuda|cuda:N] [--gpu-layers N]\n"
+                    "  [--prompt-tokens N] [--gen-tokens N] [--json]\n"
                     "presets:");
     for (const char *const *p = exo_synth_presets(); *p; p++)
         fprintf(stderr, " %s", *p);
     fprintf(stderr, "\n");
+}
+
+/* llama.cpp's batch-1 decode on an H200 (llama-bench -ngl 99 -n 128,
+ * Q4_0 / Q8_0 / F16), as issue 15 records it: the peer a GPU run is read
+ * against. 0: not measured for that shape. */
+static double llama_cpp_h200(const char *preset, const char *quant)
+{
+    static const struct {
+        const char *preset, *quant;
+        double tok_s;
+    } figures[] = {
+        {"llama-3.2-1b", "q4", 974}, {"llama-3.1-8b", "q4", 329}, {"llama-3.1-8b", "q8", 253},
+        {"llama-3.1-8b", "bf16", 207},
+    };
+    for (size_t i = 0; i < sizeof figures / sizeof *figures; i++)
+        if (!strcmp(figures[i].preset, preset) && !strcmp(figures[i].quant, quant))
+            return figures[i].tok_s;
+    return 0;
 }
 
 static int cmp_double(const void *a, const void *b)
@@ -82,7 +104,8 @@ int exo_cmd_bench(int argc, char **argv)
     const char *dir = NULL, *preset = NULL, *quant = "q4", *v;
     /* 128 generated tokens as llama-bench: long enough that one stall of
      * the host (membw.h) moves the mean by ~1%, not 2-4% */
-    long threads = 0, n_prompt = 512, n_gen = 128, n_layers = 0;
+    long threads = 0, n_prompt = 512, n_gen = 128, n_layers = 0, gpu_layers = 0;
+    const char *device = NULL;
     bool json = false;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--synthetic")) {
@@ -98,6 +121,13 @@ int exo_cmd_bench(int argc, char **argv)
         } else if (!strcmp(argv[i], "--threads")) {
             if (!(v = exo_arg_value("bench", argc, argv, &i)) ||
                 exo_arg_int("bench", "--threads", v, 1, 1024, &threads))
+                return 2;
+        } else if (!strcmp(argv[i], "--device")) {
+            if (!(device = exo_arg_value("bench", argc, argv, &i)))
+                return 2;
+        } else if (!strcmp(argv[i], "--gpu-layers")) {
+            if (!(v = exo_arg_value("bench", argc, argv, &i)) ||
+                exo_arg_int("bench", "--gpu-layers", v, -1, 1 << 20, &gpu_layers))
                 return 2;
         } else if (!strcmp(argv[i], "--prompt-tokens")) {
             if (!(v = exo_arg_value("bench", argc, argv, &i)) ||
@@ -139,7 +169,8 @@ int exo_cmd_bench(int argc, char **argv)
     int32_t *tokens = NULL;
     double *token_s = NULL;
     int status = 1;
-    exo_model_opts opts = {.n_threads = (int)threads, .max_chunk = (int)n_prompt};
+    exo_model_opts opts = {.n_threads = (int)threads, .max_chunk = (int)n_prompt, .device = device,
+                           .gpu_layers = (int)gpu_layers};
     double t_load = exo_clock_seconds();
     if (preset) {
         if (exo_synth_create(preset, sq, 1234, &syn, &err) ||
@@ -234,6 +265,11 @@ int exo_cmd_bench(int argc, char **argv)
     double read_after = exo_membw_read(probe, pool, 5);
     if (read_after > read_bw)
         read_bw = read_after;
+    /* a model wholly on a GPU is bounded by the GPU's memory instead */
+    bool on_gpu = exo_model_gpu_layers(m) > 0 && exo_model_gpu_layers(m) == exo_model_shard(m).end_layer -
+                                                                            exo_model_shard(m).start_layer;
+    if (on_gpu)
+        read_bw = exo_backend_cuda_copy_bandwidth(device && !strncmp(device, "cuda:", 5) ? atoi(device + 5) : 0);
     qsort(token_s, (size_t)n_gen, sizeof(double), cmp_double);
     double median_s = n_gen % 2 ? token_s[n_gen / 2]
                                 : 0.5 * (token_s[n_gen / 2 - 1] + token_s[n_gen / 2]);
@@ -282,8 +318,15 @@ int exo_cmd_bench(int argc, char **argv)
         printf("per layer        %.1f MB of weights, %.1f M parameters a token (%d layers; LM head "
                "%.1f MB)\n", (weight_bytes - cost.head_bytes) / cost.layers / 1e6,
                (cost.params - cost.head_params) / cost.layers / 1e6, cost.layers, cost.head_bytes / 1e6);
-        printf("bandwidth        %.2f GB/s achieved of %.2f GB/s measured read = %.1f%%\n",
-               achieved / 1e9, read_bw / 1e9, 100 * achieved / read_bw);
+        printf("bandwidth        %.2f GB/s achieved of %.2f GB/s measured %s = %.1f%%\n",
+               achieved / 1e9, read_bw / 1e9, on_gpu ? "GPU copy (read + write)" : "read",
+               100 * achieved / read_bw);
+        if (exo_model_gpu_layers(m) && !on_gpu)
+            printf("layers           %d on the GPU, the rest on the CPU\n", exo_model_gpu_layers(m));
+        double peer = on_gpu && preset ? llama_cpp_h200(preset, quant) : 0;
+        if (peer > 0)
+            printf("llama.cpp        %.0f tok/s on an H200 at this shape (llama-bench tg128, issue 15): x%.2f\n",
+                   peer, decode_tps / peer);
         if (fused_ms > 0)
             printf("experts          fused decode %.2f ms a token, per-expert %.2f ms: x%.2f (medians, "
                    "alternating tokens)\n", fused_ms, unfused_ms, unfused_ms / fused_ms);

@@ -183,4 +183,17 @@ struct exo_backend {
 /* The CPU backend: n_threads <= 0 uses every online CPU. */
 exo_backend *exo_backend_cpu_create(int n_threads, exo_err *err);
 
+/* The CUDA backend on GPU `device` (cuda/plugin.c): NULL, with
+ * EXO_EUNSUPPORTED and why, where the plugin (libexo_cuda.so, built when
+ * nvcc is there), the driver or the device is missing. */
+exo_backend *exo_backend_cuda_create(int device, exo_err *err);
+/* GPUs the CUDA backend can use (0 where it cannot load), and one's free
+ * and total memory in bytes (0, or EXO_EUNSUPPORTED / EXO_EINVAL). */
+int exo_backend_cuda_devices(void);
+int exo_backend_cuda_memory(int device, size_t *free_bytes, size_t *total_bytes, exo_err *err);
+/* The physical limit of a memory-bound kernel on that GPU, measured now:
+ * bytes read plus written per second by a 2 GiB device-to-device copy
+ * (best of several); 0 where it cannot be measured. */
+double exo_backend_cuda_copy_bandwidth(int device);
+
 #endif

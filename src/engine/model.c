@@ -134,6 +134,9 @@ struct exo_model {
     bool owns_cfg;
     exo_st *st;
     exo_backend *cpu;
+    exo_backend *gpu;  /* NULL: every layer on the CPU */
+    int gpu_layers;    /* the first gpu_layers layers run on the GPU, the rest on the CPU */
+    float *bounce;     /* host copy of the residual stream where it crosses backends */
     int n_layers;      /* this shard's layers: global indices first_layer.. */
     int first_layer, total_layers;
     int dim, n_heads, n_kv, hd, ffn, vocab, max_chunk; /* n_heads, n_kv, ffn: this rank's */
@@ -166,8 +169,11 @@ struct exo_model {
     layer *layers;
     void **owned;       /* gathered column slices the backend kept using in place */
     size_t n_owned;
-    acts act;           /* one backend for now: the CPU */
+    acts act;           /* the CPU's activations */
+    acts gpu_act;       /* the GPU's */
 };
+
+static acts *acts_of(exo_model *m, const exo_backend *be) { return be == m->gpu ? &m->gpu_act : &m->act; }
 
 struct exo_seq {
     exo_model *m;
@@ -1223,6 +1229,74 @@ static int bind_mla(binder *b, int l, layer *L, int64_t h0, int64_t h1, part po)
     return rc;
 }
 
+/* ---- which layers run on the GPU ------------------------------------------- */
+
+/* The device opts (or EXO_DEVICE) names: "auto" (a GPU when there is
+ * one), "cpu", "cuda" or "cuda:N". */
+static const char *device_name(const exo_model_opts *o)
+{
+    const char *d = o->device && *o->device ? o->device : getenv("EXO_DEVICE");
+    return d && *d ? d : "auto";
+}
+
+static int device_index(const exo_model_opts *o)
+{
+    const char *d = device_name(o);
+    return !strncmp(d, "cuda:", 5) ? atoi(d + 5) : 0;
+}
+
+static int gpu_layers_wanted(const exo_model_opts *o)
+{
+    const char *e = getenv("EXO_GPU_LAYERS");
+    return o->gpu_layers ? o->gpu_layers : e && *e ? atoi(e) : 0;
+}
+
+/* Opens the GPU the options ask for. Asked by name, a GPU that cannot be
+ * had is an error; "auto" falls back to the CPU. */
+static int open_gpu(exo_model *m, const exo_model_opts *o, int tp, exo_err *err)
+{
+    const char *d = device_name(o);
+    bool named = !strncmp(d, "cuda", 4) && (!d[4] || d[4] == ':');
+    if (!strcmp(d, "cpu") || gpu_layers_wanted(o) < 0)
+        return 0;
+    if (!named && strcmp(d, "auto"))
+        return exo_err_set(err, EXO_EINVAL, "device '%s' is not one of auto, cpu, cuda, cuda:N", d);
+    if (tp > 1) /* the collectives work on host memory */
+        return named ? exo_err_set(err, EXO_EUNSUPPORTED, "tensor parallelism across GPUs (NCCL) is not built "
+                                   "yet: use device cpu") : 0;
+    if (!named && exo_backend_cuda_devices() == 0)
+        return 0;
+    exo_err e = {0};
+    m->gpu = exo_backend_cuda_create(device_index(o), &e);
+    if (!m->gpu && named)
+        return exo_err_set(err, e.code ? e.code : EXO_EUNSUPPORTED, "%s", e.msg);
+    if (!m->gpu)
+        EXO_LOG_INFO("model: on the CPU (%s)", e.msg);
+    return 0;
+}
+
+/* Whether layer i goes on the GPU: the first gpu_layers when asked, else
+ * layers while they fit, keeping back room for the KV cache, activations
+ * and the LM head (head_bytes); once one layer goes to the CPU, the rest
+ * follow, so the residual stream crosses over once. */
+static bool layer_on_gpu(exo_model *m, const exo_model_opts *o, int i, int device, size_t free0, size_t total,
+                         size_t head_bytes)
+{
+    if (!m->gpu)
+        return false;
+    int want = gpu_layers_wanted(o);
+    if (want > 0)
+        return i < want;
+    if (i > 0 && m->layers[i - 1].be != m->gpu)
+        return false;
+    size_t free_now, total_now;
+    if (exo_backend_cuda_memory(device, &free_now, &total_now, NULL))
+        return false;
+    size_t per_layer = i && free0 > free_now ? (free0 - free_now) / (size_t)i : 0;
+    size_t reserve = total / 16 + ((size_t)1 << 30) + head_bytes;
+    return free_now > per_layer + reserve;
+}
+
 int exo_model_build(const exo_model_config *cfg, const exo_weight_source *src,
                     const exo_model_opts *opts, exo_model **out, exo_err *err)
 {
@@ -1347,7 +1421,13 @@ int exo_model_build(const exo_model_config *cfg, const exo_weight_source *src,
         return err ? err->code : EXO_EINTERNAL;
     }
     m->layers = exo_calloc((size_t)m->n_layers, sizeof(layer));
+    if ((rc = open_gpu(m, &o, tp, err))) {
+        m->cpu->ops->free(m->cpu);
+        exo_free(m->layers);
+        goto fail_early;
+    }
     binder b = {m, src, m->cpu, err};
+    int gpu_device = m->gpu ? device_index(&o) : -1;
     int64_t QD = H * hd, KD = KV * hd;
     /* this rank's rows of q (its KV heads' query groups), k, v; columns of o */
     part pq = {0}, pkv = {0}, po = {0}, pgu = {0}, pd = {0}, pmgu = {0}, pmd = {0}, psgu = {0}, psd = {0};
@@ -1389,14 +1469,20 @@ int exo_model_build(const exo_model_config *cfg, const exo_weight_source *src,
         if ((rc = (x)))     \
             goto fail;      \
     } while (0)
-    if (m->embeds)
-        TRY(bind_linear(&b, "model.embed_tokens", V, D, true, &m->embed, NULL));
+    size_t gpu_free0 = 0, gpu_total = 0;
+    if (m->gpu)
+        exo_backend_cuda_memory(gpu_device, &gpu_free0, &gpu_total, NULL);
     for (int i = 0; i < m->n_layers; i++) {
         int l = first + i;
         layer *L = &m->layers[i];
-        L->be = m->cpu;
+        L->be = layer_on_gpu(m, &o, i, gpu_device, gpu_free0, gpu_total, m->has_head ? (size_t)(V * D * 2) : 0)
+                    ? m->gpu : m->cpu;
+        if (L->be == m->gpu)
+            m->gpu_layers = i + 1;
         L->kind = exo_config_layer_kind(cfg, l);
         b.be = L->be;
+        if (i == 0 && m->embeds) /* the embedding lives with the first layer */
+            TRY(bind_linear(&b, "model.embed_tokens", V, D, true, &m->embed, NULL));
 #define P(fmt) (snprintf(name, sizeof name, "model.layers.%d." fmt, l), name)
         TRY(bind_vector_pick(&b, P("input_layernorm.weight"), D, D, nv, true, &L->attn_norm));
         if (fam->sandwich) {
@@ -1452,36 +1538,52 @@ int exo_model_build(const exo_model_config *cfg, const exo_weight_source *src,
             m->n_linear++;
         note_layer(&o, i + 1, m->n_layers);
     }
-    if (m->has_head) {
+    if (m->has_head) { /* the final norm and the head live with the last layer */
+        b.be = m->layers[m->n_layers - 1].be;
         TRY(bind_vector_pick(&b, "model.norm.weight", D, D, nv, true, &m->final_norm));
         bool has_head = false;
         TRY(bind_linear_part(&b, "lm_head", V, D, !cfg->tie_word_embeddings, phead, &m->lm_head,
                              &has_head));
-        if (!has_head && m->embeds && tp == 1)
-            m->lm_head = m->embed; /* tied: same backend in a single-backend model */
+        if (!has_head && m->embeds && tp == 1 && m->layers[0].be == b.be)
+            m->lm_head = m->embed; /* tied, and on the same backend */
         else if (!has_head) /* tied, and this shard's head is not its whole embedding */
             TRY(bind_linear_part(&b, "model.embed_tokens", V, D, true, phead, &m->lm_head, NULL));
     }
-    TRY(alloc_acts(m, &m->act, m->cpu, err));
+    if (m->gpu)
+        EXO_LOG_INFO("model: %d of %d layers on GPU %d, the rest on the CPU", m->gpu_layers, m->n_layers,
+                     gpu_device);
+    if (m->gpu_layers < m->n_layers)
+        TRY(alloc_acts(m, &m->act, m->cpu, err));
+    if (m->gpu_layers)
+        TRY(alloc_acts(m, &m->gpu_act, m->gpu, err));
+    if (m->gpu && m->gpu_layers < m->n_layers)
+        m->bounce = exo_calloc((size_t)m->max_chunk * (size_t)m->dim, sizeof(float));
     {
-        float inv_freq[512];
+        float inv_freq[512], local_freq[512];
         exo_rope_scaling rs = cfg->rope;
         if (!rs.original_max_position_embeddings)
             rs.original_max_position_embeddings = cfg->max_position_embeddings;
         TRY(exo_rope_init(&rs, cfg->rope_theta, m->rot_dim, inv_freq, &m->mscale, err));
-        TRY(m->cpu->ops->to_device(m->cpu, m->act.inv_freq, inv_freq,
-                                   sizeof(float) * (size_t)m->rot_dim / 2));
         float local_mscale = 1;
         if (cfg->rope_local_theta > 0) { /* gemma3's sliding layers: plain RoPE of their own base */
             exo_rope_scaling plain = {.type = EXO_ROPE_DEFAULT, .factor = 1};
-            TRY(exo_rope_init(&plain, cfg->rope_local_theta, m->rot_dim, inv_freq, &local_mscale, err));
-            TRY(m->cpu->ops->to_device(m->cpu, m->act.inv_freq_local, inv_freq,
-                                       sizeof(float) * (size_t)m->rot_dim / 2));
+            TRY(exo_rope_init(&plain, cfg->rope_local_theta, m->rot_dim, local_freq, &local_mscale, err));
+        }
+        acts *sets[2] = {&m->act, &m->gpu_act};
+        for (int k = 0; k < 2; k++) {
+            acts *a = sets[k];
+            if (!a->be)
+                continue;
+            TRY(a->be->ops->to_device(a->be, a->inv_freq, inv_freq, sizeof(float) * (size_t)m->rot_dim / 2));
+            if (a->inv_freq_local)
+                TRY(a->be->ops->to_device(a->be, a->inv_freq_local, local_freq,
+                                          sizeof(float) * (size_t)m->rot_dim / 2));
         }
         for (int i = 0; i < m->n_layers; i++) {
             layer *L = &m->layers[i];
-            bool local = L->kind == EXO_LAYER_SLIDING && m->act.inv_freq_local;
-            L->inv_freq = local ? m->act.inv_freq_local : m->act.inv_freq;
+            acts *a = acts_of(m, L->be);
+            bool local = L->kind == EXO_LAYER_SLIDING && a->inv_freq_local;
+            L->inv_freq = local ? a->inv_freq_local : a->inv_freq;
             L->mscale = local ? local_mscale : m->mscale;
         }
     }
@@ -1590,11 +1692,17 @@ void exo_model_free(exo_model *m)
             be->ops->release(be, L->kv_a_norm);
         }
     }
-    if (m->cpu) {
-        m->cpu->ops->release(m->cpu, m->final_norm);
-        free_acts(&m->act);
-        m->cpu->ops->free(m->cpu);
+    if (m->final_norm) {
+        exo_backend *last = m->layers[m->n_layers - 1].be;
+        last->ops->release(last, m->final_norm);
     }
+    free_acts(&m->act);
+    free_acts(&m->gpu_act);
+    exo_free(m->bounce);
+    if (m->gpu)
+        m->gpu->ops->free(m->gpu);
+    if (m->cpu)
+        m->cpu->ops->free(m->cpu);
     exo_free(m->layers);
     for (size_t i = 0; i < m->n_owned; i++)
         exo_free(m->owned[i]);
@@ -1607,6 +1715,7 @@ void exo_model_free(exo_model *m)
 
 const exo_model_config *exo_model_get_config(const exo_model *m) { return &m->cfg; }
 int exo_model_vocab(const exo_model *m) { return m->vocab; }
+int exo_model_gpu_layers(const exo_model *m) { return m->gpu_layers; }
 
 exo_shard_info exo_model_shard(const exo_model *m)
 {
@@ -1857,7 +1966,7 @@ static int shared_forward(exo_model *m, layer *L, int T, float *sum)
 {
     exo_backend *be = L->be;
     const exo_backend_ops *o = be->ops;
-    acts *a = &m->act;
+    acts *a = acts_of(m, be);
     const exo_linear *gu[2] = {&L->sh_gate, &L->sh_up};
     float *const gu_out[2] = {a->g, a->u};
     OK(o->matmul(be, 2, gu, a->h, T, gu_out));
@@ -1892,7 +2001,7 @@ static int moe_decode(exo_model *m, layer *L, float *sum, exo_err *err)
 {
     exo_backend *be = L->be;
     const exo_backend_ops *o = be->ops;
-    acts *a = &m->act;
+    acts *a = acts_of(m, be);
     int k = m->topk, I = m->moe_ffn, D = m->dim, S = L->has_shared ? m->sh_ffn : 0;
     const exo_linear *first[4] = {&L->router, &L->sh_gate, &L->sh_up, &L->sh_router};
     float *const first_out[4] = {a->router, a->g + (size_t)k * I, a->u + (size_t)k * I, a->sg};
@@ -1948,7 +2057,7 @@ static int moe_forward(exo_model *m, layer *L, int T, exo_err *err)
 {
     exo_backend *be = L->be;
     const exo_backend_ops *o = be->ops;
-    acts *a = &m->act;
+    acts *a = acts_of(m, be);
     int E = L->n_experts, k = m->topk, I = m->moe_ffn;
     if (T == 1 && !m->moe_per_expert) {
         float *sum = m->allreduce ? a->moe_out : a->x;
@@ -2014,7 +2123,7 @@ static int attention_forward(exo_model *m, exo_seq *s, int l, int T, int pos0, e
     layer *L = &m->layers[l];
     exo_backend *be = L->be;
     const exo_backend_ops *o = be->ops;
-    acts *a = &m->act;
+    acts *a = acts_of(m, be);
     int QD = m->n_heads * m->hd, KD = m->n_kv * m->hd;
     const exo_linear *qkv[4] = {&L->q, &L->k, &L->v, &L->q_gate};
     float *const qkv_out[4] = {a->q, a->k, a->v, a->qg};
@@ -2055,7 +2164,7 @@ static int mla_forward(exo_model *m, exo_seq *s, int l, int T, int pos0, exo_err
     layer *L = &m->layers[l];
     exo_backend *be = L->be;
     const exo_backend_ops *o = be->ops;
-    acts *a = &m->act;
+    acts *a = acts_of(m, be);
     int H = m->n_heads, dn = m->mla_dn, dr = m->mla_dr, dv = m->mla_dv, r = m->mla_r, W = dr + r;
     const exo_linear *first[3] = {m->mla_rq ? &L->q_a : &L->q, &L->kv_c, &L->kv_rope};
     float *const first_out[3] = {m->mla_rq ? a->mq : a->q, a->mc, a->mr};
@@ -2093,7 +2202,7 @@ static int linear_forward(exo_model *m, exo_seq *s, int l, int T, exo_err *err)
     layer *L = &m->layers[l];
     exo_backend *be = L->be;
     const exo_backend_ops *o = be->ops;
-    acts *a = &m->act;
+    acts *a = acts_of(m, be);
     int CD = m->conv_dim, KD = m->lin_hk * m->lin_dk, VD = m->lin_hv * m->lin_dv, Hv = m->lin_hv;
     const exo_linear *in[4] = {&L->in_qkv, &L->in_z, &L->in_b, &L->in_a};
     float *const in_out[4] = {a->lqkv, a->lz, a->lb, a->la};
@@ -2114,7 +2223,7 @@ static int layer_forward(exo_model *m, exo_seq *s, int l, int T, int pos0, exo_e
     layer *L = &m->layers[l];
     exo_backend *be = L->be;
     const exo_backend_ops *o = be->ops;
-    acts *a = &m->act;
+    acts *a = acts_of(m, be);
 
     OK(o->rmsnorm(be, a->h, a->x, L->attn_norm, T, m->dim, m->eps));
     if (L->kind == EXO_LAYER_LINEAR)
@@ -2151,7 +2260,7 @@ static int layer_forward(exo_model *m, exo_seq *s, int l, int T, int pos0, exo_e
 static int head_forward(exo_model *m, int r0, int rows, float *out, exo_err *err)
 {
     exo_backend *be = m->layers[m->n_layers - 1].be;
-    acts *a = &m->act;
+    acts *a = acts_of(m, be);
     float *x = a->x + (size_t)r0 * (size_t)m->dim;
     size_t V = (size_t)m->vocab;
     OK(be->ops->rmsnorm(be, a->h, x, m->final_norm, rows, m->dim, m->eps));
@@ -2173,20 +2282,25 @@ static int head_forward(exo_model *m, int r0, int rows, float *out, exo_err *err
 static int step_chunk(exo_model *m, exo_seq *s, const exo_step *st, int t0, int n, exo_err *err)
 {
     exo_backend *first = m->layers[0].be, *last = m->layers[m->n_layers - 1].be;
-    size_t D = (size_t)m->dim;
+    size_t D = (size_t)m->dim, bytes = sizeof(float) * (size_t)n * D;
     int pos0 = s->len;
+    float *x0 = acts_of(m, first)->x;
     if (st->tokens) {
-        OK(first->ops->embed(first, &m->embed, st->tokens + t0, n, m->act.x));
+        OK(first->ops->embed(first, &m->embed, st->tokens + t0, n, x0));
         if (m->embed_scale != 1.0f)
-            OK(first->ops->scale(first, m->act.x, m->embed_scale, (size_t)n * D));
+            OK(first->ops->scale(first, x0, m->embed_scale, (size_t)n * D));
     } else
-        OK(first->ops->to_device(first, m->act.x, st->hidden_in + (size_t)t0 * D,
-                                 sizeof(float) * (size_t)n * D));
-    for (int l = 0; l < m->n_layers; l++)
+        OK(first->ops->to_device(first, x0, st->hidden_in + (size_t)t0 * D, bytes));
+    for (int l = 0; l < m->n_layers; l++) {
+        exo_backend *from = m->layers[l ? l - 1 : 0].be, *to = m->layers[l].be;
+        if (from != to) { /* the residual stream crosses from GPU to CPU (or back) */
+            OK(from->ops->to_host(from, m->bounce, acts_of(m, from)->x, bytes));
+            OK(to->ops->to_device(to, acts_of(m, to)->x, m->bounce, bytes));
+        }
         OK(layer_forward(m, s, l, n, pos0, err));
+    }
     if (st->hidden_out)
-        OK(last->ops->to_host(last, st->hidden_out + (size_t)t0 * D, m->act.x,
-                              sizeof(float) * (size_t)n * D));
+        OK(last->ops->to_host(last, st->hidden_out + (size_t)t0 * D, acts_of(m, last)->x, bytes));
     if (!st->logits)
         return 0;
     size_t V = (size_t)m->vocab;

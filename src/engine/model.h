@@ -46,6 +46,13 @@ typedef int (*exo_allgather_fn)(void *ctx, float *x, const size_t *bounds, exo_e
 
 typedef struct exo_model_opts {
     int n_threads;   /* CPU threads; <= 0: all online CPUs */
+    /* Where layers run: "cpu", "cuda" (GPU 0), "cuda:N", or NULL / "auto"
+     * ($EXO_DEVICE, else a GPU when the CUDA backend finds one). On a GPU,
+     * gpu_layers (or $EXO_GPU_LAYERS) layers from the first go there, 0:
+     * as many as fit its memory; the rest, and everything when it is < 0,
+     * run on the CPU, the residual stream crossing over once. */
+    const char *device;
+    int gpu_layers;
     int max_chunk;   /* tokens per forward step of a long prompt; <= 0: 512 */
     /* The shard this process holds; zeroes: the whole model.
      * Pipeline: layers [start_layer, end_layer) (end 0 = the last layer);
@@ -100,6 +107,9 @@ void exo_model_decode_cost(const exo_model *m, int ctx, exo_decode_cost *out);
  * or expert by expert as prefill does (the benchmark's peer; also
  * EXO_MOE_PATH=per-expert). */
 void exo_model_set_moe_fused(exo_model *m, bool fused);
+
+/* Layers of this shard on the GPU (0: all on the CPU). */
+int exo_model_gpu_layers(const exo_model *m);
 
 /* Bytes of weights one decode step reads (every layer + LM head). */
 size_t  exo_model_decode_bytes(const exo_model *m);

@@ -1,0 +1,253 @@
+/* Causal softmax attention over the KV cache on the GPU.
+ *
+ * The cache of a layer is (slots, n_kv_heads, head_dim) f32 for K and V
+ * (backend_cuda.cu); a sliding layer's is a ring, position p in slot
+ * p % ring. The call's own keys and values are read from its inputs, not
+ * the cache, while one block per (KV head, token) writes them into it: no
+ * second kernel, and no block reads a slot another is writing (a ring
+ * holds the window plus a call's tokens, so the slots written hold
+ * positions no query of the call can see).
+ *
+ * One block of 128 threads per (query head, token, split): a thread scores
+ * one key of each run of 128 (q from shared memory, the key row from L2),
+ * the block keeps a running max and sum (online softmax), and each warp
+ * accumulates the weighted values of a quarter of the run's positions, a
+ * lane owning every 32nd dim (a value row is read by one warp, coalesced;
+ * four rows in flight per block), the warps' sums added at the end. Decode has one
+ * token and few heads, too few blocks to keep the GPU's memory busy on a
+ * long context, so the positions are split over blocks (flash-decoding):
+ * each split writes its max, sum and unnormalised output, and a second
+ * kernel combines them, adding the sinks' share of the denominator
+ * (gpt-oss). A prompt has blocks enough, and takes one split. */
+#include "engine/cuda/cuda_internal.h"
+
+#define ATT_THREADS 128
+#define ATT_WARPS (ATT_THREADS / 32)
+#define ATT_MAX_DIMS 32 /* head_dim <= 32 * ATT_MAX_DIMS = 1024: a lane's dims */
+#define ATT_MAX_SPLITS 64
+
+struct att_args {
+    const float *q, *kin, *vin, *sinks;
+    float *kc, *vc;
+    float *out, *partial;
+    int n_heads, n_kv, hd, window, ring, pos0, per_split, n_split;
+    float scale;
+};
+
+__device__ __forceinline__ float warp_max(float v)
+{
+    for (int o = 16; o; o >>= 1)
+        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+__device__ __forceinline__ float warp_sum(float v)
+{
+    for (int o = 16; o; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/* Position j's key (or value) row of KV head kvh: from the call's input
+ * when the call appends it, else from the cache. */
+__device__ __forceinline__ const float *key_row(const att_args &a, int j, int kvh, size_t row_stride,
+                                                const float *in, const float *cache)
+{
+    if (j >= a.pos0)
+        return in + ((size_t)(j - a.pos0) * a.n_kv + kvh) * a.hd;
+    int slot = a.ring ? j % a.ring : j;
+    return cache + slot * row_stride + (size_t)kvh * a.hd;
+}
+
+__global__ void __launch_bounds__(ATT_THREADS) attention_kernel(const __grid_constant__ att_args a)
+{
+    extern __shared__ float smem[]; /* q (hd), p (ATT_THREADS), the warps' outputs (ATT_WARPS * hd) */
+    __shared__ float red[2][ATT_THREADS / 32];
+    float *qs = smem, *ps = smem + a.hd;
+    const int h = blockIdx.x, t = blockIdx.y, sp = blockIdx.z, tid = threadIdx.x;
+    const int lane = tid & 31, warp = tid >> 5;
+    const int kvh = h / (a.n_heads / a.n_kv), qpos = a.pos0 + t;
+    const int lo = a.window > 0 && qpos - a.window + 1 > 0 ? qpos - a.window + 1 : 0;
+    const int start = lo + sp * a.per_split, end = min(qpos + 1, start + a.per_split);
+    const float *qrow = a.q + ((size_t)t * a.n_heads + h) * a.hd;
+    for (int d = tid; d < a.hd; d += ATT_THREADS)
+        qs[d] = qrow[d] * a.scale;
+    if (sp == 0 && h % (a.n_heads / a.n_kv) == 0) { /* this token's key and value into the cache */
+        int slot = a.ring ? qpos % a.ring : qpos;
+        const size_t in = ((size_t)t * a.n_kv + kvh) * a.hd, at = ((size_t)slot * a.n_kv + kvh) * a.hd;
+        for (int d = tid; d < a.hd; d += ATT_THREADS) {
+            a.kc[at + d] = a.kin[in + d];
+            a.vc[at + d] = a.vin[in + d];
+        }
+    }
+    __syncthreads();
+    float m = -INFINITY, l = 0.0f, acc[ATT_MAX_DIMS];
+#pragma unroll
+    for (int i = 0; i < ATT_MAX_DIMS; i++)
+        acc[i] = 0.0f;
+    const size_t row_stride = (size_t)a.n_kv * a.hd;
+    for (int base = start; base < end; base += ATT_THREADS) {
+        int j = base + tid;
+        float s = -INFINITY;
+        if (j < end) {
+            const float4 *kr = (const float4 *)key_row(a, j, kvh, row_stride, a.kin, a.kc);
+            const float4 *q4 = (const float4 *)qs;
+            float dot = 0.0f;
+#pragma unroll 8
+            for (int d = 0; d < a.hd / 4; d++) {
+                float4 kv = __ldg(kr + d), qv = q4[d];
+                dot += kv.x * qv.x + kv.y * qv.y + kv.z * qv.z + kv.w * qv.w;
+            }
+            s = dot;
+        }
+        float cmax = warp_max(s);
+        if (lane == 0)
+            red[0][warp] = cmax;
+        __syncthreads();
+        for (int w = 0; w < ATT_THREADS / 32; w++)
+            cmax = fmaxf(cmax, red[0][w]);
+        const float mnew = fmaxf(m, cmax);
+        const float p = j < end ? __expf(s - mnew) : 0.0f;
+        ps[tid] = p;
+        float csum = warp_sum(p);
+        if (lane == 0)
+            red[1][warp] = csum;
+        __syncthreads();
+        csum = 0.0f;
+        for (int w = 0; w < ATT_THREADS / 32; w++)
+            csum += red[1][w];
+        const float corr = m == -INFINITY ? 0.0f : __expf(m - mnew);
+        l = l * corr + csum;
+        m = mnew;
+        const int n = min(ATT_THREADS, end - base);
+#pragma unroll
+        for (int i = 0; i < ATT_MAX_DIMS; i++)
+            acc[i] *= corr;
+#pragma unroll 2
+        for (int jj = warp; jj < n; jj += ATT_WARPS) {
+            const float pj = ps[jj];
+            const float *vr = key_row(a, base + jj, kvh, row_stride, a.vin, a.vc);
+#pragma unroll
+            for (int i = 0; i < ATT_MAX_DIMS; i++) {
+                int d = lane + i * 32;
+                if (d < a.hd)
+                    acc[i] += pj * __ldg(vr + d);
+            }
+        }
+        __syncthreads(); /* ps and red are rewritten by the next run */
+    }
+    /* the warps' partial outputs, summed into the first hd floats of wsum */
+    float *wsum = ps + ATT_THREADS;
+#pragma unroll
+    for (int i = 0; i < ATT_MAX_DIMS; i++) {
+        int d = lane + i * 32;
+        if (d < a.hd)
+            wsum[warp * a.hd + d] = acc[i];
+    }
+    __syncthreads();
+    for (int d = tid; d < a.hd; d += ATT_THREADS) {
+        float s = 0.0f;
+        for (int w = 0; w < ATT_WARPS; w++)
+            s += wsum[w * a.hd + d];
+        wsum[d] = s;
+    }
+    __syncthreads();
+    if (a.n_split == 1) {
+        if (a.sinks)
+            l += __expf(a.sinks[h] - m);
+        float *orow = a.out + ((size_t)t * a.n_heads + h) * a.hd;
+        for (int d = tid; d < a.hd; d += ATT_THREADS)
+            orow[d] = l > 0 ? wsum[d] / l : 0.0f;
+        return;
+    }
+    float *part = a.partial + (((size_t)t * a.n_heads + h) * a.n_split + sp) * (size_t)(a.hd + 2);
+    if (tid == 0) {
+        part[0] = m;
+        part[1] = l;
+    }
+    for (int d = tid; d < a.hd; d += ATT_THREADS)
+        part[2 + d] = wsum[d];
+}
+
+__global__ void attention_combine_kernel(const __grid_constant__ att_args a)
+{
+    const int h = blockIdx.x, t = blockIdx.y;
+    const float *part = a.partial + ((size_t)t * a.n_heads + h) * a.n_split * (size_t)(a.hd + 2);
+    float M = -INFINITY;
+    for (int s = 0; s < a.n_split; s++)
+        M = fmaxf(M, part[s * (a.hd + 2)]);
+    float L = 0.0f;
+    for (int s = 0; s < a.n_split; s++) {
+        float ms = part[s * (a.hd + 2)];
+        L += ms == -INFINITY ? 0.0f : part[s * (a.hd + 2) + 1] * __expf(ms - M);
+    }
+    if (a.sinks)
+        L += __expf(a.sinks[h] - M);
+    float *orow = a.out + ((size_t)t * a.n_heads + h) * a.hd;
+    for (int d = threadIdx.x; d < a.hd; d += blockDim.x) {
+        float acc = 0.0f;
+        for (int s = 0; s < a.n_split; s++) {
+            float ms = part[s * (a.hd + 2)];
+            if (ms != -INFINITY)
+                acc += part[s * (a.hd + 2) + 2 + d] * __expf(ms - M);
+        }
+        orow[d] = L > 0 ? acc / L : 0.0f;
+    }
+}
+
+/* How a call is split: per_split positions a block (a multiple of the
+ * block's width), enough blocks to fill the GPU when there are few. */
+static void plan(const exo_attn_shape *sh, int T, int pos0, int *per_split, int *n_split)
+{
+    int span = pos0 + T; /* the most positions any query sees */
+    if (sh->sliding_window > 0 && sh->sliding_window < span)
+        span = sh->sliding_window;
+    int runs = (span + 31) / 32; /* splits are whole warps' worth of positions */
+    int want = (4 * 132 + T * sh->n_heads - 1) / (T * sh->n_heads); /* blocks for a few waves */
+    int n = want < runs ? want : runs;
+    n = n < 1 ? 1 : n > ATT_MAX_SPLITS ? ATT_MAX_SPLITS : n;
+    int per = (runs + n - 1) / n * 32;
+    *per_split = per;
+    *n_split = (span + per - 1) / per;
+}
+
+size_t exo_cuda_attention_scratch(const exo_attn_shape *sh, int T, int pos0)
+{
+    int per, n;
+    plan(sh, T, pos0, &per, &n);
+    return n > 1 ? sizeof(float) * (size_t)T * sh->n_heads * n * (sh->head_dim + 2) : 0;
+}
+
+int exo_cuda_attention(cudaStream_t stream, const exo_attn_shape *sh, float *out, const float *q, const float *k,
+                       const float *v, float *k_cache, float *v_cache, int capacity, int T, int pos0, float *partial)
+{
+    if (sh->head_dim % 4 || sh->head_dim > 32 * ATT_MAX_DIMS || sh->n_heads % sh->n_kv_heads)
+        return EXO_EINVAL;
+    att_args a;
+    a.q = q;
+    a.kin = k;
+    a.vin = v;
+    a.kc = k_cache;
+    a.vc = v_cache;
+    a.sinks = sh->sinks;
+    a.out = out;
+    a.partial = partial;
+    a.n_heads = sh->n_heads;
+    a.n_kv = sh->n_kv_heads;
+    a.hd = sh->head_dim;
+    a.window = sh->sliding_window;
+    a.ring = sh->ring;
+    a.pos0 = pos0;
+    a.scale = sh->scale;
+    plan(sh, T, pos0, &a.per_split, &a.n_split);
+    size_t smem = sizeof(float) * (size_t)(sh->head_dim + ATT_THREADS + ATT_WARPS * sh->head_dim);
+    if (smem > 48 * 1024 &&
+        cudaFuncSetAttribute(attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem))
+        return exo_cuda_launched("attention shared memory");
+    attention_kernel<<<dim3((unsigned)sh->n_heads, (unsigned)T, (unsigned)a.n_split), ATT_THREADS, smem, stream>>>(a);
+    int rc = exo_cuda_launched("attention");
+    if (rc || a.n_split == 1)
+        return rc;
+    attention_combine_kernel<<<dim3((unsigned)sh->n_heads, (unsigned)T), 128, 0, stream>>>(a);
+    return exo_cuda_launched("attention combine");
+}

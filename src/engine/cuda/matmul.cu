@@ -1,0 +1,621 @@
+/* Matrix products on the GPU: y = x W^T for the weight formats of
+ * engine/linear.h, kept on the device exactly as the checkpoint stores them.
+ *
+ * Decode (T <= EXO_CUDA_GEMV_MAX_T tokens) is memory-bound: every byte of
+ * the weight is read once, so the kernel is a streaming GEMV. A warp owns
+ * ROWS rows, each lane reads 16 bytes of each of them per step (coalesced:
+ * a warp reads 512 contiguous bytes of a row), dequantizes in registers
+ * and multiplies by the matching slice of x, which all ROWS rows share
+ * (x comes from L1, so more rows per warp means fewer x bytes per weight
+ * byte). Sixteen bytes of MLX affine 4-bit are 32 codes of one group
+ * (groups are 32, 64 or 128 wide), so a step needs one scale and one bias:
+ * sum (s q + b) x = s (q . x) + b sum(x). MXFP4's 16 bytes are exactly one
+ * 32-wide block with one E8M0 scale. One launch runs up to EXO_CUDA_JOBS
+ * weights of one format (q, k and v; gate and up; a token's experts), each
+ * with its own x and y, blocks dealt to weights by their row counts.
+ *
+ * Prompts go to cuBLAS on the tensor cores: x is rounded to bf16, a
+ * quantized weight is dequantized to bf16 into scratch first (one read of
+ * the weight, one write and read of the bf16 copy: small next to the
+ * product at 512 tokens), accumulation in f32. F32 weights (tests) use an
+ * f32 product. Shapes the GEMV cannot take (widths off its step, other
+ * bit widths) take this path at any T. */
+#include "engine/cuda/cuda_internal.h"
+#include "engine/cuda/matmul.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+/* ---- element decoding ---------------------------------------------------- */
+
+__device__ __forceinline__ float bf16_bits(uint32_t h) { return __uint_as_float(h << 16); }
+
+template <int SDT> __device__ __forceinline__ float scalar_at(const void *p, int64_t i)
+{
+    if (SDT == EXO_DTYPE_BF16)
+        return bf16_bits(((const uint16_t *)p)[i]);
+    if (SDT == EXO_DTYPE_F16)
+        return __half2float(((const __half *)p)[i]);
+    return ((const float *)p)[i];
+}
+
+__device__ __forceinline__ float scalar_any(int dt, const void *p, int64_t i)
+{
+    if (dt == EXO_DTYPE_BF16)
+        return scalar_at<EXO_DTYPE_BF16>(p, i);
+    if (dt == EXO_DTYPE_F16)
+        return scalar_at<EXO_DTYPE_F16>(p, i);
+    return scalar_at<EXO_DTYPE_F32>(p, i);
+}
+
+__constant__ float fp4_values[16] = {0.0f, 0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
+                                      -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+
+__device__ __forceinline__ float e8m0(uint32_t s) { return __uint_as_float(s ? s << 23 : 0x00400000u); }
+
+/* Element (r, c) of any weight, as f32 (embedding rows, dequantization). */
+__device__ float weight_at(const exo_linear &w, int64_t r, int64_t c)
+{
+    switch (w.format) {
+    case EXO_WFORMAT_DENSE:
+        return scalar_any(w.dtype, w.w, r * w.cols + c);
+    case EXO_WFORMAT_AFFINE: {
+        const uint32_t *row = (const uint32_t *)w.w + r * (w.cols * w.bits / 32);
+        int64_t bit = c * w.bits;
+        uint64_t pair = row[bit / 32];
+        if ((bit % 32) + w.bits > 32)
+            pair |= (uint64_t)row[bit / 32 + 1] << 32;
+        uint32_t q = (uint32_t)(pair >> (bit % 32)) & ((1u << w.bits) - 1);
+        int64_t g = r * (w.cols / w.group_size) + c / w.group_size;
+        return scalar_any(w.dtype, w.scales, g) * (float)q + scalar_any(w.dtype, w.biases, g);
+    }
+    default: { /* MXFP4 */
+        uint8_t byte = ((const uint8_t *)w.w)[r * (w.cols / 2) + c / 2];
+        float s = e8m0(((const uint8_t *)w.scales)[r * (w.cols / 32) + c / 32]);
+        return fp4_values[(c & 1) ? byte >> 4 : byte & 15] * s;
+    }
+    }
+}
+
+/* ---- the streaming GEMV -------------------------------------------------- */
+
+/* Integer path for affine 4/8-bit: unpacking codes to floats needs an
+ * int-to-float conversion per code, a quarter-rate instruction that caps
+ * such a kernel at about half the memory bandwidth. As the CPU does
+ * (cpu/gemv_avx512.c), x is quantized per 32 columns (16 for 8-bit) in two
+ * int8 levels: q1 = round(x / d), d = max|x| / 127, and q2 the residual at
+ * d / 256, so x^ = (d / 256)(256 q1 + q2) is within 2^-16 of the block's
+ * range (one level, 2^-8, missed transformers by 0.25 on a q4 llama's
+ * logits). A step's contribution is s dl (256 dot(q, q1) + dot(q, q2)) +
+ * b dl sum(256 q1 + q2), dl = d / 256: exactly dot(w, x^); the dot
+ * products are dp4a, four code-by-activation products per instruction.
+ * 4-bit codes are split into even (low nibble) and odd (high nibble)
+ * elements and the activation is stored in that order, so codes are never
+ * shuffled. */
+
+enum gemv_kind { GEMV_F32, GEMV_F16, GEMV_BF16, GEMV_Q4, GEMV_Q8, GEMV_MXFP4 };
+
+/* Weight columns one lane covers per 16-byte step. */
+template <int K> struct step_cols { static const int n = K == GEMV_F32 ? 4 : K == GEMV_F16 || K == GEMV_BF16 ? 8
+                                                       : K == GEMV_Q8 ? 16 : 32; };
+/* Rows a warp takes: more where a step carries many columns (x traffic). */
+template <int K> struct rows_per_warp { static const int n = K == GEMV_Q4 || K == GEMV_MXFP4 ? 4 : 2; };
+
+static bool integer_kind(int k) { return k == GEMV_Q4 || k == GEMV_Q8; }
+
+__device__ __forceinline__ int dp4a_us(uint32_t a, int b, int c)
+{
+    int d;
+    asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+
+__device__ __forceinline__ void x_slice(const float *x, int n, float *out)
+{
+    const float4 *x4 = (const float4 *)x;
+#pragma unroll
+    for (int i = 0; i < n / 4; i++) {
+        float4 v = __ldg(x4 + i);
+        out[4 * i] = v.x;
+        out[4 * i + 1] = v.y;
+        out[4 * i + 2] = v.z;
+        out[4 * i + 3] = v.w;
+    }
+}
+
+struct gemv_job_dev {
+    const void *w, *scales, *biases;
+    const float *x;      /* float kinds */
+    const int8_t *xq;    /* integer kinds: T rows of cols int8, level 1, then level 2 */
+    const float2 *xs;    /* and per block {dl, dl * sum(256 q1 + q2)} */
+    float *y;
+    int64_t rows, cols;
+    int64_t rows_x; /* T: where level 2 of xq starts, in rows of cols */
+    int ldx, ldy;
+};
+
+struct gemv_batch {
+    gemv_job_dev job[EXO_CUDA_JOBS];
+    int first_block[EXO_CUDA_JOBS + 1];
+    int n;
+    int group_size;
+};
+
+#define GEMV_WARPS 4
+#define GEMV_UNROLL 4
+
+template <int K, int SDT>
+__device__ __forceinline__ float float_step(uint4 wv, const float *xs, const void *scales, int64_t group)
+{
+    const uint32_t wd[4] = {wv.x, wv.y, wv.z, wv.w};
+    float acc = 0.0f;
+    if (K == GEMV_F32) {
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            acc += __uint_as_float(wd[i]) * xs[i];
+    } else if (K == GEMV_BF16) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            acc += bf16_bits(wd[i] & 0xffff) * xs[2 * i];
+            acc += __uint_as_float(wd[i] & 0xffff0000u) * xs[2 * i + 1];
+        }
+    } else if (K == GEMV_F16) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            float2 f = __half22float2(*(const __half2 *)&wd[i]);
+            acc += f.x * xs[2 * i] + f.y * xs[2 * i + 1];
+        }
+    } else { /* MXFP4: one block of 32 */
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+                acc += fp4_values[(wd[i] >> (4 * j)) & 15] * xs[i * 8 + j];
+        acc *= e8m0(((const uint8_t *)scales)[group]);
+    }
+    return acc;
+}
+
+template <int K, int SDT, int ROWS, int T>
+__global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_kernel(const __grid_constant__ gemv_batch b)
+{
+    int j = 0;
+    while (j + 1 < b.n && (int)blockIdx.x >= b.first_block[j + 1])
+        j++;
+    const gemv_job_dev &job = b.job[j];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int64_t row0 = ((int64_t)(blockIdx.x - b.first_block[j]) * GEMV_WARPS + warp) * ROWS;
+    if (row0 >= job.rows)
+        return;
+    const int SC = step_cols<K>::n;
+    const int64_t cols = job.cols, steps = cols / SC;
+    const int64_t row_bytes = K == GEMV_F32 ? cols * 4 : K == GEMV_F16 || K == GEMV_BF16 ? cols * 2
+                              : K == GEMV_Q8 ? cols : cols / 2;
+    const int64_t groups = K == GEMV_MXFP4 ? cols / 32 : (K == GEMV_Q4 || K == GEMV_Q8) ? cols / b.group_size : 0;
+    const uint4 *wrow[ROWS];
+#pragma unroll
+    for (int r = 0; r < ROWS; r++) {
+        int64_t row = row0 + r < job.rows ? row0 + r : job.rows - 1;
+        wrow[r] = (const uint4 *)((const char *)job.w + row * row_bytes);
+    }
+    float acc[ROWS][T];
+#pragma unroll
+    for (int r = 0; r < ROWS; r++)
+#pragma unroll
+        for (int t = 0; t < T; t++)
+            acc[r][t] = 0.0f;
+    /* GEMV_UNROLL steps of every row in flight before the first is used:
+     * a warp then has ROWS * GEMV_UNROLL * 512 bytes on the way, what it
+     * takes to cover the memory's latency at the occupancy these registers
+     * allow (one step at a time read at a quarter of the bandwidth) */
+    for (int64_t s0 = lane; s0 < steps; s0 += 32 * GEMV_UNROLL) {
+        uint4 wvu[GEMV_UNROLL][ROWS];
+#pragma unroll
+        for (int u = 0; u < GEMV_UNROLL; u++)
+#pragma unroll
+            for (int r = 0; r < ROWS; r++)
+                wvu[u][r] = s0 + 32 * u < steps ? __ldcs(wrow[r] + s0 + 32 * u) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+        for (int u = 0; u < GEMV_UNROLL; u++) {
+        const int64_t s = s0 + 32 * u;
+        if (s >= steps)
+            break;
+        const uint4 *wv = wvu[u];
+        const int64_t col = s * SC;
+        if (K == GEMV_Q4 || K == GEMV_Q8) {
+            const int64_t g = col / b.group_size;
+            float sc[ROWS], bi[ROWS];
+#pragma unroll
+            for (int r = 0; r < ROWS; r++) {
+                int64_t row = row0 + r < job.rows ? row0 + r : job.rows - 1;
+                sc[r] = scalar_at<SDT>(job.scales, row * groups + g);
+                bi[r] = scalar_at<SDT>(job.biases, row * groups + g);
+            }
+#pragma unroll
+            for (int t = 0; t < T; t++) {
+                const int8_t *xq = job.xq + (int64_t)t * cols + col, *xq2 = xq + job.rows_x * cols;
+                const float2 xs = __ldg(job.xs + ((int64_t)t * cols + col) / (K == GEMV_Q4 ? 32 : 16));
+                int xv[8], xv2[8];
+                if (K == GEMV_Q4) {
+                    int4 a = __ldg((const int4 *)xq), c = __ldg((const int4 *)xq + 1);
+                    int4 a2 = __ldg((const int4 *)xq2), c2 = __ldg((const int4 *)xq2 + 1);
+                    xv[0] = a.x; xv[1] = a.y; xv[2] = a.z; xv[3] = a.w;
+                    xv[4] = c.x; xv[5] = c.y; xv[6] = c.z; xv[7] = c.w;
+                    xv2[0] = a2.x; xv2[1] = a2.y; xv2[2] = a2.z; xv2[3] = a2.w;
+                    xv2[4] = c2.x; xv2[5] = c2.y; xv2[6] = c2.z; xv2[7] = c2.w;
+                } else {
+                    int4 a = __ldg((const int4 *)xq), a2 = __ldg((const int4 *)xq2);
+                    xv[0] = a.x; xv[1] = a.y; xv[2] = a.z; xv[3] = a.w;
+                    xv2[0] = a2.x; xv2[1] = a2.y; xv2[2] = a2.z; xv2[3] = a2.w;
+                }
+#pragma unroll
+                for (int r = 0; r < ROWS; r++) {
+                    const uint32_t wd[4] = {wv[r].x, wv[r].y, wv[r].z, wv[r].w};
+                    int dot = 0, dot2 = 0;
+#pragma unroll
+                    for (int i = 0; i < 4; i++) {
+                        if (K == GEMV_Q4) {
+                            uint32_t lo = wd[i] & 0x0f0f0f0fu, hi = (wd[i] >> 4) & 0x0f0f0f0fu;
+                            dot = dp4a_us(lo, xv[2 * i], dot);
+                            dot = dp4a_us(hi, xv[2 * i + 1], dot);
+                            dot2 = dp4a_us(lo, xv2[2 * i], dot2);
+                            dot2 = dp4a_us(hi, xv2[2 * i + 1], dot2);
+                        } else {
+                            dot = dp4a_us(wd[i], xv[i], dot);
+                            dot2 = dp4a_us(wd[i], xv2[i], dot2);
+                        }
+                    }
+                    acc[r][t] += sc[r] * xs.x * (float)(dot * 256 + dot2) + bi[r] * xs.y;
+                }
+            }
+        } else {
+            const int64_t g = col / 32;
+#pragma unroll
+            for (int t = 0; t < T; t++) {
+                float xs[SC];
+                x_slice(job.x + (int64_t)t * job.ldx + col, SC, xs);
+#pragma unroll
+                for (int r = 0; r < ROWS; r++) {
+                    int64_t row = row0 + r < job.rows ? row0 + r : job.rows - 1;
+                    acc[r][t] += float_step<K, SDT>(wv[r], xs, job.scales, row * groups + g);
+                }
+            }
+        }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < ROWS; r++)
+#pragma unroll
+        for (int t = 0; t < T; t++) {
+            float v = acc[r][t];
+#pragma unroll
+            for (int o = 16; o; o >>= 1)
+                v += __shfl_xor_sync(0xffffffffu, v, o);
+            if (lane == 0 && row0 + r < job.rows)
+                job.y[(int64_t)t * job.ldy + row0 + r] = v;
+        }
+}
+
+/* x (T rows of cols at stride ldx) to int8 per block of BLOCK columns, one
+ * warp a block of 32: xq in the order the kind reads it, xs[block] = {dx,
+ * dx * sum(xq)} where a q8 "block" is 16 columns (one step). */
+template <bool Q4>
+__global__ void quantize_x_kernel(const float *x, int64_t T, int64_t cols, int64_t ldx, int8_t *xq, float2 *xs)
+{
+    int64_t blk = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) / 32;
+    int lane = threadIdx.x & 31;
+    int64_t per_row = cols / 32;
+    if (blk >= T * per_row)
+        return;
+    int64_t t = blk / per_row, c0 = (blk % per_row) * 32;
+    float v = x[t * ldx + c0 + lane], amax = fabsf(v);
+#pragma unroll
+    for (int o = Q4 ? 16 : 8; o; o >>= 1)
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    float dx = amax / 127.0f;
+    int q = dx > 0 ? __float2int_rn(v * (127.0f / amax)) : 0;
+    float r = v - (float)q * dx; /* |r| <= dx / 2: exact in f32 */
+    int q2 = dx > 0 ? max(-127, min(127, __float2int_rn(r * (127.0f * 256.0f / amax)))) : 0;
+    int sum = 256 * q + q2;
+#pragma unroll
+    for (int o = Q4 ? 16 : 8; o; o >>= 1)
+        sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    int pos = lane;
+    if (Q4) { /* word w = lane / 8 holds elements 8w..8w+7: evens, then odds */
+        int w = lane / 8, e = lane % 8;
+        pos = w * 8 + (e & 1) * 4 + (e >> 1);
+    }
+    xq[t * cols + c0 + pos] = (int8_t)q;
+    xq[T * cols + t * cols + c0 + pos] = (int8_t)q2;
+    int64_t sblk = Q4 ? t * per_row + c0 / 32 : (t * cols + c0 + lane) / 16;
+    float dl = dx * (1.0f / 256.0f);
+    if (Q4 ? lane == 0 : (lane & 15) == 0)
+        xs[sblk] = make_float2(dl, dl * (float)sum);
+}
+template <int K, int SDT, int T> static void launch_t(gemv_batch &b, int blocks, cudaStream_t s)
+{
+    gemv_kernel<K, SDT, rows_per_warp<K>::n, T><<<blocks, GEMV_WARPS * 32, 0, s>>>(b);
+}
+
+template <int K, int SDT> static void launch_k(gemv_batch &b, int T, int blocks, cudaStream_t s)
+{
+    switch (T) {
+    case 1: launch_t<K, SDT, 1>(b, blocks, s); break;
+    case 2: launch_t<K, SDT, 2>(b, blocks, s); break;
+    case 3: launch_t<K, SDT, 3>(b, blocks, s); break;
+    default: launch_t<K, SDT, 4>(b, blocks, s); break;
+    }
+}
+
+template <int K> static void launch_sdt(gemv_batch &b, int sdt, int T, int blocks, cudaStream_t s)
+{
+    if (sdt == EXO_DTYPE_BF16)
+        launch_k<K, EXO_DTYPE_BF16>(b, T, blocks, s);
+    else if (sdt == EXO_DTYPE_F16)
+        launch_k<K, EXO_DTYPE_F16>(b, T, blocks, s);
+    else
+        launch_k<K, EXO_DTYPE_F32>(b, T, blocks, s);
+}
+
+static int kind_of(const exo_linear *w)
+{
+    if (w->format == EXO_WFORMAT_DENSE)
+        return w->dtype == EXO_DTYPE_F32 ? GEMV_F32 : w->dtype == EXO_DTYPE_F16 ? GEMV_F16
+               : w->dtype == EXO_DTYPE_BF16 ? GEMV_BF16 : -1;
+    if (w->format == EXO_WFORMAT_MXFP4)
+        return GEMV_MXFP4;
+    if (w->bits == 4)
+        return GEMV_Q4;
+    if (w->bits == 8)
+        return GEMV_Q8;
+    return -1;
+}
+
+static int step_cols_of(int kind)
+{
+    static const int n[] = {4, 8, 8, 32, 16, 32};
+    return n[kind];
+}
+
+static int rows_per_block(int kind)
+{
+    return GEMV_WARPS * (kind == GEMV_Q4 || kind == GEMV_MXFP4 ? 4 : 2);
+}
+
+bool exo_cuda_gemv_takes(const exo_linear *w, const float *x, int ldx, int T)
+{
+    int kind = kind_of(w);
+    if (kind < 0 || T < 1 || T > EXO_CUDA_GEMV_MAX_T || w->cols % step_cols_of(kind))
+        return false;
+    if (integer_kind(kind))
+        return w->cols % 32 == 0 && w->group_size % 32 == 0;
+    /* x is read as float4, the weight rows as 16-byte steps */
+    return (uintptr_t)x % 16 == 0 && (T == 1 || ldx % 4 == 0);
+}
+
+/* Bytes of one quantized activation: T rows of int8, then per 16 columns
+ * its {dx, dx sum} (q4 uses every other slot's worth). */
+static size_t xq_codes_bytes(int64_t T, int64_t cols) { return ((size_t)(2 * T * cols) + 255) / 256 * 256; }
+static size_t xq_bytes(int64_t T, int64_t cols)
+{
+    return xq_codes_bytes(T, cols) + (size_t)(T * cols / 16) * sizeof(float2) + 256;
+}
+
+size_t exo_cuda_gemv_scratch(int n, const exo_cuda_gemv_job *jobs, int T)
+{
+    size_t bytes = 0;
+    for (int i = 0; i < n; i++)
+        if (integer_kind(kind_of(&jobs[i].lin)))
+            bytes += xq_bytes(T, jobs[i].lin.cols);
+    return bytes;
+}
+
+int exo_cuda_gemv(cudaStream_t stream, int n, const exo_cuda_gemv_job *jobs, int T, void *scratch)
+{
+    /* each distinct (x, layout) is quantized once: the weights sharing an
+     * x (q, k, v; gate, up) share its int8 copy */
+    const float *qx[EXO_CUDA_JOBS * 4];
+    bool qlayout[EXO_CUDA_JOBS * 4];
+    char *qmem[EXO_CUDA_JOBS * 4];
+    int nq = 0;
+    char *free_at = (char *)scratch;
+    for (int i0 = 0; i0 < n;) {
+        /* one launch per run of weights of one kind, scale type and group */
+        const exo_linear &w0 = jobs[i0].lin;
+        int kind = kind_of(&w0);
+        gemv_batch b;
+        b.n = 0;
+        b.group_size = w0.format == EXO_WFORMAT_AFFINE ? w0.group_size : 32;
+        int blocks = 0, i = i0;
+        for (; i < n && b.n < EXO_CUDA_JOBS && nq < EXO_CUDA_JOBS * 4; i++) {
+            const exo_cuda_gemv_job &src = jobs[i];
+            const exo_linear &w = src.lin;
+            if (kind_of(&w) != kind || w.dtype != w0.dtype ||
+                (w.format == EXO_WFORMAT_AFFINE && w.group_size != b.group_size))
+                break;
+            gemv_job_dev &d = b.job[b.n];
+            d.w = w.w;
+            d.scales = w.scales;
+            d.biases = w.biases;
+            d.x = src.x;
+            d.ldx = src.ldx;
+            d.y = src.y;
+            d.ldy = src.ldy;
+            d.rows = w.rows;
+            d.cols = w.cols;
+            d.rows_x = T;
+            d.xq = NULL;
+            d.xs = NULL;
+            if (integer_kind(kind)) {
+                bool q4 = kind == GEMV_Q4;
+                int k = 0;
+                while (k < nq && !(qx[k] == src.x && qlayout[k] == q4))
+                    k++;
+                if (k == nq) {
+                    qx[nq] = src.x;
+                    qlayout[nq] = q4;
+                    qmem[nq++] = free_at;
+                    int8_t *xq = (int8_t *)free_at;
+                    float2 *xs = (float2 *)(free_at + xq_codes_bytes(T, w.cols));
+                    free_at += xq_bytes(T, w.cols);
+                    unsigned grid = (unsigned)(((int64_t)T * w.cols + 255) / 256);
+                    if (q4)
+                        quantize_x_kernel<true><<<grid, 256, 0, stream>>>(src.x, T, w.cols, src.ldx, xq, xs);
+                    else
+                        quantize_x_kernel<false><<<grid, 256, 0, stream>>>(src.x, T, w.cols, src.ldx, xq, xs);
+                }
+                d.xq = (const int8_t *)qmem[k];
+                d.xs = (const float2 *)(qmem[k] + xq_codes_bytes(T, w.cols));
+            }
+            b.first_block[b.n++] = blocks;
+            blocks += (int)((w.rows + rows_per_block(kind) - 1) / rows_per_block(kind));
+        }
+        b.first_block[b.n] = blocks;
+        switch (kind) {
+        case GEMV_F32: launch_sdt<GEMV_F32>(b, EXO_DTYPE_F32, T, blocks, stream); break;
+        case GEMV_F16: launch_sdt<GEMV_F16>(b, EXO_DTYPE_F32, T, blocks, stream); break;
+        case GEMV_BF16: launch_sdt<GEMV_BF16>(b, EXO_DTYPE_F32, T, blocks, stream); break;
+        case GEMV_Q4: launch_sdt<GEMV_Q4>(b, w0.dtype, T, blocks, stream); break;
+        case GEMV_Q8: launch_sdt<GEMV_Q8>(b, w0.dtype, T, blocks, stream); break;
+        default: launch_sdt<GEMV_MXFP4>(b, EXO_DTYPE_F32, T, blocks, stream); break;
+        }
+        int rc = exo_cuda_launched("gemv");
+        if (rc)
+            return rc;
+        i0 = i;
+    }
+    return 0;
+}
+
+/* ---- any format at decode --------------------------------------------------- */
+
+/* Weights the streaming GEMV does not take (2/3/5/6-bit codes, odd widths):
+ * one warp a row, every element decoded on its own, f32 throughout. Slow,
+ * but as exact as the fast path, where tensor cores would round both
+ * sides to bf16. */
+template <int T>
+__global__ void gemv_any_kernel(exo_linear w, const float *x, int64_t ldx, float *y, int64_t ldy)
+{
+    int64_t row = blockIdx.x * (int64_t)(blockDim.x / 32) + threadIdx.x / 32;
+    int lane = threadIdx.x & 31;
+    if (row >= w.rows)
+        return;
+    float acc[T];
+#pragma unroll
+    for (int t = 0; t < T; t++)
+        acc[t] = 0.0f;
+    for (int64_t c = lane; c < w.cols; c += 32) {
+        float v = weight_at(w, row, c);
+#pragma unroll
+        for (int t = 0; t < T; t++)
+            acc[t] += v * x[t * ldx + c];
+    }
+#pragma unroll
+    for (int t = 0; t < T; t++) {
+        float v = acc[t];
+        for (int o = 16; o; o >>= 1)
+            v += __shfl_xor_sync(0xffffffffu, v, o);
+        if (lane == 0)
+            y[t * ldy + row] = v;
+    }
+}
+
+int exo_cuda_gemv_any(cudaStream_t s, const exo_linear *w, const float *x, int ldx, int T, float *y, int ldy)
+{
+    unsigned blocks = (unsigned)((w->rows + 7) / 8);
+    switch (T) {
+    case 1: gemv_any_kernel<1><<<blocks, 256, 0, s>>>(*w, x, ldx, y, ldy); break;
+    case 2: gemv_any_kernel<2><<<blocks, 256, 0, s>>>(*w, x, ldx, y, ldy); break;
+    case 3: gemv_any_kernel<3><<<blocks, 256, 0, s>>>(*w, x, ldx, y, ldy); break;
+    default: gemv_any_kernel<4><<<blocks, 256, 0, s>>>(*w, x, ldx, y, ldy); break;
+    }
+    return exo_cuda_launched("gemv (any format)");
+}
+
+/* ---- dequantization and conversions for the tensor-core path ------------- */
+
+__global__ void dequant_bf16_kernel(exo_linear w, __nv_bfloat16 *out)
+{
+    int64_t n = w.rows * w.cols;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        out[i] = __float2bfloat16(weight_at(w, i / w.cols, i % w.cols));
+}
+
+/* 8 codes (one word) of 4-bit affine per thread: the common prefill case. */
+template <int SDT> __global__ void dequant_q4_bf16_kernel(exo_linear w, __nv_bfloat16 *out)
+{
+    int64_t words = w.rows * w.cols / 8, per_row = w.cols / 8;
+    const uint32_t *q = (const uint32_t *)w.w;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < words; i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t r = i / per_row, c = (i % per_row) * 8, g = r * (w.cols / w.group_size) + c / w.group_size;
+        float s = scalar_at<SDT>(w.scales, g), bias = scalar_at<SDT>(w.biases, g);
+        uint32_t v = q[i];
+        __align__(16) __nv_bfloat16 o[8];
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            o[j] = __float2bfloat16(s * (float)((v >> (4 * j)) & 15) + bias);
+        *(uint4 *)(out + r * w.cols + c) = *(const uint4 *)o;
+    }
+}
+
+__global__ void f32_to_bf16_kernel(const float *x, int64_t rows, int64_t cols, int64_t ldx, __nv_bfloat16 *out)
+{
+    int64_t n = rows * cols;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        out[i] = __float2bfloat16(x[(i / cols) * ldx + i % cols]);
+}
+
+__global__ void f32_to_f16_kernel(const float *x, int64_t rows, int64_t cols, int64_t ldx, __half *out)
+{
+    int64_t n = rows * cols;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        out[i] = __float2half(x[(i / cols) * ldx + i % cols]);
+}
+
+static int grid_for(int64_t n)
+{
+    int64_t g = (n + 255) / 256;
+    return (int)(g < 65536 ? (g ? g : 1) : 65536);
+}
+
+int exo_cuda_dequant_bf16(cudaStream_t s, const exo_linear *w, void *out)
+{
+    if (w->format == EXO_WFORMAT_AFFINE && w->bits == 4 && w->cols % 8 == 0 && w->group_size % 8 == 0) {
+        int64_t words = w->rows * w->cols / 8;
+        if (w->dtype == EXO_DTYPE_BF16)
+            dequant_q4_bf16_kernel<EXO_DTYPE_BF16><<<grid_for(words), 256, 0, s>>>(*w, (__nv_bfloat16 *)out);
+        else if (w->dtype == EXO_DTYPE_F16)
+            dequant_q4_bf16_kernel<EXO_DTYPE_F16><<<grid_for(words), 256, 0, s>>>(*w, (__nv_bfloat16 *)out);
+        else
+            dequant_q4_bf16_kernel<EXO_DTYPE_F32><<<grid_for(words), 256, 0, s>>>(*w, (__nv_bfloat16 *)out);
+    } else {
+        dequant_bf16_kernel<<<grid_for(w->rows * w->cols), 256, 0, s>>>(*w, (__nv_bfloat16 *)out);
+    }
+    return exo_cuda_launched("dequantize");
+}
+
+int exo_cuda_to_half(cudaStream_t s, const float *x, int64_t rows, int64_t cols, int64_t ldx, bool bf16, void *out)
+{
+    if (bf16)
+        f32_to_bf16_kernel<<<grid_for(rows * cols), 256, 0, s>>>(x, rows, cols, ldx, (__nv_bfloat16 *)out);
+    else
+        f32_to_f16_kernel<<<grid_for(rows * cols), 256, 0, s>>>(x, rows, cols, ldx, (__half *)out);
+    return exo_cuda_launched("convert");
+}
+
+/* ---- embedding rows -------------------------------------------------------- */
+
+__global__ void embed_kernel(exo_linear table, const int32_t *tokens, float *out)
+{
+    int t = blockIdx.y;
+    int64_t r = tokens[t];
+    for (int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; c < table.cols; c += (int64_t)gridDim.x * blockDim.x)
+        out[(int64_t)t * table.cols + c] = weight_at(table, r, c);
+}
+
+int exo_cuda_embed(cudaStream_t s, const exo_linear *table, const int32_t *tokens, int T, float *out)
+{
+    dim3 grid((unsigned)((table->cols + 255) / 256), (unsigned)T);
+    embed_kernel<<<grid, 256, 0, s>>>(*table, tokens, out);
+    return exo_cuda_launched("embed");
+}

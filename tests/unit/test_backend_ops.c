@@ -1,0 +1,1355 @@
+/* Every op of the backend vtable on the CUDA backend against the CPU
+ * backend, with the same random inputs over many shapes, in the manner of
+ * ggml's test-backend-ops.
+ *
+ * Design
+ *  - Each test opens both backends with both_open(): the CUDA one first;
+ *    where it cannot be created for want of a plugin, driver or GPU
+ *    (EXO_EUNSUPPORTED) the test is skipped with the reason, any other
+ *    failure fails it. Without a GPU the whole suite skips.
+ *  - The CPU backend is the oracle. Its matrix products are pinned to the
+ *    portable reference path (EXO_MATMUL_PATH=reference, unless the
+ *    environment already names a path): that path accumulates in double,
+ *    while the CPU's fast paths round activations to int8 (GEMV) or bf16
+ *    (GEMM) and would blur the figure being measured, the CUDA kernels'
+ *    error. Run with EXO_MATMUL_PATH=gemv or =gemm to measure against those.
+ *  - A `dual` is one tensor on both backends: one host array of random
+ *    values (a fixed seed per test) uploaded into each backend's own memory
+ *    (ops->alloc, to_device). Outputs are prefilled with random values too,
+ *    and every dual has GUARD canary floats past its end, so an op that
+ *    writes into the gaps of a strided output shows up as a difference and
+ *    one that writes past its output as a changed canary.
+ *  - Weights are built on the host in every format of linear.h (dense
+ *    f32/f16/bf16; MLX affine with 2..8 bits, groups of 32/64/128,
+ *    f32/f16/bf16 scales and biases; MXFP4) and loaded into each backend
+ *    with load_linear(from_file = false); vectors (norm weights, biases,
+ *    sinks, inverse frequencies, router bias) with load_vector.
+ *  - Outputs are compared by NMSE = sum (cuda - cpu)^2 / sum cpu^2. Each
+ *    test prints the worst NMSE of each op it ran, beside its limit.
+ *  - Ops that carry state across calls run a sequence of calls (prefill,
+ *    decode steps, a later prefill): the KV caches' layouts differ between
+ *    backends by design, so attention is compared on its outputs; the
+ *    linear-attention state has one layout (backend.h), compared as well.
+ *
+ * Limits (NMSE), and why:
+ *   0      data movement (zero, copy2d, gather_rows, load_vector, the conv
+ *          state): nothing to round.
+ *   1e-7   element-wise f32 ops, norms, RoPE, embedding rows, routing
+ *          weights, scatter-add, the conv and the gated norm: a few f32 ulp
+ *          an element (~1e-14 expected) from fma contraction, another
+ *          reduction order or the device's libm; any wrong index, formula or
+ *          missing element is orders of magnitude above it (ggml's default).
+ *   1e-6   matmul by the GEMV kernels (T <= 4): f32 dequantization and
+ *          accumulation against a double-accumulated oracle (~1e-13
+ *          expected); a wrong group, scale, bit offset or row is far above.
+ *   5e-4   matmul for T > 4, where the GPU rounds activations (and expanded
+ *          weights) to bf16 for the tensor cores: 2^-9 relative an operand,
+ *          ~1e-5 expected (the CPU's own bf16 GEMM path measures <= 7e-6
+ *          against its reference path on these inputs); ggml's limit for
+ *          mul_mat. matmul_each and head_matmul take the same two limits
+ *          by T.
+ *   1e-6   attention (f32 scores and softmax, reordered sums, an online
+ *          softmax) and the gated delta rule's outputs and state (an f32
+ *          recurrence over up to 64 tokens per call, and its chunked form
+ *          reassociates: the CPU kernel is within 4e-6 max-relative of
+ *          double, test_linear_attn.c).
+ *   exact  moe_route's expert indices (both route on the host through
+ *          engine/router.c).
+ * Not covered: tables or caches past 2^31 bytes (64-bit offsets). */
+#include "core/alloc.h"
+#include "engine/backend.h"
+#include "engine/dtype.h"
+#include "engine/linear.h"
+
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define NMSE_EXACT 0.0
+#define NMSE_ELEMENTWISE 1e-7
+#define NMSE_GEMV 1e-6
+#define NMSE_GEMM 5e-4
+#define NMSE_ATTENTION 1e-6
+#define NMSE_DELTA 1e-6
+
+#define GEMV_MAX_T 4 /* the CUDA matmul's GEMV path takes T <= this */
+#define GUARD 16     /* canary floats past the end of every dual */
+#define MAX_N 16     /* weights in one matmul call */
+
+/* ---- random numbers (xorshift64*, a seed per test) -------------------- */
+
+static uint64_t rng_state = 1;
+
+static uint64_t rng_u64(void)
+{
+    rng_state ^= rng_state >> 12;
+    rng_state ^= rng_state << 25;
+    rng_state ^= rng_state >> 27;
+    return rng_state * 0x2545F4914F6CDD1Dull;
+}
+
+static double rng_uniform(void) { return (double)(rng_u64() >> 11) * (1.0 / 9007199254740992.0); }
+
+static int rng_int(int n) { return (int)(rng_u64() % (uint64_t)n); }
+
+static float rng_gauss(void)
+{
+    double u = 1.0 - rng_uniform(), v = rng_uniform(); /* u in (0, 1] */
+    return (float)(sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v));
+}
+
+/* ---- worst NMSE per op, printed when a test closes --------------------- */
+
+typedef struct op_stat {
+    char op[40];
+    double worst, limit;
+    int cases, failed;
+    bool nan;
+} op_stat;
+
+static op_stat stats[48];
+static int n_stats;
+
+/* Records one comparison and expects it within the limit (NaN fails). */
+__attribute__((format(printf, 4, 5))) static void record(const char *op, double limit, double nmse,
+                                                         const char *fmt, ...)
+{
+    char what[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    op_stat *s = NULL;
+    for (int i = 0; i < n_stats && !s; i++)
+        if (!strcmp(stats[i].op, op))
+            s = &stats[i];
+    if (!s && n_stats < (int)(sizeof stats / sizeof stats[0])) {
+        s = &stats[n_stats++];
+        memset(s, 0, sizeof *s);
+        snprintf(s->op, sizeof s->op, "%s", op);
+        s->limit = limit;
+    }
+    bool pass = nmse <= limit;
+    if (s) {
+        s->cases++;
+        s->failed += !pass;
+        s->nan |= isnan(nmse);
+        if (nmse > s->worst)
+            s->worst = nmse;
+    }
+    cr_expect(pass, "%s, %s: NMSE %.3e above %.0e", op, what, nmse, limit);
+}
+
+/* ---- both backends ---------------------------------------------------- */
+
+typedef struct both {
+    exo_backend *cpu, *gpu;
+    const char *test;
+} both;
+
+/* Opens the CUDA backend (or skips the test) and the CPU oracle; seeds the
+ * random numbers from the test's name. */
+static both both_open(const char *test)
+{
+    both b = {.test = test};
+    exo_err err = {0};
+    b.gpu = exo_backend_cuda_create(0, &err);
+    if (!b.gpu) {
+        if (err.code == EXO_EUNSUPPORTED)
+            cr_skip_test("needs the CUDA backend: %s", err.msg);
+        cr_assert_fail("cannot create the CUDA backend: %s (%s)", err.msg, exo_err_name(err.code));
+    }
+    /* the CPU reads the variable when it is created: set it for that only */
+    bool pin = !getenv("EXO_MATMUL_PATH");
+    if (pin)
+        setenv("EXO_MATMUL_PATH", "reference", 1);
+    b.cpu = exo_backend_cpu_create(0, &err);
+    if (pin)
+        unsetenv("EXO_MATMUL_PATH");
+    cr_assert(b.cpu, "cannot create the CPU backend: %s", err.msg);
+    rng_state = 0x9E3779B97F4A7C15ull;
+    for (const char *p = test; *p; p++)
+        rng_state = (rng_state ^ (unsigned char)*p) * 0x100000001B3ull;
+    n_stats = 0;
+    return b;
+}
+
+static void both_close(both *b)
+{
+    for (int i = 0; i < n_stats; i++) {
+        const op_stat *s = &stats[i];
+        fprintf(stderr, "backend_ops/%s: %-30s worst NMSE %9.3e  limit %.0e  %4d cases%s%s\n", b->test,
+                s->op, s->worst, s->limit, s->cases, s->nan ? "  NaN seen" : "",
+                s->failed ? "  FAILED" : "");
+    }
+    b->gpu->ops->free(b->gpu);
+    b->cpu->ops->free(b->cpu);
+}
+
+static void ok(exo_backend *be, int rc, const char *op)
+{
+    cr_assert_eq(rc, 0, "%s backend: %s returned %d (%s)", be->ops->name, op, rc, exo_err_name(rc));
+}
+
+/* Runs an op on one backend and asserts it returned 0:
+ * ON(b->gpu, rope, x.gpu, ...) is b->gpu->ops->rope(b->gpu, x.gpu, ...). */
+#define ON(be, op, ...) ok((be), (be)->ops->op((be), __VA_ARGS__), #op)
+
+static float *be_alloc(exo_backend *be, size_t floats)
+{
+    float *p = be->ops->alloc(be, floats * sizeof(float));
+    cr_assert(p, "%s backend: cannot allocate %zu floats", be->ops->name, floats);
+    return p;
+}
+
+static void upload(exo_backend *be, float *dst, const float *src, size_t floats)
+{
+    ok(be, be->ops->to_device(be, dst, src, floats * sizeof(float)), "to_device");
+}
+
+static void download(exo_backend *be, float *dst, const float *src, size_t floats)
+{
+    ok(be, be->ops->to_host(be, dst, src, floats * sizeof(float)), "to_host");
+}
+
+/* ---- dual tensors: the same values on both backends --------------------- */
+
+typedef struct dual {
+    size_t n;
+    float *init;      /* host: the values uploaded, n + GUARD */
+    float *cpu, *gpu; /* each backend's memory, n + GUARD floats */
+} dual;
+
+static void dual_upload(both *b, dual *d)
+{
+    for (int i = 0; i < GUARD; i++)
+        d->init[d->n + (size_t)i] = 1000.0f + (float)i;
+    d->cpu = be_alloc(b->cpu, d->n + GUARD);
+    d->gpu = be_alloc(b->gpu, d->n + GUARD);
+    upload(b->cpu, d->cpu, d->init, d->n + GUARD);
+    upload(b->gpu, d->gpu, d->init, d->n + GUARD);
+}
+
+/* n random values, N(0, scale^2). */
+static dual dual_rand(both *b, size_t n, float scale)
+{
+    dual d = {.n = n, .init = exo_malloc((n + GUARD) * sizeof(float))};
+    for (size_t i = 0; i < n; i++)
+        d.init[i] = scale * rng_gauss();
+    dual_upload(b, &d);
+    return d;
+}
+
+static void dual_free(both *b, dual *d)
+{
+    b->cpu->ops->release(b->cpu, d->cpu);
+    b->gpu->ops->release(b->gpu, d->gpu);
+    exo_free(d->init);
+    memset(d, 0, sizeof *d);
+}
+
+/* Copies the CPU's current values over the GPU's, so the next op starts
+ * from identical inputs (isolating each op of a chain). */
+static void dual_mirror(both *b, dual *d)
+{
+    float *h = exo_malloc(d->n * sizeof(float));
+    download(b->cpu, h, d->cpu, d->n);
+    upload(b->gpu, d->gpu, h, d->n);
+    exo_free(h);
+}
+
+static double nmse(const float *got, const float *want, size_t n)
+{
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        double e = (double)got[i] - (double)want[i];
+        num += e * e;
+        den += (double)want[i] * (double)want[i];
+    }
+    if (den == 0)
+        return num == 0 ? 0 : INFINITY;
+    return num / den;
+}
+
+/* Compares floats [off, off + len) of a dual, CUDA against CPU, under
+ * `op`'s limit, and checks both backends left its canaries alone. */
+__attribute__((format(printf, 7, 8))) static void dual_check_part(both *b, const dual *d, size_t off,
+                                                                  size_t len, const char *op,
+                                                                  double limit, const char *fmt, ...)
+{
+    char what[200];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    size_t all = d->n + GUARD;
+    float *c = exo_malloc(all * sizeof(float)), *g = exo_malloc(all * sizeof(float));
+    ok(b->gpu, b->gpu->ops->sync(b->gpu), "sync");
+    download(b->cpu, c, d->cpu, all);
+    download(b->gpu, g, d->gpu, all);
+    cr_expect(!memcmp(g + d->n, d->init + d->n, GUARD * sizeof(float)),
+              "%s, %s: the CUDA backend wrote past the end of its output", op, what);
+    cr_expect(!memcmp(c + d->n, d->init + d->n, GUARD * sizeof(float)),
+              "%s, %s: the CPU backend wrote past the end of its output", op, what);
+    record(op, limit, nmse(g + off, c + off, len), "%s", what);
+    exo_free(c);
+    exo_free(g);
+}
+
+#define dual_check(b, d, op, limit, ...) dual_check_part((b), (d), 0, (d)->n, (op), (limit), __VA_ARGS__)
+
+/* ---- vectors loaded with load_vector ------------------------------------ */
+
+typedef struct dvec {
+    float *cpu, *gpu;
+} dvec;
+
+/* Stores v as element i of an array of type t (F32, F16 or BF16). */
+static void put(exo_dtype t, void *base, size_t i, float v)
+{
+    if (t == EXO_DTYPE_F32) {
+        memcpy((char *)base + 4 * i, &v, 4);
+    } else {
+        uint16_t h = t == EXO_DTYPE_BF16 ? exo_f32_to_bf16(v) : exo_f32_to_f16(v);
+        memcpy((char *)base + 2 * i, &h, 2);
+    }
+}
+
+/* n values, stored as type t on the host, loaded into both backends. */
+static dvec vec_load(both *b, exo_dtype t, const float *v, size_t n)
+{
+    void *host = exo_malloc(n * exo_dtype_size(t));
+    for (size_t i = 0; i < n; i++)
+        put(t, host, i, v[i]);
+    exo_err err = {0};
+    dvec d = {b->cpu->ops->load_vector(b->cpu, t, host, n, &err), NULL};
+    cr_assert(d.cpu, "cpu load_vector: %s", err.msg);
+    d.gpu = b->gpu->ops->load_vector(b->gpu, t, host, n, &err);
+    cr_assert(d.gpu, "cuda load_vector: %s", err.msg);
+    exo_free(host);
+    return d;
+}
+
+/* n random values: mean + N(0, scale^2). */
+static dvec vec_rand(both *b, exo_dtype t, size_t n, float mean, float scale)
+{
+    float *v = exo_malloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++)
+        v[i] = mean + scale * rng_gauss();
+    dvec d = vec_load(b, t, v, n);
+    exo_free(v);
+    return d;
+}
+
+static void vec_free(both *b, dvec *v)
+{
+    b->cpu->ops->release(b->cpu, v->cpu);
+    b->gpu->ops->release(b->gpu, v->gpu);
+}
+
+/* ---- weights ------------------------------------------------------------ */
+
+typedef struct wfmt {
+    exo_wformat format;
+    exo_dtype dtype; /* dense: elements; affine: scales and biases */
+    int bits, group;
+} wfmt;
+
+#define F_DENSE(t) ((wfmt){EXO_WFORMAT_DENSE, EXO_DTYPE_##t, 0, 0})
+#define F_AFFINE(bits, g, t) ((wfmt){EXO_WFORMAT_AFFINE, EXO_DTYPE_##t, bits, g})
+#define F_MXFP4 ((wfmt){EXO_WFORMAT_MXFP4, EXO_DTYPE_U8, 4, 32})
+
+/* Every format of linear.h: 3 dense, 6 x 3 x 3 affine, MXFP4 (58). */
+static int all_formats(wfmt *out)
+{
+    static const exo_dtype dts[3] = {EXO_DTYPE_F32, EXO_DTYPE_F16, EXO_DTYPE_BF16};
+    static const int bits[6] = {2, 3, 4, 5, 6, 8}, groups[3] = {32, 64, 128};
+    int n = 0;
+    for (int i = 0; i < 3; i++)
+        out[n++] = (wfmt){EXO_WFORMAT_DENSE, dts[i], 0, 0};
+    for (int i = 0; i < 6; i++)
+        for (int j = 0; j < 3; j++)
+            for (int k = 0; k < 3; k++)
+                out[n++] = (wfmt){EXO_WFORMAT_AFFINE, dts[k], bits[i], groups[j]};
+    out[n++] = F_MXFP4;
+    return n;
+}
+#define N_FORMATS 58
+
+static const char *fmt_name(wfmt f, char *buf, size_t len)
+{
+    const char *dt = f.dtype == EXO_DTYPE_F32 ? "f32" : f.dtype == EXO_DTYPE_F16 ? "f16" : "bf16";
+    if (f.format == EXO_WFORMAT_DENSE)
+        snprintf(buf, len, "%s", dt);
+    else if (f.format == EXO_WFORMAT_AFFINE)
+        snprintf(buf, len, "q%d/g%d/%s", f.bits, f.group, dt);
+    else
+        snprintf(buf, len, "mxfp4");
+    return buf;
+}
+
+static bool fmt_fits(wfmt f, int64_t cols)
+{
+    return f.format == EXO_WFORMAT_DENSE || cols % f.group == 0;
+}
+
+/* A host weight and each backend's copy of it. The host arrays outlive the
+ * backends' use (the CPU uses them in place); the backends' copies live
+ * until the backend is freed (the vtable has no unload). */
+typedef struct weight {
+    exo_linear host, cpu, gpu;
+    void *w, *scales, *biases;
+    char name[24];
+} weight;
+
+/* Random values of about unit output variance for unit inputs. */
+static void weight_rand(both *b, weight *w, wfmt f, int64_t rows, int64_t cols)
+{
+    memset(w, 0, sizeof *w);
+    fmt_name(f, w->name, sizeof w->name);
+    cr_assert(fmt_fits(f, cols), "%s cannot have %lld columns", w->name, (long long)cols);
+    exo_linear *l = &w->host;
+    *l = (exo_linear){.format = f.format, .dtype = f.dtype, .rows = rows, .cols = cols, .bits = f.bits,
+                      .group_size = f.group};
+    size_t n = (size_t)(rows * cols);
+    const float sd = 1.0f / sqrtf((float)cols);
+    if (f.format == EXO_WFORMAT_DENSE) {
+        w->w = exo_malloc(n * exo_dtype_size(f.dtype));
+        for (size_t i = 0; i < n; i++)
+            put(f.dtype, w->w, i, sd * rng_gauss());
+    } else if (f.format == EXO_WFORMAT_AFFINE) {
+        /* any bit pattern is valid codes; per group w = s*q + b with q
+         * uniform in [0, 2^bits): b centres the group around a small mean */
+        size_t words = n * (size_t)f.bits / 32, groups = n / (size_t)f.group;
+        uint32_t *codes = exo_malloc(words * 4);
+        for (size_t i = 0; i < words; i++)
+            codes[i] = (uint32_t)(rng_u64() >> 32);
+        w->scales = exo_malloc(groups * exo_dtype_size(f.dtype));
+        w->biases = exo_malloc(groups * exo_dtype_size(f.dtype));
+        const float levels = (float)((1 << f.bits) - 1);
+        for (size_t g = 0; g < groups; g++) {
+            float s = (float)(0.5 + rng_uniform()) * 3.4f * sd / levels * (rng_u64() & 1 ? 1.0f : -1.0f);
+            put(f.dtype, w->scales, g, s);
+            put(f.dtype, w->biases, g, -s * levels / 2 + 0.2f * sd * rng_gauss());
+        }
+        w->w = codes;
+    } else {
+        /* random E2M1 codes; E8M0 scales 2^-9 .. 2^-4 */
+        uint8_t *codes = exo_malloc(n / 2), *sc = exo_malloc(n / 32);
+        for (size_t i = 0; i < n / 2; i++)
+            codes[i] = (uint8_t)rng_u64();
+        for (size_t i = 0; i < n / 32; i++)
+            sc[i] = (uint8_t)(118 + rng_int(6));
+        w->w = codes;
+        w->scales = sc;
+    }
+    l->w = w->w;
+    l->scales = w->scales;
+    l->biases = w->biases;
+    exo_err err = {0};
+    int rc = b->cpu->ops->load_linear(b->cpu, l, false, &w->cpu, &err);
+    cr_assert_eq(rc, 0, "cpu load_linear %s (%lld x %lld): %s", w->name, (long long)rows, (long long)cols, err.msg);
+    rc = b->gpu->ops->load_linear(b->gpu, l, false, &w->gpu, &err);
+    cr_assert_eq(rc, 0, "cuda load_linear %s (%lld x %lld): %s", w->name, (long long)rows, (long long)cols, err.msg);
+}
+
+static void weight_free(weight *w)
+{
+    exo_free(w->w);
+    exo_free(w->scales);
+    exo_free(w->biases);
+}
+
+static const char *matmul_op(const char *op, int T, char *buf, size_t len)
+{
+    snprintf(buf, len, "%s %s", op, T <= GEMV_MAX_T ? "gemv (T<=4)" : "gemm (T>4)");
+    return buf;
+}
+
+static double matmul_limit(int T) { return T <= GEMV_MAX_T ? NMSE_GEMV : NMSE_GEMM; }
+
+/* ---- load_vector, embed -------------------------------------------------- */
+
+Test(backend_ops, load_vector)
+{
+    both b = both_open("load_vector");
+    static const exo_dtype dts[3] = {EXO_DTYPE_F32, EXO_DTYPE_F16, EXO_DTYPE_BF16};
+    static const size_t lens[3] = {1, 7, 5000};
+    for (int i = 0; i < 3; i++)
+        for (int j = 0; j < 3; j++) {
+            size_t n = lens[j];
+            dvec v = vec_rand(&b, dts[i], n, 0.0f, 3.0f);
+            float *c = exo_malloc(n * sizeof(float)), *g = exo_malloc(n * sizeof(float));
+            download(b.cpu, c, v.cpu, n);
+            download(b.gpu, g, v.gpu, n);
+            record("load_vector", NMSE_EXACT, nmse(g, c, n), "%s n %zu", exo_dtype_name(dts[i]), n);
+            exo_free(c);
+            exo_free(g);
+            vec_free(&b, &v);
+        }
+    both_close(&b);
+}
+
+/* Embedding rows of a table in every format; tokens with repeats, the
+ * first and the last row. */
+Test(backend_ops, embed)
+{
+    both b = both_open("embed");
+    wfmt fmts[N_FORMATS];
+    int nf = all_formats(fmts);
+    static const int Ts[3] = {1, 9, 64};
+    const int vocab = 300, cols = 256;
+    for (int f = 0; f < nf; f++) {
+        weight table;
+        weight_rand(&b, &table, fmts[f], vocab, cols);
+        for (int i = 0; i < 3; i++) {
+            int T = Ts[i];
+            int32_t tokens[64];
+            for (int t = 0; t < T; t++)
+                tokens[t] = t == 0 ? vocab - 1 : t == T - 1 ? 0 : t % 5 == 0 ? tokens[t - 1] : rng_int(vocab);
+            dual out = dual_rand(&b, (size_t)T * cols, 1.0f);
+            ON(b.cpu, embed, &table.cpu, tokens, T, out.cpu);
+            ON(b.gpu, embed, &table.gpu, tokens, T, out.gpu);
+            dual_check(&b, &out, "embed", NMSE_ELEMENTWISE, "%s T %d", table.name, T);
+            dual_free(&b, &out);
+        }
+        weight_free(&table);
+    }
+    both_close(&b);
+}
+
+/* ---- rmsnorm, add_bias -------------------------------------------------- */
+
+Test(backend_ops, rmsnorm)
+{
+    both b = both_open("rmsnorm");
+    /* rows, dim, eps, in place: hidden states, per-head q/k norms (T*H
+     * rows), MLA's latent norms, gpt-oss's width */
+    static const struct {
+        int rows, dim;
+        float eps;
+        bool in_place;
+    } cases[] = {
+        {1, 64, 1e-6f, false},   {7, 896, 1e-6f, false},  {64, 4096, 1e-5f, false}, {512, 128, 1e-6f, true},
+        {3, 5120, 1e-6f, true},  {1, 2880, 1e-5f, true},  {17, 1536, 1e-6f, false}, {64, 512, 1e-6f, true},
+        {40, 256, 1e-6f, false}, {1, 7168, 1e-6f, false},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        int rows = cases[i].rows, dim = cases[i].dim;
+        dvec w = vec_rand(&b, EXO_DTYPE_BF16, (size_t)dim, 1.0f, 0.2f);
+        dual x = dual_rand(&b, (size_t)rows * dim, 2.0f);
+        if (cases[i].in_place) {
+            ON(b.cpu, rmsnorm, x.cpu, x.cpu, w.cpu, rows, dim, cases[i].eps);
+            ON(b.gpu, rmsnorm, x.gpu, x.gpu, w.gpu, rows, dim, cases[i].eps);
+            dual_check(&b, &x, "rmsnorm", NMSE_ELEMENTWISE, "%d x %d in place", rows, dim);
+        } else {
+            dual out = dual_rand(&b, (size_t)rows * dim, 1.0f);
+            ON(b.cpu, rmsnorm, out.cpu, x.cpu, w.cpu, rows, dim, cases[i].eps);
+            ON(b.gpu, rmsnorm, out.gpu, x.gpu, w.gpu, rows, dim, cases[i].eps);
+            dual_check(&b, &out, "rmsnorm", NMSE_ELEMENTWISE, "%d x %d", rows, dim);
+            dual_check(&b, &x, "rmsnorm input untouched", NMSE_EXACT, "%d x %d", rows, dim);
+            dual_free(&b, &out);
+        }
+        dual_free(&b, &x);
+        vec_free(&b, &w);
+    }
+    both_close(&b);
+}
+
+Test(backend_ops, add_bias)
+{
+    both b = both_open("add_bias");
+    static const int shapes[][2] = {{1, 64}, {5, 1000}, {64, 4096}, {17, 2880}, {3, 1}};
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+        int T = shapes[i][0], dim = shapes[i][1];
+        dvec bias = vec_rand(&b, EXO_DTYPE_BF16, (size_t)dim, 0.0f, 1.0f);
+        dual y = dual_rand(&b, (size_t)T * dim, 1.0f);
+        ON(b.cpu, add_bias, y.cpu, bias.cpu, T, dim);
+        ON(b.gpu, add_bias, y.gpu, bias.gpu, T, dim);
+        dual_check(&b, &y, "add_bias", NMSE_ELEMENTWISE, "T %d dim %d", T, dim);
+        dual_free(&b, &y);
+        vec_free(&b, &bias);
+    }
+    both_close(&b);
+}
+
+/* ---- matrix products ------------------------------------------------------ */
+
+/* One matmul call: n weights sharing x (T rows), on both backends; checks
+ * every output under the limit of the path T takes. */
+static void matmul_case(both *b, int n, weight *const *w, int T, const char *what)
+{
+    const int64_t cols = w[0]->host.cols;
+    dual x = dual_rand(b, (size_t)T * (size_t)cols, 1.0f), y[MAX_N];
+    const exo_linear *wc[MAX_N] = {0}, *wg[MAX_N] = {0};
+    float *yc[MAX_N] = {0}, *yg[MAX_N] = {0};
+    for (int i = 0; i < n; i++) {
+        y[i] = dual_rand(b, (size_t)T * (size_t)w[i]->host.rows, 1.0f);
+        wc[i] = &w[i]->cpu;
+        wg[i] = &w[i]->gpu;
+        yc[i] = y[i].cpu;
+        yg[i] = y[i].gpu;
+    }
+    ON(b->cpu, matmul, n, wc, x.cpu, T, yc);
+    ON(b->gpu, matmul, n, wg, x.gpu, T, yg);
+    char op[48];
+    for (int i = 0; i < n; i++) {
+        dual_check(b, &y[i], matmul_op("matmul", T, op, sizeof op), matmul_limit(T),
+                   "%s: w[%d] %s %lld x %lld, n %d, T %d", what, i, w[i]->name, (long long)w[i]->host.rows,
+                   (long long)cols, n, T);
+        dual_free(b, &y[i]);
+    }
+    dual_free(b, &x);
+}
+
+static const int MATMUL_T[] = {1, 2, 3, 4, 5, 8, 17, 64};
+#define N_MATMUL_T ((int)(sizeof MATMUL_T / sizeof MATMUL_T[0]))
+
+/* For each format that fits each shape: 4 weights of (rows, cols), (3/4
+ * rows, cols), ... (q/k/v-like), and every T, with n = 1..4 of them per
+ * call (n cycles with the format and T, so every (n, T) pair is met). */
+static void matmul_formats(both *b, const wfmt *fmts, int nf, const int (*shapes)[2], int ns)
+{
+    for (int s = 0; s < ns; s++)
+        for (int f = 0; f < nf; f++) {
+            int rows = shapes[s][0], cols = shapes[s][1];
+            if (!fmt_fits(fmts[f], cols))
+                continue;
+            weight w[4];
+            weight *pw[4];
+            for (int i = 0; i < 4; i++) {
+                weight_rand(b, &w[i], fmts[f], rows - i * (rows / 4), cols);
+                pw[i] = &w[i];
+            }
+            for (int t = 0; t < N_MATMUL_T; t++)
+                matmul_case(b, 1 + (f + t + s) % 4, pw, MATMUL_T[t], "shared x");
+            for (int i = 0; i < 4; i++)
+                weight_free(&w[i]);
+        }
+}
+
+Test(backend_ops, matmul_every_format)
+{
+    both b = both_open("matmul_every_format");
+    wfmt fmts[N_FORMATS];
+    int nf = all_formats(fmts);
+    static const int shapes[][2] = {{64, 64}, {96, 128}, {200, 320}};
+    matmul_formats(&b, fmts, nf, shapes, 3);
+    both_close(&b);
+}
+
+/* Model-sized shapes for a few formats: dense, the common MLX layouts, one
+ * odd bit width with a wide group, MXFP4. */
+Test(backend_ops, matmul_large_shapes)
+{
+    both b = both_open("matmul_large_shapes");
+    const wfmt fmts[] = {F_DENSE(F32),         F_DENSE(F16),         F_DENSE(BF16),
+                         F_AFFINE(4, 64, BF16), F_AFFINE(8, 32, F16), F_AFFINE(3, 128, F32),
+                         F_AFFINE(6, 64, BF16), F_AFFINE(2, 128, BF16), F_MXFP4};
+    static const int shapes[][2] = {{4096, 512}, {1000, 1024}};
+    matmul_formats(&b, fmts, (int)(sizeof fmts / sizeof fmts[0]), shapes, 2);
+    both_close(&b);
+}
+
+/* One call over weights of different formats (MLX mixed quantization, a
+ * quantized model's unquantized router or shared expert). */
+Test(backend_ops, matmul_mixed_formats)
+{
+    both b = both_open("matmul_mixed_formats");
+    const wfmt fmts[] = {F_AFFINE(4, 64, BF16), F_DENSE(BF16), F_MXFP4, F_AFFINE(8, 32, F16), F_DENSE(F32),
+                         F_AFFINE(5, 128, F32)};
+    enum { NW = sizeof fmts / sizeof fmts[0] };
+    weight w[NW];
+    weight *pw[NW];
+    for (int i = 0; i < NW; i++) {
+        weight_rand(&b, &w[i], fmts[i], 160 - 16 * i, 256);
+        pw[i] = &w[i];
+    }
+    for (int t = 0; t < N_MATMUL_T; t++)
+        matmul_case(&b, NW, pw, MATMUL_T[t], "mixed formats");
+    for (int i = 0; i < NW; i++)
+        weight_free(&w[i]);
+    both_close(&b);
+}
+
+/* matmul_each: every weight its own input (a token's experts' down
+ * projections, plus a shared expert). */
+static void matmul_each_case(both *b, int n, weight *const *w, int T, const char *what)
+{
+    const int64_t cols = w[0]->host.cols;
+    dual x[MAX_N], y[MAX_N];
+    const exo_linear *wc[MAX_N] = {0}, *wg[MAX_N] = {0};
+    const float *xc[MAX_N] = {0}, *xg[MAX_N] = {0};
+    float *yc[MAX_N] = {0}, *yg[MAX_N] = {0};
+    for (int i = 0; i < n; i++) {
+        x[i] = dual_rand(b, (size_t)T * (size_t)cols, 1.0f);
+        y[i] = dual_rand(b, (size_t)T * (size_t)w[i]->host.rows, 1.0f);
+        wc[i] = &w[i]->cpu;
+        wg[i] = &w[i]->gpu;
+        xc[i] = x[i].cpu;
+        xg[i] = x[i].gpu;
+        yc[i] = y[i].cpu;
+        yg[i] = y[i].gpu;
+    }
+    ON(b->cpu, matmul_each, n, wc, xc, T, yc);
+    ON(b->gpu, matmul_each, n, wg, xg, T, yg);
+    char op[48];
+    for (int i = 0; i < n; i++) {
+        dual_check(b, &y[i], matmul_op("matmul_each", T, op, sizeof op), matmul_limit(T),
+                   "%s: w[%d] %s %lld x %lld, n %d, T %d", what, i, w[i]->name, (long long)w[i]->host.rows,
+                   (long long)cols, n, T);
+        dual_free(b, &y[i]);
+        dual_free(b, &x[i]);
+    }
+}
+
+Test(backend_ops, matmul_each)
+{
+    both b = both_open("matmul_each");
+    const wfmt fmts[] = {F_DENSE(BF16), F_DENSE(F32), F_AFFINE(4, 64, BF16), F_AFFINE(8, 32, F16), F_MXFP4};
+    static const int shapes[][2] = {{256, 512}, {96, 128}};
+    static const int ns[] = {1, 2, 4, 9};
+    static const int Ts[] = {1, 2, 4, 5, 17};
+    for (int s = 0; s < 2; s++)
+        for (size_t f = 0; f < sizeof fmts / sizeof fmts[0]; f++) {
+            weight w[9];
+            weight *pw[9];
+            for (int i = 0; i < 9; i++) {
+                weight_rand(&b, &w[i], fmts[f], shapes[s][0], shapes[s][1]);
+                pw[i] = &w[i];
+            }
+            for (int i = 0; i < 4; i++)
+                for (int t = 0; t < 5; t++)
+                    matmul_each_case(&b, ns[i], pw, Ts[t], "own x");
+            for (int i = 0; i < 9; i++)
+                weight_free(&w[i]);
+        }
+    /* 8 quantized experts and an unquantized shared expert in one call */
+    weight w[9];
+    weight *pw[9];
+    for (int i = 0; i < 9; i++) {
+        weight_rand(&b, &w[i], i < 8 ? F_AFFINE(4, 64, BF16) : F_DENSE(BF16), 256, 512);
+        pw[i] = &w[i];
+    }
+    for (int t = 0; t < 5; t++)
+        matmul_each_case(&b, 9, pw, Ts[t], "experts + shared");
+    for (int i = 0; i < 9; i++)
+        weight_free(&w[i]);
+    both_close(&b);
+}
+
+/* head_matmul: H weights, x and y strided views (latent attention:
+ * y = mqa + dr at (W, H*W), x = q + dr at (dr+dn, H*(dr+dn))). */
+Test(backend_ops, head_matmul)
+{
+    both b = both_open("head_matmul");
+    const wfmt fmts[] = {F_DENSE(BF16), F_DENSE(F32), F_AFFINE(4, 64, BF16), F_AFFINE(8, 64, F16)};
+    static const struct {
+        int H, rows, cols, x_pad, y_pad;
+    } shapes[] = {
+        {8, 128, 64, 32, 64},   /* absorb: W_UK^T, dn -> r (small) */
+        {16, 64, 128, 64, 32},  /* unabsorb: W_UV, r -> dv (small) */
+        {4, 512, 128, 64, 64},  /* DeepSeek's absorb per head: dn 128 -> r 512 */
+    };
+    static const int Ts[] = {1, 2, 5, 17};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+        for (size_t f = 0; f < sizeof fmts / sizeof fmts[0]; f++) {
+            const int H = shapes[s].H, rows = shapes[s].rows, cols = shapes[s].cols;
+            weight w[16];
+            exo_linear wc[16], wg[16];
+            for (int h = 0; h < H; h++) {
+                weight_rand(&b, &w[h], fmts[f], rows, cols);
+                wc[h] = w[h].cpu;
+                wg[h] = w[h].gpu;
+            }
+            const size_t x_head = (size_t)(cols + shapes[s].x_pad), x_tok = (size_t)H * x_head;
+            const size_t y_head = (size_t)(rows + shapes[s].y_pad), y_tok = (size_t)H * y_head;
+            const size_t x_off = (size_t)shapes[s].x_pad, y_off = (size_t)shapes[s].y_pad;
+            for (int t = 0; t < 4; t++) {
+                int T = Ts[t];
+                dual x = dual_rand(&b, (size_t)T * x_tok, 1.0f), y = dual_rand(&b, (size_t)T * y_tok, 1.0f);
+                ON(b.cpu, head_matmul, H, wc, x.cpu + x_off, x_head, x_tok, y.cpu + y_off, y_head, y_tok, T);
+                ON(b.gpu, head_matmul, H, wg, x.gpu + x_off, x_head, x_tok, y.gpu + y_off, y_head, y_tok, T);
+                char op[48];
+                dual_check(&b, &y, matmul_op("head_matmul", T, op, sizeof op), matmul_limit(T),
+                           "H %d, %s %d x %d, T %d", H, w[0].name, rows, cols, T);
+                dual_free(&b, &x);
+                dual_free(&b, &y);
+            }
+            for (int h = 0; h < H; h++)
+                weight_free(&w[h]);
+        }
+    both_close(&b);
+}
+
+/* ---- RoPE ------------------------------------------------------------------ */
+
+Test(backend_ops, rope)
+{
+    both b = both_open("rope");
+    /* full and partial rotation (Qwen3.5's 64 of 256, MLA's 64 of 192 and
+     * its 64-wide key), positions from 0 to past 4096, yarn's mscale */
+    static const struct {
+        int T, heads, hd, rot, pos0;
+        float mscale;
+        double theta;
+    } cases[] = {
+        {1, 8, 64, 64, 0, 1.0f, 1e4},      {1, 8, 128, 128, 4095, 1.0f, 5e5}, {7, 4, 128, 64, 100, 1.0f, 1e6},
+        {64, 16, 192, 64, 37, 1.2f, 1e4},  {5, 2, 256, 64, 3000, 1.0f, 1e7},  {64, 1, 64, 64, 0, 1.3f, 1e4},
+        {3, 8, 80, 32, 9000, 1.0f, 1e4},   {17, 32, 128, 96, 1, 0.9f, 1.5e5},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        int T = cases[i].T, H = cases[i].heads, hd = cases[i].hd, rot = cases[i].rot;
+        float inv[512];
+        for (int j = 0; j < rot / 2; j++)
+            inv[j] = (float)pow(cases[i].theta, -2.0 * j / rot);
+        dvec inv_freq = vec_load(&b, EXO_DTYPE_F32, inv, (size_t)(rot / 2));
+        dual x = dual_rand(&b, (size_t)T * H * hd, 1.0f);
+        ON(b.cpu, rope, x.cpu, T, H, hd, rot, cases[i].pos0, inv_freq.cpu, cases[i].mscale);
+        ON(b.gpu, rope, x.gpu, T, H, hd, rot, cases[i].pos0, inv_freq.gpu, cases[i].mscale);
+        dual_check(&b, &x, "rope", NMSE_ELEMENTWISE, "T %d H %d hd %d rot %d pos0 %d mscale %g", T, H, hd, rot,
+                   cases[i].pos0, (double)cases[i].mscale);
+        dual_free(&b, &x);
+        vec_free(&b, &inv_freq);
+    }
+    both_close(&b);
+}
+
+/* ---- attention ---------------------------------------------------------- */
+
+typedef struct attn_cfg {
+    int heads, kv, hd, window;
+    bool ring;   /* the cache is a ring (needs a window) */
+    bool sinks;  /* a sink logit per query head */
+    bool latent; /* k and v are one tensor (MLA's [rope | latent] cache) */
+    float scale; /* 0: 1/sqrt(hd) */
+} attn_cfg;
+
+/* Runs calls[] (each appending that many tokens, from position 0) on both
+ * backends' caches; compares every call's output. A ring is sized as
+ * model.c sizes it (the window plus the longest call plus a block, to a
+ * block) and must wrap. */
+static void attn_sequence(both *b, const attn_cfg *cfg, const int *calls, int n_calls)
+{
+    int total = 0, most = 0;
+    for (int i = 0; i < n_calls; i++) {
+        total += calls[i];
+        most = calls[i] > most ? calls[i] : most;
+    }
+    int capacity = (total + EXO_KV_BLOCK - 1) / EXO_KV_BLOCK * EXO_KV_BLOCK, ring = 0;
+    if (cfg->ring) {
+        ring = (cfg->window + most + 2 * EXO_KV_BLOCK - 1) / EXO_KV_BLOCK * EXO_KV_BLOCK;
+        cr_assert(cfg->window > 0 && ring < total, "a ring test needs a window and positions that wrap");
+        capacity = ring;
+    }
+    const int H = cfg->heads, KV = cfg->kv, hd = cfg->hd;
+    dvec sinks = {0};
+    if (cfg->sinks) {
+        float s[128];
+        for (int h = 0; h < H; h++) /* around the scores, and one far above them */
+            s[h] = h == 1 ? 6.0f : 1.5f * rng_gauss();
+        sinks = vec_load(b, EXO_DTYPE_F32, s, (size_t)H);
+    }
+    float scale = cfg->scale > 0 ? cfg->scale : 1.0f / sqrtf((float)hd);
+    exo_attn_shape sc = {H, KV, hd, cfg->window, scale, sinks.cpu, ring};
+    exo_attn_shape sg = {H, KV, hd, cfg->window, scale, sinks.gpu, ring};
+    size_t cache = (size_t)capacity * (size_t)KV * (size_t)hd;
+    float *kc = be_alloc(b->cpu, cache), *vc = be_alloc(b->cpu, cache);
+    float *kg = be_alloc(b->gpu, cache), *vg = be_alloc(b->gpu, cache);
+    for (int i = 0, pos = 0; i < n_calls; pos += calls[i++]) {
+        int T = calls[i];
+        dual q = dual_rand(b, (size_t)T * H * hd, 1.5f), k = dual_rand(b, (size_t)T * KV * hd, 1.0f);
+        dual v = cfg->latent ? k : dual_rand(b, (size_t)T * KV * hd, 1.0f);
+        dual out = dual_rand(b, (size_t)T * H * hd, 1.0f);
+        ON(b->cpu, attention, &sc, out.cpu, q.cpu, k.cpu, v.cpu, kc, vc, capacity, T, pos);
+        ON(b->gpu, attention, &sg, out.gpu, q.gpu, k.gpu, v.gpu, kg, vg, capacity, T, pos);
+        dual_check(b, &out, "attention", NMSE_ATTENTION,
+                   "H %d KV %d hd %d window %d ring %d sinks %d latent %d: call %d, T %d at %d", H, KV, hd,
+                   cfg->window, ring, cfg->sinks, cfg->latent, i, T, pos);
+        dual_free(b, &q);
+        dual_free(b, &k);
+        if (!cfg->latent)
+            dual_free(b, &v);
+        dual_free(b, &out);
+    }
+    b->cpu->ops->release(b->cpu, kc);
+    b->cpu->ops->release(b->cpu, vc);
+    b->gpu->ops->release(b->gpu, kg);
+    b->gpu->ops->release(b->gpu, vg);
+    if (cfg->sinks)
+        vec_free(b, &sinks);
+}
+
+/* prefill at 0, decode steps, a prefill at pos0 > 0, a short (T = 3)
+ * call, a long prefill, decode again */
+static const int SEQ[] = {37, 1, 1, 1, 20, 1, 1, 3, 64, 1};
+#define N_SEQ ((int)(sizeof SEQ / sizeof SEQ[0]))
+
+Test(backend_ops, attention_gqa_head_dim)
+{
+    both b = both_open("attention_gqa_head_dim");
+    static const int groups[] = {1, 2, 4, 8}, hds[] = {64, 128, 256};
+    for (int g = 0; g < 4; g++)
+        for (int h = 0; h < 3; h++) {
+            attn_cfg cfg = {.heads = 2 * groups[g], .kv = 2, .hd = hds[h]};
+            attn_sequence(&b, &cfg, SEQ, N_SEQ);
+        }
+    /* one KV head for 16 query heads, a scale other than 1/sqrt(hd) (Gemma's
+     * query_pre_attn_scalar) */
+    attn_cfg one = {.heads = 16, .kv = 1, .hd = 128, .scale = 0.0625f};
+    attn_sequence(&b, &one, SEQ, N_SEQ);
+    both_close(&b);
+}
+
+/* Head sizes other than 64/128/256 (hidden / heads of some checkpoints):
+ * not a multiple of 64, nor of 32. */
+Test(backend_ops, attention_odd_head_dim)
+{
+    both b = both_open("attention_odd_head_dim");
+    attn_cfg hd96 = {.heads = 8, .kv = 2, .hd = 96};
+    attn_sequence(&b, &hd96, SEQ, N_SEQ);
+    attn_cfg hd80 = {.heads = 8, .kv = 8, .hd = 80, .scale = 0.1f};
+    attn_sequence(&b, &hd80, SEQ, N_SEQ);
+    both_close(&b);
+}
+
+Test(backend_ops, attention_sliding_window)
+{
+    both b = both_open("attention_sliding_window");
+    /* a window in a full-length cache */
+    attn_cfg plain = {.heads = 8, .kv = 2, .hd = 128, .window = 24};
+    attn_sequence(&b, &plain, SEQ, N_SEQ);
+    attn_cfg tiny = {.heads = 4, .kv = 4, .hd = 64, .window = 7};
+    attn_sequence(&b, &tiny, SEQ, N_SEQ);
+    /* rings that positions wrap around several times, calls of 1 to 32 */
+    static const int ring_seq[] = {32, 1, 1, 1, 32, 32, 32, 5, 1, 1, 1, 1, 1, 1, 17, 32, 1, 1, 1, 1};
+    const int n_ring = (int)(sizeof ring_seq / sizeof ring_seq[0]);
+    attn_cfg ring = {.heads = 8, .kv = 2, .hd = 128, .window = 24, .ring = true};
+    attn_sequence(&b, &ring, ring_seq, n_ring);
+    attn_cfg ring_g8 = {.heads = 16, .kv = 2, .hd = 256, .window = 16, .ring = true};
+    attn_sequence(&b, &ring_g8, ring_seq, n_ring);
+    attn_cfg ring_7 = {.heads = 4, .kv = 1, .hd = 64, .window = 7, .ring = true};
+    attn_sequence(&b, &ring_7, ring_seq, n_ring);
+    both_close(&b);
+}
+
+Test(backend_ops, attention_sinks)
+{
+    both b = both_open("attention_sinks");
+    attn_cfg full = {.heads = 8, .kv = 1, .hd = 64, .sinks = true};
+    attn_sequence(&b, &full, SEQ, N_SEQ);
+    attn_cfg g2 = {.heads = 8, .kv = 4, .hd = 128, .sinks = true};
+    attn_sequence(&b, &g2, SEQ, N_SEQ);
+    /* gpt-oss's sliding layers: window 128 as a ring, with sinks */
+    static const int seq[] = {64, 64, 64, 1, 1, 1, 1, 1, 1, 1, 1, 40, 64, 1, 1, 1, 1};
+    attn_cfg oss = {.heads = 16, .kv = 2, .hd = 64, .window = 128, .ring = true, .sinks = true};
+    attn_sequence(&b, &oss, seq, (int)(sizeof seq / sizeof seq[0]));
+    both_close(&b);
+}
+
+/* Latent attention: one KV head of [rope 64 | latent 512] that is both key
+ * and value (the same tensor passed twice). */
+Test(backend_ops, attention_latent)
+{
+    both b = both_open("attention_latent");
+    static const int seq[] = {37, 1, 1, 20, 1, 3, 1};
+    attn_cfg mla = {.heads = 8, .kv = 1, .hd = 576, .latent = true, .scale = 0.0722f};
+    attn_sequence(&b, &mla, seq, (int)(sizeof seq / sizeof seq[0]));
+    both_close(&b);
+}
+
+/* ---- element-wise --------------------------------------------------------- */
+
+Test(backend_ops, glu)
+{
+    both b = both_open("glu");
+    static const exo_glu_kind kinds[] = {EXO_GLU_SILU, EXO_GLU_GELU_TANH, EXO_GLU_OAI};
+    static const char *names[] = {"silu", "gelu_tanh", "oai"};
+    static const size_t lens[] = {1, 100, 12288, 70001};
+    for (int k = 0; k < 3; k++)
+        for (int i = 0; i < 4; i++) {
+            size_t n = lens[i];
+            /* wide enough that gpt-oss's clamp at 7 bites on both sides */
+            dual g = dual_rand(&b, n, 5.0f), u = dual_rand(&b, n, 5.0f);
+            ON(b.cpu, glu, kinds[k], g.cpu, u.cpu, n, 7.0f);
+            ON(b.gpu, glu, kinds[k], g.gpu, u.gpu, n, 7.0f);
+            dual_check(&b, &g, "glu", NMSE_ELEMENTWISE, "%s n %zu", names[k], n);
+            dual_check(&b, &u, "glu: u untouched", NMSE_EXACT, "%s n %zu", names[k], n);
+            dual_free(&b, &g);
+            dual_free(&b, &u);
+        }
+    both_close(&b);
+}
+
+Test(backend_ops, sigmoid_mul)
+{
+    both b = both_open("sigmoid_mul");
+    /* one gate per row (a shared expert's gate), and a gate per element
+     * (Qwen3-Next's gated attention output) */
+    static const int cases[][3] = {{1, 2048, 1}, {5, 2048, 1}, {64, 1024, 1}, {7, 4096, 4096},
+                                   {64, 1024, 1024}, {1, 100, 100}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        int rows = cases[i][0], dim = cases[i][1], gd = cases[i][2];
+        dual x = dual_rand(&b, (size_t)rows * dim, 1.0f), gate = dual_rand(&b, (size_t)rows * gd, 4.0f);
+        ON(b.cpu, sigmoid_mul, x.cpu, gate.cpu, rows, dim, gd);
+        ON(b.gpu, sigmoid_mul, x.gpu, gate.gpu, rows, dim, gd);
+        dual_check(&b, &x, "sigmoid_mul", NMSE_ELEMENTWISE, "rows %d dim %d gate_dim %d", rows, dim, gd);
+        dual_free(&b, &x);
+        dual_free(&b, &gate);
+    }
+    both_close(&b);
+}
+
+Test(backend_ops, scale_add_zero)
+{
+    both b = both_open("scale_add_zero");
+    static const size_t lens[] = {1, 1000, 100003};
+    static const float scales[] = {0.125f, -3.0f, 1.0f};
+    for (int i = 0; i < 3; i++) {
+        size_t n = lens[i];
+        dual x = dual_rand(&b, n, 1.0f), y = dual_rand(&b, n, 1.0f);
+        ON(b.cpu, scale, x.cpu, scales[i], n);
+        ON(b.gpu, scale, x.gpu, scales[i], n);
+        dual_check(&b, &x, "scale", NMSE_ELEMENTWISE, "n %zu s %g", n, (double)scales[i]);
+        dual_mirror(&b, &x);
+        ON(b.cpu, add, x.cpu, y.cpu, n);
+        ON(b.gpu, add, x.gpu, y.gpu, n);
+        dual_check(&b, &x, "add", NMSE_ELEMENTWISE, "n %zu", n);
+        ON(b.cpu, zero, x.cpu, n);
+        ON(b.gpu, zero, x.gpu, n);
+        dual_check(&b, &x, "zero", NMSE_EXACT, "n %zu", n);
+        dual_free(&b, &x);
+        dual_free(&b, &y);
+    }
+    both_close(&b);
+}
+
+/* ---- mixture of experts -------------------------------------------------------- */
+
+Test(backend_ops, moe_route)
+{
+    both b = both_open("moe_route");
+    static const struct {
+        const char *name;
+        exo_moe_router r;
+        bool bias;
+    } routers[] = {
+        /* n_experts, k, sigmoid, norm, bias, n_group, topk_group, scale */
+        {"softmax, renormalised (Qwen3-MoE)", {128, 8, false, true, NULL, 1, 1, 1.0f}, false},
+        {"softmax (Mixtral-like, unnormalised)", {32, 4, false, false, NULL, 1, 1, 1.0f}, false},
+        {"sigmoid, bias, groups (DeepSeek-V3)", {256, 8, true, true, NULL, 8, 4, 2.5f}, true},
+        {"sigmoid, bias, one group", {64, 6, true, true, NULL, 1, 1, 1.0f}, true},
+        {"sigmoid, no bias, unnormalised", {16, 4, true, false, NULL, 1, 1, 1.5f}, false},
+    };
+    static const int Ts[] = {1, 5, 64};
+    for (size_t i = 0; i < sizeof routers / sizeof routers[0]; i++)
+        for (int t = 0; t < 3; t++) {
+            const int T = Ts[t], E = routers[i].r.n_experts, k = routers[i].r.k;
+            exo_moe_router rc = routers[i].r, rg = routers[i].r;
+            dvec bias = {0};
+            if (routers[i].bias) {
+                bias = vec_rand(&b, EXO_DTYPE_F32, (size_t)E, 0.0f, 0.1f);
+                rc.bias = bias.cpu;
+                rg.bias = bias.gpu;
+            }
+            dual logits = dual_rand(&b, (size_t)T * E, 2.0f);
+            int32_t *ic = exo_calloc((size_t)T * k, sizeof(int32_t)), *ig = exo_calloc((size_t)T * k, sizeof(int32_t));
+            float *wc = exo_calloc((size_t)T * k, sizeof(float)), *wg = exo_calloc((size_t)T * k, sizeof(float));
+            ON(b.cpu, moe_route, &rc, logits.cpu, T, ic, wc);
+            ON(b.gpu, moe_route, &rg, logits.gpu, T, ig, wg);
+            int differ = 0;
+            for (int j = 0; j < T * k; j++)
+                differ += ic[j] != ig[j];
+            record("moe_route idx (share differing)", NMSE_EXACT, (double)differ / (T * k), "%s, T %d",
+                   routers[i].name, T);
+            record("moe_route weights", NMSE_ELEMENTWISE, nmse(wg, wc, (size_t)T * k), "%s, T %d",
+                   routers[i].name, T);
+            exo_free(ic);
+            exo_free(ig);
+            exo_free(wc);
+            exo_free(wg);
+            dual_free(&b, &logits);
+            if (routers[i].bias)
+                vec_free(&b, &bias);
+        }
+    both_close(&b);
+}
+
+Test(backend_ops, gather_rows)
+{
+    both b = both_open("gather_rows");
+    static const int cases[][3] = {{40, 384, 25}, {64, 2048, 64}, {5, 2880, 1}, {200, 64, 300}}; /* R, dim, n */
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        int R = cases[i][0], dim = cases[i][1], n = cases[i][2];
+        int32_t *rows = exo_malloc((size_t)n * sizeof(int32_t));
+        for (int j = 0; j < n; j++) /* the last row, the first, repeats */
+            rows[j] = j == 0 ? R - 1 : j == n - 1 ? 0 : j % 4 == 0 ? rows[j - 1] : rng_int(R);
+        dual src = dual_rand(&b, (size_t)R * dim, 1.0f), dst = dual_rand(&b, (size_t)n * dim, 1.0f);
+        ON(b.cpu, gather_rows, dst.cpu, src.cpu, rows, n, dim);
+        ON(b.gpu, gather_rows, dst.gpu, src.gpu, rows, n, dim);
+        dual_check(&b, &dst, "gather_rows", NMSE_EXACT, "R %d dim %d n %d", R, dim, n);
+        dual_free(&b, &src);
+        dual_free(&b, &dst);
+        exo_free(rows);
+    }
+    both_close(&b);
+}
+
+Test(backend_ops, scatter_add_rows)
+{
+    both b = both_open("scatter_add_rows");
+    enum { DISTINCT, REPEATED, ALL_ZERO };
+    static const struct {
+        int R, dim, n, kind;
+    } cases[] = {
+        {33, 512, 20, DISTINCT},  /* a prompt's tokens routed to one expert */
+        {8, 2880, 40, REPEATED},  /* many repeats of few rows */
+        {1, 2048, 9, ALL_ZERO},   /* decode: k experts and a shared one, all into row 0 */
+        {1, 7168, 8, ALL_ZERO},
+        {64, 1024, 64, DISTINCT},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        int R = cases[i].R, dim = cases[i].dim, n = cases[i].n;
+        int32_t *rows = exo_malloc((size_t)n * sizeof(int32_t));
+        float *scale = exo_malloc((size_t)n * sizeof(float));
+        for (int j = 0; j < n; j++) {
+            rows[j] = cases[i].kind == REPEATED ? rng_int(R) : 0;
+            scale[j] = 0.5f + (float)rng_uniform();
+        }
+        if (cases[i].kind == DISTINCT) /* n of the R rows, increasing (selection sampling) */
+            for (int r = 0, j = 0; r < R && j < n; r++)
+                if (rng_int(R - r) < n - j)
+                    rows[j++] = r;
+        dual src = dual_rand(&b, (size_t)n * dim, 1.0f), dst = dual_rand(&b, (size_t)R * dim, 1.0f);
+        ON(b.cpu, scatter_add_rows, dst.cpu, src.cpu, rows, scale, n, dim);
+        ON(b.gpu, scatter_add_rows, dst.gpu, src.gpu, rows, scale, n, dim);
+        dual_check(&b, &dst, "scatter_add_rows", NMSE_ELEMENTWISE, "R %d dim %d n %d kind %d", R, dim, n,
+                   cases[i].kind);
+        dual_free(&b, &src);
+        dual_free(&b, &dst);
+        exo_free(rows);
+        exo_free(scale);
+    }
+    both_close(&b);
+}
+
+/* copy2d into a strided destination at an offset within its rows
+ * (latent attention assembling [rope | latent] rows). */
+Test(backend_ops, copy2d)
+{
+    both b = both_open("copy2d");
+    static const struct {
+        int rows, cols, dst_ld, src_ld, dst_off;
+    } cases[] = {
+        {7 * 16, 64, 576, 192, 0}, /* queries' rope parts */
+        {7, 64, 576, 64, 0},       /* the key's rope part */
+        {7, 512, 576, 512, 64},    /* the latent after it */
+        {1, 100, 100, 100, 0},     /* contiguous */
+        {300, 1, 3, 2, 1},         /* one column */
+        {64, 130, 200, 131, 70},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        int rows = cases[i].rows, cols = cases[i].cols;
+        size_t dld = (size_t)cases[i].dst_ld, sld = (size_t)cases[i].src_ld, off = (size_t)cases[i].dst_off;
+        dual src = dual_rand(&b, (size_t)rows * sld, 1.0f), dst = dual_rand(&b, (size_t)rows * dld, 1.0f);
+        ON(b.cpu, copy2d, dst.cpu + off, dld, src.cpu, sld, rows, cols);
+        ON(b.gpu, copy2d, dst.gpu + off, dld, src.gpu, sld, rows, cols);
+        dual_check(&b, &dst, "copy2d", NMSE_EXACT, "%d x %d, ld %zu <- %zu, at %zu", rows, cols, dld, sld, off);
+        dual_free(&b, &src);
+        dual_free(&b, &dst);
+    }
+    both_close(&b);
+}
+
+/* ---- Gated DeltaNet -------------------------------------------------------------- */
+
+typedef struct gdn_cfg {
+    int Hk, Hv, Dk, Dv, K;
+} gdn_cfg;
+
+/* The linear-attention chain of model.c's linear_forward over calls[],
+ * continuing from a random non-zero state (conv window and delta state in
+ * one block, as a sequence keeps them): conv1d_silu over packed q|k|v
+ * rows, gated_delta on strided views of its output, rmsnorm_gated with a
+ * strided gate. Each op starts from the CPU's inputs (mirrored), while
+ * each backend's state carries on from its own previous call. */
+static void linear_attn_sequence(both *b, const gdn_cfg *c, const int *calls, int n_calls)
+{
+    const int KD = c->Hk * c->Dk, VD = c->Hv * c->Dv, CD = 2 * KD + VD, K = c->K;
+    const int xs = CD + 8, os = CD + 4, ab_stride = 2 * c->Hv + 3, zs = VD + 32; /* row strides */
+    const size_t conv_n = (size_t)(K - 1) * CD, S_n = (size_t)c->Hv * c->Dk * c->Dv;
+    dual state = dual_rand(b, conv_n + S_n, 0.5f);
+    dvec conv_w = vec_rand(b, EXO_DTYPE_BF16, (size_t)CD * K, 0.0f, 0.5f);
+    float A[64];
+    for (int h = 0; h < c->Hv; h++)
+        A[h] = (float)log(1.0 + 15.0 * rng_uniform());
+    dvec A_log = vec_load(b, EXO_DTYPE_F32, A, (size_t)c->Hv);
+    dvec dt_bias = vec_rand(b, EXO_DTYPE_BF16, (size_t)c->Hv, 0.0f, 0.5f);
+    dvec norm_w = vec_rand(b, EXO_DTYPE_BF16, (size_t)c->Dv, 1.0f, 0.1f);
+    for (int i = 0; i < n_calls; i++) {
+        const int T = calls[i];
+        char what[96];
+        snprintf(what, sizeof what, "Hk %d Hv %d Dk %d Dv %d K %d: call %d, T %d", c->Hk, c->Hv, c->Dk, c->Dv, K,
+                 i, T);
+        dual x = dual_rand(b, (size_t)T * xs, 1.0f), conv = dual_rand(b, (size_t)T * os, 1.0f);
+        ON(b->cpu, conv1d_silu, conv.cpu, os, x.cpu, xs, conv_w.cpu, state.cpu, T, CD, K);
+        ON(b->gpu, conv1d_silu, conv.gpu, os, x.gpu, xs, conv_w.gpu, state.gpu, T, CD, K);
+        dual_check(b, &conv, "conv1d_silu", NMSE_ELEMENTWISE, "%s", what);
+        dual_check_part(b, &state, 0, conv_n, "conv1d_silu state", NMSE_EXACT, "%s", what);
+        dual_mirror(b, &conv);
+
+        /* b at column 0 and a at column Hv of packed rows */
+        dual ab = dual_rand(b, (size_t)T * ab_stride, 1.0f), out = dual_rand(b, (size_t)T * VD, 1.0f);
+        ON(b->cpu, gated_delta, out.cpu, conv.cpu, conv.cpu + KD, os, conv.cpu + 2 * KD, os, ab.cpu + c->Hv, ab.cpu,
+           ab_stride, A_log.cpu, dt_bias.cpu, state.cpu + conv_n, T, c->Hk, c->Hv, c->Dk, c->Dv);
+        ON(b->gpu, gated_delta, out.gpu, conv.gpu, conv.gpu + KD, os, conv.gpu + 2 * KD, os, ab.gpu + c->Hv, ab.gpu,
+           ab_stride, A_log.gpu, dt_bias.gpu, state.gpu + conv_n, T, c->Hk, c->Hv, c->Dk, c->Dv);
+        dual_check(b, &out, "gated_delta", NMSE_DELTA, "%s", what);
+        dual_check_part(b, &state, conv_n, S_n, "gated_delta state", NMSE_DELTA, "%s", what);
+        dual_mirror(b, &out);
+
+        dual z = dual_rand(b, (size_t)T * zs, 1.0f);
+        ON(b->cpu, rmsnorm_gated, out.cpu, z.cpu, zs, norm_w.cpu, T, c->Hv, c->Dv, 1e-6f);
+        ON(b->gpu, rmsnorm_gated, out.gpu, z.gpu, zs, norm_w.gpu, T, c->Hv, c->Dv, 1e-6f);
+        dual_check(b, &out, "rmsnorm_gated", NMSE_ELEMENTWISE, "%s", what);
+        dual_free(b, &x);
+        dual_free(b, &conv);
+        dual_free(b, &ab);
+        dual_free(b, &out);
+        dual_free(b, &z);
+    }
+    dual_free(b, &state);
+    vec_free(b, &conv_w);
+    vec_free(b, &A_log);
+    vec_free(b, &dt_bias);
+    vec_free(b, &norm_w);
+}
+
+Test(backend_ops, linear_attention)
+{
+    both b = both_open("linear_attention");
+    /* Qwen3.5-like (a small one's head counts), decode first from the
+     * random state, then prefills and decode */
+    const gdn_cfg qwen35 = {2, 4, 128, 128, 4};
+    static const int seq[] = {1, 64, 5, 1, 1, 64, 1};
+    linear_attn_sequence(&b, &qwen35, seq, (int)(sizeof seq / sizeof seq[0]));
+    /* Qwen3-Next's head counts */
+    const gdn_cfg next = {16, 32, 128, 128, 4};
+    static const int seq2[] = {5, 64, 1, 1};
+    linear_attn_sequence(&b, &next, seq2, (int)(sizeof seq2 / sizeof seq2[0]));
+    both_close(&b);
+}
+
+/* Where the plugin was built, it loads, GPU or not: every symbol it takes
+ * from the executable resolves and its ABI matches (what a machine without
+ * a GPU can check of it). A missing GPU is the only reason left to fail. */
+Test(backend_ops, plugin_loads_where_built)
+{
+    char path[4096];
+    ssize_t n = readlink("/proc/self/exe", path, sizeof path - 32);
+    cr_assert(n > 0);
+    path[n] = 0;
+    char *slash = strrchr(path, '/');
+    strcpy(slash ? slash + 1 : path, "libexo_cuda.so");
+    if (access(path, F_OK) || getenv("EXO_CUDA_PLUGIN"))
+        cr_skip_test("no plugin beside the test binary (built without nvcc)");
+    exo_err err = {0};
+    exo_backend *be = exo_backend_cuda_create(0, &err);
+    if (be) {
+        be->ops->free(be);
+        return;
+    }
+    cr_assert(!strstr(err.msg, "cannot load") && !strstr(err.msg, "another version"), "%s", err.msg);
+    cr_log_info("plugin loaded; no GPU here: %s", err.msg);
+}
+
+/* ---- where a model's layers run (model.c) -------------------------------- */
+
+#include "engine/model.h"
+#include "engine/synthetic.h"
+
+/* A tiny synthetic qwen3 (2 layers, tied embeddings) on `device`. */
+static int tiny_model(const char *device, int gpu_layers, exo_synth **syn, exo_model **m, exo_err *err)
+{
+    exo_synth_quant q;
+    cr_assert_eq(exo_synth_quant_parse("q4", &q), 0);
+    cr_assert_eq(exo_synth_create("tiny-qwen3", q, 7, syn, err), 0, "%s", err->msg);
+    exo_model_opts o = {.n_threads = 1, .device = device, .gpu_layers = gpu_layers};
+    return exo_synth_build(*syn, &o, m, err);
+}
+
+Test(backend_ops, device_option_without_a_gpu_is_clear)
+{
+    exo_err err = {0};
+    exo_synth *syn = NULL;
+    exo_model *m = NULL;
+    cr_assert_eq(tiny_model("tpu", 0, &syn, &m, &err), EXO_EINVAL);
+    cr_assert(strstr(err.msg, "device 'tpu'"), "%s", err.msg);
+    exo_synth_free(syn);
+    cr_assert_eq(tiny_model("cpu", 0, &syn, &m, &err), 0, "%s", err.msg);
+    cr_assert_eq(exo_model_gpu_layers(m), 0);
+    exo_model_free(m);
+    exo_synth_free(syn);
+    if (exo_backend_cuda_devices() > 0)
+        cr_skip_test("this machine has a GPU: see gpu_and_cpu_layers_agree");
+    /* "auto" falls back to the CPU; a GPU asked by name is an error that says why */
+    cr_assert_eq(tiny_model(NULL, 0, &syn, &m, &err), 0, "%s", err.msg);
+    cr_assert_eq(exo_model_gpu_layers(m), 0);
+    exo_model_free(m);
+    exo_synth_free(syn);
+    m = NULL;
+    cr_assert_eq(tiny_model("cuda", 0, &syn, &m, &err), EXO_EUNSUPPORTED);
+    cr_assert(m == NULL);
+    cr_assert(strstr(err.msg, "CUDA"), "%s", err.msg);
+    exo_synth_free(syn);
+}
+
+/* The same model wholly on the GPU, split (layer 0 on the GPU, layer 1 and
+ * the LM head on the CPU: the residual stream crosses over, the tied head
+ * is bound again on the CPU) and wholly on the CPU: the same logits, prompt
+ * and decode steps, within the GEMV/GEMM paths' rounding. */
+Test(backend_ops, gpu_and_cpu_layers_agree)
+{
+    exo_err err = {0};
+    if (exo_backend_cuda_devices() <= 0)
+        cr_skip_test("needs a GPU");
+    const char *dev[3] = {"cpu", "cuda", "cuda"};
+    int gpu_layers[3] = {0, 0, 1}, want_layers[3] = {0, 2, 1};
+    float *logits[3];
+    int V = 0;
+    int32_t prompt[12] = {1, 5, 9, 200, 17, 33, 8, 100, 250, 3, 77, 42};
+    for (int k = 0; k < 3; k++) {
+        exo_synth *syn = NULL;
+        exo_model *m = NULL;
+        exo_seq *s = NULL;
+        cr_assert_eq(tiny_model(dev[k], gpu_layers[k], &syn, &m, &err), 0, "%s", err.msg);
+        cr_assert_eq(exo_model_gpu_layers(m), want_layers[k]);
+        V = exo_model_vocab(m);
+        logits[k] = malloc(sizeof(float) * (size_t)V * 4);
+        cr_assert_eq(exo_seq_create(m, 64, &s, &err), 0, "%s", err.msg);
+        cr_assert_eq(exo_model_forward(m, s, prompt, 12, logits[k], false, &err), 0, "%s", err.msg);
+        for (int step = 1; step < 4; step++)
+            cr_assert_eq(exo_model_forward(m, s, &prompt[step], 1, logits[k] + (size_t)step * V, false, &err), 0,
+                         "%s", err.msg);
+        exo_seq_free(s);
+        exo_model_free(m);
+        exo_synth_free(syn);
+    }
+    for (int k = 1; k < 3; k++) {
+        double num = 0, den = 0;
+        for (size_t i = 0; i < (size_t)V * 4; i++) {
+            double d = (double)logits[k][i] - logits[0][i];
+            num += d * d;
+            den += (double)logits[0][i] * logits[0][i];
+        }
+        cr_log_info("%s, %d GPU layers: logits NMSE %.3e against the CPU", dev[k], want_layers[k], num / den);
+        cr_expect(num / den < NMSE_GEMM, "%d GPU layers: NMSE %.3e", want_layers[k], num / den);
+    }
+    for (int k = 0; k < 3; k++)
+        free(logits[k]);
+}
