@@ -113,16 +113,36 @@ typedef struct candidates {
     int                   with_backend, with_model;            /* before the cap */
 } candidates;
 
+/* The bytes of weights a node can hold for one rank: its available memory,
+ * plus, where it has a GPU the runner uses (the first), that GPU's free
+ * memory less what the runner keeps back for caches and activations
+ * (engine/model.c: a sixteenth and 1 GiB): a runner puts the layers that
+ * fit on the GPU and the rest on the CPU. A tensor-parallel rank runs on
+ * the CPU (its collectives work on host memory), so only memory counts. */
+static uint64_t weight_memory(const exo_node_info *info, exo_sharding sharding, int k)
+{
+    uint64_t mem = info->memory_available;
+    if ((sharding == EXO_SHARDING_TENSOR && k > 1) || !(info->backends & (1u << EXO_BACKEND_CUDA)) ||
+        !info->gpus.n)
+        return mem;
+    const exo_gpu_info *g = &info->gpus.v[0];
+    uint64_t free_bytes = g->memory_total > g->memory_used ? g->memory_total - g->memory_used : 0;
+    uint64_t keep = g->memory_total / 16 + ((uint64_t)1 << 30);
+    return mem + (free_bytes > keep ? free_bytes - keep : 0);
+}
+
 /* Ranking of candidates: nodes that already have the model on disk first
- * (no download before the model runs), then by available memory. */
+ * (no download before the model runs), then by the weights they can hold. */
 static int by_memory_desc(const void *a, const void *b, void *model_id)
 {
     const exo_state_node *x = *(const exo_state_node *const *)a, *y = *(const exo_state_node *const *)b;
     bool hx = exo_node_info_model(&x->info, model_id) != NULL, hy = exo_node_info_model(&y->info, model_id) != NULL;
     if (hx != hy)
         return hx ? -1 : 1;
-    if (x->info.memory_available != y->info.memory_available)
-        return x->info.memory_available > y->info.memory_available ? -1 : 1;
+    uint64_t mx = weight_memory(&x->info, EXO_SHARDING_PIPELINE, 1),
+             my = weight_memory(&y->info, EXO_SHARDING_PIPELINE, 1);
+    if (mx != my)
+        return mx > my ? -1 : 1;
     return strcmp(x->node_id.s, y->node_id.s);
 }
 
@@ -217,7 +237,7 @@ static bool try_set(const candidates *c, const exo_placement_request *req, uint3
     uint64_t mem = 0;
     for (int i = 0; i < c->n; i++)
         if (mask & (1u << i))
-            mem += c->node[i]->info.memory_available;
+            mem += weight_memory(&c->node[i]->info, sharding, k);
     if (mem > a->best_memory)
         a->best_memory = mem;
     if (mem < card->storage_bytes) {
@@ -258,7 +278,7 @@ static bool try_set(const candidates *c, const exo_placement_request *req, uint3
     }
     uint64_t weights[MAX_CANDIDATES];
     for (int i = 0; i < k; i++)
-        weights[i] = c->node[order[i]]->info.memory_available;
+        weights[i] = weight_memory(&c->node[order[i]]->info, sharding, k);
     if (sharding == EXO_SHARDING_PIPELINE) {
         if (exo_placement_pipeline_split(card, weights, k, starts, &why) < 0) {
             note(a, STAGE_RULES, &why);
@@ -274,9 +294,10 @@ static bool try_set(const candidates *c, const exo_placement_request *req, uint3
                              ? (uint64_t)((long double)card->storage_bytes * (hi - lo) / card->n_layers)
                              : card->storage_bytes / (uint64_t)k;
         const exo_state_node *sn = c->node[order[i]];
-        if (share > sn->info.memory_available) {
+        uint64_t room = weight_memory(&sn->info, sharding, k);
+        if (share > room) {
             exo_err_set(&why, EXO_EINVAL, "node %s cannot hold layers %d-%d of %s: needs %.0f MiB, has %.0f MiB",
-                        sn->node_id.s, lo, hi, card->model_id, share / MIB, sn->info.memory_available / MIB);
+                        sn->node_id.s, lo, hi, card->model_id, share / MIB, room / MIB);
             note(a, STAGE_FIT, &why);
             return false;
         }
@@ -412,7 +433,7 @@ int exo_placement_place(const exo_state *st, const exo_placement_request *req, e
             int have = 0; /* nodes that need no download */
             for (int i = 0; i < c.n; i++)
                 if (mask & (1u << i)) {
-                    mem += c.node[i]->info.memory_available;
+                    mem += weight_memory(&c.node[i]->info, sharding, k);
                     have += exo_node_info_model(&c.node[i]->info, card->model_id) != NULL;
                 }
             if (!best || have > best_have || (have == best_have && mem > best_mem)) {

@@ -234,9 +234,27 @@ static float affine_scale(const exo_synth *s, int64_t cols)
     return linear_amplitude(cols) * 2 / (float)((1 << quant_bits(s)) - 1);
 }
 
-static float affine_bias(const exo_synth *s, int64_t cols)
+/* Per-group scales and biases that vary as a real checkpoint's do (each
+ * group's min and max differ): scale = the nominal one times [0.5, 1.5),
+ * bias = -scale * levels / 2 times [0.9, 1.1). One constant for every
+ * group made all groups' bytes alike: pages a host can merge and caches
+ * can hold, unlike the weights decode of a real model streams (issue 16).
+ * Both come from a stream of their own, so the model built in memory and
+ * the one written to disk (which fills .scales and .biases apart) agree. */
+static void fill_affine_params(const exo_synth *s, const char *module, int64_t cols, uint16_t *sc, uint16_t *bi,
+                               size_t n)
 {
-    return -affine_scale(s, cols) * (float)((1 << quant_bits(s)) - 1) / 2;
+    uint64_t rng = tensor_rng(s, module) ^ 0x5ca1ab1e00000000ull;
+    float base = affine_scale(s, cols), half = (float)((1 << quant_bits(s)) - 1) / 2;
+    for (size_t i = 0; i < n; i++) {
+        float u = (float)(next(&rng) >> 40) * (1.0f / 16777216.0f);
+        float v = (float)(next(&rng) >> 40) * (1.0f / 16777216.0f);
+        float scale = base * (0.5f + u);
+        if (sc)
+            sc[i] = exo_f32_to_bf16(scale);
+        if (bi)
+            bi[i] = exo_f32_to_bf16(-scale * half * (0.9f + 0.2f * v));
+    }
 }
 
 /* MXFP4 for the experts of an "mxfp4" model. */
@@ -296,8 +314,7 @@ static int synth_linear(void *ctx, const char *module, exo_linear *out)
     if (!codes || !sc || !bi)
         return EXO_ENOMEM;
     fill_random(&rng, codes, (size_t)(rows * cols * bits / 8));
-    fill_const_bf16(sc, (size_t)(rows * groups), affine_scale(s, cols));
-    fill_const_bf16(bi, (size_t)(rows * groups), affine_bias(s, cols));
+    fill_affine_params(s, module, cols, sc, bi, (size_t)(rows * groups));
     out->format = EXO_WFORMAT_AFFINE;
     out->dtype = EXO_DTYPE_BF16;
     out->w = codes;
@@ -520,9 +537,9 @@ static int fill_tensor(void *ctx, const char *name, void *dst, size_t nbytes, ex
             return 0;
         }
         if (!strcmp(dot, ".scales")) {
-            fill_const_bf16(dst, n, affine_scale(s, cols));
+            fill_affine_params(s, module, cols, dst, NULL, n);
         } else if (!strcmp(dot, ".biases")) {
-            fill_const_bf16(dst, n, affine_bias(s, cols));
+            fill_affine_params(s, module, cols, NULL, dst, n);
         } else {
             uint64_t rng = tensor_rng(s, module);
             if (s->quant == EXO_SYNTH_BF16)

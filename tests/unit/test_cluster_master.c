@@ -158,6 +158,45 @@ Test(placement, fewest_nodes_that_fit_most_memory_first)
     exo_state_free(st);
 }
 
+/* A node with little memory but a GPU: a runner puts what fits on the GPU
+ * (less the room it keeps back) and the rest on the CPU, so the node holds
+ * a model its memory alone could not; a tensor-parallel rank, which runs on
+ * the CPU, counts the memory only. */
+Test(placement, a_gpu_node_holds_what_fits_its_gpu_and_memory)
+{
+    exo_state *st = exo_state_new();
+    exo_event ev;
+    exo_event_init(&ev, EXO_EVENT_NODE_GATHERED_INFO);
+    cr_assert_eq(exo_id_set(&ev.u.node_gathered_info.node_id, "gpu", NULL), 0);
+    ev.u.node_gathered_info.when_ms = 1;
+    exo_node_info *in = &ev.u.node_gathered_info.info;
+    in->memory_total = 16 * GIB;
+    in->memory_available = 4 * GIB;
+    in->cpu_count = 8;
+    snprintf(in->friendly_name, sizeof in->friendly_name, "gpu");
+    in->backends = 1u << EXO_BACKEND_CPU | 1u << EXO_BACKEND_CUDA;
+    in->gpus.n = 1;
+    in->gpus.v = exo_calloc(1, sizeof *in->gpus.v);
+    snprintf(in->gpus.v[0].name, sizeof in->gpus.v[0].name, "NVIDIA H200");
+    in->gpus.v[0].memory_total = 32 * GIB;
+    in->gpus.v[0].memory_used = 1 * GIB;
+    apply(st, &ev);
+    exo_event_clear(&ev);
+    /* 4 GiB + (31 GiB free - 2 GiB kept back - 1 GiB) = 32 GiB */
+    exo_model_card m = model(16, 30 * GIB);
+    exo_placement_request req = {&m, EXO_SHARDING_PIPELINE, EXO_INSTANCE_META_MLX_RING, 1, 0};
+    exo_instance inst;
+    exo_err err = {0};
+    cr_assert_eq(exo_placement_place(st, &req, &inst, &err), 0, "%s", err.msg);
+    cr_assert_eq(inst.n_shards, 1);
+    cr_assert_str_eq(inst.shards[0].node_id.s, "gpu");
+    exo_instance_clear(&inst);
+    m.storage_bytes = 33 * GIB;
+    cr_assert_eq(exo_placement_place(st, &req, &inst, &err), EXO_EINVAL);
+    cr_assert(strstr(err.msg, "not enough memory"), "%s", err.msg);
+    exo_state_free(st);
+}
+
 Test(placement, no_nodes)
 {
     exo_state *st = exo_state_new();
