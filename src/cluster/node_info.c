@@ -167,6 +167,11 @@ typedef int (*nvml_handle_fn)(unsigned int i, void **dev);
 typedef int (*nvml_name_fn)(void *dev, char *name, unsigned int len);
 typedef struct nvml_memory { unsigned long long total, free, used; } nvml_memory;
 typedef int (*nvml_mem_fn)(void *dev, nvml_memory *m);
+/* nvmlDeviceGetMaxClockInfo(dev, NVML_CLOCK_MEM = 2, &MHz) and
+ * nvmlDeviceGetMemoryBusWidth(dev, &bits): the peak memory bandwidth is
+ * 2 transfers a clock (DDR) times the bus width. */
+typedef int (*nvml_clock_fn)(void *dev, int type, unsigned int *mhz);
+typedef int (*nvml_bus_fn)(void *dev, unsigned int *bits);
 
 static pthread_once_t nvml_once = PTHREAD_ONCE_INIT;
 static struct {
@@ -175,6 +180,8 @@ static struct {
     nvml_handle_fn handle;
     nvml_name_fn   name;
     nvml_mem_fn    mem;
+    nvml_clock_fn  max_clock; /* optional: older drivers may lack them */
+    nvml_bus_fn    bus_width;
 } nvml;
 
 static bool sym(void *lib, const char *name, void *fn_out, size_t size)
@@ -200,6 +207,8 @@ static void nvml_probe(void)
         EXO_LOG_DEBUG("node info: libnvidia-ml.so.1 lacks a function it should have");
         return;
     }
+    sym(lib, "nvmlDeviceGetMaxClockInfo", &nvml.max_clock, sizeof nvml.max_clock);
+    sym(lib, "nvmlDeviceGetMemoryBusWidth", &nvml.bus_width, sizeof nvml.bus_width);
     int rc = init();
     if (rc != 0) {
         EXO_LOG_DEBUG("node info: nvmlInit failed (%d)", rc);
@@ -230,6 +239,9 @@ static void gather_gpus(exo_node_info *info)
         printable(g->name, sizeof g->name, name[0] ? name : "GPU");
         g->memory_total = m.total;
         g->memory_used = m.used;
+        unsigned int mhz = 0, bits = 0;
+        if (nvml.max_clock && nvml.bus_width && nvml.max_clock(dev, 2, &mhz) == 0 && nvml.bus_width(dev, &bits) == 0)
+            g->memory_read_bps = (uint64_t)mhz * 1000000ull * 2 * (bits / 8);
         info->gpus.n++;
     }
 }

@@ -119,16 +119,32 @@ typedef struct candidates {
  * (engine/model.c: a sixteenth and 1 GiB): a runner puts the layers that
  * fit on the GPU and the rest on the CPU. A tensor-parallel rank runs on
  * the CPU (its collectives work on host memory), so only memory counts. */
-static uint64_t weight_memory(const exo_node_info *info, exo_sharding sharding, int k)
+static uint64_t gpu_room(const exo_node_info *info, exo_sharding sharding, int k)
 {
-    uint64_t mem = info->memory_available;
     if ((sharding == EXO_SHARDING_TENSOR && k > 1) || !(info->backends & (1u << EXO_BACKEND_CUDA)) ||
         !info->gpus.n)
-        return mem;
+        return 0;
     const exo_gpu_info *g = &info->gpus.v[0];
     uint64_t free_bytes = g->memory_total > g->memory_used ? g->memory_total - g->memory_used : 0;
     uint64_t keep = g->memory_total / 16 + ((uint64_t)1 << 30);
-    return mem + (free_bytes > keep ? free_bytes - keep : 0);
+    return free_bytes > keep ? free_bytes - keep : 0;
+}
+
+static uint64_t weight_memory(const exo_node_info *info, exo_sharding sharding, int k)
+{
+    return info->memory_available + gpu_room(info, sharding, k);
+}
+
+/* Seconds one decode step of a rank spends reading `bytes` of weights:
+ * what fits the GPU at the GPU's bandwidth, the rest at the node's memory
+ * bandwidth (as the runner splits them); negative when unknown. */
+static double read_seconds(const exo_node_info *info, double bytes, exo_sharding sharding, int k)
+{
+    double room = (double)gpu_room(info, sharding, k), gpu_bps = room > 0 ? (double)info->gpus.v[0].memory_read_bps : 0;
+    double on_gpu = gpu_bps > 0 ? (bytes < room ? bytes : room) : 0, rest = bytes - on_gpu;
+    if (rest > 0 && !info->mem_read_bps)
+        return -1;
+    return (on_gpu > 0 ? on_gpu / gpu_bps : 0) + (rest > 0 ? rest / (double)info->mem_read_bps : 0);
 }
 
 /* Ranking of candidates: nodes that already have the model on disk first
@@ -337,18 +353,22 @@ double exo_placement_predict(const exo_state *st, const exo_instance *inst, cons
     for (size_t i = 0; i < k; i++) {
         const exo_shard *s = &inst->shards[i];
         const exo_state_node *sn = exo_state_node_find(st, &s->node_id);
-        if (!sn || !sn->info.mem_read_bps)
+        if (!sn)
             return 0;
-        double bw = (double)sn->info.mem_read_bps;
+        double share = bytes; /* what this rank reads a token */
         if (inst->sharding == EXO_SHARDING_TENSOR && k > 1) {
-            double t = bytes / (double)k / bw;
-            compute = t > compute ? t : compute;
-        } else if (k == 1) {
-            compute += bytes / bw;
-        } else { /* the last rank also reads the head */
+            share = bytes / (double)k;
+        } else if (k > 1) { /* the last rank also reads the head */
             double head = head_bytes(card), rest = bytes > head ? bytes - head : bytes;
-            compute += (rest * (s->end_layer - s->start_layer) / card->n_layers + (i + 1 == k ? head : 0)) / bw;
+            share = rest * (s->end_layer - s->start_layer) / card->n_layers + (i + 1 == k ? head : 0);
         }
+        double t = read_seconds(&sn->info, share, inst->sharding, (int)k);
+        if (t < 0)
+            return 0;
+        if (inst->sharding == EXO_SHARDING_TENSOR && k > 1)
+            compute = t > compute ? t : compute;
+        else
+            compute += t;
         if (k < 2)
             continue;
         double rtt = 0, bps = 0;
@@ -424,6 +444,7 @@ int exo_placement_place(const exo_state *st, const exo_placement_request *req, e
         uint32_t best = 0;
         uint64_t best_mem = 0;
         int best_have = -1;
+        double best_tps = 0;
         int order[MAX_CANDIDATES], best_order[MAX_CANDIDATES];
         int32_t starts[MAX_CANDIDATES], best_starts[MAX_CANDIDATES];
         for (uint32_t mask = 1; mask < (1u << c.n); mask++) {
@@ -436,10 +457,22 @@ int exo_placement_place(const exo_state *st, const exo_placement_request *req, e
                     mem += weight_memory(&c.node[i]->info, sharding, k);
                     have += exo_node_info_model(&c.node[i]->info, card->model_id) != NULL;
                 }
-            if (!best || have > best_have || (have == best_have && mem > best_mem)) {
+            /* among sets of one size: those with the model on disk, then the
+             * fastest predicted (a node with a GPU over one without), then
+             * the most memory */
+            double tps = 0;
+            if (predictable) {
+                exo_instance cand;
+                build(&c, req, k, sharding, meta, order, starts, &cand);
+                tps = exo_placement_predict(st, &cand, card);
+                exo_instance_clear(&cand);
+            }
+            if (!best || have > best_have ||
+                (have == best_have && (tps > best_tps || (tps == best_tps && mem > best_mem)))) {
                 best = mask;
                 best_mem = mem;
                 best_have = have;
+                best_tps = tps;
                 memcpy(best_order, order, sizeof order);
                 memcpy(best_starts, starts, sizeof starts);
             }

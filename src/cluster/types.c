@@ -301,6 +301,7 @@ static const exo_field gpu_fields[] = {
     EXO_FIELD(exo_gpu_info, name, "name", "name", exo_ft_name),
     EXO_FIELD(exo_gpu_info, memory_total, "memory_total", "memoryTotal", exo_ft_u64),
     EXO_FIELD(exo_gpu_info, memory_used, "memory_used", "memoryUsed", exo_ft_u64),
+    EXO_FIELD_OPT(exo_gpu_info, memory_read_bps, "memory_read_bps", "memoryReadBps", exo_ft_u64),
 };
 static const exo_record_desc gpu_desc = EXO_RECORD("gpu", exo_gpu_info, gpu_fields);
 

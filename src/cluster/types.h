@@ -215,6 +215,7 @@ typedef struct exo_gpu_info {
     char     name[EXO_NAME_MAX];     /* "NVIDIA H200" */
     uint64_t memory_total;           /* bytes */
     uint64_t memory_used;            /* bytes */
+    uint64_t memory_read_bps;        /* peak memory bandwidth, bytes/s (NVML: clock x bus width); 0: unknown */
 } exo_gpu_info;
 
 typedef struct exo_net_iface {

@@ -671,6 +671,62 @@ Test(placement, picks_the_fastest_predicted_set)
     exo_state_free(st);
 }
 
+/* A node's info with `ram` available at `ram_bps`, and a GPU of `vram`
+ * (1 GiB of it used) reading at `gpu_bps` when vram > 0. */
+static void add_speed_node(exo_state *st, const char *id, uint64_t ram, uint64_t ram_bps, uint64_t vram,
+                           uint64_t gpu_bps)
+{
+    exo_event ev;
+    exo_event_init(&ev, EXO_EVENT_NODE_GATHERED_INFO);
+    cr_assert_eq(exo_id_set(&ev.u.node_gathered_info.node_id, id, NULL), 0);
+    ev.u.node_gathered_info.when_ms = 1;
+    exo_node_info *in = &ev.u.node_gathered_info.info;
+    in->memory_total = 2 * ram;
+    in->memory_available = ram;
+    in->cpu_count = 8;
+    in->mem_read_bps = ram_bps;
+    snprintf(in->friendly_name, sizeof in->friendly_name, "%s", id);
+    in->backends = 1u << EXO_BACKEND_CPU;
+    if (vram) {
+        in->backends |= 1u << EXO_BACKEND_CUDA;
+        in->gpus.n = 1;
+        in->gpus.v = exo_calloc(1, sizeof *in->gpus.v);
+        in->gpus.v[0].memory_total = vram;
+        in->gpus.v[0].memory_used = GIB;
+        in->gpus.v[0].memory_read_bps = gpu_bps;
+    }
+    apply(st, &ev);
+    exo_event_clear(&ev);
+}
+
+/* The GPU's bandwidth for what fits on it, the node's for the rest: a node
+ * with a GPU is predicted (and picked) as the faster one, and a model
+ * larger than its GPU pays for the spilled layers at memory speed. */
+Test(placement, predicts_gpu_nodes_from_the_gpu_bandwidth)
+{
+    exo_state *st = exo_state_new();
+    add_speed_node(st, "cpu", 64 * GIB, 100000000000ull, 0, 0);
+    add_speed_node(st, "gpu", 8 * GIB, 50000000000ull, 32 * GIB, 4000000000000ull);
+    exo_model_card card = model(16, 16 * GIB);
+    exo_placement_request req = {&card, EXO_SHARDING_PIPELINE, EXO_INSTANCE_META_MLX_RING, 1, 0};
+    exo_instance inst;
+    exo_err err = {0};
+    cr_assert_eq(exo_placement_place(st, &req, &inst, &err), 0, "%s", err.msg);
+    cr_assert_eq(inst.n_shards, 1);
+    cr_assert_str_eq(inst.shards[0].node_id.s, "gpu");
+    cr_assert_float_eq(exo_placement_predict(st, &inst, &card), 4e12 / (16.0 * GIB), 1e-3);
+    exo_instance_clear(&inst);
+    /* 36 GiB: 28 GiB on the GPU (32 - 1 used - 2 - 1 kept back) and 8 in memory
+     * still beat 36 at the other node's 100 GB/s */
+    card.storage_bytes = 36 * GIB;
+    cr_assert_eq(exo_placement_place(st, &req, &inst, &err), 0, "%s", err.msg);
+    cr_assert_str_eq(inst.shards[0].node_id.s, "gpu");
+    double want = 1.0 / (28.0 * GIB / 4e12 + 8.0 * GIB / 5e10);
+    cr_assert_float_eq(exo_placement_predict(st, &inst, &card), want, want * 1e-6);
+    exo_instance_clear(&inst);
+    exo_state_free(st);
+}
+
 Test(placement, pipeline_split_counts_the_head_on_the_last_rank)
 {
     /* llama-3.2-1b q4: 16 layers, a 128256 x 2048 head (~148 MB of 695 MB,
