@@ -269,7 +269,7 @@ int exo_cmd_bench(int argc, char **argv)
     bool on_gpu = exo_model_gpu_layers(m) > 0 && exo_model_gpu_layers(m) == exo_model_shard(m).end_layer -
                                                                             exo_model_shard(m).start_layer;
     if (on_gpu)
-        read_bw = exo_backend_cuda_copy_bandwidth(device && !strncmp(device, "cuda:", 5) ? atoi(device + 5) : 0);
+        read_bw = exo_backend_cuda_copy_bandwidth(exo_model_gpu_device(m));
     qsort(token_s, (size_t)n_gen, sizeof(double), cmp_double);
     double median_s = n_gen % 2 ? token_s[n_gen / 2]
                                 : 0.5 * (token_s[n_gen / 2 - 1] + token_s[n_gen / 2]);

@@ -19,6 +19,7 @@
 
 #include "cluster/codec.h"
 #include "core/alloc.h"
+#include "engine/model.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -115,9 +116,9 @@ typedef struct candidates {
 
 /* The bytes of weights a node can hold for one rank: its available memory,
  * plus, where it has a GPU the runner uses (the first), that GPU's free
- * memory less what the runner keeps back for caches and activations
- * (engine/model.c: a sixteenth and 1 GiB): a runner puts the layers that
- * fit on the GPU and the rest on the CPU. A tensor-parallel rank runs on
+ * memory less what the model keeps back there for caches and activations
+ * (exo_model_gpu_reserve): a runner puts the layers that fit on the GPU
+ * and the rest on the CPU. A tensor-parallel rank runs on
  * the CPU (its collectives work on host memory), so only memory counts. */
 static uint64_t gpu_room(const exo_node_info *info, exo_sharding sharding, int k)
 {
@@ -126,7 +127,7 @@ static uint64_t gpu_room(const exo_node_info *info, exo_sharding sharding, int k
         return 0;
     const exo_gpu_info *g = &info->gpus.v[0];
     uint64_t free_bytes = g->memory_total > g->memory_used ? g->memory_total - g->memory_used : 0;
-    uint64_t keep = g->memory_total / 16 + ((uint64_t)1 << 30);
+    uint64_t keep = exo_model_gpu_reserve(g->memory_total);
     return free_bytes > keep ? free_bytes - keep : 0;
 }
 

@@ -136,6 +136,7 @@ struct exo_model {
     exo_backend *cpu;
     exo_backend *gpu;  /* NULL: every layer on the CPU */
     int gpu_layers;    /* the first gpu_layers layers run on the GPU, the rest on the CPU */
+    int gpu_device;    /* the GPU's CUDA index, -1: none */
     float *bounce;     /* host copy of the residual stream where it crosses backends */
     int n_layers;      /* this shard's layers: global indices first_layer.. */
     int first_layer, total_layers;
@@ -1293,7 +1294,7 @@ static bool layer_on_gpu(exo_model *m, const exo_model_opts *o, int i, int devic
     if (exo_backend_cuda_memory(device, &free_now, &total_now, NULL))
         return false;
     size_t per_layer = i && free0 > free_now ? (free0 - free_now) / (size_t)i : 0;
-    size_t reserve = total / 16 + ((size_t)1 << 30) + head_bytes;
+    size_t reserve = exo_model_gpu_reserve(total) + head_bytes;
     return free_now > per_layer + reserve;
 }
 
@@ -1427,7 +1428,7 @@ int exo_model_build(const exo_model_config *cfg, const exo_weight_source *src,
         goto fail_early;
     }
     binder b = {m, src, m->cpu, err};
-    int gpu_device = m->gpu ? device_index(&o) : -1;
+    int gpu_device = m->gpu_device = m->gpu ? device_index(&o) : -1;
     int64_t QD = H * hd, KD = KV * hd;
     /* this rank's rows of q (its KV heads' query groups), k, v; columns of o */
     part pq = {0}, pkv = {0}, po = {0}, pgu = {0}, pd = {0}, pmgu = {0}, pmd = {0}, psgu = {0}, psd = {0};
@@ -1552,6 +1553,11 @@ int exo_model_build(const exo_model_config *cfg, const exo_weight_source *src,
     if (m->gpu)
         EXO_LOG_INFO("model: %d of %d layers on GPU %d, the rest on the CPU", m->gpu_layers, m->n_layers,
                      gpu_device);
+    if (m->gpu && !m->gpu_layers) { /* nothing fitted: no device context held for nothing */
+        m->gpu->ops->free(m->gpu);
+        m->gpu = NULL;
+        m->gpu_device = -1;
+    }
     if (m->gpu_layers < m->n_layers)
         TRY(alloc_acts(m, &m->act, m->cpu, err));
     if (m->gpu_layers)
@@ -1715,7 +1721,9 @@ void exo_model_free(exo_model *m)
 
 const exo_model_config *exo_model_get_config(const exo_model *m) { return &m->cfg; }
 int exo_model_vocab(const exo_model *m) { return m->vocab; }
+size_t exo_model_gpu_reserve(size_t total_bytes) { return total_bytes / 16 + ((size_t)1 << 30); }
 int exo_model_gpu_layers(const exo_model *m) { return m->gpu_layers; }
+int exo_model_gpu_device(const exo_model *m) { return m->gpu_device; }
 
 exo_shard_info exo_model_shard(const exo_model *m)
 {

@@ -108,8 +108,15 @@ void exo_model_decode_cost(const exo_model *m, int ctx, exo_decode_cost *out);
  * EXO_MOE_PATH=per-expert). */
 void exo_model_set_moe_fused(exo_model *m, bool fused);
 
-/* Layers of this shard on the GPU (0: all on the CPU). */
+/* What a model keeps free on a GPU of total_bytes for its caches and
+ * activations (the LM head apart) when it decides how many layers fit:
+ * placement counts a GPU's memory less this too. */
+size_t exo_model_gpu_reserve(size_t total_bytes);
+
+/* Layers of this shard on the GPU (0: all on the CPU), and which GPU
+ * (its CUDA index; -1: none). */
 int exo_model_gpu_layers(const exo_model *m);
+int exo_model_gpu_device(const exo_model *m);
 
 /* Bytes of weights one decode step reads (every layer + LM head). */
 size_t  exo_model_decode_bytes(const exo_model *m);

@@ -1293,6 +1293,7 @@ Test(backend_ops, device_option_without_a_gpu_is_clear)
     exo_synth_free(syn);
     cr_assert_eq(tiny_model("cpu", 0, &syn, &m, &err), 0, "%s", err.msg);
     cr_assert_eq(exo_model_gpu_layers(m), 0);
+    cr_assert_eq(exo_model_gpu_device(m), -1);
     exo_model_free(m);
     exo_synth_free(syn);
     if (exo_backend_cuda_devices() > 0)
@@ -1329,6 +1330,7 @@ Test(backend_ops, gpu_and_cpu_layers_agree)
         exo_seq *s = NULL;
         cr_assert_eq(tiny_model(dev[k], gpu_layers[k], &syn, &m, &err), 0, "%s", err.msg);
         cr_assert_eq(exo_model_gpu_layers(m), want_layers[k]);
+        cr_assert_eq(exo_model_gpu_device(m), want_layers[k] ? 0 : -1);
         V = exo_model_vocab(m);
         logits[k] = malloc(sizeof(float) * (size_t)V * 4);
         cr_assert_eq(exo_seq_create(m, 64, &s, &err), 0, "%s", err.msg);

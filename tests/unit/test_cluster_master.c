@@ -158,6 +158,34 @@ Test(placement, fewest_nodes_that_fit_most_memory_first)
     exo_state_free(st);
 }
 
+/* A node's info with `ram` available at `ram_bps`, and a GPU of `vram`
+ * (1 GiB of it used) reading at `gpu_bps` when vram > 0. */
+static void add_speed_node(exo_state *st, const char *id, uint64_t ram, uint64_t ram_bps, uint64_t vram,
+                           uint64_t gpu_bps)
+{
+    exo_event ev;
+    exo_event_init(&ev, EXO_EVENT_NODE_GATHERED_INFO);
+    cr_assert_eq(exo_id_set(&ev.u.node_gathered_info.node_id, id, NULL), 0);
+    ev.u.node_gathered_info.when_ms = 1;
+    exo_node_info *in = &ev.u.node_gathered_info.info;
+    in->memory_total = 2 * ram;
+    in->memory_available = ram;
+    in->cpu_count = 8;
+    in->mem_read_bps = ram_bps;
+    snprintf(in->friendly_name, sizeof in->friendly_name, "%s", id);
+    in->backends = 1u << EXO_BACKEND_CPU;
+    if (vram) {
+        in->backends |= 1u << EXO_BACKEND_CUDA;
+        in->gpus.n = 1;
+        in->gpus.v = exo_calloc(1, sizeof *in->gpus.v);
+        in->gpus.v[0].memory_total = vram;
+        in->gpus.v[0].memory_used = GIB;
+        in->gpus.v[0].memory_read_bps = gpu_bps;
+    }
+    apply(st, &ev);
+    exo_event_clear(&ev);
+}
+
 /* A node with little memory but a GPU: a runner puts what fits on the GPU
  * (less the room it keeps back) and the rest on the CPU, so the node holds
  * a model its memory alone could not; a tensor-parallel rank, which runs on
@@ -165,23 +193,7 @@ Test(placement, fewest_nodes_that_fit_most_memory_first)
 Test(placement, a_gpu_node_holds_what_fits_its_gpu_and_memory)
 {
     exo_state *st = exo_state_new();
-    exo_event ev;
-    exo_event_init(&ev, EXO_EVENT_NODE_GATHERED_INFO);
-    cr_assert_eq(exo_id_set(&ev.u.node_gathered_info.node_id, "gpu", NULL), 0);
-    ev.u.node_gathered_info.when_ms = 1;
-    exo_node_info *in = &ev.u.node_gathered_info.info;
-    in->memory_total = 16 * GIB;
-    in->memory_available = 4 * GIB;
-    in->cpu_count = 8;
-    snprintf(in->friendly_name, sizeof in->friendly_name, "gpu");
-    in->backends = 1u << EXO_BACKEND_CPU | 1u << EXO_BACKEND_CUDA;
-    in->gpus.n = 1;
-    in->gpus.v = exo_calloc(1, sizeof *in->gpus.v);
-    snprintf(in->gpus.v[0].name, sizeof in->gpus.v[0].name, "NVIDIA H200");
-    in->gpus.v[0].memory_total = 32 * GIB;
-    in->gpus.v[0].memory_used = 1 * GIB;
-    apply(st, &ev);
-    exo_event_clear(&ev);
+    add_speed_node(st, "gpu", 4 * GIB, 0, 32 * GIB, 0);
     /* 4 GiB + (31 GiB free - 2 GiB kept back - 1 GiB) = 32 GiB */
     exo_model_card m = model(16, 30 * GIB);
     exo_placement_request req = {&m, EXO_SHARDING_PIPELINE, EXO_INSTANCE_META_MLX_RING, 1, 0};
@@ -669,34 +681,6 @@ Test(placement, picks_the_fastest_predicted_set)
     cr_assert_eq(inst.n_shards, 1);
     exo_instance_clear(&inst);
     exo_state_free(st);
-}
-
-/* A node's info with `ram` available at `ram_bps`, and a GPU of `vram`
- * (1 GiB of it used) reading at `gpu_bps` when vram > 0. */
-static void add_speed_node(exo_state *st, const char *id, uint64_t ram, uint64_t ram_bps, uint64_t vram,
-                           uint64_t gpu_bps)
-{
-    exo_event ev;
-    exo_event_init(&ev, EXO_EVENT_NODE_GATHERED_INFO);
-    cr_assert_eq(exo_id_set(&ev.u.node_gathered_info.node_id, id, NULL), 0);
-    ev.u.node_gathered_info.when_ms = 1;
-    exo_node_info *in = &ev.u.node_gathered_info.info;
-    in->memory_total = 2 * ram;
-    in->memory_available = ram;
-    in->cpu_count = 8;
-    in->mem_read_bps = ram_bps;
-    snprintf(in->friendly_name, sizeof in->friendly_name, "%s", id);
-    in->backends = 1u << EXO_BACKEND_CPU;
-    if (vram) {
-        in->backends |= 1u << EXO_BACKEND_CUDA;
-        in->gpus.n = 1;
-        in->gpus.v = exo_calloc(1, sizeof *in->gpus.v);
-        in->gpus.v[0].memory_total = vram;
-        in->gpus.v[0].memory_used = GIB;
-        in->gpus.v[0].memory_read_bps = gpu_bps;
-    }
-    apply(st, &ev);
-    exo_event_clear(&ev);
 }
 
 /* The GPU's bandwidth for what fits on it, the node's for the rest: a node

@@ -32,6 +32,9 @@ extern "C" {
 
 #define WEIGHT_CHUNK ((size_t)256 << 20)
 
+/* Device scratch buffers, each grown to the largest call that needs it. */
+enum { SCRATCH_WEIGHT, SCRATCH_ACT, SCRATCH_SMALL, SCRATCH_ATTENTION, N_SCRATCH };
+
 typedef struct cuda_backend {
     exo_backend base;
     int device;
@@ -42,10 +45,10 @@ typedef struct cuda_backend {
     size_t n_chunks, cap_chunks;
     char *bump;
     size_t bump_left;
-    /* scratch that grows to the largest call: half-precision copies for
-     * cuBLAS, GEMV activation codes, host arrays brought up */
-    void *scratch[4];
-    size_t scratch_bytes[4];
+    /* dequantized weights and half-precision activations for cuBLAS, GEMV
+     * activation codes, host arrays brought up, split attention's partials */
+    void *scratch[N_SCRATCH];
+    size_t scratch_bytes[N_SCRATCH];
     /* EXO_MATMUL_PATH=gemv|gemm pins one product path whatever T is (as on
      * the CPU: tests hold each path to its own tolerance) */
     bool force_gemv, force_gemm;
@@ -105,18 +108,7 @@ struct prof_scope {
     }
 };
 
-enum { SCRATCH_WEIGHT, SCRATCH_ACT, SCRATCH_SMALL, SCRATCH_ATTENTION, N_SCRATCH };
-
 static cuda_backend *cu(exo_backend *be) { return (cuda_backend *)be; }
-
-int exo_cuda_launched(const char *what)
-{
-    cudaError_t e = cudaGetLastError();
-    if (e == cudaSuccess)
-        return 0;
-    EXO_LOG_ERROR("cuda: %s: %s", what, cudaGetErrorString(e));
-    return e == cudaErrorMemoryAllocation ? EXO_ENOMEM : EXO_EINTERNAL;
-}
 
 static int check(cudaError_t e, const char *what)
 {
@@ -125,6 +117,8 @@ static int check(cudaError_t e, const char *what)
     EXO_LOG_ERROR("cuda: %s: %s", what, cudaGetErrorString(e));
     return e == cudaErrorMemoryAllocation ? EXO_ENOMEM : EXO_EINTERNAL;
 }
+
+int exo_cuda_launched(const char *what) { return check(cudaGetLastError(), what); }
 
 static void *scratch(cuda_backend *c, int which, size_t bytes)
 {
@@ -299,26 +293,20 @@ static float *cuda_load_vector(exo_backend *be, exo_dtype t, const void *host, s
 }
 
 /* Host values up to the device's small scratch, in stream order. */
-static void *bring_up(cuda_backend *c, const void *host, size_t bytes, size_t offset)
+static void *bring_up(cuda_backend *c, const void *host, size_t bytes)
 {
-    char *d = (char *)scratch(c, SCRATCH_SMALL, offset + bytes);
-    if (!d || cudaMemcpyAsync(d + offset, host, bytes, cudaMemcpyHostToDevice, c->stream) != cudaSuccess)
+    void *d = scratch(c, SCRATCH_SMALL, bytes);
+    if (!d || cudaMemcpyAsync(d, host, bytes, cudaMemcpyHostToDevice, c->stream) != cudaSuccess)
         return NULL;
-    return d + offset;
+    return d;
 }
 
 /* ---- element-wise ops ------------------------------------------------------ */
 
-static unsigned blocks_for(size_t n, unsigned per = 256)
-{
-    size_t b = (n + per - 1) / per;
-    return (unsigned)(b < 1 ? 1 : b > 65535 * 16 ? 65535 * 16 : b);
-}
+static unsigned blocks_for(size_t n, unsigned per = 256) { return exo_cuda_blocks(n, per); }
 
 #define GRID_LOOP(i, n) for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (n); \
                              i += (size_t)gridDim.x * blockDim.x)
-
-__device__ __forceinline__ float sigmoidf(float x) { return 1.0f / (1.0f + __expf(-x)); }
 
 __global__ void glu_kernel(int kind, float *g, const float *u, size_t n, float lim)
 {
@@ -474,7 +462,7 @@ static int cuda_embed(exo_backend *be, const exo_linear *table, const int32_t *t
 {
     prof_scope prof(cu(be), "embed");
     cuda_backend *c = cu(be);
-    const int32_t *d = (const int32_t *)bring_up(c, tokens, sizeof(int32_t) * (size_t)T, 0);
+    const int32_t *d = (const int32_t *)bring_up(c, tokens, sizeof(int32_t) * (size_t)T);
     if (!d)
         return EXO_ENOMEM;
     return exo_cuda_embed(c->stream, table, d, T, out);
@@ -648,7 +636,7 @@ static int cuda_gather_rows(exo_backend *be, float *dst, const float *src, const
 {
     prof_scope prof(cu(be), "gather_rows");
     cuda_backend *c = cu(be);
-    const int32_t *d = (const int32_t *)bring_up(c, rows, sizeof(int32_t) * (size_t)n, 0);
+    const int32_t *d = (const int32_t *)bring_up(c, rows, sizeof(int32_t) * (size_t)n);
     if (!d)
         return EXO_ENOMEM;
     gather_rows_kernel<<<blocks_for((size_t)n * dim), 256, 0, c->stream>>>(dst, src, d, n, dim);

@@ -14,8 +14,16 @@ extern "C" {
 #include <cuda_runtime.h>
 
 /* 0 if the last launch on this thread went through, else logs and
- * returns EXO_EINTERNAL. */
+ * returns EXO_EINTERNAL (EXO_ENOMEM for memory). */
 int exo_cuda_launched(const char *what);
+
+/* Blocks of `per` threads for a grid-stride loop over n elements: enough
+ * to fill the GPU, capped (the loops stride over the rest). */
+static inline unsigned exo_cuda_blocks(size_t n, unsigned per)
+{
+    size_t b = (n + per - 1) / per;
+    return (unsigned)(b < 1 ? 1 : b > 65536 ? 65536 : b);
+}
 
 /* The backend.h attention op (attention.cu); partial: device scratch of
  * exo_cuda_attention_scratch bytes (the split decode's partial results). */

@@ -572,34 +572,31 @@ __global__ void f32_to_f16_kernel(const float *x, int64_t rows, int64_t cols, in
         out[i] = __float2half(x[(i / cols) * ldx + i % cols]);
 }
 
-static int grid_for(int64_t n)
-{
-    int64_t g = (n + 255) / 256;
-    return (int)(g < 65536 ? (g ? g : 1) : 65536);
-}
-
 int exo_cuda_dequant_bf16(cudaStream_t s, const exo_linear *w, void *out)
 {
     if (w->format == EXO_WFORMAT_AFFINE && w->bits == 4 && w->cols % 8 == 0 && w->group_size % 8 == 0) {
-        int64_t words = w->rows * w->cols / 8;
+        unsigned g = exo_cuda_blocks((size_t)(w->rows * w->cols / 8), 256);
+        __nv_bfloat16 *o = (__nv_bfloat16 *)out;
         if (w->dtype == EXO_DTYPE_BF16)
-            dequant_q4_bf16_kernel<EXO_DTYPE_BF16><<<grid_for(words), 256, 0, s>>>(*w, (__nv_bfloat16 *)out);
+            dequant_q4_bf16_kernel<EXO_DTYPE_BF16><<<g, 256, 0, s>>>(*w, o);
         else if (w->dtype == EXO_DTYPE_F16)
-            dequant_q4_bf16_kernel<EXO_DTYPE_F16><<<grid_for(words), 256, 0, s>>>(*w, (__nv_bfloat16 *)out);
+            dequant_q4_bf16_kernel<EXO_DTYPE_F16><<<g, 256, 0, s>>>(*w, o);
         else
-            dequant_q4_bf16_kernel<EXO_DTYPE_F32><<<grid_for(words), 256, 0, s>>>(*w, (__nv_bfloat16 *)out);
+            dequant_q4_bf16_kernel<EXO_DTYPE_F32><<<g, 256, 0, s>>>(*w, o);
     } else {
-        dequant_bf16_kernel<<<grid_for(w->rows * w->cols), 256, 0, s>>>(*w, (__nv_bfloat16 *)out);
+        dequant_bf16_kernel<<<exo_cuda_blocks((size_t)(w->rows * w->cols), 256), 256, 0, s>>>(*w,
+                                                                                         (__nv_bfloat16 *)out);
     }
     return exo_cuda_launched("dequantize");
 }
 
 int exo_cuda_to_half(cudaStream_t s, const float *x, int64_t rows, int64_t cols, int64_t ldx, bool bf16, void *out)
 {
+    unsigned g = exo_cuda_blocks((size_t)(rows * cols), 256);
     if (bf16)
-        f32_to_bf16_kernel<<<grid_for(rows * cols), 256, 0, s>>>(x, rows, cols, ldx, (__nv_bfloat16 *)out);
+        f32_to_bf16_kernel<<<g, 256, 0, s>>>(x, rows, cols, ldx, (__nv_bfloat16 *)out);
     else
-        f32_to_f16_kernel<<<grid_for(rows * cols), 256, 0, s>>>(x, rows, cols, ldx, (__half *)out);
+        f32_to_f16_kernel<<<g, 256, 0, s>>>(x, rows, cols, ldx, (__half *)out);
     return exo_cuda_launched("convert");
 }
 
@@ -609,7 +606,8 @@ __global__ void embed_kernel(exo_linear table, const int32_t *tokens, float *out
 {
     int t = blockIdx.y;
     int64_t r = tokens[t];
-    for (int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; c < table.cols; c += (int64_t)gridDim.x * blockDim.x)
+    for (int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; c < table.cols;
+         c += (int64_t)gridDim.x * blockDim.x)
         out[(int64_t)t * table.cols + c] = weight_at(table, r, c);
 }
 
