@@ -6,6 +6,8 @@
 
 #include <criterion/criterion.h>
 #include <math.h>
+#include <stdbool.h>
+#include <stdlib.h>
 #include <string.h>
 
 static exo_sample sample_once(exo_sampler_params p, const float *logits, int V,
@@ -107,6 +109,52 @@ Test(sampler, top_p_keeps_the_nucleus)
     histogram(p, l, 4, 5000, counts);
     cr_expect(counts[0] > 0 && counts[1] > 0);
     cr_expect_eq(counts[2] + counts[3], 0);
+}
+
+/* A nucleus that reaches past the tokens near the top: 100 tokens at logit
+ * 0 hold 97.6% of the mass, 19,900 tied at -9 the rest, so top-p 0.99
+ * keeps all 100 and the lowest ids of the tied group (ties go by id). The
+ * sampler sorts the head first and widens it; its picks must lie in the
+ * set a full sort keeps, and reach into the tied group. */
+Test(sampler, top_p_past_the_head_is_the_full_sorts_cut)
+{
+    enum { V = 20000, N = 10000 };
+    float *logits = malloc(sizeof(float) * V), *l = malloc(sizeof(float) * V);
+    bool *top = calloc(V, 1);
+    for (int i = 0; i < V; i++)
+        logits[i] = -9.0f;
+    for (int i = 0; i < 100; i++) { /* scattered ids */
+        int id = (i * 7919) % V;
+        logits[id] = 0.0f;
+        top[id] = true;
+    }
+    /* the reference cut: the top 100, then tied ids in order until 0.99 */
+    double lse = log(100.0 + (V - 100) * exp(-9.0)), cum = 100 * exp(0.0 - lse);
+    int last_tied = -1;
+    for (int id = 0; id < V && cum < 0.99; id++)
+        if (!top[id]) {
+            cum += exp(-9.0 - lse);
+            last_tied = id;
+        }
+    cr_assert(last_tied > 0);
+    exo_sampler_params p = exo_sampler_defaults();
+    p.temperature = 1.0f;
+    p.top_p = 0.99f;
+    exo_sampler *s = exo_sampler_create(&p, V);
+    int tied = 0;
+    for (int n = 0; n < N; n++) {
+        memcpy(l, logits, sizeof(float) * V);
+        exo_sample out;
+        exo_sampler_sample(s, l, NULL, 0, &out);
+        cr_assert(top[out.id] || out.id <= last_tied, "token %d is outside the nucleus (last tied id %d)",
+                  out.id, last_tied);
+        tied += !top[out.id];
+    }
+    cr_expect(tied > N / 200, "the tied group was sampled %d times of %d", tied, N);
+    exo_sampler_free(s);
+    free(logits);
+    free(l);
+    free(top);
 }
 
 Test(sampler, min_p_drops_tokens_below_fraction_of_max)

@@ -1,0 +1,197 @@
+/* Microbenchmark of the CUDA backend's decode products (one token).
+ *
+ * The calls of one decoder layer, as the model makes them (q, k and v in
+ * one call; gate and up in one; o; down), at Llama-3.1-8B's and
+ * Llama-3.2-1B's shapes, for MLX affine q4 and q8 (group 64, bf16 scales
+ * and biases) and bf16 weights. Each call cycles over enough distinct
+ * copies of its weights (>= 256 MiB, five times the L2) that they come from HBM, not the
+ * 50 MiB L2. Prints GB/s of weight streamed per call kind and for the
+ * whole layer, and the ratio to the GPU's device-to-device copy bandwidth
+ * measured in the same run (exo_backend_cuda_copy_bandwidth): the
+ * physical limit of a memory-bound kernel. Times are wall clock over many
+ * queued calls, so launch costs count, as they do in a decode step.
+ *
+ * Usage: bench_cuda_matmul [device=0] [rounds=10]
+ * Prints one line saying why and exits 0 where there is no GPU. */
+#include "core/clock.h"
+#include "core/error.h"
+#include "engine/backend.h"
+#include "engine/linear.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static uint64_t rng = 0x9E3779B97F4A7C15ull;
+static uint64_t next_u64(void)
+{
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return rng;
+}
+
+static void fill_random(void *p, size_t n)
+{
+    uint8_t *b = p;
+    for (size_t i = 0; i < n; i++)
+        b[i] = (uint8_t)next_u64();
+}
+
+/* bf16 values in [0.5, 1) / 64 with a random sign: sane scales, biases, weights */
+static void fill_bf16(uint16_t *p, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        p[i] = (uint16_t)(0x3C00u | (next_u64() & 0x807Fu));
+}
+
+typedef struct quant { const char *name; exo_wformat format; int bits; } quant;
+
+/* A host weight of the given format, filled at random (memory freed at exit). */
+static exo_linear host_weight(const quant *q, int64_t rows, int64_t cols)
+{
+    exo_linear w = {.format = q->format, .dtype = EXO_DTYPE_BF16, .rows = rows, .cols = cols,
+                    .bits = q->bits, .group_size = 64};
+    size_t wb, sb, bb;
+    exo_linear_part_bytes(&w, &wb, &sb, &bb);
+    void *codes = malloc(wb), *scales = sb ? malloc(sb) : NULL, *biases = bb ? malloc(bb) : NULL;
+    if (!codes || (sb && !scales) || (bb && !biases)) {
+        fprintf(stderr, "out of host memory\n");
+        exit(1);
+    }
+    if (q->format == EXO_WFORMAT_DENSE)
+        fill_bf16(codes, wb / 2);
+    else
+        fill_random(codes, wb);
+    if (scales)
+        fill_bf16(scales, sb / 2);
+    if (biases)
+        fill_bf16(biases, bb / 2);
+    w.w = codes;
+    w.scales = scales;
+    w.biases = biases;
+    return w;
+}
+
+/* One call of a layer: n weights sharing one input. */
+typedef struct call { const char *name; int n; int64_t rows[3]; int64_t cols; } call;
+
+#define MAX_COPIES 512
+
+typedef struct layer_set {
+    int copies;
+    exo_linear w[4][MAX_COPIES][3]; /* [call][copy][weight] */
+    size_t bytes[4];                /* weight bytes of one call */
+} layer_set;
+
+static int run(exo_backend *be, const char *model, const call *calls, int dim, int ffn, const quant *q,
+               int rounds, double copy_bw)
+{
+    const exo_backend_ops *o = be->ops;
+    exo_err err = {0};
+    static layer_set set;
+    memset(&set, 0, sizeof set);
+    size_t layer_bytes = 0;
+    for (int c = 0; c < 4; c++)
+        for (int j = 0; j < calls[c].n; j++) {
+            exo_linear probe = {.format = q->format, .dtype = EXO_DTYPE_BF16, .rows = calls[c].rows[j],
+                                .cols = calls[c].cols, .bits = q->bits, .group_size = 64};
+            set.bytes[c] += exo_linear_bytes(&probe);
+        }
+    for (int c = 0; c < 4; c++)
+        layer_bytes += set.bytes[c];
+    set.copies = (int)(((size_t)256 << 20) / layer_bytes) + 1;
+    if (set.copies > MAX_COPIES)
+        set.copies = MAX_COPIES;
+    /* one host weight per shape, uploaded as many times as there are copies */
+    for (int c = 0; c < 4; c++)
+        for (int j = 0; j < calls[c].n; j++) {
+            exo_linear h = host_weight(q, calls[c].rows[j], calls[c].cols);
+            for (int k = 0; k < set.copies; k++)
+                if (o->load_linear(be, &h, false, &set.w[c][k][j], &err)) {
+                    fprintf(stderr, "load: %s\n", err.msg);
+                    return 1;
+                }
+            free((void *)h.w);
+            free((void *)h.scales);
+            free((void *)h.biases);
+        }
+    int big = ffn > dim ? ffn : dim;
+    float *x = o->alloc(be, sizeof(float) * (size_t)big), *y[3];
+    for (int j = 0; j < 3; j++)
+        y[j] = o->alloc(be, sizeof(float) * (size_t)big);
+    float *xh = malloc(sizeof(float) * (size_t)big);
+    for (int i = 0; i < big; i++)
+        xh[i] = (float)((int)(next_u64() % 2001) - 1000) / 1000.0f;
+    o->to_device(be, x, xh, sizeof(float) * (size_t)big);
+    free(xh);
+    /* per call kind: every copy in turn, `rounds` times; then the layer */
+    for (int c = 0; c < 5; c++) {
+        for (int warm = 0; warm < 2; warm++) {
+            int reps = warm ? rounds : 1;
+            double t0 = exo_clock_seconds();
+            for (int r = 0; r < reps; r++)
+                for (int k = 0; k < set.copies; k++)
+                    for (int cc = c == 4 ? 0 : c; cc <= (c == 4 ? 3 : c); cc++) {
+                        const exo_linear *ws[3] = {&set.w[cc][k][0], &set.w[cc][k][1], &set.w[cc][k][2]};
+                        if (o->matmul(be, calls[cc].n, ws, x, 1, y)) {
+                            fprintf(stderr, "matmul failed\n");
+                            return 1;
+                        }
+                    }
+            o->sync(be);
+            double dt = exo_clock_seconds() - t0;
+            if (!warm)
+                continue;
+            size_t bytes = (c == 4 ? layer_bytes : set.bytes[c]) * (size_t)set.copies * (size_t)rounds;
+            double gbs = (double)bytes / dt / 1e9, us = dt / ((double)set.copies * rounds) * 1e6;
+            printf("%-13s %-4s %-8s %6.2f MB  %7.1f us  %7.1f GB/s  %5.1f%% of copy\n", model, q->name,
+                   c == 4 ? "layer" : calls[c].name,
+                   (double)(c == 4 ? layer_bytes : set.bytes[c]) / 1e6, us, gbs,
+                   100.0 * (double)bytes / dt / copy_bw);
+        }
+    }
+    o->release(be, x);
+    for (int j = 0; j < 3; j++)
+        o->release(be, y[j]);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    int device = argc > 1 ? atoi(argv[1]) : 0;
+    int rounds = argc > 2 ? atoi(argv[2]) : 10;
+    exo_err err = {0};
+    exo_backend *probe = exo_backend_cuda_create(device, &err);
+    if (!probe) {
+        printf("bench_cuda_matmul: %s\n", err.msg);
+        return 0;
+    }
+    probe->ops->free(probe);
+    double copy_bw = exo_backend_cuda_copy_bandwidth(device);
+    printf("device-to-device copy: %.0f GB/s (read + write), the limit below\n", copy_bw / 1e9);
+    static const quant quants[] = {{"q4", EXO_WFORMAT_AFFINE, 4},
+                                   {"q8", EXO_WFORMAT_AFFINE, 8},
+                                   {"bf16", EXO_WFORMAT_DENSE, 0}};
+    static const struct { const char *name; int dim, kv, ffn; } models[] = {
+        {"llama-3.1-8b", 4096, 1024, 14336}, {"llama-3.2-1b", 2048, 512, 8192}};
+    for (size_t m = 0; m < sizeof models / sizeof *models; m++)
+        for (size_t qi = 0; qi < sizeof quants / sizeof *quants; qi++) {
+            /* a fresh backend each time: the weight arena goes with it */
+            exo_backend *be = exo_backend_cuda_create(device, &err);
+            if (!be) {
+                printf("bench_cuda_matmul: %s\n", err.msg);
+                return 0;
+            }
+            int d = models[m].dim, kv = models[m].kv, f = models[m].ffn;
+            call calls[4] = {{"qkv", 3, {d, kv, kv}, d},
+                             {"o", 1, {d, 0}, d},
+                             {"gate_up", 2, {f, f}, d},
+                             {"down", 1, {d, 0}, f}};
+            int rc = run(be, models[m].name, calls, d, f, &quants[qi], rounds, copy_bw);
+            be->ops->free(be);
+            if (rc)
+                return 1;
+        }
+    return 0;
+}
