@@ -131,8 +131,10 @@ test: lint unit integration asan fuzz
 # Micro-benchmarks: build/bench_<name> from bench/bench_<name>.c.
 .PRECIOUS: $(BUILD)/bench/%.o
 bench: $(BENCH_SRC:bench/%.c=$(BUILD)/%)
+# The whole library goes in: the CUDA plugin calls back into the program
+# (logging, errors, the router), which a bench itself may never reference.
 $(BUILD)/bench_%: $(BUILD)/bench/bench_%.o $(BUILD)/libexo.a
-	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+	$(CC) $(LDFLAGS) -o $@ $< -Wl,--whole-archive $(BUILD)/libexo.a -Wl,--no-whole-archive $(LDLIBS)
 
 clean:
 	rm -rf build build-asan build-fuzz

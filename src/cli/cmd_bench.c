@@ -323,6 +323,9 @@ int exo_cmd_bench(int argc, char **argv)
                100 * achieved / read_bw);
         if (exo_model_gpu_layers(m) && !on_gpu)
             printf("layers           %d on the GPU, the rest on the CPU\n", exo_model_gpu_layers(m));
+        if (on_gpu)
+            printf("recorded steps   %ld decode steps replayed from a CUDA graph (EXO_CUDA_GRAPH=0: none)\n",
+                   exo_model_replayed_steps(m));
         double peer = on_gpu && preset ? llama_cpp_h200(preset, quant) : 0;
         if (peer > 0)
             printf("llama.cpp        %.0f tok/s on an H200 at this shape (llama-bench tg128, issue 15): x%.2f\n",

@@ -174,6 +174,31 @@ typedef struct exo_backend_ops {
                         size_t x_tok, float *y, size_t y_head, size_t y_tok, int T);
     /* Waits for queued work. */
     int  (*sync)(exo_backend *be);
+
+    /* Decode steps replayed as a unit (optional: NULL where a backend
+     * launches nothing, as the CPU's). The caller brackets the ops of one
+     * step of T tokens at pos0 with step_begin and step_end. key names what
+     * the step touches: equal keys promise the same ops on the same memory,
+     * apart from the token ids and the position, which the replay takes
+     * anew. step_begin returns 1 when it ran a recorded step with this key
+     * (the caller issues no ops and calls no step_end), 0 when the caller
+     * issues them (the backend may be recording them), or an error. After
+     * issuing them, step_end returns 0, 1 when the recording could not be
+     * kept and nothing ran (the caller issues the ops again, unrecorded;
+     * the return codes of those issued while recording are moot), or an
+     * error. Inside a step no op may read or write host memory. */
+    int  (*step_begin)(exo_backend *be, uint64_t key, const int32_t *tokens, int T, int pos0);
+    int  (*step_end)(exo_backend *be);
+
+    /* Optional (NULL: the caller runs rmsnorm, matmul and add): y[i] =
+     * x' W[i]^T for n weights sharing x, x' = x / rms(x) * norm over rows
+     * of the weights' width when norm is not NULL (eps as in rmsnorm), else
+     * x; accumulate adds the products to y instead of storing them. For a
+     * backend that can fold the norm into its pass over x and the residual
+     * add into its last write of y: two kernels and two trips through
+     * memory fewer a product. */
+    int  (*matmul_fused)(exo_backend *be, int n, const exo_linear *const *w, const float *x, const float *norm,
+                         float eps, bool accumulate, int T, float *const *y);
 } exo_backend_ops;
 
 struct exo_backend {

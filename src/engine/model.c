@@ -172,12 +172,14 @@ struct exo_model {
     size_t n_owned;
     acts act;           /* the CPU's activations */
     acts gpu_act;       /* the GPU's */
+    long replayed_steps; /* decode steps run from a recording */
 };
 
 static acts *acts_of(exo_model *m, const exo_backend *be) { return be == m->gpu ? &m->gpu_act : &m->act; }
 
 struct exo_seq {
     exo_model *m;
+    uint64_t id;                /* unique in the process: names its recorded decode steps */
     int capacity, len;
     int alloc_capacity;         /* capacity rounded up to EXO_KV_BLOCK */
     float **k_cache, **v_cache; /* per attention layer, on that layer's backend (backend.h) */
@@ -1724,6 +1726,7 @@ int exo_model_vocab(const exo_model *m) { return m->vocab; }
 size_t exo_model_gpu_reserve(size_t total_bytes) { return total_bytes / 16 + ((size_t)1 << 30); }
 int exo_model_gpu_layers(const exo_model *m) { return m->gpu_layers; }
 int exo_model_gpu_device(const exo_model *m) { return m->gpu_device; }
+long exo_model_replayed_steps(const exo_model *m) { return m->replayed_steps; }
 
 exo_shard_info exo_model_shard(const exo_model *m)
 {
@@ -1823,8 +1826,10 @@ int exo_seq_create(exo_model *m, int capacity, exo_seq **out, exo_err *err)
     *out = NULL;
     if (capacity <= 0)
         return exo_err_set(err, EXO_EINVAL, "sequence capacity must be > 0");
+    static _Atomic uint64_t next_id = 1;
     exo_seq *s = exo_calloc(1, sizeof *s);
     s->m = m;
+    s->id = next_id++;
     if (capacity > INT32_MAX - EXO_KV_BLOCK) {
         exo_free(s);
         return exo_err_set(err, EXO_ERANGE, "sequence capacity %d too large", capacity);
@@ -2126,7 +2131,11 @@ static int moe_forward(exo_model *m, layer *L, int T, exo_err *err)
 /* Softmax attention of the normed rows in a->h into a->h (before the
  * residual add): projections, q/k norms, (partial) RoPE, the layer's
  * window and sinks, gpt-oss/gated variants, output projection. */
-static int attention_forward(exo_model *m, exo_seq *s, int l, int T, int pos0, exo_err *err)
+/* Products the backend runs fused (backend.h matmul_fused): y = norm(x)
+ * W^T, or y += x W^T into the residual stream, in one pass. */
+static bool fuses(const exo_model *m, const exo_backend *be) { return be->ops->matmul_fused && !m->allreduce; }
+
+static int attention_forward(exo_model *m, exo_seq *s, int l, int T, int pos0, bool *added, exo_err *err)
 {
     layer *L = &m->layers[l];
     exo_backend *be = L->be;
@@ -2135,7 +2144,10 @@ static int attention_forward(exo_model *m, exo_seq *s, int l, int T, int pos0, e
     int QD = m->n_heads * m->hd, KD = m->n_kv * m->hd;
     const exo_linear *qkv[4] = {&L->q, &L->k, &L->v, &L->q_gate};
     float *const qkv_out[4] = {a->q, a->k, a->v, a->qg};
-    OK(o->matmul(be, m->attn_gated ? 4 : 3, qkv, a->h, T, qkv_out));
+    if (fuses(m, be)) /* the attention norm taken on the way in */
+        OK(o->matmul_fused(be, m->attn_gated ? 4 : 3, qkv, a->x, L->attn_norm, m->eps, false, T, qkv_out));
+    else
+        OK(o->matmul(be, m->attn_gated ? 4 : 3, qkv, a->h, T, qkv_out));
     if (L->bq) {
         OK(o->add_bias(be, a->q, L->bq, T, QD));
         OK(o->add_bias(be, a->k, L->bk, T, KD));
@@ -2153,6 +2165,11 @@ static int attention_forward(exo_model *m, exo_seq *s, int l, int T, int pos0, e
     if (m->attn_gated)
         OK(o->sigmoid_mul(be, a->att, a->qg, T, QD, QD));
     const exo_linear *wo[1] = {&L->o};
+    if (fuses(m, be) && !L->bo && !L->post_attn_norm) { /* straight into the residual stream */
+        float *const xo[1] = {a->x};
+        *added = true;
+        return o->matmul_fused(be, 1, wo, a->att, NULL, 0, true, T, xo);
+    }
     float *const ho[1] = {a->h};
     OK(o->matmul(be, 1, wo, a->att, T, ho));
     OK(reduce(m, a->h, T, err));
@@ -2233,25 +2250,37 @@ static int layer_forward(exo_model *m, exo_seq *s, int l, int T, int pos0, exo_e
     const exo_backend_ops *o = be->ops;
     acts *a = acts_of(m, be);
 
-    OK(o->rmsnorm(be, a->h, a->x, L->attn_norm, T, m->dim, m->eps));
+    bool plain_attention = L->kind != EXO_LAYER_LINEAR && !m->mla, added = false;
+    if (!plain_attention || !fuses(m, be))
+        OK(o->rmsnorm(be, a->h, a->x, L->attn_norm, T, m->dim, m->eps));
     if (L->kind == EXO_LAYER_LINEAR)
         OK(linear_forward(m, s, l, T, err));
     else if (m->mla)
         OK(mla_forward(m, s, l, T, pos0, err));
     else
-        OK(attention_forward(m, s, l, T, pos0, err));
-    if (L->post_attn_norm)
-        OK(o->rmsnorm(be, a->h, a->h, L->post_attn_norm, T, m->dim, m->eps));
-    OK(o->add(be, a->x, a->h, (size_t)T * (size_t)m->dim));
+        OK(attention_forward(m, s, l, T, pos0, &added, err));
+    if (!added) {
+        if (L->post_attn_norm)
+            OK(o->rmsnorm(be, a->h, a->h, L->post_attn_norm, T, m->dim, m->eps));
+        OK(o->add(be, a->x, a->h, (size_t)T * (size_t)m->dim));
+    }
 
-    OK(o->rmsnorm(be, a->h, a->x, L->mlp_norm, T, m->dim, m->eps));
-    if (L->n_experts)
-        return moe_forward(m, L, T, err);
     const exo_linear *gu[2] = {&L->gate, &L->up};
     float *const gu_out[2] = {a->g, a->u};
-    OK(o->matmul(be, 2, gu, a->h, T, gu_out));
+    if (L->n_experts || !fuses(m, be)) {
+        OK(o->rmsnorm(be, a->h, a->x, L->mlp_norm, T, m->dim, m->eps));
+        if (L->n_experts)
+            return moe_forward(m, L, T, err);
+        OK(o->matmul(be, 2, gu, a->h, T, gu_out));
+    } else {
+        OK(o->matmul_fused(be, 2, gu, a->x, L->mlp_norm, m->eps, false, T, gu_out));
+    }
     OK(o->glu(be, m->glu, a->g, a->u, (size_t)T * (size_t)m->ffn, m->glu_limit));
     const exo_linear *wd[1] = {&L->down};
+    if (fuses(m, be) && !L->post_mlp_norm) {
+        float *const xo[1] = {a->x};
+        return o->matmul_fused(be, 1, wd, a->g, NULL, 0, true, T, xo);
+    }
     float *const ho[1] = {a->h};
     OK(o->matmul(be, 1, wd, a->g, T, ho));
     OK(reduce(m, a->h, T, err));
@@ -2259,6 +2288,18 @@ static int layer_forward(exo_model *m, exo_seq *s, int l, int T, int pos0, exo_e
         OK(o->rmsnorm(be, a->h, a->h, L->post_mlp_norm, T, m->dim, m->eps));
     OK(o->add(be, a->x, a->h, (size_t)T * (size_t)m->dim));
     return 0;
+}
+
+/* The final norm and LM head of `rows` rows of a->x from r0, into a->logits
+ * on the last layer's backend (not tensor parallel). */
+static int head_logits(exo_model *m, int r0, int rows)
+{
+    exo_backend *be = m->layers[m->n_layers - 1].be;
+    acts *a = acts_of(m, be);
+    OK(be->ops->rmsnorm(be, a->h, a->x + (size_t)r0 * (size_t)m->dim, m->final_norm, rows, m->dim, m->eps));
+    const exo_linear *w[1] = {&m->lm_head};
+    float *const y[1] = {a->logits};
+    return be->ops->matmul(be, 1, w, a->h, rows, y);
 }
 
 /* Final norm and LM head for `rows` consecutive rows of a->x starting at
@@ -2271,27 +2312,29 @@ static int head_forward(exo_model *m, int r0, int rows, float *out, exo_err *err
     acts *a = acts_of(m, be);
     float *x = a->x + (size_t)r0 * (size_t)m->dim;
     size_t V = (size_t)m->vocab;
+    if (!m->allgather) {
+        OK(head_logits(m, r0, rows));
+        return be->ops->to_host(be, out, a->logits, sizeof(float) * (size_t)rows * V);
+    }
     OK(be->ops->rmsnorm(be, a->h, x, m->final_norm, rows, m->dim, m->eps));
     const exo_linear *w[1] = {&m->lm_head};
-    if (m->allgather) {
+    {
         for (int r = 0; r < rows; r++) {
             float *const y[1] = {a->logits + m->vocab_bounds[m->tp_rank]};
             OK(be->ops->matmul(be, 1, w, a->h + (size_t)r * (size_t)m->dim, 1, y));
             OK(m->allgather(m->allreduce_ctx, a->logits, m->vocab_bounds, err));
             OK(be->ops->to_host(be, out + (size_t)r * V, a->logits, sizeof(float) * V));
         }
-        return 0;
     }
-    float *const y[1] = {a->logits};
-    OK(be->ops->matmul(be, 1, w, a->h, rows, y));
-    return be->ops->to_host(be, out, a->logits, sizeof(float) * (size_t)rows * V);
+    return 0;
 }
 
-static int step_chunk(exo_model *m, exo_seq *s, const exo_step *st, int t0, int n, exo_err *err)
+/* The embedding (or the hidden states coming in) and the layers of n
+ * tokens from t0. */
+static int step_layers(exo_model *m, exo_seq *s, const exo_step *st, int t0, int n, int pos0, exo_err *err)
 {
-    exo_backend *first = m->layers[0].be, *last = m->layers[m->n_layers - 1].be;
+    exo_backend *first = m->layers[0].be;
     size_t D = (size_t)m->dim, bytes = sizeof(float) * (size_t)n * D;
-    int pos0 = s->len;
     float *x0 = acts_of(m, first)->x;
     if (st->tokens) {
         OK(first->ops->embed(first, &m->embed, st->tokens + t0, n, x0));
@@ -2307,6 +2350,57 @@ static int step_chunk(exo_model *m, exo_seq *s, const exo_step *st, int t0, int 
         }
         OK(layer_forward(m, s, l, n, pos0, err));
     }
+    return 0;
+}
+
+/* A decode step of a model wholly on one GPU goes as one recorded unit
+ * (backend.h step_begin): its hundreds of kernel launches cost the host
+ * more than the GPU takes to run them. A step that needs the host inside
+ * it (mixture-of-experts routing, tensor-parallel collectives, hidden
+ * states coming in) launches its ops one by one. */
+static bool step_recordable(const exo_model *m, const exo_step *st, int n)
+{
+    return n == 1 && st->T == 1 && st->tokens && m->gpu && m->gpu_layers == m->n_layers && m->gpu->ops->step_begin &&
+           !m->n_experts && !m->allreduce && !m->allgather;
+}
+
+static int step_recorded(exo_model *m, exo_seq *s, const exo_step *st, int t0, int pos0, exo_err *err)
+{
+    exo_backend *be = m->gpu;
+    uint64_t key = s->id << 2 | (uint64_t)(st->logits != NULL) << 1 | (uint64_t)(st->hidden_out != NULL);
+    int r = be->ops->step_begin(be, key, st->tokens + t0, 1, pos0);
+    if (r > 0)
+        m->replayed_steps++;
+    if (r)
+        return r < 0 ? r : 0;
+    for (int eager = 0; eager < 2; eager++) {
+        int rc = step_layers(m, s, st, t0, 1, pos0, err);
+        if (!rc && st->logits)
+            rc = head_logits(m, 0, 1);
+        if (eager)
+            return rc;
+        r = be->ops->step_end(be);
+        if (r <= 0)
+            return r < 0 ? r : rc;
+    }
+    return 0;
+}
+
+static int step_chunk(exo_model *m, exo_seq *s, const exo_step *st, int t0, int n, exo_err *err)
+{
+    exo_backend *last = m->layers[m->n_layers - 1].be;
+    size_t D = (size_t)m->dim, bytes = sizeof(float) * (size_t)n * D;
+    int pos0 = s->len;
+    if (step_recordable(m, st, n)) {
+        OK(step_recorded(m, s, st, t0, pos0, err));
+        if (st->hidden_out)
+            OK(last->ops->to_host(last, st->hidden_out + (size_t)t0 * D, acts_of(m, last)->x, bytes));
+        if (st->logits && t0 + n == st->T)
+            OK(last->ops->to_host(last, st->all_logits ? st->logits + (size_t)t0 * (size_t)m->vocab : st->logits,
+                                  acts_of(m, last)->logits, sizeof(float) * (size_t)m->vocab));
+        return 0;
+    }
+    OK(step_layers(m, s, st, t0, n, pos0, err));
     if (st->hidden_out)
         OK(last->ops->to_host(last, st->hidden_out + (size_t)t0 * D, acts_of(m, last)->x, bytes));
     if (!st->logits)

@@ -117,6 +117,8 @@ size_t exo_model_gpu_reserve(size_t total_bytes);
  * (its CUDA index; -1: none). */
 int exo_model_gpu_layers(const exo_model *m);
 int exo_model_gpu_device(const exo_model *m);
+/* Decode steps run from a recording (backend.h step_begin) so far. */
+long exo_model_replayed_steps(const exo_model *m);
 
 /* Bytes of weights one decode step reads (every layer + LM head). */
 size_t  exo_model_decode_bytes(const exo_model *m);

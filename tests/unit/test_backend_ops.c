@@ -643,6 +643,65 @@ Test(backend_ops, matmul_every_format)
     both_close(&b);
 }
 
+/* matmul_fused against the parts on the CPU: y = rmsnorm(x, norm) W^T and
+ * y += x W^T, for the formats whose GEMV folds the norm into quantizing x
+ * (q4, q8) and one that takes the rmsnorm kernel first (bf16), at decode
+ * and prompt sizes. */
+Test(backend_ops, matmul_fused)
+{
+    both b = both_open("matmul_fused");
+    const wfmt fmts[] = {F_AFFINE(4, 64, BF16), F_AFFINE(8, 64, BF16), F_DENSE(BF16), F_AFFINE(3, 128, F32)};
+    static const int Ts[] = {1, 2, 4, 9};
+    const int rows = 384, cols = 1024;
+    for (size_t f = 0; f < sizeof fmts / sizeof fmts[0]; f++)
+        for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++) {
+            int T = Ts[ti];
+            weight w[2];
+            const exo_linear *wc[2], *wg[2];
+            for (int i = 0; i < 2; i++) {
+                weight_rand(&b, &w[i], fmts[f], rows - 64 * i, cols);
+                wc[i] = &w[i].cpu;
+                wg[i] = &w[i].gpu;
+            }
+            dvec norm = vec_rand(&b, EXO_DTYPE_BF16, (size_t)cols, 1.0f, 0.2f);
+            dual x = dual_rand(&b, (size_t)T * cols, 2.0f), y[2];
+            float *yc[2], *yg[2];
+            for (int i = 0; i < 2; i++) {
+                y[i] = dual_rand(&b, (size_t)T * (size_t)(rows - 64 * i), 1.0f);
+                yc[i] = y[i].cpu;
+                yg[i] = y[i].gpu;
+            }
+            /* normed products, stored */
+            float *h = b.cpu->ops->alloc(b.cpu, sizeof(float) * (size_t)T * cols);
+            ON(b.cpu, rmsnorm, h, x.cpu, norm.cpu, T, cols, 1e-6f);
+            ON(b.cpu, matmul, 2, wc, h, T, yc);
+            ON(b.gpu, matmul_fused, 2, wg, x.gpu, norm.gpu, 1e-6f, false, T, yg);
+            char op[48];
+            for (int i = 0; i < 2; i++)
+                dual_check(&b, &y[i], matmul_op("fused norm + matmul", T, op, sizeof op), matmul_limit(T),
+                           "%s T %d w[%d]", w[0].name, T, i);
+            /* plain products added to what y holds */
+            dual r = dual_rand(&b, (size_t)T * rows, 1.0f);
+            float *p = b.cpu->ops->alloc(b.cpu, sizeof(float) * (size_t)T * rows);
+            float *pc[1] = {p}, *rg[1] = {r.gpu};
+            ON(b.cpu, matmul, 1, wc, x.cpu, T, pc);
+            ON(b.cpu, add, r.cpu, p, (size_t)T * rows);
+            ON(b.gpu, matmul_fused, 1, wg, x.gpu, NULL, 0.0f, true, T, rg);
+            dual_check(&b, &r, matmul_op("fused matmul + add", T, op, sizeof op), matmul_limit(T), "%s T %d",
+                       w[0].name, T);
+            b.cpu->ops->release(b.cpu, h);
+            b.cpu->ops->release(b.cpu, p);
+            dual_free(&b, &r);
+            for (int i = 0; i < 2; i++) {
+                dual_free(&b, &y[i]);
+                weight_free(&w[i]);
+            }
+            dual_free(&b, &x);
+            vec_free(&b, &norm);
+        }
+    both_close(&b);
+}
+
 /* Model-sized shapes for a few formats: dense, the common MLX layouts, one
  * odd bit width with a wide group, MXFP4. */
 Test(backend_ops, matmul_large_shapes)
@@ -1354,4 +1413,67 @@ Test(backend_ops, gpu_and_cpu_layers_agree)
     }
     for (int k = 0; k < 3; k++)
         free(logits[k]);
+}
+
+/* Decode steps of a model wholly on the GPU replay a recording (a
+ * sequence's first step runs op by op, the second is recorded, the rest
+ * replay it, reading the token and the position on the device): the
+ * logits the op-by-op steps give, for two sequences taking turns, each
+ * with its own recording and cache. The recorded attention is split for
+ * the whole cache rather than the positions so far, so the sums may
+ * round differently: NMSE, not equality. */
+Test(backend_ops, recorded_decode_steps_match_eager)
+{
+    exo_err err = {0};
+    if (exo_backend_cuda_devices() <= 0)
+        cr_skip_test("needs a GPU");
+    enum { STEPS = 12 };
+    int32_t prompt[2][9] = {{1, 5, 9, 200, 17, 33, 8, 100, 250}, {4, 4, 61, 2, 90, 13, 7, 21, 230}};
+    float *out[2][2];
+    int V = 0;
+    for (int rec = 0; rec < 2; rec++) {
+        setenv("EXO_CUDA_GRAPH", rec ? "1" : "0", 1);
+        exo_synth *syn = NULL;
+        exo_model *m = NULL;
+        exo_seq *s[2];
+        cr_assert_eq(tiny_model("cuda", 0, &syn, &m, &err), 0, "%s", err.msg);
+        V = exo_model_vocab(m);
+        for (int q = 0; q < 2; q++) {
+            out[rec][q] = malloc(sizeof(float) * (size_t)V * STEPS);
+            cr_assert_eq(exo_seq_create(m, 300, &s[q], &err), 0, "%s", err.msg);
+            cr_assert_eq(exo_model_forward(m, s[q], prompt[q], 5 + 4 * q, out[rec][q], false, &err), 0, "%s",
+                         err.msg);
+        }
+        for (int step = 0; step < STEPS; step++)
+            for (int q = 0; q < 2; q++) {
+                int32_t tok = (int32_t)((step * 37 + q * 11) % 250);
+                cr_assert_eq(exo_model_forward(m, s[q], &tok, 1, out[rec][q] + (size_t)step * V, false, &err), 0,
+                             "%s", err.msg);
+            }
+        long replayed = exo_model_replayed_steps(m);
+        cr_log_info("graphs %s: %ld of %d decode steps replayed", rec ? "on" : "off", replayed, 2 * STEPS);
+        /* a sequence's first step is eager, its second recorded; a recording
+         * that had to grow a scratch buffer is thrown away and made again */
+        if (rec)
+            cr_expect(replayed >= 2 * (STEPS - 3), "replayed %ld", replayed);
+        else
+            cr_expect_eq(replayed, 0);
+        for (int q = 0; q < 2; q++)
+            exo_seq_free(s[q]);
+        exo_model_free(m);
+        exo_synth_free(syn);
+    }
+    unsetenv("EXO_CUDA_GRAPH");
+    for (int q = 0; q < 2; q++) {
+        double num = 0, den = 0;
+        for (size_t i = 0; i < (size_t)V * STEPS; i++) {
+            double d = (double)out[1][q][i] - out[0][q][i];
+            num += d * d;
+            den += (double)out[0][q][i] * out[0][q][i];
+        }
+        cr_log_info("sequence %d: recorded against op-by-op NMSE %.3e", q, num / den);
+        cr_expect(num / den < 1e-10, "sequence %d: NMSE %.3e", q, num / den);
+        free(out[0][q]);
+        free(out[1][q]);
+    }
 }

@@ -18,7 +18,14 @@
  * long context, so the positions are split over blocks (flash-decoding):
  * each split writes its max, sum and unnormalised output, and a second
  * kernel combines them, adding the sinks' share of the denominator
- * (gpt-oss). A prompt has blocks enough, and takes one split. */
+ * (gpt-oss). A prompt has blocks enough, and takes one split.
+ *
+ * A decode step (one token) whose KV groups are small enough takes
+ * attention_decode_kernel instead: one block per (KV head, split) serves
+ * every query head of the group, so each key and value row is read once,
+ * by one warp, coalesced (a lane holds head_dim / 32 of its dims); the
+ * block's 8 warps take interleaved positions with their own running max
+ * and sum per head and merge in shared memory at the end. */
 #include "engine/cuda/cuda_internal.h"
 
 #define ATT_THREADS 128
@@ -30,9 +37,23 @@ struct att_args {
     const float *q, *kin, *vin, *sinks;
     float *kc, *vc;
     float *out, *partial;
+    const int *pos_dev; /* a recorded step's position, read at run time; else pos0 */
     int n_heads, n_kv, hd, window, ring, pos0, per_split, n_split;
     float scale;
 };
+
+/* Positions a split takes. A recorded step's grid is planned for the
+ * whole cache, but the split length follows the positions there are now
+ * (at least `least`, a multiple of `unit`), so that a short context still
+ * spreads over many blocks; the splits past the end are empty. */
+__device__ __forceinline__ int split_len(const att_args &a, int span, int least, int unit)
+{
+    if (!a.pos_dev)
+        return a.per_split;
+    int per = (span + a.n_split - 1) / a.n_split;
+    per = per < least ? least : per;
+    return (per + unit - 1) / unit * unit;
+}
 
 __device__ __forceinline__ float warp_max(float v)
 {
@@ -50,25 +71,29 @@ __device__ __forceinline__ float warp_sum(float v)
 
 /* Position j's key (or value) row of KV head kvh: from the call's input
  * when the call appends it, else from the cache. */
-__device__ __forceinline__ const float *key_row(const att_args &a, int j, int kvh, size_t row_stride,
+__device__ __forceinline__ const float *key_row(const att_args &a, int pos0, int j, int kvh, size_t row_stride,
                                                 const float *in, const float *cache)
 {
-    if (j >= a.pos0)
-        return in + ((size_t)(j - a.pos0) * a.n_kv + kvh) * a.hd;
+    if (j >= pos0)
+        return in + ((size_t)(j - pos0) * a.n_kv + kvh) * a.hd;
     int slot = a.ring ? j % a.ring : j;
     return cache + slot * row_stride + (size_t)kvh * a.hd;
 }
 
 __global__ void __launch_bounds__(ATT_THREADS) attention_kernel(const __grid_constant__ att_args a)
 {
+    exo_cuda_wait_inputs();
+    exo_cuda_start_next();
     extern __shared__ float smem[]; /* q (hd), p (ATT_THREADS), the warps' outputs (ATT_WARPS * hd) */
     __shared__ float red[2][ATT_THREADS / 32];
     float *qs = smem, *ps = smem + a.hd;
     const int h = blockIdx.x, t = blockIdx.y, sp = blockIdx.z, tid = threadIdx.x;
     const int lane = tid & 31, warp = tid >> 5;
-    const int kvh = h / (a.n_heads / a.n_kv), qpos = a.pos0 + t;
+    const int pos0 = a.pos_dev ? *a.pos_dev : a.pos0;
+    const int kvh = h / (a.n_heads / a.n_kv), qpos = pos0 + t;
     const int lo = a.window > 0 && qpos - a.window + 1 > 0 ? qpos - a.window + 1 : 0;
-    const int start = lo + sp * a.per_split, end = min(qpos + 1, start + a.per_split);
+    const int per = split_len(a, pos0 + (int)gridDim.y - lo, 32, 32);
+    const int start = lo + sp * per, end = min(qpos + 1, start + per);
     const float *qrow = a.q + ((size_t)t * a.n_heads + h) * a.hd;
     for (int d = tid; d < a.hd; d += ATT_THREADS)
         qs[d] = qrow[d] * a.scale;
@@ -90,7 +115,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_kernel(const __grid_con
         int j = base + tid;
         float s = -INFINITY;
         if (j < end) {
-            const float4 *kr = (const float4 *)key_row(a, j, kvh, row_stride, a.kin, a.kc);
+            const float4 *kr = (const float4 *)key_row(a, pos0, j, kvh, row_stride, a.kin, a.kc);
             const float4 *q4 = (const float4 *)qs;
             float dot = 0.0f;
 #pragma unroll 8
@@ -126,7 +151,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_kernel(const __grid_con
 #pragma unroll 2
         for (int jj = warp; jj < n; jj += ATT_WARPS) {
             const float pj = ps[jj];
-            const float *vr = key_row(a, base + jj, kvh, row_stride, a.vin, a.vc);
+            const float *vr = key_row(a, pos0, base + jj, kvh, row_stride, a.vin, a.vc);
 #pragma unroll
             for (int i = 0; i < ATT_MAX_DIMS; i++) {
                 int d = lane + i * 32;
@@ -171,6 +196,8 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_kernel(const __grid_con
 
 __global__ void attention_combine_kernel(const __grid_constant__ att_args a)
 {
+    exo_cuda_wait_inputs();
+    exo_cuda_start_next();
     const int h = blockIdx.x, t = blockIdx.y;
     const float *part = a.partial + ((size_t)t * a.n_heads + h) * a.n_split * (size_t)(a.hd + 2);
     float M = -INFINITY;
@@ -195,13 +222,148 @@ __global__ void attention_combine_kernel(const __grid_constant__ att_args a)
     }
 }
 
-/* How a call is split: per_split positions a block (a multiple of the
- * block's width), enough blocks to fill the GPU when there are few. */
-static void plan(const exo_attn_shape *sh, int T, int pos0, int *per_split, int *n_split)
+/* The decode kernel: head_dim 64, 128 or 256, and a KV group's query
+ * heads times head_dim at most 1024 (what a lane keeps in registers). */
+#define DEC_WARPS 8
+#define DEC_GROUP_DIMS 1024
+
+static bool decode_kernel_takes(const exo_attn_shape *sh, int T)
 {
-    int span = pos0 + T; /* the most positions any query sees */
+    int hd = sh->head_dim, g = sh->n_heads / sh->n_kv_heads;
+    return T == 1 && (hd == 64 || hd == 128 || hd == 256) && g * hd <= DEC_GROUP_DIMS;
+}
+
+template <int DPL>
+__global__ void __launch_bounds__(DEC_WARPS * 32) attention_decode_kernel(const __grid_constant__ att_args a)
+{
+    exo_cuda_wait_inputs();
+    exo_cuda_start_next();
+    constexpr int GMAX = DEC_GROUP_DIMS / (32 * DPL);
+    __shared__ float merge[DEC_WARPS][GMAX][2];
+    extern __shared__ float wacc[]; /* [DEC_WARPS][g][hd] */
+    const int kvh = blockIdx.x, sp = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = a.n_heads / a.n_kv, hd = a.hd;
+    const int pos0 = a.pos_dev ? *a.pos_dev : a.pos0;
+    const int lo = a.window > 0 && pos0 - a.window + 1 > 0 ? pos0 - a.window + 1 : 0;
+    const int per = split_len(a, pos0 + 1 - lo, 16, 1);
+    const int start = lo + sp * per, end = min(pos0 + 1, start + per);
+    const size_t row_stride = (size_t)a.n_kv * hd;
+    /* a lane's dims: DPL consecutive floats (coalesced across the warp) */
+    const int d0 = lane * DPL;
+    float q[GMAX][DPL], acc[GMAX][DPL], m[GMAX], l[GMAX];
+#pragma unroll
+    for (int h = 0; h < GMAX; h++) {
+        m[h] = -INFINITY;
+        l[h] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < DPL; i++) {
+            acc[h][i] = 0.0f;
+            q[h][i] = h < g ? a.q[(size_t)(kvh * g + h) * hd + d0 + i] * a.scale : 0.0f;
+        }
+    }
+    if (sp == 0 && warp == 0) { /* this token's key and value into the cache */
+        int slot = a.ring ? pos0 % a.ring : pos0;
+        const size_t in = (size_t)kvh * hd, at = (size_t)slot * row_stride + in;
+#pragma unroll
+        for (int i = 0; i < DPL; i++) {
+            a.kc[at + d0 + i] = a.kin[in + d0 + i];
+            a.vc[at + d0 + i] = a.vin[in + d0 + i];
+        }
+    }
+    for (int j = start + warp; j < end; j += DEC_WARPS) {
+        const float *kr = key_row(a, pos0, j, kvh, row_stride, a.kin, a.kc) + d0;
+        const float *vr = key_row(a, pos0, j, kvh, row_stride, a.vin, a.vc) + d0;
+        float k[DPL], v[DPL];
+#pragma unroll
+        for (int i = 0; i < DPL; i += 2) {
+            float2 kk = __ldg((const float2 *)(kr + i)), vv = __ldg((const float2 *)(vr + i));
+            k[i] = kk.x;
+            k[i + 1] = kk.y;
+            v[i] = vv.x;
+            v[i + 1] = vv.y;
+        }
+#pragma unroll
+        for (int h = 0; h < GMAX; h++) {
+            if (h >= g)
+                break;
+            float s = 0.0f;
+#pragma unroll
+            for (int i = 0; i < DPL; i++)
+                s += q[h][i] * k[i];
+            s = warp_sum(s);
+            const float mnew = fmaxf(m[h], s);
+            const float corr = __expf(m[h] - mnew), p = __expf(s - mnew);
+            l[h] = l[h] * corr + p;
+            m[h] = mnew;
+#pragma unroll
+            for (int i = 0; i < DPL; i++)
+                acc[h][i] = acc[h][i] * corr + p * v[i];
+        }
+    }
+    /* the warps' (max, sum, output) per head, merged */
+    if (lane == 0)
+#pragma unroll
+        for (int h = 0; h < GMAX; h++)
+            if (h < g) {
+                merge[warp][h][0] = m[h];
+                merge[warp][h][1] = l[h];
+            }
+    __syncthreads();
+#pragma unroll
+    for (int h = 0; h < GMAX; h++) {
+        if (h >= g)
+            break;
+        float M = -INFINITY;
+        for (int w = 0; w < DEC_WARPS; w++)
+            M = fmaxf(M, merge[w][h][0]);
+        const float f = m[h] == -INFINITY ? 0.0f : __expf(m[h] - M);
+#pragma unroll
+        for (int i = 0; i < DPL; i++)
+            wacc[((size_t)warp * g + h) * hd + d0 + i] = acc[h][i] * f;
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < g * hd; e += DEC_WARPS * 32) {
+        const int h = e / hd, d = e % hd, head = kvh * g + h;
+        float M = -INFINITY, L = 0.0f, o = 0.0f;
+        for (int w = 0; w < DEC_WARPS; w++)
+            M = fmaxf(M, merge[w][h][0]);
+        for (int w = 0; w < DEC_WARPS; w++) {
+            const float mw = merge[w][h][0];
+            L += mw == -INFINITY ? 0.0f : merge[w][h][1] * __expf(mw - M);
+            o += wacc[((size_t)w * g + h) * hd + d];
+        }
+        if (a.n_split == 1) {
+            if (a.sinks)
+                L += __expf(a.sinks[head] - M);
+            a.out[(size_t)head * hd + d] = L > 0 ? o / L : 0.0f;
+        } else {
+            float *part = a.partial + ((size_t)head * a.n_split + sp) * (size_t)(hd + 2);
+            if (d == 0) {
+                part[0] = M;
+                part[1] = L;
+            }
+            part[2 + d] = o;
+        }
+    }
+}
+
+/* How a call is split: per_split positions a block (a multiple of the
+ * block's width), enough blocks to fill the GPU when there are few. A
+ * recorded step is planned for the whole cache (capacity > 0), since it
+ * replays at later positions; splits past the query's end are empty. */
+static void plan(const exo_attn_shape *sh, int T, int pos0, int capacity, int *per_split, int *n_split)
+{
+    int span = capacity > 0 ? capacity : pos0 + T; /* the most positions any query sees */
     if (sh->sliding_window > 0 && sh->sliding_window < span)
         span = sh->sliding_window;
+    if (decode_kernel_takes(sh, T)) { /* about two blocks an SM, at least 16 positions a block */
+        int n = (2 * 132 + sh->n_kv_heads - 1) / sh->n_kv_heads, most = (span + 15) / 16;
+        n = n > most ? most : n;
+        n = n < 1 ? 1 : n > ATT_MAX_SPLITS ? ATT_MAX_SPLITS : n;
+        *per_split = (span + n - 1) / n;
+        *n_split = (span + *per_split - 1) / *per_split;
+        return;
+    }
     int runs = (span + 31) / 32; /* splits are whole warps' worth of positions */
     int want = (4 * 132 + T * sh->n_heads - 1) / (T * sh->n_heads); /* blocks for a few waves */
     int n = want < runs ? want : runs;
@@ -211,15 +373,16 @@ static void plan(const exo_attn_shape *sh, int T, int pos0, int *per_split, int 
     *n_split = (span + per - 1) / per;
 }
 
-size_t exo_cuda_attention_scratch(const exo_attn_shape *sh, int T, int pos0)
+size_t exo_cuda_attention_scratch(const exo_attn_shape *sh, int T, int pos0, int capacity)
 {
     int per, n;
-    plan(sh, T, pos0, &per, &n);
+    plan(sh, T, pos0, capacity, &per, &n);
     return n > 1 ? sizeof(float) * (size_t)T * sh->n_heads * n * (sh->head_dim + 2) : 0;
 }
 
 int exo_cuda_attention(cudaStream_t stream, const exo_attn_shape *sh, float *out, const float *q, const float *k,
-                       const float *v, float *k_cache, float *v_cache, int capacity, int T, int pos0, float *partial)
+                       const float *v, float *k_cache, float *v_cache, int capacity, int T, int pos0,
+                       const int *pos_dev, float *partial)
 {
     if (sh->head_dim % 4 || sh->head_dim > 32 * ATT_MAX_DIMS || sh->n_heads % sh->n_kv_heads)
         return EXO_EINVAL;
@@ -238,16 +401,29 @@ int exo_cuda_attention(cudaStream_t stream, const exo_attn_shape *sh, float *out
     a.window = sh->sliding_window;
     a.ring = sh->ring;
     a.pos0 = pos0;
+    a.pos_dev = pos_dev;
     a.scale = sh->scale;
-    plan(sh, T, pos0, &a.per_split, &a.n_split);
+    plan(sh, T, pos0, pos_dev ? capacity : 0, &a.per_split, &a.n_split);
+    if (decode_kernel_takes(sh, T)) {
+        dim3 grid((unsigned)sh->n_kv_heads, (unsigned)a.n_split);
+        size_t wsmem = sizeof(float) * DEC_WARPS * (size_t)(sh->n_heads / sh->n_kv_heads) * sh->head_dim;
+        if (sh->head_dim == 64)
+            exo_cuda_launch(attention_decode_kernel<2>, dim3(grid), dim3(DEC_WARPS * 32), wsmem, stream, a);
+        else if (sh->head_dim == 128)
+            exo_cuda_launch(attention_decode_kernel<4>, dim3(grid), dim3(DEC_WARPS * 32), wsmem, stream, a);
+        else
+            exo_cuda_launch(attention_decode_kernel<8>, dim3(grid), dim3(DEC_WARPS * 32), wsmem, stream, a);
+    } else {
     size_t smem = sizeof(float) * (size_t)(sh->head_dim + ATT_THREADS + ATT_WARPS * sh->head_dim);
     if (smem > 48 * 1024 &&
         cudaFuncSetAttribute(attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem))
         return exo_cuda_launched("attention shared memory");
-    attention_kernel<<<dim3((unsigned)sh->n_heads, (unsigned)T, (unsigned)a.n_split), ATT_THREADS, smem, stream>>>(a);
+    exo_cuda_launch(attention_kernel, dim3((unsigned)sh->n_heads, (unsigned)T, (unsigned)a.n_split), dim3(ATT_THREADS), smem,
+                    stream, a);
+    }
     int rc = exo_cuda_launched("attention");
     if (rc || a.n_split == 1)
         return rc;
-    attention_combine_kernel<<<dim3((unsigned)sh->n_heads, (unsigned)T), 128, 0, stream>>>(a);
+    exo_cuda_launch(attention_combine_kernel, dim3((unsigned)sh->n_heads, (unsigned)T), dim3(128), 0, stream, a);
     return exo_cuda_launched("attention combine");
 }

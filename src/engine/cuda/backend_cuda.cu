@@ -33,7 +33,29 @@ extern "C" {
 #define WEIGHT_CHUNK ((size_t)256 << 20)
 
 /* Device scratch buffers, each grown to the largest call that needs it. */
-enum { SCRATCH_WEIGHT, SCRATCH_ACT, SCRATCH_SMALL, SCRATCH_ATTENTION, N_SCRATCH };
+enum { SCRATCH_WEIGHT, SCRATCH_ACT, SCRATCH_SMALL, SCRATCH_ATTENTION, SCRATCH_NORM, N_SCRATCH };
+
+/* What changes from one recorded decode step to the next: the graph's
+ * first node copies it from pinned host memory to the device, and the ops
+ * that depend on it (embed, rope, attention) read it there. */
+#define STEP_MAX_T 4
+struct step_io {
+    int pos0;
+    int32_t tokens[STEP_MAX_T];
+};
+
+/* A recorded step (backend.h step_begin): LRU over a few keys, since a
+ * runner decodes one or a few sequences at a time. */
+#define STEP_GRAPHS 8
+struct step_graph {
+    uint64_t key;
+    cudaGraphExec_t exec;
+    unsigned scratch_gen; /* the scratch buffers it was recorded against */
+    int T;
+    bool seen;            /* ran once eagerly: the scratch buffers have grown */
+    int fails;            /* recordings that broke; after three the key stays eager */
+    uint64_t used;
+};
 
 typedef struct cuda_backend {
     exo_backend base;
@@ -53,6 +75,21 @@ typedef struct cuda_backend {
      * the CPU: tests hold each path to its own tolerance) */
     bool force_gemv, force_gemm;
     struct profile *prof; /* EXO_CUDA_PROFILE=1: GPU time per op, printed at free */
+    /* recorded decode steps */
+    bool graphs_off;              /* EXO_CUDA_GRAPH=0, or profiling */
+    struct step_graph graphs[STEP_GRAPHS];
+    uint64_t graph_clock;
+    struct step_io *step_host;    /* pinned */
+    struct step_io *step_dev;
+    cudaEvent_t step_read;        /* the last replay has read step_host */
+    struct step_graph *recording; /* the step being captured, or NULL */
+    bool broken;                  /* something in the capture cannot be replayed */
+    int rec_pos0, rec_T;
+    unsigned scratch_gen;         /* bumped whenever a scratch buffer moves */
+    void *retired[8];             /* scratch replaced during a capture, freed at the next sync */
+    int n_retired;
+    void *pinned;                 /* host staging for large copies to the host */
+    size_t pinned_bytes;
 } cuda_backend;
 
 /* GPU time per op: events around every op, read back at each
@@ -120,13 +157,50 @@ static int check(cudaError_t e, const char *what)
 
 int exo_cuda_launched(const char *what) { return check(cudaGetLastError(), what); }
 
+bool exo_cuda_overlap;
+
+/* Launches overlap (cuda_internal.h) where every GPU is Hopper or later:
+ * decided once, so that a launch never asks which device it is on. */
+static void decide_overlap(int n_devices)
+{
+    static bool decided;
+    if (decided)
+        return;
+    decided = true;
+    const char *env = getenv("EXO_CUDA_PDL");
+    bool all = !(env && !strcmp(env, "0"));
+    for (int d = 0; d < n_devices && all; d++) {
+        int major = 0;
+        all = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, d) == cudaSuccess && major >= 9;
+    }
+    exo_cuda_overlap = all;
+}
+
+static void free_retired(cuda_backend *c)
+{
+    for (int i = 0; i < c->n_retired; i++)
+        cudaFree(c->retired[i]);
+    c->n_retired = 0;
+}
+
 static void *scratch(cuda_backend *c, int which, size_t bytes)
 {
     if (c->scratch_bytes[which] >= bytes)
         return c->scratch[which];
-    /* queued work may still read the old buffer */
-    cudaStreamSynchronize(c->stream);
-    cudaFree(c->scratch[which]);
+    c->scratch_gen++; /* recorded steps that use the old buffer are stale */
+    if (c->recording) {
+        /* the stream cannot wait while it is captured: the old buffer is
+         * kept until the next sync, and this recording is thrown away
+         * (the next step records again, with the buffer grown) */
+        c->broken = true;
+        if (c->n_retired == (int)(sizeof c->retired / sizeof *c->retired))
+            return NULL;
+        c->retired[c->n_retired++] = c->scratch[which];
+    } else {
+        /* queued work may still read the old buffer */
+        cudaStreamSynchronize(c->stream);
+        cudaFree(c->scratch[which]);
+    }
     size_t want = bytes + bytes / 4;
     if (cudaMalloc(&c->scratch[which], want) != cudaSuccess) {
         c->scratch[which] = NULL;
@@ -158,6 +232,14 @@ static void cuda_free_backend(exo_backend *be)
             cudaEventDestroy(c->prof->ev[i]);
         free(c->prof);
     }
+    for (int i = 0; i < STEP_GRAPHS; i++)
+        if (c->graphs[i].exec)
+            cudaGraphExecDestroy(c->graphs[i].exec);
+    free_retired(c);
+    cudaFreeHost(c->pinned);
+    cudaFreeHost(c->step_host);
+    cudaFree(c->step_dev);
+    cudaEventDestroy(c->step_read);
     for (size_t i = 0; i < c->n_chunks; i++)
         cudaFree(c->chunks[i]);
     for (int i = 0; i < N_SCRATCH; i++)
@@ -193,16 +275,53 @@ static void cuda_release(exo_backend *be, void *p)
     }
 }
 
+/* A host copy or a wait cannot be part of a recorded step: the recording
+ * is marked broken (step_end then has the caller run the step eagerly). */
+static bool refuse_in_capture(cuda_backend *c)
+{
+    if (c->recording)
+        c->broken = true;
+    return c->recording != NULL;
+}
+
 static int cuda_to_device(exo_backend *be, void *dst, const void *src, size_t bytes)
 {
+    if (refuse_in_capture(cu(be)))
+        return EXO_EBUSY;
     return check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, cu(be)->stream), "copy to device");
 }
 
 static int cuda_to_host(exo_backend *be, void *dst, const void *src, size_t bytes)
 {
     cuda_backend *c = cu(be);
-    int rc = check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, c->stream), "copy to host");
+    if (refuse_in_capture(c))
+        return EXO_EBUSY;
+    /* a large copy (a step's logits) lands in pinned memory first: the
+     * driver copies pageable memory through its own small staging buffer
+     * at a fraction of the bus's speed (90 us for 128k logits on an H200
+     * host, against about 20 + 15 us this way) */
+    bool staged = bytes >= ((size_t)64 << 10) && bytes <= ((size_t)64 << 20);
+    if (staged && c->pinned_bytes < bytes) {
+        cudaStreamSynchronize(c->stream);
+        cudaFreeHost(c->pinned);
+        c->pinned_bytes = 0;
+        if (cudaMallocHost(&c->pinned, bytes) == cudaSuccess)
+            c->pinned_bytes = bytes;
+        else
+            c->pinned = NULL;
+        cudaGetLastError();
+    }
+    staged = staged && c->pinned_bytes >= bytes;
+    int rc;
+    {
+        prof_scope prof(c, "to_host");
+        rc = check(cudaMemcpyAsync(staged ? c->pinned : dst, src, bytes, cudaMemcpyDeviceToHost, c->stream),
+                   "copy to host");
+    }
     rc = rc ? rc : check(cudaStreamSynchronize(c->stream), "copy to host");
+    if (!rc && staged)
+        memcpy(dst, c->pinned, bytes);
+    free_retired(c);
     if (c->prof)
         profile_collect(c->prof);
     return rc;
@@ -211,7 +330,10 @@ static int cuda_to_host(exo_backend *be, void *dst, const void *src, size_t byte
 static int cuda_sync(exo_backend *be)
 {
     cuda_backend *c = cu(be);
+    if (refuse_in_capture(c))
+        return EXO_EBUSY;
     int rc = check(cudaStreamSynchronize(c->stream), "sync");
+    free_retired(c);
     if (c->prof)
         profile_collect(c->prof);
     return rc;
@@ -295,10 +417,116 @@ static float *cuda_load_vector(exo_backend *be, exo_dtype t, const void *host, s
 /* Host values up to the device's small scratch, in stream order. */
 static void *bring_up(cuda_backend *c, const void *host, size_t bytes)
 {
+    if (refuse_in_capture(c))
+        return NULL;
     void *d = scratch(c, SCRATCH_SMALL, bytes);
     if (!d || cudaMemcpyAsync(d, host, bytes, cudaMemcpyHostToDevice, c->stream) != cudaSuccess)
         return NULL;
     return d;
+}
+
+/* ---- recorded decode steps ------------------------------------------------ */
+
+/* While a step is recorded, the position its ops were given must be the
+ * step's (it is read from the device at replay); anything else cannot be
+ * replayed. NULL when not recording. */
+static const int *step_pos(cuda_backend *c, int T, int pos0)
+{
+    if (!c->recording)
+        return NULL;
+    if (T != c->rec_T || pos0 != c->rec_pos0)
+        c->broken = true;
+    return &c->step_dev->pos0;
+}
+
+static void stage_step(cuda_backend *c, const int32_t *tokens, int T, int pos0)
+{
+    cudaEventSynchronize(c->step_read); /* the previous replay's copy has read it */
+    c->step_host->pos0 = pos0;
+    memcpy(c->step_host->tokens, tokens, sizeof(int32_t) * (size_t)T);
+}
+
+static int cuda_step_begin(exo_backend *be, uint64_t key, const int32_t *tokens, int T, int pos0)
+{
+    cuda_backend *c = cu(be);
+    if (c->graphs_off || c->recording || !tokens || T < 1 || T > STEP_MAX_T)
+        return 0;
+    struct step_graph *g = NULL, *lru = &c->graphs[0];
+    for (int i = 0; i < STEP_GRAPHS; i++) {
+        if (c->graphs[i].used && c->graphs[i].key == key && c->graphs[i].T == T)
+            g = &c->graphs[i];
+        if (c->graphs[i].used < lru->used)
+            lru = &c->graphs[i];
+    }
+    if (!g) { /* a new key takes the least recently used slot */
+        g = lru;
+        if (g->exec)
+            cudaGraphExecDestroy(g->exec);
+        memset(g, 0, sizeof *g);
+        g->key = key;
+        g->T = T;
+    }
+    g->used = ++c->graph_clock;
+    if (g->exec && g->scratch_gen == c->scratch_gen) {
+        stage_step(c, tokens, T, pos0);
+        if (check(cudaGraphLaunch(g->exec, c->stream), "replay a decode step") ||
+            check(cudaEventRecord(c->step_read, c->stream), "replay a decode step"))
+            return EXO_EINTERNAL;
+        return 1;
+    }
+    if (g->exec) {
+        cudaGraphExecDestroy(g->exec);
+        g->exec = NULL;
+    }
+    if (!g->seen || g->fails >= 3) { /* the first time eagerly: scratch buffers grow to size */
+        g->seen = true;
+        return 0;
+    }
+    stage_step(c, tokens, T, pos0);
+    if (cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeRelaxed) != cudaSuccess ||
+        cudaMemcpyAsync(c->step_dev, c->step_host, sizeof *c->step_host, cudaMemcpyHostToDevice, c->stream) !=
+            cudaSuccess) {
+        cudaGraph_t dropped = NULL;
+        cudaStreamEndCapture(c->stream, &dropped);
+        if (dropped)
+            cudaGraphDestroy(dropped);
+        cudaGetLastError();
+        g->fails = 3;
+        return 0;
+    }
+    c->recording = g;
+    c->broken = false;
+    c->rec_T = T;
+    c->rec_pos0 = pos0;
+    return 0;
+}
+
+static int cuda_step_end(exo_backend *be)
+{
+    cuda_backend *c = cu(be);
+    struct step_graph *g = c->recording;
+    if (!g)
+        return 0;
+    c->recording = NULL;
+    cudaGraph_t graph = NULL;
+    cudaGraphExec_t exec = NULL;
+    bool ok = cudaStreamEndCapture(c->stream, &graph) == cudaSuccess && graph && !c->broken &&
+              cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess;
+    if (graph)
+        cudaGraphDestroy(graph);
+    if (!ok) {
+        cudaGetLastError();
+        if (exec)
+            cudaGraphExecDestroy(exec);
+        g->fails++;
+        return 1; /* nothing ran: the caller issues the step again, eagerly */
+    }
+    g->exec = exec;
+    g->scratch_gen = c->scratch_gen;
+    if (check(cudaGraphLaunch(exec, c->stream), "run a recorded decode step") ||
+        check(cudaEventRecord(c->step_read, c->stream), "run a recorded decode step"))
+        return EXO_EINTERNAL;
+    return 0;
 }
 
 /* ---- element-wise ops ------------------------------------------------------ */
@@ -310,6 +538,8 @@ static unsigned blocks_for(size_t n, unsigned per = 256) { return exo_cuda_block
 
 __global__ void glu_kernel(int kind, float *g, const float *u, size_t n, float lim)
 {
+    exo_cuda_wait_inputs();
+    exo_cuda_start_next();
     GRID_LOOP(i, n) {
         float a = g[i], b = u[i];
         if (kind == EXO_GLU_SILU) {
@@ -324,16 +554,30 @@ __global__ void glu_kernel(int kind, float *g, const float *u, size_t n, float l
     }
 }
 
-__global__ void add_kernel(float *x, const float *y, size_t n) { GRID_LOOP(i, n) x[i] += y[i]; }
-__global__ void scale_kernel(float *x, float s, size_t n) { GRID_LOOP(i, n) x[i] *= s; }
+__global__ void add_kernel(float *x, const float *y, size_t n)
+{
+    exo_cuda_wait_inputs();
+    exo_cuda_start_next();
+    GRID_LOOP(i, n) x[i] += y[i];
+}
+__global__ void scale_kernel(float *x, float s, size_t n)
+{
+    exo_cuda_wait_inputs();
+    exo_cuda_start_next();
+    GRID_LOOP(i, n) x[i] *= s;
+}
 
 __global__ void add_bias_kernel(float *y, const float *b, size_t T, size_t dim)
 {
+    exo_cuda_wait_inputs();
+    exo_cuda_start_next();
     GRID_LOOP(i, T * dim) y[i] += b[i % dim];
 }
 
 __global__ void sigmoid_mul_kernel(float *x, const float *gate, size_t rows, size_t dim, size_t gate_dim)
 {
+    exo_cuda_wait_inputs();
+    exo_cuda_start_next();
     GRID_LOOP(i, rows * dim) {
         size_t r = i / dim, j = i % dim;
         x[i] *= 1.0f / (1.0f + expf(-gate[r * gate_dim + (gate_dim == 1 ? 0 : j)]));
@@ -343,21 +587,21 @@ __global__ void sigmoid_mul_kernel(float *x, const float *gate, size_t rows, siz
 static int cuda_glu(exo_backend *be, exo_glu_kind kind, float *g, const float *u, size_t n, float limit)
 {
     prof_scope prof(cu(be), "glu");
-    glu_kernel<<<blocks_for(n), 256, 0, cu(be)->stream>>>((int)kind, g, u, n, limit);
+    exo_cuda_launch(glu_kernel, dim3(blocks_for(n)), dim3(256), 0, cu(be)->stream, (int)kind, g, u, n, limit);
     return exo_cuda_launched("glu");
 }
 
 static int cuda_add(exo_backend *be, float *x, const float *y, size_t n)
 {
     prof_scope prof(cu(be), "add");
-    add_kernel<<<blocks_for(n), 256, 0, cu(be)->stream>>>(x, y, n);
+    exo_cuda_launch(add_kernel, dim3(blocks_for(n)), dim3(256), 0, cu(be)->stream, x, y, n);
     return exo_cuda_launched("add");
 }
 
 static int cuda_scale(exo_backend *be, float *x, float s, size_t n)
 {
     prof_scope prof(cu(be), "scale");
-    scale_kernel<<<blocks_for(n), 256, 0, cu(be)->stream>>>(x, s, n);
+    exo_cuda_launch(scale_kernel, dim3(blocks_for(n)), dim3(256), 0, cu(be)->stream, x, s, n);
     return exo_cuda_launched("scale");
 }
 
@@ -369,14 +613,14 @@ static int cuda_zero(exo_backend *be, float *x, size_t n)
 static int cuda_add_bias(exo_backend *be, float *y, const float *b, int T, int dim)
 {
     prof_scope prof(cu(be), "add_bias");
-    add_bias_kernel<<<blocks_for((size_t)T * dim), 256, 0, cu(be)->stream>>>(y, b, (size_t)T, (size_t)dim);
+    exo_cuda_launch(add_bias_kernel, dim3(blocks_for((size_t)T * dim)), dim3(256), 0, cu(be)->stream, y, b, (size_t)T, (size_t)dim);
     return exo_cuda_launched("add_bias");
 }
 
 static int cuda_sigmoid_mul(exo_backend *be, float *x, const float *gate, int rows, int dim, int gate_dim)
 {
     prof_scope prof(cu(be), "sigmoid_mul");
-    sigmoid_mul_kernel<<<blocks_for((size_t)rows * dim), 256, 0, cu(be)->stream>>>(x, gate, (size_t)rows,
+    exo_cuda_launch(sigmoid_mul_kernel, dim3(blocks_for((size_t)rows * dim)), dim3(256), 0, cu(be)->stream, x, gate, (size_t)rows,
                                                                                     (size_t)dim, (size_t)gate_dim);
     return exo_cuda_launched("sigmoid_mul");
 }
@@ -410,6 +654,8 @@ __device__ float block_sum(float v, float *shared)
 
 __global__ void rmsnorm_kernel(float *out, const float *x, const float *w, int dim, float eps)
 {
+    exo_cuda_wait_inputs();
+    exo_cuda_start_next();
     __shared__ float part[32];
     const float *xr = x + (size_t)blockIdx.x * dim;
     float *orow = out + (size_t)blockIdx.x * dim;
@@ -422,17 +668,26 @@ __global__ void rmsnorm_kernel(float *out, const float *x, const float *w, int d
         orow[i] = w[i] * (xr[i] * inv);
 }
 
-static int cuda_rmsnorm(exo_backend *be, float *out, const float *x, const float *w, int rows, int dim, float eps)
+static int norm_rows(cuda_backend *c, float *out, const float *x, const float *w, int rows, int dim, float eps)
 {
-    prof_scope prof(cu(be), "rmsnorm");
     int threads = dim >= 1024 ? 1024 : dim >= 256 ? 256 : dim > 32 ? 128 : 32;
-    rmsnorm_kernel<<<rows, threads, 0, cu(be)->stream>>>(out, x, w, dim, eps);
+    exo_cuda_launch(rmsnorm_kernel, dim3(rows), dim3(threads), 0, c->stream, out, x, w, dim, eps);
     return exo_cuda_launched("rmsnorm");
 }
 
-__global__ void rope_kernel(float *x, int n_heads, int head_dim, int half, int pos0, const float *inv_freq,
-                            float mscale)
+static int cuda_rmsnorm(exo_backend *be, float *out, const float *x, const float *w, int rows, int dim, float eps)
 {
+    prof_scope prof(cu(be), "rmsnorm");
+    return norm_rows(cu(be), out, x, w, rows, dim, eps);
+}
+
+__global__ void rope_kernel(float *x, int n_heads, int head_dim, int half, int pos0, const int *pos_dev,
+                            const float *inv_freq, float mscale)
+{
+    exo_cuda_wait_inputs();
+    exo_cuda_start_next();
+    if (pos_dev)
+        pos0 = *pos_dev;
     int t = blockIdx.y;
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n_heads * half; i += gridDim.x * blockDim.x) {
         int h = i / half, d = i % half;
@@ -450,9 +705,11 @@ static int cuda_rope(exo_backend *be, float *x, int T, int n_heads, int head_dim
                      const float *inv_freq, float mscale)
 {
     prof_scope prof(cu(be), "rope");
+    cuda_backend *c = cu(be);
+    const int *pos_dev = step_pos(c, T, pos0);
     int half = rot_dim / 2;
     dim3 grid(blocks_for((size_t)n_heads * half, 128), (unsigned)T);
-    rope_kernel<<<grid, 128, 0, cu(be)->stream>>>(x, n_heads, head_dim, half, pos0, inv_freq, mscale);
+    exo_cuda_launch(rope_kernel, dim3(grid), dim3(128), 0, c->stream, x, n_heads, head_dim, half, pos0, pos_dev, inv_freq, mscale);
     return exo_cuda_launched("rope");
 }
 
@@ -462,6 +719,8 @@ static int cuda_embed(exo_backend *be, const exo_linear *table, const int32_t *t
 {
     prof_scope prof(cu(be), "embed");
     cuda_backend *c = cu(be);
+    if (c->recording && T == c->rec_T) /* the step's tokens, as step_begin staged them */
+        return exo_cuda_embed(c->stream, table, c->step_dev->tokens, T, out);
     const int32_t *d = (const int32_t *)bring_up(c, tokens, sizeof(int32_t) * (size_t)T);
     if (!d)
         return EXO_ENOMEM;
@@ -469,9 +728,10 @@ static int cuda_embed(exo_backend *be, const exo_linear *table, const int32_t *t
 }
 
 /* y = x W^T on the tensor cores (see matmul.cu). */
-static int gemm(cuda_backend *c, const exo_linear *w, const float *x, int ldx, int T, float *y, int ldy)
+static int gemm(cuda_backend *c, const exo_linear *w, const float *x, int ldx, int T, float *y, int ldy,
+                bool accumulate)
 {
-    const float one = 1.0f, zero = 0.0f;
+    const float one = 1.0f, zero = accumulate ? 1.0f : 0.0f; /* beta */
     int m = (int)w->rows, k = (int)w->cols;
     cublasStatus_t st;
     if (w->format == EXO_WFORMAT_DENSE && w->dtype == EXO_DTYPE_F32) {
@@ -509,7 +769,7 @@ static int gemm(cuda_backend *c, const exo_linear *w, const float *x, int ldx, i
 /* n products, weight i reading xs[i] (row stride ldx) into ys[i] (row
  * stride ldy; 0: the weight's rows, outputs packed (T, rows)). */
 static int products(cuda_backend *c, int n, const exo_linear *const *w, const float *const *xs, int ldx, int T,
-                    float *const *ys, int ldy)
+                    float *const *ys, int ldy, bool accumulate = false, const float *norm = NULL, float eps = 0)
 {
     if (c->force_gemv && T > EXO_CUDA_GEMV_MAX_T) { /* GEMV steps of up to its most tokens */
         const float *xt[64];
@@ -520,7 +780,7 @@ static int products(cuda_backend *c, int n, const exo_linear *const *w, const fl
                 xt[i] = xs[i] + (size_t)t0 * (size_t)ldx;
                 yt[i] = ys[i] + (size_t)t0 * (size_t)(ldy ? ldy : w[i]->rows);
             }
-            int rc = products(c, n, w, xt, ldx, Tc, yt, ldy ? ldy : -1);
+            int rc = products(c, n, w, xt, ldx, Tc, yt, ldy ? ldy : -1, accumulate, norm, eps);
             if (rc)
                 return rc;
         }
@@ -532,7 +792,7 @@ static int products(cuda_backend *c, int n, const exo_linear *const *w, const fl
         bool fast = i < n && !c->force_gemm && exo_cuda_gemv_takes(w[i], xs[i], ldx, T);
         int ly = i < n && ldy <= 0 ? (int)w[i]->rows : ldy; /* 0 (or -1): rows of the weight's width */
         if (fast)
-            jobs[nj++] = (exo_cuda_gemv_job){*w[i], xs[i], ldx, ys[i], ly};
+            jobs[nj++] = (exo_cuda_gemv_job){*w[i], xs[i], ldx, ys[i], ly, norm, eps, accumulate};
         if (nj && (!fast || nj == EXO_CUDA_JOBS || i == n)) {
             void *s = scratch(c, SCRATCH_ACT, exo_cuda_gemv_scratch(nj, jobs, T) + 256);
             if (!s)
@@ -544,8 +804,8 @@ static int products(cuda_backend *c, int n, const exo_linear *const *w, const fl
         }
         if (i < n && !fast) {
             int rc = T <= EXO_CUDA_GEMV_MAX_T && !c->force_gemm
-                         ? exo_cuda_gemv_any(c->stream, w[i], xs[i], ldx, T, ys[i], ly)
-                         : gemm(c, w[i], xs[i], ldx, T, ys[i], ly);
+                         ? exo_cuda_gemv_any(c->stream, w[i], xs[i], ldx, T, ys[i], ly, accumulate)
+                         : gemm(c, w[i], xs[i], ldx, T, ys[i], ly, accumulate);
             if (rc)
                 return rc;
         }
@@ -563,6 +823,41 @@ static int cuda_matmul(exo_backend *be, int n, const exo_linear *const *w, const
             xs[i] = x;
         /* every weight of one call has the same cols */
         int rc = products(cu(be), m, w + off, xs, (int)w[0]->cols, T, y + off, 0);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+/* The products of cuda_matmul with x through RMSNorm first (norm not
+ * NULL) and y accumulated: the GEMV norms x as it quantizes it, and adds
+ * into y in its last write. Weights the GEMV does not quantize (bf16,
+ * prompts) take x normed into scratch by the rmsnorm kernel. */
+static int cuda_matmul_fused(exo_backend *be, int n, const exo_linear *const *w, const float *x, const float *norm,
+                             float eps, bool accumulate, int T, float *const *y)
+{
+    prof_scope prof(cu(be), "matmul");
+    cuda_backend *c = cu(be);
+    int cols = (int)w[0]->cols;
+    bool quantized = T <= EXO_CUDA_GEMV_MAX_T && !c->force_gemm && n <= 64;
+    for (int i = 0; i < n && quantized; i++)
+        quantized = exo_cuda_gemv_quantizes(w[i]) && exo_cuda_gemv_takes(w[i], x, cols, T);
+    if (norm && !quantized) {
+        float *h = (float *)scratch(c, SCRATCH_NORM, sizeof(float) * (size_t)T * (size_t)cols);
+        if (!h)
+            return EXO_ENOMEM;
+        int rc = norm_rows(c, h, x, norm, T, cols, eps);
+        if (rc)
+            return rc;
+        x = h;
+        norm = NULL;
+    }
+    const float *xs[64];
+    for (int off = 0; off < n; off += 64) {
+        int m = n - off < 64 ? n - off : 64;
+        for (int i = 0; i < m; i++)
+            xs[i] = x;
+        int rc = products(c, m, w + off, xs, cols, T, y + off, 0, accumulate, norm, eps);
         if (rc)
             return rc;
     }
@@ -619,6 +914,8 @@ static int cuda_moe_route(exo_backend *be, const exo_moe_router *r, const float 
 
 __global__ void gather_rows_kernel(float *dst, const float *src, const int32_t *rows, int n, int dim)
 {
+    exo_cuda_wait_inputs();
+    exo_cuda_start_next();
     GRID_LOOP(i, (size_t)n * dim) dst[i] = src[(size_t)rows[i / dim] * dim + i % dim];
 }
 
@@ -627,6 +924,8 @@ __global__ void gather_rows_kernel(float *dst, const float *src, const int32_t *
 __global__ void scatter_add_rows_kernel(float *dst, const float *src, const int32_t *rows, const float *scale,
                                         int n, int dim)
 {
+    exo_cuda_wait_inputs();
+    exo_cuda_start_next();
     for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < dim; j += gridDim.x * blockDim.x)
         for (int i = 0; i < n; i++)
             dst[(size_t)rows[i] * dim + j] += scale[i] * src[(size_t)i * dim + j];
@@ -639,7 +938,7 @@ static int cuda_gather_rows(exo_backend *be, float *dst, const float *src, const
     const int32_t *d = (const int32_t *)bring_up(c, rows, sizeof(int32_t) * (size_t)n);
     if (!d)
         return EXO_ENOMEM;
-    gather_rows_kernel<<<blocks_for((size_t)n * dim), 256, 0, c->stream>>>(dst, src, d, n, dim);
+    exo_cuda_launch(gather_rows_kernel, dim3(blocks_for((size_t)n * dim)), dim3(256), 0, c->stream, dst, src, d, n, dim);
     return exo_cuda_launched("gather_rows");
 }
 
@@ -654,7 +953,7 @@ static int cuda_scatter_add_rows(exo_backend *be, float *dst, const float *src, 
     if (!d || cudaMemcpyAsync(d, rows, sizeof(int32_t) * (size_t)n, cudaMemcpyHostToDevice, c->stream) ||
         cudaMemcpyAsync(d + rb, scale, sizeof(float) * (size_t)n, cudaMemcpyHostToDevice, c->stream))
         return EXO_ENOMEM;
-    scatter_add_rows_kernel<<<blocks_for((size_t)dim), 256, 0, c->stream>>>(dst, src, (const int32_t *)d,
+    exo_cuda_launch(scatter_add_rows_kernel, dim3(blocks_for((size_t)dim)), dim3(256), 0, c->stream, dst, src, (const int32_t *)d,
                                                                              (const float *)(d + rb), n, dim);
     return exo_cuda_launched("scatter_add_rows");
 }
@@ -666,11 +965,13 @@ static int cuda_attention(exo_backend *be, const exo_attn_shape *shape, float *o
 {
     prof_scope prof(cu(be), "attention");
     cuda_backend *c = cu(be);
-    size_t bytes = exo_cuda_attention_scratch(shape, T, pos0);
+    const int *pos_dev = step_pos(c, T, pos0);
+    size_t bytes = exo_cuda_attention_scratch(shape, T, pos0, pos_dev ? capacity : 0);
     float *partial = bytes ? (float *)scratch(c, SCRATCH_ATTENTION, bytes) : NULL;
     if (bytes && !partial)
         return EXO_ENOMEM;
-    return exo_cuda_attention(c->stream, shape, out, q, k, v, k_cache, v_cache, capacity, T, pos0, partial);
+    return exo_cuda_attention(c->stream, shape, out, q, k, v, k_cache, v_cache, capacity, T, pos0, pos_dev,
+                              partial);
 }
 
 static int cuda_conv1d_silu(exo_backend *be, float *out, int out_stride, const float *x, int x_stride,
@@ -729,6 +1030,9 @@ static const exo_backend_ops cuda_ops = {
     .copy2d = cuda_copy2d,
     .head_matmul = cuda_head_matmul,
     .sync = cuda_sync,
+    .step_begin = cuda_step_begin,
+    .step_end = cuda_step_end,
+    .matmul_fused = cuda_matmul_fused,
 };
 
 static int device_count(void)
@@ -766,6 +1070,7 @@ static exo_backend *create(int device, exo_err *err)
         exo_err_set(err, EXO_EINVAL, "no CUDA device %d (there are %d)", device, n);
         return NULL;
     }
+    decide_overlap(n);
     cuda_backend *c = (cuda_backend *)calloc(1, sizeof *c);
     c->base.ops = &cuda_ops;
     c->device = device;
@@ -781,6 +1086,14 @@ static exo_backend *create(int device, exo_err *err)
         c->prof = (struct profile *)calloc(1, sizeof *c->prof);
         for (int i = 0; i < PROF_EVENTS; i++)
             cudaEventCreate(&c->prof->ev[i]);
+    }
+    const char *graphs = getenv("EXO_CUDA_GRAPH");
+    c->graphs_off = c->prof || (graphs && !strcmp(graphs, "0"));
+    if (cudaMallocHost((void **)&c->step_host, sizeof *c->step_host) != cudaSuccess ||
+        cudaMalloc((void **)&c->step_dev, sizeof *c->step_dev) != cudaSuccess ||
+        cudaEventCreateWithFlags(&c->step_read, cudaEventDisableTiming) != cudaSuccess) {
+        cudaGetLastError();
+        c->graphs_off = true;
     }
     const char *path = getenv("EXO_MATMUL_PATH");
     c->force_gemv = path && !strcmp(path, "gemv");

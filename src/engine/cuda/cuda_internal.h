@@ -25,12 +25,61 @@ static inline unsigned exo_cuda_blocks(size_t n, unsigned per)
     return (unsigned)(b < 1 ? 1 : b > 65536 ? 65536 : b);
 }
 
+/* Programmatic dependent launch (Hopper and later). A kernel queued by
+ * exo_cuda_launch may start while the kernel before it on the stream still
+ * runs, so its prologue (a GEMV's first weight loads, which no kernel
+ * writes) and its launch latency overlap that kernel's tail. Such a kernel
+ * calls exo_cuda_wait_inputs() before it touches memory that earlier work
+ * on the stream reads or writes, in every block: a grid whose blocks all
+ * left before waiting would count as finished while its predecessor still
+ * runs, and the next kernel's wait would no longer cover the predecessor.
+ * exo_cuda_start_next() lets the next such kernel start now rather than
+ * when this one's blocks exit. Before Hopper both are no-ops and the
+ * launch is an ordinary one. */
+__device__ __forceinline__ void exo_cuda_wait_inputs(void)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void exo_cuda_start_next(void)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" :::);
+#endif
+}
+
+/* Whether launches overlap as above: every GPU of the process is Hopper or
+ * later (set when a backend is created; EXO_CUDA_PDL=0 turns it off). */
+extern bool exo_cuda_overlap;
+
+template <typename... Params, typename... Args>
+static inline void exo_cuda_launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
+                                   Args... args)
+{
+    cudaLaunchAttribute attr;
+    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr.val.programmaticStreamSerializationAllowed = exo_cuda_overlap ? 1 : 0;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = s;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    cudaLaunchKernelEx(&cfg, kernel, args...);
+}
+
 /* The backend.h attention op (attention.cu); partial: device scratch of
- * exo_cuda_attention_scratch bytes (the split decode's partial results). */
-size_t exo_cuda_attention_scratch(const exo_attn_shape *shape, int T, int pos0);
+ * exo_cuda_attention_scratch bytes (the split decode's partial results).
+ * pos_dev: a recorded step's position in device memory (pos0 is then the
+ * recording's, and the split is planned for the whole capacity: pass the
+ * same capacity to exo_cuda_attention_scratch), or NULL. */
+size_t exo_cuda_attention_scratch(const exo_attn_shape *shape, int T, int pos0, int capacity);
 int exo_cuda_attention(cudaStream_t stream, const exo_attn_shape *shape, float *out, const float *q, const float *k,
                        const float *v, float *k_cache, float *v_cache, int capacity, int T, int pos0,
-                       float *partial);
+                       const int *pos_dev, float *partial);
 
 /* Gated DeltaNet (linear_attn.cu): the backend.h ops of the same names,
  * on device memory, queued on `stream`. */

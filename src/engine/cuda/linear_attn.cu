@@ -85,6 +85,8 @@ __global__ void __launch_bounds__(CONV_THREADS)
 conv1d_silu_kernel(float *__restrict__ out, long out_stride, const float *__restrict__ x, long x_stride,
                    const float *__restrict__ w, float *__restrict__ state, int T, int C)
 {
+    exo_cuda_wait_inputs();
+    exo_cuda_start_next();
     const int c = blockIdx.x * CONV_THREADS + threadIdx.x;
     if (c >= C)
         return;
@@ -269,6 +271,8 @@ __device__ __forceinline__ void gdn_token_scalars(float *dst, float qq, float kk
 template <int ROWS, int GROUPS>
 __global__ void __launch_bounds__(32 * GDN_MAX_WARPS) gated_delta_kernel(GdnArgs p)
 {
+    exo_cuda_wait_inputs();
+    exo_cuda_start_next();
     typedef GdnStage<ROWS, GROUPS> L;
     extern __shared__ float4 gdn_smem4[]; /* float4: 16-byte aligned */
     float *const smem = (float *)gdn_smem4;
@@ -409,6 +413,8 @@ __global__ void __launch_bounds__(32 * GDN_MAX_WARPS) gated_delta_kernel(GdnArgs
  * (2 Dk floats) and its scalars. */
 __global__ void __launch_bounds__(GDN_GLOBAL_THREADS) gated_delta_global_kernel(GdnArgs p)
 {
+    exo_cuda_wait_inputs();
+    exo_cuda_start_next();
     extern __shared__ float4 gdn_smem4[];
     float *const scalars = (float *)gdn_smem4, *const qs = scalars + GDN_SCALARS, *const ks = qs + p.Dk;
     const int tid = threadIdx.x, lane = tid & 31;
@@ -477,7 +483,7 @@ template <int ROWS, int GROUPS> void gated_delta_launch(cudaStream_t stream, Gdn
     const int cols = L::COLS_PER_WARP * warps;
     p.tiles = (p.Dv + cols - 1) / cols;
     const size_t smem = 2 * (size_t)L::floats(cols) * sizeof(float);
-    gated_delta_kernel<ROWS, GROUPS><<<(unsigned)(p.Hv * p.tiles), 32 * warps, smem, stream>>>(p);
+    exo_cuda_launch(gated_delta_kernel<ROWS, GROUPS>, dim3((unsigned)(p.Hv * p.tiles)), dim3(32 * warps), smem, stream, p);
 }
 
 /* ---- gated RMSNorm ------------------------------------------------------ */
@@ -488,6 +494,8 @@ __global__ void __launch_bounds__(32 * NORM_WARPS)
 rmsnorm_gated_kernel(float *x, const float *__restrict__ z, long z_stride, const float *__restrict__ w, int rows,
                      int n_heads, int dim, float eps)
 {
+    exo_cuda_wait_inputs();
+    exo_cuda_start_next();
     const int row = blockIdx.x * NORM_WARPS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (row >= rows) /* the whole warp leaves together: the shuffles below see all lanes */
         return;
@@ -522,7 +530,7 @@ int exo_cuda_conv1d_silu(cudaStream_t stream, float *out, int out_stride, const 
     switch (K) {
 #define CONV_CASE(n)                                                                                        \
     case n:                                                                                                 \
-        conv1d_silu_kernel<n><<<grid, CONV_THREADS, 0, stream>>>(out, out_stride, x, x_stride, w, state, T, C); \
+        exo_cuda_launch(conv1d_silu_kernel<n>, dim3(grid), dim3(CONV_THREADS), 0, stream, out, out_stride, x, x_stride, w, state, T, C); \
         break;
         CONV_CASE(1) CONV_CASE(2) CONV_CASE(3) CONV_CASE(4) CONV_CASE(5) CONV_CASE(6) CONV_CASE(7) CONV_CASE(8)
         CONV_CASE(9) CONV_CASE(10) CONV_CASE(11) CONV_CASE(12) CONV_CASE(13) CONV_CASE(14) CONV_CASE(15)
@@ -574,7 +582,7 @@ int exo_cuda_gated_delta(cudaStream_t stream, float *out, const float *q, const 
     else {
         p.tiles = (Dv + GDN_GLOBAL_THREADS - 1) / GDN_GLOBAL_THREADS;
         const size_t smem = (GDN_SCALARS + 2 * (size_t)Dk) * sizeof(float);
-        gated_delta_global_kernel<<<(unsigned)(Hv * p.tiles), GDN_GLOBAL_THREADS, smem, stream>>>(p);
+        exo_cuda_launch(gated_delta_global_kernel, dim3((unsigned)(Hv * p.tiles)), dim3(GDN_GLOBAL_THREADS), smem, stream, p);
     }
     return exo_cuda_launched("gated_delta");
 }
@@ -589,7 +597,7 @@ int exo_cuda_rmsnorm_gated(cudaStream_t stream, float *x, const float *z, int z_
     const long rows = (long)T * n_heads;
     if (rows > 0x7fffffffL)
         return EXO_EINVAL;
-    rmsnorm_gated_kernel<<<(unsigned)((rows + NORM_WARPS - 1) / NORM_WARPS), 32 * NORM_WARPS, 0, stream>>>(
+    exo_cuda_launch(rmsnorm_gated_kernel, dim3((unsigned)((rows + NORM_WARPS - 1) / NORM_WARPS)), dim3(32 * NORM_WARPS), 0, stream, 
         x, z, z_stride, w, (int)rows, n_heads, dim, eps);
     return exo_cuda_launched("rmsnorm_gated");
 }

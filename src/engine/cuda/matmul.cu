@@ -99,7 +99,9 @@ enum gemv_kind { GEMV_F32, GEMV_F16, GEMV_BF16, GEMV_Q4, GEMV_Q8, GEMV_MXFP4 };
 template <int K> struct step_cols { static const int n = K == GEMV_F32 ? 4 : K == GEMV_F16 || K == GEMV_BF16 ? 8
                                                        : K == GEMV_Q8 ? 16 : 32; };
 /* Rows a warp takes: more where a step carries many columns (x traffic). */
-template <int K> struct rows_per_warp { static const int n = K == GEMV_Q4 || K == GEMV_MXFP4 ? 4 : 2; };
+/* 4-bit rows a warp takes (measured: 2 and 8 rows were 3-7% slower) */
+#define GEMV_Q4_ROWS 4
+template <int K> struct rows_per_warp { static const int n = K == GEMV_Q4 || K == GEMV_MXFP4 ? GEMV_Q4_ROWS : 2; };
 
 static bool integer_kind(int k) { return k == GEMV_Q4 || k == GEMV_Q8; }
 
@@ -132,6 +134,7 @@ struct gemv_job_dev {
     int64_t rows, cols;
     int64_t rows_x; /* T: where level 2 of xq starts, in rows of cols */
     int ldx, ldy;
+    bool accumulate; /* y += x W^T */
 };
 
 struct gemv_batch {
@@ -139,10 +142,15 @@ struct gemv_batch {
     int first_block[EXO_CUDA_JOBS + 1];
     int n;
     int group_size;
+    int k_split; /* warps of a block that share its rows, each a slice of the columns: 1, 2 or 4 */
 };
 
 #define GEMV_WARPS 4
-#define GEMV_UNROLL 4
+/* Steps of each row a lane has in flight: two, and one for 8-bit, whose
+ * dp4a work per byte is highest (bench_cuda_matmul on an H200: q8 layers
+ * at 71% of the copy bandwidth with one step, 58% with two; q4 48% with
+ * two, 41% with four; bf16 93% with two). */
+#define GEMV_UNROLL_OF(K) ((K) == GEMV_Q8 ? 1 : 2)
 
 template <int K, int SDT>
 __device__ __forceinline__ float float_step(uint4 wv, const float *xs, const void *scales, int64_t group)
@@ -176,27 +184,40 @@ __device__ __forceinline__ float float_step(uint4 wv, const float *xs, const voi
     return acc;
 }
 
+/* A block is GEMV_WARPS warps: GEMV_WARPS / k_split groups of ROWS rows,
+ * each group's k_split warps taking interleaved runs of 32 * GEMV_UNROLL
+ * steps of its rows and adding up in shared memory at the end. k_split is
+ * picked so that a warp's share is about one run: then every warp issues
+ * all its loads at once, however wide the rows (a 14336-wide down
+ * projection as well as a 4096-wide q), and the grid has as many warps in
+ * flight as the rows allow. The first run's weights (and scales) are
+ * loaded before exo_cuda_wait_inputs: weights are never written, so these
+ * loads overlap the kernels before this one. */
 template <int K, int SDT, int ROWS, int T>
 __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_kernel(const __grid_constant__ gemv_batch b)
 {
+    exo_cuda_wait_inputs();
+    exo_cuda_start_next();
     int j = 0;
     while (j + 1 < b.n && (int)blockIdx.x >= b.first_block[j + 1])
         j++;
     const gemv_job_dev &job = b.job[j];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int64_t row0 = ((int64_t)(blockIdx.x - b.first_block[j]) * GEMV_WARPS + warp) * ROWS;
-    if (row0 >= job.rows)
-        return;
+    const int ks = b.k_split, slice = warp % ks;
+    const int64_t row0 = ((int64_t)(blockIdx.x - b.first_block[j]) * (GEMV_WARPS / ks) + warp / ks) * ROWS;
+    const bool live = row0 < job.rows;
     const int SC = step_cols<K>::n;
     const int64_t cols = job.cols, steps = cols / SC;
     const int64_t row_bytes = K == GEMV_F32 ? cols * 4 : K == GEMV_F16 || K == GEMV_BF16 ? cols * 2
                               : K == GEMV_Q8 ? cols : cols / 2;
     const int64_t groups = K == GEMV_MXFP4 ? cols / 32 : (K == GEMV_Q4 || K == GEMV_Q8) ? cols / b.group_size : 0;
+    const bool affine = K == GEMV_Q4 || K == GEMV_Q8;
+    int64_t rowc[ROWS];
     const uint4 *wrow[ROWS];
 #pragma unroll
     for (int r = 0; r < ROWS; r++) {
-        int64_t row = row0 + r < job.rows ? row0 + r : job.rows - 1;
-        wrow[r] = (const uint4 *)((const char *)job.w + row * row_bytes);
+        rowc[r] = row0 + r < job.rows ? row0 + r : job.rows - 1;
+        wrow[r] = (const uint4 *)((const char *)job.w + rowc[r] * row_bytes);
     }
     float acc[ROWS][T];
 #pragma unroll
@@ -204,17 +225,33 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_kernel(const __grid_cons
 #pragma unroll
         for (int t = 0; t < T; t++)
             acc[r][t] = 0.0f;
-    /* GEMV_UNROLL steps of every row in flight before the first is used:
-     * a warp then has ROWS * GEMV_UNROLL * 512 bytes on the way, what it
-     * takes to cover the memory's latency at the occupancy these registers
-     * allow (one step at a time read at a quarter of the bandwidth) */
-    for (int64_t s0 = lane; s0 < steps; s0 += 32 * GEMV_UNROLL) {
-        uint4 wvu[GEMV_UNROLL][ROWS];
+    /* GEMV_UNROLL steps of every row in flight before the first is used */
+    constexpr int GEMV_UNROLL = GEMV_UNROLL_OF(K);
+    uint4 wvu[GEMV_UNROLL][ROWS];
+    float sc[GEMV_UNROLL][ROWS], bi[GEMV_UNROLL][ROWS];
+    const int64_t first = lane + (int64_t)32 * GEMV_UNROLL * slice, stride = (int64_t)32 * GEMV_UNROLL * ks;
+    auto fetch = [&](int64_t s0) {
 #pragma unroll
-        for (int u = 0; u < GEMV_UNROLL; u++)
+        for (int u = 0; u < GEMV_UNROLL; u++) {
+            const int64_t s = s0 + 32 * u;
 #pragma unroll
-            for (int r = 0; r < ROWS; r++)
-                wvu[u][r] = s0 + 32 * u < steps ? __ldcs(wrow[r] + s0 + 32 * u) : make_uint4(0, 0, 0, 0);
+            for (int r = 0; r < ROWS; r++) {
+                wvu[u][r] = s < steps ? __ldcs(wrow[r] + s) : make_uint4(0, 0, 0, 0);
+                if (affine) {
+                    const int64_t g = rowc[r] * groups + (s < steps ? s : 0) * SC / b.group_size;
+                    sc[u][r] = scalar_at<SDT>(job.scales, g);
+                    bi[u][r] = scalar_at<SDT>(job.biases, g);
+                }
+            }
+        }
+    };
+    if (live && first < steps)
+        fetch(first);
+    exo_cuda_wait_inputs();
+    exo_cuda_start_next();
+    for (int64_t s0 = first; live && s0 < steps; s0 += stride) {
+        if (s0 != first)
+            fetch(s0);
 #pragma unroll
         for (int u = 0; u < GEMV_UNROLL; u++) {
         const int64_t s = s0 + 32 * u;
@@ -222,15 +259,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_kernel(const __grid_cons
             break;
         const uint4 *wv = wvu[u];
         const int64_t col = s * SC;
-        if (K == GEMV_Q4 || K == GEMV_Q8) {
-            const int64_t g = col / b.group_size;
-            float sc[ROWS], bi[ROWS];
-#pragma unroll
-            for (int r = 0; r < ROWS; r++) {
-                int64_t row = row0 + r < job.rows ? row0 + r : job.rows - 1;
-                sc[r] = scalar_at<SDT>(job.scales, row * groups + g);
-                bi[r] = scalar_at<SDT>(job.biases, row * groups + g);
-            }
+        if (affine) {
 #pragma unroll
             for (int t = 0; t < T; t++) {
                 const int8_t *xq = job.xq + (int64_t)t * cols + col, *xq2 = xq + job.rows_x * cols;
@@ -265,7 +294,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_kernel(const __grid_cons
                             dot2 = dp4a_us(wd[i], xv2[i], dot2);
                         }
                     }
-                    acc[r][t] += sc[r] * xs.x * (float)(dot * 256 + dot2) + bi[r] * xs.y;
+                    acc[r][t] += sc[u][r] * xs.x * (float)(dot * 256 + dot2) + bi[u][r] * xs.y;
                 }
             }
         } else {
@@ -275,14 +304,13 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_kernel(const __grid_cons
                 float xs[SC];
                 x_slice(job.x + (int64_t)t * job.ldx + col, SC, xs);
 #pragma unroll
-                for (int r = 0; r < ROWS; r++) {
-                    int64_t row = row0 + r < job.rows ? row0 + r : job.rows - 1;
-                    acc[r][t] += float_step<K, SDT>(wv[r], xs, job.scales, row * groups + g);
-                }
+                for (int r = 0; r < ROWS; r++)
+                    acc[r][t] += float_step<K, SDT>(wv[r], xs, job.scales, rowc[r] * groups + g);
             }
         }
         }
     }
+    __shared__ float part[GEMV_WARPS][ROWS][T];
 #pragma unroll
     for (int r = 0; r < ROWS; r++)
 #pragma unroll
@@ -291,24 +319,40 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_kernel(const __grid_cons
 #pragma unroll
             for (int o = 16; o; o >>= 1)
                 v += __shfl_xor_sync(0xffffffffu, v, o);
-            if (lane == 0 && row0 + r < job.rows)
-                job.y[(int64_t)t * job.ldy + row0 + r] = v;
+            acc[r][t] = v;
+            if (ks > 1 && lane == 0)
+                part[warp][r][t] = v;
         }
+    if (ks > 1) {
+        __syncthreads();
+        if (slice)
+            return;
+#pragma unroll
+        for (int r = 0; r < ROWS; r++)
+#pragma unroll
+            for (int t = 0; t < T; t++)
+                for (int k = 1; k < ks; k++)
+                    acc[r][t] += part[warp + k][r][t];
+    }
+    if (lane == 0 && live)
+#pragma unroll
+        for (int r = 0; r < ROWS; r++)
+#pragma unroll
+            for (int t = 0; t < T; t++)
+                if (row0 + r < job.rows) {
+                    float *y = job.y + (int64_t)t * job.ldy + row0 + r;
+                    *y = job.accumulate ? *y + acc[r][t] : acc[r][t];
+                }
 }
 
-/* x (T rows of cols at stride ldx) to int8 per block of BLOCK columns, one
- * warp a block of 32: xq in the order the kind reads it, xs[block] = {dx,
- * dx * sum(xq)} where a q8 "block" is 16 columns (one step). */
+/* One warp quantizes 32 columns of row t from c0, v being its lane's
+ * value: xq in the order the kind reads it, xs[block] = {dx, dx * sum(xq)}
+ * where a q8 "block" is 16 columns (one step). */
 template <bool Q4>
-__global__ void quantize_x_kernel(const float *x, int64_t T, int64_t cols, int64_t ldx, int8_t *xq, float2 *xs)
+__device__ __forceinline__ void quantize_32(float v, int lane, int64_t t, int64_t c0, int64_t T, int64_t cols,
+                                            int8_t *xq, float2 *xs)
 {
-    int64_t blk = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) / 32;
-    int lane = threadIdx.x & 31;
-    int64_t per_row = cols / 32;
-    if (blk >= T * per_row)
-        return;
-    int64_t t = blk / per_row, c0 = (blk % per_row) * 32;
-    float v = x[t * ldx + c0 + lane], amax = fabsf(v);
+    float amax = fabsf(v);
 #pragma unroll
     for (int o = Q4 ? 16 : 8; o; o >>= 1)
         amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
@@ -327,14 +371,63 @@ __global__ void quantize_x_kernel(const float *x, int64_t T, int64_t cols, int64
     }
     xq[t * cols + c0 + pos] = (int8_t)q;
     xq[T * cols + t * cols + c0 + pos] = (int8_t)q2;
-    int64_t sblk = Q4 ? t * per_row + c0 / 32 : (t * cols + c0 + lane) / 16;
+    int64_t sblk = Q4 ? (t * cols + c0) / 32 : (t * cols + c0 + lane) / 16;
     float dl = dx * (1.0f / 256.0f);
     if (Q4 ? lane == 0 : (lane & 15) == 0)
         xs[sblk] = make_float2(dl, dl * (float)sum);
 }
+
+/* x (T rows of cols at stride ldx) to int8 per block of 32 columns, one
+ * warp a block. */
+template <bool Q4>
+__global__ void quantize_x_kernel(const float *x, int64_t T, int64_t cols, int64_t ldx, int8_t *xq, float2 *xs)
+{
+    exo_cuda_wait_inputs();
+    exo_cuda_start_next();
+    int64_t blk = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) / 32;
+    int lane = threadIdx.x & 31;
+    int64_t per_row = cols / 32;
+    if (blk >= T * per_row)
+        return;
+    int64_t t = blk / per_row, c0 = (blk % per_row) * 32;
+    quantize_32<Q4>(x[t * ldx + c0 + lane], lane, t, c0, T, cols, xq, xs);
+}
+
+/* The same of x / rms(x) * norm, one block a row: the RMSNorm a product's
+ * input would otherwise take a kernel and a trip through memory for, in
+ * the rmsnorm op's arithmetic (backend_cuda.cu). */
+#define NORM_Q_THREADS 1024
+template <bool Q4>
+__global__ void __launch_bounds__(NORM_Q_THREADS)
+norm_quantize_x_kernel(const float *x, const float *norm, float eps, int64_t T, int64_t cols, int64_t ldx,
+                       int8_t *xq, float2 *xs)
+{
+    exo_cuda_wait_inputs();
+    exo_cuda_start_next();
+    __shared__ float part[NORM_Q_THREADS / 32];
+    const int64_t t = blockIdx.x;
+    const float *xr = x + t * ldx;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    float ss = 0;
+    for (int64_t i = threadIdx.x; i < cols; i += NORM_Q_THREADS)
+        ss += xr[i] * xr[i];
+#pragma unroll
+    for (int o = 16; o; o >>= 1)
+        ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    if (lane == 0)
+        part[warp] = ss;
+    __syncthreads();
+    ss = 0;
+    for (int w = 0; w < NORM_Q_THREADS / 32; w++)
+        ss += part[w];
+    const float inv = 1.0f / sqrtf(ss / (float)cols + eps);
+    for (int64_t c0 = (int64_t)warp * 32; c0 < cols; c0 += NORM_Q_THREADS)
+        quantize_32<Q4>(norm[c0 + lane] * (xr[c0 + lane] * inv), lane, t, c0, T, cols, xq, xs);
+}
+
 template <int K, int SDT, int T> static void launch_t(gemv_batch &b, int blocks, cudaStream_t s)
 {
-    gemv_kernel<K, SDT, rows_per_warp<K>::n, T><<<blocks, GEMV_WARPS * 32, 0, s>>>(b);
+    exo_cuda_launch(gemv_kernel<K, SDT, rows_per_warp<K>::n, T>, blocks, GEMV_WARPS * 32, 0, s, b);
 }
 
 template <int K, int SDT> static void launch_k(gemv_batch &b, int T, int blocks, cudaStream_t s)
@@ -377,10 +470,17 @@ static int step_cols_of(int kind)
     return n[kind];
 }
 
-static int rows_per_block(int kind)
+static int rows_per_warp_of(int kind) { return kind == GEMV_Q4 || kind == GEMV_MXFP4 ? GEMV_Q4_ROWS : 2; }
+
+/* Warps sharing rows: enough that each has about one run of
+ * 32 * GEMV_UNROLL_OF(kind) steps (see gemv_kernel). */
+static int k_split_of(int kind, int64_t cols)
 {
-    return GEMV_WARPS * (kind == GEMV_Q4 || kind == GEMV_MXFP4 ? 4 : 2);
+    int64_t run = 32 * GEMV_UNROLL_OF(kind), runs = (cols / step_cols_of(kind) + run - 1) / run;
+    return runs >= 3 ? 4 : runs == 2 ? 2 : 1;
 }
+
+bool exo_cuda_gemv_quantizes(const exo_linear *w) { return integer_kind(kind_of(w)); }
 
 bool exo_cuda_gemv_takes(const exo_linear *w, const float *x, int ldx, int T)
 {
@@ -414,7 +514,7 @@ int exo_cuda_gemv(cudaStream_t stream, int n, const exo_cuda_gemv_job *jobs, int
 {
     /* each distinct (x, layout) is quantized once: the weights sharing an
      * x (q, k, v; gate, up) share its int8 copy */
-    const float *qx[EXO_CUDA_JOBS * 4];
+    const float *qx[EXO_CUDA_JOBS * 4], *qnorm[EXO_CUDA_JOBS * 4];
     bool qlayout[EXO_CUDA_JOBS * 4];
     char *qmem[EXO_CUDA_JOBS * 4];
     int nq = 0;
@@ -426,11 +526,13 @@ int exo_cuda_gemv(cudaStream_t stream, int n, const exo_cuda_gemv_job *jobs, int
         gemv_batch b;
         b.n = 0;
         b.group_size = w0.format == EXO_WFORMAT_AFFINE ? w0.group_size : 32;
+        b.k_split = k_split_of(kind, w0.cols);
+        const int block_rows = rows_per_warp_of(kind) * GEMV_WARPS / b.k_split;
         int blocks = 0, i = i0;
         for (; i < n && b.n < EXO_CUDA_JOBS && nq < EXO_CUDA_JOBS * 4; i++) {
             const exo_cuda_gemv_job &src = jobs[i];
             const exo_linear &w = src.lin;
-            if (kind_of(&w) != kind || w.dtype != w0.dtype ||
+            if (kind_of(&w) != kind || w.dtype != w0.dtype || w.cols != w0.cols ||
                 (w.format == EXO_WFORMAT_AFFINE && w.group_size != b.group_size))
                 break;
             gemv_job_dev &d = b.job[b.n];
@@ -444,31 +546,36 @@ int exo_cuda_gemv(cudaStream_t stream, int n, const exo_cuda_gemv_job *jobs, int
             d.rows = w.rows;
             d.cols = w.cols;
             d.rows_x = T;
+            d.accumulate = src.accumulate;
             d.xq = NULL;
             d.xs = NULL;
             if (integer_kind(kind)) {
                 bool q4 = kind == GEMV_Q4;
                 int k = 0;
-                while (k < nq && !(qx[k] == src.x && qlayout[k] == q4))
+                while (k < nq && !(qx[k] == src.x && qlayout[k] == q4 && qnorm[k] == src.norm))
                     k++;
                 if (k == nq) {
                     qx[nq] = src.x;
                     qlayout[nq] = q4;
+                    qnorm[nq] = src.norm;
                     qmem[nq++] = free_at;
                     int8_t *xq = (int8_t *)free_at;
                     float2 *xs = (float2 *)(free_at + xq_codes_bytes(T, w.cols));
                     free_at += xq_bytes(T, w.cols);
                     unsigned grid = (unsigned)(((int64_t)T * w.cols + 255) / 256);
-                    if (q4)
-                        quantize_x_kernel<true><<<grid, 256, 0, stream>>>(src.x, T, w.cols, src.ldx, xq, xs);
+                    if (src.norm)
+                        exo_cuda_launch(q4 ? norm_quantize_x_kernel<true> : norm_quantize_x_kernel<false>,
+                                        dim3((unsigned)T), dim3(NORM_Q_THREADS), 0, stream, src.x, src.norm, src.eps,
+                                        (int64_t)T, (int64_t)w.cols, (int64_t)src.ldx, xq, xs);
                     else
-                        quantize_x_kernel<false><<<grid, 256, 0, stream>>>(src.x, T, w.cols, src.ldx, xq, xs);
+                        exo_cuda_launch(q4 ? quantize_x_kernel<true> : quantize_x_kernel<false>, grid, 256, 0,
+                                        stream, src.x, (int64_t)T, (int64_t)w.cols, (int64_t)src.ldx, xq, xs);
                 }
                 d.xq = (const int8_t *)qmem[k];
                 d.xs = (const float2 *)(qmem[k] + xq_codes_bytes(T, w.cols));
             }
             b.first_block[b.n++] = blocks;
-            blocks += (int)((w.rows + rows_per_block(kind) - 1) / rows_per_block(kind));
+            blocks += (int)((w.rows + block_rows - 1) / block_rows);
         }
         b.first_block[b.n] = blocks;
         switch (kind) {
@@ -494,8 +601,10 @@ int exo_cuda_gemv(cudaStream_t stream, int n, const exo_cuda_gemv_job *jobs, int
  * but as exact as the fast path, where tensor cores would round both
  * sides to bf16. */
 template <int T>
-__global__ void gemv_any_kernel(exo_linear w, const float *x, int64_t ldx, float *y, int64_t ldy)
+__global__ void gemv_any_kernel(exo_linear w, const float *x, int64_t ldx, float *y, int64_t ldy, bool accumulate)
 {
+    exo_cuda_wait_inputs();
+    exo_cuda_start_next();
     int64_t row = blockIdx.x * (int64_t)(blockDim.x / 32) + threadIdx.x / 32;
     int lane = threadIdx.x & 31;
     if (row >= w.rows)
@@ -516,18 +625,19 @@ __global__ void gemv_any_kernel(exo_linear w, const float *x, int64_t ldx, float
         for (int o = 16; o; o >>= 1)
             v += __shfl_xor_sync(0xffffffffu, v, o);
         if (lane == 0)
-            y[t * ldy + row] = v;
+            y[t * ldy + row] = accumulate ? y[t * ldy + row] + v : v;
     }
 }
 
-int exo_cuda_gemv_any(cudaStream_t s, const exo_linear *w, const float *x, int ldx, int T, float *y, int ldy)
+int exo_cuda_gemv_any(cudaStream_t s, const exo_linear *w, const float *x, int ldx, int T, float *y, int ldy,
+                      bool accumulate)
 {
     unsigned blocks = (unsigned)((w->rows + 7) / 8);
     switch (T) {
-    case 1: gemv_any_kernel<1><<<blocks, 256, 0, s>>>(*w, x, ldx, y, ldy); break;
-    case 2: gemv_any_kernel<2><<<blocks, 256, 0, s>>>(*w, x, ldx, y, ldy); break;
-    case 3: gemv_any_kernel<3><<<blocks, 256, 0, s>>>(*w, x, ldx, y, ldy); break;
-    default: gemv_any_kernel<4><<<blocks, 256, 0, s>>>(*w, x, ldx, y, ldy); break;
+    case 1: exo_cuda_launch(gemv_any_kernel<1>, dim3(blocks), dim3(256), 0, s, *w, x, ldx, y, ldy, accumulate); break;
+    case 2: exo_cuda_launch(gemv_any_kernel<2>, dim3(blocks), dim3(256), 0, s, *w, x, ldx, y, ldy, accumulate); break;
+    case 3: exo_cuda_launch(gemv_any_kernel<3>, dim3(blocks), dim3(256), 0, s, *w, x, ldx, y, ldy, accumulate); break;
+    default: exo_cuda_launch(gemv_any_kernel<4>, dim3(blocks), dim3(256), 0, s, *w, x, ldx, y, ldy, accumulate); break;
     }
     return exo_cuda_launched("gemv (any format)");
 }
@@ -536,6 +646,8 @@ int exo_cuda_gemv_any(cudaStream_t s, const exo_linear *w, const float *x, int l
 
 __global__ void dequant_bf16_kernel(exo_linear w, __nv_bfloat16 *out)
 {
+    exo_cuda_wait_inputs();
+    exo_cuda_start_next();
     int64_t n = w.rows * w.cols;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
         out[i] = __float2bfloat16(weight_at(w, i / w.cols, i % w.cols));
@@ -544,6 +656,8 @@ __global__ void dequant_bf16_kernel(exo_linear w, __nv_bfloat16 *out)
 /* 8 codes (one word) of 4-bit affine per thread: the common prefill case. */
 template <int SDT> __global__ void dequant_q4_bf16_kernel(exo_linear w, __nv_bfloat16 *out)
 {
+    exo_cuda_wait_inputs();
+    exo_cuda_start_next();
     int64_t words = w.rows * w.cols / 8, per_row = w.cols / 8;
     const uint32_t *q = (const uint32_t *)w.w;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < words; i += (int64_t)gridDim.x * blockDim.x) {
@@ -560,6 +674,8 @@ template <int SDT> __global__ void dequant_q4_bf16_kernel(exo_linear w, __nv_bfl
 
 __global__ void f32_to_bf16_kernel(const float *x, int64_t rows, int64_t cols, int64_t ldx, __nv_bfloat16 *out)
 {
+    exo_cuda_wait_inputs();
+    exo_cuda_start_next();
     int64_t n = rows * cols;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
         out[i] = __float2bfloat16(x[(i / cols) * ldx + i % cols]);
@@ -567,6 +683,8 @@ __global__ void f32_to_bf16_kernel(const float *x, int64_t rows, int64_t cols, i
 
 __global__ void f32_to_f16_kernel(const float *x, int64_t rows, int64_t cols, int64_t ldx, __half *out)
 {
+    exo_cuda_wait_inputs();
+    exo_cuda_start_next();
     int64_t n = rows * cols;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
         out[i] = __float2half(x[(i / cols) * ldx + i % cols]);
@@ -578,13 +696,13 @@ int exo_cuda_dequant_bf16(cudaStream_t s, const exo_linear *w, void *out)
         unsigned g = exo_cuda_blocks((size_t)(w->rows * w->cols / 8), 256);
         __nv_bfloat16 *o = (__nv_bfloat16 *)out;
         if (w->dtype == EXO_DTYPE_BF16)
-            dequant_q4_bf16_kernel<EXO_DTYPE_BF16><<<g, 256, 0, s>>>(*w, o);
+            exo_cuda_launch(dequant_q4_bf16_kernel<EXO_DTYPE_BF16>, dim3(g), dim3(256), 0, s, *w, o);
         else if (w->dtype == EXO_DTYPE_F16)
-            dequant_q4_bf16_kernel<EXO_DTYPE_F16><<<g, 256, 0, s>>>(*w, o);
+            exo_cuda_launch(dequant_q4_bf16_kernel<EXO_DTYPE_F16>, dim3(g), dim3(256), 0, s, *w, o);
         else
-            dequant_q4_bf16_kernel<EXO_DTYPE_F32><<<g, 256, 0, s>>>(*w, o);
+            exo_cuda_launch(dequant_q4_bf16_kernel<EXO_DTYPE_F32>, dim3(g), dim3(256), 0, s, *w, o);
     } else {
-        dequant_bf16_kernel<<<exo_cuda_blocks((size_t)(w->rows * w->cols), 256), 256, 0, s>>>(*w,
+        exo_cuda_launch(dequant_bf16_kernel, dim3(exo_cuda_blocks((size_t)(w->rows * w->cols), 256)), dim3(256), 0, s, *w,
                                                                                          (__nv_bfloat16 *)out);
     }
     return exo_cuda_launched("dequantize");
@@ -594,9 +712,9 @@ int exo_cuda_to_half(cudaStream_t s, const float *x, int64_t rows, int64_t cols,
 {
     unsigned g = exo_cuda_blocks((size_t)(rows * cols), 256);
     if (bf16)
-        f32_to_bf16_kernel<<<g, 256, 0, s>>>(x, rows, cols, ldx, (__nv_bfloat16 *)out);
+        exo_cuda_launch(f32_to_bf16_kernel, dim3(g), dim3(256), 0, s, x, rows, cols, ldx, (__nv_bfloat16 *)out);
     else
-        f32_to_f16_kernel<<<g, 256, 0, s>>>(x, rows, cols, ldx, (__half *)out);
+        exo_cuda_launch(f32_to_f16_kernel, dim3(g), dim3(256), 0, s, x, rows, cols, ldx, (__half *)out);
     return exo_cuda_launched("convert");
 }
 
@@ -604,6 +722,8 @@ int exo_cuda_to_half(cudaStream_t s, const float *x, int64_t rows, int64_t cols,
 
 __global__ void embed_kernel(exo_linear table, const int32_t *tokens, float *out)
 {
+    exo_cuda_wait_inputs();
+    exo_cuda_start_next();
     int t = blockIdx.y;
     int64_t r = tokens[t];
     for (int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; c < table.cols;
@@ -614,6 +734,6 @@ __global__ void embed_kernel(exo_linear table, const int32_t *tokens, float *out
 int exo_cuda_embed(cudaStream_t s, const exo_linear *table, const int32_t *tokens, int T, float *out)
 {
     dim3 grid((unsigned)((table->cols + 255) / 256), (unsigned)T);
-    embed_kernel<<<grid, 256, 0, s>>>(*table, tokens, out);
+    exo_cuda_launch(embed_kernel, dim3(grid), dim3(256), 0, s, *table, tokens, out);
     return exo_cuda_launched("embed");
 }

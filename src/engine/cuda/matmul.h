@@ -10,24 +10,32 @@
 #define EXO_CUDA_JOBS 16
 #define EXO_CUDA_GEMV_MAX_T 4
 
-/* y[t][r] = W[r] . x[t] for t < T (row strides ldx, ldy in floats). */
+/* y[t][r] = W[r] . x'[t] for t < T (row strides ldx, ldy in floats),
+ * x' = x / rms(x) * norm when norm is set (a weight that quantizes x, see
+ * exo_cuda_gemv_quantizes), else x; accumulate: y += instead of y =. */
 typedef struct exo_cuda_gemv_job {
     exo_linear   lin; /* device pointers */
     const float *x;
     int          ldx;
     float       *y;
     int          ldy;
+    const float *norm;
+    float        eps;
+    bool         accumulate;
 } exo_cuda_gemv_job;
 
 /* Whether the GEMV takes this weight and input (format, widths, alignment);
  * everything else goes through dequantization and cuBLAS. */
 bool exo_cuda_gemv_takes(const exo_linear *w, const float *x, int ldx, int T);
+/* Whether the GEMV quantizes x for this weight (and so can norm it too). */
+bool exo_cuda_gemv_quantizes(const exo_linear *w);
 /* Device scratch bytes exo_cuda_gemv needs for these jobs. */
 size_t exo_cuda_gemv_scratch(int n, const exo_cuda_gemv_job *jobs, int T);
 int exo_cuda_gemv(cudaStream_t stream, int n, const exo_cuda_gemv_job *jobs, int T, void *scratch);
 
 /* The same for any format and width, slowly (T <= EXO_CUDA_GEMV_MAX_T). */
-int exo_cuda_gemv_any(cudaStream_t s, const exo_linear *w, const float *x, int ldx, int T, float *y, int ldy);
+int exo_cuda_gemv_any(cudaStream_t s, const exo_linear *w, const float *x, int ldx, int T, float *y, int ldy,
+                      bool accumulate);
 /* w (rows x cols, any format) as bf16 into out (rows * cols). */
 int exo_cuda_dequant_bf16(cudaStream_t s, const exo_linear *w, void *out);
 /* rows x cols of x (stride ldx) to contiguous bf16 or f16. */

@@ -62,13 +62,20 @@ static const exo_cuda_plugin *get_plugin(exo_err *err)
     return plugin;
 }
 
-/* Whether NVIDIA's kernel driver is there: without it no GPU can answer,
- * and loading cuBLAS (~100 ms) for every process that asks "any GPU?" on
- * a CPU-only machine is waste. Asking for a GPU by name still loads the
- * plugin, to say exactly why there is none. */
+/* Whether NVIDIA's driver is there: without it no GPU can answer, and
+ * loading cuBLAS (~100 ms) for every process that asks "any GPU?" on a
+ * CPU-only machine is waste. The kernel driver's files are the cheap
+ * sign; some containers show neither, so the driver's user-space library
+ * (libcuda, which the CUDA runtime needs anyway) decides then. Asking for
+ * a GPU by name still loads the plugin, to say exactly why there is none. */
 static bool driver_present(void)
 {
-    return !access("/proc/driver/nvidia/version", F_OK) || !access("/dev/nvidiactl", F_OK);
+    if (!access("/proc/driver/nvidia/version", F_OK) || !access("/dev/nvidiactl", F_OK))
+        return true;
+    void *lib = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
+    if (lib)
+        dlclose(lib);
+    return lib != NULL;
 }
 
 exo_backend *exo_backend_cuda_create(int device, exo_err *err)
