@@ -199,6 +199,13 @@ typedef struct exo_backend_ops {
      * memory fewer a product. */
     int  (*matmul_fused)(exo_backend *be, int n, const exo_linear *const *w, const float *x, const float *norm,
                          float eps, bool accumulate, int T, float *const *y);
+
+    /* Optional (NULL: the caller copies x to the host and looks there): the
+     * index of the largest of n values (the lowest on ties; NaN never
+     * wins) and its log-softmax, x[id] - log(sum exp x), into host memory.
+     * Greedy decoding then takes a token id, not the vocabulary's logits,
+     * off the device. */
+    int  (*argmax)(exo_backend *be, const float *x, int n, int32_t *id, float *logprob);
 } exo_backend_ops;
 
 struct exo_backend {

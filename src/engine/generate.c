@@ -55,10 +55,15 @@ static int local_start(void *ctx, const exo_sampler_params *sp, const int32_t *p
 static int local_step(void *ctx, const int32_t *tokens, int T, exo_sample *sample, exo_err *err)
 {
     local_stepper *l = ctx;
-    int rc = exo_model_forward(l->m, l->seq, tokens, T, sample ? l->logits : NULL, false, err);
+    exo_step st = {.T = T, .tokens = tokens, .logits = sample ? l->logits : NULL,
+                   .greedy = sample && exo_sampler_plain_greedy(l->smp)};
+    int rc = exo_model_step(l->m, l->seq, &st, err);
     if (rc || !sample)
         return rc;
-    exo_sampler_next(l->smp, l->logits, sample);
+    if (st.picked) /* the backend found the token where the logits are */
+        exo_sampler_take(l->smp, st.pick_id, st.pick_logprob, sample);
+    else
+        exo_sampler_next(l->smp, l->logits, sample);
     return 0;
 }
 

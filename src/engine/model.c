@@ -2353,6 +2353,17 @@ static int step_layers(exo_model *m, exo_seq *s, const exo_step *st, int t0, int
     return 0;
 }
 
+/* A greedy step's token found where the logits are (backend.h argmax):
+ * true when it was, and the logits stay there. */
+static bool pick_in_place(exo_model *m, exo_step *st)
+{
+    exo_backend *be = m->layers[m->n_layers - 1].be;
+    if (!st->greedy || st->all_logits || !be->ops->argmax || m->allgather)
+        return false;
+    st->picked = !be->ops->argmax(be, acts_of(m, be)->logits, m->vocab, &st->pick_id, &st->pick_logprob);
+    return st->picked;
+}
+
 /* A decode step of a model wholly on one GPU goes as one recorded unit
  * (backend.h step_begin): its hundreds of kernel launches cost the host
  * more than the GPU takes to run them. A step that needs the host inside
@@ -2386,7 +2397,7 @@ static int step_recorded(exo_model *m, exo_seq *s, const exo_step *st, int t0, i
     return 0;
 }
 
-static int step_chunk(exo_model *m, exo_seq *s, const exo_step *st, int t0, int n, exo_err *err)
+static int step_chunk(exo_model *m, exo_seq *s, exo_step *st, int t0, int n, exo_err *err)
 {
     exo_backend *last = m->layers[m->n_layers - 1].be;
     size_t D = (size_t)m->dim, bytes = sizeof(float) * (size_t)n * D;
@@ -2395,7 +2406,7 @@ static int step_chunk(exo_model *m, exo_seq *s, const exo_step *st, int t0, int 
         OK(step_recorded(m, s, st, t0, pos0, err));
         if (st->hidden_out)
             OK(last->ops->to_host(last, st->hidden_out + (size_t)t0 * D, acts_of(m, last)->x, bytes));
-        if (st->logits && t0 + n == st->T)
+        if (st->logits && t0 + n == st->T && !pick_in_place(m, st))
             OK(last->ops->to_host(last, st->all_logits ? st->logits + (size_t)t0 * (size_t)m->vocab : st->logits,
                                   acts_of(m, last)->logits, sizeof(float) * (size_t)m->vocab));
         return 0;
@@ -2412,12 +2423,18 @@ static int step_chunk(exo_model *m, exo_seq *s, const exo_step *st, int t0, int 
             OK(head_forward(m, r, rows, st->logits + (size_t)(t0 + r) * V, err));
         }
     } else if (t0 + n == st->T) {
-        OK(head_forward(m, n - 1, 1, st->logits, err));
+        if (st->greedy && !m->allgather) {
+            OK(head_logits(m, n - 1, 1));
+            if (!pick_in_place(m, st))
+                OK(last->ops->to_host(last, st->logits, acts_of(m, last)->logits, sizeof(float) * V));
+        } else {
+            OK(head_forward(m, n - 1, 1, st->logits, err));
+        }
     }
     return 0;
 }
 
-int exo_model_step(exo_model *m, exo_seq *s, const exo_step *st, exo_err *err)
+int exo_model_step(exo_model *m, exo_seq *s, exo_step *st, exo_err *err)
 {
     int T = st->T;
     if (T <= 0)

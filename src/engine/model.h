@@ -169,6 +169,14 @@ typedef struct exo_step {
     float         *hidden_out;
     float         *logits;
     bool           all_logits;
+    /* greedy: the caller will take the largest logit. Where the backend
+     * finds it in place (backend.h argmax), picked is set with the id and
+     * its log-probability, and logits is left alone; else the logits are
+     * written as usual. */
+    bool           greedy;
+    bool           picked;
+    int32_t        pick_id;
+    float          pick_logprob;
 } exo_step;
 
 typedef struct exo_shard_info {
@@ -185,7 +193,7 @@ exo_shard_info exo_model_shard(const exo_model *m);
  * (token id out of range, context full), EXO_EINVAL (an input or output
  * the shard cannot take or give), or what an op or the collective
  * returned (the sequence keeps its length then). */
-int exo_model_step(exo_model *m, exo_seq *s, const exo_step *step, exo_err *err);
+int exo_model_step(exo_model *m, exo_seq *s, exo_step *step, exo_err *err);
 
 /* A whole model's step: tokens in, logits out (see exo_model_step).
  * logits may be NULL when nothing is wanted (e.g. a warm-up). */

@@ -99,6 +99,23 @@ void exo_sampler_next(exo_sampler *s, float *logits, exo_sample *out)
         s->hist[s->n_hist++] = out->id;
 }
 
+bool exo_sampler_plain_greedy(const exo_sampler *s)
+{
+    const exo_sampler_params *p = &s->p;
+    bool rep = p->repetition_penalty != 1.0f && p->repetition_penalty > 0;
+    return p->temperature <= 0 && !rep && p->presence_penalty == 0 && p->frequency_penalty == 0 &&
+           p->top_logprobs == 0;
+}
+
+void exo_sampler_take(exo_sampler *s, int32_t id, float logprob, exo_sample *out)
+{
+    memset(out, 0, sizeof *out);
+    out->id = id;
+    out->logprob = logprob;
+    if (s->n_hist < s->cap_hist)
+        s->hist[s->n_hist++] = id;
+}
+
 static void apply_penalties(exo_sampler *s, float *logits, const int32_t *hist, int n)
 {
     const exo_sampler_params *p = &s->p;

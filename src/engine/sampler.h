@@ -44,5 +44,10 @@ void exo_sampler_sample(exo_sampler *s, float *logits, const int32_t *history, i
  * exo_sampler_next picks a token and adds it. */
 int  exo_sampler_begin(exo_sampler *s, const int32_t *prompt, int n, int max_tokens);
 void exo_sampler_next(exo_sampler *s, float *logits, exo_sample *out);
+/* Whether the pick is the largest logit as it stands (no temperature, no
+ * penalties, no alternatives asked for): then a backend may pick in place
+ * (exo_step.greedy), and exo_sampler_take records its pick in the history. */
+bool exo_sampler_plain_greedy(const exo_sampler *s);
+void exo_sampler_take(exo_sampler *s, int32_t id, float logprob, exo_sample *out);
 
 #endif

@@ -58,6 +58,7 @@
  * Not covered: tables or caches past 2^31 bytes (64-bit offsets). */
 #include "core/alloc.h"
 #include "engine/backend.h"
+#include "engine/cpu/ops.h"
 #include "engine/dtype.h"
 #include "engine/linear.h"
 
@@ -1476,4 +1477,70 @@ Test(backend_ops, recorded_decode_steps_match_eager)
         free(out[0][q]);
         free(out[1][q]);
     }
+}
+
+/* The greedy pick on the device against the host's: the lowest index of
+ * the largest value (ties, NaN and -inf among the values) and its
+ * log-softmax; then a model's greedy steps, picked in place, against the
+ * argmax of the logits the same steps give on another sequence. */
+Test(backend_ops, argmax_pick)
+{
+    both b = both_open("argmax_pick");
+    static const int sizes[] = {1, 7, 1000, 128256};
+    for (size_t k = 0; k < sizeof sizes / sizeof *sizes; k++)
+        for (int variant = 0; variant < 3; variant++) {
+            int n = sizes[k];
+            dual x = dual_rand(&b, (size_t)n, 3.0f);
+            float *h = x.init;
+            if (variant == 1 && n > 2) { /* a tie: the lower index wins */
+                h[n / 3] = 50.0f;
+                h[n - 1] = 50.0f;
+            }
+            if (variant == 2 && n > 2) { /* NaN and -inf never win */
+                h[0] = NAN;
+                h[1] = -INFINITY;
+            }
+            upload(b.gpu, x.gpu, x.init, x.n);
+            int32_t id = -1;
+            float lp = 0;
+            ON(b.gpu, argmax, x.gpu, n, &id, &lp);
+            int want = exo_cpu_argmax_f32(h, n);
+            double sum = 0;
+            for (int i = 0; i < n; i++)
+                if (!isnan(h[i]))
+                    sum += exp((double)h[i] - h[want]);
+            cr_expect_eq(id, want, "n %d variant %d: %d, not %d", n, variant, id, want);
+            cr_expect(fabs(lp + log(sum)) < 1e-5 * (1 + log(sum)), "n %d variant %d: logprob %g, not %g", n,
+                      variant, lp, -log(sum));
+            dual_free(&b, &x);
+        }
+    both_close(&b);
+
+    exo_err err = {0};
+    exo_synth *syn = NULL;
+    exo_model *m = NULL;
+    exo_seq *s[2];
+    cr_assert_eq(tiny_model("cuda", 0, &syn, &m, &err), 0, "%s", err.msg);
+    int V = exo_model_vocab(m);
+    float *logits = malloc(sizeof(float) * (size_t)V);
+    int32_t tok[2] = {3, 3};
+    for (int q = 0; q < 2; q++)
+        cr_assert_eq(exo_seq_create(m, 64, &s[q], &err), 0, "%s", err.msg);
+    for (int step = 0; step < 10; step++) {
+        exo_step g = {.T = 1, .tokens = &tok[0], .logits = logits, .greedy = true};
+        cr_assert_eq(exo_model_step(m, s[0], &g, &err), 0, "%s", err.msg);
+        cr_assert(g.picked, "step %d: the GPU did not pick in place", step);
+        exo_step l = {.T = 1, .tokens = &tok[1], .logits = logits};
+        cr_assert_eq(exo_model_step(m, s[1], &l, &err), 0, "%s", err.msg);
+        cr_assert(!l.picked);
+        int want = exo_cpu_argmax_f32(logits, V);
+        cr_expect_eq(g.pick_id, want, "step %d: picked %d, the logits say %d", step, g.pick_id, want);
+        tok[0] = g.pick_id;
+        tok[1] = want;
+    }
+    free(logits);
+    for (int q = 0; q < 2; q++)
+        exo_seq_free(s[q]);
+    exo_model_free(m);
+    exo_synth_free(syn);
 }

@@ -39,6 +39,10 @@ enum { SCRATCH_WEIGHT, SCRATCH_ACT, SCRATCH_SMALL, SCRATCH_ATTENTION, SCRATCH_NO
  * first node copies it from pinned host memory to the device, and the ops
  * that depend on it (embed, rope, attention) read it there. */
 #define STEP_MAX_T 4
+struct pick_result {
+    int32_t id;
+    float logprob;
+};
 struct step_io {
     int pos0;
     int32_t tokens[STEP_MAX_T];
@@ -90,6 +94,8 @@ typedef struct cuda_backend {
     int n_retired;
     void *pinned;                 /* host staging for large copies to the host */
     size_t pinned_bytes;
+    struct pick_result *pick_host, *pick_dev; /* argmax's answer: pinned, device */
+    bool graphs_off_alloc;        /* the small pinned and device buffers could not be had */
 } cuda_backend;
 
 /* GPU time per op: events around every op, read back at each
@@ -237,6 +243,8 @@ static void cuda_free_backend(exo_backend *be)
             cudaGraphExecDestroy(c->graphs[i].exec);
     free_retired(c);
     cudaFreeHost(c->pinned);
+    cudaFreeHost(c->pick_host);
+    cudaFree(c->pick_dev);
     cudaFreeHost(c->step_host);
     cudaFree(c->step_dev);
     cudaEventDestroy(c->step_read);
@@ -892,6 +900,79 @@ static int cuda_head_matmul(exo_backend *be, int H, const exo_linear *w, const f
     return 0;
 }
 
+/* ---- greedy pick ------------------------------------------------------------ */
+
+#define PICK_THREADS 1024
+
+/* One block: the largest value (lowest index on ties, NaN never wins),
+ * then the sum of exp(x - max) for its log-softmax. */
+__global__ void __launch_bounds__(PICK_THREADS) argmax_kernel(const float *x, int n, struct pick_result *out)
+{
+    exo_cuda_wait_inputs();
+    exo_cuda_start_next();
+    __shared__ float best_v[PICK_THREADS / 32], part[32];
+    __shared__ int best_i[PICK_THREADS / 32];
+    float bv = -INFINITY;
+    int bi = -1;
+    for (int i = threadIdx.x; i < n; i += PICK_THREADS)
+        if (x[i] > bv) { /* false for NaN; strided order keeps the lowest index per thread */
+            bv = x[i];
+            bi = i;
+        }
+    for (int o = 16; o; o >>= 1) {
+        float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (oi >= 0 && (bi < 0 || ov > bv || (ov == bv && oi < bi))) {
+            bv = ov;
+            bi = oi;
+        }
+    }
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (lane == 0) {
+        best_v[warp] = bv;
+        best_i[warp] = bi;
+    }
+    __syncthreads();
+    bv = -INFINITY;
+    bi = -1;
+    for (int w = 0; w < PICK_THREADS / 32; w++)
+        if (best_i[w] >= 0 && (bi < 0 || best_v[w] > bv || (best_v[w] == bv && best_i[w] < bi))) {
+            bv = best_v[w];
+            bi = best_i[w];
+        }
+    float sum = 0;
+    if (bi >= 0)
+        for (int i = threadIdx.x; i < n; i += PICK_THREADS)
+            if (!isnan(x[i]))
+                sum += __expf(x[i] - bv);
+    sum = block_sum(sum, part);
+    if (threadIdx.x == 0) {
+        out->id = bi < 0 ? 0 : bi;
+        out->logprob = bi < 0 ? -INFINITY : -logf(sum);
+    }
+}
+
+static int cuda_argmax(exo_backend *be, const float *x, int n, int32_t *id, float *logprob)
+{
+    cuda_backend *c = cu(be);
+    if (refuse_in_capture(c) || c->graphs_off_alloc)
+        return EXO_EBUSY;
+    {
+        prof_scope prof(c, "argmax");
+        exo_cuda_launch(argmax_kernel, dim3(1), dim3(PICK_THREADS), 0, c->stream, x, n, c->pick_dev);
+    }
+    int rc = exo_cuda_launched("argmax");
+    rc = rc ? rc
+            : check(cudaMemcpyAsync(c->pick_host, c->pick_dev, sizeof *c->pick_host, cudaMemcpyDeviceToHost,
+                                    c->stream), "argmax");
+    rc = rc ? rc : check(cudaStreamSynchronize(c->stream), "argmax");
+    if (rc)
+        return rc;
+    *id = c->pick_host->id;
+    *logprob = c->pick_host->logprob;
+    return 0;
+}
+
 /* ---- mixture of experts ------------------------------------------------------ */
 
 static int cuda_moe_route(exo_backend *be, const exo_moe_router *r, const float *logits, int T, int32_t *idx,
@@ -1033,6 +1114,7 @@ static const exo_backend_ops cuda_ops = {
     .step_begin = cuda_step_begin,
     .step_end = cuda_step_end,
     .matmul_fused = cuda_matmul_fused,
+    .argmax = cuda_argmax,
 };
 
 static int device_count(void)
@@ -1091,9 +1173,11 @@ static exo_backend *create(int device, exo_err *err)
     c->graphs_off = c->prof || (graphs && !strcmp(graphs, "0"));
     if (cudaMallocHost((void **)&c->step_host, sizeof *c->step_host) != cudaSuccess ||
         cudaMalloc((void **)&c->step_dev, sizeof *c->step_dev) != cudaSuccess ||
+        cudaMallocHost((void **)&c->pick_host, sizeof *c->pick_host) != cudaSuccess ||
+        cudaMalloc((void **)&c->pick_dev, sizeof *c->pick_dev) != cudaSuccess ||
         cudaEventCreateWithFlags(&c->step_read, cudaEventDisableTiming) != cudaSuccess) {
         cudaGetLastError();
-        c->graphs_off = true;
+        c->graphs_off = c->graphs_off_alloc = true;
     }
     const char *path = getenv("EXO_MATMUL_PATH");
     c->force_gemv = path && !strcmp(path, "gemv");
