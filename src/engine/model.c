@@ -2128,13 +2128,15 @@ static int moe_forward(exo_model *m, layer *L, int T, exo_err *err)
     return 0;
 }
 
-/* Softmax attention of the normed rows in a->h into a->h (before the
- * residual add): projections, q/k norms, (partial) RoPE, the layer's
- * window and sinks, gpt-oss/gated variants, output projection. */
 /* Products the backend runs fused (backend.h matmul_fused): y = norm(x)
  * W^T, or y += x W^T into the residual stream, in one pass. */
 static bool fuses(const exo_model *m, const exo_backend *be) { return be->ops->matmul_fused && !m->allreduce; }
 
+/* Softmax attention of the normed rows in a->h into a->h (before the
+ * residual add): projections, q/k norms, (partial) RoPE, the layer's
+ * window and sinks, gpt-oss/gated variants, output projection. Where the
+ * backend fuses, the projections norm a->x themselves and the output
+ * projection adds into a->x (*added). */
 static int attention_forward(exo_model *m, exo_seq *s, int l, int T, int pos0, bool *added, exo_err *err)
 {
     layer *L = &m->layers[l];
@@ -2318,13 +2320,11 @@ static int head_forward(exo_model *m, int r0, int rows, float *out, exo_err *err
     }
     OK(be->ops->rmsnorm(be, a->h, x, m->final_norm, rows, m->dim, m->eps));
     const exo_linear *w[1] = {&m->lm_head};
-    {
-        for (int r = 0; r < rows; r++) {
-            float *const y[1] = {a->logits + m->vocab_bounds[m->tp_rank]};
-            OK(be->ops->matmul(be, 1, w, a->h + (size_t)r * (size_t)m->dim, 1, y));
-            OK(m->allgather(m->allreduce_ctx, a->logits, m->vocab_bounds, err));
-            OK(be->ops->to_host(be, out + (size_t)r * V, a->logits, sizeof(float) * V));
-        }
+    for (int r = 0; r < rows; r++) {
+        float *const y[1] = {a->logits + m->vocab_bounds[m->tp_rank]};
+        OK(be->ops->matmul(be, 1, w, a->h + (size_t)r * (size_t)m->dim, 1, y));
+        OK(m->allgather(m->allreduce_ctx, a->logits, m->vocab_bounds, err));
+        OK(be->ops->to_host(be, out + (size_t)r * V, a->logits, sizeof(float) * V));
     }
     return 0;
 }
@@ -2371,8 +2371,8 @@ static bool pick_in_place(exo_model *m, exo_step *st)
  * states coming in) launches its ops one by one. */
 static bool step_recordable(const exo_model *m, const exo_step *st, int n)
 {
-    return n == 1 && st->T == 1 && st->tokens && m->gpu && m->gpu_layers == m->n_layers && m->gpu->ops->step_begin &&
-           !m->n_experts && !m->allreduce && !m->allgather;
+    return n == 1 && st->T == 1 && st->tokens && m->gpu && m->gpu_layers == m->n_layers &&
+           m->gpu->ops->step_begin && !m->n_experts && !m->allreduce && !m->allgather;
 }
 
 static int step_recorded(exo_model *m, exo_seq *s, const exo_step *st, int t0, int pos0, exo_err *err)
