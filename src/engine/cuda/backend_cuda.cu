@@ -95,6 +95,10 @@ typedef struct cuda_backend {
     void *pinned;                 /* host staging for large copies to the host */
     size_t pinned_bytes;
     struct pick_result *pick_host, *pick_dev; /* argmax's answer: pinned, device */
+    char *up_host;                /* pinned upload ring: two halves (stage_upload) */
+    size_t up_used;
+    int up_half;
+    cudaEvent_t up_done[2];
     bool graphs_off_alloc;        /* the small pinned and device buffers could not be had */
 } cuda_backend;
 
@@ -245,6 +249,9 @@ static void cuda_free_backend(exo_backend *be)
     cudaFreeHost(c->pinned);
     cudaFreeHost(c->pick_host);
     cudaFree(c->pick_dev);
+    cudaFreeHost(c->up_host);
+    cudaEventDestroy(c->up_done[0]);
+    cudaEventDestroy(c->up_done[1]);
     cudaFreeHost(c->step_host);
     cudaFree(c->step_dev);
     cudaEventDestroy(c->step_read);
@@ -422,13 +429,37 @@ static float *cuda_load_vector(exo_backend *be, exo_dtype t, const void *host, s
     return d;
 }
 
+/* Small host arrays an op takes (token ids, expert rows and weights) go
+ * up from a pinned ring: a copy from pageable memory waits for all the
+ * work queued before it (the driver synchronises the stream first), one
+ * from pinned memory queues like a kernel. The ring is two halves; a half
+ * is written again once the copies from it have run (its event). Arrays
+ * larger than a half go from where they are. */
+#define UPLOAD_HALF ((size_t)64 << 10)
+static const void *stage_upload(cuda_backend *c, const void *host, size_t bytes)
+{
+    if (!c->up_host || bytes > UPLOAD_HALF)
+        return host;
+    if (c->up_used + bytes > UPLOAD_HALF) {
+        cudaEventRecord(c->up_done[c->up_half], c->stream);
+        c->up_half ^= 1;
+        cudaEventSynchronize(c->up_done[c->up_half]);
+        c->up_used = 0;
+    }
+    char *p = c->up_host + (size_t)c->up_half * UPLOAD_HALF + c->up_used;
+    memcpy(p, host, bytes);
+    c->up_used += (bytes + 15) / 16 * 16;
+    return p;
+}
+
 /* Host values up to the device's small scratch, in stream order. */
 static void *bring_up(cuda_backend *c, const void *host, size_t bytes)
 {
     if (refuse_in_capture(c))
         return NULL;
     void *d = scratch(c, SCRATCH_SMALL, bytes);
-    if (!d || cudaMemcpyAsync(d, host, bytes, cudaMemcpyHostToDevice, c->stream) != cudaSuccess)
+    if (!d || cudaMemcpyAsync(d, stage_upload(c, host, bytes), bytes, cudaMemcpyHostToDevice, c->stream) !=
+                  cudaSuccess)
         return NULL;
     return d;
 }
@@ -1031,8 +1062,11 @@ static int cuda_scatter_add_rows(exo_backend *be, float *dst, const float *src, 
     size_t rb = ((sizeof(int32_t) * (size_t)n) + 255) / 256 * 256;
     /* one buffer for both, so the second bring-up cannot move the first */
     char *d = (char *)scratch(c, SCRATCH_SMALL, rb + sizeof(float) * (size_t)n);
-    if (!d || cudaMemcpyAsync(d, rows, sizeof(int32_t) * (size_t)n, cudaMemcpyHostToDevice, c->stream) ||
-        cudaMemcpyAsync(d + rb, scale, sizeof(float) * (size_t)n, cudaMemcpyHostToDevice, c->stream))
+    if (refuse_in_capture(c) || !d ||
+        cudaMemcpyAsync(d, stage_upload(c, rows, sizeof(int32_t) * (size_t)n), sizeof(int32_t) * (size_t)n,
+                        cudaMemcpyHostToDevice, c->stream) ||
+        cudaMemcpyAsync(d + rb, stage_upload(c, scale, sizeof(float) * (size_t)n), sizeof(float) * (size_t)n,
+                        cudaMemcpyHostToDevice, c->stream))
         return EXO_ENOMEM;
     exo_cuda_launch(scatter_add_rows_kernel, dim3(blocks_for((size_t)dim)), dim3(256), 0, c->stream, dst, src, (const int32_t *)d,
                                                                              (const float *)(d + rb), n, dim);
@@ -1175,7 +1209,10 @@ static exo_backend *create(int device, exo_err *err)
         cudaMalloc((void **)&c->step_dev, sizeof *c->step_dev) != cudaSuccess ||
         cudaMallocHost((void **)&c->pick_host, sizeof *c->pick_host) != cudaSuccess ||
         cudaMalloc((void **)&c->pick_dev, sizeof *c->pick_dev) != cudaSuccess ||
-        cudaEventCreateWithFlags(&c->step_read, cudaEventDisableTiming) != cudaSuccess) {
+        cudaEventCreateWithFlags(&c->step_read, cudaEventDisableTiming) != cudaSuccess ||
+        cudaMallocHost((void **)&c->up_host, 2 * UPLOAD_HALF) != cudaSuccess ||
+        cudaEventCreateWithFlags(&c->up_done[0], cudaEventDisableTiming) != cudaSuccess ||
+        cudaEventCreateWithFlags(&c->up_done[1], cudaEventDisableTiming) != cudaSuccess) {
         cudaGetLastError();
         c->graphs_off = c->graphs_off_alloc = true;
     }
