@@ -18,60 +18,14 @@
 #include "engine/backend.h"
 #include "engine/linear.h"
 
+#include "bench_weights.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-static uint64_t rng = 0x9E3779B97F4A7C15ull;
-static uint64_t next_u64(void)
-{
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return rng;
-}
-
-static void fill_random(void *p, size_t n)
-{
-    uint8_t *b = p;
-    for (size_t i = 0; i < n; i++)
-        b[i] = (uint8_t)next_u64();
-}
-
-/* bf16 values in [0.5, 1) / 64 with a random sign: sane scales, biases, weights */
-static void fill_bf16(uint16_t *p, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        p[i] = (uint16_t)(0x3C00u | (next_u64() & 0x807Fu));
-}
-
+/* A weight format: make_weight_g's bits (16: bf16 dense), group 64. */
 typedef struct quant { const char *name; exo_wformat format; int bits; } quant;
-
-/* A host weight of the given format, filled at random (memory freed at exit). */
-static exo_linear host_weight(const quant *q, int64_t rows, int64_t cols)
-{
-    exo_linear w = {.format = q->format, .dtype = EXO_DTYPE_BF16, .rows = rows, .cols = cols,
-                    .bits = q->bits, .group_size = 64};
-    size_t wb, sb, bb;
-    exo_linear_part_bytes(&w, &wb, &sb, &bb);
-    void *codes = malloc(wb), *scales = sb ? malloc(sb) : NULL, *biases = bb ? malloc(bb) : NULL;
-    if (!codes || (sb && !scales) || (bb && !biases)) {
-        fprintf(stderr, "out of host memory\n");
-        exit(1);
-    }
-    if (q->format == EXO_WFORMAT_DENSE)
-        fill_bf16(codes, wb / 2);
-    else
-        fill_random(codes, wb);
-    if (scales)
-        fill_bf16(scales, sb / 2);
-    if (biases)
-        fill_bf16(biases, bb / 2);
-    w.w = codes;
-    w.scales = scales;
-    w.biases = biases;
-    return w;
-}
 
 /* One call of a layer: n weights sharing one input. */
 typedef struct call { const char *name; int n; int64_t rows[3]; int64_t cols; } call;
@@ -106,15 +60,13 @@ static int run(exo_backend *be, const char *model, const call *calls, int dim, i
     /* one host weight per shape, uploaded as many times as there are copies */
     for (int c = 0; c < 4; c++)
         for (int j = 0; j < calls[c].n; j++) {
-            exo_linear h = host_weight(q, calls[c].rows[j], calls[c].cols);
+            exo_linear h = make_weight_g(q->bits, 64, calls[c].rows[j], calls[c].cols);
             for (int k = 0; k < set.copies; k++)
                 if (o->load_linear(be, &h, false, &set.w[c][k][j], &err)) {
                     fprintf(stderr, "load: %s\n", err.msg);
                     return 1;
                 }
-            free((void *)h.w);
-            free((void *)h.scales);
-            free((void *)h.biases);
+            free_weight(&h);
         }
     int big = ffn > dim ? ffn : dim;
     float *x = o->alloc(be, sizeof(float) * (size_t)big), *y[3];
@@ -172,7 +124,7 @@ int main(int argc, char **argv)
     printf("device-to-device copy: %.0f GB/s (read + write), the limit below\n", copy_bw / 1e9);
     static const quant quants[] = {{"q4", EXO_WFORMAT_AFFINE, 4},
                                    {"q8", EXO_WFORMAT_AFFINE, 8},
-                                   {"bf16", EXO_WFORMAT_DENSE, 0}};
+                                   {"bf16", EXO_WFORMAT_DENSE, 16}};
     static const struct { const char *name; int dim, kv, ffn; } models[] = {
         {"llama-3.1-8b", 4096, 1024, 14336}, {"llama-3.2-1b", 2048, 512, 8192}};
     for (size_t m = 0; m < sizeof models / sizeof *models; m++)

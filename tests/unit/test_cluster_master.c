@@ -190,20 +190,28 @@ static void add_speed_node(exo_state *st, const char *id, uint64_t ram, uint64_t
  * (less the room it keeps back) and the rest on the CPU, so the node holds
  * a model its memory alone could not; a tensor-parallel rank, which runs on
  * the CPU, counts the memory only. */
+/* A one-request pipeline placement of card, which must go wholly to node want. */
+static void place_whole_on(exo_state *st, exo_model_card *card, const char *want, exo_instance *inst)
+{
+    exo_placement_request req = {card, EXO_SHARDING_PIPELINE, EXO_INSTANCE_META_MLX_RING, 1, 0};
+    exo_err err = {0};
+    cr_assert_eq(exo_placement_place(st, &req, inst, &err), 0, "%s", err.msg);
+    cr_assert_eq(inst->n_shards, 1);
+    cr_assert_str_eq(inst->shards[0].node_id.s, want);
+}
+
 Test(placement, a_gpu_node_holds_what_fits_its_gpu_and_memory)
 {
     exo_state *st = exo_state_new();
     add_speed_node(st, "gpu", 4 * GIB, 0, 32 * GIB, 0);
     /* 4 GiB + (31 GiB free - 2 GiB kept back - 1 GiB) = 32 GiB */
     exo_model_card m = model(16, 30 * GIB);
-    exo_placement_request req = {&m, EXO_SHARDING_PIPELINE, EXO_INSTANCE_META_MLX_RING, 1, 0};
     exo_instance inst;
-    exo_err err = {0};
-    cr_assert_eq(exo_placement_place(st, &req, &inst, &err), 0, "%s", err.msg);
-    cr_assert_eq(inst.n_shards, 1);
-    cr_assert_str_eq(inst.shards[0].node_id.s, "gpu");
+    place_whole_on(st, &m, "gpu", &inst);
     exo_instance_clear(&inst);
     m.storage_bytes = 33 * GIB;
+    exo_placement_request req = {&m, EXO_SHARDING_PIPELINE, EXO_INSTANCE_META_MLX_RING, 1, 0};
+    exo_err err = {0};
     cr_assert_eq(exo_placement_place(st, &req, &inst, &err), EXO_EINVAL);
     cr_assert(strstr(err.msg, "not enough memory"), "%s", err.msg);
     exo_state_free(st);
@@ -692,19 +700,14 @@ Test(placement, predicts_gpu_nodes_from_the_gpu_bandwidth)
     add_speed_node(st, "cpu", 64 * GIB, 100000000000ull, 0, 0);
     add_speed_node(st, "gpu", 8 * GIB, 50000000000ull, 32 * GIB, 4000000000000ull);
     exo_model_card card = model(16, 16 * GIB);
-    exo_placement_request req = {&card, EXO_SHARDING_PIPELINE, EXO_INSTANCE_META_MLX_RING, 1, 0};
     exo_instance inst;
-    exo_err err = {0};
-    cr_assert_eq(exo_placement_place(st, &req, &inst, &err), 0, "%s", err.msg);
-    cr_assert_eq(inst.n_shards, 1);
-    cr_assert_str_eq(inst.shards[0].node_id.s, "gpu");
+    place_whole_on(st, &card, "gpu", &inst);
     cr_assert_float_eq(exo_placement_predict(st, &inst, &card), 4e12 / (16.0 * GIB), 1e-3);
     exo_instance_clear(&inst);
     /* 36 GiB: 28 GiB on the GPU (32 - 1 used - 2 - 1 kept back) and 8 in memory
      * still beat 36 at the other node's 100 GB/s */
     card.storage_bytes = 36 * GIB;
-    cr_assert_eq(exo_placement_place(st, &req, &inst, &err), 0, "%s", err.msg);
-    cr_assert_str_eq(inst.shards[0].node_id.s, "gpu");
+    place_whole_on(st, &card, "gpu", &inst);
     double want = 1.0 / (28.0 * GIB / 4e12 + 8.0 * GIB / 5e10);
     cr_assert_float_eq(exo_placement_predict(st, &inst, &card), want, want * 1e-6);
     exo_instance_clear(&inst);

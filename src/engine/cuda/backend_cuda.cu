@@ -99,7 +99,6 @@ typedef struct cuda_backend {
     size_t up_used;
     int up_half;
     cudaEvent_t up_done[2];
-    bool graphs_off_alloc;        /* the small pinned and device buffers could not be had */
 } cuda_backend;
 
 /* GPU time per op: events around every op, read back at each
@@ -986,7 +985,7 @@ __global__ void __launch_bounds__(PICK_THREADS) argmax_kernel(const float *x, in
 static int cuda_argmax(exo_backend *be, const float *x, int n, int32_t *id, float *logprob)
 {
     cuda_backend *c = cu(be);
-    if (refuse_in_capture(c) || c->graphs_off_alloc)
+    if (refuse_in_capture(c) || !c->pick_host || !c->pick_dev)
         return EXO_EBUSY;
     {
         prof_scope prof(c, "argmax");
@@ -1214,7 +1213,7 @@ static exo_backend *create(int device, exo_err *err)
         cudaEventCreateWithFlags(&c->up_done[0], cudaEventDisableTiming) != cudaSuccess ||
         cudaEventCreateWithFlags(&c->up_done[1], cudaEventDisableTiming) != cudaSuccess) {
         cudaGetLastError();
-        c->graphs_off = c->graphs_off_alloc = true;
+        c->graphs_off = true;
     }
     const char *path = getenv("EXO_MATMUL_PATH");
     c->force_gemv = path && !strcmp(path, "gemv");
