@@ -206,6 +206,31 @@ typedef struct exo_backend_ops {
      * Greedy decoding then takes a token id, not the vocabulary's logits,
      * off the device. */
     int  (*argmax)(exo_backend *be, const float *x, int n, int32_t *id, float *logprob);
+
+    /* Optional (NULL: decode routes on the host through moe_route): the
+     * router's choice made and used on the device, so a mixture-of-experts
+     * decode step never waits for the host and can be recorded.
+     * moe_pick_table returns backend memory naming every expert's weights
+     * (experts: 3 per expert, gate, up and down, as moe_route's users index
+     * them) for exo_linear.pick_table: part p's table starts at entry
+     * 3 * n_experts * p. NULL with EXO_EUNSUPPORTED where the backend's
+     * products cannot take such weights; release frees it. moe_pick is
+     * moe_route with idx and w (T * k each) left in backend memory.
+     * add_weighted_rows: dst += sum over i < n of w[i] * src row i, plus
+     * src rows n .. n + n_plain - 1 unweighted (w: backend memory). */
+    void *(*moe_pick_table)(exo_backend *be, const exo_linear *experts, int n_experts, exo_err *err);
+    int  (*moe_pick)(exo_backend *be, const exo_moe_router *r, const float *logits, int T, int32_t *idx,
+                     float *w);
+    int  (*add_weighted_rows)(exo_backend *be, float *dst, const float *src, const float *w, int n, int n_plain,
+                              int dim);
+
+    /* Optional (NULL: the caller runs rmsnorm and rope on each): q's
+     * n_q heads and k's n_k heads, T tokens each, through their per-head
+     * RMSNorm (q_norm, k_norm: head_dim weights, or NULL for none) and
+     * then rope's rotation, in one pass. */
+    int  (*qk_norm_rope)(exo_backend *be, float *q, float *k, int T, int n_q, int n_k, int head_dim, int rot_dim,
+                         int pos0, const float *inv_freq, float mscale, const float *q_norm, const float *k_norm,
+                         float eps);
 } exo_backend_ops;
 
 struct exo_backend {

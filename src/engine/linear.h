@@ -50,6 +50,13 @@ typedef struct exo_linear {
     const void *biases;     /* AFFINE: (rows, cols/group_size); MXFP4: unused (NULL) */
     int         bits;       /* AFFINE: 2, 3, 4, 5, 6 or 8; MXFP4: 4 */
     int         group_size; /* AFFINE: 32, 64 or 128; MXFP4: 32 */
+    /* A weight chosen on a device at run time (a mixture's expert, see
+     * backend.h moe_pick): this struct gives the shape and format every
+     * choice shares, and choice c's w, scales and biases are entries 3c,
+     * 3c + 1 and 3c + 2 of pick_table, c = *pick (both backend memory,
+     * read when the product runs). NULL in every weight a host reads. */
+    const void *const *pick_table;
+    const int32_t     *pick;
 } exo_linear;
 
 /* FP4 E2M1 code -> value: bit 3 sign, bits 2..1 exponent (bias 1), bit 0

@@ -91,6 +91,7 @@ typedef struct layer {
     float *e_score_bias;         /* glm4_moe, deepseek: picks experts, not weighs them */
     exo_linear *experts;         /* 3 per expert: gate, up (moe_ffn, dim), down (dim, moe_ffn) */
     float *expert_bias;          /* gpt-oss: per expert gate (moe_ffn), up (moe_ffn), down (dim) */
+    void *pick_table;            /* backend.h moe_pick_table: decode picks experts on the device */
     bool has_shared;             /* shared expert(s) on every token */
     exo_linear sh_gate, sh_up, sh_down;
     exo_linear sh_router;        /* (1, dim) its sigmoid gate (qwen3_next); rows 0: ungated */
@@ -122,6 +123,9 @@ typedef struct acts {
     float *moe_out;   /* (chunk, dim): tensor parallel: this rank's partial sum */
     int32_t *top_idx; /* host (chunk, topk) */
     float *top_w;
+    int32_t *pick_idx; /* backend memory (topk): decode's experts, chosen on the device */
+    float *pick_w;
+    exo_linear *picked; /* host (3 topk): weights naming pick_idx's slots (moe_decode_picked) */
     int32_t *rows;    /* host (chunk): the tokens routed to one expert, and weights */
     float *row_w;
     const exo_linear **sel_w; /* host (2 topk + 1): decode's chosen experts' weights */
@@ -156,6 +160,9 @@ struct exo_model {
     /* Gated DeltaNet: this rank's heads; n_linear: the shard's linear layers */
     int lin_hk, lin_hv, lin_dk, lin_dv, lin_k, conv_dim, n_linear;
     bool moe_per_expert; /* EXO_MOE_PATH=per-expert: decode as prefill does (the benchmark's peer) */
+    bool moe_host_route; /* EXO_MOE_PATH=host-route: decode routes on the host even where the
+                            backend could pick experts on the device (a peer to measure against) */
+    bool moe_picked;     /* every sparse layer has a pick_table: decode needs no host routing */
     float mscale, eps;
     exo_attn_shape attn;
     bool embeds, has_head;
@@ -853,6 +860,23 @@ static int bind_experts(binder *b, int l, layer *L, part pgu, part pd, part psgu
     return rc;
 }
 
+/* Decode of a sparse layer picks its experts on the device where the
+ * backend can (backend.h moe_pick_table), so the step never waits for the
+ * host. Not for gpt-oss's per-expert biases (added by expert id) or
+ * tensor-parallel ranks (whose choices must agree bit for bit: the host
+ * router makes them so). A backend that cannot read these experts so
+ * leaves the host route in place, which is no error. */
+static void pick_on_device(binder *b, layer *L, int tp)
+{
+    const exo_backend_ops *o = b->be->ops;
+    if (!o->moe_pick_table || !o->moe_pick || !o->add_weighted_rows || L->expert_bias || tp > 1)
+        return;
+    exo_err why = {0};
+    L->pick_table = o->moe_pick_table(b->be, L->experts, L->n_experts, &why);
+    if (!L->pick_table)
+        EXO_LOG_DEBUG("experts routed on the host: %s", why.msg);
+}
+
 /* The families the forward pass implements, and what sets each apart
  * (config.h has the per-layer kinds and the MoE routing). */
 typedef struct family {
@@ -928,6 +952,11 @@ static void free_acts(acts *a)
         a->be->ops->release(a->be, *bufs[i]);
         *bufs[i] = NULL;
     }
+    a->be->ops->release(a->be, a->pick_idx);
+    a->be->ops->release(a->be, a->pick_w);
+    a->pick_idx = NULL;
+    a->pick_w = NULL;
+    exo_free(a->picked);
     exo_free(a->top_idx);
     exo_free(a->top_w);
     exo_free(a->rows);
@@ -984,6 +1013,13 @@ static int alloc_acts(exo_model *m, acts *a, exo_backend *be, exo_err *err)
         a->sel_w = exo_calloc(2 * K1, sizeof *a->sel_w);
         a->sel_x = exo_calloc(2 * K1, sizeof *a->sel_x);
         a->sel_y = exo_calloc(2 * K1, sizeof *a->sel_y);
+        if (be->ops->moe_pick) {
+            a->pick_idx = be->ops->alloc(be, sizeof(int32_t) * (size_t)m->topk);
+            a->pick_w = be->ops->alloc(be, sizeof(float) * (size_t)m->topk);
+            a->picked = exo_calloc(3 * (size_t)m->topk, sizeof *a->picked);
+            if (!a->pick_idx || !a->pick_w)
+                return exo_err_set(err, EXO_ENOMEM, "cannot allocate the experts' choice");
+        }
     }
     return 0;
 }
@@ -1390,6 +1426,7 @@ int exo_model_build(const exo_model_config *cfg, const exo_weight_source *src,
     m->vocab = (int)V;
     const char *moe_path = getenv("EXO_MOE_PATH");
     m->moe_per_expert = moe_path && !strcmp(moe_path, "per-expert");
+    m->moe_host_route = moe_path && !strcmp(moe_path, "host-route");
     m->eps = (float)cfg->rms_norm_eps;
     m->max_chunk = o.max_chunk > 0 ? o.max_chunk : 512;
     if (m->mla && m->max_chunk > 64) /* prefill attention scores are (chunk x heads) x positions */
@@ -1531,6 +1568,7 @@ int exo_model_build(const exo_model_config *cfg, const exo_weight_source *src,
         }
         if (exo_config_layer_moe(cfg, l)) {
             TRY(bind_experts(&b, l, L, pmgu, pmd, psgu, psd, tp));
+            pick_on_device(&b, L, tp);
         } else {
             TRY(bind_linear_part(&b, P("mlp.gate_proj"), F, D, true, pgu, &L->gate, NULL));
             TRY(bind_linear_part(&b, P("mlp.up_proj"), F, D, true, pgu, &L->up, NULL));
@@ -1541,6 +1579,9 @@ int exo_model_build(const exo_model_config *cfg, const exo_weight_source *src,
             m->n_linear++;
         note_layer(&o, i + 1, m->n_layers);
     }
+    m->moe_picked = m->n_experts > 0;
+    for (int i = 0; i < m->n_layers; i++)
+        m->moe_picked &= !m->layers[i].n_experts || m->layers[i].pick_table;
     if (m->has_head) { /* the final norm and the head live with the last layer */
         b.be = m->layers[m->n_layers - 1].be;
         TRY(bind_vector_pick(&b, "model.norm.weight", D, D, nv, true, &m->final_norm));
@@ -1693,6 +1734,7 @@ void exo_model_free(exo_model *m)
                              L->e_score_bias, L->expert_bias};
             for (size_t i = 0; i < sizeof vecs / sizeof *vecs; i++)
                 be->ops->release(be, vecs[i]);
+            be->ops->release(be, L->pick_table);
             exo_free(L->experts);
             exo_free(L->absorb);
             exo_free(L->unabsorb);
@@ -2010,7 +2052,75 @@ static int shared_forward(exo_model *m, layer *L, int T, float *sum)
  *   5. the shared expert's sigmoid gate (qwen3_next);
  *   6. the weighted sum of the k + 1 outputs added into the residual.
  * Only the chosen experts' bytes are read. */
-static int moe_decode(exo_model *m, layer *L, float *sum, exo_err *err)
+/* y[i] = x' W[i]^T with x' = rmsnorm(x, norm) folded into the products
+ * where norm is set (backend.h matmul_fused), else x' = x. */
+static int normed_products(exo_model *m, exo_backend *be, int n, const exo_linear *const *w, const float *x,
+                           const float *norm, int T, float *const *y)
+{
+    if (norm)
+        return be->ops->matmul_fused(be, n, w, x, norm, m->eps, false, T, y);
+    return be->ops->matmul(be, n, w, x, T, y);
+}
+
+/* Whether a decode step of this sparse layer picks its experts on the
+ * device (and folds the MLP norm into its products). */
+static bool decodes_picked(const exo_model *m, const layer *L)
+{
+    return L->pick_table && !m->moe_host_route && !m->moe_per_expert && L->be->ops->matmul_fused &&
+           !m->allreduce;
+}
+
+/* moe_decode's second half with the router's choice left on the device:
+ * each chosen expert's weights are an exo_linear naming its slot of
+ * pick_idx, which the products read when they run. The same dispatches as
+ * the host route, and the same order of the weighted sum. */
+static int moe_decode_picked(exo_model *m, layer *L, const exo_moe_router *rt, float *sum, const float *x,
+                             const float *norm)
+{
+    exo_backend *be = L->be;
+    const exo_backend_ops *o = be->ops;
+    acts *a = acts_of(m, be);
+    int k = m->topk, I = m->moe_ffn, D = m->dim;
+    OK(o->moe_pick(be, rt, a->router, 1, a->pick_idx, a->pick_w));
+    exo_linear *chosen = a->picked;
+    const void *const *table = (const void *const *)L->pick_table;
+    for (int j = 0; j < k; j++)
+        for (int p = 0; p < 3; p++) {
+            exo_linear *c = &chosen[3 * j + p];
+            *c = L->experts[p]; /* every expert's part p has this shape and format */
+            c->w = c->scales = c->biases = NULL;
+            c->pick_table = table + (size_t)3 * (size_t)L->n_experts * (size_t)p;
+            c->pick = a->pick_idx + j;
+        }
+    for (int j = 0; j < k; j++) {
+        a->sel_w[2 * j] = &chosen[3 * j];
+        a->sel_w[2 * j + 1] = &chosen[3 * j + 1];
+        a->sel_y[2 * j] = a->g + (size_t)j * (size_t)I;
+        a->sel_y[2 * j + 1] = a->u + (size_t)j * (size_t)I;
+    }
+    OK(normed_products(m, be, 2 * k, a->sel_w, x, norm, 1, a->sel_y));
+    OK(o->glu(be, m->glu, a->g, a->u, (size_t)k * (size_t)I + (size_t)(L->has_shared ? m->sh_ffn : 0),
+              m->glu_limit));
+    int n = k;
+    for (int j = 0; j < k; j++) {
+        a->sel_w[j] = &chosen[3 * j + 2];
+        a->sel_x[j] = a->g + (size_t)j * (size_t)I;
+        a->sel_y[j] = a->ye + (size_t)j * (size_t)D;
+    }
+    if (L->has_shared) {
+        a->sel_w[n] = &L->sh_down;
+        a->sel_x[n] = a->g + (size_t)k * (size_t)I;
+        a->sel_y[n++] = a->ye + (size_t)k * (size_t)D;
+    }
+    OK(o->matmul_each(be, n, a->sel_w, a->sel_x, 1, a->sel_y));
+    if (L->sh_router.rows)
+        OK(o->sigmoid_mul(be, a->ye + (size_t)k * (size_t)D, a->sg, 1, D, 1));
+    return o->add_weighted_rows(be, sum, a->ye, a->pick_w, k, n - k, D);
+}
+
+/* One token's sparse MLP of x' (x through norm when it is set, else x,
+ * the normed rows in a->h), added into sum. */
+static int moe_decode(exo_model *m, layer *L, float *sum, const float *x, const float *norm, exo_err *err)
 {
     exo_backend *be = L->be;
     const exo_backend_ops *o = be->ops;
@@ -2019,11 +2129,13 @@ static int moe_decode(exo_model *m, layer *L, float *sum, exo_err *err)
     const exo_linear *first[4] = {&L->router, &L->sh_gate, &L->sh_up, &L->sh_router};
     float *const first_out[4] = {a->router, a->g + (size_t)k * I, a->u + (size_t)k * I, a->sg};
     int nfirst = !L->has_shared ? 1 : L->sh_router.rows ? 4 : 3;
-    OK(o->matmul(be, nfirst, first, a->h, 1, first_out));
+    OK(normed_products(m, be, nfirst, first, x, norm, 1, first_out));
     if (L->router_bias)
         OK(o->add_bias(be, a->router, L->router_bias, 1, L->n_experts));
     exo_moe_router rt = m->router;
     rt.bias = L->e_score_bias;
+    if (decodes_picked(m, L))
+        return moe_decode_picked(m, L, &rt, sum, x, norm);
     OK(o->moe_route(be, &rt, a->router, 1, a->top_idx, a->top_w));
     for (int j = 0; j < k; j++) {
         const exo_linear *ex = &L->experts[3 * a->top_idx[j]];
@@ -2076,7 +2188,7 @@ static int moe_forward(exo_model *m, layer *L, int T, exo_err *err)
         float *sum = m->allreduce ? a->moe_out : a->x;
         if (m->allreduce)
             OK(o->zero(be, sum, (size_t)m->dim));
-        return moe_decode(m, L, sum, err);
+        return moe_decode(m, L, sum, a->h, NULL, err);
     }
     const exo_linear *r[1] = {&L->router};
     float *const ro[1] = {a->router};
@@ -2155,12 +2267,17 @@ static int attention_forward(exo_model *m, exo_seq *s, int l, int T, int pos0, b
         OK(o->add_bias(be, a->k, L->bk, T, KD));
         OK(o->add_bias(be, a->v, L->bv, T, KD));
     }
-    if (L->q_norm) {
-        OK(o->rmsnorm(be, a->q, a->q, L->q_norm, T * m->n_heads, m->hd, m->eps));
-        OK(o->rmsnorm(be, a->k, a->k, L->k_norm, T * m->n_kv, m->hd, m->eps));
+    if (o->qk_norm_rope) {
+        OK(o->qk_norm_rope(be, a->q, a->k, T, m->n_heads, m->n_kv, m->hd, m->rot_dim, pos0, L->inv_freq, L->mscale,
+                           L->q_norm, L->k_norm, m->eps));
+    } else {
+        if (L->q_norm) {
+            OK(o->rmsnorm(be, a->q, a->q, L->q_norm, T * m->n_heads, m->hd, m->eps));
+            OK(o->rmsnorm(be, a->k, a->k, L->k_norm, T * m->n_kv, m->hd, m->eps));
+        }
+        OK(o->rope(be, a->q, T, m->n_heads, m->hd, m->rot_dim, pos0, L->inv_freq, L->mscale));
+        OK(o->rope(be, a->k, T, m->n_kv, m->hd, m->rot_dim, pos0, L->inv_freq, L->mscale));
     }
-    OK(o->rope(be, a->q, T, m->n_heads, m->hd, m->rot_dim, pos0, L->inv_freq, L->mscale));
-    OK(o->rope(be, a->k, T, m->n_kv, m->hd, m->rot_dim, pos0, L->inv_freq, L->mscale));
     exo_attn_shape sh = L->attn;
     sh.ring = s->slots[l] < s->alloc_capacity ? s->slots[l] : 0;
     OK(o->attention(be, &sh, a->att, a->q, a->k, a->v, s->k_cache[l], s->v_cache[l], s->slots[l], T, pos0));
@@ -2269,6 +2386,8 @@ static int layer_forward(exo_model *m, exo_seq *s, int l, int T, int pos0, exo_e
 
     const exo_linear *gu[2] = {&L->gate, &L->up};
     float *const gu_out[2] = {a->g, a->u};
+    if (L->n_experts && T == 1 && decodes_picked(m, L)) /* the norm folded into its products */
+        return moe_decode(m, L, a->x, a->x, L->mlp_norm, err);
     if (L->n_experts || !fuses(m, be)) {
         OK(o->rmsnorm(be, a->h, a->x, L->mlp_norm, T, m->dim, m->eps));
         if (L->n_experts)
@@ -2298,9 +2417,12 @@ static int head_logits(exo_model *m, int r0, int rows)
 {
     exo_backend *be = m->layers[m->n_layers - 1].be;
     acts *a = acts_of(m, be);
-    OK(be->ops->rmsnorm(be, a->h, a->x + (size_t)r0 * (size_t)m->dim, m->final_norm, rows, m->dim, m->eps));
     const exo_linear *w[1] = {&m->lm_head};
     float *const y[1] = {a->logits};
+    const float *x = a->x + (size_t)r0 * (size_t)m->dim;
+    if (fuses(m, be))
+        return normed_products(m, be, 1, w, x, m->final_norm, rows, y);
+    OK(be->ops->rmsnorm(be, a->h, x, m->final_norm, rows, m->dim, m->eps));
     return be->ops->matmul(be, 1, w, a->h, rows, y);
 }
 
@@ -2367,12 +2489,13 @@ static bool pick_in_place(exo_model *m, exo_step *st)
 /* A decode step of a model wholly on one GPU goes as one recorded unit
  * (backend.h step_begin): its hundreds of kernel launches cost the host
  * more than the GPU takes to run them. A step that needs the host inside
- * it (mixture-of-experts routing, tensor-parallel collectives, hidden
- * states coming in) launches its ops one by one. */
+ * it (mixture-of-experts routing on the host, tensor-parallel
+ * collectives, hidden states coming in) launches its ops one by one. */
 static bool step_recordable(const exo_model *m, const exo_step *st, int n)
 {
     return n == 1 && st->T == 1 && st->tokens && m->gpu && m->gpu_layers == m->n_layers &&
-           m->gpu->ops->step_begin && !m->n_experts && !m->allreduce && !m->allgather;
+           m->gpu->ops->step_begin && (!m->n_experts || (m->moe_picked && !m->moe_host_route && !m->moe_per_expert)) &&
+           !m->allreduce && !m->allgather;
 }
 
 static int step_recorded(exo_model *m, exo_seq *s, const exo_step *st, int t0, int pos0, exo_err *err)

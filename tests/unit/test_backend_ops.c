@@ -880,6 +880,51 @@ Test(backend_ops, rope)
     both_close(&b);
 }
 
+/* qk_norm_rope against the CPU's rmsnorm per head and rope, of q and k,
+ * with and without the norms (Qwen3 and Llama), partial rotation. */
+Test(backend_ops, qk_norm_rope)
+{
+    both b = both_open("qk_norm_rope");
+    if (!b.gpu->ops->qk_norm_rope) {
+        both_close(&b);
+        cr_skip_test("the CUDA backend has no qk_norm_rope");
+    }
+    static const struct {
+        int T, nq, nk, hd, rot, pos0;
+        bool norms;
+    } cases[] = {
+        {1, 32, 4, 128, 128, 4095, true}, {1, 32, 8, 128, 128, 17, false}, {7, 16, 2, 256, 64, 100, true},
+        {64, 8, 8, 64, 64, 0, true},      {3, 12, 4, 80, 32, 9000, false}, {1, 64, 4, 1024, 512, 3, true},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        int T = cases[i].T, nq = cases[i].nq, nk = cases[i].nk, hd = cases[i].hd, rot = cases[i].rot;
+        float inv[512];
+        for (int j = 0; j < rot / 2; j++)
+            inv[j] = (float)pow(1e6, -2.0 * j / rot);
+        dvec inv_freq = vec_load(&b, EXO_DTYPE_F32, inv, (size_t)(rot / 2));
+        dvec qn = vec_rand(&b, EXO_DTYPE_F32, (size_t)hd, 1.0f, 0.2f), kn = vec_rand(&b, EXO_DTYPE_F32, (size_t)hd, 1.0f, 0.2f);
+        dual q = dual_rand(&b, (size_t)T * nq * hd, 3.0f), k = dual_rand(&b, (size_t)T * nk * hd, 3.0f);
+        if (cases[i].norms) {
+            ON(b.cpu, rmsnorm, q.cpu, q.cpu, qn.cpu, T * nq, hd, 1e-6f);
+            ON(b.cpu, rmsnorm, k.cpu, k.cpu, kn.cpu, T * nk, hd, 1e-6f);
+        }
+        ON(b.cpu, rope, q.cpu, T, nq, hd, rot, cases[i].pos0, inv_freq.cpu, 1.0f);
+        ON(b.cpu, rope, k.cpu, T, nk, hd, rot, cases[i].pos0, inv_freq.cpu, 1.0f);
+        ON(b.gpu, qk_norm_rope, q.gpu, k.gpu, T, nq, nk, hd, rot, cases[i].pos0, inv_freq.gpu, 1.0f,
+           cases[i].norms ? qn.gpu : NULL, cases[i].norms ? kn.gpu : NULL, 1e-6f);
+        dual_check(&b, &q, "qk_norm_rope (q)", NMSE_ELEMENTWISE, "T %d heads %d/%d hd %d rot %d norms %d", T, nq, nk,
+                   hd, rot, cases[i].norms);
+        dual_check(&b, &k, "qk_norm_rope (k)", NMSE_ELEMENTWISE, "T %d heads %d/%d hd %d rot %d norms %d", T, nq, nk,
+                   hd, rot, cases[i].norms);
+        dual_free(&b, &q);
+        dual_free(&b, &k);
+        vec_free(&b, &qn);
+        vec_free(&b, &kn);
+        vec_free(&b, &inv_freq);
+    }
+    both_close(&b);
+}
+
 /* ---- attention ---------------------------------------------------------- */
 
 typedef struct attn_cfg {
@@ -1091,52 +1136,206 @@ Test(backend_ops, scale_add_zero)
 
 /* ---- mixture of experts -------------------------------------------------------- */
 
+static const struct {
+    const char *name;
+    exo_moe_router r;
+    bool bias;
+} routers[] = {
+    /* n_experts, k, sigmoid, norm, bias, n_group, topk_group, scale */
+    {"softmax, renormalised (Qwen3-MoE)", {128, 8, false, true, NULL, 1, 1, 1.0f}, false},
+    {"softmax (Mixtral-like, unnormalised)", {32, 4, false, false, NULL, 1, 1, 1.0f}, false},
+    {"sigmoid, bias, groups (DeepSeek-V3)", {256, 8, true, true, NULL, 8, 4, 2.5f}, true},
+    {"sigmoid, bias, one group", {64, 6, true, true, NULL, 1, 1, 1.0f}, true},
+    {"sigmoid, no bias, unnormalised", {16, 4, true, false, NULL, 1, 1, 1.5f}, false},
+    {"softmax, 512 experts, k 10 (Qwen3.5-397B)", {512, 10, false, true, NULL, 1, 1, 1.0f}, false},
+};
+
+/* Router i on T rows of random logits: the CPU's moe_route against the
+ * GPU's, or against its moe_pick (the choice left on the device). */
+static void route_case(both *b, size_t i, int T, bool on_device)
+{
+    const int E = routers[i].r.n_experts, k = routers[i].r.k;
+    exo_moe_router rc = routers[i].r, rg = routers[i].r;
+    dvec bias = {0};
+    if (routers[i].bias) {
+        bias = vec_rand(b, EXO_DTYPE_F32, (size_t)E, 0.0f, 0.1f);
+        rc.bias = bias.cpu;
+        rg.bias = bias.gpu;
+    }
+    dual logits = dual_rand(b, (size_t)T * E, 2.0f);
+    int32_t *ic = exo_calloc((size_t)T * k, sizeof(int32_t)), *ig = exo_calloc((size_t)T * k, sizeof(int32_t));
+    float *wc = exo_calloc((size_t)T * k, sizeof(float)), *wg = exo_calloc((size_t)T * k, sizeof(float));
+    ON(b->cpu, moe_route, &rc, logits.cpu, T, ic, wc);
+    if (on_device) {
+        int32_t *idx_dev = (int32_t *)be_alloc(b->gpu, (size_t)T * k);
+        float *w_dev = be_alloc(b->gpu, (size_t)T * k);
+        ON(b->gpu, moe_pick, &rg, logits.gpu, T, idx_dev, w_dev);
+        ok(b->gpu, b->gpu->ops->to_host(b->gpu, ig, idx_dev, sizeof(int32_t) * (size_t)T * k), "to_host");
+        download(b->gpu, wg, w_dev, (size_t)T * k);
+        b->gpu->ops->release(b->gpu, idx_dev);
+        b->gpu->ops->release(b->gpu, w_dev);
+    } else {
+        ON(b->gpu, moe_route, &rg, logits.gpu, T, ig, wg);
+    }
+    int differ = 0;
+    for (int j = 0; j < T * k; j++)
+        differ += ic[j] != ig[j];
+    record(on_device ? "moe_pick idx (share differing)" : "moe_route idx (share differing)", NMSE_EXACT,
+           (double)differ / (T * k), "%s, T %d", routers[i].name, T);
+    record(on_device ? "moe_pick weights" : "moe_route weights", NMSE_ELEMENTWISE, nmse(wg, wc, (size_t)T * k),
+           "%s, T %d", routers[i].name, T);
+    exo_free(ic);
+    exo_free(ig);
+    exo_free(wc);
+    exo_free(wg);
+    dual_free(b, &logits);
+    if (routers[i].bias)
+        vec_free(b, &bias);
+}
+
 Test(backend_ops, moe_route)
 {
     both b = both_open("moe_route");
-    static const struct {
-        const char *name;
-        exo_moe_router r;
-        bool bias;
-    } routers[] = {
-        /* n_experts, k, sigmoid, norm, bias, n_group, topk_group, scale */
-        {"softmax, renormalised (Qwen3-MoE)", {128, 8, false, true, NULL, 1, 1, 1.0f}, false},
-        {"softmax (Mixtral-like, unnormalised)", {32, 4, false, false, NULL, 1, 1, 1.0f}, false},
-        {"sigmoid, bias, groups (DeepSeek-V3)", {256, 8, true, true, NULL, 8, 4, 2.5f}, true},
-        {"sigmoid, bias, one group", {64, 6, true, true, NULL, 1, 1, 1.0f}, true},
-        {"sigmoid, no bias, unnormalised", {16, 4, true, false, NULL, 1, 1, 1.5f}, false},
-    };
     static const int Ts[] = {1, 5, 64};
     for (size_t i = 0; i < sizeof routers / sizeof routers[0]; i++)
-        for (int t = 0; t < 3; t++) {
-            const int T = Ts[t], E = routers[i].r.n_experts, k = routers[i].r.k;
-            exo_moe_router rc = routers[i].r, rg = routers[i].r;
-            dvec bias = {0};
-            if (routers[i].bias) {
-                bias = vec_rand(&b, EXO_DTYPE_F32, (size_t)E, 0.0f, 0.1f);
-                rc.bias = bias.cpu;
-                rg.bias = bias.gpu;
-            }
-            dual logits = dual_rand(&b, (size_t)T * E, 2.0f);
-            int32_t *ic = exo_calloc((size_t)T * k, sizeof(int32_t)), *ig = exo_calloc((size_t)T * k, sizeof(int32_t));
-            float *wc = exo_calloc((size_t)T * k, sizeof(float)), *wg = exo_calloc((size_t)T * k, sizeof(float));
-            ON(b.cpu, moe_route, &rc, logits.cpu, T, ic, wc);
-            ON(b.gpu, moe_route, &rg, logits.gpu, T, ig, wg);
-            int differ = 0;
-            for (int j = 0; j < T * k; j++)
-                differ += ic[j] != ig[j];
-            record("moe_route idx (share differing)", NMSE_EXACT, (double)differ / (T * k), "%s, T %d",
-                   routers[i].name, T);
-            record("moe_route weights", NMSE_ELEMENTWISE, nmse(wg, wc, (size_t)T * k), "%s, T %d",
-                   routers[i].name, T);
-            exo_free(ic);
-            exo_free(ig);
-            exo_free(wc);
-            exo_free(wg);
-            dual_free(&b, &logits);
-            if (routers[i].bias)
-                vec_free(&b, &bias);
+        for (int t = 0; t < 3; t++)
+            route_case(&b, i, Ts[t], false);
+    both_close(&b);
+}
+
+/* Decode's experts chosen on the device: moe_pick against the host
+ * router (the same experts, weights to rounding), products of weights
+ * that name a slot of the choice (moe_pick_table) against the CPU's
+ * products of the experts chosen, and add_weighted_rows against
+ * scatter_add_rows with the same weights. */
+Test(backend_ops, moe_pick)
+{
+    both b = both_open("moe_pick");
+    if (!b.gpu->ops->moe_pick) {
+        both_close(&b);
+        cr_skip_test("the CUDA backend has no moe_pick");
+    }
+    static const int Ts[] = {1, 3};
+    for (size_t i = 0; i < sizeof routers / sizeof routers[0]; i++)
+        for (int t = 0; t < 2; t++)
+            route_case(&b, i, Ts[t], true);
+
+    /* experts of one format: gate and up (I, D), down (D, I); four chosen */
+    enum { E = 12, K = 4, D = 512, I = 256 };
+    const wfmt fmts[] = {F_AFFINE(4, 64, BF16), F_AFFINE(8, 32, F16), F_DENSE(BF16), F_MXFP4};
+    const exo_moe_router router = {E, K, false, true, NULL, 1, 1, 1.0f};
+    for (size_t f = 0; f < sizeof fmts / sizeof fmts[0]; f++) {
+        weight *w = exo_calloc(3 * E, sizeof *w);
+        exo_linear cpu_experts[3 * E], gpu_experts[3 * E];
+        for (int e = 0; e < 3 * E; e++) {
+            weight_rand(&b, &w[e], fmts[f], e % 3 == 2 ? D : I, e % 3 == 2 ? I : D);
+            cpu_experts[e] = w[e].cpu;
+            gpu_experts[e] = w[e].gpu;
         }
+        exo_err err = {0};
+        void *table = b.gpu->ops->moe_pick_table(b.gpu, gpu_experts, E, &err);
+        cr_assert(table, "%s: moe_pick_table: %s", w[0].name, err.msg);
+        dual logits = dual_rand(&b, E, 2.0f);
+        int32_t *idx_dev = (int32_t *)be_alloc(b.gpu, K), idx[K];
+        float *w_dev = be_alloc(b.gpu, K), wts[K];
+        ON(b.gpu, moe_pick, &router, logits.gpu, 1, idx_dev, w_dev);
+        ok(b.gpu, b.gpu->ops->to_host(b.gpu, idx, idx_dev, sizeof idx), "to_host");
+        download(b.gpu, wts, w_dev, K);
+
+        exo_linear picked[3 * K];
+        const exo_linear *pg[2 * K], *pc[2 * K];
+        for (int j = 0; j < K; j++)
+            for (int p = 0; p < 3; p++) {
+                exo_linear *l = &picked[3 * j + p];
+                *l = gpu_experts[p];
+                l->w = l->scales = l->biases = NULL;
+                l->pick_table = (const void *const *)table + 3 * E * p;
+                l->pick = idx_dev + j;
+            }
+        /* gate and up of the chosen experts, one x */
+        dual x = dual_rand(&b, D, 1.0f), gu[2 * K];
+        float *yc[2 * K], *yg[2 * K];
+        for (int j = 0; j < 2 * K; j++) {
+            gu[j] = dual_rand(&b, I, 1.0f);
+            pg[j] = &picked[3 * (j / 2) + j % 2];
+            pc[j] = &cpu_experts[3 * idx[j / 2] + j % 2];
+            yc[j] = gu[j].cpu;
+            yg[j] = gu[j].gpu;
+        }
+        ON(b.cpu, matmul, 2 * K, pc, x.cpu, 1, yc);
+        ON(b.gpu, matmul, 2 * K, pg, x.gpu, 1, yg);
+        for (int j = 0; j < 2 * K; j++)
+            dual_check(&b, &gu[j], "matmul, picked experts", NMSE_GEMV, "%s, slot %d part %d", w[0].name, j / 2,
+                       j % 2);
+        /* down of each, its own x, and a fixed weight beside them (the shared expert's) */
+        weight shared;
+        weight_rand(&b, &shared, fmts[f], D, I);
+        dual ye[K + 1];
+        const float *xc[K + 1], *xg[K + 1];
+        float *dc[K + 1], *dg[K + 1];
+        for (int j = 0; j <= K; j++) {
+            ye[j] = dual_rand(&b, D, 1.0f);
+            pg[j] = j < K ? &picked[3 * j + 2] : &shared.gpu;
+            pc[j] = j < K ? &cpu_experts[3 * idx[j] + 2] : &shared.cpu;
+            xc[j] = gu[j % K].cpu;
+            xg[j] = gu[j % K].gpu;
+            dc[j] = ye[j].cpu;
+            dg[j] = ye[j].gpu;
+        }
+        ON(b.cpu, matmul_each, K + 1, pc, xc, 1, dc);
+        ON(b.gpu, matmul_each, K + 1, pg, xg, 1, dg);
+        for (int j = 0; j <= K; j++)
+            dual_check(&b, &ye[j], "matmul_each, picked experts", NMSE_GEMV, "%s, slot %d", w[0].name, j);
+        /* the weighted sum: the same inputs on both, as scatter_add_rows on the CPU */
+        dual rows = dual_rand(&b, (size_t)(K + 1) * D, 1.0f), sum = dual_rand(&b, D, 1.0f);
+        int32_t zero[K + 1] = {0};
+        float scale[K + 1];
+        for (int j = 0; j <= K; j++)
+            scale[j] = j < K ? wts[j] : 1.0f;
+        ON(b.cpu, scatter_add_rows, sum.cpu, rows.cpu, zero, scale, K + 1, D);
+        ON(b.gpu, add_weighted_rows, sum.gpu, rows.gpu, w_dev, K, 1, D);
+        dual_check(&b, &sum, "add_weighted_rows", NMSE_ELEMENTWISE, "%s", w[0].name);
+
+        dual_free(&b, &rows);
+        dual_free(&b, &sum);
+        for (int j = 0; j <= K; j++)
+            dual_free(&b, &ye[j]);
+        for (int j = 0; j < 2 * K; j++)
+            dual_free(&b, &gu[j]);
+        dual_free(&b, &x);
+        dual_free(&b, &logits);
+        weight_free(&shared);
+        b.gpu->ops->release(b.gpu, idx_dev);
+        b.gpu->ops->release(b.gpu, w_dev);
+        b.gpu->ops->release(b.gpu, table);
+        for (int e = 0; e < 3 * E; e++)
+            weight_free(&w[e]);
+        exo_free(w);
+    }
+
+    /* experts the GEMV cannot read from a choice: refused, not misread */
+    weight odd[6];
+    exo_linear mixed[6];
+    for (int e = 0; e < 6; e++) {
+        weight_rand(&b, &odd[e], e == 3 ? F_AFFINE(8, 64, BF16) : F_AFFINE(4, 64, BF16), 64, 128);
+        mixed[e] = odd[e].gpu;
+    }
+    exo_err err = {0};
+    cr_expect_null(b.gpu->ops->moe_pick_table(b.gpu, mixed, 2, &err), "experts of two formats were taken");
+    cr_expect_eq(err.code, EXO_EUNSUPPORTED);
+    for (int e = 0; e < 6; e++)
+        weight_free(&odd[e]);
+    weight three[3];
+    exo_linear q3[3];
+    for (int p = 0; p < 3; p++) {
+        weight_rand(&b, &three[p], F_AFFINE(3, 64, BF16), 64, 128);
+        q3[p] = three[p].gpu;
+    }
+    err = (exo_err){0};
+    cr_expect_null(b.gpu->ops->moe_pick_table(b.gpu, q3, 1, &err), "3-bit experts were taken");
+    cr_expect_eq(err.code, EXO_EUNSUPPORTED);
+    for (int p = 0; p < 3; p++)
+        weight_free(&three[p]);
     both_close(&b);
 }
 

@@ -5,11 +5,12 @@
  * chunks (a model is thousands of tensors; one allocation each would cost
  * a driver call and alignment slack apiece); activations, KV cache and
  * linear-attention state. Ops queue on one stream and return at once; the
- * host waits only in to_host, sync and moe_route (the host picks which
- * experts run, so it needs the router's logits). Host arrays an op takes
- * (token ids, row indices and scales) go up through cudaMemcpyAsync from
- * pageable memory, which copies them out before returning, so the caller
- * may reuse them at once.
+ * host waits only in to_host, sync and moe_route (prompts: the host groups
+ * the tokens by expert, so it needs the router's logits; decode picks its
+ * experts on the device, moe_pick, and its products read the choice from
+ * there). Host arrays an op takes (token ids, row indices and scales) go
+ * up from a pinned staging ring (stage_upload), so the caller may reuse
+ * them at once.
  *
  * The KV cache of a layer is (slots, n_kv_heads, head_dim) f32 for K and
  * for V: appending a token writes one contiguous row, and attention reads
@@ -739,6 +740,63 @@ __global__ void rope_kernel(float *x, int n_heads, int head_dim, int half, int p
     }
 }
 
+/* One head of q or k a block (q's heads, then k's; blockIdx.y the token):
+ * its RMSNorm in rmsnorm_kernel's arithmetic, then rope_kernel's rotation,
+ * with the head held in shared memory between them: one launch where a
+ * layer of Qwen3 took four (two norms, two rotations). */
+#define QK_MAX_DIM 1024
+#define QK_THREADS 128
+__global__ void __launch_bounds__(QK_THREADS)
+qk_norm_rope_kernel(float *q, float *k, int n_q, int n_k, int head_dim, int half, int pos0, const int *pos_dev,
+                    const float *inv_freq, float mscale, const float *q_norm, const float *k_norm, float eps)
+{
+    exo_cuda_wait_inputs();
+    exo_cuda_start_next();
+    __shared__ float v[QK_MAX_DIM], part[32];
+    if (pos_dev)
+        pos0 = *pos_dev;
+    const int t = blockIdx.y, h = blockIdx.x;
+    const bool is_q = h < n_q;
+    float *x = is_q ? q + ((size_t)t * n_q + h) * head_dim : k + ((size_t)t * n_k + h - n_q) * head_dim;
+    const float *w = is_q ? q_norm : k_norm;
+    float ss = 0;
+    for (int i = threadIdx.x; i < head_dim; i += QK_THREADS) {
+        v[i] = x[i];
+        ss += v[i] * v[i];
+    }
+    if (w) {
+        ss = block_sum(ss, part);
+        float inv = 1.0f / sqrtf(ss / (float)head_dim + eps);
+        for (int i = threadIdx.x; i < head_dim; i += QK_THREADS)
+            v[i] = w[i] * (v[i] * inv);
+    }
+    __syncthreads();
+    for (int d = threadIdx.x; d < half; d += QK_THREADS) {
+        float ang = (float)(pos0 + t) * inv_freq[d];
+        float cs = (float)cos((double)ang) * mscale, sn = (float)sin((double)ang) * mscale;
+        float a = v[d], b = v[d + half];
+        v[d] = a * cs - b * sn;
+        v[d + half] = b * cs + a * sn;
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < head_dim; i += QK_THREADS)
+        x[i] = v[i];
+}
+
+static int cuda_qk_norm_rope(exo_backend *be, float *q, float *k, int T, int n_q, int n_k, int head_dim, int rot_dim,
+                             int pos0, const float *inv_freq, float mscale, const float *q_norm, const float *k_norm,
+                             float eps)
+{
+    prof_scope prof(cu(be), "qk_norm_rope");
+    cuda_backend *c = cu(be);
+    if (head_dim > QK_MAX_DIM || rot_dim > head_dim || T < 1)
+        return EXO_EINVAL;
+    const int *pos_dev = step_pos(c, T, pos0);
+    exo_cuda_launch(qk_norm_rope_kernel, dim3((unsigned)(n_q + n_k), (unsigned)T), dim3(QK_THREADS), 0, c->stream, q,
+                    k, n_q, n_k, head_dim, rot_dim / 2, pos0, pos_dev, inv_freq, mscale, q_norm, k_norm, eps);
+    return exo_cuda_launched("qk_norm_rope");
+}
+
 static int cuda_rope(exo_backend *be, float *x, int T, int n_heads, int head_dim, int rot_dim, int pos0,
                      const float *inv_freq, float mscale)
 {
@@ -841,6 +899,8 @@ static int products(cuda_backend *c, int n, const exo_linear *const *w, const fl
             nj = 0;
         }
         if (i < n && !fast) {
+            if (w[i]->pick) /* moe_pick_table promised the GEMV; only its fast path reads a choice */
+                return EXO_EUNSUPPORTED;
             int rc = T <= EXO_CUDA_GEMV_MAX_T && !c->force_gemm
                          ? exo_cuda_gemv_any(c->stream, w[i], xs[i], ldx, T, ys[i], ly, accumulate)
                          : gemm(c, w[i], xs[i], ldx, T, ys[i], ly, accumulate);
@@ -1023,6 +1083,214 @@ static int cuda_moe_route(exo_backend *be, const exo_moe_router *r, const float 
     return rc;
 }
 
+/* Decode's router on the device (backend.h moe_pick): the same choice as
+ * exo_moe_route_rows, whose semantics this follows step by step (best
+ * first, the lowest index on ties, masked groups as -inf), so a recorded
+ * step needs no host in the middle. One warp a token: k rounds of a warp
+ * argmax over shared memory cost well under a microsecond, where a block
+ * paid two barriers a round (12.6 us a call for Qwen3-30B-A3B's router). */
+#define ROUTE_MAX_EXPERTS 4096
+#define ROUTE_MAX_K 64
+#define ROUTE_MAX_GROUPS 256
+
+struct route_args {
+    int E, k, n_group, topk_group;
+    bool sigmoid, norm;
+    float scale;
+    const float *bias;
+};
+
+/* (v, i) becomes the warp's best of every lane's (v, i): the larger value,
+ * the lower index on ties; i < 0 is no candidate. */
+__device__ void warp_best(float &v, int &i)
+{
+    for (int o = 16; o; o >>= 1) {
+        float ov = __shfl_xor_sync(0xffffffffu, v, o);
+        int oi = __shfl_xor_sync(0xffffffffu, i, o);
+        if (oi >= 0 && (i < 0 || ov > v || (ov == v && oi < i))) {
+            v = ov;
+            i = oi;
+        }
+    }
+}
+
+__device__ float warp_total(float v)
+{
+    for (int o = 16; o; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__global__ void __launch_bounds__(32) moe_pick_kernel(const float *logits, route_args r, int32_t *idx, float *w)
+{
+    exo_cuda_wait_inputs();
+    exo_cuda_start_next();
+    __shared__ float choice[ROUTE_MAX_EXPERTS], gscore[ROUTE_MAX_GROUPS];
+    __shared__ unsigned char taken[ROUTE_MAX_EXPERTS], kept[ROUTE_MAX_GROUPS];
+    __shared__ int picked[ROUTE_MAX_K];
+    const float *l = logits + (size_t)blockIdx.x * r.E;
+    const int lane = threadIdx.x, E = r.E;
+    float mx = 0, sum = 0;
+    if (!r.sigmoid) { /* softmax: the order of probabilities is the order of logits */
+        float v = -INFINITY;
+        int i = -1;
+        for (int e = lane; e < E; e += 32)
+            if (i < 0 || l[e] > v) {
+                v = l[e];
+                i = e;
+            }
+        warp_best(v, i);
+        mx = v;
+        float part = 0;
+        for (int e = lane; e < E; e += 32) {
+            part += expf(l[e] - mx);
+            choice[e] = l[e];
+        }
+        sum = warp_total(part);
+    } else {
+        for (int e = lane; e < E; e += 32)
+            choice[e] = 1.0f / (1.0f + expf(-l[e])) + (r.bias ? r.bias[e] : 0.0f);
+        __syncwarp();
+        if (r.n_group > 1 && r.topk_group < r.n_group) {
+            /* keep the topk_group groups whose two best choices sum highest */
+            const int per = E / r.n_group;
+            for (int g = lane; g < r.n_group; g += 32) {
+                const float *c = choice + g * per;
+                int b0 = 0, b1 = -1;
+                for (int e = 1; e < per; e++)
+                    if (c[e] > c[b0])
+                        b0 = e;
+                for (int e = 0; e < per; e++)
+                    if (e != b0 && (b1 < 0 || c[e] > c[b1]))
+                        b1 = e;
+                gscore[g] = c[b0] + (per < 2 ? 0.0f : c[b1]);
+                kept[g] = 0;
+            }
+            __syncwarp();
+            for (int j = 0; j < r.topk_group; j++) {
+                float v = -INFINITY;
+                int i = -1;
+                for (int g = lane; g < r.n_group; g += 32)
+                    if (!kept[g] && (i < 0 || gscore[g] > v)) {
+                        v = gscore[g];
+                        i = g;
+                    }
+                warp_best(v, i);
+                if (lane == 0)
+                    kept[i] = 1;
+                __syncwarp();
+            }
+            for (int e = lane; e < E; e += 32)
+                if (!kept[e / per])
+                    choice[e] = -INFINITY; /* as transformers 5 masks them */
+        }
+    }
+    for (int e = lane; e < E; e += 32)
+        taken[e] = 0;
+    __syncwarp();
+    for (int j = 0; j < r.k; j++) {
+        float v = -INFINITY;
+        int i = -1;
+        for (int e = lane; e < E; e += 32)
+            if (!taken[e] && (i < 0 || choice[e] > v)) {
+                v = choice[e];
+                i = e;
+            }
+        warp_best(v, i);
+        if (lane == 0) {
+            taken[i] = 1;
+            picked[j] = i;
+        }
+        __syncwarp();
+    }
+    if (lane == 0) {
+        int32_t *ti = idx + (size_t)blockIdx.x * r.k;
+        float *tw = w + (size_t)blockIdx.x * r.k, total = 0;
+        for (int j = 0; j < r.k; j++) {
+            ti[j] = picked[j];
+            tw[j] = r.sigmoid ? 1.0f / (1.0f + expf(-l[picked[j]])) : expf(l[picked[j]] - mx) / sum;
+            total += tw[j];
+        }
+        for (int j = 0; j < r.k; j++)
+            tw[j] = (r.norm ? tw[j] / (total + (r.sigmoid ? 1e-20f : 0.0f)) : tw[j]) * r.scale;
+    }
+}
+
+static int cuda_moe_pick(exo_backend *be, const exo_moe_router *r, const float *logits, int T, int32_t *idx,
+                         float *w)
+{
+    prof_scope prof(cu(be), "moe_pick");
+    if (r->n_experts > ROUTE_MAX_EXPERTS || r->k > ROUTE_MAX_K || r->k > r->n_experts || r->k < 1 ||
+        (r->sigmoid && r->n_group > ROUTE_MAX_GROUPS) || T < 1)
+        return EXO_EINVAL;
+    route_args a = {r->n_experts, r->k, r->n_group, r->topk_group, r->sigmoid, r->norm, r->scale, r->bias};
+    exo_cuda_launch(moe_pick_kernel, dim3((unsigned)T), dim3(32), 0, cu(be)->stream, logits, a, idx, w);
+    return exo_cuda_launched("moe_pick");
+}
+
+/* Entry (p * n + e) * 3 holds expert e's part p: its w, scales, biases. */
+static void *cuda_moe_pick_table(exo_backend *be, const exo_linear *experts, int n, exo_err *err)
+{
+    for (int p = 0; p < 3; p++)
+        for (int e = 0; e < n; e++) {
+            const exo_linear &a = experts[p], &b = experts[3 * e + p];
+            if (b.format != a.format || b.dtype != a.dtype || b.rows != a.rows || b.cols != a.cols ||
+                b.bits != a.bits || b.group_size != a.group_size || !exo_cuda_gemv_takes(&b, NULL, (int)b.cols, 1)) {
+                exo_err_set(err, EXO_EUNSUPPORTED, "experts the GEMV cannot take from a choice on the device");
+                return NULL;
+            }
+        }
+    size_t bytes = sizeof(void *) * 9 * (size_t)n;
+    const void **host = (const void **)malloc(bytes);
+    void *table = host ? cuda_alloc(be, bytes) : NULL;
+    if (!table) {
+        free(host);
+        exo_err_set(err, EXO_ENOMEM, "cannot hold the experts' table");
+        return NULL;
+    }
+    for (int p = 0; p < 3; p++)
+        for (int e = 0; e < n; e++) {
+            const exo_linear &b = experts[3 * e + p];
+            const void **t = host + ((size_t)p * n + e) * 3;
+            t[0] = b.w;
+            t[1] = b.scales;
+            t[2] = b.biases;
+        }
+    int rc = cuda_to_device(be, table, host, bytes);
+    free(host);
+    if (rc) {
+        cuda_release(be, table);
+        exo_err_set(err, rc, "cannot upload the experts' table");
+        return NULL;
+    }
+    return table;
+}
+
+/* One thread a column; the rows are added in order, as scatter_add_rows
+ * adds them, so both decode paths round alike. */
+__global__ void add_weighted_rows_kernel(float *dst, const float *src, const float *w, int n, int n_plain, int dim)
+{
+    exo_cuda_wait_inputs();
+    exo_cuda_start_next();
+    for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < dim; j += gridDim.x * blockDim.x) {
+        float acc = dst[j];
+        for (int i = 0; i < n; i++)
+            acc += w[i] * src[(size_t)i * dim + j];
+        for (int i = n; i < n + n_plain; i++)
+            acc += src[(size_t)i * dim + j];
+        dst[j] = acc;
+    }
+}
+
+static int cuda_add_weighted_rows(exo_backend *be, float *dst, const float *src, const float *w, int n, int n_plain,
+                                  int dim)
+{
+    prof_scope prof(cu(be), "add_weighted_rows");
+    exo_cuda_launch(add_weighted_rows_kernel, dim3(blocks_for((size_t)dim)), dim3(256), 0, cu(be)->stream, dst, src,
+                    w, n, n_plain, dim);
+    return exo_cuda_launched("add_weighted_rows");
+}
+
 __global__ void gather_rows_kernel(float *dst, const float *src, const int32_t *rows, int n, int dim)
 {
     exo_cuda_wait_inputs();
@@ -1148,6 +1416,10 @@ static const exo_backend_ops cuda_ops = {
     .step_end = cuda_step_end,
     .matmul_fused = cuda_matmul_fused,
     .argmax = cuda_argmax,
+    .moe_pick_table = cuda_moe_pick_table,
+    .moe_pick = cuda_moe_pick,
+    .add_weighted_rows = cuda_add_weighted_rows,
+    .qk_norm_rope = cuda_qk_norm_rope,
 };
 
 static int device_count(void)

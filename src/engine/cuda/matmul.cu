@@ -127,6 +127,8 @@ __device__ __forceinline__ void x_slice(const float *x, int n, float *out)
 
 struct gemv_job_dev {
     const void *w, *scales, *biases;
+    const void *const *pick_table; /* set: w, scales, biases are read there, at entry 3 * *pick */
+    const int32_t *pick;
     const float *x;      /* float kinds */
     const int8_t *xq;    /* integer kinds: T rows of cols int8, level 1, then level 2 */
     const float2 *xs;    /* and per block {dl, dl * sum(256 q1 + q2)} */
@@ -196,12 +198,19 @@ __device__ __forceinline__ float float_step(uint4 wv, const float *xs, const voi
 template <int K, int SDT, int ROWS, int T>
 __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_kernel(const __grid_constant__ gemv_batch b)
 {
-    exo_cuda_wait_inputs();
     exo_cuda_start_next();
     int j = 0;
     while (j + 1 < b.n && (int)blockIdx.x >= b.first_block[j + 1])
         j++;
     const gemv_job_dev &job = b.job[j];
+    const void *wbase = job.w, *sbase = job.scales, *bbase = job.biases;
+    if (job.pick) { /* an expert chosen by the kernel before this one */
+        exo_cuda_wait_inputs();
+        const void *const *e = job.pick_table + 3 * (int64_t)*job.pick;
+        wbase = e[0];
+        sbase = e[1];
+        bbase = e[2];
+    }
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int ks = b.k_split, slice = warp % ks;
     const int64_t row0 = ((int64_t)(blockIdx.x - b.first_block[j]) * (GEMV_WARPS / ks) + warp / ks) * ROWS;
@@ -217,7 +226,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_kernel(const __grid_cons
 #pragma unroll
     for (int r = 0; r < ROWS; r++) {
         rowc[r] = row0 + r < job.rows ? row0 + r : job.rows - 1;
-        wrow[r] = (const uint4 *)((const char *)job.w + rowc[r] * row_bytes);
+        wrow[r] = (const uint4 *)((const char *)wbase + rowc[r] * row_bytes);
     }
     float acc[ROWS][T];
 #pragma unroll
@@ -239,8 +248,8 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_kernel(const __grid_cons
                 wvu[u][r] = s < steps ? __ldcs(wrow[r] + s) : make_uint4(0, 0, 0, 0);
                 if (affine) {
                     const int64_t g = rowc[r] * groups + (s < steps ? s : 0) * SC / b.group_size;
-                    sc[u][r] = scalar_at<SDT>(job.scales, g);
-                    bi[u][r] = scalar_at<SDT>(job.biases, g);
+                    sc[u][r] = scalar_at<SDT>(sbase, g);
+                    bi[u][r] = scalar_at<SDT>(bbase, g);
                 }
             }
         }
@@ -305,7 +314,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_kernel(const __grid_cons
                 x_slice(job.x + (int64_t)t * job.ldx + col, SC, xs);
 #pragma unroll
                 for (int r = 0; r < ROWS; r++)
-                    acc[r][t] += float_step<K, SDT>(wv[r], xs, job.scales, rowc[r] * groups + g);
+                    acc[r][t] += float_step<K, SDT>(wv[r], xs, sbase, rowc[r] * groups + g);
             }
         }
         }
@@ -377,20 +386,33 @@ __device__ __forceinline__ void quantize_32(float v, int lane, int64_t t, int64_
         xs[sblk] = make_float2(dl, dl * (float)sum);
 }
 
-/* x (T rows of cols at stride ldx) to int8 per block of 32 columns, one
- * warp a block. */
+/* The inputs of one GEMV launch that need quantizing, all of T rows of
+ * cols: one kernel for all of them (the down projections of k experts
+ * have k inputs; a launch each cost more than their quantization). */
+struct quant_batch {
+    const float *x[EXO_CUDA_JOBS];
+    int64_t ldx[EXO_CUDA_JOBS];
+    int8_t *xq[EXO_CUDA_JOBS];
+    float2 *xs[EXO_CUDA_JOBS];
+    int n;
+    int64_t T, cols;
+};
+
+/* Input blockIdx.y (T rows of cols at stride ldx) to int8 per block of 32
+ * columns, one warp a block. */
 template <bool Q4>
-__global__ void quantize_x_kernel(const float *x, int64_t T, int64_t cols, int64_t ldx, int8_t *xq, float2 *xs)
+__global__ void quantize_x_kernel(const __grid_constant__ quant_batch q)
 {
     exo_cuda_wait_inputs();
     exo_cuda_start_next();
+    const int i = blockIdx.y;
     int64_t blk = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) / 32;
     int lane = threadIdx.x & 31;
-    int64_t per_row = cols / 32;
-    if (blk >= T * per_row)
+    int64_t per_row = q.cols / 32;
+    if (blk >= q.T * per_row)
         return;
     int64_t t = blk / per_row, c0 = (blk % per_row) * 32;
-    quantize_32<Q4>(x[t * ldx + c0 + lane], lane, t, c0, T, cols, xq, xs);
+    quantize_32<Q4>(q.x[i][t * q.ldx[i] + c0 + lane], lane, t, c0, q.T, q.cols, q.xq[i], q.xs[i]);
 }
 
 /* The same of x / rms(x) * norm, one block a row: the RMSNorm a product's
@@ -525,6 +547,10 @@ int exo_cuda_gemv(cudaStream_t stream, int n, const exo_cuda_gemv_job *jobs, int
         int kind = kind_of(&w0);
         gemv_batch b;
         b.n = 0;
+        quant_batch pend;
+        pend.n = 0;
+        pend.T = T;
+        pend.cols = w0.cols;
         b.group_size = w0.format == EXO_WFORMAT_AFFINE ? w0.group_size : 32;
         b.k_split = k_split_of(kind, w0.cols);
         const int block_rows = rows_per_warp_of(kind) * GEMV_WARPS / b.k_split;
@@ -539,6 +565,8 @@ int exo_cuda_gemv(cudaStream_t stream, int n, const exo_cuda_gemv_job *jobs, int
             d.w = w.w;
             d.scales = w.scales;
             d.biases = w.biases;
+            d.pick_table = w.pick_table;
+            d.pick = w.pick;
             d.x = src.x;
             d.ldx = src.ldx;
             d.y = src.y;
@@ -562,14 +590,16 @@ int exo_cuda_gemv(cudaStream_t stream, int n, const exo_cuda_gemv_job *jobs, int
                     int8_t *xq = (int8_t *)free_at;
                     float2 *xs = (float2 *)(free_at + xq_codes_bytes(T, w.cols));
                     free_at += xq_bytes(T, w.cols);
-                    unsigned grid = (unsigned)(((int64_t)T * w.cols + 255) / 256);
-                    if (src.norm)
+                    if (src.norm) {
                         exo_cuda_launch(q4 ? norm_quantize_x_kernel<true> : norm_quantize_x_kernel<false>,
                                         dim3((unsigned)T), dim3(NORM_Q_THREADS), 0, stream, src.x, src.norm, src.eps,
                                         (int64_t)T, (int64_t)w.cols, (int64_t)src.ldx, xq, xs);
-                    else
-                        exo_cuda_launch(q4 ? quantize_x_kernel<true> : quantize_x_kernel<false>, grid, 256, 0,
-                                        stream, src.x, (int64_t)T, (int64_t)w.cols, (int64_t)src.ldx, xq, xs);
+                    } else {
+                        pend.x[pend.n] = src.x;
+                        pend.ldx[pend.n] = src.ldx;
+                        pend.xq[pend.n] = xq;
+                        pend.xs[pend.n++] = xs;
+                    }
                 }
                 d.xq = (const int8_t *)qmem[k];
                 d.xs = (const float2 *)(qmem[k] + xq_codes_bytes(T, w.cols));
@@ -578,6 +608,11 @@ int exo_cuda_gemv(cudaStream_t stream, int n, const exo_cuda_gemv_job *jobs, int
             blocks += (int)((w.rows + block_rows - 1) / block_rows);
         }
         b.first_block[b.n] = blocks;
+        if (pend.n) {
+            dim3 grid((unsigned)(((int64_t)T * w0.cols + 255) / 256), (unsigned)pend.n);
+            exo_cuda_launch(kind == GEMV_Q4 ? quantize_x_kernel<true> : quantize_x_kernel<false>, grid, dim3(256), 0,
+                            stream, pend);
+        }
         switch (kind) {
         case GEMV_F32: launch_sdt<GEMV_F32>(b, EXO_DTYPE_F32, T, blocks, stream); break;
         case GEMV_F16: launch_sdt<GEMV_F16>(b, EXO_DTYPE_F32, T, blocks, stream); break;
