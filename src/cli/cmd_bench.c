@@ -1,5 +1,6 @@
 /* `exo bench MODEL_DIR | --synthetic PRESET [--quant bf16|q8|q4|mxfp4] [--layers N]
- *  [--threads N] [--device D] [--gpu-layers N] [--prompt-tokens N] [--gen-tokens N] [--json]`
+ *  [--threads N] [--device D] [--gpu-layers N] [--prompt-tokens N] [--gen-tokens N]
+ *  [--streams N,N,...] [--json]`
  *
  * A benchmark, not a test: it prints speed next to the physical limit it
  * is bounded by, both measured in this run.
@@ -14,7 +15,11 @@
  *           figures of the same shapes on an H200 are printed beside;
  *   prefill is compute bound: reported as tokens/s and GFLOP/s next to a
  *           plain AVX2 f32 GEMM of the same shape (the peer that matrix
- *           units must beat). */
+ *           units must beat);
+ *   streams N sequences decoding side by side, each step one batch
+ *           (exo_model_step_batch): aggregate tokens/s against one stream
+ *           measured the same way in this run (the weights are read once a
+ *           step however many streams there are). */
 #include "cli/args.h"
 #include "core/alloc.h"
 #include "core/clock.h"
@@ -37,7 +42,7 @@ static void usage(void)
 {
     fprintf(stderr, "usage: exo bench MODEL_DIR | --synthetic PRESET [--quant bf16|q8|q4|mxfp4]\n"
                     "  [--layers N] [--threads N] [--device auto|cpu|cuda|cuda:N] [--gpu-layers N]\n"
-                    "  [--prompt-tokens N] [--gen-tokens N] [--json]\n"
+                    "  [--prompt-tokens N] [--gen-tokens N] [--streams N,N,...] [--json]\n"
                     "presets:");
     for (const char *const *p = exo_synth_presets(); *p; p++)
         fprintf(stderr, " %s", *p);
@@ -59,6 +64,65 @@ static double llama_cpp_h200(const char *preset, const char *quant)
     for (size_t i = 0; i < sizeof figures / sizeof *figures; i++)
         if (!strcmp(figures[i].preset, preset) && !strcmp(figures[i].quant, quant))
             return figures[i].tok_s;
+    return 0;
+}
+
+#define MAX_STREAM_RUNS 8
+#define STREAM_PROMPT 32 /* each stream's own prompt before it decodes */
+
+/* Aggregate decode tokens/s of n sequences stepping together for `steps`
+ * batched steps (after one untimed step), each from its own prompt. */
+static int streams_tok_s(exo_model *m, int n, int steps, double *tok_s, exo_err *err)
+{
+    int V = exo_model_vocab(m), rc = 0;
+    exo_seq **seqs = exo_calloc((size_t)n, sizeof *seqs);
+    exo_batch_item *items = exo_calloc((size_t)n, sizeof *items);
+    int32_t *next = exo_calloc((size_t)n, sizeof *next), prompt[STREAM_PROMPT];
+    float *logits = exo_malloc(sizeof(float) * (size_t)V * (size_t)n);
+    for (int i = 0; i < n && !rc; i++) {
+        for (int t = 0; t < STREAM_PROMPT; t++)
+            prompt[t] = (int32_t)(((uint64_t)t * 7919u + (uint64_t)i * 104729u + 17u) % (uint64_t)V);
+        rc = exo_seq_create(m, STREAM_PROMPT + steps + 8, &seqs[i], err);
+        if (!rc)
+            rc = exo_model_forward(m, seqs[i], prompt, STREAM_PROMPT, logits, false, err);
+        next[i] = exo_cpu_argmax_f32(logits, V);
+        items[i] = (exo_batch_item){seqs[i], &next[i], 1};
+    }
+    double t0 = 0;
+    for (int s = 0; s <= steps && !rc; s++) {
+        if (s == 1) /* the first step warms the batch's buffers up */
+            t0 = exo_clock_seconds();
+        rc = exo_model_step_batch(m, items, n, logits, err);
+        for (int i = 0; i < n && !rc; i++)
+            next[i] = exo_cpu_argmax_f32(logits + (size_t)i * (size_t)V, V);
+    }
+    *tok_s = rc ? 0 : (double)n * steps / (exo_clock_seconds() - t0);
+    for (int i = 0; i < n; i++)
+        exo_seq_free(seqs[i]);
+    exo_free(seqs);
+    exo_free(items);
+    exo_free(next);
+    exo_free(logits);
+    return rc;
+}
+
+/* "1,4,16" into up to MAX_STREAM_RUNS counts, one first (the peer). */
+static int parse_streams(const char *v, long *out, int *n)
+{
+    *n = 0;
+    out[(*n)++] = 1;
+    for (const char *p = v; *p;) {
+        char *end;
+        long k = strtol(p, &end, 10);
+        if (end == p || k < 1 || k > 4096 || (*end && *end != ','))
+            return -1;
+        if (k != 1) {
+            if (*n == MAX_STREAM_RUNS)
+                return -1;
+            out[(*n)++] = k;
+        }
+        p = *end ? end + 1 : end;
+    }
     return 0;
 }
 
@@ -107,6 +171,8 @@ int exo_cmd_bench(int argc, char **argv)
     long threads = 0, n_prompt = 512, n_gen = 128, n_layers = 0, gpu_layers = 0;
     const char *device = NULL;
     bool json = false;
+    long streams[MAX_STREAM_RUNS];
+    int n_streams = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--synthetic")) {
             if (!(preset = exo_arg_value("bench", argc, argv, &i)))
@@ -137,6 +203,14 @@ int exo_cmd_bench(int argc, char **argv)
             if (!(v = exo_arg_value("bench", argc, argv, &i)) ||
                 exo_arg_int("bench", "--gen-tokens", v, 1, 1 << 20, &n_gen))
                 return 2;
+        } else if (!strcmp(argv[i], "--streams")) {
+            if (!(v = exo_arg_value("bench", argc, argv, &i)))
+                return 2;
+            if (parse_streams(v, streams, &n_streams)) {
+                fprintf(stderr, "exo bench: --streams takes up to %d counts from 1 to 4096, as 1,4,16\n",
+                        MAX_STREAM_RUNS - 1);
+                return 2;
+            }
         } else if (!strcmp(argv[i], "--json")) {
             json = true;
         } else if (argv[i][0] == '-' || dir) {
@@ -169,8 +243,13 @@ int exo_cmd_bench(int argc, char **argv)
     int32_t *tokens = NULL;
     double *token_s = NULL;
     int status = 1;
-    exo_model_opts opts = {.n_threads = (int)threads, .max_chunk = (int)n_prompt, .device = device,
-                           .gpu_layers = (int)gpu_layers};
+    long max_streams = 1;
+    for (int i = 0; i < n_streams; i++)
+        max_streams = streams[i] > max_streams ? streams[i] : max_streams;
+    /* a batch of streams is one step's rows: the chunk must hold them */
+    exo_model_opts opts = {.n_threads = (int)threads,
+                           .max_chunk = (int)(n_prompt > max_streams ? n_prompt : max_streams),
+                           .device = device, .gpu_layers = (int)gpu_layers};
     double t_load = exo_clock_seconds();
     if (preset) {
         if (exo_synth_create(preset, sq, 1234, &syn, &err) ||
@@ -261,6 +340,12 @@ int exo_cmd_bench(int argc, char **argv)
         exo_free(tf);
         exo_free(tu);
     }
+    /* Streams side by side: decode tokens of all of them a second. */
+    double stream_tok_s[MAX_STREAM_RUNS] = {0};
+    int stream_steps = n_gen < 32 ? (int)n_gen : 32;
+    for (int i = 0; i < n_streams; i++)
+        if (streams_tok_s(m, (int)streams[i], stream_steps, &stream_tok_s[i], &err))
+            goto fail_pool;
     /* the limit is the best read seen, before or after decode */
     double read_after = exo_membw_read(probe, pool, 5);
     if (read_after > read_bw)
@@ -299,12 +384,15 @@ int exo_cmd_bench(int argc, char **argv)
                "\"read_bw_gbs\":%.3f,\"bw_fraction\":%.4f,\"median_token_ms\":%.3f,"
                "\"bw_fraction_median\":%.4f,\"prefill_gflops\":%.1f,"
                "\"avx2_gemm_gflops\":%.1f,\"prefill_vs_avx2\":%.2f,\"load_s\":%.2f,"
-               "\"moe_fused_ms\":%.3f,\"moe_per_expert_ms\":%.3f}\n",
+               "\"moe_fused_ms\":%.3f,\"moe_per_expert_ms\":%.3f,\"streams\":[",
                name, preset ? quant : "checkpoint", nthreads, exo_isa_name(exo_cpu_isa()),
                exo_cpu_has_amx() ? "true" : "false", n_prompt, n_gen, prefill_tps, decode_tps,
                bytes_per_token, achieved / 1e9, read_bw / 1e9, achieved / read_bw, median_s * 1e3,
                achieved_median / read_bw, prefill_gflops,
                avx2, avx2 > 0 ? prefill_gflops / avx2 : 0, t_load, fused_ms, unfused_ms);
+        for (int i = 0; i < n_streams; i++)
+            printf("%s{\"n\":%ld,\"tok_s\":%.3f}", i ? "," : "", streams[i], stream_tok_s[i]);
+        printf("]}\n");
     } else {
         printf("model            %s (%s), %d threads, isa %s%s\n", name,
                preset ? quant : "checkpoint", nthreads, exo_isa_name(exo_cpu_isa()),
@@ -333,6 +421,10 @@ int exo_cmd_bench(int argc, char **argv)
         if (fused_ms > 0)
             printf("experts          fused decode %.2f ms a token, per-expert %.2f ms: x%.2f (medians, "
                    "alternating tokens)\n", fused_ms, unfused_ms, unfused_ms / fused_ms);
+        for (int i = 0; i < n_streams; i++)
+            printf("streams %-8ld %.2f tok/s together (%d batched steps): x%.2f one stream's %.2f tok/s\n",
+                   streams[i], stream_tok_s[i], stream_steps,
+                   stream_tok_s[0] > 0 ? stream_tok_s[i] / stream_tok_s[0] : 0, stream_tok_s[0]);
         printf("median token     %.2f ms: %.2f GB/s = %.1f%% (the mean above includes tokens\n"
                "                 slowed by whatever else shares the machine)\n",
                median_s * 1e3, achieved_median / 1e9, 100 * achieved_median / read_bw);

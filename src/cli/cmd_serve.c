@@ -43,6 +43,8 @@ static void usage(FILE *f)
             "  --threads N         threads per runner (default: all CPUs)\n"
             "  --ctx N             KV cache tokens per runner (default: the model's, at most 4096)\n"
             "  --warmup-tokens N   tokens generated to warm a runner up (default 4)\n"
+            "  --no-batch          a runner generates one request at a time (default: up to 8 side\n"
+            "                      by side, each step one batch; also EXO_BATCH=N, 1 to 16)\n"
             "  --offline           never download: use only models on disk (also HF_HUB_OFFLINE=1)\n"
             "  --place MODEL_ID    place MODEL_ID at start, unless an instance of it runs already\n"
             "                      (scripts/run.sh does, for the model that ships with exo)\n"
@@ -218,6 +220,8 @@ int exo_cmd_serve(int argc, char **argv)
                 return 2;
         } else if (!strcmp(a, "--offline")) {
             offline = true;
+        } else if (!strcmp(a, "--no-batch")) {
+            setenv("EXO_BATCH", "1", 1); /* read by the runner processes this one spawns */
         } else if (!strcmp(a, "--no-worker")) {
             worker = false;
         } else if (!strcmp(a, "--no-api")) {

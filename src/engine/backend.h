@@ -215,9 +215,11 @@ typedef struct exo_backend_ops {
      * them) for exo_linear.pick_table: part p's table starts at entry
      * 3 * n_experts * p. NULL with EXO_EUNSUPPORTED where the backend's
      * products cannot take such weights; release frees it. moe_pick is
-     * moe_route with idx and w (T * k each) left in backend memory.
-     * add_weighted_rows: dst += sum over i < n of w[i] * src row i, plus
-     * src rows n .. n + n_plain - 1 unweighted (w: backend memory). */
+     * moe_route with idx and w (T * k each) left in backend memory, each
+     * token's k in increasing expert order (the order decode sums them).
+     * add_weighted_rows: dst += src rows 0 .. n_plain - 1 unweighted, then
+     * w[i] * src row n_plain + i for i < n, added in that order (w:
+     * backend memory). */
     void *(*moe_pick_table)(exo_backend *be, const exo_linear *experts, int n_experts, exo_err *err);
     int  (*moe_pick)(exo_backend *be, const exo_moe_router *r, const float *logits, int T, int32_t *idx,
                      float *w);

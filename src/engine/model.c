@@ -48,6 +48,7 @@
 #include "engine/backend.h"
 #include "engine/quant.h"
 #include "engine/rope.h"
+#include "engine/router.h"
 #include "engine/safetensors.h"
 #include "proto/shard.h"
 
@@ -123,7 +124,7 @@ typedef struct acts {
     float *moe_out;   /* (chunk, dim): tensor parallel: this rank's partial sum */
     int32_t *top_idx; /* host (chunk, topk) */
     float *top_w;
-    int32_t *pick_idx; /* backend memory (topk): decode's experts, chosen on the device */
+    int32_t *pick_idx; /* backend memory (chunk, topk): experts chosen on the device */
     float *pick_w;
     exo_linear *picked; /* host (3 topk): weights naming pick_idx's slots (moe_decode_picked) */
     int32_t *rows;    /* host (chunk): the tokens routed to one expert, and weights */
@@ -1014,8 +1015,8 @@ static int alloc_acts(exo_model *m, acts *a, exo_backend *be, exo_err *err)
         a->sel_x = exo_calloc(2 * K1, sizeof *a->sel_x);
         a->sel_y = exo_calloc(2 * K1, sizeof *a->sel_y);
         if (be->ops->moe_pick) {
-            a->pick_idx = be->ops->alloc(be, sizeof(int32_t) * (size_t)m->topk);
-            a->pick_w = be->ops->alloc(be, sizeof(float) * (size_t)m->topk);
+            a->pick_idx = be->ops->alloc(be, sizeof(int32_t) * C * (size_t)m->topk);
+            a->pick_w = be->ops->alloc(be, sizeof(float) * C * (size_t)m->topk);
             a->picked = exo_calloc(3 * (size_t)m->topk, sizeof *a->picked);
             if (!a->pick_idx || !a->pick_w)
                 return exo_err_set(err, EXO_ENOMEM, "cannot allocate the experts' choice");
@@ -1965,6 +1966,32 @@ static int seq_snapshot(exo_seq *s, bool save)
     return 0;
 }
 
+/* Before a multi-token step of a sequence with recurrent state: its state
+ * now, to go back to if the step fails. */
+static int seq_keep_start(exo_seq *s)
+{
+    if (seq_snapshot(s, true))
+        return EXO_ENOMEM;
+    s->snap_len = s->len;
+    return 0;
+}
+
+static void seq_reset_state(exo_seq *s);
+
+/* A step of s that began at len0 failed: the sequence goes back to len0,
+ * its recurrent state to the snapshot taken there, or from scratch at 0;
+ * else the state is lost. */
+static void seq_step_failed(exo_seq *s, int len0)
+{
+    s->len = len0;
+    if (s->m->n_linear) {
+        if (len0 == 0)
+            seq_reset_state(s);
+        else if (s->snap_len != len0 || seq_snapshot(s, false))
+            s->state_lost = true;
+    }
+}
+
 static void seq_reset_state(exo_seq *s)
 {
     exo_model *m = s->m;
@@ -2038,20 +2065,6 @@ static int shared_forward(exo_model *m, layer *L, int T, float *sum)
     return o->add(be, sum, a->ye, (size_t)T * (size_t)m->dim);
 }
 
-/* x += the experts' outputs for the normed rows in a->h (see the top). A
- * tensor-parallel rank sums its share of them apart, for the all-reduce. */
-/* Decode (one token) through a mixture-of-experts MLP in six dispatches,
- * whatever k is, the seeds' fusions in CPU form:
- *   1. the router, and the shared experts' gate and up (and gate logit),
- *      one pass over the normed activations;
- *   2. the k chosen experts' gate and up, one dispatch (2k weights);
- *   3. the activation of all of them, routed and shared, at once;
- *   4. every down projection, routed and shared, one dispatch with each
- *      weight reading its own input (matmul_each): both threads work through
- *      all k + 1 experts' rows, however few they are;
- *   5. the shared expert's sigmoid gate (qwen3_next);
- *   6. the weighted sum of the k + 1 outputs added into the residual.
- * Only the chosen experts' bytes are read. */
 /* y[i] = x' W[i]^T with x' = rmsnorm(x, norm) folded into the products
  * where norm is set (backend.h matmul_fused), else x' = x. */
 static int normed_products(exo_model *m, exo_backend *be, int n, const exo_linear *const *w, const float *x,
@@ -2072,15 +2085,16 @@ static bool decodes_picked(const exo_model *m, const layer *L)
 
 /* moe_decode's second half with the router's choice left on the device:
  * each chosen expert's weights are an exo_linear naming its slot of
- * pick_idx, which the products read when they run. The same dispatches as
- * the host route, and the same order of the weighted sum. */
+ * pick_idx (increasing expert order, backend.h moe_pick), which the
+ * products read when they run. The same dispatches as the host route, and
+ * the same order of the sum. */
 static int moe_decode_picked(exo_model *m, layer *L, const exo_moe_router *rt, float *sum, const float *x,
                              const float *norm)
 {
     exo_backend *be = L->be;
     const exo_backend_ops *o = be->ops;
     acts *a = acts_of(m, be);
-    int k = m->topk, I = m->moe_ffn, D = m->dim;
+    int k = m->topk, I = m->moe_ffn, D = m->dim, sh = L->has_shared;
     OK(o->moe_pick(be, rt, a->router, 1, a->pick_idx, a->pick_w));
     exo_linear *chosen = a->picked;
     const void *const *table = (const void *const *)L->pick_table;
@@ -2099,33 +2113,45 @@ static int moe_decode_picked(exo_model *m, layer *L, const exo_moe_router *rt, f
         a->sel_y[2 * j + 1] = a->u + (size_t)j * (size_t)I;
     }
     OK(normed_products(m, be, 2 * k, a->sel_w, x, norm, 1, a->sel_y));
-    OK(o->glu(be, m->glu, a->g, a->u, (size_t)k * (size_t)I + (size_t)(L->has_shared ? m->sh_ffn : 0),
-              m->glu_limit));
-    int n = k;
-    for (int j = 0; j < k; j++) {
+    OK(o->glu(be, m->glu, a->g, a->u, (size_t)k * (size_t)I + (size_t)(sh ? m->sh_ffn : 0), m->glu_limit));
+    for (int j = 0; j < k; j++) { /* output rows: the shared expert's first */
         a->sel_w[j] = &chosen[3 * j + 2];
         a->sel_x[j] = a->g + (size_t)j * (size_t)I;
-        a->sel_y[j] = a->ye + (size_t)j * (size_t)D;
+        a->sel_y[j] = a->ye + (size_t)(sh + j) * (size_t)D;
     }
-    if (L->has_shared) {
-        a->sel_w[n] = &L->sh_down;
-        a->sel_x[n] = a->g + (size_t)k * (size_t)I;
-        a->sel_y[n++] = a->ye + (size_t)k * (size_t)D;
+    if (sh) {
+        a->sel_w[k] = &L->sh_down;
+        a->sel_x[k] = a->g + (size_t)k * (size_t)I;
+        a->sel_y[k] = a->ye;
     }
-    OK(o->matmul_each(be, n, a->sel_w, a->sel_x, 1, a->sel_y));
+    OK(o->matmul_each(be, k + sh, a->sel_w, a->sel_x, 1, a->sel_y));
     if (L->sh_router.rows)
-        OK(o->sigmoid_mul(be, a->ye + (size_t)k * (size_t)D, a->sg, 1, D, 1));
-    return o->add_weighted_rows(be, sum, a->ye, a->pick_w, k, n - k, D);
+        OK(o->sigmoid_mul(be, a->ye, a->sg, 1, D, 1));
+    return o->add_weighted_rows(be, sum, a->ye, a->pick_w, k, sh, D);
 }
 
-/* One token's sparse MLP of x' (x through norm when it is set, else x,
- * the normed rows in a->h), added into sum. */
+/* Decode (one token) through a mixture-of-experts MLP in six dispatches,
+ * whatever k is, the seeds' fusions in CPU form:
+ *   1. the router, and the shared experts' gate and up (and gate logit),
+ *      one pass over the normed activations;
+ *   2. the k chosen experts' gate and up, one dispatch (2k weights);
+ *   3. the activation of all of them, routed and shared, at once;
+ *   4. every down projection, routed and shared, one dispatch with each
+ *      weight reading its own input (matmul_each): both threads work through
+ *      all k + 1 experts' rows, however few they are;
+ *   5. the shared expert's sigmoid gate (qwen3_next);
+ *   6. the weighted sum of the k + 1 outputs added into the residual.
+ * Only the chosen experts' bytes are read. The sum takes the shared
+ * expert first and then the chosen ones in increasing expert order, as a
+ * prompt's rows take them (moe_forward), so a token decoded alone and in a
+ * batch of rows adds the same numbers in the same order. x' is x through
+ * norm when it is set, else x (the normed rows in a->h); sum is added to. */
 static int moe_decode(exo_model *m, layer *L, float *sum, const float *x, const float *norm, exo_err *err)
 {
     exo_backend *be = L->be;
     const exo_backend_ops *o = be->ops;
     acts *a = acts_of(m, be);
-    int k = m->topk, I = m->moe_ffn, D = m->dim, S = L->has_shared ? m->sh_ffn : 0;
+    int k = m->topk, I = m->moe_ffn, D = m->dim, S = L->has_shared ? m->sh_ffn : 0, sh = L->has_shared;
     const exo_linear *first[4] = {&L->router, &L->sh_gate, &L->sh_up, &L->sh_router};
     float *const first_out[4] = {a->router, a->g + (size_t)k * I, a->u + (size_t)k * I, a->sg};
     int nfirst = !L->has_shared ? 1 : L->sh_router.rows ? 4 : 3;
@@ -2137,6 +2163,7 @@ static int moe_decode(exo_model *m, layer *L, float *sum, const float *x, const 
     if (decodes_picked(m, L))
         return moe_decode_picked(m, L, &rt, sum, x, norm);
     OK(o->moe_route(be, &rt, a->router, 1, a->top_idx, a->top_w));
+    exo_moe_by_expert(a->top_idx, a->top_w, k);
     for (int j = 0; j < k; j++) {
         const exo_linear *ex = &L->experts[3 * a->top_idx[j]];
         a->sel_w[2 * j] = &ex[0];
@@ -2144,33 +2171,33 @@ static int moe_decode(exo_model *m, layer *L, float *sum, const float *x, const 
         a->sel_y[2 * j] = a->g + (size_t)j * (size_t)I;
         a->sel_y[2 * j + 1] = a->u + (size_t)j * (size_t)I;
     }
-    OK(o->matmul(be, 2 * k, a->sel_w, a->h, 1, a->sel_y));
+    OK(normed_products(m, be, 2 * k, a->sel_w, x, norm, 1, a->sel_y));
     for (int j = 0; j < k && L->expert_bias; j++) {
         OK(o->add_bias(be, a->g + (size_t)j * (size_t)I, expert_bias(m, L, a->top_idx[j], 0), 1, I));
         OK(o->add_bias(be, a->u + (size_t)j * (size_t)I, expert_bias(m, L, a->top_idx[j], 1), 1, I));
     }
     OK(o->glu(be, m->glu, a->g, a->u, (size_t)k * (size_t)I + (size_t)S, m->glu_limit));
+    /* output rows: the shared expert's first, then the chosen in expert order */
     for (int j = 0; j < k; j++) {
         a->sel_w[j] = &L->experts[3 * a->top_idx[j] + 2];
         a->sel_x[j] = a->g + (size_t)j * (size_t)I;
-        a->sel_y[j] = a->ye + (size_t)j * (size_t)D;
-        a->rows[j] = 0;
-        a->row_w[j] = a->top_w[j];
+        a->sel_y[j] = a->ye + (size_t)(sh + j) * (size_t)D;
+        a->rows[sh + j] = 0;
+        a->row_w[sh + j] = a->top_w[j];
     }
-    int n = k;
-    if (L->has_shared) {
-        a->sel_w[n] = &L->sh_down;
-        a->sel_x[n] = a->g + (size_t)k * (size_t)I;
-        a->sel_y[n] = a->ye + (size_t)k * (size_t)D;
-        a->rows[n] = 0;
-        a->row_w[n++] = 1.0f;
+    if (sh) {
+        a->sel_w[k] = &L->sh_down;
+        a->sel_x[k] = a->g + (size_t)k * (size_t)I;
+        a->sel_y[k] = a->ye;
+        a->rows[0] = 0;
+        a->row_w[0] = 1.0f;
     }
-    OK(o->matmul_each(be, n, a->sel_w, a->sel_x, 1, a->sel_y));
+    OK(o->matmul_each(be, k + sh, a->sel_w, a->sel_x, 1, a->sel_y));
     for (int j = 0; j < k && L->expert_bias; j++)
-        OK(o->add_bias(be, a->ye + (size_t)j * (size_t)D, expert_bias(m, L, a->top_idx[j], 2), 1, D));
+        OK(o->add_bias(be, a->ye + (size_t)(sh + j) * (size_t)D, expert_bias(m, L, a->top_idx[j], 2), 1, D));
     if (L->sh_router.rows)
-        OK(o->sigmoid_mul(be, a->ye + (size_t)k * (size_t)D, a->sg, 1, D, 1));
-    OK(o->scatter_add_rows(be, sum, a->ye, a->rows, a->row_w, n, D));
+        OK(o->sigmoid_mul(be, a->ye, a->sg, 1, D, 1));
+    OK(o->scatter_add_rows(be, sum, a->ye, a->rows, a->row_w, k + sh, D));
     if (m->allreduce) {
         OK(reduce(m, sum, 1, err));
         OK(o->add(be, a->x, sum, (size_t)D));
@@ -2178,6 +2205,8 @@ static int moe_decode(exo_model *m, layer *L, float *sum, const float *x, const 
     return 0;
 }
 
+/* x += the experts' outputs for the normed rows in a->h (see the top). A
+ * tensor-parallel rank sums its share of them apart, for the all-reduce. */
 static int moe_forward(exo_model *m, layer *L, int T, exo_err *err)
 {
     exo_backend *be = L->be;
@@ -2197,7 +2226,13 @@ static int moe_forward(exo_model *m, layer *L, int T, exo_err *err)
         OK(o->add_bias(be, a->router, L->router_bias, T, E));
     exo_moe_router rt = m->router;
     rt.bias = L->e_score_bias;
-    OK(o->moe_route(be, &rt, a->router, T, a->top_idx, a->top_w));
+    if (decodes_picked(m, L)) { /* the device's router, as decode's: a row's choice and weights the same bits */
+        OK(o->moe_pick(be, &rt, a->router, T, a->pick_idx, a->pick_w));
+        OK(o->to_host(be, a->top_idx, a->pick_idx, sizeof(int32_t) * (size_t)T * (size_t)k));
+        OK(o->to_host(be, a->top_w, a->pick_w, sizeof(float) * (size_t)T * (size_t)k));
+    } else {
+        OK(o->moe_route(be, &rt, a->router, T, a->top_idx, a->top_w));
+    }
     float *sum = m->allreduce ? a->moe_out : a->x;
     if (m->allreduce)
         OK(o->zero(be, sum, (size_t)T * (size_t)m->dim));
@@ -2240,6 +2275,16 @@ static int moe_forward(exo_model *m, layer *L, int T, exo_err *err)
     return 0;
 }
 
+/* The rows of one forward call, as runs of one sequence each: rows r0 ..
+ * r0 + rows - 1 of the activations are that sequence's positions pos0 ..
+ * A prompt chunk is one span; a batched decode step one span a sequence.
+ * Everything but attention and recurrent state is row by row, so only
+ * those loop over the spans. */
+typedef struct span {
+    exo_seq *s;
+    int r0, rows, pos0;
+} span;
+
 /* Products the backend runs fused (backend.h matmul_fused): y = norm(x)
  * W^T, or y += x W^T into the residual stream, in one pass. */
 static bool fuses(const exo_model *m, const exo_backend *be) { return be->ops->matmul_fused && !m->allreduce; }
@@ -2249,7 +2294,7 @@ static bool fuses(const exo_model *m, const exo_backend *be) { return be->ops->m
  * window and sinks, gpt-oss/gated variants, output projection. Where the
  * backend fuses, the projections norm a->x themselves and the output
  * projection adds into a->x (*added). */
-static int attention_forward(exo_model *m, exo_seq *s, int l, int T, int pos0, bool *added, exo_err *err)
+static int attention_forward(exo_model *m, const span *sp, int nsp, int l, int T, bool *added, exo_err *err)
 {
     layer *L = &m->layers[l];
     exo_backend *be = L->be;
@@ -2267,20 +2312,26 @@ static int attention_forward(exo_model *m, exo_seq *s, int l, int T, int pos0, b
         OK(o->add_bias(be, a->k, L->bk, T, KD));
         OK(o->add_bias(be, a->v, L->bv, T, KD));
     }
-    if (o->qk_norm_rope) {
-        OK(o->qk_norm_rope(be, a->q, a->k, T, m->n_heads, m->n_kv, m->hd, m->rot_dim, pos0, L->inv_freq, L->mscale,
-                           L->q_norm, L->k_norm, m->eps));
-    } else {
-        if (L->q_norm) {
-            OK(o->rmsnorm(be, a->q, a->q, L->q_norm, T * m->n_heads, m->hd, m->eps));
-            OK(o->rmsnorm(be, a->k, a->k, L->k_norm, T * m->n_kv, m->hd, m->eps));
-        }
-        OK(o->rope(be, a->q, T, m->n_heads, m->hd, m->rot_dim, pos0, L->inv_freq, L->mscale));
-        OK(o->rope(be, a->k, T, m->n_kv, m->hd, m->rot_dim, pos0, L->inv_freq, L->mscale));
+    if (L->q_norm && !o->qk_norm_rope) {
+        OK(o->rmsnorm(be, a->q, a->q, L->q_norm, T * m->n_heads, m->hd, m->eps));
+        OK(o->rmsnorm(be, a->k, a->k, L->k_norm, T * m->n_kv, m->hd, m->eps));
     }
-    exo_attn_shape sh = L->attn;
-    sh.ring = s->slots[l] < s->alloc_capacity ? s->slots[l] : 0;
-    OK(o->attention(be, &sh, a->att, a->q, a->k, a->v, s->k_cache[l], s->v_cache[l], s->slots[l], T, pos0));
+    for (int i = 0; i < nsp; i++) {
+        exo_seq *s = sp[i].s;
+        int n = sp[i].rows, pos0 = sp[i].pos0;
+        float *q = a->q + (size_t)sp[i].r0 * (size_t)QD, *k = a->k + (size_t)sp[i].r0 * (size_t)KD;
+        if (o->qk_norm_rope) {
+            OK(o->qk_norm_rope(be, q, k, n, m->n_heads, m->n_kv, m->hd, m->rot_dim, pos0, L->inv_freq, L->mscale,
+                               L->q_norm, L->k_norm, m->eps));
+        } else {
+            OK(o->rope(be, q, n, m->n_heads, m->hd, m->rot_dim, pos0, L->inv_freq, L->mscale));
+            OK(o->rope(be, k, n, m->n_kv, m->hd, m->rot_dim, pos0, L->inv_freq, L->mscale));
+        }
+        exo_attn_shape sh = L->attn;
+        sh.ring = s->slots[l] < s->alloc_capacity ? s->slots[l] : 0;
+        OK(o->attention(be, &sh, a->att + (size_t)sp[i].r0 * (size_t)QD, q, k, a->v + (size_t)sp[i].r0 * (size_t)KD,
+                        s->k_cache[l], s->v_cache[l], s->slots[l], n, pos0));
+    }
     if (m->attn_gated)
         OK(o->sigmoid_mul(be, a->att, a->qg, T, QD, QD));
     const exo_linear *wo[1] = {&L->o};
@@ -2303,7 +2354,7 @@ static int attention_forward(exo_model *m, exo_seq *s, int l, int T, int pos0, b
  * latent key per position, [rope key | normed latent], which is also the
  * value; every head attends over it, and its latent output goes back out
  * through W_UV before o_proj. */
-static int mla_forward(exo_model *m, exo_seq *s, int l, int T, int pos0, exo_err *err)
+static int mla_forward(exo_model *m, const span *sp, int nsp, int l, int T, exo_err *err)
 {
     layer *L = &m->layers[l];
     exo_backend *be = L->be;
@@ -2320,16 +2371,23 @@ static int mla_forward(exo_model *m, exo_seq *s, int l, int T, int pos0, exo_err
         OK(o->matmul(be, 1, qb, a->mq, T, qo));
     }
     OK(o->rmsnorm(be, a->mc, a->mc, L->kv_a_norm, T, r, 1e-6f)); /* the latent norms' eps is fixed */
-    OK(o->rope(be, a->q, T, H, dr + dn, dr, pos0, L->inv_freq, L->mscale));
-    OK(o->rope(be, a->mr, T, 1, dr, dr, pos0, L->inv_freq, L->mscale));
+    for (int i = 0; i < nsp; i++) {
+        size_t r0 = (size_t)sp[i].r0;
+        OK(o->rope(be, a->q + r0 * H * (dr + dn), sp[i].rows, H, dr + dn, dr, sp[i].pos0, L->inv_freq, L->mscale));
+        OK(o->rope(be, a->mr + r0 * dr, sp[i].rows, 1, dr, dr, sp[i].pos0, L->inv_freq, L->mscale));
+    }
     /* queries [rope | W_UK^T nope], the key [rope | latent] */
     OK(o->copy2d(be, a->mqa, (size_t)W, a->q, (size_t)(dr + dn), T * H, dr));
     OK(o->head_matmul(be, H, L->absorb, a->q + dr, (size_t)(dr + dn), (size_t)H * (dr + dn), a->mqa + dr,
                       (size_t)W, (size_t)H * W, T));
     OK(o->copy2d(be, a->k, (size_t)W, a->mr, (size_t)dr, T, dr));
     OK(o->copy2d(be, a->k + dr, (size_t)W, a->mc, (size_t)r, T, r));
-    OK(o->attention(be, &L->attn, a->att, a->mqa, a->k, a->k, s->k_cache[l], s->v_cache[l],
-                    s->alloc_capacity, T, pos0));
+    for (int i = 0; i < nsp; i++) {
+        exo_seq *s = sp[i].s;
+        size_t r0 = (size_t)sp[i].r0;
+        OK(o->attention(be, &L->attn, a->att + r0 * H * W, a->mqa + r0 * H * W, a->k + r0 * W, a->k + r0 * W,
+                        s->k_cache[l], s->v_cache[l], s->alloc_capacity, sp[i].rows, sp[i].pos0));
+    }
     OK(o->head_matmul(be, H, L->unabsorb, a->att + dr, (size_t)W, (size_t)H * W, a->q, (size_t)dv,
                       (size_t)H * dv, T));
     const exo_linear *wo[1] = {&L->o};
@@ -2341,7 +2399,7 @@ static int mla_forward(exo_model *m, exo_seq *s, int l, int T, int pos0, exo_err
 /* Gated DeltaNet of the normed rows in a->h into a->h: projections, the
  * causal conv (continuing the sequence's conv inputs), the delta rule
  * (continuing its state), the gated norm, the output projection. */
-static int linear_forward(exo_model *m, exo_seq *s, int l, int T, exo_err *err)
+static int linear_forward(exo_model *m, const span *sp, int nsp, int l, int T, exo_err *err)
 {
     layer *L = &m->layers[l];
     exo_backend *be = L->be;
@@ -2351,10 +2409,15 @@ static int linear_forward(exo_model *m, exo_seq *s, int l, int T, exo_err *err)
     const exo_linear *in[4] = {&L->in_qkv, &L->in_z, &L->in_b, &L->in_a};
     float *const in_out[4] = {a->lqkv, a->lz, a->lb, a->la};
     OK(o->matmul(be, 4, in, a->h, T, in_out));
-    float *conv_state = s->state[l], *S = conv_state + (size_t)(m->lin_k - 1) * (size_t)CD;
-    OK(o->conv1d_silu(be, a->lconv, CD, a->lqkv, CD, L->conv_w, conv_state, T, CD, m->lin_k));
-    OK(o->gated_delta(be, a->att, a->lconv, a->lconv + KD, CD, a->lconv + 2 * KD, CD, a->la, a->lb, Hv,
-                      L->A_log, L->dt_bias, S, T, m->lin_hk, Hv, m->lin_dk, m->lin_dv));
+    for (int i = 0; i < nsp; i++) {
+        float *conv_state = sp[i].s->state[l], *S = conv_state + (size_t)(m->lin_k - 1) * (size_t)CD;
+        size_t r0 = (size_t)sp[i].r0;
+        float *conv = a->lconv + r0 * CD;
+        OK(o->conv1d_silu(be, conv, CD, a->lqkv + r0 * CD, CD, L->conv_w, conv_state, sp[i].rows, CD, m->lin_k));
+        OK(o->gated_delta(be, a->att + r0 * VD, conv, conv + KD, CD, conv + 2 * KD, CD, a->la + r0 * Hv,
+                          a->lb + r0 * Hv, Hv, L->A_log, L->dt_bias, S, sp[i].rows, m->lin_hk, Hv, m->lin_dk,
+                          m->lin_dv));
+    }
     OK(o->rmsnorm_gated(be, a->att, a->lz, VD, L->lin_norm, T, Hv, m->lin_dv, m->eps));
     const exo_linear *wo[1] = {&L->out_proj};
     float *const ho[1] = {a->h};
@@ -2362,7 +2425,7 @@ static int linear_forward(exo_model *m, exo_seq *s, int l, int T, exo_err *err)
     return reduce(m, a->h, T, err);
 }
 
-static int layer_forward(exo_model *m, exo_seq *s, int l, int T, int pos0, exo_err *err)
+static int layer_forward(exo_model *m, const span *sp, int nsp, int l, int T, exo_err *err)
 {
     layer *L = &m->layers[l];
     exo_backend *be = L->be;
@@ -2373,11 +2436,11 @@ static int layer_forward(exo_model *m, exo_seq *s, int l, int T, int pos0, exo_e
     if (!plain_attention || !fuses(m, be))
         OK(o->rmsnorm(be, a->h, a->x, L->attn_norm, T, m->dim, m->eps));
     if (L->kind == EXO_LAYER_LINEAR)
-        OK(linear_forward(m, s, l, T, err));
+        OK(linear_forward(m, sp, nsp, l, T, err));
     else if (m->mla)
-        OK(mla_forward(m, s, l, T, pos0, err));
+        OK(mla_forward(m, sp, nsp, l, T, err));
     else
-        OK(attention_forward(m, s, l, T, pos0, &added, err));
+        OK(attention_forward(m, sp, nsp, l, T, &added, err));
     if (!added) {
         if (L->post_attn_norm)
             OK(o->rmsnorm(be, a->h, a->h, L->post_attn_norm, T, m->dim, m->eps));
@@ -2453,26 +2516,37 @@ static int head_forward(exo_model *m, int r0, int rows, float *out, exo_err *err
 
 /* The embedding (or the hidden states coming in) and the layers of n
  * tokens from t0. */
-static int step_layers(exo_model *m, exo_seq *s, const exo_step *st, int t0, int n, int pos0, exo_err *err)
+/* The n rows of the spans through every layer: tokens (host, n) when the
+ * shard embeds, else hidden_in (host, n x dim). */
+static int step_layers(exo_model *m, const int32_t *tokens, const float *hidden_in, const span *sp, int nsp, int n,
+                       exo_err *err)
 {
     exo_backend *first = m->layers[0].be;
     size_t D = (size_t)m->dim, bytes = sizeof(float) * (size_t)n * D;
     float *x0 = acts_of(m, first)->x;
-    if (st->tokens) {
-        OK(first->ops->embed(first, &m->embed, st->tokens + t0, n, x0));
+    if (tokens) {
+        OK(first->ops->embed(first, &m->embed, tokens, n, x0));
         if (m->embed_scale != 1.0f)
             OK(first->ops->scale(first, x0, m->embed_scale, (size_t)n * D));
     } else
-        OK(first->ops->to_device(first, x0, st->hidden_in + (size_t)t0 * D, bytes));
+        OK(first->ops->to_device(first, x0, hidden_in, bytes));
     for (int l = 0; l < m->n_layers; l++) {
         exo_backend *from = m->layers[l ? l - 1 : 0].be, *to = m->layers[l].be;
         if (from != to) { /* the residual stream crosses from GPU to CPU (or back) */
             OK(from->ops->to_host(from, m->bounce, acts_of(m, from)->x, bytes));
             OK(to->ops->to_device(to, acts_of(m, to)->x, m->bounce, bytes));
         }
-        OK(layer_forward(m, s, l, n, pos0, err));
+        OK(layer_forward(m, sp, nsp, l, n, err));
     }
     return 0;
+}
+
+/* One sequence's rows t0 .. t0 + n - 1 of a step, at positions pos0 .. */
+static int step_one(exo_model *m, exo_seq *s, const exo_step *st, int t0, int n, int pos0, exo_err *err)
+{
+    span one = {s, 0, n, pos0};
+    return step_layers(m, st->tokens ? st->tokens + t0 : NULL,
+                       st->tokens ? NULL : st->hidden_in + (size_t)t0 * (size_t)m->dim, &one, 1, n, err);
 }
 
 /* A greedy step's token found where the logits are (backend.h argmax):
@@ -2508,7 +2582,7 @@ static int step_recorded(exo_model *m, exo_seq *s, const exo_step *st, int t0, i
     if (r)
         return r < 0 ? r : 0;
     for (int eager = 0; eager < 2; eager++) {
-        int rc = step_layers(m, s, st, t0, 1, pos0, err);
+        int rc = step_one(m, s, st, t0, 1, pos0, err);
         if (!rc && st->logits)
             rc = head_logits(m, 0, 1);
         if (eager)
@@ -2534,7 +2608,7 @@ static int step_chunk(exo_model *m, exo_seq *s, exo_step *st, int t0, int n, exo
                                   acts_of(m, last)->logits, sizeof(float) * (size_t)m->vocab));
         return 0;
     }
-    OK(step_layers(m, s, st, t0, n, pos0, err));
+    OK(step_one(m, s, st, t0, n, pos0, err));
     if (st->hidden_out)
         OK(last->ops->to_host(last, st->hidden_out + (size_t)t0 * D, acts_of(m, last)->x, bytes));
     if (!st->logits)
@@ -2581,22 +2655,13 @@ int exo_model_step(exo_model *m, exo_seq *s, exo_step *st, exo_err *err)
         return exo_err_set(err, EXO_EINVAL, "forward: the sequence went back to position %d, which "
                            "its linear-attention state cannot (restart it from 0)", s->len);
     int len0 = s->len;
-    if (m->n_linear && T > 1) { /* a prompt: keep its start to go back to */
-        if (seq_snapshot(s, true))
-            return exo_err_set(err, EXO_ENOMEM, "forward: cannot snapshot the recurrent state");
-        s->snap_len = len0;
-    }
+    if (m->n_linear && T > 1 && seq_keep_start(s))
+        return exo_err_set(err, EXO_ENOMEM, "forward: cannot snapshot the recurrent state");
     for (int t0 = 0; t0 < T; t0 += m->max_chunk) {
         int n = T - t0 < m->max_chunk ? T - t0 : m->max_chunk;
         int rc = step_chunk(m, s, st, t0, n, err);
         if (rc) {
-            s->len = len0;
-            if (m->n_linear) { /* some layers' states moved on: back to the snapshot, or lost */
-                if (len0 == 0)
-                    seq_reset_state(s);
-                else if (s->snap_len != len0 || seq_snapshot(s, false))
-                    s->state_lost = true;
-            }
+            seq_step_failed(s, len0);
             if (!err || !err->msg[0] || err->code != rc)
                 exo_err_set(err, rc, "forward: %s", exo_strerror(rc));
             return rc;
@@ -2604,6 +2669,71 @@ int exo_model_step(exo_model *m, exo_seq *s, exo_step *st, exo_err *err)
         s->len += n;
     }
     return 0;
+}
+
+int exo_model_max_batch_rows(const exo_model *m) { return m->max_chunk; }
+
+int exo_model_step_batch(exo_model *m, const exo_batch_item *items, int n, float *logits, exo_err *err)
+{
+    if (n <= 0)
+        return exo_err_set(err, EXO_EINVAL, "batch: no sequences");
+    if (!m->embeds || !m->has_head)
+        return exo_err_set(err, EXO_EUNSUPPORTED, "batch: a batched step needs the whole model (tokens in, "
+                           "logits out)");
+    if (n == 1) { /* the single-sequence step (chunked prompts, recorded decode) */
+        exo_step st = {.T = items[0].T, .tokens = items[0].tokens, .logits = logits};
+        return exo_model_step(m, items[0].seq, &st, err);
+    }
+    int T = 0;
+    for (int i = 0; i < n; i++) {
+        const exo_batch_item *it = &items[i];
+        exo_seq *s = it->seq;
+        if (!s || s->m != m || it->T <= 0 || !it->tokens)
+            return exo_err_set(err, EXO_EINVAL, "batch: item %d has no tokens or another model's sequence", i);
+        for (int j = 0; j < i; j++)
+            if (items[j].seq == s)
+                return exo_err_set(err, EXO_EINVAL, "batch: a sequence appears twice (items %d and %d)", j, i);
+        if (it->T > s->capacity - s->len)
+            return exo_err_set(err, EXO_ERANGE, "batch: item %d: context full: %d + %d tokens > capacity %d", i,
+                               s->len, it->T, s->capacity);
+        for (int t = 0; t < it->T; t++)
+            if (it->tokens[t] < 0 || it->tokens[t] >= m->vocab)
+                return exo_err_set(err, EXO_ERANGE, "batch: item %d: token id %d out of range [0, %d)", i,
+                                   it->tokens[t], m->vocab);
+        if (s->state_lost)
+            return exo_err_set(err, EXO_EINVAL, "batch: item %d: the sequence lost its linear-attention state", i);
+        T += it->T;
+    }
+    if (T > m->max_chunk)
+        return exo_err_set(err, EXO_ERANGE, "batch: %d rows, more than the %d a step takes", T, m->max_chunk);
+    span *sp = exo_malloc(sizeof *sp * (size_t)n);
+    int32_t *tokens = exo_malloc(sizeof *tokens * (size_t)T);
+    int rc = 0;
+    for (int i = 0, r0 = 0; i < n; r0 += items[i++].T) {
+        sp[i] = (span){items[i].seq, r0, items[i].T, items[i].seq->len};
+        memcpy(tokens + r0, items[i].tokens, sizeof *tokens * (size_t)items[i].T);
+        if (m->n_linear && items[i].T > 1 && !rc && seq_keep_start(items[i].seq))
+            rc = exo_err_set(err, EXO_ENOMEM, "batch: cannot snapshot the recurrent state");
+    }
+    if (!rc)
+        rc = step_layers(m, tokens, NULL, sp, n, T, err);
+    bool decode = T == n; /* one row each: their logits are consecutive rows */
+    size_t V = (size_t)m->vocab;
+    for (int i = 0; !rc && logits && i < n; i += decode ? MAX_LOGIT_ROWS : 1) {
+        int rows = decode ? (n - i < MAX_LOGIT_ROWS ? n - i : MAX_LOGIT_ROWS) : 1;
+        rc = head_forward(m, decode ? i : sp[i].r0 + sp[i].rows - 1, rows, logits + (size_t)i * V, err);
+    }
+    for (int i = 0; i < n; i++) {
+        if (rc)
+            seq_step_failed(sp[i].s, sp[i].pos0);
+        else
+            sp[i].s->len += sp[i].rows;
+    }
+    exo_free(sp);
+    exo_free(tokens);
+    if (rc && (!err || !err->msg[0] || err->code != rc))
+        exo_err_set(err, rc, "batch: %s", exo_strerror(rc));
+    return rc;
 }
 
 int exo_model_forward(exo_model *m, exo_seq *s, const int32_t *tokens, int T, float *logits,

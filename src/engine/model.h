@@ -195,6 +195,26 @@ exo_shard_info exo_model_shard(const exo_model *m);
  * returned (the sequence keeps its length then). */
 int exo_model_step(exo_model *m, exo_seq *s, exo_step *step, exo_err *err);
 
+/* One sequence's part of a batched step: T tokens (host memory) appended
+ * at its end. */
+typedef struct exo_batch_item {
+    exo_seq       *seq;
+    const int32_t *tokens;
+    int            T;
+} exo_batch_item;
+
+/* Several sequences through a whole model in one pass: every weight is
+ * read once for all their rows, so decoding B sequences costs about one
+ * sequence's weight traffic, not B. Each item's last position's logits go
+ * to logits + i * vocab (NULL: none wanted). The items' rows together are
+ * at most exo_model_max_batch_rows; each sequence appears once. Errors as
+ * exo_model_step's (and EXO_EUNSUPPORTED for a pipeline or tensor shard);
+ * after one, every sequence is back at its length before the call. An
+ * item's logits are those exo_model_step would give it alone up to the
+ * rounding of products that take another kernel at more rows. */
+int exo_model_step_batch(exo_model *m, const exo_batch_item *items, int n, float *logits, exo_err *err);
+int exo_model_max_batch_rows(const exo_model *m);
+
 /* A whole model's step: tokens in, logits out (see exo_model_step).
  * logits may be NULL when nothing is wanted (e.g. a warm-up). */
 int exo_model_forward(exo_model *m, exo_seq *s, const int32_t *tokens, int T, float *logits,

@@ -22,6 +22,19 @@ static void top_k(const float *v, int n, int k, int32_t *idx)
     }
 }
 
+void exo_moe_by_expert(int32_t *idx, float *w, int k)
+{
+    for (int i = 1; i < k; i++)
+        for (int j = i; j > 0 && idx[j - 1] > idx[j]; j--) {
+            int32_t t = idx[j];
+            float v = w[j];
+            idx[j] = idx[j - 1];
+            w[j] = w[j - 1];
+            idx[j - 1] = t;
+            w[j - 1] = v;
+        }
+}
+
 int exo_moe_route_rows(const exo_moe_router *r, const float *logits, const float *bias, int T, int32_t *idx,
                        float *w)
 {

@@ -14,4 +14,9 @@
 int exo_moe_route_rows(const exo_moe_router *r, const float *logits, const float *bias, int T, int32_t *idx,
                        float *w);
 
+/* The k (expert, weight) pairs of one token in increasing expert order:
+ * the order decode adds the experts' outputs in (model.c), as a prompt's
+ * rows take them. */
+void exo_moe_by_expert(int32_t *idx, float *w, int k);
+
 #endif

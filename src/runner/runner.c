@@ -45,6 +45,18 @@
 /* a pipeline's chunk: smaller, so the ranks work on different chunks at once */
 #define PIPELINE_CHUNK     128
 #define IDLE_POLL_MS       250
+/* Continuous batching (a whole model in one process): up to BATCH_MAX
+ * requests generate at once, $EXO_BATCH of them (default BATCH_DEFAULT;
+ * 1 or 0: one at a time, the sequential path). A step runs the decode rows
+ * of every request together, at most BATCH_ROWS a model call, so a row's
+ * products take the kernels they take alone and each request gets the
+ * tokens it would get alone; a prompt goes in chunks of BATCH_PREFILL
+ * tokens, one chunk a step in a call of its own, so streams already
+ * decoding wait one chunk, not a whole prompt. */
+#define BATCH_MAX          16
+#define BATCH_DEFAULT      8
+#define BATCH_ROWS         16
+#define BATCH_PREFILL      128
 
 typedef struct job {
     char            id[EXO_RUNNER_ID_MAX + 1];
@@ -77,8 +89,12 @@ typedef struct runner {
     /* requests */
     job                   *head, *tail;
     /* requests being generated (one, or a pipeline's requests in flight) */
-    struct gen_ctx        *active[EXO_DIST_MAX_SLOTS];
+    struct gen_ctx        *active[BATCH_MAX];
     int                    n_active;
+    /* continuous batching: how many at once, and their sequences (made as
+     * the slots are first taken) */
+    int                    n_batch;
+    exo_seq               *bseqs[BATCH_MAX];
     exo_seq               *seqs[EXO_DIST_MAX_SLOTS]; /* seqs[0] == seq; more for a pipeline */
     int                    n_slots;
 } runner;
@@ -368,6 +384,9 @@ static void unload(runner *r)
     for (int i = 0; i < r->n_slots; i++)
         exo_seq_free(r->seqs[i]);
     memset(r->seqs, 0, sizeof r->seqs);
+    for (int i = 0; i < BATCH_MAX; i++)
+        exo_seq_free(r->bseqs[i]);
+    memset(r->bseqs, 0, sizeof r->bseqs);
     r->n_slots = 0;
     exo_model_free(r->model);
     exo_tokenizer_free(r->tok);
@@ -582,6 +601,9 @@ static void do_load(runner *r)
         r->stepper = exo_dist_stepper(r->dist);
     } else {
         r->stepper = exo_gen_stepper_local(r->model, r->seq);
+        const char *b = getenv("EXO_BATCH");
+        long n = b && *b ? strtol(b, NULL, 10) : BATCH_DEFAULT;
+        r->n_batch = n < 1 ? 1 : n > BATCH_MAX ? BATCH_MAX : (int)n;
     }
     exo_shard_info sh = exo_model_shard(r->model);
     EXO_LOG_INFO("runner: loaded %s (layers %d-%d of %d%s, ctx %d) in %.2f s", dir, sh.start_layer,
@@ -909,6 +931,22 @@ static void job_error(runner *r, gen_ctx *g, int rc, const exo_err *err)
     fail_request(r, g->j->id, msg);
 }
 
+static job *pop(runner *r);
+
+/* The next queued request, opened (template, tokens, parser); NULL when
+ * it could not run (it was answered). */
+static gen_ctx *job_take(runner *r)
+{
+    job *j = pop(r);
+    gen_ctx *g = exo_calloc(1, sizeof *g);
+    if (job_open(r, j, g))
+        return g;
+    job_free_ctx(g);
+    exo_free(g);
+    job_free(j);
+    return NULL;
+}
+
 static void run_job(runner *r, job *j)
 {
     gen_ctx g;
@@ -939,8 +977,6 @@ static void run_job(runner *r, job *j)
  * through its layers and sends it on, then goes on to another request's
  * step instead of waiting, so the ranks work on different requests at
  * the same time; samples come back from the last rank in any order. */
-static job *pop(runner *r);
-
 static void run_pipeline(runner *r)
 {
     gen_ctx *slots[EXO_DIST_MAX_SLOTS] = {0};
@@ -953,14 +989,9 @@ static void run_pipeline(runner *r)
         for (int i = 0; i < n && r->head && !rc; i++) {
             if (slots[i])
                 continue;
-            job *j = pop(r);
-            gen_ctx *g = exo_calloc(1, sizeof *g);
-            if (!job_open(r, j, g)) {
-                job_free_ctx(g);
-                exo_free(g);
-                job_free(j);
+            gen_ctx *g = job_take(r);
+            if (!g)
                 continue;
-            }
             g->slot = i;
             exo_seq_truncate(r->seqs[i], 0);
             g->seq = exo_gen_seq_new(g->ids, (int)g->n_ids, 0, exo_seq_capacity(r->seqs[i]), &g->gp,
@@ -969,8 +1000,8 @@ static void run_pipeline(runner *r)
                                      g->gp.max_tokens, &err))) {
                 job_error(r, g, rc, &err);
                 job_free_ctx(g);
+                job_free(g->j);
                 exo_free(g);
-                job_free(j);
                 break;
             }
             slots[i] = g;
@@ -1053,6 +1084,152 @@ static void run_pipeline(runner *r)
         ring_failed(r, err.msg[0] ? err.msg : exo_strerror(rc));
 }
 
+/* ---- continuous batching ------------------------------------------------------ */
+
+/* A request of the batch: its generation (g->seq) and its own sampler
+ * (parameters, seed, history), on the slot's sequence. */
+typedef struct batch_slot {
+    gen_ctx     *g;
+    exo_sampler *smp;
+} batch_slot;
+
+/* The end of slot b's request: its last text, finish chunk and Done, or
+ * the error rc. */
+static void slot_close(runner *r, batch_slot *b, int rc, const exo_err *err)
+{
+    gen_ctx *g = b->g;
+    deactivate(r, g);
+    if (rc) {
+        job_error(r, g, rc, err);
+    } else {
+        exo_gen_stats st;
+        exo_gen_seq_stats(g->seq, &st);
+        if (g->cancel && !exo_gen_seq_done(g->seq))
+            st.finish = EXO_FINISH_CANCEL;
+        job_close(r, g, &st);
+    }
+    job_free_ctx(g);
+    job_free(g->j);
+    exo_free(g);
+    exo_sampler_free(b->smp);
+    b->g = NULL;
+    b->smp = NULL;
+}
+
+/* The next queued request into slot i (whose sequence is made the first
+ * time); false when it could not start (it was answered). */
+static bool slot_open(runner *r, batch_slot *b, int i)
+{
+    gen_ctx *g = job_take(r);
+    if (!g)
+        return false;
+    exo_err err = {0};
+    b->g = g;
+    activate(r, g);
+    if (!r->bseqs[i] && exo_seq_create(r->model, r->ctx, &r->bseqs[i], &err)) {
+        slot_close(r, b, err.code ? err.code : EXO_ENOMEM, &err);
+        return false;
+    }
+    exo_seq_truncate(r->bseqs[i], 0);
+    g->slot = i;
+    g->gp.prefill_chunk = BATCH_PREFILL;
+    b->smp = exo_sampler_create(&g->gp.sampling, exo_model_vocab(r->model));
+    if (exo_sampler_begin(b->smp, g->ids, (int)g->n_ids, g->gp.max_tokens)) {
+        exo_err_set(&err, EXO_ENOMEM, "out of memory for the sampler's history");
+        slot_close(r, b, EXO_ENOMEM, &err);
+        return false;
+    }
+    g->seq = exo_gen_seq_new(g->ids, (int)g->n_ids, 0, exo_seq_capacity(r->bseqs[i]), &g->gp, on_token, g);
+    return true;
+}
+
+/* One model call of the n slots at[]: their steps (tokens, T) run, and
+ * those that want a sample are sampled with their own sampler. A single
+ * slot takes the single-sequence step (recorded on a GPU, a greedy pick
+ * made there). A failed call ends its requests with the error. */
+static void step_slots(runner *r, batch_slot *slots, const int *at, int n, const int32_t *const *tokens,
+                       const int *T, const bool *want, float *logits)
+{
+    exo_batch_item items[BATCH_ROWS];
+    size_t V = (size_t)exo_model_vocab(r->model);
+    for (int k = 0; k < n; k++)
+        items[k] = (exo_batch_item){r->bseqs[at[k]], tokens[at[k]], T[at[k]]};
+    exo_step st = {0};
+    exo_err err = {0};
+    int rc;
+    if (n == 1) {
+        bool w = want[at[0]];
+        st = (exo_step){.T = items[0].T, .tokens = items[0].tokens, .logits = w ? logits : NULL,
+                        .greedy = w && exo_sampler_plain_greedy(slots[at[0]].smp)};
+        rc = exo_model_step(r->model, items[0].seq, &st, &err);
+    } else {
+        rc = exo_model_step_batch(r->model, items, n, logits, &err);
+    }
+    for (int k = 0; k < n; k++) {
+        batch_slot *b = &slots[at[k]];
+        if (rc) {
+            slot_close(r, b, rc, &err);
+            continue;
+        }
+        exo_gen_seq_stepped(b->g->seq);
+        if (!want[at[k]])
+            continue;
+        exo_sample smp;
+        if (st.picked)
+            exo_sampler_take(b->smp, st.pick_id, st.pick_logprob, &smp);
+        else
+            exo_sampler_next(b->smp, logits + (size_t)k * V, &smp);
+        exo_gen_seq_sampled(b->g->seq, &smp);
+    }
+}
+
+/* Requests generate side by side until none is left: each round admits
+ * queued requests into free slots, retires the finished and cancelled
+ * ones, runs every decoding request's next token (BATCH_ROWS rows a
+ * call) and then one prompt chunk, the first waiting in slot order. */
+static void run_batch(runner *r)
+{
+    batch_slot slots[BATCH_MAX] = {{0}};
+    float *logits = exo_malloc(sizeof(float) * (size_t)exo_model_vocab(r->model) * BATCH_ROWS);
+    for (;;) {
+        for (int i = 0; i < r->n_batch && r->head; i++)
+            if (!slots[i].g)
+                slot_open(r, &slots[i], i);
+        int decoding[BATCH_MAX], n_dec = 0, prompt = -1;
+        const int32_t *tokens[BATCH_MAX];
+        int T[BATCH_MAX];
+        bool want[BATCH_MAX];
+        for (int i = 0; i < r->n_batch; i++) {
+            batch_slot *b = &slots[i];
+            if (!b->g)
+                continue;
+            if ((b->g->cancel && !exo_gen_seq_done(b->g->seq)) ||
+                !exo_gen_seq_next(b->g->seq, &tokens[i], &T[i], &want[i])) {
+                slot_close(r, b, 0, NULL);
+                continue;
+            }
+            if (!exo_gen_seq_in_prefill(b->g->seq))
+                decoding[n_dec++] = i;
+            else if (prompt < 0)
+                prompt = i;
+        }
+        if (!n_dec && prompt < 0) {
+            if (!r->head)
+                break;
+            continue;
+        }
+        for (int d0 = 0; d0 < n_dec; d0 += BATCH_ROWS)
+            step_slots(r, slots, decoding + d0, n_dec - d0 < BATCH_ROWS ? n_dec - d0 : BATCH_ROWS, tokens, T,
+                       want, logits);
+        if (prompt >= 0)
+            step_slots(r, slots, &prompt, 1, tokens, T, want, logits);
+        drain(r, false);
+        if (r->peer_gone)
+            cancel_active(r, NULL);
+    }
+    exo_free(logits);
+}
+
 /* ---- main loop ------------------------------------------------------------ */
 
 /* Waits for the node's socket or, in a ring, for the ring: ranks > 0 serve
@@ -1111,6 +1288,8 @@ int exo_runner_main(int fd)
                 send_status(r, EXO_RUNNER_RUNNING, 0, 0, NULL);
             if (r->dist && r->n_slots > 1) { /* a pipeline: its requests in flight at once */
                 run_pipeline(r);
+            } else if (!r->dist && r->n_batch > 1) {
+                run_batch(r);
             } else {
                 job *j = pop(r);
                 run_job(r, j);

@@ -92,7 +92,11 @@ before(async () => {
     D.exoRun(dirOf(m), p, { maxTokens: n, ...o })));
   want.forEach(([m, p, n, o = {}], i) => refs.set(key(m, p, n, o), got[i]));
 
-  daemon = await D.startDaemon({ dataDir: path.join(tmp, 'data'), modelsDir: path.join(tmp, 'models') });
+  // one request at a time per runner (--no-batch): the queueing tests below
+  // (FIFO order, cancels of queued requests, a runner killed with requests
+  // queued) are about that path; batching.test.mjs drives the batched one
+  daemon = await D.startDaemon({ dataDir: path.join(tmp, 'data'), modelsDir: path.join(tmp, 'models'),
+    extra: ['--no-batch'] });
   base = daemon.base;
   await D.placeInstance(base, STORIES_ID);
   await D.placeInstance(base, QWEN_ID);
@@ -101,17 +105,7 @@ before(async () => {
   ollama = new Ollama({ host: `${base}/ollama` });
 });
 
-after(async () => {
-  if (daemon && daemon.exitCode === undefined) await daemon.stop('SIGKILL');
-  // leave the daemon's and runners' logs where the shell entry point prints them on failure
-  if (tmp && process.env.EXO_E2E_LOG_DIR) {
-    await fsp.writeFile(path.join(process.env.EXO_E2E_LOG_DIR, 'daemon.log'), daemon?.stderr ?? '').catch(() => {});
-    await fsp.cp(path.join(tmp, 'data/cache/exo_log'), path.join(process.env.EXO_E2E_LOG_DIR, 'exo_log'),
-      { recursive: true }).catch(() => {});
-  }
-  if (tmp && !process.env.EXO_E2E_KEEP) await fsp.rm(tmp, { recursive: true, force: true });
-  else if (tmp) console.log(`# kept ${tmp}`);
-});
+after(() => D.finish(tmp, daemon));
 
 // ---- one call per API, normalised -----------------------------------------------------
 // Each returns {text, finish: 'stop'|'length'|..., promptTokens, genTokens, raw}.

@@ -467,6 +467,20 @@ export async function openStream(base, p, body, { signal } = {}) {
   return st;
 }
 
+// The end of a suite: the daemon killed, its and its runners' logs left in
+// EXO_E2E_LOG_DIR (where the shell entry point prints them on failure), the
+// temp dir removed unless EXO_E2E_KEEP is set.
+export async function finish(tmp, daemon) {
+  if (daemon && daemon.exitCode === undefined) await daemon.stop('SIGKILL');
+  if (tmp && process.env.EXO_E2E_LOG_DIR) {
+    await fsp.writeFile(path.join(process.env.EXO_E2E_LOG_DIR, 'daemon.log'), daemon?.stderr ?? '').catch(() => {});
+    await fsp.cp(path.join(tmp, 'data/cache/exo_log'), path.join(process.env.EXO_E2E_LOG_DIR, 'exo_log'),
+      { recursive: true }).catch(() => {});
+  }
+  if (tmp && !process.env.EXO_E2E_KEEP) await fsp.rm(tmp, { recursive: true, force: true });
+  else if (tmp) console.log(`# kept ${tmp}`);
+}
+
 export async function tmpDir(prefix = 'exo-e2e-') {
   return fsp.mkdtemp(path.join(os.tmpdir(), prefix));
 }

@@ -80,16 +80,7 @@ before(async () => {
   ollama = new Ollama({ host: `${base}/ollama` });
 });
 
-after(async () => {
-  if (daemon && daemon.exitCode === undefined) await daemon.stop('SIGKILL');
-  if (tmp && process.env.EXO_E2E_LOG_DIR) {
-    await fsp.writeFile(path.join(process.env.EXO_E2E_LOG_DIR, 'daemon.log'), daemon?.stderr ?? '').catch(() => {});
-    await fsp.cp(path.join(tmp, 'data/cache/exo_log'), path.join(process.env.EXO_E2E_LOG_DIR, 'exo_log'),
-      { recursive: true }).catch(() => {});
-  }
-  if (tmp && !process.env.EXO_E2E_KEEP) await fsp.rm(tmp, { recursive: true, force: true });
-  else if (tmp) console.log(`# kept ${tmp}`);
-});
+after(() => D.finish(tmp, daemon));
 
 // ---- the crafted models themselves -----------------------------------------------------------
 

@@ -61,6 +61,7 @@
 #include "engine/cpu/ops.h"
 #include "engine/dtype.h"
 #include "engine/linear.h"
+#include "engine/router.h"
 
 #include <criterion/criterion.h>
 #include <math.h>
@@ -1166,6 +1167,9 @@ static void route_case(both *b, size_t i, int T, bool on_device)
     int32_t *ic = exo_calloc((size_t)T * k, sizeof(int32_t)), *ig = exo_calloc((size_t)T * k, sizeof(int32_t));
     float *wc = exo_calloc((size_t)T * k, sizeof(float)), *wg = exo_calloc((size_t)T * k, sizeof(float));
     ON(b->cpu, moe_route, &rc, logits.cpu, T, ic, wc);
+    if (on_device) /* moe_pick gives each token's experts in increasing order */
+        for (int t = 0; t < T; t++)
+            exo_moe_by_expert(ic + (size_t)t * k, wc + (size_t)t * k, k);
     if (on_device) {
         int32_t *idx_dev = (int32_t *)be_alloc(b->gpu, (size_t)T * k);
         float *w_dev = be_alloc(b->gpu, (size_t)T * k);
@@ -1286,12 +1290,12 @@ Test(backend_ops, moe_pick)
         ON(b.gpu, matmul_each, K + 1, pg, xg, 1, dg);
         for (int j = 0; j <= K; j++)
             dual_check(&b, &ye[j], "matmul_each, picked experts", NMSE_GEMV, "%s, slot %d", w[0].name, j);
-        /* the weighted sum: the same inputs on both, as scatter_add_rows on the CPU */
+        /* the sum, a plain row then the weighted ones, as scatter_add_rows on the CPU */
         dual rows = dual_rand(&b, (size_t)(K + 1) * D, 1.0f), sum = dual_rand(&b, D, 1.0f);
         int32_t zero[K + 1] = {0};
         float scale[K + 1];
         for (int j = 0; j <= K; j++)
-            scale[j] = j < K ? wts[j] : 1.0f;
+            scale[j] = j ? wts[j - 1] : 1.0f;
         ON(b.cpu, scatter_add_rows, sum.cpu, rows.cpu, zero, scale, K + 1, D);
         ON(b.gpu, add_weighted_rows, sum.gpu, rows.gpu, w_dev, K, 1, D);
         dual_check(&b, &sum, "add_weighted_rows", NMSE_ELEMENTWISE, "%s", w[0].name);

@@ -3,9 +3,10 @@
  * per-layer progress to Ready, greedy text equal to `exo run --chat`,
  * finish reasons (length, stop at an eos id from generation_config.json,
  * stop sequence), cancel of the running and of a queued request, PREFILL
- * progress chunks of a prompt over 512 tokens and a cancel during its
- * prefill, FIFO
- * without interleaving, SIGKILL mid-request -> error chunks + Failed, bad
+ * progress chunks of a long prompt and a cancel during its prefill, two
+ * requests one after the other (EXO_BATCH=1) and side by side (batching,
+ * the default) with the texts each gets alone, SIGKILL mid-request ->
+ * error chunks + Failed, bad
  * model dir -> Failed with the reason, clean shutdown, and fake runners
  * (shell scripts) that send malformed frames or die. */
 #include "core/alloc.h"
@@ -461,9 +462,11 @@ static char *long_prompt(int n_words)
     return exo_sbuf_take(&b);
 }
 
-Test(runner_supervisor, long_prompt_reports_prefill_progress)
+/* A prompt over 1,024 tokens, one request alone: PREFILL chunks every
+ * `step` tokens before its first token, and the text of `exo run`. */
+static void prefill_progress(int step)
 {
-    char *prompt = long_prompt(800); /* ~1,350 tokens: progress at 512 and 1,024 */
+    char *prompt = long_prompt(800); /* ~1,350 tokens */
     char *want = cli_text(model, prompt, 10);
     rec r = {0};
     exo_supervisor *s = spawn(&r);
@@ -487,14 +490,14 @@ Test(runner_supervisor, long_prompt_reports_prefill_progress)
         if (c->kind == EXO_CHUNK_PREFILL) {
             cr_assert_eq(n_token, 0, "PREFILL after a TOKEN");
             n_prefill++;
-            cr_assert_eq(c->processed, 512 * n_prefill);
+            cr_assert_eq(c->processed, step * n_prefill);
             cr_assert_lt(c->processed, total);
             cr_assert_eq(c->total, total);
         } else if (c->kind == EXO_CHUNK_TOKEN) {
             n_token++;
         }
     }
-    cr_assert_eq(n_prefill, (total + 511) / 512 - 1);
+    cr_assert_eq(n_prefill, (total + step - 1) / step - 1);
     cr_assert_gt(n_token, 0);
     /* the chunked prefill changes nothing in the text */
     char *got = text_of(&r, "p");
@@ -505,6 +508,20 @@ Test(runner_supervisor, long_prompt_reports_prefill_progress)
     exo_gen_request_free(&q);
     exo_supervisor_free(s);
     rec_free(&r);
+}
+
+/* One request at a time (EXO_BATCH=1, `exo serve --no-batch`): 512-token
+ * chunks; batching: 128-token chunks, so streams already decoding wait
+ * for one such chunk a step. */
+Test(runner_supervisor, long_prompt_reports_prefill_progress)
+{
+    setenv("EXO_BATCH", "1", 1);
+    prefill_progress(512);
+}
+
+Test(runner_supervisor, long_prompt_reports_prefill_progress_batched)
+{
+    prefill_progress(128);
 }
 
 Test(runner_supervisor, cancel_during_prefill_stops_before_any_token)
@@ -551,7 +568,10 @@ Test(runner_supervisor, cancel_during_prefill_stops_before_any_token)
     rec_free(&r);
 }
 
-Test(runner_supervisor, queued_requests_run_in_order_without_interleaving)
+/* One request at a time (EXO_BATCH=1): B starts when A is done. Batching
+ * (the default): both decode side by side, and each gets the text it gets
+ * alone. */
+static void two_requests(bool batched)
 {
     char *want_a = cli_text(model, "Once upon a time", 30);
     char *want_b = cli_text(model, "The dog", 30);
@@ -574,8 +594,11 @@ Test(runner_supervisor, queued_requests_run_in_order_without_interleaving)
         else if (first_b < 0 && !strcmp(r.evs[i].id, "B"))
             first_b = i;
     }
-    cr_assert(last_a >= 0 && first_b > last_a, "A's events end at %d, B's start at %d", last_a,
-              first_b);
+    if (batched)
+        cr_assert(last_a >= 0 && first_b >= 0 && first_b < last_a, "A's events end at %d, B's start at %d",
+                  last_a, first_b);
+    else
+        cr_assert(last_a >= 0 && first_b > last_a, "A's events end at %d, B's start at %d", last_a, first_b);
     char *ta = text_of(&r, "A"), *tb = text_of(&r, "B");
     cr_assert_str_eq(ta, want_a);
     cr_assert_str_eq(tb, want_b);
@@ -591,8 +614,22 @@ Test(runner_supervisor, queued_requests_run_in_order_without_interleaving)
     rec_free(&r);
 }
 
+Test(runner_supervisor, queued_requests_run_in_order_without_interleaving)
+{
+    setenv("EXO_BATCH", "1", 1);
+    two_requests(false);
+}
+
+Test(runner_supervisor, queued_requests_decode_side_by_side)
+{
+    two_requests(true);
+}
+
+/* One at a time (EXO_BATCH=1): B waits behind A and a cancel answers it
+ * at once, with no token. */
 Test(runner_supervisor, cancel_queued_request)
 {
+    setenv("EXO_BATCH", "1", 1);
     rec r = {0};
     exo_supervisor *s = spawn(&r);
     load(s, &r, model, 512);
@@ -615,6 +652,41 @@ Test(runner_supervisor, cancel_queued_request)
     cr_assert_eq(terminal_of(&r, "A")->usage.completion_tokens, 200);
     exo_gen_request_free(&qa);
     exo_gen_request_free(&qb);
+    exo_supervisor_free(s);
+    rec_free(&r);
+}
+
+/* Batching two at a time (EXO_BATCH=2): A and B run, C waits for a slot,
+ * and a cancel answers C at once, with no token, while A still runs. */
+Test(runner_supervisor, cancel_request_queued_behind_a_full_batch)
+{
+    setenv("EXO_BATCH", "2", 1);
+    rec r = {0};
+    exo_supervisor *s = spawn(&r);
+    load(s, &r, model, 512);
+    exo_gen_request qa, qb, qc;
+    request(&qa, "Once upon a time", 200);
+    request(&qb, "The cat", 200);
+    request(&qc, "The dog", 30);
+    generate(s, "A", &qa);
+    generate(s, "B", &qb);
+    generate(s, "C", &qc);
+    r.want_chunk_of = "A";
+    cr_assert_eq(exo_supervisor_wait(s, 60000, until_chunk, &r), 1);
+    exo_err err;
+    cr_assert_eq(exo_supervisor_cancel(s, "C", &err), 0);
+    wait_done(s, &r, "C");
+    cr_assert(!is_done(&r, "A"), "C should be answered while A still runs");
+    const exo_chunk *fc = terminal_of(&r, "C");
+    cr_assert_eq(fc->reason, EXO_FR_CANCELLED);
+    cr_assert_eq(fc->usage.completion_tokens, 0);
+    wait_done(s, &r, "A");
+    wait_done(s, &r, "B");
+    cr_assert_eq(terminal_of(&r, "A")->usage.completion_tokens, 200);
+    cr_assert_eq(terminal_of(&r, "B")->usage.completion_tokens, 200);
+    exo_gen_request_free(&qa);
+    exo_gen_request_free(&qb);
+    exo_gen_request_free(&qc);
     exo_supervisor_free(s);
     rec_free(&r);
 }

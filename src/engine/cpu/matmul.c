@@ -38,12 +38,15 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* AUTO takes the GEMV path for T <= GEMV_MAX_T, or T <= GEMV_MAX_T_EXPAND
- * when some weight would have to be expanded to bf16 for the GEMM (affine,
- * F16): expansion costs about as much as 8-16 GEMV passes over the weight
- * (measured on 2048x2048 q4: GEMV 0.4-0.8 ms at T = 4..16, GEMM > 1.5 ms). */
-#define GEMV_MAX_T 4
-#define GEMV_MAX_T_EXPAND 16
+/* AUTO takes the GEMV path for T <= GEMV_MAX_T rows, whatever the format:
+ * a row's product is then the same bits at any row count up to it, so a
+ * batch of decode rows gives each sequence what it would get alone
+ * (exo_model_step_batch). For weights the GEMM would expand to bf16
+ * (affine, F16) it is also the faster path there: expansion costs about as
+ * much as 8-16 GEMV passes (2048x2048 q4: GEMV 0.4-0.8 ms at T = 4..16,
+ * GEMM > 1.5 ms); for bf16 and f32 weights the GEMM on AMX would be faster
+ * from about 5 rows, which batch invariance is worth. */
+#define GEMV_MAX_T 16
 #define PANEL_BYTES (2u << 20) /* target size of one thread's expanded weight panel */
 #define PRIM_CACHE 32
 #define MAX_QACT 6            /* (2 layouts) x (3 group sizes) */
@@ -668,13 +671,8 @@ void exo_cpu_matmul(exo_cpu_matmul_ctx *ctx, int n, const exo_linear *const *w, 
     int gemv = 0; /* any weight with a GEMV kernel on this CPU */
     for (int i = 0; i < n; i++)
         gemv |= has_gemv_kernel(job.isa, w[i]);
-    if (path == EXO_MATMUL_AUTO) {
-        int expand = 0;
-        for (int i = 0; i < n; i++)
-            expand |= w[i]->format != EXO_WFORMAT_DENSE || w[i]->dtype == EXO_DTYPE_F16;
-        int max_t = expand ? GEMV_MAX_T_EXPAND : GEMV_MAX_T;
-        path = T <= max_t ? EXO_MATMUL_GEMV : EXO_MATMUL_GEMM;
-    }
+    if (path == EXO_MATMUL_AUTO)
+        path = T <= GEMV_MAX_T ? EXO_MATMUL_GEMV : EXO_MATMUL_GEMM;
     if (path == EXO_MATMUL_GEMM && run_gemm(ctx, n, w, x, T, y) == 0)
         return;
     if (path == EXO_MATMUL_GEMV && gemv) {

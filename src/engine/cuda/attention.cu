@@ -39,16 +39,19 @@ struct att_args {
     float *out, *partial;
     const int *pos_dev; /* a recorded step's position, read at run time; else pos0 */
     int n_heads, n_kv, hd, window, ring, pos0, per_split, n_split;
+    bool dynamic;       /* one token: splits planned for the cache, sized by the position */
     float scale;
 };
 
-/* Positions a split takes. A recorded step's grid is planned for the
- * whole cache, but the split length follows the positions there are now
- * (at least `least`, a multiple of `unit`), so that a short context still
- * spreads over many blocks; the splits past the end are empty. */
+/* Positions a split takes. A one-token step's grid is planned for the
+ * whole cache (a recorded one replays at later positions), but the split
+ * length follows the positions there are now (at least `least`, a
+ * multiple of `unit`), so that a short context still spreads over many
+ * blocks; the splits past the end are empty. Recorded or not, a token is
+ * split alike, so its sums add up in the same order. */
 __device__ __forceinline__ int split_len(const att_args &a, int span, int least, int unit)
 {
-    if (!a.pos_dev)
+    if (!a.dynamic)
         return a.per_split;
     int per = (span + a.n_split - 1) / a.n_split;
     per = per < least ? least : per;
@@ -403,7 +406,8 @@ int exo_cuda_attention(cudaStream_t stream, const exo_attn_shape *sh, float *out
     a.pos0 = pos0;
     a.pos_dev = pos_dev;
     a.scale = sh->scale;
-    plan(sh, T, pos0, pos_dev ? capacity : 0, &a.per_split, &a.n_split);
+    a.dynamic = pos_dev || T == 1;
+    plan(sh, T, pos0, a.dynamic ? capacity : 0, &a.per_split, &a.n_split);
     if (decode_kernel_takes(sh, T)) {
         dim3 grid((unsigned)sh->n_kv_heads, (unsigned)a.n_split);
         size_t wsmem = sizeof(float) * DEC_WARPS * (size_t)(sh->n_heads / sh->n_kv_heads) * sh->head_dim;

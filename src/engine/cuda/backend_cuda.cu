@@ -709,8 +709,11 @@ __global__ void rmsnorm_kernel(float *out, const float *x, const float *w, int d
 
 static int norm_rows(cuda_backend *c, float *out, const float *x, const float *w, int rows, int dim, float eps)
 {
-    int threads = dim >= 1024 ? 1024 : dim >= 256 ? 256 : dim > 32 ? 128 : 32;
-    exo_cuda_launch(rmsnorm_kernel, dim3(rows), dim3(threads), 0, c->stream, out, x, w, dim, eps);
+    /* 1024 threads whatever the width: the sum of squares then adds up in
+     * the order of the GEMV's norm-and-quantize kernel (matmul.cu), so a
+     * row normed here or there is the same bits (a batch of decode rows
+     * norms here, one row alone there) */
+    exo_cuda_launch(rmsnorm_kernel, dim3(rows), dim3(1024), 0, c->stream, out, x, w, dim, eps);
     return exo_cuda_launched("rmsnorm");
 }
 
@@ -867,7 +870,12 @@ static int gemm(cuda_backend *c, const exo_linear *w, const float *x, int ldx, i
 static int products(cuda_backend *c, int n, const exo_linear *const *w, const float *const *xs, int ldx, int T,
                     float *const *ys, int ldy, bool accumulate = false, const float *norm = NULL, float eps = 0)
 {
-    if (c->force_gemv && T > EXO_CUDA_GEMV_MAX_T) { /* GEMV steps of up to its most tokens */
+    /* Up to 16 rows (a batch of decode rows, a short prompt chunk) go as GEMV
+     * steps of up to its most rows: a few passes over the weight cost less
+     * than dequantizing it for cuBLAS, and a row's product is then the same
+     * bits at any row count (batched decode gives each sequence what it
+     * would get alone, as on the CPU). */
+    if (T > EXO_CUDA_GEMV_MAX_T && (c->force_gemv || (T <= 16 && !c->force_gemm))) {
         const float *xt[64];
         float *yt[64];
         for (int t0 = 0; t0 < T; t0 += EXO_CUDA_GEMV_MAX_T) {
@@ -1206,13 +1214,22 @@ __global__ void __launch_bounds__(32) moe_pick_kernel(const float *logits, route
     if (lane == 0) {
         int32_t *ti = idx + (size_t)blockIdx.x * r.k;
         float *tw = w + (size_t)blockIdx.x * r.k, total = 0;
-        for (int j = 0; j < r.k; j++) {
+        for (int j = 0; j < r.k; j++) { /* weights summed best first, as the host router sums them */
             ti[j] = picked[j];
             tw[j] = r.sigmoid ? 1.0f / (1.0f + expf(-l[picked[j]])) : expf(l[picked[j]] - mx) / sum;
             total += tw[j];
         }
         for (int j = 0; j < r.k; j++)
             tw[j] = (r.norm ? tw[j] / (total + (r.sigmoid ? 1e-20f : 0.0f)) : tw[j]) * r.scale;
+        for (int i = 1; i < r.k; i++) /* then in increasing expert order, the order decode sums them */
+            for (int j = i; j > 0 && ti[j - 1] > ti[j]; j--) {
+                int32_t t = ti[j];
+                float v = tw[j];
+                ti[j] = ti[j - 1];
+                tw[j] = tw[j - 1];
+                ti[j - 1] = t;
+                tw[j - 1] = v;
+            }
     }
 }
 
@@ -1274,10 +1291,10 @@ __global__ void add_weighted_rows_kernel(float *dst, const float *src, const flo
     exo_cuda_start_next();
     for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < dim; j += gridDim.x * blockDim.x) {
         float acc = dst[j];
-        for (int i = 0; i < n; i++)
-            acc += w[i] * src[(size_t)i * dim + j];
-        for (int i = n; i < n + n_plain; i++)
+        for (int i = 0; i < n_plain; i++)
             acc += src[(size_t)i * dim + j];
+        for (int i = 0; i < n; i++)
+            acc += w[i] * src[(size_t)(n_plain + i) * dim + j];
         dst[j] = acc;
     }
 }
@@ -1348,7 +1365,7 @@ static int cuda_attention(exo_backend *be, const exo_attn_shape *shape, float *o
     prof_scope prof(cu(be), "attention");
     cuda_backend *c = cu(be);
     const int *pos_dev = step_pos(c, T, pos0);
-    size_t bytes = exo_cuda_attention_scratch(shape, T, pos0, pos_dev ? capacity : 0);
+    size_t bytes = exo_cuda_attention_scratch(shape, T, pos0, pos_dev || T == 1 ? capacity : 0);
     float *partial = bytes ? (float *)scratch(c, SCRATCH_ATTENTION, bytes) : NULL;
     if (bytes && !partial)
         return EXO_ENOMEM;

@@ -74,8 +74,9 @@ static inline void exo_cuda_launch(void (*kernel)(Params...), dim3 grid, dim3 bl
 /* The backend.h attention op (attention.cu); partial: device scratch of
  * exo_cuda_attention_scratch bytes (the split decode's partial results).
  * pos_dev: a recorded step's position in device memory (pos0 is then the
- * recording's, and the split is planned for the whole capacity: pass the
- * same capacity to exo_cuda_attention_scratch), or NULL. */
+ * recording's), or NULL. A recorded step and any one-token step are split
+ * as planned for the whole capacity: pass the same capacity to
+ * exo_cuda_attention_scratch for them (0 for prompts). */
 size_t exo_cuda_attention_scratch(const exo_attn_shape *shape, int T, int pos0, int capacity);
 int exo_cuda_attention(cudaStream_t stream, const exo_attn_shape *shape, float *out, const float *q, const float *k,
                        const float *v, float *k_cache, float *v_cache, int capacity, int T, int pos0,

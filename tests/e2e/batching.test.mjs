@@ -1,0 +1,185 @@
+// Continuous batching as a property, through the OpenAI chat API of the
+// real `exo serve`: a random workload of requests (arrival times, prompt
+// lengths from a few tokens to several prefill chunks, greedy or seeded
+// sampling, max_tokens), some cancelled with POST /v1/cancel/{id} and some
+// disconnected part way, on two fixture models at once. Every request that
+// runs to its end must return exactly what it returns alone (the same
+// requests again, one at a time, on the same daemon: sequential
+// generation), with the same finish reason and token counts; a cancelled or
+// disconnected one must have streamed a prefix of its text; afterwards the
+// State holds no task and both runners are Ready.
+//
+// The workload comes from a seed: EXO_BATCH_SEEDS (comma-separated), else
+// a fixed list, so a failure can be replayed. Each case prints its seed.
+//
+// Run: tests/integration/test_batching.sh, or
+//      node --test-reporter=./tests/e2e/reporter.mjs tests/e2e/batching.test.mjs
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import path from 'node:path';
+import * as D from './daemon.mjs';
+
+const { STORIES_ID, QWEN_ID, sleep } = D;
+const SEEDS = (process.env.EXO_BATCH_SEEDS || '1,2,3,4,5').split(',').map(Number);
+const N_REQ = 14;
+const WORDS = ('the cat dog sun park ball tree little big red happy ran jumped saw found girl boy mom home ' +
+  'day night rain sky fish bird cake box hat toy car sang played laughed').split(' ');
+
+let tmp, daemon, base;
+
+before(async () => {
+  tmp = await D.tmpDir('exo-batch-');
+  await D.buildModels(path.join(tmp, 'models'));
+  daemon = await D.startDaemon({ dataDir: path.join(tmp, 'data'), modelsDir: path.join(tmp, 'models') });
+  base = daemon.base;
+  await D.placeInstance(base, STORIES_ID);
+  await D.placeInstance(base, QWEN_ID);
+});
+
+after(() => D.finish(tmp, daemon));
+
+// mulberry32: a small seeded generator, the same workload for the same seed
+function rng(seed) {
+  let a = seed >>> 0;
+  return () => {
+    a = (a + 0x6d2b79f5) >>> 0;
+    let t = a;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}
+
+function workload(seed) {
+  const r = rng(seed);
+  const pick = (a) => a[Math.floor(r() * a.length)];
+  const reqs = [];
+  for (let i = 0; i < N_REQ; i++) {
+    // a fifth of the prompts span several 128-token prefill chunks
+    const words = r() < 0.2 ? 150 + Math.floor(r() * 250) : 1 + Math.floor(r() * 30);
+    const prompt = Array.from({ length: words }, () => pick(WORDS)).join(' ');
+    const sampled = r() < 0.5;
+    const roll = r();
+    reqs.push({
+      i, prompt,
+      model: r() < 0.5 ? STORIES_ID : QWEN_ID,
+      max: 8 + Math.floor(r() * 72),
+      sampling: sampled ? { temperature: 0.5 + r(), seed: Math.floor(r() * 1e9) } : { temperature: 0 },
+      at: Math.floor(r() * 200), // ms after the first
+      end: roll < 0.15 ? 'cancel' : roll < 0.3 ? 'disconnect' : 'finish',
+      after: 1 + Math.floor(r() * 3), // content chunks before a cancel or disconnect
+    });
+  }
+  return reqs;
+}
+
+const body = (q) => ({
+  model: q.model, messages: [{ role: 'user', content: q.prompt }], max_tokens: q.max, ...q.sampling,
+  stream: true, stream_options: { include_usage: true },
+});
+
+// complete SSE data events of a stream so far
+const events = (text) => D.parseSse(text.slice(0, text.lastIndexOf('\n\n') + 2))
+  .filter((e) => e.data && e.data !== '[DONE]').map((e) => JSON.parse(e.data));
+const textOf = (evs) => evs.map((e) => e.choices?.[0]?.delta?.content ?? '').join('');
+const contentChunks = (text) => events(text).filter((e) => e.choices?.[0]?.delta?.content).length;
+
+// One request as the workload says: {text, finish, usage} of what it
+// streamed. A disconnect reads until its chunks are in and aborts the fetch
+// there (its body is never awaited again).
+async function run(q) {
+  const ac = new AbortController();
+  const r = await fetch(`${base}/v1/chat/completions`, {
+    method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body(q)), signal: ac.signal,
+  });
+  assert.equal(r.status, 200, `request ${q.i}: ${r.status}`);
+  const reader = r.body.getReader();
+  const dec = new TextDecoder();
+  let text = '', cancelled = false;
+  try {
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done)
+        break;
+      text += dec.decode(value, { stream: true });
+      if (q.end === 'finish' || contentChunks(text) < q.after)
+        continue;
+      if (q.end === 'disconnect') {
+        ac.abort();
+        break;
+      }
+      if (!cancelled) {
+        cancelled = true;
+        const c = await D.postJson(base, `/v1/cancel/${events(text)[0].id}`, '');
+        assert.ok([200, 404].includes(c.status), `cancel ${q.i}: ${c.status} ${c.text}`); // 404: it had ended
+      }
+    }
+  } catch (e) {
+    if (e.name !== 'AbortError')
+      throw e;
+  }
+  const evs = events(text);
+  const fin = evs.find((e) => e.choices?.[0]?.finish_reason);
+  const usage = evs.find((e) => e.usage)?.usage;
+  return { text: textOf(evs), finish: fin?.choices[0].finish_reason, usage };
+}
+
+async function tasksGone(maxMs) {
+  const t0 = Date.now();
+  while (Object.keys((await D.getJson(base, '/state')).tasks ?? {}).length) {
+    if (Date.now() - t0 > maxMs) return false;
+    await sleep(20);
+  }
+  return true;
+}
+
+for (const seed of SEEDS) {
+  test(`seed ${seed}: ${N_REQ} requests side by side return what each returns alone`, { timeout: 240000 },
+    async () => {
+      const reqs = workload(seed);
+      const t0 = Date.now();
+      const together = await Promise.all(reqs.map(async (q) => {
+        await sleep(q.at - (Date.now() - t0));
+        return run(q);
+      }));
+      assert.ok(await tasksGone(10000), 'tasks left in the State after the workload');
+      for (const id of [STORIES_ID, QWEN_ID])
+        assert.deepEqual(Object.values(await D.runnersOf(base, id)), ['RunnerReady'], `${id} runner`);
+      // sequential generation: the same requests, one at a time, to their end
+      for (const q of reqs) {
+        const alone = await run({ ...q, end: 'finish' });
+        const got = together[q.i];
+        const what = `seed ${seed}, request ${q.i} (${q.model}, ${q.prompt.split(' ').length} words, ` +
+          `max ${q.max}, ${JSON.stringify(q.sampling)}, ${q.end})`;
+        if (q.end === 'finish') {
+          assert.equal(got.text, alone.text, `${what}: text`);
+          assert.equal(got.finish, alone.finish, `${what}: finish reason`);
+          assert.deepEqual(got.usage, alone.usage, `${what}: usage`);
+        } else {
+          assert.ok(alone.text.startsWith(got.text), `${what}: streamed "${got.text}", alone "${alone.text}"`);
+        }
+      }
+    });
+}
+
+// `exo serve --no-batch`: the runner takes one request at a time, so of two
+// sent together the second's first token comes after the first's last.
+test('--no-batch: requests run one after the other', { timeout: 60000 }, async () => {
+  const d = await D.startDaemon({ dataDir: path.join(tmp, 'data-nb'), modelsDir: path.join(tmp, 'models'),
+    extra: ['--no-batch'] });
+  try {
+    await D.placeInstance(d.base, STORIES_ID);
+    const stamps = async (prompt) => {
+      const s = await D.openStream(d.base, '/v1/chat/completions', {
+        model: STORIES_ID, messages: [{ role: 'user', content: prompt }], max_tokens: 60, temperature: 0,
+        stream: true });
+      await s.rest();
+      const content = s.pieces.filter((p) => /"content":"[^"]/.test(p.text));
+      return { first: s.t0 + content[0].t, last: s.t0 + content[content.length - 1].t };
+    };
+    const [a, b] = await Promise.all([stamps('Once upon a time'), sleep(5).then(() => stamps('The dog'))]);
+    assert.ok(b.first >= a.last, `the second began at ${b.first - a.first} ms, the first ended at ${a.last - a.first} ms`);
+  } finally {
+    await d.stop('SIGKILL');
+  }
+});

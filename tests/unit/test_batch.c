@@ -1,0 +1,190 @@
+/* exo_model_step_batch against exo_model_step, on the tiny HF fixtures of
+ * every kind of layer (dense, sliding windows, latent attention, Gated
+ * DeltaNet state, mixture of experts, sinks): B sequences with prompts of
+ * different lengths decode side by side, each batched step's logits
+ * against the same sequence stepped alone; a batch mixing a prompt chunk
+ * with decode rows; and bad batches refused with every sequence left as it
+ * was. Up to GEMV_ROWS rows a product takes the same kernel at any row
+ * count (cpu/matmul.c; on a GPU, GEMV steps of up to 4 rows), so those
+ * logits must be the same bits; past that products take the GEMM (bf16
+ * activations) and agree to its tolerance. */
+#include "core/alloc.h"
+#include "engine/model.h"
+
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#define MAX_B 20
+#define STEPS 5
+#define GEMV_ROWS 16    /* cpu/matmul.c: every format's GEMV up to 16 rows */
+#define GEMM_TOL 0.15f  /* the parity tests' prefill tolerance (bf16 activations) */
+
+static exo_model *load(const char *name)
+{
+    char dir[256];
+    snprintf(dir, sizeof dir, "tests/fixtures/%s", name);
+    exo_model_opts o = {.n_threads = 2}; /* a GPU where there is one: its products keep rows apart too */
+    exo_model *m = NULL;
+    exo_err err = {0};
+    cr_assert_eq(exo_model_load(dir, &o, &m, &err), 0, "%s: %s", dir, err.msg);
+    return m;
+}
+
+static exo_seq *seq(exo_model *m)
+{
+    exo_seq *s = NULL;
+    exo_err err = {0};
+    cr_assert_eq(exo_seq_create(m, 256, &s, &err), 0, "%s", err.msg);
+    return s;
+}
+
+static void prompt(const exo_model *m, int i, int32_t *ids, int n)
+{
+    for (int t = 0; t < n; t++)
+        ids[t] = (int32_t)((t * 37 + i * 101 + 11) % exo_model_vocab(m));
+}
+
+static int argmax(const float *v, int n)
+{
+    int best = 0;
+    for (int i = 1; i < n; i++)
+        if (v[i] > v[best])
+            best = i;
+    return best;
+}
+
+static float max_diff(const float *a, const float *b, int n)
+{
+    float d = 0;
+    for (int i = 0; i < n; i++)
+        d = fmaxf(d, fabsf(a[i] - b[i]));
+    return d;
+}
+
+/* B sequences decode side by side, batched, against twins stepped alone. */
+static void decode_side_by_side(const char *name, int B)
+{
+    exo_model *m = load(name);
+    int V = exo_model_vocab(m);
+    exo_seq *alone[MAX_B], *batched[MAX_B];
+    float *la = exo_malloc(sizeof(float) * (size_t)V * B), *lb = exo_malloc(sizeof(float) * (size_t)V * B);
+    int32_t next[MAX_B], ids[96];
+    exo_err err = {0};
+    for (int i = 0; i < B; i++) { /* prompts of 3, 7, 11, ... tokens */
+        alone[i] = seq(m);
+        batched[i] = seq(m);
+        int n = 3 + 4 * i;
+        prompt(m, i, ids, n);
+        cr_assert_eq(exo_model_forward(m, alone[i], ids, n, la, false, &err), 0, "%s", err.msg);
+        cr_assert_eq(exo_model_forward(m, batched[i], ids, n, lb, false, &err), 0, "%s", err.msg);
+        next[i] = argmax(la, V);
+    }
+    float worst = 0;
+    for (int step = 0; step < STEPS; step++) {
+        exo_batch_item items[MAX_B];
+        for (int i = 0; i < B; i++) {
+            cr_assert_eq(exo_model_forward(m, alone[i], &next[i], 1, la + (size_t)i * V, false, &err), 0, "%s",
+                         err.msg);
+            items[i] = (exo_batch_item){batched[i], &next[i], 1};
+        }
+        cr_assert_eq(exo_model_step_batch(m, items, B, lb, &err), 0, "%s: %s", name, err.msg);
+        for (int i = 0; i < B; i++) {
+            float d = max_diff(la + (size_t)i * V, lb + (size_t)i * V, V);
+            worst = fmaxf(worst, d);
+            cr_assert_eq(exo_seq_len(batched[i]), exo_seq_len(alone[i]));
+            if (B <= GEMV_ROWS)
+                cr_expect_eq(d, 0.0f, "%s, B %d, step %d, sequence %d: logits differ by %g from its own step",
+                             name, B, step, i, (double)d);
+            else
+                cr_expect_leq(d, GEMM_TOL, "%s, B %d, step %d, sequence %d: logits differ by %g", name, B, step,
+                              i, (double)d);
+            next[i] = argmax(la + (size_t)i * V, V);
+        }
+    }
+    fprintf(stderr, "batch/%s: B %d, %d steps: largest logit difference from stepping alone %g\n", name, B, STEPS,
+            (double)worst);
+    for (int i = 0; i < B; i++) {
+        exo_seq_free(alone[i]);
+        exo_seq_free(batched[i]);
+    }
+    exo_free(la);
+    exo_free(lb);
+    exo_model_free(m);
+}
+
+static const char *const FAMILIES[] = {"llama-q4g64", "llama-bf16",   "qwen3-q4g64",     "gemma3-q4g64",
+                                       "qwen3_5-q4g64", "deepseek_v3-q4g64", "qwen3_moe-q4g64", "gpt_oss-mxfp4"};
+
+Test(batch, decode_matches_stepping_alone, .timeout = 240)
+{
+    for (size_t f = 0; f < sizeof FAMILIES / sizeof *FAMILIES; f++) {
+        decode_side_by_side(FAMILIES[f], 3);
+        decode_side_by_side(FAMILIES[f], 8);
+    }
+    decode_side_by_side("llama-q4g64", 16);
+    decode_side_by_side("llama-q4g64", 20); /* past the GEMV: the GEMM's tolerance */
+}
+
+/* A prompt chunk and decode rows in one batch: each as it would be alone. */
+Test(batch, a_prompt_chunk_beside_decode_rows, .timeout = 120)
+{
+    static const char *const names[] = {"llama-q4g64", "qwen3_5-q4g64"};
+    for (size_t f = 0; f < 2; f++) {
+        exo_model *m = load(names[f]);
+        int V = exo_model_vocab(m);
+        exo_seq *alone[2] = {seq(m), seq(m)}, *batched[2] = {seq(m), seq(m)};
+        float *la = exo_malloc(sizeof(float) * (size_t)V * 2), *lb = exo_malloc(sizeof(float) * (size_t)V * 2);
+        int32_t ids[16], chunk[3], tok;
+        exo_err err = {0};
+        prompt(m, 0, ids, 9);
+        cr_assert_eq(exo_model_forward(m, alone[0], ids, 9, la, false, &err), 0, "%s", err.msg);
+        cr_assert_eq(exo_model_forward(m, batched[0], ids, 9, lb, false, &err), 0, "%s", err.msg);
+        tok = (int32_t)argmax(la, V);
+        prompt(m, 1, chunk, 3); /* the second sequence's prompt comes in with the first's next token */
+        cr_assert_eq(exo_model_forward(m, alone[0], &tok, 1, la, false, &err), 0, "%s", err.msg);
+        cr_assert_eq(exo_model_forward(m, alone[1], chunk, 3, la + V, false, &err), 0, "%s", err.msg);
+        exo_batch_item items[2] = {{batched[0], &tok, 1}, {batched[1], chunk, 3}};
+        cr_assert_eq(exo_model_step_batch(m, items, 2, lb, &err), 0, "%s: %s", names[f], err.msg);
+        cr_expect_eq(max_diff(la, lb, V), 0.0f, "%s: the decode row's logits moved", names[f]);
+        cr_expect_eq(max_diff(la + V, lb + V, V), 0.0f, "%s: the prompt's last logits moved", names[f]);
+        cr_expect_eq(exo_seq_len(batched[1]), 3);
+        for (int i = 0; i < 2; i++) {
+            exo_seq_free(alone[i]);
+            exo_seq_free(batched[i]);
+        }
+        exo_free(la);
+        exo_free(lb);
+        exo_model_free(m);
+    }
+}
+
+/* Bad batches: refused before anything runs, every sequence as it was. */
+Test(batch, bad_batches_leave_every_sequence_alone)
+{
+    exo_model *m = load("llama-q4g64");
+    int V = exo_model_vocab(m);
+    exo_seq *a = seq(m), *b = seq(m);
+    float *logits = exo_malloc(sizeof(float) * (size_t)V * 2);
+    int32_t ids[4] = {1, 2, 3, 4}, bad = V;
+    exo_err err = {0};
+    cr_assert_eq(exo_model_forward(m, a, ids, 4, logits, false, &err), 0, "%s", err.msg);
+    exo_batch_item twice[2] = {{a, ids, 1}, {a, ids + 1, 1}};
+    cr_expect_eq(exo_model_step_batch(m, twice, 2, logits, &err), EXO_EINVAL);
+    exo_batch_item out_of_range[2] = {{a, ids, 1}, {b, &bad, 1}};
+    cr_expect_eq(exo_model_step_batch(m, out_of_range, 2, logits, &err), EXO_ERANGE);
+    int rows = exo_model_max_batch_rows(m) + 1;
+    int32_t *many = exo_calloc((size_t)rows, sizeof *many);
+    exo_batch_item too_many[2] = {{a, ids, 1}, {b, many, rows - 1}};
+    cr_expect_eq(exo_model_step_batch(m, too_many, 2, logits, &err), EXO_ERANGE);
+    exo_batch_item empty[2] = {{a, ids, 1}, {b, ids, 0}};
+    cr_expect_eq(exo_model_step_batch(m, empty, 2, logits, &err), EXO_EINVAL);
+    cr_expect_eq(exo_seq_len(a), 4);
+    cr_expect_eq(exo_seq_len(b), 0);
+    exo_free(many);
+    exo_free(logits);
+    exo_seq_free(a);
+    exo_seq_free(b);
+    exo_model_free(m);
+}
