@@ -2002,6 +2002,22 @@ static void seq_reset_state(exo_seq *s)
     s->snap_len = -1;
 }
 
+bool exo_seq_can_return(const exo_seq *s, int n)
+{
+    if (n >= s->len)
+        return true;
+    if (n < 0 || (s->m->n_linear && n != 0))
+        return false;
+    for (int l = 0; l < s->m->n_layers; l++) {
+        /* a ring of `slots` holds positions len - slots .. len - 1; the next
+         * query at n needs n - window + 1 .. */
+        int window = s->m->layers[l].attn.sliding_window;
+        if (s->slots && s->slots[l] < s->alloc_capacity && window > 0 && n - window + 1 < s->len - s->slots[l])
+            return false;
+    }
+    return true;
+}
+
 void exo_seq_truncate(exo_seq *s, int n)
 {
     if (n < 0 || n >= s->len)

@@ -155,6 +155,10 @@ int  exo_seq_len(const exo_seq *s);
 int  exo_seq_capacity(const exo_seq *s);
 /* Forgets positions >= n (n <= len): the next forward continues from n. */
 void exo_seq_truncate(exo_seq *s, int n);
+/* Whether s can go back to n (< len) with every cache as it was there: not
+ * where a recurrent state would be lost, nor where a sliding layer's ring
+ * has overwritten positions the next ones attend to. n >= len: true. */
+bool exo_seq_can_return(const exo_seq *s, int n);
 
 /* What one forward step of a shard takes and gives (host memory).
  * Input: `tokens` when the shard starts at layer 0, else `hidden_in`

@@ -57,6 +57,12 @@
 #define BATCH_DEFAULT      8
 #define BATCH_ROWS         16
 #define BATCH_PREFILL      128
+/* Prefix reuse: a slot's sequence keeps its last prompt's keys and values
+ * after the request; a new prompt that starts with the same tokens takes
+ * the slot and computes only the rest. Only whole BATCH_PREFILL chunks from
+ * position 0 are reused, so the reused positions are the bits a prefill of
+ * the new prompt would compute (the same chunks of the same rows), and a
+ * request gets what it gets without reuse. */
 
 typedef struct job {
     char            id[EXO_RUNNER_ID_MAX + 1];
@@ -95,6 +101,10 @@ typedef struct runner {
      * the slots are first taken) */
     int                    n_batch;
     exo_seq               *bseqs[BATCH_MAX];
+    int32_t               *kept[BATCH_MAX];   /* the slot's last prompt, for prefix reuse */
+    int                    n_kept[BATCH_MAX]; /* its positions the sequence holds from whole chunks */
+    uint64_t               used[BATCH_MAX];   /* when the slot last took a request (LRU) */
+    uint64_t               clock;
     exo_seq               *seqs[EXO_DIST_MAX_SLOTS]; /* seqs[0] == seq; more for a pipeline */
     int                    n_slots;
 } runner;
@@ -384,9 +394,13 @@ static void unload(runner *r)
     for (int i = 0; i < r->n_slots; i++)
         exo_seq_free(r->seqs[i]);
     memset(r->seqs, 0, sizeof r->seqs);
-    for (int i = 0; i < BATCH_MAX; i++)
+    for (int i = 0; i < BATCH_MAX; i++) {
         exo_seq_free(r->bseqs[i]);
+        exo_free(r->kept[i]);
+    }
     memset(r->bseqs, 0, sizeof r->bseqs);
+    memset(r->kept, 0, sizeof r->kept);
+    memset(r->n_kept, 0, sizeof r->n_kept);
     r->n_slots = 0;
     exo_model_free(r->model);
     exo_tokenizer_free(r->tok);
@@ -657,8 +671,9 @@ typedef struct gen_ctx {
     size_t             n_ids;
     exo_gen_params     gp;
     int64_t            eos[EXO_CONFIG_MAX_EOS + 8];
-    /* a pipeline's request in flight: its slot and generation */
+    /* a pipeline's or a batch's request in flight: its slot and generation */
     int                slot;
+    int                reused;  /* prompt tokens whose cache came from an earlier request */
     exo_gen_seq       *seq;
     bool               waiting; /* a step that wants a sample is out */
 } gen_ctx;
@@ -725,7 +740,7 @@ static int on_prefill(void *ctx, int processed, int total)
     gen_ctx *g = ctx;
     runner *r = g->r;
     exo_chunk c;
-    exo_chunk_prefill(&c, processed, total);
+    exo_chunk_prefill(&c, g->reused + processed, g->reused + total);
     send_chunk(r, g->j->id, &c);
     exo_chunk_free(&c);
     drain(r, false);
@@ -905,10 +920,10 @@ static void job_close(runner *r, gen_ctx *g, const exo_gen_stats *st)
         fr = EXO_FR_LENGTH;
     fr = exo_output_parser_finish(g->parser, fr, emit, g);
     exo_usage usage = {(int)g->n_ids, st->generated_tokens,
-                       exo_output_parser_reasoning_tokens(g->parser), 0};
+                       exo_output_parser_reasoning_tokens(g->parser), g->reused};
     /* a prefill cancelled part way has no meaningful prompt speed */
     bool prefilled = st->finish != EXO_FINISH_CANCEL || st->generated_tokens > 0;
-    double ptps = prefilled && st->prefill_seconds > 0 ? g->n_ids / st->prefill_seconds : 0;
+    double ptps = prefilled && st->prefill_seconds > 0 ? ((double)g->n_ids - g->reused) / st->prefill_seconds : 0;
     double gtps = st->decode_seconds > 0 && st->generated_tokens > 1
                       ? (st->generated_tokens - 1) / st->decode_seconds : 0;
     exo_chunk fin;
@@ -1093,6 +1108,25 @@ typedef struct batch_slot {
     exo_sampler *smp;
 } batch_slot;
 
+/* What slot i's sequence keeps for prefix reuse once g is done with it:
+ * g's prompt, and the positions of it computed in whole chunks from 0
+ * (after an error, none). */
+static void slot_keep(runner *r, int i, const gen_ctx *g, bool failed)
+{
+    exo_free(r->kept[i]);
+    r->kept[i] = NULL;
+    r->n_kept[i] = 0;
+    int n = (int)g->n_ids, reused = g->reused;
+    int whole = reused + (n - reused) / BATCH_PREFILL * BATCH_PREFILL;
+    int held = exo_seq_len(r->bseqs[i]) / BATCH_PREFILL * BATCH_PREFILL; /* a prefill cut short */
+    int keep = whole < held ? whole : held;
+    if (failed || keep <= 0)
+        return;
+    r->kept[i] = exo_malloc(sizeof(int32_t) * (size_t)keep);
+    memcpy(r->kept[i], g->ids, sizeof(int32_t) * (size_t)keep);
+    r->n_kept[i] = keep;
+}
+
 /* The end of slot b's request: its last text, finish chunk and Done, or
  * the error rc. */
 static void slot_close(runner *r, batch_slot *b, int rc, const exo_err *err)
@@ -1108,6 +1142,8 @@ static void slot_close(runner *r, batch_slot *b, int rc, const exo_err *err)
             st.finish = EXO_FINISH_CANCEL;
         job_close(r, g, &st);
     }
+    if (r->bseqs[g->slot])
+        slot_keep(r, g->slot, g, rc != 0);
     job_free_ctx(g);
     job_free(g->j);
     exo_free(g);
@@ -1116,30 +1152,78 @@ static void slot_close(runner *r, batch_slot *b, int rc, const exo_err *err)
     b->smp = NULL;
 }
 
-/* The next queued request into slot i (whose sequence is made the first
- * time); false when it could not start (it was answered). */
-static bool slot_open(runner *r, batch_slot *b, int i)
+/* Prompt positions slot i's sequence can give a request for ids (n
+ * tokens): the whole chunks both start with, short of the last token (whose
+ * logits the request needs), where the sequence can go back to them. */
+static int slot_reuse(const runner *r, int i, const int32_t *ids, int n)
 {
+    int common = 0;
+    while (common < r->n_kept[i] && common < n - 1 && r->kept[i][common] == ids[common])
+        common++;
+    common = common / BATCH_PREFILL * BATCH_PREFILL;
+    return common && exo_seq_can_return(r->bseqs[i], common) ? common : 0;
+}
+
+/* The free slot for g: the one that reuses the most of its prompt; else
+ * one never used, else the least recently used (its cache goes). -1: none
+ * is free. */
+static int slot_for(const runner *r, const batch_slot *slots, const gen_ctx *g, int *reuse)
+{
+    int best = -1, best_reuse = 0;
+    for (int i = 0; i < r->n_batch; i++) {
+        if (slots[i].g)
+            continue;
+        int k = r->bseqs[i] ? slot_reuse(r, i, g->ids, (int)g->n_ids) : 0;
+        bool better = best < 0 || k > best_reuse ||
+                      (k == best_reuse && (!r->bseqs[i] ? r->bseqs[best] != NULL
+                                                        : r->bseqs[best] && r->used[i] < r->used[best]));
+        if (better) {
+            best = i;
+            best_reuse = k;
+        }
+    }
+    *reuse = best_reuse;
+    return best;
+}
+
+/* The next queued request into a free slot (whose sequence is made the
+ * first time); false when none is free or it could not start (it was
+ * answered). */
+static bool slot_open(runner *r, batch_slot *slots)
+{
+    int reuse, i;
+    {
+        bool free_slot = false;
+        for (int k = 0; k < r->n_batch; k++)
+            free_slot |= !slots[k].g;
+        if (!free_slot)
+            return false;
+    }
     gen_ctx *g = job_take(r);
     if (!g)
-        return false;
+        return true; /* answered; the slot stays free for the next */
+    i = slot_for(r, slots, g, &reuse);
+    batch_slot *b = &slots[i];
     exo_err err = {0};
     b->g = g;
+    g->slot = i;
     activate(r, g);
     if (!r->bseqs[i] && exo_seq_create(r->model, r->ctx, &r->bseqs[i], &err)) {
         slot_close(r, b, err.code ? err.code : EXO_ENOMEM, &err);
-        return false;
+        return true;
     }
-    exo_seq_truncate(r->bseqs[i], 0);
-    g->slot = i;
+    r->used[i] = ++r->clock;
+    exo_seq_truncate(r->bseqs[i], reuse);
+    g->reused = reuse;
     g->gp.prefill_chunk = BATCH_PREFILL;
     b->smp = exo_sampler_create(&g->gp.sampling, exo_model_vocab(r->model));
     if (exo_sampler_begin(b->smp, g->ids, (int)g->n_ids, g->gp.max_tokens)) {
         exo_err_set(&err, EXO_ENOMEM, "out of memory for the sampler's history");
         slot_close(r, b, EXO_ENOMEM, &err);
-        return false;
+        return true;
     }
-    g->seq = exo_gen_seq_new(g->ids, (int)g->n_ids, 0, exo_seq_capacity(r->bseqs[i]), &g->gp, on_token, g);
+    g->seq = exo_gen_seq_new(g->ids + reuse, (int)g->n_ids - reuse, reuse, exo_seq_capacity(r->bseqs[i]), &g->gp,
+                             on_token, g);
     return true;
 }
 
@@ -1192,9 +1276,8 @@ static void run_batch(runner *r)
     batch_slot slots[BATCH_MAX] = {{0}};
     float *logits = exo_malloc(sizeof(float) * (size_t)exo_model_vocab(r->model) * BATCH_ROWS);
     for (;;) {
-        for (int i = 0; i < r->n_batch && r->head; i++)
-            if (!slots[i].g)
-                slot_open(r, &slots[i], i);
+        while (r->head && slot_open(r, slots))
+            ;
         int decoding[BATCH_MAX], n_dec = 0, prompt = -1;
         const int32_t *tokens[BATCH_MAX];
         int T[BATCH_MAX];

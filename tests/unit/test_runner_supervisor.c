@@ -510,6 +510,49 @@ static void prefill_progress(int step)
     rec_free(&r);
 }
 
+/* Prefix reuse: B's prompt starts with A's (a long user message, then
+ * more). After A, B takes A's slot and computes only what follows the
+ * whole 128-token chunks they share: its usage counts them as cached, its
+ * progress starts past them, and its text is the one `exo run` gives B's
+ * prompt from scratch. */
+Test(runner_supervisor, a_shared_prefix_is_computed_once)
+{
+    char *pa = long_prompt(800), *pb = exo_malloc(strlen(pa) + 64);
+    sprintf(pb, "%s And then the dog came.", pa);
+    char *want_a = cli_text(model, pa, 10), *want_b = cli_text(model, pb, 10);
+    rec r = {0};
+    exo_supervisor *s = spawn(&r);
+    load(s, &r, model, LONG_CTX);
+    exo_gen_request qa, qb;
+    request(&qa, pa, 10);
+    request(&qb, pb, 10);
+    generate(s, "A", &qa);
+    wait_done(s, &r, "A");
+    generate(s, "B", &qb);
+    wait_done(s, &r, "B");
+    const exo_chunk *fa = terminal_of(&r, "A"), *fb = terminal_of(&r, "B");
+    cr_assert_eq(fa->usage.cached_tokens, 0);
+    int cached = fb->usage.cached_tokens, total = fb->usage.prompt_tokens;
+    cr_assert(cached > 1000 && cached % 128 == 0 && cached < total, "B reused %d of %d prompt tokens", cached,
+              total);
+    for (int i = 0; i < r.n; i++) /* B's progress starts past what it reused */
+        if (r.evs[i].what == EV_CHUNK && !strcmp(r.evs[i].id, "B") && r.evs[i].chunk.kind == EXO_CHUNK_PREFILL)
+            cr_assert_gt(r.evs[i].chunk.processed, cached);
+    char *ta = text_of(&r, "A"), *tb = text_of(&r, "B");
+    cr_assert_str_eq(ta, want_a);
+    cr_assert_str_eq(tb, want_b);
+    exo_free(ta);
+    exo_free(tb);
+    exo_free(want_a);
+    exo_free(want_b);
+    exo_free(pa);
+    exo_free(pb);
+    exo_gen_request_free(&qa);
+    exo_gen_request_free(&qb);
+    exo_supervisor_free(s);
+    rec_free(&r);
+}
+
 /* One request at a time (EXO_BATCH=1, `exo serve --no-batch`): 512-token
  * chunks; batching: 128-token chunks, so streams already decoding wait
  * for one such chunk a step. */
