@@ -13,6 +13,7 @@
 
 #include "core/alloc.h"
 #include "core/log.h"
+#include "core/meminfo.h"
 #include "core/threadpool.h"
 #include "download/catalogue.h"
 #include "download/model_store.h"
@@ -85,45 +86,6 @@ static void cuda_probe(void)
     }
     cuda_devices = n;
     EXO_LOG_DEBUG("node info: %d CUDA device(s)", n);
-}
-
-/* MemTotal and MemAvailable in bytes. Kernels before 3.14 have no
- * MemAvailable; MemFree + Buffers + Cached approximates it there. */
-static int read_meminfo(uint64_t *total, uint64_t *avail, exo_err *err)
-{
-    const char *path = "/proc/meminfo";
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return exo_err_set(err, EXO_EIO, "%s: %s", path, strerror(errno));
-    unsigned long long mem_total = 0, mem_avail = 0, mem_free = 0, buffers = 0, cached = 0;
-    bool have_total = false, have_avail = false;
-    char line[256];
-    while (fgets(line, sizeof line, f)) {
-        char key[64];
-        unsigned long long kb;
-        if (sscanf(line, "%63[^:]: %llu", key, &kb) != 2)
-            continue;
-        if (!strcmp(key, "MemTotal"))
-            mem_total = kb, have_total = true;
-        else if (!strcmp(key, "MemAvailable"))
-            mem_avail = kb, have_avail = true;
-        else if (!strcmp(key, "MemFree"))
-            mem_free = kb;
-        else if (!strcmp(key, "Buffers"))
-            buffers = kb;
-        else if (!strcmp(key, "Cached"))
-            cached = kb;
-    }
-    fclose(f);
-    if (!have_total || mem_total == 0)
-        return exo_err_set(err, EXO_EIO, "%s: no MemTotal line", path);
-    if (!have_avail)
-        mem_avail = mem_free + buffers + cached;
-    if (mem_avail > mem_total)
-        mem_avail = mem_total;
-    *total = (uint64_t)mem_total * 1024;
-    *avail = (uint64_t)mem_avail * 1024;
-    return 0;
 }
 
 /* What a node reports goes into events: every name is copied as printable
@@ -396,7 +358,7 @@ static void gather_models(const exo_node_info_opts *o, exo_node_info *info)
 int exo_node_info_gather(const exo_node_info_opts *opts, exo_node_info *info, exo_err *err)
 {
     memset(info, 0, sizeof *info);
-    int rc = read_meminfo(&info->memory_total, &info->memory_available, err);
+    int rc = exo_meminfo(&info->memory_total, &info->memory_available, err);
     if (rc < 0)
         return rc;
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);

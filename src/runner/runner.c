@@ -19,6 +19,8 @@
 #include "core/alloc.h"
 #include "core/clock.h"
 #include "core/log.h"
+#include "core/meminfo.h"
+#include "engine/backend.h"
 #include "engine/generate.h"
 #include "engine/model.h"
 #include "engine/safetensors.h"
@@ -554,6 +556,38 @@ static bool join_ring(runner *r, exo_err *err)
     return true;
 }
 
+/* How many of `want` batch slots the memory holds: each slot's sequence
+ * keeps a whole context's caches (on the GPU for the layers there), and
+ * the slots together take at most BATCH_MEMORY_SHARE of what is free once
+ * the model is loaded, so more requests queue instead of running the
+ * machine out of memory. At least one (the sequential path's). */
+#define BATCH_MEMORY_SHARE 0.5
+static int batch_slots(runner *r, int want)
+{
+    exo_decode_cost cost;
+    exo_model_decode_cost(r->model, r->ctx, &cost);
+    double per = cost.cache_bytes > 0 ? cost.cache_bytes : 1;
+    int layers = exo_model_shard(r->model).n_layers, on_gpu = exo_model_gpu_layers(r->model);
+    double gpu_share = layers > 0 ? (double)on_gpu / layers : 0;
+    uint64_t total, avail;
+    exo_err err = {0};
+    int fit = want;
+    if (exo_meminfo(&total, &avail, &err) == 0 && gpu_share < 1) {
+        int n = (int)(BATCH_MEMORY_SHARE * (double)avail / (per * (1 - gpu_share)));
+        fit = n < fit ? n : fit;
+    }
+    size_t gfree, gtotal;
+    if (on_gpu && exo_backend_cuda_memory(exo_model_gpu_device(r->model), &gfree, &gtotal, &err) == 0) {
+        int n = (int)(BATCH_MEMORY_SHARE * (double)gfree / (per * gpu_share));
+        fit = n < fit ? n : fit;
+    }
+    fit = fit < 1 ? 1 : fit;
+    if (fit < want)
+        EXO_LOG_INFO("runner: %d requests at once, not %d: a context of %d tokens keeps %.0f MB of caches, and "
+                     "that is what half the free memory holds", fit, want, r->ctx, per / 1e6);
+    return fit;
+}
+
 static void do_load(runner *r)
 {
     r->load_pending = false;
@@ -617,7 +651,7 @@ static void do_load(runner *r)
         r->stepper = exo_gen_stepper_local(r->model, r->seq);
         const char *b = getenv("EXO_BATCH");
         long n = b && *b ? strtol(b, NULL, 10) : BATCH_DEFAULT;
-        r->n_batch = n < 1 ? 1 : n > BATCH_MAX ? BATCH_MAX : (int)n;
+        r->n_batch = batch_slots(r, n < 1 ? 1 : n > BATCH_MAX ? BATCH_MAX : (int)n);
     }
     exo_shard_info sh = exo_model_shard(r->model);
     EXO_LOG_INFO("runner: loaded %s (layers %d-%d of %d%s, ctx %d) in %.2f s", dir, sh.start_layer,
