@@ -2095,8 +2095,8 @@ static int normed_products(exo_model *m, exo_backend *be, int n, const exo_linea
  * device (and folds the MLP norm into its products). */
 static bool decodes_picked(const exo_model *m, const layer *L)
 {
-    return L->pick_table && !m->moe_host_route && !m->moe_per_expert && L->be->ops->matmul_fused &&
-           !m->allreduce;
+    /* (a tensor-parallel rank has no pick_table: pick_on_device) */
+    return L->pick_table && !m->moe_host_route && !m->moe_per_expert && L->be->ops->matmul_fused;
 }
 
 /* moe_decode's second half with the router's choice left on the device:

@@ -1225,18 +1225,15 @@ static int slot_for(const runner *r, const batch_slot *slots, const gen_ctx *g, 
  * answered). */
 static bool slot_open(runner *r, batch_slot *slots)
 {
-    int reuse, i;
-    {
-        bool free_slot = false;
-        for (int k = 0; k < r->n_batch; k++)
-            free_slot |= !slots[k].g;
-        if (!free_slot)
-            return false;
-    }
+    int free_slots = 0, reuse;
+    for (int k = 0; k < r->n_batch; k++)
+        free_slots += !slots[k].g;
+    if (!free_slots)
+        return false;
     gen_ctx *g = job_take(r);
     if (!g)
         return true; /* answered; the slot stays free for the next */
-    i = slot_for(r, slots, g, &reuse);
+    int i = slot_for(r, slots, g, &reuse);
     batch_slot *b = &slots[i];
     exo_err err = {0};
     b->g = g;
