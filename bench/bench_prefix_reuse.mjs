@@ -10,33 +10,22 @@
 // and the byte-level tokenizer and Qwen3 chat template of the end-to-end
 // tests, so a prompt of N ASCII letters is about N tokens. EXO_BIN selects
 // the binary (default build/exo).
-import path from 'node:path';
 import fsp from 'node:fs/promises';
-import { execFile } from 'node:child_process';
-import { promisify } from 'node:util';
 import * as D from '../tests/e2e/daemon.mjs';
+import { text, startSynthDaemon } from './synth_daemon.mjs';
 
 const preset = process.argv[2] || 'qwen3-0.6b';
 const prefixTokens = Number(process.argv[3] || 2000);
-const run = promisify(execFile);
-
-// a prompt of n ASCII characters from a seed (each one token or so)
-function text(n, seed) {
-  let s = '', x = seed;
-  for (let i = 0; i < n; i++) {
-    x = (x * 1103515245 + 12345) >>> 0;
-    s += i % 6 === 5 ? ' ' : String.fromCharCode(97 + (x >>> 16) % 26);
-  }
-  return s;
-}
 
 async function ttft(base, model, prompt) {
   const t0 = performance.now();
   const s = await D.openStream(base, '/v1/chat/completions', {
     model, messages: [{ role: 'user', content: prompt }], max_tokens: 2, temperature: 0, stream: true,
-    stream_options: { include_usage: true },
+    stream_options: { include_usage: true }, logprobs: true,
   });
-  await s.until((b) => /"content":"[^"]/.test(b), 600000);
+  // a chunk per token once logprobs are asked for, even for a token whose
+  // text is empty (the synthetic model's ids past the small tokenizer's)
+  await s.until((b) => /"logprob":/.test(b), 600000);
   const ms = performance.now() - t0;
   await s.rest();
   const usage = D.parseSse(s.text).filter((e) => e.data && e.data !== '[DONE]').map((e) => JSON.parse(e.data))
@@ -47,14 +36,8 @@ async function ttft(base, model, prompt) {
 const tmp = await D.tmpDir('exo-bench-prefix-');
 let daemon;
 try {
-  const models = path.join(tmp, 'models');
-  const { qwen } = await D.buildModels(models);
-  const id = `exo-bench/${preset}`;
-  await run(D.EXO_BIN, ['synth-model', preset, path.join(models, id.replace('/', '--')), '--quant', 'q4',
-    '--tokenizer', qwen]);
-  daemon = await D.startDaemon({ dataDir: path.join(tmp, 'data'), modelsDir: models,
-    ctx: prefixTokens + 512 });
-  await D.placeInstance(daemon.base, id);
+  let id;
+  ({ daemon, id } = await startSynthDaemon(tmp, preset, { ctx: prefixTokens + 512 }));
   const prefix = text(prefixTokens, 1);
   const first = await ttft(daemon.base, id, `${prefix} What comes first?`);
   const shared = await ttft(daemon.base, id, `${prefix} And what comes next?`);

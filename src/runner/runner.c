@@ -55,7 +55,7 @@
  * tokens it would get alone; a prompt goes in chunks of BATCH_PREFILL
  * tokens, one chunk a step in a call of its own, so streams already
  * decoding wait one chunk, not a whole prompt. */
-#define BATCH_MAX          16
+#define BATCH_MAX          64
 #define BATCH_DEFAULT      8
 #define BATCH_ROWS         16
 #define BATCH_PREFILL      128

@@ -668,6 +668,51 @@ Test(runner_supervisor, queued_requests_decode_side_by_side)
     two_requests(true);
 }
 
+/* More requests than a model call takes decode rows (16): twenty side by
+ * side take two calls a step, and each still gets the text it gets alone. */
+Test(runner_supervisor, more_requests_than_a_calls_rows_each_get_their_own_text)
+{
+    setenv("EXO_BATCH", "24", 1);
+    enum { N = 20 };
+    static const char *prompts[] = {"Once upon a time", "The dog", "Lily and Ben", "A big red ball"};
+    char *want[N], id[N][8];
+    exo_gen_request q[N];
+    for (int i = 0; i < N; i++)
+        want[i] = cli_text(model, prompts[i % 4], 30 + i);
+    rec r = {0};
+    exo_supervisor *s = spawn(&r);
+    load(s, &r, model, 512);
+    for (int i = 0; i < N; i++) {
+        snprintf(id[i], sizeof id[i], "r%d", i);
+        request(&q[i], prompts[i % 4], 30 + i);
+        generate(s, id[i], &q[i]);
+    }
+    cr_assert_eq(exo_supervisor_in_flight(s), N);
+    for (int i = 0; i < N; i++)
+        wait_done(s, &r, id[i]);
+    /* side by side: the last request has its first chunk before the first
+     * request (the shortest) is done */
+    int first_last = -1, done_first = -1;
+    for (int i = 0; i < r.n; i++) {
+        if (first_last < 0 && r.evs[i].what == EV_CHUNK && !strcmp(r.evs[i].id, id[N - 1]))
+            first_last = i;
+        if (done_first < 0 && r.evs[i].what == EV_DONE && !strcmp(r.evs[i].id, id[0]))
+            done_first = i;
+    }
+    cr_assert(first_last >= 0 && done_first >= 0 && first_last < done_first,
+              "the last request starts at event %d, the first is done at %d", first_last, done_first);
+    for (int i = 0; i < N; i++) {
+        char *t = text_of(&r, id[i]);
+        cr_assert_str_eq(t, want[i], "%s", id[i]);
+        cr_assert_eq(terminal_of(&r, id[i])->reason, EXO_FR_LENGTH);
+        exo_free(t);
+        exo_free(want[i]);
+        exo_gen_request_free(&q[i]);
+    }
+    exo_supervisor_free(s);
+    rec_free(&r);
+}
+
 /* One at a time (EXO_BATCH=1): B waits behind A and a cancel answers it
  * at once, with no token. */
 Test(runner_supervisor, cancel_queued_request)

@@ -10,17 +10,27 @@
 typedef struct bw_job {
     const unsigned char *buf;
     size_t bytes;
+    int streams;
     volatile unsigned long long sink;
 } bw_job;
 
-static unsigned long long sum_generic(const void *p, size_t bytes)
+/* `streams` equal parts of the range side by side, a line of each a step,
+ * then what the parts (multiples of 256 bytes) leave as one stream */
+unsigned long long exo_membw_sum_generic(const void *p, size_t bytes, int streams)
 {
-    const unsigned long long *v = p;
+    const size_t part = bytes / (size_t)streams / 256 * 256;
     unsigned long long a[8] = {0};
-    size_t n = bytes / 8;
-    for (size_t i = 0; i + 8 <= n; i += 8)
+    for (size_t off = 0; off < part; off += 64)
+        for (int s = 0; s < streams; s++) {
+            const unsigned long long *v = (const void *)((const char *)p + (size_t)s * part + off);
+            for (int j = 0; j < 8; j++)
+                a[j] ^= v[j];
+        }
+    for (size_t off = (size_t)streams * part; off + 64 <= bytes; off += 64) {
+        const unsigned long long *v = (const void *)((const char *)p + off);
         for (int j = 0; j < 8; j++)
-            a[j] ^= v[i + j];
+            a[j] ^= v[j];
+    }
     return a[0] ^ a[1] ^ a[2] ^ a[3] ^ a[4] ^ a[5] ^ a[6] ^ a[7];
 }
 
@@ -30,8 +40,8 @@ static void bw_worker(void *p, int ith, int nth)
     long b, e;
     exo_split_range((long)j->bytes, 4096, ith, nth, &b, &e);
     unsigned long long s = exo_cpu_isa() >= EXO_ISA_AVX512
-                               ? exo_membw_sum_avx512(j->buf + b, (size_t)(e - b))
-                               : sum_generic(j->buf + b, (size_t)(e - b));
+                               ? exo_membw_sum_avx512(j->buf + b, (size_t)(e - b), j->streams)
+                               : exo_membw_sum_generic(j->buf + b, (size_t)(e - b), j->streams);
     if (s == 42)
         j->sink = s;
 }
@@ -73,9 +83,9 @@ void exo_membw_free(exo_membw *probe)
     exo_free(probe);
 }
 
-double exo_membw_read(exo_membw *probe, exo_pool *pool, int passes)
+double exo_membw_read_streams(exo_membw *probe, exo_pool *pool, int passes, int streams)
 {
-    bw_job j = {probe->buf, probe->bytes, 0};
+    bw_job j = {probe->buf, probe->bytes, streams < 1 ? 1 : streams, 0};
     double best = 0;
     for (int p = 0; p < passes; p++) {
         double t0 = exo_clock_seconds();
@@ -84,5 +94,16 @@ double exo_membw_read(exo_membw *probe, exo_pool *pool, int passes)
         if (dt > 0 && (double)probe->bytes / dt > best)
             best = (double)probe->bytes / dt;
     }
+    return best;
+}
+
+double exo_membw_read(exo_membw *probe, exo_pool *pool, int passes)
+{
+    double best = 0;
+    for (int p = 0; p < passes; p++)
+        for (int streams = 1; streams <= EXO_MEMBW_STREAMS; streams *= 2) {
+            double bw = exo_membw_read_streams(probe, pool, 1, streams);
+            best = bw > best ? bw : best;
+        }
     return best;
 }
