@@ -11,6 +11,7 @@
 #include "cluster/node.h"
 #include "core/alloc.h"
 #include "core/log.h"
+#include "core/meminfo.h"
 #include "core/paths.h"
 
 #include <pthread.h>
@@ -44,7 +45,10 @@ static void usage(FILE *f)
             "  --ctx N             KV cache tokens per runner (default: the model's, at most 4096)\n"
             "  --warmup-tokens N   tokens generated to warm a runner up (default 4)\n"
             "  --no-batch          a runner generates one request at a time (default: up to 8 side\n"
-            "                      by side, each step one batch; also EXO_BATCH=N, 1 to 16)\n"
+            "                      by side, each step one batch; also EXO_BATCH=N, 1 to 64)\n"
+            "  --kv-budget SIZE    memory a runner's KV caches may take, as 512M or 4G (default:\n"
+            "                      half of what is free once the model is loaded); requests past\n"
+            "                      it queue\n"
             "  --offline           never download: use only models on disk (also HF_HUB_OFFLINE=1)\n"
             "  --place MODEL_ID    place MODEL_ID at start, unless an instance of it runs already\n"
             "                      (scripts/run.sh does, for the model that ships with exo)\n"
@@ -222,6 +226,17 @@ int exo_cmd_serve(int argc, char **argv)
             offline = true;
         } else if (!strcmp(a, "--no-batch")) {
             setenv("EXO_BATCH", "1", 1); /* read by the runner processes this one spawns */
+        } else if (!strcmp(a, "--kv-budget")) {
+            const char *size = exo_arg_value("serve", argc, argv, &i);
+            uint64_t bytes;
+            exo_err err = {0};
+            if (!size)
+                return 2;
+            if (exo_parse_size(size, &bytes, &err)) {
+                fprintf(stderr, "exo serve: --kv-budget: %s\n", err.msg);
+                return 2;
+            }
+            setenv("EXO_KV_BUDGET", size, 1); /* read by the runners, as EXO_BATCH */
         } else if (!strcmp(a, "--no-worker")) {
             worker = false;
         } else if (!strcmp(a, "--no-api")) {

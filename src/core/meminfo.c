@@ -1,8 +1,11 @@
 /* The machine's memory from /proc/meminfo: what a node reports and what a
- * runner sizes its batch by. */
+ * runner sizes its batch by; and memory sizes as users write them. */
 #include "core/meminfo.h"
 
+#include <ctype.h>
 #include <errno.h>
+#include <math.h>
+#include <stdlib.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
@@ -43,5 +46,32 @@ int exo_meminfo(uint64_t *total, uint64_t *avail, exo_err *err)
         mem_avail = mem_total;
     *total = (uint64_t)mem_total * 1024;
     *avail = (uint64_t)mem_avail * 1024;
+    return 0;
+}
+
+int exo_parse_size(const char *s, uint64_t *bytes, exo_err *err)
+{
+    const char *p = s;
+    while (isdigit((unsigned char)*p))
+        p++;
+    if (*p == '.')
+        for (p++; isdigit((unsigned char)*p); p++)
+            ;
+    /* digits first: strtod alone would take "inf", "0x10", " 5" or "-1" */
+    if (p == s || !isdigit((unsigned char)s[0]))
+        return exo_err_set(err, EXO_EINVAL, "'%s' is not a size (as 512M or 4G)", s);
+    double v = strtod(s, NULL);
+    const char *units = "KMGT", *u = *p ? strchr(units, toupper((unsigned char)*p)) : NULL;
+    if (u) {
+        v = ldexp(v, 10 * (int)(u - units + 1));
+        p++;
+        if (*p == 'i' && p[1] == 'B')
+            p++;
+    }
+    if (*p == 'B')
+        p++;
+    if (*p || !(v >= 1) || v > ldexp(1, 62))
+        return exo_err_set(err, EXO_EINVAL, "'%s' is not a size from 1 byte to 4 EiB (as 512M or 4G)", s);
+    *bytes = (uint64_t)v;
     return 0;
 }

@@ -102,7 +102,8 @@ typedef struct runner {
     /* continuous batching: how many at once, and their sequences (made as
      * the slots are first taken) */
     int                    n_batch;
-    exo_seq               *bseqs[BATCH_MAX];
+    uint64_t               kv_budget;         /* bytes of caches at most (0: half the free memory) */
+    exo_seq               *bseqs[BATCH_MAX];  /* [0] is seqs[0], the sequential path's */
     int32_t               *kept[BATCH_MAX];   /* the slot's last prompt, for prefix reuse */
     int                    n_kept[BATCH_MAX]; /* its positions the sequence holds from whole chunks */
     uint64_t               used[BATCH_MAX];   /* when the slot last took a request (LRU) */
@@ -393,13 +394,14 @@ static void unload(runner *r)
     r->dist = NULL;
     exo_ring_free(r->ring);
     r->ring = NULL;
+    for (int i = 0; i < BATCH_MAX; i++) {
+        if (r->bseqs[i] != r->seqs[0])
+            exo_seq_free(r->bseqs[i]);
+        exo_free(r->kept[i]);
+    }
     for (int i = 0; i < r->n_slots; i++)
         exo_seq_free(r->seqs[i]);
     memset(r->seqs, 0, sizeof r->seqs);
-    for (int i = 0; i < BATCH_MAX; i++) {
-        exo_seq_free(r->bseqs[i]);
-        exo_free(r->kept[i]);
-    }
     memset(r->bseqs, 0, sizeof r->bseqs);
     memset(r->kept, 0, sizeof r->kept);
     memset(r->n_kept, 0, sizeof r->n_kept);
@@ -559,8 +561,10 @@ static bool join_ring(runner *r, exo_err *err)
 /* How many of `want` batch slots the memory holds: each slot's sequence
  * keeps a whole context's caches (on the GPU for the layers there), and
  * the slots together take at most BATCH_MEMORY_SHARE of what is free once
- * the model is loaded, so more requests queue instead of running the
- * machine out of memory. At least one (the sequential path's). */
+ * the model is loaded, and at most the KV budget (EXO_KV_BUDGET, `exo
+ * serve --kv-budget`) where one is set, so more requests queue instead of
+ * running the machine out of memory. At least one (the sequential path's,
+ * which slot 0 shares). */
 #define BATCH_MEMORY_SHARE 0.5
 static int batch_slots(runner *r, int want)
 {
@@ -572,6 +576,8 @@ static int batch_slots(runner *r, int want)
     uint64_t total, avail;
     exo_err err = {0};
     int fit = want;
+    if (r->kv_budget && (double)r->kv_budget / per < fit)
+        fit = (int)((double)r->kv_budget / per);
     if (exo_meminfo(&total, &avail, &err) == 0 && gpu_share < 1) {
         int n = (int)(BATCH_MEMORY_SHARE * (double)avail / (per * (1 - gpu_share)));
         fit = n < fit ? n : fit;
@@ -584,8 +590,31 @@ static int batch_slots(runner *r, int want)
     fit = fit < 1 ? 1 : fit;
     if (fit < want)
         EXO_LOG_INFO("runner: %d requests at once, not %d: a context of %d tokens keeps %.0f MB of caches, and "
-                     "that is what half the free memory holds", fit, want, r->ctx, per / 1e6);
+                     "that is what %s holds", fit, want, r->ctx, per / 1e6,
+                     r->kv_budget && (double)r->kv_budget / per <= fit + 1 ? "the KV budget" : "half the free memory");
     return fit;
+}
+
+/* The KV budget, where one is set, must hold one context's caches: the
+ * load fails with what it holds rather than the first request. */
+static bool kv_budget_holds_a_context(runner *r, exo_err *err)
+{
+    const char *b = getenv("EXO_KV_BUDGET");
+    r->kv_budget = 0;
+    if (!b || !*b)
+        return true;
+    if (exo_parse_size(b, &r->kv_budget, err)) {
+        exo_err_wrap(err, "EXO_KV_BUDGET");
+        return false;
+    }
+    exo_decode_cost cost;
+    exo_model_decode_cost(r->model, r->ctx, &cost);
+    if (cost.cache_bytes > (double)r->kv_budget) {
+        exo_err_set(err, EXO_ENOMEM, "the KV budget of %.1f MB holds no context of %d tokens (%.1f MB of caches); "
+                    "raise --kv-budget or lower --ctx", (double)r->kv_budget / 1e6, r->ctx, cost.cache_bytes / 1e6);
+        return false;
+    }
+    return true;
 }
 
 static void do_load(runner *r)
@@ -636,6 +665,8 @@ static void do_load(runner *r)
         r->tpl_source = r->tpl ? template_source(dir) : NULL;
     }
     r->ctx = r->load.ctx > 0 ? r->load.ctx : (max_pos && max_pos < DEFAULT_CTX ? max_pos : DEFAULT_CTX);
+    if (!kv_budget_holds_a_context(r, &err))
+        goto fail;
     /* a pipeline keeps one sequence per request in flight, so every rank
      * can work on a different one: as many as there are ranks */
     r->n_slots = split(r) && !tensor ? (r->load.world < EXO_DIST_MAX_SLOTS ? r->load.world
@@ -652,6 +683,7 @@ static void do_load(runner *r)
         const char *b = getenv("EXO_BATCH");
         long n = b && *b ? strtol(b, NULL, 10) : BATCH_DEFAULT;
         r->n_batch = batch_slots(r, n < 1 ? 1 : n > BATCH_MAX ? BATCH_MAX : (int)n);
+        r->bseqs[0] = r->seqs[0]; /* one context's caches fewer; warm-up is done before a batch */
     }
     exo_shard_info sh = exo_model_shard(r->model);
     EXO_LOG_INFO("runner: loaded %s (layers %d-%d of %d%s, ctx %d) in %.2f s", dir, sh.start_layer,

@@ -188,3 +188,27 @@ test('--no-batch: requests run one after the other', { timeout: 60000 }, async (
     await d.stop('SIGKILL');
   }
 });
+
+// `exo serve --kv-budget`: a budget that holds no context fails every load
+// (the instance is deleted after 5 tries), saying why; a size that is not
+// one stops the daemon at its arguments.
+test('--kv-budget: too small fails the load, saying so; a bad size is refused', { timeout: 90000 }, async () => {
+  const bad = D.spawnDaemon({ dataDir: path.join(tmp, 'data-kvbad'), modelsDir: path.join(tmp, 'models'),
+    extra: ['--kv-budget', '4X'] });
+  const { code } = await bad.exited;
+  assert.equal(code, 2);
+  assert.match(bad.stderr, /--kv-budget: '4X' is not a size/);
+  const d = await D.startDaemon({ dataDir: path.join(tmp, 'data-kv'), modelsDir: path.join(tmp, 'models'),
+    extra: ['--kv-budget', '1K'] });
+  try {
+    const r = await D.postJson(d.base, '/place_instance', { model_id: STORIES_ID });
+    assert.equal(r.status, 200, r.text);
+    let gone = [];
+    for (const t0 = Date.now(); !gone.length && Date.now() - t0 < 40000; await sleep(50))
+      gone = Object.values((await D.getJson(d.base, '/state')).deletedInstances || {});
+    assert.equal(gone.length, 1, 'the instance is deleted');
+    assert.match(gone[0].reason, /the KV budget of 0\.0 MB holds no context of 8192 tokens \(\d+\.\d MB of caches\)/);
+  } finally {
+    await d.stop('SIGKILL');
+  }
+});

@@ -10,6 +10,7 @@
  * model dir -> Failed with the reason, clean shutdown, and fake runners
  * (shell scripts) that send malformed frames or die. */
 #include "core/alloc.h"
+#include "engine/model.h"
 #include "runner/supervisor.h"
 
 #include <criterion/criterion.h>
@@ -709,6 +710,92 @@ Test(runner_supervisor, more_requests_than_a_calls_rows_each_get_their_own_text)
         exo_free(want[i]);
         exo_gen_request_free(&q[i]);
     }
+    exo_supervisor_free(s);
+    rec_free(&r);
+}
+
+/* Bytes of caches a sequence of `ctx` tokens of the test model keeps. */
+static double context_bytes(int ctx)
+{
+    exo_model *m;
+    exo_err err = {0};
+    cr_assert_eq(exo_model_load(model, NULL, &m, &err), 0, "%s", err.msg);
+    exo_decode_cost cost;
+    exo_model_decode_cost(m, ctx, &cost);
+    exo_model_free(m);
+    cr_assert_gt(cost.cache_bytes, 0);
+    return cost.cache_bytes;
+}
+
+/* A KV budget of two and a half contexts: two requests run side by side
+ * (of EXO_BATCH's 8), the third starts when one is done, and each gets the
+ * text it gets alone. */
+Test(runner_supervisor, a_kv_budget_caps_the_requests_side_by_side)
+{
+    char budget[32];
+    snprintf(budget, sizeof budget, "%.0f", 2.5 * context_bytes(512));
+    setenv("EXO_KV_BUDGET", budget, 1);
+    setenv("EXO_BATCH", "8", 1);
+    static const char *prompts[] = {"Once upon a time", "The dog", "Lily and Ben"};
+    char *want[3];
+    exo_gen_request q[3];
+    const char *ids[] = {"A", "B", "C"};
+    for (int i = 0; i < 3; i++)
+        want[i] = cli_text(model, prompts[i], 40);
+    rec r = {0};
+    exo_supervisor *s = spawn(&r);
+    load(s, &r, model, 512);
+    for (int i = 0; i < 3; i++) {
+        request(&q[i], prompts[i], 40);
+        generate(s, ids[i], &q[i]);
+    }
+    for (int i = 0; i < 3; i++)
+        wait_done(s, &r, ids[i]);
+    int first_b = -1, first_c = -1, done_a = -1;
+    for (int i = 0; i < r.n; i++) {
+        if (r.evs[i].what == EV_CHUNK && first_b < 0 && !strcmp(r.evs[i].id, "B"))
+            first_b = i;
+        if (r.evs[i].what == EV_CHUNK && first_c < 0 && !strcmp(r.evs[i].id, "C"))
+            first_c = i;
+        if (r.evs[i].what == EV_DONE && done_a < 0 && !strcmp(r.evs[i].id, "A"))
+            done_a = i;
+    }
+    cr_assert(first_b < done_a, "B waited for A (first chunk %d, A done %d)", first_b, done_a);
+    cr_assert(first_c > done_a, "C ran beside A and B (first chunk %d, A done %d)", first_c, done_a);
+    for (int i = 0; i < 3; i++) {
+        char *t = text_of(&r, ids[i]);
+        cr_assert_str_eq(t, want[i], "%s", ids[i]);
+        exo_free(t);
+        exo_free(want[i]);
+        exo_gen_request_free(&q[i]);
+    }
+    exo_supervisor_free(s);
+    rec_free(&r);
+}
+
+/* A budget that holds no context fails the load, saying so; requests are
+ * answered with that. */
+Test(runner_supervisor, a_kv_budget_below_one_context_fails_the_load)
+{
+    char budget[32];
+    snprintf(budget, sizeof budget, "%.0f", 0.5 * context_bytes(512));
+    setenv("EXO_KV_BUDGET", budget, 1);
+    rec r = {0};
+    exo_supervisor *s = spawn(&r);
+    exo_runner_load l = {.model_dir = model, .n_threads = 1, .ctx = 512, .warmup_tokens = 4};
+    exo_err err = {0};
+    cr_assert_eq(exo_supervisor_load(s, &l, &err), 0, "%s", err.msg);
+    r.want_status = EXO_RUNNER_FAILED;
+    cr_assert_eq(exo_supervisor_wait(s, 30000, until_status, &r), 1);
+    const exo_runner_status *st = exo_supervisor_status(s);
+    cr_assert(st->error_message && strstr(st->error_message, "KV budget") &&
+                  strstr(st->error_message, "512 tokens"), "%s", st->error_message);
+    exo_gen_request q;
+    request(&q, "hi", 5);
+    generate(s, "x", &q);
+    wait_done(s, &r, "x");
+    cr_assert_eq(terminal_of(&r, "x")->kind, EXO_CHUNK_ERROR);
+    exo_gen_request_free(&q);
     exo_supervisor_free(s);
     rec_free(&r);
 }
