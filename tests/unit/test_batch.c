@@ -5,8 +5,8 @@
  * against the same sequence stepped alone; a batch mixing a prompt chunk
  * with decode rows; and bad batches refused with every sequence left as it
  * was. Up to GEMV_ROWS rows a product takes the same kernel at any row
- * count (cpu/matmul.c; on a GPU, GEMV steps of up to 4 rows), so those
- * logits must be the same bits; past that products take the GEMM (bf16
+ * count (cpu/matmul.c; on a GPU, GEMV launches of 16, 8, 4, 3, 2 or 1
+ * rows), so those logits must be the same bits; past that products take the GEMM (bf16
  * activations) and agree to its tolerance. */
 #include "core/alloc.h"
 #include "engine/model.h"

@@ -867,24 +867,42 @@ static int gemm(cuda_backend *c, const exo_linear *w, const float *x, int ldx, i
 
 /* n products, weight i reading xs[i] (row stride ldx) into ys[i] (row
  * stride ldy; 0: the weight's rows, outputs packed (T, rows)). */
+/* The widest GEMV launch every one of n weights takes at most T rows of
+ * x at: a width of the GEMV (exo_cuda_gemv_width), or up to
+ * EXO_CUDA_GEMV_ANY_MAX_T for a weight only the any-format GEMV takes. */
+static int call_width(int n, const exo_linear *const *w, const float *const *xs, int ldx, int T)
+{
+    int width = T;
+    for (int i = 0; i < n; i++) {
+        int wi = exo_cuda_gemv_width(w[i], T);
+        if (!exo_cuda_gemv_takes(w[i], xs[i], ldx, wi))
+            wi = T < EXO_CUDA_GEMV_ANY_MAX_T ? T : EXO_CUDA_GEMV_ANY_MAX_T;
+        width = wi < width ? wi : width;
+    }
+    return width;
+}
+
 static int products(cuda_backend *c, int n, const exo_linear *const *w, const float *const *xs, int ldx, int T,
                     float *const *ys, int ldy, bool accumulate = false, const float *norm = NULL, float eps = 0)
 {
     /* Up to 16 rows (a batch of decode rows, a short prompt chunk) go as GEMV
-     * steps of up to its most rows: a few passes over the weight cost less
-     * than dequantizing it for cuBLAS, and a row's product is then the same
-     * bits at any row count (batched decode gives each sequence what it
-     * would get alone, as on the CPU). */
-    if (T > EXO_CUDA_GEMV_MAX_T && (c->force_gemv || (T <= 16 && !c->force_gemm))) {
+     * launches of its widths (16, 8, 4, 3, 2, 1 rows, as the formats allow;
+     * a weight the GEMV does not take, as any-format launches of up to 4),
+     * the narrowest of the call's weights for all: a pass or two over
+     * the weight cost less than dequantizing it for cuBLAS, and a row's
+     * product is then the same bits at any row count (batched decode gives
+     * each sequence what it would get alone, as on the CPU). Each piece is
+     * a width itself, so the call below takes it whole. */
+    if (T > call_width(n, w, xs, ldx, T) && (c->force_gemv || (T <= 16 && !c->force_gemm))) {
         const float *xt[64];
         float *yt[64];
-        for (int t0 = 0; t0 < T; t0 += EXO_CUDA_GEMV_MAX_T) {
-            int Tc = T - t0 < EXO_CUDA_GEMV_MAX_T ? T - t0 : EXO_CUDA_GEMV_MAX_T;
+        for (int t0 = 0, Tc; t0 < T; t0 += Tc) {
             for (int i = 0; i < n; i++) {
                 xt[i] = xs[i] + (size_t)t0 * (size_t)ldx;
-                yt[i] = ys[i] + (size_t)t0 * (size_t)(ldy ? ldy : w[i]->rows);
+                yt[i] = ys[i] + (size_t)t0 * (size_t)(ldy > 0 ? ldy : w[i]->rows);
             }
-            int rc = products(c, n, w, xt, ldx, Tc, yt, ldy ? ldy : -1, accumulate, norm, eps);
+            Tc = call_width(n, w, xt, ldx, T - t0);
+            int rc = products(c, n, w, xt, ldx, Tc, yt, ldy > 0 ? ldy : -1, accumulate, norm, eps);
             if (rc)
                 return rc;
         }
@@ -909,7 +927,7 @@ static int products(cuda_backend *c, int n, const exo_linear *const *w, const fl
         if (i < n && !fast) {
             if (w[i]->pick) /* moe_pick_table promised the GEMV; only its fast path reads a choice */
                 return EXO_EUNSUPPORTED;
-            int rc = T <= EXO_CUDA_GEMV_MAX_T && !c->force_gemm
+            int rc = T <= EXO_CUDA_GEMV_ANY_MAX_T && !c->force_gemm
                          ? exo_cuda_gemv_any(c->stream, w[i], xs[i], ldx, T, ys[i], ly, accumulate)
                          : gemm(c, w[i], xs[i], ldx, T, ys[i], ly, accumulate);
             if (rc)

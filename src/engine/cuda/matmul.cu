@@ -1,8 +1,9 @@
 /* Matrix products on the GPU: y = x W^T for the weight formats of
  * engine/linear.h, kept on the device exactly as the checkpoint stores them.
  *
- * Decode (T <= EXO_CUDA_GEMV_MAX_T tokens) is memory-bound: every byte of
- * the weight is read once, so the kernel is a streaming GEMV. A warp owns
+ * Decode (T <= EXO_CUDA_GEMV_MAX_T tokens, in launches of 1, 2, 3, 4, 8 or
+ * 16 rows of x as the format allows) is memory-bound: every byte of the
+ * weight is read once a launch, so the kernel is a streaming GEMV. A warp owns
  * ROWS rows, each lane reads 16 bytes of each of them per step (coalesced:
  * a warp reads 512 contiguous bytes of a row), dequantizes in registers
  * and multiplies by the matching slice of x, which all ROWS rows share
@@ -452,13 +453,27 @@ template <int K, int SDT, int T> static void launch_t(gemv_batch &b, int blocks,
     exo_cuda_launch(gemv_kernel<K, SDT, rows_per_warp<K>::n, T>, blocks, GEMV_WARPS * 32, 0, s, b);
 }
 
+/* Widest launch of each kind (exo_cuda_gemv_width): the 4-bit kernels run
+ * out of registers first (Q4: 255 and spills at 16 rows, where 16 streams
+ * of llama-3.1-8b went from 1.81x one stream to 1.26x, at 8 rows 1.88x;
+ * MXFP4 spills from 2 rows on already). */
+static int max_width_of(int kind) { return kind == GEMV_MXFP4 ? 4 : kind == GEMV_Q4 ? 8 : 16; }
+
 template <int K, int SDT> static void launch_k(gemv_batch &b, int T, int blocks, cudaStream_t s)
 {
     switch (T) {
     case 1: launch_t<K, SDT, 1>(b, blocks, s); break;
     case 2: launch_t<K, SDT, 2>(b, blocks, s); break;
     case 3: launch_t<K, SDT, 3>(b, blocks, s); break;
-    default: launch_t<K, SDT, 4>(b, blocks, s); break;
+    case 4: launch_t<K, SDT, 4>(b, blocks, s); break;
+    case 8:
+        if constexpr (K != GEMV_MXFP4)
+            launch_t<K, SDT, 8>(b, blocks, s);
+        break;
+    default:
+        if constexpr (K != GEMV_MXFP4 && K != GEMV_Q4)
+            launch_t<K, SDT, 16>(b, blocks, s);
+        break;
     }
 }
 
@@ -504,10 +519,17 @@ static int k_split_of(int kind, int64_t cols)
 
 bool exo_cuda_gemv_quantizes(const exo_linear *w) { return integer_kind(kind_of(w)); }
 
+int exo_cuda_gemv_width(const exo_linear *w, int T)
+{
+    int kind = kind_of(w), most = kind < 0 ? 1 : max_width_of(kind);
+    T = T < most ? T : most;
+    return T >= 16 ? 16 : T >= 8 ? 8 : T >= 4 ? 4 : T < 1 ? 1 : T;
+}
+
 bool exo_cuda_gemv_takes(const exo_linear *w, const float *x, int ldx, int T)
 {
     int kind = kind_of(w);
-    if (kind < 0 || T < 1 || T > EXO_CUDA_GEMV_MAX_T || w->cols % step_cols_of(kind))
+    if (kind < 0 || T < 1 || T != exo_cuda_gemv_width(w, T) || w->cols % step_cols_of(kind))
         return false;
     if (integer_kind(kind))
         return w->cols % 32 == 0 && w->group_size % 32 == 0;

@@ -6,9 +6,14 @@
 
 #include "engine/cuda/cuda_internal.h"
 
-/* Most weights one GEMV launch takes, and most tokens. */
+/* Most weights one GEMV launch takes, and most tokens: a launch takes 1,
+ * 2, 3, 4, 8 or 16 rows of x, reading the weight once for all of them, up
+ * to what its format allows (exo_cuda_gemv_width); a row's arithmetic is
+ * the same at every width. */
 #define EXO_CUDA_JOBS 16
-#define EXO_CUDA_GEMV_MAX_T 4
+#define EXO_CUDA_GEMV_MAX_T 16
+/* Most tokens of the slow any-format GEMV. */
+#define EXO_CUDA_GEMV_ANY_MAX_T 4
 
 /* y[t][r] = W[r] . x'[t] for t < T (row strides ldx, ldy in floats),
  * x' = x / rms(x) * norm when norm is set (a weight that quantizes x, see
@@ -27,13 +32,15 @@ typedef struct exo_cuda_gemv_job {
 /* Whether the GEMV takes this weight and input (format, widths, alignment);
  * everything else goes through dequantization and cuBLAS. */
 bool exo_cuda_gemv_takes(const exo_linear *w, const float *x, int ldx, int T);
+/* The widest launch the GEMV takes w at with at most T rows (1 if none). */
+int exo_cuda_gemv_width(const exo_linear *w, int T);
 /* Whether the GEMV quantizes x for this weight (and so can norm it too). */
 bool exo_cuda_gemv_quantizes(const exo_linear *w);
 /* Device scratch bytes exo_cuda_gemv needs for these jobs. */
 size_t exo_cuda_gemv_scratch(int n, const exo_cuda_gemv_job *jobs, int T);
 int exo_cuda_gemv(cudaStream_t stream, int n, const exo_cuda_gemv_job *jobs, int T, void *scratch);
 
-/* The same for any format and width, slowly (T <= EXO_CUDA_GEMV_MAX_T). */
+/* The same for any format and width, slowly (T <= EXO_CUDA_GEMV_ANY_MAX_T). */
 int exo_cuda_gemv_any(cudaStream_t s, const exo_linear *w, const float *x, int ldx, int T, float *y, int ldy,
                       bool accumulate);
 /* w (rows x cols, any format) as bf16 into out (rows * cols). */
