@@ -72,10 +72,10 @@ static double llama_cpp_h200(const char *preset, const char *quant)
 #define MAX_STREAM_RUNS 8
 #define STREAM_PROMPT 32 /* each stream's own prompt before it decodes */
 
+enum { PAIRS = 16 }; /* decode tokens paired with reads (see exo_cmd_bench) */
+
 /* Aggregate decode tokens/s of n sequences stepping together for `steps`
  * batched steps (after one untimed step), each from its own prompt. */
-enum { PAIRS = 16 }; /* decode tokens paired with reads (see below) */
-
 static int streams_tok_s(exo_model *m, int n, int steps, double *tok_s, exo_err *err)
 {
     int V = exo_model_vocab(m), rc = 0;

@@ -5,9 +5,9 @@
 #include <ctype.h>
 #include <errno.h>
 #include <math.h>
-#include <stdlib.h>
 #include <stdbool.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* MemTotal and MemAvailable in bytes. Kernels before 3.14 have no

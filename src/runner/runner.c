@@ -576,22 +576,30 @@ static int batch_slots(runner *r, int want)
     uint64_t total, avail;
     exo_err err = {0};
     int fit = want;
-    if (r->kv_budget && (double)r->kv_budget / per < fit)
+    const char *bound = NULL; /* what holds fewer than want */
+    if (r->kv_budget && (double)r->kv_budget / per < fit) {
         fit = (int)((double)r->kv_budget / per);
+        bound = "the KV budget";
+    }
     if (exo_meminfo(&total, &avail, &err) == 0 && gpu_share < 1) {
         int n = (int)(BATCH_MEMORY_SHARE * (double)avail / (per * (1 - gpu_share)));
-        fit = n < fit ? n : fit;
+        if (n < fit) {
+            fit = n;
+            bound = "half the free memory";
+        }
     }
     size_t gfree, gtotal;
     if (on_gpu && exo_backend_cuda_memory(exo_model_gpu_device(r->model), &gfree, &gtotal, &err) == 0) {
         int n = (int)(BATCH_MEMORY_SHARE * (double)gfree / (per * gpu_share));
-        fit = n < fit ? n : fit;
+        if (n < fit) {
+            fit = n;
+            bound = "half the GPU's free memory";
+        }
     }
     fit = fit < 1 ? 1 : fit;
-    if (fit < want)
+    if (bound)
         EXO_LOG_INFO("runner: %d requests at once, not %d: a context of %d tokens keeps %.0f MB of caches, and "
-                     "that is what %s holds", fit, want, r->ctx, per / 1e6,
-                     r->kv_budget && (double)r->kv_budget / per <= fit + 1 ? "the KV budget" : "half the free memory");
+                     "that is what %s holds", fit, want, r->ctx, per / 1e6, bound);
     return fit;
 }
 

@@ -865,8 +865,6 @@ static int gemm(cuda_backend *c, const exo_linear *w, const float *x, int ldx, i
     return 0;
 }
 
-/* n products, weight i reading xs[i] (row stride ldx) into ys[i] (row
- * stride ldy; 0: the weight's rows, outputs packed (T, rows)). */
 /* The widest GEMV launch every one of n weights takes at most T rows of
  * x at: a width of the GEMV (exo_cuda_gemv_width), or up to
  * EXO_CUDA_GEMV_ANY_MAX_T for a weight only the any-format GEMV takes. */
@@ -882,6 +880,8 @@ static int call_width(int n, const exo_linear *const *w, const float *const *xs,
     return width;
 }
 
+/* n products, weight i reading xs[i] (row stride ldx) into ys[i] (row
+ * stride ldy; 0: the weight's rows, outputs packed (T, rows)). */
 static int products(cuda_backend *c, int n, const exo_linear *const *w, const float *const *xs, int ldx, int T,
                     float *const *ys, int ldy, bool accumulate = false, const float *norm = NULL, float eps = 0)
 {
