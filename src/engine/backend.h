@@ -121,6 +121,11 @@ typedef struct exo_backend_ops {
     int  (*attention)(exo_backend *be, const exo_attn_shape *shape, float *out, const float *q,
                       const float *k, const float *v, float *k_cache, float *v_cache,
                       int capacity, int T, int pos0);
+    /* Copies the positions a layer's cache holds in slots [0, n) (K and V
+     * of shape's KV heads) from caches of src_capacity slots into caches of
+     * dst_capacity slots (n <= both): a sequence's caches changing size. */
+    int  (*kv_copy)(exo_backend *be, const exo_attn_shape *shape, float *dst_k, float *dst_v, int dst_capacity,
+                    const float *src_k, const float *src_v, int src_capacity, int n);
     /* g = act(g) * u (limit: EXO_GLU_OAI's clamp) */
     int  (*glu)(exo_backend *be, exo_glu_kind kind, float *g, const float *u, size_t n, float limit);
     /* x[r][j] *= sigmoid(gate[r][j]) over rows of dim; gate_dim 1: one gate

@@ -1841,28 +1841,49 @@ size_t exo_model_decode_bytes(const exo_model *m)
 
 /* ---- sequences ---------------------------------------------------------- */
 
-/* Floats of layer l's per-sequence memory: K and V for attention, the
- * conv inputs and recurrent state for linear attention. */
-static size_t seq_floats(const exo_model *m, const exo_seq *s, int l)
+/* Floats of layer l's per-sequence memory at `slots` positions (layer_slots):
+ * K and V for attention, the conv inputs and recurrent state for linear
+ * attention. */
+static size_t linear_state_floats(const exo_model *m)
 {
-    if (m->layers[l].kind == EXO_LAYER_LINEAR)
-        return s->state_floats;
-    return 2 * (size_t)s->slots[l] * (size_t)m->n_kv * (size_t)m->hd;
+    return (size_t)(m->lin_k - 1) * (size_t)m->conv_dim + (size_t)m->lin_hv * (size_t)m->lin_dk * (size_t)m->lin_dv;
 }
 
-/* Positions a layer's cache holds: all of them, or for a sliding layer a
- * ring of its window plus the longest call (a chunk) plus a block (the
- * decode kernel scores whole blocks from the one holding a window's first
- * key), when that is less. */
-static int layer_slots(const exo_model *m, const exo_seq *s, int l)
+static size_t layer_floats(const exo_model *m, int l, int slots)
+{
+    if (m->layers[l].kind == EXO_LAYER_LINEAR)
+        return linear_state_floats(m);
+    return 2 * (size_t)slots * (size_t)m->n_kv * (size_t)m->hd;
+}
+
+static size_t seq_floats(const exo_model *m, const exo_seq *s, int l) { return layer_floats(m, l, s->slots[l]); }
+
+/* Positions a layer's cache holds in a sequence of alloc_capacity: all of
+ * them, or for a sliding layer a ring of its window plus the longest call
+ * (a chunk) plus a block (the decode kernel scores whole blocks from the
+ * one holding a window's first key), when that is less. */
+static int layer_slots(const exo_model *m, int alloc_capacity, int l)
 {
     const layer *L = &m->layers[l];
     if (L->kind != EXO_LAYER_SLIDING || L->attn.sliding_window <= 0)
-        return s->alloc_capacity;
+        return alloc_capacity;
     int64_t ring = ((int64_t)L->attn.sliding_window + m->max_chunk + 2 * EXO_KV_BLOCK - 1) / EXO_KV_BLOCK *
                    EXO_KV_BLOCK;
-    return ring < s->alloc_capacity ? (int)ring : s->alloc_capacity;
+    return ring < alloc_capacity ? (int)ring : alloc_capacity;
 }
+
+static int round_to_block(int capacity) { return (capacity + EXO_KV_BLOCK - 1) / EXO_KV_BLOCK * EXO_KV_BLOCK; }
+
+size_t exo_model_seq_bytes(const exo_model *m, int capacity)
+{
+    int alloc = round_to_block(capacity > 0 ? capacity : 1);
+    size_t n = 0;
+    for (int l = 0; l < m->n_layers; l++)
+        n += layer_floats(m, l, layer_slots(m, alloc, l));
+    return n * sizeof(float);
+}
+
+size_t exo_seq_bytes(const exo_seq *s) { return exo_model_seq_bytes(s->m, s->alloc_capacity); }
 
 int exo_seq_create(exo_model *m, int capacity, exo_seq **out, exo_err *err)
 {
@@ -1878,17 +1899,16 @@ int exo_seq_create(exo_model *m, int capacity, exo_seq **out, exo_err *err)
         return exo_err_set(err, EXO_ERANGE, "sequence capacity %d too large", capacity);
     }
     s->capacity = capacity;
-    s->alloc_capacity = (capacity + EXO_KV_BLOCK - 1) / EXO_KV_BLOCK * EXO_KV_BLOCK;
+    s->alloc_capacity = round_to_block(capacity);
     s->snap_len = -1;
-    s->state_floats = (size_t)(m->lin_k - 1) * (size_t)m->conv_dim +
-                      (size_t)m->lin_hv * (size_t)m->lin_dk * (size_t)m->lin_dv;
+    s->state_floats = linear_state_floats(m);
     s->k_cache = exo_calloc((size_t)m->n_layers, sizeof(float *));
     s->v_cache = exo_calloc((size_t)m->n_layers, sizeof(float *));
     s->state = exo_calloc((size_t)m->n_layers, sizeof(float *));
     s->kv_block = exo_calloc((size_t)m->n_layers, sizeof(void *));
     s->slots = exo_calloc((size_t)m->n_layers, sizeof(int));
     for (int l = 0; l < m->n_layers; l++)
-        s->slots[l] = layer_slots(m, s, l);
+        s->slots[l] = layer_slots(m, s->alloc_capacity, l);
     /* One block per backend for all its layers' K and V: decode reads the
      * whole cache every token, and a block of 2 MiB or more gets huge
      * pages (per-layer caches are often smaller; on 4 KiB pages the
@@ -1938,6 +1958,61 @@ void exo_seq_free(exo_seq *s)
     exo_free(s->slots);
     exo_free(s->snap);
     exo_free(s);
+}
+
+int exo_seq_resize(exo_seq *s, int capacity, exo_err *err)
+{
+    if (capacity < s->len || capacity <= 0)
+        return exo_err_set(err, EXO_EINVAL, "a sequence of %d positions cannot shrink to %d", s->len, capacity);
+    if (round_to_block(capacity) == s->alloc_capacity) {
+        s->capacity = capacity;
+        return 0;
+    }
+    exo_model *m = s->m;
+    exo_seq *n;
+    int rc = exo_seq_create(m, capacity, &n, err);
+    if (rc)
+        return rc;
+    for (int l = 0; l < m->n_layers && !rc; l++) {
+        exo_backend *be = m->layers[l].be;
+        if (m->layers[l].kind == EXO_LAYER_LINEAR) {
+            rc = be->ops->copy2d(be, n->state[l], s->state_floats, s->state[l], s->state_floats, 1,
+                                 (int)s->state_floats);
+            continue;
+        }
+        /* the positions s holds: all of them, or a ring's worth, which
+         * both then have (n's capacity is at least s's length) */
+        int held = s->len <= s->slots[l] && s->len <= n->slots[l] ? s->len : s->slots[l];
+        exo_attn_shape shape = {.n_heads = m->n_kv, .n_kv_heads = m->n_kv, .head_dim = m->hd};
+        rc = be->ops->kv_copy(be, &shape, n->k_cache[l], n->v_cache[l], n->slots[l], s->k_cache[l], s->v_cache[l],
+                              s->slots[l], held);
+    }
+    /* the old caches go once the copies from them are done */
+    for (int l = 0; l < m->n_layers && !rc; l++)
+        if (n->kv_block[l])
+            rc = m->layers[l].be->ops->sync(m->layers[l].be);
+    if (rc) {
+        exo_seq_free(n);
+        return exo_err_set(err, rc, "moving a sequence's caches to %d positions failed", capacity);
+    }
+    /* s takes n's caches, capacity and id (its recorded steps named the old
+     * caches); n takes s's old caches and frees them */
+    exo_seq old = *s;
+    s->id = n->id;
+    s->capacity = n->capacity;
+    s->alloc_capacity = n->alloc_capacity;
+    s->k_cache = n->k_cache;
+    s->v_cache = n->v_cache;
+    s->slots = n->slots;
+    s->state = n->state;
+    s->kv_block = n->kv_block;
+    n->k_cache = old.k_cache;
+    n->v_cache = old.v_cache;
+    n->slots = old.slots;
+    n->state = old.state;
+    n->kv_block = old.kv_block;
+    exo_seq_free(n);
+    return 0;
 }
 
 int exo_seq_len(const exo_seq *s) { return s->len; }

@@ -151,6 +151,14 @@ int exo_model_build(const exo_model_config *cfg, const exo_weight_source *src,
 
 int  exo_seq_create(exo_model *m, int capacity, exo_seq **out, exo_err *err);
 void exo_seq_free(exo_seq *s);
+/* Gives s caches of `capacity` positions (at least its length), its
+ * positions and state moved into them: a sequence holds the memory its
+ * request needs, not a whole context. On an error s is as it was. */
+int  exo_seq_resize(exo_seq *s, int capacity, exo_err *err);
+/* Bytes of caches and state a sequence of `capacity` positions holds, on
+ * every backend together; and those s holds. */
+size_t exo_model_seq_bytes(const exo_model *m, int capacity);
+size_t exo_seq_bytes(const exo_seq *s);
 int  exo_seq_len(const exo_seq *s);
 int  exo_seq_capacity(const exo_seq *s);
 /* Forgets positions >= n (n <= len): the next forward continues from n. */

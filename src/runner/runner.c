@@ -37,6 +37,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <math.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 
@@ -103,6 +104,8 @@ typedef struct runner {
      * the slots are first taken) */
     int                    n_batch;
     uint64_t               kv_budget;         /* bytes of caches at most (0: half the free memory) */
+    double                 kv_limit;          /* the slots' caches together at most (batch_memory) */
+    struct gen_ctx        *waiting;           /* taken from the queue, waiting for cache memory */
     exo_seq               *bseqs[BATCH_MAX];  /* [0] is seqs[0], the sequential path's */
     int32_t               *kept[BATCH_MAX];   /* the slot's last prompt, for prefix reuse */
     int                    n_kept[BATCH_MAX]; /* its positions the sequence holds from whole chunks */
@@ -558,49 +561,42 @@ static bool join_ring(runner *r, exo_err *err)
     return true;
 }
 
-/* How many of `want` batch slots the memory holds: each slot's sequence
- * keeps a whole context's caches (on the GPU for the layers there), and
- * the slots together take at most BATCH_MEMORY_SHARE of what is free once
- * the model is loaded, and at most the KV budget (EXO_KV_BUDGET, `exo
- * serve --kv-budget`) where one is set, so more requests queue instead of
- * running the machine out of memory. At least one (the sequential path's,
- * which slot 0 shares). */
+/* How much cache memory the batch slots may hold together: at most
+ * BATCH_MEMORY_SHARE of what is free once the model is loaded (on the GPU
+ * for the layers there), and at most the KV budget (EXO_KV_BUDGET, `exo
+ * serve --kv-budget`) where one is set; at least one context's, so a
+ * request of any length can run. A request is admitted by what its
+ * sequence needs (its prompt and max_tokens, up to the context), so short
+ * requests run many at once where long ones would queue. */
 #define BATCH_MEMORY_SHARE 0.5
-static int batch_slots(runner *r, int want)
+static double batch_memory(runner *r)
 {
-    exo_decode_cost cost;
-    exo_model_decode_cost(r->model, r->ctx, &cost);
-    double per = cost.cache_bytes > 0 ? cost.cache_bytes : 1;
+    double per = (double)exo_model_seq_bytes(r->model, r->ctx);
     int layers = exo_model_shard(r->model).n_layers, on_gpu = exo_model_gpu_layers(r->model);
     double gpu_share = layers > 0 ? (double)on_gpu / layers : 0;
     uint64_t total, avail;
     exo_err err = {0};
-    int fit = want;
-    const char *bound = NULL; /* what holds fewer than want */
-    if (r->kv_budget && (double)r->kv_budget / per < fit) {
-        fit = (int)((double)r->kv_budget / per);
-        bound = "the KV budget";
-    }
-    if (exo_meminfo(&total, &avail, &err) == 0 && gpu_share < 1) {
-        int n = (int)(BATCH_MEMORY_SHARE * (double)avail / (per * (1 - gpu_share)));
-        if (n < fit) {
-            fit = n;
-            bound = "half the free memory";
-        }
+    double limit = r->kv_budget ? (double)r->kv_budget : INFINITY;
+    const char *bound = r->kv_budget ? "the KV budget" : NULL;
+    if (exo_meminfo(&total, &avail, &err) == 0 && gpu_share < 1 &&
+        BATCH_MEMORY_SHARE * (double)avail / (1 - gpu_share) < limit) {
+        limit = BATCH_MEMORY_SHARE * (double)avail / (1 - gpu_share);
+        bound = "half the free memory";
     }
     size_t gfree, gtotal;
-    if (on_gpu && exo_backend_cuda_memory(exo_model_gpu_device(r->model), &gfree, &gtotal, &err) == 0) {
-        int n = (int)(BATCH_MEMORY_SHARE * (double)gfree / (per * gpu_share));
-        if (n < fit) {
-            fit = n;
-            bound = "half the GPU's free memory";
-        }
+    if (on_gpu && exo_backend_cuda_memory(exo_model_gpu_device(r->model), &gfree, &gtotal, &err) == 0 &&
+        BATCH_MEMORY_SHARE * (double)gfree / gpu_share < limit) {
+        limit = BATCH_MEMORY_SHARE * (double)gfree / gpu_share;
+        bound = "half the GPU's free memory";
     }
-    fit = fit < 1 ? 1 : fit;
-    if (bound)
-        EXO_LOG_INFO("runner: %d requests at once, not %d: a context of %d tokens keeps %.0f MB of caches, and "
-                     "that is what %s holds", fit, want, r->ctx, per / 1e6, bound);
-    return fit;
+    if (!(limit >= per)) {
+        limit = per;
+        bound = "one context (the least a slot may take)";
+    }
+    EXO_LOG_INFO("runner: up to %d requests at once, their caches within %.0f MB (%s; a whole context of %d "
+                 "tokens takes %.0f MB, a request the share of it its prompt and max_tokens need)",
+                 r->n_batch, limit / 1e6, bound ? bound : "no limit", r->ctx, per / 1e6);
+    return limit;
 }
 
 /* The KV budget, where one is set, must hold one context's caches: the
@@ -615,11 +611,10 @@ static bool kv_budget_holds_a_context(runner *r, exo_err *err)
         exo_err_wrap(err, "EXO_KV_BUDGET");
         return false;
     }
-    exo_decode_cost cost;
-    exo_model_decode_cost(r->model, r->ctx, &cost);
-    if (cost.cache_bytes > (double)r->kv_budget) {
+    double per = (double)exo_model_seq_bytes(r->model, r->ctx);
+    if (per > (double)r->kv_budget) {
         exo_err_set(err, EXO_ENOMEM, "the KV budget of %.1f MB holds no context of %d tokens (%.1f MB of caches); "
-                    "raise --kv-budget or lower --ctx", (double)r->kv_budget / 1e6, r->ctx, cost.cache_bytes / 1e6);
+                    "raise --kv-budget or lower --ctx", (double)r->kv_budget / 1e6, r->ctx, per / 1e6);
         return false;
     }
     return true;
@@ -690,7 +685,9 @@ static void do_load(runner *r)
         r->stepper = exo_gen_stepper_local(r->model, r->seq);
         const char *b = getenv("EXO_BATCH");
         long n = b && *b ? strtol(b, NULL, 10) : BATCH_DEFAULT;
-        r->n_batch = batch_slots(r, n < 1 ? 1 : n > BATCH_MAX ? BATCH_MAX : (int)n);
+        r->n_batch = n < 1 ? 1 : n > BATCH_MAX ? BATCH_MAX : (int)n;
+        if (r->n_batch > 1)
+            r->kv_limit = batch_memory(r);
         r->bseqs[0] = r->seqs[0]; /* one context's caches fewer; warm-up is done before a batch */
     }
     exo_shard_info sh = exo_model_shard(r->model);
@@ -1260,9 +1257,64 @@ static int slot_for(const runner *r, const batch_slot *slots, const gen_ctx *g, 
     return best;
 }
 
-/* The next queued request into a free slot (whose sequence is made the
- * first time); false when none is free or it could not start (it was
- * answered). */
+/* Positions request g's sequence needs: its prompt and max_tokens, up to
+ * the context. */
+static int slot_need(const runner *r, const gen_ctx *g)
+{
+    int64_t need = (int64_t)g->n_ids + g->gp.max_tokens;
+    return need < r->ctx ? (int)need : r->ctx;
+}
+
+/* Bytes of caches the slots' sequences hold now. */
+static double slots_held(const runner *r)
+{
+    double held = 0;
+    for (int i = 0; i < r->n_batch; i++)
+        if (r->bseqs[i])
+            held += (double)exo_seq_bytes(r->bseqs[i]);
+    return held;
+}
+
+/* Makes room for `bytes` more by giving up idle slots' caches (not slot
+ * `keep`'s), least recently used first: each first shrinks to the prefix
+ * it keeps for reuse, then lets it go. True when the room is there. */
+static bool slot_make_room(runner *r, const batch_slot *slots, int keep, double bytes)
+{
+    for (int pass = 0; pass < 2; pass++)
+        for (;;) {
+            if (slots_held(r) + bytes <= r->kv_limit)
+                return true;
+            int lru = -1;
+            for (int i = 0; i < r->n_batch; i++) {
+                exo_seq *q = r->bseqs[i];
+                int floor = pass == 0 ? r->n_kept[i] : 0;
+                if (i == keep || slots[i].g || !q || exo_seq_bytes(q) <= exo_model_seq_bytes(r->model, floor))
+                    continue;
+                if (lru < 0 || r->used[i] < r->used[lru])
+                    lru = i;
+            }
+            if (lru < 0)
+                break;
+            exo_err err = {0};
+            if (pass == 1) {
+                exo_free(r->kept[lru]);
+                r->kept[lru] = NULL;
+                r->n_kept[lru] = 0;
+            }
+            exo_seq_truncate(r->bseqs[lru], r->n_kept[lru]);
+            if (exo_seq_resize(r->bseqs[lru], r->n_kept[lru] > 0 ? r->n_kept[lru] : 1, &err)) {
+                EXO_LOG_WARN("runner: cannot shrink slot %d's caches: %s", lru, err.msg);
+                return false;
+            }
+        }
+    return slots_held(r) + bytes <= r->kv_limit;
+}
+
+/* The next queued request into a free slot, with caches of what it needs
+ * (the slot's sequence made, grown or shrunk to that); false when none is
+ * free, or the memory is held by running requests (the request waits in
+ * r->waiting, where a cancel still reaches it), or it could not start (it
+ * was answered). */
 static bool slot_open(runner *r, batch_slot *slots)
 {
     int free_slots = 0, reuse;
@@ -1270,21 +1322,49 @@ static bool slot_open(runner *r, batch_slot *slots)
         free_slots += !slots[k].g;
     if (!free_slots)
         return false;
-    gen_ctx *g = job_take(r);
-    if (!g)
-        return true; /* answered; the slot stays free for the next */
+    int running = r->n_batch - free_slots;
+    gen_ctx *g = r->waiting;
+    r->waiting = NULL;
+    if (g && g->cancel) {
+        deactivate(r, g);
+        finish_cancelled(r, g->j->id, NULL);
+        job_free_ctx(g);
+        job_free(g->j);
+        exo_free(g);
+        return true;
+    }
+    if (!g) {
+        g = job_take(r);
+        if (!g)
+            return true; /* answered; the slot stays free for the next */
+        activate(r, g);
+    }
     int i = slot_for(r, slots, g, &reuse);
     batch_slot *b = &slots[i];
     exo_err err = {0};
+    int need = slot_need(r, g);
+    double grow = (double)exo_model_seq_bytes(r->model, need) - (r->bseqs[i] ? (double)exo_seq_bytes(r->bseqs[i]) : 0);
+    if (!slot_make_room(r, slots, i, grow)) {
+        if (running) {
+            r->waiting = g; /* until a running request gives its caches back */
+            return false;
+        }
+        EXO_LOG_WARN("runner: request %s needs %d positions, more than the cache memory holds", g->j->id, need);
+    }
     b->g = g;
     g->slot = i;
-    activate(r, g);
-    if (!r->bseqs[i] && exo_seq_create(r->model, r->ctx, &r->bseqs[i], &err)) {
-        slot_close(r, b, err.code ? err.code : EXO_ENOMEM, &err);
+    int rc;
+    if (r->bseqs[i]) {
+        exo_seq_truncate(r->bseqs[i], reuse);
+        rc = exo_seq_resize(r->bseqs[i], need, &err); /* need > reuse: the prompt's last token is computed */
+    } else {
+        rc = exo_seq_create(r->model, need, &r->bseqs[i], &err);
+    }
+    if (rc) {
+        slot_close(r, b, rc, &err);
         return true;
     }
     r->used[i] = ++r->clock;
-    exo_seq_truncate(r->bseqs[i], reuse);
     g->reused = reuse;
     g->gp.prefill_chunk = BATCH_PREFILL;
     b->smp = exo_sampler_create(&g->gp.sampling, exo_model_vocab(r->model));
@@ -1347,7 +1427,7 @@ static void run_batch(runner *r)
     batch_slot slots[BATCH_MAX] = {{0}};
     float *logits = exo_malloc(sizeof(float) * (size_t)exo_model_vocab(r->model) * BATCH_ROWS);
     for (;;) {
-        while (r->head && slot_open(r, slots))
+        while ((r->head || r->waiting) && slot_open(r, slots))
             ;
         int decoding[BATCH_MAX], n_dec = 0, prompt = -1;
         const int32_t *tokens[BATCH_MAX];
@@ -1368,7 +1448,7 @@ static void run_batch(runner *r)
                 prompt = i;
         }
         if (!n_dec && prompt < 0) {
-            if (!r->head)
+            if (!r->head && !r->waiting)
                 break;
             continue;
         }

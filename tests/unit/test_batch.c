@@ -188,3 +188,63 @@ Test(batch, bad_batches_leave_every_sequence_alone)
     exo_seq_free(b);
     exo_model_free(m);
 }
+
+/* A sequence whose caches change size between steps (exo_seq_resize, a
+ * runner giving a request the memory it needs) goes on exactly as a twin
+ * that never moved: grown from plain caches into a sliding layer's ring,
+ * grown with the ring full, shrunk to its length; recurrent state moves
+ * along. Chunks of 16 keep the rings small (48 positions). Same bits on
+ * the CPU; a GPU plans recorded attention by capacity, so there its sums
+ * may split differently. */
+static void resized_twin(const char *name, int first_capacity, int n_prompt)
+{
+    char dir[256];
+    snprintf(dir, sizeof dir, "tests/fixtures/%s", name);
+    exo_model_opts o = {.n_threads = 2, .max_chunk = 16};
+    exo_model *m = NULL;
+    exo_err err = {0};
+    cr_assert_eq(exo_model_load(dir, &o, &m, &err), 0, "%s: %s", dir, err.msg);
+    float tol = exo_model_gpu_layers(m) ? 1e-3f : 0.0f;
+    int V = exo_model_vocab(m);
+    exo_seq *still = seq(m), *moved = NULL;
+    cr_assert_eq(exo_seq_create(m, first_capacity, &moved, &err), 0, "%s", err.msg);
+    cr_assert_eq(exo_seq_bytes(moved), exo_model_seq_bytes(m, first_capacity));
+    float *la = exo_malloc(sizeof(float) * (size_t)V), *lb = exo_malloc(sizeof(float) * (size_t)V);
+    int32_t ids[96], next;
+    prompt(m, 0, ids, n_prompt);
+    cr_assert_eq(exo_model_forward(m, still, ids, n_prompt, la, false, &err), 0, "%s", err.msg);
+    cr_assert_eq(exo_model_forward(m, moved, ids, n_prompt, lb, false, &err), 0, "%s", err.msg);
+    next = argmax(la, V);
+    for (int phase = 0; phase < 3; phase++) {
+        for (int step = 0; step < 5; step++) {
+            cr_assert_eq(exo_model_forward(m, still, &next, 1, la, false, &err), 0, "%s", err.msg);
+            cr_assert_eq(exo_model_forward(m, moved, &next, 1, lb, false, &err), 0, "%s: phase %d step %d: %s",
+                         name, phase, step, err.msg);
+            float d = max_diff(la, lb, V);
+            cr_expect_leq(d, tol, "%s: phase %d, step %d: logits differ by %g from the twin that never moved",
+                          name, phase, step, (double)d);
+            next = argmax(la, V);
+        }
+        int len = exo_seq_len(moved);
+        cr_expect_eq(exo_seq_resize(moved, len - 1, &err), EXO_EINVAL, "below its length");
+        cr_expect_eq(exo_seq_len(moved), len);
+        int cap = phase == 0 ? 200 : len + 6; /* grow, then shrink to what five more steps need */
+        cr_assert_eq(exo_seq_resize(moved, cap, &err), 0, "%s: %s", name, err.msg);
+        cr_expect_eq(exo_seq_capacity(moved), cap);
+        cr_expect_eq(exo_seq_bytes(moved), exo_model_seq_bytes(m, cap));
+        cr_expect_eq(exo_seq_len(moved), len);
+    }
+    exo_seq_free(still);
+    exo_seq_free(moved);
+    exo_free(la);
+    exo_free(lb);
+    exo_model_free(m);
+}
+
+Test(batch, a_resized_sequence_goes_on_as_one_never_moved, .timeout = 240)
+{
+    for (size_t f = 0; f < sizeof FAMILIES / sizeof *FAMILIES; f++) {
+        resized_twin(FAMILIES[f], 40, 30); /* plain caches, then a ring */
+        resized_twin(FAMILIES[f], 70, 60); /* the ring full when it moves */
+    }
+}

@@ -720,56 +720,78 @@ static double context_bytes(int ctx)
     exo_model *m;
     exo_err err = {0};
     cr_assert_eq(exo_model_load(model, NULL, &m, &err), 0, "%s", err.msg);
-    exo_decode_cost cost;
-    exo_model_decode_cost(m, ctx, &cost);
+    double bytes = (double)exo_model_seq_bytes(m, ctx);
     exo_model_free(m);
-    cr_assert_gt(cost.cache_bytes, 0);
-    return cost.cache_bytes;
+    cr_assert_gt(bytes, 0);
+    return bytes;
 }
 
-/* A KV budget of two and a half contexts: two requests run side by side
- * (of EXO_BATCH's 8), the third starts when one is done, and each gets the
- * text it gets alone. */
-Test(runner_supervisor, a_kv_budget_caps_the_requests_side_by_side)
+/* Index of the first event `what` of request id in r (-1: none). */
+static int first_event(const rec *r, int what, const char *id)
+{
+    for (int i = 0; i < r->n; i++)
+        if (r->evs[i].what == what && !strcmp(r->evs[i].id, id))
+            return i;
+    return -1;
+}
+
+/* Three requests under a KV budget (of contexts of 512 tokens): `max`
+ * their max_tokens; returns after all are done, each having got the text
+ * it gets alone. */
+static void three_under_budget(rec *r, double contexts, const int max[3])
 {
     char budget[32];
-    snprintf(budget, sizeof budget, "%.0f", 2.5 * context_bytes(512));
+    snprintf(budget, sizeof budget, "%.0f", contexts * context_bytes(512));
     setenv("EXO_KV_BUDGET", budget, 1);
     setenv("EXO_BATCH", "8", 1);
     static const char *prompts[] = {"Once upon a time", "The dog", "Lily and Ben"};
+    static const char *ids[] = {"A", "B", "C"};
     char *want[3];
     exo_gen_request q[3];
-    const char *ids[] = {"A", "B", "C"};
     for (int i = 0; i < 3; i++)
-        want[i] = cli_text(model, prompts[i], 40);
-    rec r = {0};
-    exo_supervisor *s = spawn(&r);
-    load(s, &r, model, 512);
+        want[i] = cli_text(model, prompts[i], max[i]);
+    exo_supervisor *s = spawn(r);
+    load(s, r, model, 512);
     for (int i = 0; i < 3; i++) {
-        request(&q[i], prompts[i], 40);
+        request(&q[i], prompts[i], max[i]);
         generate(s, ids[i], &q[i]);
     }
     for (int i = 0; i < 3; i++)
-        wait_done(s, &r, ids[i]);
-    int first_b = -1, first_c = -1, done_a = -1;
-    for (int i = 0; i < r.n; i++) {
-        if (r.evs[i].what == EV_CHUNK && first_b < 0 && !strcmp(r.evs[i].id, "B"))
-            first_b = i;
-        if (r.evs[i].what == EV_CHUNK && first_c < 0 && !strcmp(r.evs[i].id, "C"))
-            first_c = i;
-        if (r.evs[i].what == EV_DONE && done_a < 0 && !strcmp(r.evs[i].id, "A"))
-            done_a = i;
-    }
-    cr_assert(first_b < done_a, "B waited for A (first chunk %d, A done %d)", first_b, done_a);
-    cr_assert(first_c > done_a, "C ran beside A and B (first chunk %d, A done %d)", first_c, done_a);
+        wait_done(s, r, ids[i]);
     for (int i = 0; i < 3; i++) {
-        char *t = text_of(&r, ids[i]);
+        char *t = text_of(r, ids[i]);
         cr_assert_str_eq(t, want[i], "%s", ids[i]);
         exo_free(t);
         exo_free(want[i]);
         exo_gen_request_free(&q[i]);
     }
     exo_supervisor_free(s);
+    unsetenv("EXO_KV_BUDGET");
+}
+
+/* Requests are admitted by the caches they need, not a context each:
+ * under a budget of one and a half contexts, three requests of 40 tokens
+ * (a tenth of a context each) run side by side. */
+Test(runner_supervisor, a_kv_budget_admits_requests_by_what_they_need)
+{
+    rec r = {0};
+    three_under_budget(&r, 1.5, (const int[3]){40, 40, 40});
+    int first_c = first_event(&r, EV_CHUNK, "C"), done_a = first_event(&r, EV_DONE, "A");
+    cr_assert(first_c >= 0 && first_c < done_a, "C waited for A (first chunk %d, A done %d)", first_c, done_a);
+    rec_free(&r);
+}
+
+/* Under the same budget, B and C need most of a context each (400 tokens
+ * to generate): A and B run side by side, C waits until B gives its
+ * caches back (A's are not enough), and then runs. */
+Test(runner_supervisor, a_request_waits_for_cache_memory_running_ones_hold)
+{
+    rec r = {0};
+    three_under_budget(&r, 1.5, (const int[3]){40, 400, 400});
+    int first_b = first_event(&r, EV_CHUNK, "B"), first_c = first_event(&r, EV_CHUNK, "C");
+    int done_a = first_event(&r, EV_DONE, "A"), done_b = first_event(&r, EV_DONE, "B");
+    cr_assert(first_b >= 0 && first_b < done_a, "B waited for A (first chunk %d, A done %d)", first_b, done_a);
+    cr_assert(first_c > done_b, "C ran beside B (first chunk %d, B done %d)", first_c, done_b);
     rec_free(&r);
 }
 
@@ -829,6 +851,41 @@ Test(runner_supervisor, cancel_queued_request)
     exo_gen_request_free(&qb);
     exo_supervisor_free(s);
     rec_free(&r);
+}
+
+/* Under a budget of 1.2 contexts, B waits for the cache memory A holds
+ * (with slots free), and a cancel still answers it at once, with no token,
+ * while A runs. */
+Test(runner_supervisor, cancel_request_waiting_for_cache_memory)
+{
+    char budget[32];
+    snprintf(budget, sizeof budget, "%.0f", 1.2 * context_bytes(512));
+    setenv("EXO_KV_BUDGET", budget, 1);
+    setenv("EXO_BATCH", "8", 1);
+    rec r = {0};
+    exo_supervisor *s = spawn(&r);
+    load(s, &r, model, 512);
+    exo_gen_request qa, qb;
+    request(&qa, "Once upon a time", 440);
+    request(&qb, "The dog", 440);
+    generate(s, "A", &qa);
+    generate(s, "B", &qb);
+    r.want_chunk_of = "A";
+    cr_assert_eq(exo_supervisor_wait(s, 60000, until_chunk, &r), 1);
+    exo_err err;
+    cr_assert_eq(exo_supervisor_cancel(s, "B", &err), 0);
+    wait_done(s, &r, "B");
+    cr_assert(!is_done(&r, "A"), "B should be answered while A still runs");
+    const exo_chunk *fb = terminal_of(&r, "B");
+    cr_assert_eq(fb->reason, EXO_FR_CANCELLED);
+    cr_assert_eq(fb->usage.completion_tokens, 0);
+    wait_done(s, &r, "A");
+    cr_assert_eq(terminal_of(&r, "A")->usage.completion_tokens, 440);
+    exo_gen_request_free(&qa);
+    exo_gen_request_free(&qb);
+    exo_supervisor_free(s);
+    rec_free(&r);
+    unsetenv("EXO_KV_BUDGET");
 }
 
 /* Batching two at a time (EXO_BATCH=2): A and B run, C waits for a slot,

@@ -260,6 +260,22 @@ static int cpu_attention(exo_backend *be, const exo_attn_shape *shape, float *ou
     return 0;
 }
 
+/* The layout is per KV head (cpu/ops.h): a head's slots lie at the start of
+ * its region whatever the capacity, so each head's first n moves as one
+ * run (keys in whole blocks of EXO_KV_BLOCK). */
+static int cpu_kv_copy(exo_backend *be, const exo_attn_shape *shape, float *dst_k, float *dst_v, int dst_capacity,
+                       const float *src_k, const float *src_v, int src_capacity, int n)
+{
+    (void)be;
+    const size_t hd = (size_t)shape->head_dim;
+    const size_t k_run = (size_t)(n + EXO_KV_BLOCK - 1) / EXO_KV_BLOCK * EXO_KV_BLOCK * hd, v_run = (size_t)n * hd;
+    for (int h = 0; h < shape->n_kv_heads; h++) {
+        memcpy(dst_k + (size_t)h * dst_capacity * hd, src_k + (size_t)h * src_capacity * hd, sizeof(float) * k_run);
+        memcpy(dst_v + (size_t)h * dst_capacity * hd, src_v + (size_t)h * src_capacity * hd, sizeof(float) * v_run);
+    }
+    return 0;
+}
+
 static int cpu_glu(exo_backend *be, exo_glu_kind kind, float *g, const float *u, size_t n, float limit)
 {
     exo_cpu_glu(cpu(be)->pool, kind, g, u, n, limit);
@@ -418,6 +434,7 @@ static const exo_backend_ops cpu_ops = {
     .add_bias = cpu_add_bias,
     .rope = cpu_rope,
     .attention = cpu_attention,
+    .kv_copy = cpu_kv_copy,
     .glu = cpu_glu,
     .sigmoid_mul = cpu_sigmoid_mul,
     .scale = cpu_scale,

@@ -674,6 +674,19 @@ static int cuda_copy2d(exo_backend *be, float *dst, size_t dst_ld, const float *
                  "copy2d");
 }
 
+/* The layout is by position (attention.cu), so slot n starts at the same
+ * offset whatever the capacity: one run each for K and V. */
+static int cuda_kv_copy(exo_backend *be, const exo_attn_shape *shape, float *dst_k, float *dst_v, int dst_capacity,
+                        const float *src_k, const float *src_v, int src_capacity, int n)
+{
+    (void)dst_capacity;
+    (void)src_capacity;
+    prof_scope prof(cu(be), "kv_copy");
+    size_t bytes = (size_t)n * (size_t)shape->n_kv_heads * (size_t)shape->head_dim * sizeof(float);
+    int rc = check(cudaMemcpyAsync(dst_k, src_k, bytes, cudaMemcpyDeviceToDevice, cu(be)->stream), "kv_copy");
+    return rc ? rc : check(cudaMemcpyAsync(dst_v, src_v, bytes, cudaMemcpyDeviceToDevice, cu(be)->stream), "kv_copy");
+}
+
 /* ---- norms and rotary embedding -------------------------------------------- */
 
 __device__ float block_sum(float v, float *shared)
@@ -1433,6 +1446,7 @@ static const exo_backend_ops cuda_ops = {
     .add_bias = cuda_add_bias,
     .rope = cuda_rope,
     .attention = cuda_attention,
+    .kv_copy = cuda_kv_copy,
     .glu = cuda_glu,
     .sigmoid_mul = cuda_sigmoid_mul,
     .scale = cuda_scale,
