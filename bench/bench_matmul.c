@@ -15,8 +15,13 @@
  *     and time per matrix (MXFP4 reads 4.25 bits a weight, q4 g32 5); and
  *     the prefill GEMM of 512 tokens through gate_up (bf16 panels).
  *
- * Usage: bench_matmul [threads=2] [scale of GEMV rounds=1.0 -> 8 rounds] [mxfp4]
- * ("mxfp4" runs only the MXFP4 part; EXO_CPU_ISA=avx2 measures its AVX2 kernel.) */
+ *   batched decode ("rows"): the same GEMV with T = 1, 2, 4, 8 and 16 rows
+ *     of X (T sequences decoding together), as each T's speed-up over T
+ *     one-row calls: T would be the ideal of a memory-bound kernel, 1 means
+ *     batching bought nothing.
+ *
+ * Usage: bench_matmul [threads=2] [scale of GEMV rounds=1.0 -> 8 rounds] [mxfp4|rows]
+ * ("mxfp4" or "rows" runs only that part; EXO_CPU_ISA=avx2 measures the AVX2 kernels.) */
 #include "core/alloc.h"
 #include "core/clock.h"
 #include "core/cpu_features.h"
@@ -229,11 +234,62 @@ static void bench_mxfp4(exo_cpu_matmul_ctx *ctx, exo_pool *pool, exo_membw *prob
     exo_free(y);
 }
 
+/* Time of one call of T rows through each of >= 256 MiB of distinct
+ * weights (so they come from DRAM), best of `rounds`. */
+static double gemv_rows_time(exo_cpu_matmul_ctx *ctx, const exo_linear *w, int NW, const float *x, int T,
+                             float *y, int rounds)
+{
+    double best = 1e30;
+    for (int k = 0; k < rounds; k++) {
+        double t0 = exo_clock_seconds();
+        for (int i = 0; i < NW; i++) {
+            const exo_linear *wp = &w[i];
+            exo_cpu_matmul(ctx, 1, &wp, x, T, &y);
+        }
+        double dt = (exo_clock_seconds() - t0) / NW;
+        if (dt < best)
+            best = dt;
+    }
+    return best;
+}
+
+static void bench_rows(exo_cpu_matmul_ctx *ctx, int bits, int64_t rows, int64_t cols, int rounds)
+{
+    enum { MAXW = 64, TMAX = 16 };
+    exo_linear w[MAXW];
+    size_t bytes = 0;
+    int NW = 0;
+    while (NW < MAXW && bytes < ((size_t)256 << 20)) {
+        w[NW] = make_weight(bits, rows, cols);
+        bytes += exo_linear_bytes(&w[NW]);
+        NW++;
+    }
+    float *x = exo_malloc((size_t)TMAX * cols * sizeof(float));
+    float *y = exo_malloc((size_t)TMAX * rows * sizeof(float));
+    for (int64_t c = 0; c < TMAX * cols; c++)
+        x[c] = (float)((int)(next_u64() % 2001) - 1000) / 1000.0f;
+    exo_cpu_matmul_force_path(ctx, EXO_MATMUL_AUTO);
+    gemv_rows_time(ctx, w, NW, x, 1, y, 1); /* warm up */
+    double t1 = gemv_rows_time(ctx, w, NW, x, 1, y, rounds);
+    printf("rows %-11s %5lld x %-5lld: T=1 %7.1f us", weight_name(bits, GROUP), (long long)rows,
+           (long long)cols, t1 * 1e6);
+    for (int T = 2; T <= TMAX; T *= 2) {
+        double t = gemv_rows_time(ctx, w, NW, x, T, y, rounds);
+        printf(", T=%d %7.1f us x%.2f", T, t * 1e6, T * t1 / t);
+    }
+    printf(" (speed-up over T one-row calls)\n");
+    for (int i = 0; i < NW; i++)
+        free_weight(&w[i]);
+    exo_free(x);
+    exo_free(y);
+}
+
 int main(int argc, char **argv)
 {
     int nth = argc > 1 ? atoi(argv[1]) : 2;
     double secs = argc > 2 ? atof(argv[2]) : 1.0;
     int only_mxfp4 = argc > 3 && !strcmp(argv[3], "mxfp4");
+    int only_rows = argc > 3 && !strcmp(argv[3], "rows");
     exo_pool *pool = exo_pool_create(nth);
     exo_cpu_matmul_ctx *ctx = exo_cpu_matmul_ctx_create(pool);
     printf("threads %d, isa %s, amx %d\n", nth, exo_isa_name(exo_cpu_isa()), exo_cpu_has_amx());
@@ -243,8 +299,11 @@ int main(int argc, char **argv)
     int rounds = (int)(secs * 8);
     if (rounds < 3)
         rounds = 3;
-    if (only_mxfp4) {
-        bench_mxfp4(ctx, pool, probe, rounds);
+    if (only_mxfp4 || only_rows) {
+        if (only_mxfp4)
+            bench_mxfp4(ctx, pool, probe, rounds);
+        for (int bits = 4; only_rows && bits <= 16; bits *= 2)
+            bench_rows(ctx, bits, 2048, 8192, rounds);
         exo_membw_free(probe);
         exo_cpu_matmul_ctx_free(ctx);
         exo_pool_free(pool);
@@ -258,6 +317,8 @@ int main(int argc, char **argv)
     bench_layers(ctx, pool, probe, 8, rounds);
     bench_mxfp4(ctx, pool, probe, rounds);
     exo_membw_free(probe);
+    for (int bits = 4; bits <= 16; bits *= 2)
+        bench_rows(ctx, bits, 2048, 8192, rounds);
 
     const int M = 512, K = 2048, N = 8192;
     double flop = 2.0 * M * N * K;

@@ -78,9 +78,13 @@ enum { EXO_QLAYOUT_Q8 = 0, EXO_QLAYOUT_Q4 = 1 };
 static inline int64_t exo_qact_q_len(int64_t cols) { return (cols + 127) / 128 * 128 + 128; }
 static inline int64_t exo_qact_sx_len(int64_t cols) { return cols / 32 + 32; }
 
+/* Rows of X the affine AVX-512 GEMV takes in one pass over a row block's
+ * codes (T > 1: batched decode). */
+#define EXO_GEMV_XTILE 2
+
 /* Per-thread scratch of the GEMV kernels. */
 typedef struct exo_gemv_scratch {
-    float   *sd;     /* EXO_GEMV_ROWS x sf_stride: scale * dx of the current X row */
+    float   *sd;     /* EXO_GEMV_XTILE x EXO_GEMV_ROWS x sf_stride: scale * dx of the X rows of a pass */
     uint8_t *codes;  /* EXO_GEMV_ROWS x code_stride: unpacked codes */
     int64_t  sf_stride, code_stride;
 } exo_gemv_scratch;
