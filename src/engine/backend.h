@@ -121,6 +121,15 @@ typedef struct exo_backend_ops {
     int  (*attention)(exo_backend *be, const exo_attn_shape *shape, float *out, const float *q,
                       const float *k, const float *v, float *k_cache, float *v_cache,
                       int capacity, int T, int pos0);
+    /* Optional (NULL: one attention call a sequence): decode attention of
+     * n sequences of one token each, as n attention calls with T = 1 would
+     * do it (the same bits): sequence i's rows of q, k, v and out are row i,
+     * its caches k_caches[i] and v_caches[i] of capacities[i] slots, a ring
+     * of them where rings[i] > 0 (shape's ring is not used), its token at
+     * position pos[i] (the arrays are host memory). */
+    int  (*attention_rows)(exo_backend *be, const exo_attn_shape *shape, int n, float *out, const float *q,
+                           const float *k, const float *v, float *const *k_caches, float *const *v_caches,
+                           const int *capacities, const int *rings, const int *pos);
     /* Copies the positions a layer's cache holds in slots [0, n) (K and V
      * of shape's KV heads) from caches of src_capacity slots into caches of
      * dst_capacity slots (n <= both): a sequence's caches changing size. */
@@ -238,6 +247,14 @@ typedef struct exo_backend_ops {
     int  (*qk_norm_rope)(exo_backend *be, float *q, float *k, int T, int n_q, int n_k, int head_dim, int rot_dim,
                          int pos0, const float *inv_freq, float mscale, const float *q_norm, const float *k_norm,
                          float eps);
+
+    /* Optional (NULL: qk_norm_rope a sequence): qk_norm_rope of n rows of
+     * q (n_q heads) and k (n_k heads), row i at position pos[i] (host
+     * memory): the decode rows of several sequences in one call, each as
+     * qk_norm_rope would rotate it alone. */
+    int  (*qk_norm_rope_rows)(exo_backend *be, float *q, float *k, int n, int n_q, int n_k, int head_dim, int rot_dim,
+                              const int *pos, const float *inv_freq, float mscale, const float *q_norm,
+                              const float *k_norm, float eps);
 } exo_backend_ops;
 
 struct exo_backend {

@@ -2380,6 +2380,31 @@ typedef struct span {
  * W^T, or y += x W^T into the residual stream, in one pass. */
 static bool fuses(const exo_model *m, const exo_backend *be) { return be->ops->matmul_fused && !m->allreduce; }
 
+/* Decode rows of consecutive activation rows from r0 on, one token of a
+ * sequence each, gathered for one qk_norm_rope_rows and one
+ * attention_rows call (backend.h). */
+#define ROWS_MAX 16
+typedef struct decode_rows {
+    int n, r0;
+    float *k[ROWS_MAX], *v[ROWS_MAX];
+    int cap[ROWS_MAX], ring[ROWS_MAX], pos[ROWS_MAX];
+} decode_rows;
+
+static int attention_rows_flush(exo_model *m, int l, decode_rows *rows)
+{
+    layer *L = &m->layers[l];
+    exo_backend *be = L->be;
+    acts *a = acts_of(m, be);
+    size_t QD = (size_t)m->n_heads * (size_t)m->hd, KD = (size_t)m->n_kv * (size_t)m->hd, r0 = (size_t)rows->r0;
+    int n = rows->n;
+    rows->n = 0;
+    int rc = be->ops->qk_norm_rope_rows(be, a->q + r0 * QD, a->k + r0 * KD, n, m->n_heads, m->n_kv, m->hd, m->rot_dim,
+                                        rows->pos, L->inv_freq, L->mscale, L->q_norm, L->k_norm, m->eps);
+    return rc ? rc
+              : be->ops->attention_rows(be, &L->attn, n, a->att + r0 * QD, a->q + r0 * QD, a->k + r0 * KD,
+                                        a->v + r0 * KD, rows->k, rows->v, rows->cap, rows->ring, rows->pos);
+}
+
 /* Softmax attention of the normed rows in a->h into a->h (before the
  * residual add): projections, q/k norms, (partial) RoPE, the layer's
  * window and sinks, gpt-oss/gated variants, output projection. Where the
@@ -2392,6 +2417,7 @@ static int attention_forward(exo_model *m, const span *sp, int nsp, int l, int T
     const exo_backend_ops *o = be->ops;
     acts *a = acts_of(m, be);
     int QD = m->n_heads * m->hd, KD = m->n_kv * m->hd;
+    decode_rows rows = {0};
     const exo_linear *qkv[4] = {&L->q, &L->k, &L->v, &L->q_gate};
     float *const qkv_out[4] = {a->q, a->k, a->v, a->qg};
     if (fuses(m, be)) /* the attention norm taken on the way in */
@@ -2407,10 +2433,27 @@ static int attention_forward(exo_model *m, const span *sp, int nsp, int l, int T
         OK(o->rmsnorm(be, a->q, a->q, L->q_norm, T * m->n_heads, m->hd, m->eps));
         OK(o->rmsnorm(be, a->k, a->k, L->k_norm, T * m->n_kv, m->hd, m->eps));
     }
+    /* decode rows of several sequences: their rotations and attention a
+     * call each for all of them, where the backend takes them so */
+    const bool by_rows = o->attention_rows && o->qk_norm_rope_rows && nsp > 1;
     for (int i = 0; i < nsp; i++) {
         exo_seq *s = sp[i].s;
         int n = sp[i].rows, pos0 = sp[i].pos0;
         float *q = a->q + (size_t)sp[i].r0 * (size_t)QD, *k = a->k + (size_t)sp[i].r0 * (size_t)KD;
+        exo_attn_shape sh = L->attn;
+        sh.ring = s->slots[l] < s->alloc_capacity ? s->slots[l] : 0;
+        if (by_rows && n == 1) {
+            if (rows.n && (rows.n == ROWS_MAX || sp[i].r0 != rows.r0 + rows.n))
+                OK(attention_rows_flush(m, l, &rows));
+            if (!rows.n)
+                rows.r0 = sp[i].r0;
+            rows.k[rows.n] = s->k_cache[l];
+            rows.v[rows.n] = s->v_cache[l];
+            rows.cap[rows.n] = s->slots[l];
+            rows.ring[rows.n] = sh.ring;
+            rows.pos[rows.n++] = pos0;
+            continue;
+        }
         if (o->qk_norm_rope) {
             OK(o->qk_norm_rope(be, q, k, n, m->n_heads, m->n_kv, m->hd, m->rot_dim, pos0, L->inv_freq, L->mscale,
                                L->q_norm, L->k_norm, m->eps));
@@ -2418,11 +2461,11 @@ static int attention_forward(exo_model *m, const span *sp, int nsp, int l, int T
             OK(o->rope(be, q, n, m->n_heads, m->hd, m->rot_dim, pos0, L->inv_freq, L->mscale));
             OK(o->rope(be, k, n, m->n_kv, m->hd, m->rot_dim, pos0, L->inv_freq, L->mscale));
         }
-        exo_attn_shape sh = L->attn;
-        sh.ring = s->slots[l] < s->alloc_capacity ? s->slots[l] : 0;
         OK(o->attention(be, &sh, a->att + (size_t)sp[i].r0 * (size_t)QD, q, k, a->v + (size_t)sp[i].r0 * (size_t)KD,
                         s->k_cache[l], s->v_cache[l], s->slots[l], n, pos0));
     }
+    if (rows.n)
+        OK(attention_rows_flush(m, l, &rows));
     if (m->attn_gated)
         OK(o->sigmoid_mul(be, a->att, a->qg, T, QD, QD));
     const exo_linear *wo[1] = {&L->o};

@@ -197,11 +197,9 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_kernel(const __grid_con
         part[2 + d] = wsum[d];
 }
 
-__global__ void attention_combine_kernel(const __grid_constant__ att_args a)
+/* Query head h of token t: its splits' (max, sum, output) combined. */
+__device__ __forceinline__ void combine_splits(const att_args &a, int h, int t)
 {
-    exo_cuda_wait_inputs();
-    exo_cuda_start_next();
-    const int h = blockIdx.x, t = blockIdx.y;
     const float *part = a.partial + ((size_t)t * a.n_heads + h) * a.n_split * (size_t)(a.hd + 2);
     float M = -INFINITY;
     for (int s = 0; s < a.n_split; s++)
@@ -225,6 +223,29 @@ __global__ void attention_combine_kernel(const __grid_constant__ att_args a)
     }
 }
 
+__global__ void attention_combine_kernel(const __grid_constant__ att_args a)
+{
+    exo_cuda_wait_inputs();
+    exo_cuda_start_next();
+    combine_splits(a, blockIdx.x, blockIdx.y);
+}
+
+/* Up to ATT_ROWS_MAX sequences of one token each, in one launch
+ * (exo_cuda_attention_rows): blockIdx.z picks the sequence. */
+#define ATT_ROWS_MAX 16
+struct att_rows {
+    att_args a[ATT_ROWS_MAX];
+};
+
+__global__ void attention_combine_rows_kernel(const __grid_constant__ att_rows b)
+{
+    exo_cuda_wait_inputs();
+    exo_cuda_start_next();
+    const att_args &a = b.a[blockIdx.z];
+    if (a.n_split > 1)
+        combine_splits(a, blockIdx.x, 0);
+}
+
 /* The decode kernel: head_dim 64, 128 or 256, and a KV group's query
  * heads times head_dim at most 1024 (what a lane keeps in registers). */
 #define DEC_WARPS 8
@@ -237,14 +258,12 @@ static bool decode_kernel_takes(const exo_attn_shape *sh, int T)
 }
 
 template <int DPL>
-__global__ void __launch_bounds__(DEC_WARPS * 32) attention_decode_kernel(const __grid_constant__ att_args a)
+__device__ __forceinline__ void decode_attend(const att_args &a, int kvh, int sp)
 {
-    exo_cuda_wait_inputs();
-    exo_cuda_start_next();
     constexpr int GMAX = DEC_GROUP_DIMS / (32 * DPL);
     __shared__ float merge[DEC_WARPS][GMAX][2];
     extern __shared__ float wacc[]; /* [DEC_WARPS][g][hd] */
-    const int kvh = blockIdx.x, sp = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = a.n_heads / a.n_kv, hd = a.hd;
     const int pos0 = a.pos_dev ? *a.pos_dev : a.pos0;
     const int lo = a.window > 0 && pos0 - a.window + 1 > 0 ? pos0 - a.window + 1 : 0;
@@ -350,6 +369,24 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) attention_decode_kernel(const 
     }
 }
 
+template <int DPL>
+__global__ void __launch_bounds__(DEC_WARPS * 32) attention_decode_kernel(const __grid_constant__ att_args a)
+{
+    exo_cuda_wait_inputs();
+    exo_cuda_start_next();
+    decode_attend<DPL>(a, blockIdx.x, blockIdx.y);
+}
+
+template <int DPL>
+__global__ void __launch_bounds__(DEC_WARPS * 32) attention_decode_rows_kernel(const __grid_constant__ att_rows b)
+{
+    exo_cuda_wait_inputs();
+    exo_cuda_start_next();
+    const att_args &a = b.a[blockIdx.z];
+    if ((int)blockIdx.y < a.n_split) /* the sequences' split counts differ; the grid has the most */
+        decode_attend<DPL>(a, blockIdx.x, blockIdx.y);
+}
+
 /* How a call is split: per_split positions a block (a multiple of the
  * block's width), enough blocks to fill the GPU when there are few. A
  * recorded step is planned for the whole cache (capacity > 0), since it
@@ -383,12 +420,11 @@ size_t exo_cuda_attention_scratch(const exo_attn_shape *sh, int T, int pos0, int
     return n > 1 ? sizeof(float) * (size_t)T * sh->n_heads * n * (sh->head_dim + 2) : 0;
 }
 
-int exo_cuda_attention(cudaStream_t stream, const exo_attn_shape *sh, float *out, const float *q, const float *k,
-                       const float *v, float *k_cache, float *v_cache, int capacity, int T, int pos0,
-                       const int *pos_dev, float *partial)
+/* The arguments of one sequence's call. */
+static att_args args_for(const exo_attn_shape *sh, float *out, const float *q, const float *k, const float *v,
+                         float *k_cache, float *v_cache, int capacity, int T, int pos0, const int *pos_dev,
+                         float *partial)
 {
-    if (sh->head_dim % 4 || sh->head_dim > 32 * ATT_MAX_DIMS || sh->n_heads % sh->n_kv_heads)
-        return EXO_EINVAL;
     att_args a;
     a.q = q;
     a.kin = k;
@@ -408,6 +444,16 @@ int exo_cuda_attention(cudaStream_t stream, const exo_attn_shape *sh, float *out
     a.scale = sh->scale;
     a.dynamic = pos_dev || T == 1;
     plan(sh, T, pos0, a.dynamic ? capacity : 0, &a.per_split, &a.n_split);
+    return a;
+}
+
+int exo_cuda_attention(cudaStream_t stream, const exo_attn_shape *sh, float *out, const float *q, const float *k,
+                       const float *v, float *k_cache, float *v_cache, int capacity, int T, int pos0,
+                       const int *pos_dev, float *partial)
+{
+    if (sh->head_dim % 4 || sh->head_dim > 32 * ATT_MAX_DIMS || sh->n_heads % sh->n_kv_heads)
+        return EXO_EINVAL;
+    att_args a = args_for(sh, out, q, k, v, k_cache, v_cache, capacity, T, pos0, pos_dev, partial);
     if (decode_kernel_takes(sh, T)) {
         dim3 grid((unsigned)sh->n_kv_heads, (unsigned)a.n_split);
         size_t wsmem = sizeof(float) * DEC_WARPS * (size_t)(sh->n_heads / sh->n_kv_heads) * sh->head_dim;
@@ -430,4 +476,73 @@ int exo_cuda_attention(cudaStream_t stream, const exo_attn_shape *sh, float *out
         return rc;
     exo_cuda_launch(attention_combine_kernel, dim3((unsigned)sh->n_heads, (unsigned)T), dim3(128), 0, stream, a);
     return exo_cuda_launched("attention combine");
+}
+
+/* Floats of one decode token's partial results when its call is split. */
+static size_t rows_partial_floats(const exo_attn_shape *sh, int capacity, int pos0)
+{
+    int per, n;
+    plan(sh, 1, pos0, capacity, &per, &n);
+    return n > 1 ? (size_t)sh->n_heads * n * (sh->head_dim + 2) : 0;
+}
+
+size_t exo_cuda_attention_rows_scratch(const exo_attn_shape *sh, int n, const int *capacities, const int *pos)
+{
+    size_t floats = 0;
+    for (int i = 0; i < n; i++)
+        floats += rows_partial_floats(sh, capacities[i], pos[i]);
+    return floats * sizeof(float);
+}
+
+int exo_cuda_attention_rows(cudaStream_t stream, const exo_attn_shape *sh, int n, float *out, const float *q,
+                            const float *k, const float *v, float *const *k_caches, float *const *v_caches,
+                            const int *capacities, const int *rings, const int *pos, float *partial)
+{
+    const size_t qrow = (size_t)sh->n_heads * sh->head_dim, kvrow = (size_t)sh->n_kv_heads * sh->head_dim;
+    if (!decode_kernel_takes(sh, 1)) { /* the general kernel: a call a sequence */
+        for (int i = 0; i < n; i++) {
+            exo_attn_shape one = *sh;
+            one.ring = rings[i];
+            int rc = exo_cuda_attention(stream, &one, out + i * qrow, q + i * qrow, k + i * kvrow, v + i * kvrow,
+                                        k_caches[i], v_caches[i], capacities[i], 1, pos[i], NULL, partial);
+            if (rc)
+                return rc;
+        }
+        return 0;
+    }
+    for (int i0 = 0; i0 < n; i0 += ATT_ROWS_MAX) {
+        int m = n - i0 < ATT_ROWS_MAX ? n - i0 : ATT_ROWS_MAX, splits = 1;
+        bool combine = false;
+        att_rows b;
+        float *part = partial;
+        for (int j = 0; j < m; j++) {
+            const int i = i0 + j;
+            exo_attn_shape one = *sh;
+            one.ring = rings[i];
+            b.a[j] = args_for(&one, out + i * qrow, q + i * qrow, k + i * kvrow, v + i * kvrow, k_caches[i],
+                              v_caches[i], capacities[i], 1, pos[i], NULL, part);
+            part += rows_partial_floats(sh, capacities[i], pos[i]);
+            splits = b.a[j].n_split > splits ? b.a[j].n_split : splits;
+            combine |= b.a[j].n_split > 1;
+        }
+        dim3 grid((unsigned)sh->n_kv_heads, (unsigned)splits, (unsigned)m);
+        size_t wsmem = sizeof(float) * DEC_WARPS * (size_t)(sh->n_heads / sh->n_kv_heads) * sh->head_dim;
+        if (sh->head_dim == 64)
+            exo_cuda_launch(attention_decode_rows_kernel<2>, grid, dim3(DEC_WARPS * 32), wsmem, stream, b);
+        else if (sh->head_dim == 128)
+            exo_cuda_launch(attention_decode_rows_kernel<4>, grid, dim3(DEC_WARPS * 32), wsmem, stream, b);
+        else
+            exo_cuda_launch(attention_decode_rows_kernel<8>, grid, dim3(DEC_WARPS * 32), wsmem, stream, b);
+        int rc = exo_cuda_launched("attention rows");
+        if (rc)
+            return rc;
+        if (combine) {
+            exo_cuda_launch(attention_combine_rows_kernel, dim3((unsigned)sh->n_heads, 1, (unsigned)m), dim3(128), 0,
+                            stream, b);
+            if ((rc = exo_cuda_launched("attention rows combine")))
+                return rc;
+        }
+        partial = part;
+    }
+    return 0;
 }

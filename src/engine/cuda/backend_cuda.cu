@@ -762,9 +762,17 @@ __global__ void rope_kernel(float *x, int n_heads, int head_dim, int half, int p
  * layer of Qwen3 took four (two norms, two rotations). */
 #define QK_MAX_DIM 1024
 #define QK_THREADS 128
+#define QK_ROWS_MAX 16
+/* Rows of several sequences (qk_norm_rope_rows): row t at p[t]; n 0: row t
+ * at pos0 + t. */
+struct qk_rows {
+    int n, p[QK_ROWS_MAX];
+};
+
 __global__ void __launch_bounds__(QK_THREADS)
 qk_norm_rope_kernel(float *q, float *k, int n_q, int n_k, int head_dim, int half, int pos0, const int *pos_dev,
-                    const float *inv_freq, float mscale, const float *q_norm, const float *k_norm, float eps)
+                    const __grid_constant__ qk_rows rows, const float *inv_freq, float mscale, const float *q_norm,
+                    const float *k_norm, float eps)
 {
     exo_cuda_wait_inputs();
     exo_cuda_start_next();
@@ -772,6 +780,8 @@ qk_norm_rope_kernel(float *q, float *k, int n_q, int n_k, int head_dim, int half
     if (pos_dev)
         pos0 = *pos_dev;
     const int t = blockIdx.y, h = blockIdx.x;
+    if (rows.n) /* the same angle as pos0 + t at that position */
+        pos0 = rows.p[t] - t;
     const bool is_q = h < n_q;
     float *x = is_q ? q + ((size_t)t * n_q + h) * head_dim : k + ((size_t)t * n_k + h - n_q) * head_dim;
     const float *w = is_q ? q_norm : k_norm;
@@ -808,9 +818,33 @@ static int cuda_qk_norm_rope(exo_backend *be, float *q, float *k, int T, int n_q
     if (head_dim > QK_MAX_DIM || rot_dim > head_dim || T < 1)
         return EXO_EINVAL;
     const int *pos_dev = step_pos(c, T, pos0);
+    qk_rows none = {};
     exo_cuda_launch(qk_norm_rope_kernel, dim3((unsigned)(n_q + n_k), (unsigned)T), dim3(QK_THREADS), 0, c->stream, q,
-                    k, n_q, n_k, head_dim, rot_dim / 2, pos0, pos_dev, inv_freq, mscale, q_norm, k_norm, eps);
+                    k, n_q, n_k, head_dim, rot_dim / 2, pos0, pos_dev, none, inv_freq, mscale, q_norm, k_norm, eps);
     return exo_cuda_launched("qk_norm_rope");
+}
+
+static int cuda_qk_norm_rope_rows(exo_backend *be, float *q, float *k, int n, int n_q, int n_k, int head_dim,
+                                  int rot_dim, const int *pos, const float *inv_freq, float mscale, const float *q_norm,
+                                  const float *k_norm, float eps)
+{
+    prof_scope prof(cu(be), "qk_norm_rope_rows");
+    cuda_backend *c = cu(be);
+    if (head_dim > QK_MAX_DIM || rot_dim > head_dim || n < 1)
+        return EXO_EINVAL;
+    for (int i0 = 0; i0 < n; i0 += QK_ROWS_MAX) {
+        qk_rows rows = {};
+        rows.n = n - i0 < QK_ROWS_MAX ? n - i0 : QK_ROWS_MAX;
+        for (int t = 0; t < rows.n; t++)
+            rows.p[t] = pos[i0 + t];
+        exo_cuda_launch(qk_norm_rope_kernel, dim3((unsigned)(n_q + n_k), (unsigned)rows.n), dim3(QK_THREADS), 0,
+                        c->stream, q + (size_t)i0 * n_q * head_dim, k + (size_t)i0 * n_k * head_dim, n_q, n_k,
+                        head_dim, rot_dim / 2, 0, (const int *)NULL, rows, inv_freq, mscale, q_norm, k_norm, eps);
+        int rc = exo_cuda_launched("qk_norm_rope_rows");
+        if (rc)
+            return rc;
+    }
+    return 0;
 }
 
 static int cuda_rope(exo_backend *be, float *x, int T, int n_heads, int head_dim, int rot_dim, int pos0,
@@ -1404,6 +1438,20 @@ static int cuda_attention(exo_backend *be, const exo_attn_shape *shape, float *o
                               partial);
 }
 
+static int cuda_attention_rows(exo_backend *be, const exo_attn_shape *shape, int n, float *out, const float *q,
+                               const float *k, const float *v, float *const *k_caches, float *const *v_caches,
+                               const int *capacities, const int *rings, const int *pos)
+{
+    prof_scope prof(cu(be), "attention_rows");
+    cuda_backend *c = cu(be);
+    size_t bytes = exo_cuda_attention_rows_scratch(shape, n, capacities, pos);
+    float *partial = bytes ? (float *)scratch(c, SCRATCH_ATTENTION, bytes) : NULL;
+    if (bytes && !partial)
+        return EXO_ENOMEM;
+    return exo_cuda_attention_rows(c->stream, shape, n, out, q, k, v, k_caches, v_caches, capacities, rings, pos,
+                                   partial);
+}
+
 static int cuda_conv1d_silu(exo_backend *be, float *out, int out_stride, const float *x, int x_stride,
                             const float *w, float *state, int T, int C, int K)
 {
@@ -1446,6 +1494,7 @@ static const exo_backend_ops cuda_ops = {
     .add_bias = cuda_add_bias,
     .rope = cuda_rope,
     .attention = cuda_attention,
+    .attention_rows = cuda_attention_rows,
     .kv_copy = cuda_kv_copy,
     .glu = cuda_glu,
     .sigmoid_mul = cuda_sigmoid_mul,
@@ -1469,6 +1518,7 @@ static const exo_backend_ops cuda_ops = {
     .moe_pick = cuda_moe_pick,
     .add_weighted_rows = cuda_add_weighted_rows,
     .qk_norm_rope = cuda_qk_norm_rope,
+    .qk_norm_rope_rows = cuda_qk_norm_rope_rows,
 };
 
 static int device_count(void)

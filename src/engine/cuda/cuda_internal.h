@@ -82,6 +82,16 @@ int exo_cuda_attention(cudaStream_t stream, const exo_attn_shape *shape, float *
                        const float *v, float *k_cache, float *v_cache, int capacity, int T, int pos0,
                        const int *pos_dev, float *partial);
 
+/* Decode attention of n sequences, one token each (backend.h
+ * attention_rows): the same bits as exo_cuda_attention of each with T = 1
+ * and no recorded position, in one launch of up to 16 sequences where the
+ * decode kernel takes the shape; partial: exo_cuda_attention_rows_scratch
+ * bytes. */
+size_t exo_cuda_attention_rows_scratch(const exo_attn_shape *shape, int n, const int *capacities, const int *pos);
+int exo_cuda_attention_rows(cudaStream_t stream, const exo_attn_shape *shape, int n, float *out, const float *q,
+                            const float *k, const float *v, float *const *k_caches, float *const *v_caches,
+                            const int *capacities, const int *rings, const int *pos, float *partial);
+
 /* Gated DeltaNet (linear_attn.cu): the backend.h ops of the same names,
  * on device memory, queued on `stream`. */
 int exo_cuda_conv1d_silu(cudaStream_t stream, float *out, int out_stride, const float *x, int x_stride,
