@@ -2081,7 +2081,9 @@ bool exo_seq_can_return(const exo_seq *s, int n)
 {
     if (n >= s->len)
         return true;
-    if (n < 0 || (s->m->n_linear && n != 0))
+    /* a recurrent state goes back only to the start or to its snapshot
+     * (taken where the last multi-token step began) */
+    if (n < 0 || (s->m->n_linear && n != 0 && n != s->snap_len))
         return false;
     for (int l = 0; l < s->m->n_layers; l++) {
         /* a ring of `slots` holds positions len - slots .. len - 1; the next

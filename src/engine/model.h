@@ -164,8 +164,10 @@ int  exo_seq_capacity(const exo_seq *s);
 /* Forgets positions >= n (n <= len): the next forward continues from n. */
 void exo_seq_truncate(exo_seq *s, int n);
 /* Whether s can go back to n (< len) with every cache as it was there: not
- * where a recurrent state would be lost, nor where a sliding layer's ring
- * has overwritten positions the next ones attend to. n >= len: true. */
+ * where a recurrent state would be lost (it goes back to 0, and to where
+ * the last step of several tokens began, whose state is kept), nor where a
+ * sliding layer's ring has overwritten positions the next ones attend to.
+ * n >= len: true. */
 bool exo_seq_can_return(const exo_seq *s, int n);
 
 /* What one forward step of a shard takes and gives (host memory).

@@ -1191,6 +1191,10 @@ static void slot_keep(runner *r, int i, const gen_ctx *g, bool failed)
     int whole = reused + (n - reused) / BATCH_PREFILL * BATCH_PREFILL;
     int held = exo_seq_len(r->bseqs[i]) / BATCH_PREFILL * BATCH_PREFILL; /* a prefill cut short */
     int keep = whole < held ? whole : held;
+    /* where the sequence can go back to: a recurrent state only to where
+     * its last prompt chunk began, a ring only within its window */
+    while (keep > 0 && !exo_seq_can_return(r->bseqs[i], keep))
+        keep -= BATCH_PREFILL;
     if (failed || keep <= 0)
         return;
     r->kept[i] = exo_malloc(sizeof(int32_t) * (size_t)keep);

@@ -167,6 +167,30 @@ for (const seed of SEEDS) {
     });
 }
 
+// Prefix reuse on a model with a recurrent state (Gated DeltaNet): the
+// runner keeps the state where the first prompt's last chunk began, so a
+// second prompt sharing that much takes it (cached_tokens, the whole
+// 128-token chunk) and answers what `exo run` answers it from scratch.
+test('a linear-attention model reuses a shared prompt prefix', { timeout: 120000 }, async () => {
+  const dir = await D.buildLinearModel(path.join(tmp, 'models'));
+  await D.placeInstance(base, D.LINEAR_ID);
+  const words = Array.from({ length: 160 }, (_, i) => WORDS[(i * 7) % WORDS.length]).join(' ');
+  const ask = async (prompt) => {
+    const r = await D.postJson(base, '/v1/chat/completions', {
+      model: D.LINEAR_ID, messages: [{ role: 'user', content: prompt }], max_tokens: 8, temperature: 0 });
+    assert.equal(r.status, 200, r.text);
+    return r.json;
+  };
+  const a = await ask(`${words} first`);
+  const b = await ask(`${words} second`);
+  assert.equal(a.usage.prompt_tokens_details.cached_tokens, 0);
+  const cached = b.usage.prompt_tokens_details.cached_tokens;
+  assert.ok(cached >= 128 && cached % 128 === 0 && cached < b.usage.prompt_tokens,
+    `reused ${cached} of ${b.usage.prompt_tokens} prompt tokens`);
+  const want = await D.exoRun(dir, `${words} second`, { maxTokens: 8 });
+  assert.equal(b.choices[0].message.content, want.text);
+});
+
 // `exo serve --no-batch`: the runner takes one request at a time, so of two
 // sent together the second's first token comes after the first's last.
 test('--no-batch: requests run one after the other', { timeout: 60000 }, async () => {

@@ -20,6 +20,7 @@ export const CTX = 8192;             // the daemon's --ctx: long streams for can
 export const STORIES_ID = 'karpathy/stories260K';
 export const QWEN_ID = 'exo-e2e/qwen3-tiny';
 export const MOE_ID = 'exo-e2e/qwen3-moe-tiny';
+export const LINEAR_ID = 'exo-e2e/qwen3.5-tiny';
 
 export const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
@@ -164,6 +165,27 @@ export async function buildMoeModel(modelsDir) {
   const qcfg = JSON.parse(await fsp.readFile(path.join(qwen, 'config.json'), 'utf8'));
   cfg.bos_token_id = qcfg.bos_token_id;
   cfg.eos_token_id = qcfg.eos_token_id;
+  await fsp.writeFile(path.join(d, 'config.json'), JSON.stringify(cfg, null, 2));
+  for (const f of ['tokenizer.json', 'tokenizer_config.json'])
+    await fsp.copyFile(path.join(qwen, f), path.join(d, f));
+  return d;
+}
+
+// MODELS/exo-e2e--qwen3.5-tiny/: the qwen3_5 q4g64 parity fixture (Gated
+// DeltaNet layers with a recurrent state, and full-attention ones) with the
+// qwen3-tiny dir's tokenizer (the same 320-entry vocabulary).
+export async function buildLinearModel(modelsDir) {
+  const fx = path.join(REPO, 'tests/fixtures/qwen3_5-q4g64');
+  const qwen = path.join(modelsDir, 'exo-e2e--qwen3-tiny');
+  const d = path.join(modelsDir, 'exo-e2e--qwen3.5-tiny');
+  await fsp.mkdir(d);
+  await fsp.symlink(path.join(fx, 'model.safetensors'), path.join(d, 'model.safetensors'));
+  const cfg = JSON.parse(await fsp.readFile(path.join(fx, 'config.json'), 'utf8'));
+  const qcfg = JSON.parse(await fsp.readFile(path.join(qwen, 'config.json'), 'utf8'));
+  for (const c of [cfg, cfg.text_config].filter(Boolean)) {
+    c.bos_token_id = qcfg.bos_token_id;
+    c.eos_token_id = qcfg.eos_token_id;
+  }
   await fsp.writeFile(path.join(d, 'config.json'), JSON.stringify(cfg, null, 2));
   for (const f of ['tokenizer.json', 'tokenizer_config.json'])
     await fsp.copyFile(path.join(qwen, f), path.join(d, f));

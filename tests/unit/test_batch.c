@@ -248,3 +248,44 @@ Test(batch, a_resized_sequence_goes_on_as_one_never_moved, .timeout = 240)
         resized_twin(FAMILIES[f], 70, 60); /* the ring full when it moves */
     }
 }
+
+/* A sequence with recurrent state (Gated DeltaNet) goes back to where its
+ * last step of several tokens began, its state from the snapshot taken
+ * there, and goes on exactly as one that computed the same chunks afresh
+ * (a prompt's shared prefix reused); not to any other position but 0. */
+Test(batch, a_recurrent_state_returns_to_its_last_chunk_start)
+{
+    exo_model *m = load("qwen3_5-q4g64");
+    int V = exo_model_vocab(m);
+    exo_seq *reused = seq(m), *fresh = seq(m);
+    float *la = exo_malloc(sizeof(float) * (size_t)V), *lb = exo_malloc(sizeof(float) * (size_t)V);
+    int32_t a[40], b[40], tok;
+    exo_err err = {0};
+    prompt(m, 0, a, 40);
+    prompt(m, 0, b, 40);
+    for (int t = 32; t < 40; t++) /* b shares a's first 32 tokens */
+        b[t] = (a[t] + 1) % V;
+    /* a in chunks of 16, 16 and 8, then two decode steps */
+    for (int c = 0; c < 40; c += 16)
+        cr_assert_eq(exo_model_forward(m, reused, a + c, c + 16 <= 40 ? 16 : 40 - c, la, false, &err), 0, "%s", err.msg);
+    tok = argmax(la, V);
+    for (int i = 0; i < 2; i++) {
+        cr_assert_eq(exo_model_forward(m, reused, &tok, 1, la, false, &err), 0, "%s", err.msg);
+        tok = argmax(la, V);
+    }
+    cr_expect(!exo_seq_can_return(reused, 16), "16 is not where the last chunk began");
+    cr_expect(!exo_seq_can_return(reused, 33));
+    cr_assert(exo_seq_can_return(reused, 32));
+    cr_assert(exo_seq_can_return(reused, 0));
+    exo_seq_truncate(reused, 32);
+    cr_assert_eq(exo_model_forward(m, reused, b + 32, 8, la, false, &err), 0, "%s", err.msg);
+    for (int c = 0; c < 40; c += 16)
+        cr_assert_eq(exo_model_forward(m, fresh, b + c, c + 16 <= 40 ? 16 : 40 - c, lb, false, &err), 0, "%s", err.msg);
+    float d = max_diff(la, lb, V);
+    cr_expect_leq(d, exo_model_gpu_layers(m) ? 1e-3f : 0.0f, "logits differ by %g from the fresh prefill", (double)d);
+    exo_seq_free(reused);
+    exo_seq_free(fresh);
+    exo_free(la);
+    exo_free(lb);
+    exo_model_free(m);
+}
