@@ -2110,6 +2110,44 @@ void exo_seq_truncate(exo_seq *s, int n)
         s->state_lost = true;
 }
 
+int exo_seq_copy_prefix(exo_seq *dst, exo_seq *src, int n, exo_err *err)
+{
+    exo_model *m = dst->m;
+    if (src->m != m || src == dst)
+        return exo_err_set(err, EXO_EINVAL, "copy_prefix: sequences of different models, or the same one");
+    if (n <= 0 || n > src->len || n > dst->capacity)
+        return exo_err_set(err, EXO_EINVAL, "copy_prefix: %d positions of a sequence of %d", n, src->len);
+    if ((m->n_linear && n != src->snap_len) || src->state_lost || !exo_seq_can_return(src, n))
+        return exo_err_set(err, EXO_EUNSUPPORTED, "copy_prefix: the sequence keeps no state at %d", n);
+    for (int l = 0; l < m->n_layers; l++)
+        if (m->layers[l].kind != EXO_LAYER_LINEAR && (n > src->slots[l] || n > dst->slots[l]))
+            return exo_err_set(err, EXO_EUNSUPPORTED, "copy_prefix: %d positions wrap a sliding layer's ring", n);
+    exo_seq_truncate(dst, 0);
+    int rc = 0;
+    for (int l = 0, i = 0; l < m->n_layers && !rc; l++) {
+        exo_backend *be = m->layers[l].be;
+        if (m->layers[l].kind == EXO_LAYER_LINEAR) {
+            rc = be->ops->to_device(be, dst->state[l], src->snap + (size_t)i++ * src->state_floats,
+                                    src->state_floats * sizeof(float));
+            continue;
+        }
+        exo_attn_shape shape = {.n_heads = m->n_kv, .n_kv_heads = m->n_kv, .head_dim = m->hd};
+        rc = be->ops->kv_copy(be, &shape, dst->k_cache[l], dst->v_cache[l], dst->slots[l], src->k_cache[l],
+                              src->v_cache[l], src->slots[l], n);
+    }
+    if (rc) {
+        exo_seq_truncate(dst, 0);
+        return exo_err_set(err, rc, "copy_prefix: copying %d positions failed", n);
+    }
+    dst->len = n;
+    /* dst can go back to n as src could */
+    if (m->n_linear && seq_keep_start(dst)) {
+        exo_seq_truncate(dst, 0);
+        return exo_err_set(err, EXO_ENOMEM, "copy_prefix: cannot snapshot the recurrent state");
+    }
+    return 0;
+}
+
 /* ---- forward ------------------------------------------------------------ */
 
 #define OK(x)                \

@@ -155,6 +155,13 @@ void exo_seq_free(exo_seq *s);
  * positions and state moved into them: a sequence holds the memory its
  * request needs, not a whole context. On an error s is as it was. */
 int  exo_seq_resize(exo_seq *s, int capacity, exo_err *err);
+/* Makes dst hold the first n positions of src (a prompt prefix another
+ * request computed), as if dst had computed them: dst's positions and state
+ * go. EXO_EUNSUPPORTED (nothing changed) where src cannot give them: a
+ * recurrent state is kept only where its last step of several tokens
+ * began, and a prefix that wraps a sliding layer's ring (in either) is not
+ * copied; EXO_EINVAL for n past src's length or dst's capacity. */
+int  exo_seq_copy_prefix(exo_seq *dst, exo_seq *src, int n, exo_err *err);
 /* Bytes of caches and state a sequence of `capacity` positions holds, on
  * every backend together; and those s holds. */
 size_t exo_model_seq_bytes(const exo_model *m, int capacity);

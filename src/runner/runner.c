@@ -1239,6 +1239,31 @@ static int slot_reuse(const runner *r, int i, const int32_t *ids, int n)
     return common && exo_seq_can_return(r->bseqs[i], common) ? common : 0;
 }
 
+/* The running request whose prompt shares the most whole chunks with g's
+ * (its sequence holds them: past its prefill's progress they are not yet
+ * there), when that is more than `than`: its slot, the count in *n; else
+ * -1. */
+static int busy_prefix(const runner *r, const batch_slot *slots, const gen_ctx *g, int than, int *n)
+{
+    int best = -1;
+    *n = than;
+    for (int j = 0; j < r->n_batch; j++) {
+        const gen_ctx *o = slots[j].g;
+        if (!o || !r->bseqs[j])
+            continue;
+        int held = exo_seq_len(r->bseqs[j]) < (int)o->n_ids ? exo_seq_len(r->bseqs[j]) : (int)o->n_ids;
+        int common = 0;
+        while (common < held && common < (int)g->n_ids - 1 && o->ids[common] == g->ids[common])
+            common++;
+        common = common / BATCH_PREFILL * BATCH_PREFILL;
+        if (common > *n && exo_seq_can_return(r->bseqs[j], common)) {
+            best = j;
+            *n = common;
+        }
+    }
+    return best;
+}
+
 /* The free slot for g: the one that reuses the most of its prompt; else
  * one never used, else the least recently used (its cache goes). -1: none
  * is free. */
@@ -1365,6 +1390,14 @@ static bool slot_open(runner *r, batch_slot *slots)
         rc = exo_seq_create(r->model, need, &r->bseqs[i], &err);
     }
     if (rc) {
+        slot_close(r, b, rc, &err);
+        return true;
+    }
+    /* a longer prefix a running request holds: copied, not computed again */
+    int copy, from = busy_prefix(r, slots, g, reuse, &copy);
+    if (from >= 0 && (rc = exo_seq_copy_prefix(r->bseqs[i], r->bseqs[from], copy, &err)) == 0)
+        reuse = copy;
+    else if (from >= 0 && rc != EXO_EUNSUPPORTED) {
         slot_close(r, b, rc, &err);
         return true;
     }

@@ -289,3 +289,64 @@ Test(batch, a_recurrent_state_returns_to_its_last_chunk_start)
     exo_free(lb);
     exo_model_free(m);
 }
+
+/* A prompt prefix copied from another sequence (exo_seq_copy_prefix: a
+ * request taking what a running one computed): the copy goes on exactly
+ * as a sequence that computed the same chunks itself, on every family;
+ * what src cannot give is refused with dst left as it was. */
+static void copied_prefix(const char *name)
+{
+    char dir[256];
+    snprintf(dir, sizeof dir, "tests/fixtures/%s", name);
+    exo_model_opts o = {.n_threads = 2, .max_chunk = 16};
+    exo_model *m = NULL;
+    exo_err err = {0};
+    cr_assert_eq(exo_model_load(dir, &o, &m, &err), 0, "%s: %s", dir, err.msg);
+    int V = exo_model_vocab(m);
+    exo_seq *src = seq(m), *dst = seq(m), *fresh = seq(m);
+    float *la = exo_malloc(sizeof(float) * (size_t)V), *lb = exo_malloc(sizeof(float) * (size_t)V);
+    int32_t a[40], b[40], tok;
+    prompt(m, 1, a, 40);
+    prompt(m, 1, b, 40);
+    for (int t = 32; t < 40; t++)
+        b[t] = (a[t] + 3) % V;
+    for (int c = 0; c < 40; c += 16) /* chunks of 16, 16, 8: the last began at 32 */
+        cr_assert_eq(exo_model_forward(m, src, a + c, c + 16 <= 40 ? 16 : 40 - c, la, false, &err), 0, "%s", err.msg);
+    tok = argmax(la, V);
+    cr_assert_eq(exo_model_forward(m, src, &tok, 1, la, false, &err), 0, "%s", err.msg);
+    cr_assert_eq(exo_model_forward(m, dst, b, 5, lb, false, &err), 0, "%s", err.msg);
+    if (exo_model_get_config(m)->linear_v_heads > 0) { /* a recurrent state is kept at 32 only */
+        cr_expect_eq(exo_seq_copy_prefix(dst, src, 16, &err), EXO_EUNSUPPORTED, "%s", name);
+        cr_expect_eq(exo_seq_len(dst), 5, "%s: a refused copy leaves dst alone", name);
+    }
+    cr_expect_eq(exo_seq_copy_prefix(dst, src, 42, &err), EXO_EINVAL, "past src's length");
+    cr_expect_eq(exo_seq_len(dst), 5);
+    cr_assert_eq(exo_seq_copy_prefix(dst, src, 32, &err), 0, "%s: %s", name, err.msg);
+    cr_assert_eq(exo_seq_len(dst), 32);
+    cr_assert_eq(exo_model_forward(m, dst, b + 32, 8, lb, false, &err), 0, "%s", err.msg);
+    for (int c = 0; c < 40; c += 16)
+        cr_assert_eq(exo_model_forward(m, fresh, b + c, c + 16 <= 40 ? 16 : 40 - c, la, false, &err), 0, "%s", err.msg);
+    float d = max_diff(la, lb, V);
+    cr_expect_leq(d, exo_model_gpu_layers(m) ? 1e-3f : 0.0f, "%s: logits differ by %g from a fresh prefill", name,
+                  (double)d);
+    for (int step = 0; step < 3; step++) { /* and decode on alike */
+        tok = argmax(la, V);
+        cr_assert_eq(exo_model_forward(m, dst, &tok, 1, lb, false, &err), 0, "%s", err.msg);
+        cr_assert_eq(exo_model_forward(m, fresh, &tok, 1, la, false, &err), 0, "%s", err.msg);
+        d = max_diff(la, lb, V);
+        cr_expect_leq(d, exo_model_gpu_layers(m) ? 1e-3f : 0.0f, "%s: step %d: logits differ by %g", name, step,
+                      (double)d);
+    }
+    exo_seq_free(src);
+    exo_seq_free(dst);
+    exo_seq_free(fresh);
+    exo_free(la);
+    exo_free(lb);
+    exo_model_free(m);
+}
+
+Test(batch, a_copied_prefix_goes_on_as_one_computed_in_place, .timeout = 240)
+{
+    for (size_t f = 0; f < sizeof FAMILIES / sizeof *FAMILIES; f++)
+        copied_prefix(FAMILIES[f]);
+}

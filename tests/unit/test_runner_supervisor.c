@@ -197,6 +197,17 @@ static bool until_chunk(void *ctx)
     return false;
 }
 
+/* A TOKEN chunk of want_chunk_of: its prompt is all computed. */
+static bool until_token(void *ctx)
+{
+    rec *r = ctx;
+    for (int i = 0; i < r->n; i++)
+        if (r->evs[i].what == EV_CHUNK && !strcmp(r->evs[i].id, r->want_chunk_of) &&
+            r->evs[i].chunk.kind == EXO_CHUNK_TOKEN)
+            return true;
+    return false;
+}
+
 /* Concatenated TOKEN text of a command. */
 static char *text_of(const rec *r, const char *id)
 {
@@ -545,6 +556,46 @@ Test(runner_supervisor, a_shared_prefix_is_computed_once)
     exo_free(ta);
     exo_free(tb);
     exo_free(want_a);
+    exo_free(want_b);
+    exo_free(pa);
+    exo_free(pb);
+    exo_gen_request_free(&qa);
+    exo_gen_request_free(&qb);
+    exo_supervisor_free(s);
+    rec_free(&r);
+}
+
+/* Prefix reuse from a running request: B arrives while A (whose prompt B
+ * extends) still decodes, and takes the whole chunks A's sequence holds by
+ * copy, not by computing them: its usage counts them as cached, it is done
+ * while A still runs, and its text is the one `exo run` gives B's prompt. */
+Test(runner_supervisor, a_running_requests_prefix_is_copied)
+{
+    setenv("EXO_BATCH", "8", 1);
+    char *pa = long_prompt(800), *pb = exo_malloc(strlen(pa) + 64);
+    sprintf(pb, "%s And then the dog came.", pa);
+    char *want_b = cli_text(model, pb, 10);
+    rec r = {0};
+    exo_supervisor *s = spawn(&r);
+    load(s, &r, model, LONG_CTX);
+    exo_gen_request qa, qb;
+    request(&qa, pa, 1500);
+    request(&qb, pb, 10);
+    generate(s, "A", &qa);
+    r.want_chunk_of = "A";
+    cr_assert_eq(exo_supervisor_wait(s, 60000, until_token, &r), 1);
+    generate(s, "B", &qb);
+    wait_done(s, &r, "B");
+    cr_assert(!is_done(&r, "A"), "A should still run when B is done");
+    const exo_chunk *fb = terminal_of(&r, "B");
+    int cached = fb->usage.cached_tokens, total = fb->usage.prompt_tokens;
+    cr_assert(cached > 1000 && cached % 128 == 0 && cached < total, "B reused %d of %d prompt tokens", cached, total);
+    char *tb = text_of(&r, "B");
+    cr_assert_str_eq(tb, want_b);
+    exo_err err;
+    cr_assert_eq(exo_supervisor_cancel(s, "A", &err), 0);
+    wait_done(s, &r, "A");
+    exo_free(tb);
     exo_free(want_b);
     exo_free(pa);
     exo_free(pb);
