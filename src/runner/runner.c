@@ -31,13 +31,13 @@
 #include "tokenizer/tokenizer.h"
 
 #include <errno.h>
+#include <math.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
-#include <math.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 
@@ -1249,7 +1249,7 @@ static int busy_prefix(const runner *r, const batch_slot *slots, const gen_ctx *
     *n = than;
     for (int j = 0; j < r->n_batch; j++) {
         const gen_ctx *o = slots[j].g;
-        if (!o || !r->bseqs[j])
+        if (!o || o == g || !r->bseqs[j])
             continue;
         int held = exo_seq_len(r->bseqs[j]) < (int)o->n_ids ? exo_seq_len(r->bseqs[j]) : (int)o->n_ids;
         int common = 0;
