@@ -1841,14 +1841,16 @@ size_t exo_model_decode_bytes(const exo_model *m)
 
 /* ---- sequences ---------------------------------------------------------- */
 
-/* Floats of layer l's per-sequence memory at `slots` positions (layer_slots):
- * K and V for attention, the conv inputs and recurrent state for linear
- * attention. */
+/* A linear-attention layer's conv inputs (K-1, conv_dim) and recurrent
+ * state (Hv, Dk, Dv). */
 static size_t linear_state_floats(const exo_model *m)
 {
     return (size_t)(m->lin_k - 1) * (size_t)m->conv_dim + (size_t)m->lin_hv * (size_t)m->lin_dk * (size_t)m->lin_dv;
 }
 
+/* Floats of layer l's per-sequence memory at `slots` positions (layer_slots):
+ * K and V for attention, the conv inputs and recurrent state for linear
+ * attention. */
 static size_t layer_floats(const exo_model *m, int l, int slots)
 {
     if (m->layers[l].kind == EXO_LAYER_LINEAR)
