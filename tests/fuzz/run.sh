@@ -20,7 +20,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 2
 
 CC=${FUZZ_CC:-clang-14}
-SECS=${FUZZ_SECONDS:-30}
+SECS=${FUZZ_SECONDS:-20}
 OUT=${FUZZ_OUT:-build-fuzz}
 PKGS="jansson libpcre2-8 libutf8proc"
 PKG_CFLAGS=$(pkg-config --cflags $PKGS)
