@@ -214,6 +214,14 @@ typedef struct exo_backend_ops {
     int  (*matmul_fused)(exo_backend *be, int n, const exo_linear *const *w, const float *x, const float *norm,
                          float eps, bool accumulate, int T, float *const *y);
 
+    /* Optional (NULL: the caller runs glu, then matmul or matmul_fused): y =
+     * (act(g) * u) W^T for one weight, g and u (T, w->cols), as glu's kind
+     * and limit; accumulate adds to y. g may be left as glu leaves it or
+     * untouched. For a backend that can apply the activation as it reads
+     * the product's input: a kernel and a trip through memory fewer. */
+    int  (*matmul_glu)(exo_backend *be, const exo_linear *w, exo_glu_kind kind, float *g, const float *u,
+                       float limit, bool accumulate, int T, float *y);
+
     /* Optional (NULL: the caller copies x to the host and looks there): the
      * index of the largest of n values (the lowest on ties; NaN never
      * wins) and its log-softmax, x[id] - log(sum exp x), into host memory.

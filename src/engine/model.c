@@ -2635,8 +2635,10 @@ static int layer_forward(exo_model *m, const span *sp, int nsp, int l, int T, ex
     } else {
         OK(o->matmul_fused(be, 2, gu, a->x, L->mlp_norm, m->eps, false, T, gu_out));
     }
-    OK(o->glu(be, m->glu, a->g, a->u, (size_t)T * (size_t)m->ffn, m->glu_limit));
     const exo_linear *wd[1] = {&L->down};
+    if (fuses(m, be) && !L->post_mlp_norm && o->matmul_glu)
+        return o->matmul_glu(be, &L->down, m->glu, a->g, a->u, m->glu_limit, true, T, a->x);
+    OK(o->glu(be, m->glu, a->g, a->u, (size_t)T * (size_t)m->ffn, m->glu_limit));
     if (fuses(m, be) && !L->post_mlp_norm) {
         float *const xo[1] = {a->x};
         return o->matmul_fused(be, 1, wd, a->g, NULL, 0, true, T, xo);

@@ -704,6 +704,45 @@ Test(backend_ops, matmul_fused)
     both_close(&b);
 }
 
+/* matmul_glu against glu then matmul on the CPU, added to what y holds,
+ * for each activation: q4 and q8 apply it as they quantize x, bf16 (and
+ * the prompt sizes) take the glu kernel first. */
+Test(backend_ops, matmul_glu)
+{
+    both b = both_open("matmul_glu");
+    if (!b.gpu->ops->matmul_glu)
+        cr_skip_test("the backend under test folds no activation into its products");
+    const wfmt fmts[] = {F_AFFINE(4, 64, BF16), F_AFFINE(8, 64, BF16), F_DENSE(BF16)};
+    static const int Ts[] = {1, 3, 8, 16, 20};
+    static const exo_glu_kind kinds[] = {EXO_GLU_SILU, EXO_GLU_GELU_TANH, EXO_GLU_OAI};
+    const int rows = 256, cols = 1536;
+    for (size_t f = 0; f < sizeof fmts / sizeof fmts[0]; f++)
+        for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++)
+            for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {
+                int T = Ts[ti];
+                weight w;
+                weight_rand(&b, &w, fmts[f], rows, cols);
+                const exo_linear *wc[1] = {&w.cpu};
+                dual g = dual_rand(&b, (size_t)T * cols, 3.0f), u = dual_rand(&b, (size_t)T * cols, 3.0f);
+                dual y = dual_rand(&b, (size_t)T * rows, 1.0f);
+                float *p = b.cpu->ops->alloc(b.cpu, sizeof(float) * (size_t)T * rows);
+                float *pc[1] = {p};
+                ON(b.cpu, glu, kinds[k], g.cpu, u.cpu, (size_t)T * cols, 1.5f);
+                ON(b.cpu, matmul, 1, wc, g.cpu, T, pc);
+                ON(b.cpu, add, y.cpu, p, (size_t)T * rows);
+                ON(b.gpu, matmul_glu, &w.gpu, kinds[k], g.gpu, u.gpu, 1.5f, true, T, y.gpu);
+                char op[48];
+                dual_check(&b, &y, matmul_op("glu + matmul + add", T, op, sizeof op), matmul_limit(T),
+                           "%s T %d kind %d", w.name, T, (int)kinds[k]);
+                b.cpu->ops->release(b.cpu, p);
+                dual_free(&b, &y);
+                dual_free(&b, &u);
+                dual_free(&b, &g);
+                weight_free(&w);
+            }
+    both_close(&b);
+}
+
 /* Model-sized shapes for a few formats: dense, the common MLX layouts, one
  * odd bit width with a wide group, MXFP4. */
 Test(backend_ops, matmul_large_shapes)

@@ -579,18 +579,7 @@ __global__ void glu_kernel(int kind, float *g, const float *u, size_t n, float l
 {
     exo_cuda_wait_inputs();
     exo_cuda_start_next();
-    GRID_LOOP(i, n) {
-        float a = g[i], b = u[i];
-        if (kind == EXO_GLU_SILU) {
-            g[i] = a / (1.0f + expf(-a)) * b;
-        } else if (kind == EXO_GLU_GELU_TANH) {
-            float z = 0.7978845608028654f * (a + 0.044715f * a * a * a);
-            g[i] = a / (1.0f + expf(-2.0f * z)) * b;
-        } else {
-            float gg = fminf(a, lim), uu = fminf(fmaxf(b, -lim), lim);
-            g[i] = (uu + 1.0f) * (gg / (1.0f + expf(-1.702f * gg)));
-        }
-    }
+    GRID_LOOP(i, n) g[i] = exo_cuda_glu(kind, g[i], u[i], lim);
 }
 
 __global__ void add_kernel(float *x, const float *y, size_t n)
@@ -927,11 +916,26 @@ static int call_width(int n, const exo_linear *const *w, const float *const *xs,
     return width;
 }
 
+/* What a quantizing GEMV applies to x as it quantizes it (matmul.h
+ * exo_cuda_gemv_job): an RMSNorm, or a gated MLP's activation with u read
+ * at x's strides. */
+struct input_fold {
+    const float *norm;
+    float eps;
+    const float *glu_u;
+    int glu_kind;
+    float glu_limit;
+};
+
 /* n products, weight i reading xs[i] (row stride ldx) into ys[i] (row
- * stride ldy; 0: the weight's rows, outputs packed (T, rows)). */
+ * stride ldy; 0: the weight's rows, outputs packed (T, rows)); fold: only
+ * where every weight's GEMV quantizes x. */
 static int products(cuda_backend *c, int n, const exo_linear *const *w, const float *const *xs, int ldx, int T,
-                    float *const *ys, int ldy, bool accumulate = false, const float *norm = NULL, float eps = 0)
+                    float *const *ys, int ldy, bool accumulate = false, const input_fold *fold = NULL)
 {
+    static const input_fold none = {};
+    if (!fold)
+        fold = &none;
     /* Up to 16 rows (a batch of decode rows, a short prompt chunk) go as GEMV
      * launches of its widths (16, 8, 4, 3, 2, 1 rows, as the formats allow;
      * a weight the GEMV does not take, as any-format launches of up to 4),
@@ -949,7 +953,10 @@ static int products(cuda_backend *c, int n, const exo_linear *const *w, const fl
                 yt[i] = ys[i] + (size_t)t0 * (size_t)(ldy > 0 ? ldy : w[i]->rows);
             }
             Tc = call_width(n, w, xt, ldx, T - t0);
-            int rc = products(c, n, w, xt, ldx, Tc, yt, ldy > 0 ? ldy : -1, accumulate, norm, eps);
+            input_fold part = *fold;
+            if (part.glu_u)
+                part.glu_u += (size_t)t0 * (size_t)ldx;
+            int rc = products(c, n, w, xt, ldx, Tc, yt, ldy > 0 ? ldy : -1, accumulate, &part);
             if (rc)
                 return rc;
         }
@@ -961,7 +968,8 @@ static int products(cuda_backend *c, int n, const exo_linear *const *w, const fl
         bool fast = i < n && !c->force_gemm && exo_cuda_gemv_takes(w[i], xs[i], ldx, T);
         int ly = i < n && ldy <= 0 ? (int)w[i]->rows : ldy; /* 0 (or -1): rows of the weight's width */
         if (fast)
-            jobs[nj++] = (exo_cuda_gemv_job){*w[i], xs[i], ldx, ys[i], ly, norm, eps, accumulate};
+            jobs[nj++] = (exo_cuda_gemv_job){*w[i], xs[i], ldx, ys[i], ly, fold->norm, fold->eps,
+                                             fold->glu_u, fold->glu_kind, fold->glu_limit, accumulate};
         if (nj && (!fast || nj == EXO_CUDA_JOBS || i == n)) {
             void *s = scratch(c, SCRATCH_ACT, exo_cuda_gemv_scratch(nj, jobs, T) + 256);
             if (!s)
@@ -1028,11 +1036,31 @@ static int cuda_matmul_fused(exo_backend *be, int n, const exo_linear *const *w,
         int m = n - off < 64 ? n - off : 64;
         for (int i = 0; i < m; i++)
             xs[i] = x;
-        int rc = products(c, m, w + off, xs, cols, T, y + off, 0, accumulate, norm, eps);
+        const input_fold fold = {norm, eps, NULL, 0, 0.0f};
+        int rc = products(c, m, w + off, xs, cols, T, y + off, 0, accumulate, &fold);
         if (rc)
             return rc;
     }
     return 0;
+}
+
+/* y (+)= (act(g) * u) W^T: the activation applied as the GEMV quantizes
+ * its input (one kernel and a trip through memory fewer), else by the glu
+ * kernel into g first. */
+static int cuda_matmul_glu(exo_backend *be, const exo_linear *w, exo_glu_kind kind, float *g, const float *u,
+                           float limit, bool accumulate, int T, float *y)
+{
+    cuda_backend *c = cu(be);
+    int cols = (int)w->cols;
+    if (!(T <= EXO_CUDA_GEMV_MAX_T && !c->force_gemm && exo_cuda_gemv_quantizes(w) &&
+          exo_cuda_gemv_takes(w, g, cols, T))) {
+        int rc = cuda_glu(be, kind, g, u, (size_t)T * (size_t)cols, limit);
+        return rc ? rc : cuda_matmul_fused(be, 1, &w, g, NULL, 0, accumulate, T, &y);
+    }
+    prof_scope prof(c, "matmul");
+    const float *xs[1] = {g};
+    const input_fold fold = {NULL, 0, u, (int)kind, limit};
+    return products(c, 1, &w, xs, cols, T, &y, 0, accumulate, &fold);
 }
 
 static int cuda_matmul_each(exo_backend *be, int n, const exo_linear *const *w, const float *const *xs, int T,
@@ -1513,6 +1541,7 @@ static const exo_backend_ops cuda_ops = {
     .step_begin = cuda_step_begin,
     .step_end = cuda_step_end,
     .matmul_fused = cuda_matmul_fused,
+    .matmul_glu = cuda_matmul_glu,
     .argmax = cuda_argmax,
     .moe_pick_table = cuda_moe_pick_table,
     .moe_pick = cuda_moe_pick,

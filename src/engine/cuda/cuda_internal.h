@@ -71,6 +71,21 @@ static inline void exo_cuda_launch(void (*kernel)(Params...), dim3 grid, dim3 bl
     cudaLaunchKernelEx(&cfg, kernel, args...);
 }
 
+/* act(a) * b of a gated MLP (backend.h exo_glu_kind; lim: EXO_GLU_OAI's
+ * clamp): the glu op's arithmetic, shared with the GEMV that folds it into
+ * quantizing its input, so both give the same bits. */
+__device__ __forceinline__ float exo_cuda_glu(int kind, float a, float b, float lim)
+{
+    if (kind == EXO_GLU_SILU)
+        return a / (1.0f + expf(-a)) * b;
+    if (kind == EXO_GLU_GELU_TANH) {
+        float z = 0.7978845608028654f * (a + 0.044715f * a * a * a);
+        return a / (1.0f + expf(-2.0f * z)) * b;
+    }
+    float gg = fminf(a, lim), uu = fminf(fmaxf(b, -lim), lim);
+    return (uu + 1.0f) * (gg / (1.0f + expf(-1.702f * gg)));
+}
+
 /* The backend.h attention op (attention.cu); partial: device scratch of
  * exo_cuda_attention_scratch bytes (the split decode's partial results).
  * pos_dev: a recorded step's position in device memory (pos0 is then the

@@ -145,6 +145,7 @@ struct gemv_batch {
     int first_block[EXO_CUDA_JOBS + 1];
     int n;
     int group_size;
+    int group_shift; /* log2(group_size): affine groups are a power of two wide */
     int k_split; /* warps of a block that share its rows, each a slice of the columns: 1, 2 or 4 */
 };
 
@@ -224,10 +225,12 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_kernel(const __grid_cons
     const bool affine = K == GEMV_Q4 || K == GEMV_Q8;
     int64_t rowc[ROWS];
     const uint4 *wrow[ROWS];
+    int first_group[ROWS]; /* affine: where the rows' scales and biases start (fewer than 2^31) */
 #pragma unroll
     for (int r = 0; r < ROWS; r++) {
         rowc[r] = row0 + r < job.rows ? row0 + r : job.rows - 1;
         wrow[r] = (const uint4 *)((const char *)wbase + rowc[r] * row_bytes);
+        first_group[r] = (int)(rowc[r] * groups);
     }
     float acc[ROWS][T];
 #pragma unroll
@@ -244,13 +247,13 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_kernel(const __grid_cons
 #pragma unroll
         for (int u = 0; u < GEMV_UNROLL; u++) {
             const int64_t s = s0 + 32 * u;
+            const int g = (int)(((s < steps ? s : 0) * SC) >> b.group_shift); /* the step's group in its row */
 #pragma unroll
             for (int r = 0; r < ROWS; r++) {
                 wvu[u][r] = s < steps ? __ldcs(wrow[r] + s) : make_uint4(0, 0, 0, 0);
                 if (affine) {
-                    const int64_t g = rowc[r] * groups + (s < steps ? s : 0) * SC / b.group_size;
-                    sc[u][r] = scalar_at<SDT>(sbase, g);
-                    bi[u][r] = scalar_at<SDT>(bbase, g);
+                    sc[u][r] = scalar_at<SDT>(sbase, first_group[r] + g);
+                    bi[u][r] = scalar_at<SDT>(bbase, first_group[r] + g);
                 }
             }
         }
@@ -392,6 +395,9 @@ __device__ __forceinline__ void quantize_32(float v, int lane, int64_t t, int64_
  * have k inputs; a launch each cost more than their quantization). */
 struct quant_batch {
     const float *x[EXO_CUDA_JOBS];
+    const float *u[EXO_CUDA_JOBS]; /* set: x' = act(x) * u (exo_cuda_glu) */
+    int glu_kind[EXO_CUDA_JOBS];
+    float glu_limit[EXO_CUDA_JOBS];
     int64_t ldx[EXO_CUDA_JOBS];
     int8_t *xq[EXO_CUDA_JOBS];
     float2 *xs[EXO_CUDA_JOBS];
@@ -399,8 +405,9 @@ struct quant_batch {
     int64_t T, cols;
 };
 
-/* Input blockIdx.y (T rows of cols at stride ldx) to int8 per block of 32
- * columns, one warp a block. */
+/* Input blockIdx.y (T rows of cols at stride ldx, through the gated MLP's
+ * activation where u is set) to int8 per block of 32 columns, one warp a
+ * block. */
 template <bool Q4>
 __global__ void quantize_x_kernel(const __grid_constant__ quant_batch q)
 {
@@ -412,28 +419,42 @@ __global__ void quantize_x_kernel(const __grid_constant__ quant_batch q)
     int64_t per_row = q.cols / 32;
     if (blk >= q.T * per_row)
         return;
-    int64_t t = blk / per_row, c0 = (blk % per_row) * 32;
-    quantize_32<Q4>(q.x[i][t * q.ldx[i] + c0 + lane], lane, t, c0, q.T, q.cols, q.xq[i], q.xs[i]);
+    int64_t t = blk / per_row, c0 = (blk % per_row) * 32, at = t * q.ldx[i] + c0 + lane;
+    float v = q.x[i][at];
+    if (q.u[i])
+        v = exo_cuda_glu(q.glu_kind[i], v, q.u[i][at], q.glu_limit[i]);
+    quantize_32<Q4>(v, lane, t, c0, q.T, q.cols, q.xq[i], q.xs[i]);
 }
 
-/* The same of x / rms(x) * norm, one block a row: the RMSNorm a product's
- * input would otherwise take a kernel and a trip through memory for, in
- * the rmsnorm op's arithmetic (backend_cuda.cu). */
+/* The same of x / rms(x) * norm: the RMSNorm a product's input would
+ * otherwise take a kernel and a trip through memory for, in the rmsnorm
+ * op's arithmetic (backend_cuda.cu: 1024 threads, each summing every
+ * 1024th square, then the same reduction). Block (t, b) quantizes columns
+ * 1024 b .. 1024 b + 1023 of row t, so each warp has one block of 32 and
+ * the norm's weights load before the kernel waits for its input: the
+ * blocks of a row each sum the whole row's squares (from L2), which is
+ * quicker than one block quantizing the row in turns (6.6 us a call for
+ * 4096 columns on an H200, each turn waiting on its loads). */
 #define NORM_Q_THREADS 1024
 template <bool Q4>
 __global__ void __launch_bounds__(NORM_Q_THREADS)
 norm_quantize_x_kernel(const float *x, const float *norm, float eps, int64_t T, int64_t cols, int64_t ldx,
                        int8_t *xq, float2 *xs)
 {
+    const int64_t t = blockIdx.x, c = (int64_t)blockIdx.y * NORM_Q_THREADS + threadIdx.x;
+    const float nv = c < cols ? norm[c] : 0.0f; /* a weight: no kernel writes it */
     exo_cuda_wait_inputs();
     exo_cuda_start_next();
     __shared__ float part[NORM_Q_THREADS / 32];
-    const int64_t t = blockIdx.x;
     const float *xr = x + t * ldx;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    float ss = 0;
-    for (int64_t i = threadIdx.x; i < cols; i += NORM_Q_THREADS)
-        ss += xr[i] * xr[i];
+    float ss = 0, mine = 0;
+    for (int64_t i = threadIdx.x; i < cols; i += NORM_Q_THREADS) {
+        float v = xr[i];
+        if (i == c)
+            mine = v;
+        ss += v * v;
+    }
 #pragma unroll
     for (int o = 16; o; o >>= 1)
         ss += __shfl_xor_sync(0xffffffffu, ss, o);
@@ -444,8 +465,9 @@ norm_quantize_x_kernel(const float *x, const float *norm, float eps, int64_t T, 
     for (int w = 0; w < NORM_Q_THREADS / 32; w++)
         ss += part[w];
     const float inv = 1.0f / sqrtf(ss / (float)cols + eps);
-    for (int64_t c0 = (int64_t)warp * 32; c0 < cols; c0 += NORM_Q_THREADS)
-        quantize_32<Q4>(norm[c0 + lane] * (xr[c0 + lane] * inv), lane, t, c0, T, cols, xq, xs);
+    const int64_t c0 = c - lane; /* cols is a multiple of 32: the warp's block is all in or all out */
+    if (c0 < cols)
+        quantize_32<Q4>(nv * (mine * inv), lane, t, c0, T, cols, xq, xs);
 }
 
 template <int K, int SDT, int T> static void launch_t(gemv_batch &b, int blocks, cudaStream_t s)
@@ -531,8 +553,9 @@ bool exo_cuda_gemv_takes(const exo_linear *w, const float *x, int ldx, int T)
     int kind = kind_of(w);
     if (kind < 0 || T < 1 || T != exo_cuda_gemv_width(w, T) || w->cols % step_cols_of(kind))
         return false;
-    if (integer_kind(kind))
-        return w->cols % 32 == 0 && w->group_size % 32 == 0;
+    if (integer_kind(kind)) /* groups of 32, 64, 128, ...: a step's group is a shift away */
+        return w->cols % 32 == 0 && w->group_size % 32 == 0 && !(w->group_size & (w->group_size - 1)) &&
+               w->rows * (w->cols / w->group_size) < INT32_MAX; /* gemv_kernel's first_group */
     /* x is read as float4, the weight rows as 16-byte steps */
     return (uintptr_t)x % 16 == 0 && (T == 1 || ldx % 4 == 0);
 }
@@ -558,7 +581,7 @@ int exo_cuda_gemv(cudaStream_t stream, int n, const exo_cuda_gemv_job *jobs, int
 {
     /* each distinct (x, layout) is quantized once: the weights sharing an
      * x (q, k, v; gate, up) share its int8 copy */
-    const float *qx[EXO_CUDA_JOBS * 4], *qnorm[EXO_CUDA_JOBS * 4];
+    const float *qx[EXO_CUDA_JOBS * 4], *qnorm[EXO_CUDA_JOBS * 4], *qglu[EXO_CUDA_JOBS * 4];
     bool qlayout[EXO_CUDA_JOBS * 4];
     char *qmem[EXO_CUDA_JOBS * 4];
     int nq = 0;
@@ -574,6 +597,7 @@ int exo_cuda_gemv(cudaStream_t stream, int n, const exo_cuda_gemv_job *jobs, int
         pend.T = T;
         pend.cols = w0.cols;
         b.group_size = w0.format == EXO_WFORMAT_AFFINE ? w0.group_size : 32;
+        b.group_shift = __builtin_ctz((unsigned)b.group_size);
         b.k_split = k_split_of(kind, w0.cols);
         const int block_rows = rows_per_warp_of(kind) * GEMV_WARPS / b.k_split;
         int blocks = 0, i = i0;
@@ -602,22 +626,27 @@ int exo_cuda_gemv(cudaStream_t stream, int n, const exo_cuda_gemv_job *jobs, int
             if (integer_kind(kind)) {
                 bool q4 = kind == GEMV_Q4;
                 int k = 0;
-                while (k < nq && !(qx[k] == src.x && qlayout[k] == q4 && qnorm[k] == src.norm))
+                while (k < nq && !(qx[k] == src.x && qlayout[k] == q4 && qnorm[k] == src.norm && qglu[k] == src.glu_u))
                     k++;
                 if (k == nq) {
                     qx[nq] = src.x;
                     qlayout[nq] = q4;
                     qnorm[nq] = src.norm;
+                    qglu[nq] = src.glu_u;
                     qmem[nq++] = free_at;
                     int8_t *xq = (int8_t *)free_at;
                     float2 *xs = (float2 *)(free_at + xq_codes_bytes(T, w.cols));
                     free_at += xq_bytes(T, w.cols);
                     if (src.norm) {
                         exo_cuda_launch(q4 ? norm_quantize_x_kernel<true> : norm_quantize_x_kernel<false>,
-                                        dim3((unsigned)T), dim3(NORM_Q_THREADS), 0, stream, src.x, src.norm, src.eps,
+                                        dim3((unsigned)T, (unsigned)((w.cols + NORM_Q_THREADS - 1) / NORM_Q_THREADS)),
+                                        dim3(NORM_Q_THREADS), 0, stream, src.x, src.norm, src.eps,
                                         (int64_t)T, (int64_t)w.cols, (int64_t)src.ldx, xq, xs);
                     } else {
                         pend.x[pend.n] = src.x;
+                        pend.u[pend.n] = src.glu_u;
+                        pend.glu_kind[pend.n] = src.glu_kind;
+                        pend.glu_limit[pend.n] = src.glu_limit;
                         pend.ldx[pend.n] = src.ldx;
                         pend.xq[pend.n] = xq;
                         pend.xs[pend.n++] = xs;

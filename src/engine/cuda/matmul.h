@@ -16,8 +16,10 @@
 #define EXO_CUDA_GEMV_ANY_MAX_T 4
 
 /* y[t][r] = W[r] . x'[t] for t < T (row strides ldx, ldy in floats),
- * x' = x / rms(x) * norm when norm is set (a weight that quantizes x, see
- * exo_cuda_gemv_quantizes), else x; accumulate: y += instead of y =. */
+ * x' = x / rms(x) * norm when norm is set, act(x) * glu_u (exo_cuda_glu,
+ * glu_u read at x's strides) when glu_u is set (not both), else x; norm and glu_u
+ * only for a weight that quantizes x (exo_cuda_gemv_quantizes), which
+ * applies them as it does. accumulate: y += instead of y =. */
 typedef struct exo_cuda_gemv_job {
     exo_linear   lin; /* device pointers */
     const float *x;
@@ -26,6 +28,9 @@ typedef struct exo_cuda_gemv_job {
     int          ldy;
     const float *norm;
     float        eps;
+    const float *glu_u;
+    int          glu_kind;
+    float        glu_limit;
     bool         accumulate;
 } exo_cuda_gemv_job;
 
