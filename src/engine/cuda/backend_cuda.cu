@@ -916,24 +916,13 @@ static int call_width(int n, const exo_linear *const *w, const float *const *xs,
     return width;
 }
 
-/* What a quantizing GEMV applies to x as it quantizes it (matmul.h
- * exo_cuda_gemv_job): an RMSNorm, or a gated MLP's activation with u read
- * at x's strides. */
-struct input_fold {
-    const float *norm;
-    float eps;
-    const float *glu_u;
-    int glu_kind;
-    float glu_limit;
-};
-
 /* n products, weight i reading xs[i] (row stride ldx) into ys[i] (row
- * stride ldy; 0: the weight's rows, outputs packed (T, rows)); fold: only
- * where every weight's GEMV quantizes x. */
+ * stride ldy; 0: the weight's rows, outputs packed (T, rows)); fold (matmul.h):
+ * only where every weight's GEMV quantizes x. */
 static int products(cuda_backend *c, int n, const exo_linear *const *w, const float *const *xs, int ldx, int T,
-                    float *const *ys, int ldy, bool accumulate = false, const input_fold *fold = NULL)
+                    float *const *ys, int ldy, bool accumulate = false, const exo_cuda_input_fold *fold = NULL)
 {
-    static const input_fold none = {};
+    static const exo_cuda_input_fold none = {};
     if (!fold)
         fold = &none;
     /* Up to 16 rows (a batch of decode rows, a short prompt chunk) go as GEMV
@@ -953,7 +942,7 @@ static int products(cuda_backend *c, int n, const exo_linear *const *w, const fl
                 yt[i] = ys[i] + (size_t)t0 * (size_t)(ldy > 0 ? ldy : w[i]->rows);
             }
             Tc = call_width(n, w, xt, ldx, T - t0);
-            input_fold part = *fold;
+            exo_cuda_input_fold part = *fold;
             if (part.glu_u)
                 part.glu_u += (size_t)t0 * (size_t)ldx;
             int rc = products(c, n, w, xt, ldx, Tc, yt, ldy > 0 ? ldy : -1, accumulate, &part);
@@ -968,8 +957,7 @@ static int products(cuda_backend *c, int n, const exo_linear *const *w, const fl
         bool fast = i < n && !c->force_gemm && exo_cuda_gemv_takes(w[i], xs[i], ldx, T);
         int ly = i < n && ldy <= 0 ? (int)w[i]->rows : ldy; /* 0 (or -1): rows of the weight's width */
         if (fast)
-            jobs[nj++] = (exo_cuda_gemv_job){*w[i], xs[i], ldx, ys[i], ly, fold->norm, fold->eps,
-                                             fold->glu_u, fold->glu_kind, fold->glu_limit, accumulate};
+            jobs[nj++] = (exo_cuda_gemv_job){*w[i], xs[i], ldx, ys[i], ly, *fold, accumulate};
         if (nj && (!fast || nj == EXO_CUDA_JOBS || i == n)) {
             void *s = scratch(c, SCRATCH_ACT, exo_cuda_gemv_scratch(nj, jobs, T) + 256);
             if (!s)
@@ -1036,7 +1024,7 @@ static int cuda_matmul_fused(exo_backend *be, int n, const exo_linear *const *w,
         int m = n - off < 64 ? n - off : 64;
         for (int i = 0; i < m; i++)
             xs[i] = x;
-        const input_fold fold = {norm, eps, NULL, 0, 0.0f};
+        const exo_cuda_input_fold fold = {norm, eps, NULL, 0, 0.0f};
         int rc = products(c, m, w + off, xs, cols, T, y + off, 0, accumulate, &fold);
         if (rc)
             return rc;
@@ -1059,7 +1047,7 @@ static int cuda_matmul_glu(exo_backend *be, const exo_linear *w, exo_glu_kind ki
     }
     prof_scope prof(c, "matmul");
     const float *xs[1] = {g};
-    const input_fold fold = {NULL, 0, u, (int)kind, limit};
+    const exo_cuda_input_fold fold = {NULL, 0, u, (int)kind, limit};
     return products(c, 1, &w, xs, cols, T, &y, 0, accumulate, &fold);
 }
 

@@ -626,27 +626,27 @@ int exo_cuda_gemv(cudaStream_t stream, int n, const exo_cuda_gemv_job *jobs, int
             if (integer_kind(kind)) {
                 bool q4 = kind == GEMV_Q4;
                 int k = 0;
-                while (k < nq && !(qx[k] == src.x && qlayout[k] == q4 && qnorm[k] == src.norm && qglu[k] == src.glu_u))
+                while (k < nq && !(qx[k] == src.x && qlayout[k] == q4 && qnorm[k] == src.fold.norm && qglu[k] == src.fold.glu_u))
                     k++;
                 if (k == nq) {
                     qx[nq] = src.x;
                     qlayout[nq] = q4;
-                    qnorm[nq] = src.norm;
-                    qglu[nq] = src.glu_u;
+                    qnorm[nq] = src.fold.norm;
+                    qglu[nq] = src.fold.glu_u;
                     qmem[nq++] = free_at;
                     int8_t *xq = (int8_t *)free_at;
                     float2 *xs = (float2 *)(free_at + xq_codes_bytes(T, w.cols));
                     free_at += xq_bytes(T, w.cols);
-                    if (src.norm) {
+                    if (src.fold.norm) {
                         exo_cuda_launch(q4 ? norm_quantize_x_kernel<true> : norm_quantize_x_kernel<false>,
                                         dim3((unsigned)T, (unsigned)((w.cols + NORM_Q_THREADS - 1) / NORM_Q_THREADS)),
-                                        dim3(NORM_Q_THREADS), 0, stream, src.x, src.norm, src.eps,
+                                        dim3(NORM_Q_THREADS), 0, stream, src.x, src.fold.norm, src.fold.eps,
                                         (int64_t)T, (int64_t)w.cols, (int64_t)src.ldx, xq, xs);
                     } else {
                         pend.x[pend.n] = src.x;
-                        pend.u[pend.n] = src.glu_u;
-                        pend.glu_kind[pend.n] = src.glu_kind;
-                        pend.glu_limit[pend.n] = src.glu_limit;
+                        pend.u[pend.n] = src.fold.glu_u;
+                        pend.glu_kind[pend.n] = src.fold.glu_kind;
+                        pend.glu_limit[pend.n] = src.fold.glu_limit;
                         pend.ldx[pend.n] = src.ldx;
                         pend.xq[pend.n] = xq;
                         pend.xs[pend.n++] = xs;

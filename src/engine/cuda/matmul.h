@@ -15,23 +15,27 @@
 /* Most tokens of the slow any-format GEMV. */
 #define EXO_CUDA_GEMV_ANY_MAX_T 4
 
-/* y[t][r] = W[r] . x'[t] for t < T (row strides ldx, ldy in floats),
- * x' = x / rms(x) * norm when norm is set, act(x) * glu_u (exo_cuda_glu,
- * glu_u read at x's strides) when glu_u is set (not both), else x; norm and glu_u
- * only for a weight that quantizes x (exo_cuda_gemv_quantizes), which
- * applies them as it does. accumulate: y += instead of y =. */
-typedef struct exo_cuda_gemv_job {
-    exo_linear   lin; /* device pointers */
-    const float *x;
-    int          ldx;
-    float       *y;
-    int          ldy;
+/* What a GEMV that quantizes its input (exo_cuda_gemv_quantizes) applies to
+ * x as it does: x / rms(x) * norm when norm is set, act(x) * glu_u
+ * (exo_cuda_glu; glu_u read at x's strides) when glu_u is set, not both. */
+typedef struct exo_cuda_input_fold {
     const float *norm;
     float        eps;
     const float *glu_u;
     int          glu_kind;
     float        glu_limit;
-    bool         accumulate;
+} exo_cuda_input_fold;
+
+/* y[t][r] = W[r] . x'[t] for t < T (row strides ldx, ldy in floats), x'
+ * x through fold (nothing set: x itself); accumulate: y += instead of y =. */
+typedef struct exo_cuda_gemv_job {
+    exo_linear          lin; /* device pointers */
+    const float        *x;
+    int                 ldx;
+    float              *y;
+    int                 ldy;
+    exo_cuda_input_fold fold;
+    bool                accumulate;
 } exo_cuda_gemv_job;
 
 /* Whether the GEMV takes this weight and input (format, widths, alignment);
