@@ -118,12 +118,11 @@ typedef struct candidates {
  * plus, where it has a GPU the runner uses (the first), that GPU's free
  * memory less what the model keeps back there for caches and activations
  * (exo_model_gpu_reserve): a runner puts the layers that fit on the GPU
- * and the rest on the CPU. A tensor-parallel rank runs on
- * the CPU (its collectives work on host memory), so only memory counts. */
-static uint64_t gpu_room(const exo_node_info *info, exo_sharding sharding, int k)
+ * and the rest on the CPU, whether it holds layers (pipeline) or a share
+ * of every layer (tensor parallel). */
+static uint64_t gpu_room(const exo_node_info *info)
 {
-    if ((sharding == EXO_SHARDING_TENSOR && k > 1) || !(info->backends & (1u << EXO_BACKEND_CUDA)) ||
-        !info->gpus.n)
+    if (!(info->backends & (1u << EXO_BACKEND_CUDA)) || !info->gpus.n)
         return 0;
     const exo_gpu_info *g = &info->gpus.v[0];
     uint64_t free_bytes = g->memory_total > g->memory_used ? g->memory_total - g->memory_used : 0;
@@ -131,17 +130,17 @@ static uint64_t gpu_room(const exo_node_info *info, exo_sharding sharding, int k
     return free_bytes > keep ? free_bytes - keep : 0;
 }
 
-static uint64_t weight_memory(const exo_node_info *info, exo_sharding sharding, int k)
+static uint64_t weight_memory(const exo_node_info *info)
 {
-    return info->memory_available + gpu_room(info, sharding, k);
+    return info->memory_available + gpu_room(info);
 }
 
 /* Seconds one decode step of a rank spends reading `bytes` of weights:
  * what fits the GPU at the GPU's bandwidth, the rest at the node's memory
  * bandwidth (as the runner splits them); negative when unknown. */
-static double read_seconds(const exo_node_info *info, double bytes, exo_sharding sharding, int k)
+static double read_seconds(const exo_node_info *info, double bytes)
 {
-    double room = (double)gpu_room(info, sharding, k), gpu_bps = room > 0 ? (double)info->gpus.v[0].memory_read_bps : 0;
+    double room = (double)gpu_room(info), gpu_bps = room > 0 ? (double)info->gpus.v[0].memory_read_bps : 0;
     double on_gpu = gpu_bps > 0 ? (bytes < room ? bytes : room) : 0, rest = bytes - on_gpu;
     if (rest > 0 && !info->mem_read_bps)
         return -1;
@@ -156,8 +155,8 @@ static int by_memory_desc(const void *a, const void *b, void *model_id)
     bool hx = exo_node_info_model(&x->info, model_id) != NULL, hy = exo_node_info_model(&y->info, model_id) != NULL;
     if (hx != hy)
         return hx ? -1 : 1;
-    uint64_t mx = weight_memory(&x->info, EXO_SHARDING_PIPELINE, 1),
-             my = weight_memory(&y->info, EXO_SHARDING_PIPELINE, 1);
+    uint64_t mx = weight_memory(&x->info),
+             my = weight_memory(&y->info);
     if (mx != my)
         return mx > my ? -1 : 1;
     return strcmp(x->node_id.s, y->node_id.s);
@@ -254,7 +253,7 @@ static bool try_set(const candidates *c, const exo_placement_request *req, uint3
     uint64_t mem = 0;
     for (int i = 0; i < c->n; i++)
         if (mask & (1u << i))
-            mem += weight_memory(&c->node[i]->info, sharding, k);
+            mem += weight_memory(&c->node[i]->info);
     if (mem > a->best_memory)
         a->best_memory = mem;
     if (mem < card->storage_bytes) {
@@ -295,7 +294,7 @@ static bool try_set(const candidates *c, const exo_placement_request *req, uint3
     }
     uint64_t weights[MAX_CANDIDATES];
     for (int i = 0; i < k; i++)
-        weights[i] = weight_memory(&c->node[order[i]]->info, sharding, k);
+        weights[i] = weight_memory(&c->node[order[i]]->info);
     if (sharding == EXO_SHARDING_PIPELINE) {
         if (exo_placement_pipeline_split(card, weights, k, starts, &why) < 0) {
             note(a, STAGE_RULES, &why);
@@ -311,7 +310,7 @@ static bool try_set(const candidates *c, const exo_placement_request *req, uint3
                              ? (uint64_t)((long double)card->storage_bytes * (hi - lo) / card->n_layers)
                              : card->storage_bytes / (uint64_t)k;
         const exo_state_node *sn = c->node[order[i]];
-        uint64_t room = weight_memory(&sn->info, sharding, k);
+        uint64_t room = weight_memory(&sn->info);
         if (share > room) {
             exo_err_set(&why, EXO_EINVAL, "node %s cannot hold layers %d-%d of %s: needs %.0f MiB, has %.0f MiB",
                         sn->node_id.s, lo, hi, card->model_id, share / MIB, room / MIB);
@@ -363,7 +362,7 @@ double exo_placement_predict(const exo_state *st, const exo_instance *inst, cons
             double head = head_bytes(card), rest = bytes > head ? bytes - head : bytes;
             share = rest * (s->end_layer - s->start_layer) / card->n_layers + (i + 1 == k ? head : 0);
         }
-        double t = read_seconds(&sn->info, share, inst->sharding, (int)k);
+        double t = read_seconds(&sn->info, share);
         if (t < 0)
             return 0;
         if (inst->sharding == EXO_SHARDING_TENSOR && k > 1)
@@ -455,7 +454,7 @@ int exo_placement_place(const exo_state *st, const exo_placement_request *req, e
             int have = 0; /* nodes that need no download */
             for (int i = 0; i < c.n; i++)
                 if (mask & (1u << i)) {
-                    mem += weight_memory(&c.node[i]->info, sharding, k);
+                    mem += weight_memory(&c.node[i]->info);
                     have += exo_node_info_model(&c.node[i]->info, card->model_id) != NULL;
                 }
             /* among sets of one size: those with the model on disk, then the

@@ -1301,9 +1301,6 @@ static int open_gpu(exo_model *m, const exo_model_opts *o, int tp, exo_err *err)
         return 0;
     if (!named && strcmp(d, "auto"))
         return exo_err_set(err, EXO_EINVAL, "device '%s' is not one of auto, cpu, cuda, cuda:N", d);
-    if (tp > 1) /* the collectives work on host memory */
-        return named ? exo_err_set(err, EXO_EUNSUPPORTED, "tensor parallelism across GPUs (NCCL) is not built "
-                                   "yet: use device cpu") : 0;
     if (!named && exo_backend_cuda_devices() == 0)
         return 0;
     exo_err e = {0};
@@ -1606,7 +1603,7 @@ int exo_model_build(const exo_model_config *cfg, const exo_weight_source *src,
         TRY(alloc_acts(m, &m->act, m->cpu, err));
     if (m->gpu_layers)
         TRY(alloc_acts(m, &m->gpu_act, m->gpu, err));
-    if (m->gpu && m->gpu_layers < m->n_layers)
+    if (m->gpu && (m->gpu_layers < m->n_layers || m->allreduce))
         m->bounce = exo_calloc((size_t)m->max_chunk * (size_t)m->dim, sizeof(float));
     {
         float inv_freq[512], local_freq[512];
@@ -2159,12 +2156,20 @@ int exo_seq_copy_prefix(exo_seq *dst, exo_seq *src, int n, exo_err *err)
             return rc_;      \
     } while (0)
 
-/* Tensor parallel: sum the ranks' partial products (a no-op otherwise). */
-static int reduce(exo_model *m, float *x, int T, exo_err *err)
+/* Tensor parallel: sum the ranks' partial products (a no-op otherwise).
+ * The collective sums host memory (a TCP ring between nodes), so a GPU
+ * rank's rows go through the bounce buffer and back: two copies of T x dim
+ * floats, small beside the ring's round trip. */
+static int reduce(exo_model *m, exo_backend *be, float *x, int T, exo_err *err)
 {
     if (!m->allreduce)
         return 0;
-    return m->allreduce(m->allreduce_ctx, x, (size_t)T * (size_t)m->dim, err);
+    size_t n = (size_t)T * (size_t)m->dim;
+    if (be == m->cpu)
+        return m->allreduce(m->allreduce_ctx, x, n, err);
+    OK(be->ops->to_host(be, m->bounce, x, sizeof(float) * n));
+    OK(m->allreduce(m->allreduce_ctx, m->bounce, n, err));
+    return be->ops->to_device(be, x, m->bounce, sizeof(float) * n);
 }
 
 /* Per-expert biases (gpt-oss): gate, up and down of expert e. */
@@ -2332,7 +2337,7 @@ static int moe_decode(exo_model *m, layer *L, float *sum, const float *x, const 
         OK(o->sigmoid_mul(be, a->ye, a->sg, 1, D, 1));
     OK(o->scatter_add_rows(be, sum, a->ye, a->rows, a->row_w, k + sh, D));
     if (m->allreduce) {
-        OK(reduce(m, sum, 1, err));
+        OK(reduce(m, be, sum, 1, err));
         OK(o->add(be, a->x, sum, (size_t)D));
     }
     return 0;
@@ -2402,7 +2407,7 @@ static int moe_forward(exo_model *m, layer *L, int T, exo_err *err)
         OK(o->scatter_add_rows(be, sum, a->ye, a->rows, a->row_w, n, m->dim));
     }
     if (m->allreduce) {
-        OK(reduce(m, sum, T, err));
+        OK(reduce(m, be, sum, T, err));
         OK(o->add(be, a->x, sum, (size_t)T * (size_t)m->dim));
     }
     return 0;
@@ -2518,7 +2523,7 @@ static int attention_forward(exo_model *m, const span *sp, int nsp, int l, int T
     }
     float *const ho[1] = {a->h};
     OK(o->matmul(be, 1, wo, a->att, T, ho));
-    OK(reduce(m, a->h, T, err));
+    OK(reduce(m, be, a->h, T, err));
     if (L->bo)
         OK(o->add_bias(be, a->h, L->bo, T, m->dim));
     return 0;
@@ -2569,7 +2574,7 @@ static int mla_forward(exo_model *m, const span *sp, int nsp, int l, int T, exo_
     const exo_linear *wo[1] = {&L->o};
     float *const ho[1] = {a->h};
     OK(o->matmul(be, 1, wo, a->q, T, ho));
-    return reduce(m, a->h, T, err);
+    return reduce(m, be, a->h, T, err);
 }
 
 /* Gated DeltaNet of the normed rows in a->h into a->h: projections, the
@@ -2598,7 +2603,7 @@ static int linear_forward(exo_model *m, const span *sp, int nsp, int l, int T, e
     const exo_linear *wo[1] = {&L->out_proj};
     float *const ho[1] = {a->h};
     OK(o->matmul(be, 1, wo, a->att, T, ho));
-    return reduce(m, a->h, T, err);
+    return reduce(m, be, a->h, T, err);
 }
 
 static int layer_forward(exo_model *m, const span *sp, int nsp, int l, int T, exo_err *err)
@@ -2645,7 +2650,7 @@ static int layer_forward(exo_model *m, const span *sp, int nsp, int l, int T, ex
     }
     float *const ho[1] = {a->h};
     OK(o->matmul(be, 1, wd, a->g, T, ho));
-    OK(reduce(m, a->h, T, err));
+    OK(reduce(m, be, a->h, T, err));
     if (L->post_mlp_norm)
         OK(o->rmsnorm(be, a->h, a->h, L->post_mlp_norm, T, m->dim, m->eps));
     OK(o->add(be, a->x, a->h, (size_t)T * (size_t)m->dim));
@@ -2683,11 +2688,12 @@ static int head_forward(exo_model *m, int r0, int rows, float *out, exo_err *err
     }
     OK(be->ops->rmsnorm(be, a->h, x, m->final_norm, rows, m->dim, m->eps));
     const exo_linear *w[1] = {&m->lm_head};
-    for (int r = 0; r < rows; r++) {
-        float *const y[1] = {a->logits + m->vocab_bounds[m->tp_rank]};
+    size_t lo = (size_t)m->vocab_bounds[m->tp_rank], mine = (size_t)m->vocab_bounds[m->tp_rank + 1] - lo;
+    for (int r = 0; r < rows; r++) { /* the gather fills the rest of the host row around this rank's share */
+        float *const y[1] = {a->logits + lo};
         OK(be->ops->matmul(be, 1, w, a->h + (size_t)r * (size_t)m->dim, 1, y));
-        OK(m->allgather(m->allreduce_ctx, a->logits, m->vocab_bounds, err));
-        OK(be->ops->to_host(be, out + (size_t)r * V, a->logits, sizeof(float) * V));
+        OK(be->ops->to_host(be, out + (size_t)r * V + lo, a->logits + lo, sizeof(float) * mine));
+        OK(m->allgather(m->allreduce_ctx, out + (size_t)r * V, m->vocab_bounds, err));
     }
     return 0;
 }

@@ -35,13 +35,13 @@
 typedef struct exo_model exo_model;
 typedef struct exo_seq exo_seq;
 
-/* Collective of a tensor-parallel group: x (n floats, memory of the
- * layer's backend) becomes the element-wise sum of every rank's x, the
- * same bits on every rank. Returns 0 or an EXO_E* code (a peer gone, a
+/* Collective of a tensor-parallel group: x (n floats of host memory; a GPU
+ * rank's partial sums are copied out and back around it) becomes the
+ * element-wise sum of every rank's x, the same bits on every rank. Returns 0 or an EXO_E* code (a peer gone, a
  * timeout), which the forward pass returns unchanged. */
 typedef int (*exo_allreduce_fn)(void *ctx, float *x, size_t n, exo_err *err);
-/* Rank r holds x[bounds[r] .. bounds[r+1]); afterwards every rank holds
- * all of x (bounds: tp_size + 1 entries). */
+/* Rank r holds x[bounds[r] .. bounds[r+1]) (host memory); afterwards
+ * every rank holds all of x (bounds: tp_size + 1 entries). */
 typedef int (*exo_allgather_fn)(void *ctx, float *x, const size_t *bounds, exo_err *err);
 
 typedef struct exo_model_opts {
@@ -61,7 +61,7 @@ typedef struct exo_model_opts {
      * Tensor parallel: rank tp_rank of tp_size holds the attention heads,
      * MLP columns and LM-head rows (vocabulary) exo_tp_share gives it; the
      * collectives sum the partial products and gather the logits, which
-     * every rank then has. */
+     * every rank then has. A rank's layers go on its device as above. */
     int start_layer, end_layer;
     int tp_rank, tp_size;
     exo_allreduce_fn tp_allreduce;

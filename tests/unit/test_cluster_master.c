@@ -186,10 +186,6 @@ static void add_speed_node(exo_state *st, const char *id, uint64_t ram, uint64_t
     exo_event_clear(&ev);
 }
 
-/* A node with little memory but a GPU: a runner puts what fits on the GPU
- * (less the room it keeps back) and the rest on the CPU, so the node holds
- * a model its memory alone could not; a tensor-parallel rank, which runs on
- * the CPU, counts the memory only. */
 /* A one-request pipeline placement of card, which must go wholly to node want. */
 static void place_whole_on(exo_state *st, exo_model_card *card, const char *want, exo_instance *inst)
 {
@@ -200,6 +196,10 @@ static void place_whole_on(exo_state *st, exo_model_card *card, const char *want
     cr_assert_str_eq(inst->shards[0].node_id.s, want);
 }
 
+/* A node with little memory but a GPU: a runner puts what fits on the GPU
+ * (less the room it keeps back) and the rest on the CPU, so the node holds
+ * a model its memory alone could not; so does a tensor-parallel rank, whose
+ * share of every layer goes on its GPU the same way. */
 Test(placement, a_gpu_node_holds_what_fits_its_gpu_and_memory)
 {
     exo_state *st = exo_state_new();
@@ -214,6 +214,22 @@ Test(placement, a_gpu_node_holds_what_fits_its_gpu_and_memory)
     exo_err err = {0};
     cr_assert_eq(exo_placement_place(st, &req, &inst, &err), EXO_EINVAL);
     cr_assert(strstr(err.msg, "not enough memory"), "%s", err.msg);
+    exo_state_free(st);
+
+    /* two such nodes hold 2 x 32 GiB tensor parallel, not 2 x 4 GiB */
+    st = exo_state_new();
+    static const char *const ids[] = {"g0", "g1"};
+    add_speed_node(st, "g0", 4 * GIB, 0, 32 * GIB, 0);
+    add_speed_node(st, "g1", 4 * GIB, 0, 32 * GIB, 0);
+    full_mesh(st, ids, 2);
+    m.storage_bytes = 60 * GIB;
+    req = (exo_placement_request){&m, EXO_SHARDING_TENSOR, EXO_INSTANCE_META_MLX_RING, 2, 0};
+    cr_assert_eq(exo_placement_place(st, &req, &inst, &err), 0, "%s", err.msg);
+    cr_assert_eq(inst.n_shards, 2);
+    cr_assert_eq(inst.sharding, EXO_SHARDING_TENSOR);
+    exo_instance_clear(&inst);
+    m.storage_bytes = 65 * GIB;
+    cr_assert_eq(exo_placement_place(st, &req, &inst, &err), EXO_EINVAL);
     exo_state_free(st);
 }
 

@@ -23,6 +23,7 @@
  * from its own files of a multi-file checkpoint; the ring itself is
  * checked for its all-reduce, its key, a closed peer and a silent one. */
 #include "core/alloc.h"
+#include "engine/backend.h"
 #include "engine/generate.h"
 #include "engine/safetensors.h"
 #include "runner/dist.h"
@@ -52,6 +53,7 @@ static const char *exo_bin(void)
 
 typedef struct rank_ctx {
     const char *dir;
+    const char *device; /* NULL: as EXO_DEVICE says */
     int         rank, world;
     bool        tensor;
     int         start, end;
@@ -74,7 +76,7 @@ static int join(rank_ctx *c)
     int r = exo_ring_connect(&rc, &c->ring, &c->err);
     if (r)
         return r;
-    exo_model_opts o = {.n_threads = 1};
+    exo_model_opts o = {.n_threads = 1, .device = c->device};
     if (c->tensor) {
         o.tp_rank = c->rank;
         o.tp_size = c->world;
@@ -152,12 +154,12 @@ static exo_gen_params params(void)
     return p;
 }
 
-static void reference_k(const char *dir, int k, rec *out)
+static void reference_k(const char *dir, const char *device, int k, rec *out)
 {
     exo_model *m;
     exo_seq *s;
     exo_err err = {0};
-    exo_model_opts o = {.n_threads = 1};
+    exo_model_opts o = {.n_threads = 1, .device = device};
     cr_assert_eq(exo_model_load(dir, &o, &m, &err), 0, "%s: %s", dir, err.msg);
     cr_assert_eq(exo_seq_create(m, 128, &s, &err), 0);
     int32_t ids[N_PROMPT];
@@ -170,12 +172,12 @@ static void reference_k(const char *dir, int k, rec *out)
     exo_model_free(m);
 }
 
-static void reference(const char *dir, rec *out) { reference_k(dir, 0, out); }
+static void reference(const char *dir, const char *device, rec *out) { reference_k(dir, device, 0, out); }
 
 /* Splits dir `world` ways and generates through the ring: one request
  * (n_req 0) on the stepper, or n_req requests in flight at once, one per
  * slot, with prompts 0..n_req-1. */
-static void split_run_n(const char *dir, int world, bool tensor, int n_req, rec *out)
+static void split_run_n(const char *dir, const char *device, int world, bool tensor, int n_req, rec *out)
 {
     rank_ctx ctx[MAX_RANKS];
     int ports[MAX_RANKS];
@@ -193,6 +195,7 @@ static void split_run_n(const char *dir, int world, bool tensor, int n_req, rec 
     for (int i = 0; i < world; i++) {
         rank_ctx *c = &ctx[i];
         c->dir = dir;
+        c->device = device;
         c->rank = i;
         c->world = world;
         c->tensor = tensor;
@@ -238,16 +241,12 @@ static void split_run_n(const char *dir, int world, bool tensor, int n_req, rec 
     cr_assert_eq(rc, 0, "%s split %d ways (%s): %s", dir, world, tensor ? "tensor" : "pipeline", err.msg);
 }
 
-static void split_run(const char *dir, int world, bool tensor, rec *out)
-{
-    split_run_n(dir, world, tensor, 0, out);
-}
-
-static void check(const char *dir, int world, bool tensor, float tol)
+/* Generates through the split and alone, both on `device`, and compares. */
+static void check_on(const char *dir, const char *device, int world, bool tensor, float tol)
 {
     rec want, got;
-    reference(dir, &want);
-    split_run(dir, world, tensor, &got);
+    reference(dir, device, &want);
+    split_run_n(dir, device, world, tensor, 0, &got);
     cr_assert_eq(got.n, want.n, "%s: %d tokens, want %d", dir, got.n, want.n);
     for (int t = 0; t < want.n; t++) {
         const exo_sample *a = &want.s[t], *b = &got.s[t];
@@ -269,6 +268,8 @@ static void check(const char *dir, int world, bool tensor, float tol)
         cr_assert_eq(b->id, a->id, "%s tensor/%d step %d: id %d, want %d", dir, world, t, b->id, a->id);
     }
 }
+
+static void check(const char *dir, int world, bool tensor, float tol) { check_on(dir, NULL, world, tensor, tol); }
 
 static char stories[PATH_MAX + 8];
 
@@ -298,10 +299,10 @@ Test(dist, stories_pipeline_requests_in_flight, .init = stories_setup, .timeout 
     for (int w = 2; w <= 3; w++) {
         rec got[MAX_RANKS];
         int n = w + 1 <= MAX_RANKS ? w + 1 : MAX_RANKS;
-        split_run_n(stories, w, false, n, got);
+        split_run_n(stories, NULL, w, false, n, got);
         for (int k = 0; k < n; k++) {
             rec want;
-            reference_k(stories, k, &want);
+            reference_k(stories, NULL, k, &want);
             cr_assert_eq(got[k].n, want.n, "request %d: %d tokens, want %d", k, got[k].n, want.n);
             for (int t = 0; t < want.n; t++) {
                 const exo_sample *a = &want.s[t], *b = &got[k].s[t];
@@ -374,6 +375,29 @@ Test(dist, fixtures_tensor, .timeout = 60)
         char d[256];
         snprintf(d, sizeof d, "tests/fixtures/%s", cases[i].dir);
         check(d, 2, true, cases[i].tol);
+    }
+}
+
+/* Tensor parallel on the GPU: each rank's share of every layer on the
+ * device, its partial sums copied to the host for the ring and back, the
+ * LM head's rows gathered on the host. The ranks share the one GPU a test
+ * machine has; the reference is the whole model on that GPU. Tolerances as
+ * on the CPU (the split reorders the same sums). */
+Test(dist, tensor_on_the_gpu, .init = stories_setup, .timeout = 240)
+{
+    if (exo_backend_cuda_devices() <= 0)
+        cr_skip_test("needs a GPU");
+    check_on(stories, "cuda", 2, true, 2e-4f);
+    check_on(stories, "cuda", 4, true, 2e-4f);
+    static const struct { const char *dir; float tol; } cases[] = {
+        {"llama-bf16", 2e-4f}, {"llama-q8g64", 2e-2f}, {"qwen3-q4g64", 2e-2f}, {"gemma3-q4g64", 2e-2f},
+        {"qwen3_5-q4g64", 2e-2f}, {"qwen3_moe-bf16", 2e-3f}, {"gpt_oss-mxfp4", 2e-2f},
+        {"deepseek_v3-bf16", 2e-3f}};
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char d[256];
+        snprintf(d, sizeof d, "tests/fixtures/%s", cases[i].dir);
+        check_on(d, "cuda", 2, true, cases[i].tol);
+        check_on(d, "cuda", 2, false, 0);
     }
 }
 
