@@ -247,6 +247,12 @@ typedef struct exo_backend_ops {
                      float *w);
     int  (*add_weighted_rows)(exo_backend *be, float *dst, const float *src, const float *w, int n, int n_plain,
                               int dim);
+    /* Optional with the three above (NULL: experts with biases route on the
+     * host): row j of y (k rows of dim) += bias + idx[j] * stride, the
+     * bias of the expert moe_pick chose for slot j (idx, bias: backend
+     * memory), as add_bias adds it. */
+    int  (*add_picked_bias)(exo_backend *be, float *y, const float *bias, size_t stride, const int32_t *idx, int k,
+                            int dim);
 
     /* Optional (NULL: the caller runs rmsnorm and rope on each): q's
      * n_q heads and k's n_k heads, T tokens each, through their per-head

@@ -863,14 +863,16 @@ static int bind_experts(binder *b, int l, layer *L, part pgu, part pd, part psgu
 
 /* Decode of a sparse layer picks its experts on the device where the
  * backend can (backend.h moe_pick_table), so the step never waits for the
- * host. Not for gpt-oss's per-expert biases (added by expert id) or
- * tensor-parallel ranks (whose choices must agree bit for bit: the host
- * router makes them so). A backend that cannot read these experts so
- * leaves the host route in place, which is no error. */
+ * host; gpt-oss's per-expert biases are then looked up by the choice on
+ * the device too (add_picked_bias). Not for tensor-parallel ranks (whose
+ * choices must agree bit for bit: the host router makes them so). A
+ * backend that cannot read these experts so leaves the host route in
+ * place, which is no error. */
 static void pick_on_device(binder *b, layer *L, int tp)
 {
     const exo_backend_ops *o = b->be->ops;
-    if (!o->moe_pick_table || !o->moe_pick || !o->add_weighted_rows || L->expert_bias || tp > 1)
+    if (!o->moe_pick_table || !o->moe_pick || !o->add_weighted_rows || (L->expert_bias && !o->add_picked_bias) ||
+        tp > 1)
         return;
     exo_err why = {0};
     L->pick_table = o->moe_pick_table(b->be, L->experts, L->n_experts, &why);
@@ -2251,6 +2253,11 @@ static int moe_decode_picked(exo_model *m, layer *L, const exo_moe_router *rt, f
         a->sel_y[2 * j + 1] = a->u + (size_t)j * (size_t)I;
     }
     OK(normed_products(m, be, 2 * k, a->sel_w, x, norm, 1, a->sel_y));
+    size_t per = (size_t)(2 * I + D); /* an expert's biases: gate, up, down (expert_bias) */
+    if (L->expert_bias) {
+        OK(o->add_picked_bias(be, a->g, L->expert_bias, per, a->pick_idx, k, I));
+        OK(o->add_picked_bias(be, a->u, L->expert_bias + I, per, a->pick_idx, k, I));
+    }
     OK(o->glu(be, m->glu, a->g, a->u, (size_t)k * (size_t)I + (size_t)(sh ? m->sh_ffn : 0), m->glu_limit));
     for (int j = 0; j < k; j++) { /* output rows: the shared expert's first */
         a->sel_w[j] = &chosen[3 * j + 2];
@@ -2263,6 +2270,8 @@ static int moe_decode_picked(exo_model *m, layer *L, const exo_moe_router *rt, f
         a->sel_y[k] = a->ye;
     }
     OK(o->matmul_each(be, k + sh, a->sel_w, a->sel_x, 1, a->sel_y));
+    if (L->expert_bias)
+        OK(o->add_picked_bias(be, a->ye + (size_t)sh * (size_t)D, L->expert_bias + 2 * I, per, a->pick_idx, k, D));
     if (L->sh_router.rows)
         OK(o->sigmoid_mul(be, a->ye, a->sg, 1, D, 1));
     return o->add_weighted_rows(be, sum, a->ye, a->pick_w, k, sh, D);

@@ -1338,6 +1338,17 @@ Test(backend_ops, moe_pick)
         ON(b.cpu, scatter_add_rows, sum.cpu, rows.cpu, zero, scale, K + 1, D);
         ON(b.gpu, add_weighted_rows, sum.gpu, rows.gpu, w_dev, K, 1, D);
         dual_check(&b, &sum, "add_weighted_rows", NMSE_ELEMENTWISE, "%s", w[0].name);
+        /* the chosen experts' biases (gpt-oss), as add_bias adds each one's */
+        if (f == 0) {
+            enum { STRIDE = 2 * I + D };
+            dual bias = dual_rand(&b, (size_t)E * STRIDE, 1.0f), yb = dual_rand(&b, (size_t)K * D, 1.0f);
+            for (int j = 0; j < K; j++)
+                ON(b.cpu, add_bias, yb.cpu + (size_t)j * D, bias.cpu + (size_t)idx[j] * STRIDE + 2 * I, 1, D);
+            ON(b.gpu, add_picked_bias, yb.gpu, bias.gpu + 2 * I, STRIDE, idx_dev, K, D);
+            dual_check(&b, &yb, "add_picked_bias", NMSE_EXACT, "k %d, dim %d", K, D);
+            dual_free(&b, &bias);
+            dual_free(&b, &yb);
+        }
 
         dual_free(&b, &rows);
         dual_free(&b, &sum);
@@ -1719,6 +1730,58 @@ Test(backend_ops, recorded_decode_steps_match_eager)
         free(out[0][q]);
         free(out[1][q]);
     }
+}
+
+/* gpt-oss decode on the GPU picks its experts there, their biases too
+ * (add_picked_bias), so its steps are recorded and replayed like a dense
+ * model's: the same logits as routing on the host (EXO_MOE_PATH=host-route,
+ * op by op), to the router's rounding (moe_pick's weights). */
+Test(backend_ops, gpt_oss_decode_routes_on_the_device)
+{
+    exo_err err = {0};
+    if (exo_backend_cuda_devices() <= 0)
+        cr_skip_test("needs a GPU");
+    enum { STEPS = 8 };
+    int32_t prompt[7] = {1, 5, 9, 200, 17, 33, 8};
+    float *out[2];
+    long replayed[2];
+    int V = 0;
+    for (int dev = 0; dev < 2; dev++) {
+        if (dev)
+            unsetenv("EXO_MOE_PATH");
+        else
+            setenv("EXO_MOE_PATH", "host-route", 1);
+        exo_model *m = NULL;
+        exo_seq *s = NULL;
+        exo_model_opts o = {.n_threads = 1, .device = "cuda"};
+        cr_assert_eq(exo_model_load("tests/fixtures/gpt_oss-mxfp4", &o, &m, &err), 0, "%s", err.msg);
+        V = exo_model_vocab(m);
+        out[dev] = malloc(sizeof(float) * (size_t)V * STEPS);
+        cr_assert_eq(exo_seq_create(m, 64, &s, &err), 0, "%s", err.msg);
+        cr_assert_eq(exo_model_forward(m, s, prompt, 7, out[dev], false, &err), 0, "%s", err.msg);
+        for (int step = 1; step < STEPS; step++) {
+            int32_t tok = (int32_t)((step * 37) % V);
+            cr_assert_eq(exo_model_forward(m, s, &tok, 1, out[dev] + (size_t)step * V, false, &err), 0, "%s",
+                         err.msg);
+        }
+        replayed[dev] = exo_model_replayed_steps(m);
+        exo_seq_free(s);
+        exo_model_free(m);
+    }
+    unsetenv("EXO_MOE_PATH");
+    cr_expect_eq(replayed[0], 0, "routed on the host, no step can be recorded");
+    cr_expect_gt(replayed[1], 0, "routed on the device, decode steps replay a recording");
+    double num = 0, den = 0;
+    for (size_t i = 0; i < (size_t)V * STEPS; i++) {
+        double d = (double)out[1][i] - out[0][i];
+        num += d * d;
+        den += (double)out[0][i] * out[0][i];
+    }
+    cr_log_info("gpt-oss: %ld of %d steps replayed; device route against host route NMSE %.3e", replayed[1],
+                STEPS - 1, num / den);
+    cr_expect(num / den < NMSE_GEMV, "NMSE %.3e", num / den);
+    free(out[0]);
+    free(out[1]);
 }
 
 /* The greedy pick on the device against the host's: the lowest index of

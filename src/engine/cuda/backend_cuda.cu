@@ -1389,6 +1389,25 @@ static int cuda_add_weighted_rows(exo_backend *be, float *dst, const float *src,
     return exo_cuda_launched("add_weighted_rows");
 }
 
+__global__ void add_picked_bias_kernel(float *y, const float *bias, size_t stride, const int32_t *idx, int dim)
+{
+    exo_cuda_wait_inputs();
+    exo_cuda_start_next();
+    const float *b = bias + (size_t)idx[blockIdx.y] * stride;
+    float *row = y + (size_t)blockIdx.y * dim;
+    for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < dim; j += gridDim.x * blockDim.x)
+        row[j] += b[j];
+}
+
+static int cuda_add_picked_bias(exo_backend *be, float *y, const float *bias, size_t stride, const int32_t *idx, int k,
+                                int dim)
+{
+    prof_scope prof(cu(be), "add_picked_bias");
+    exo_cuda_launch(add_picked_bias_kernel, dim3(blocks_for((size_t)dim), k), dim3(256), 0, cu(be)->stream, y, bias,
+                    stride, idx, dim);
+    return exo_cuda_launched("add_picked_bias");
+}
+
 __global__ void gather_rows_kernel(float *dst, const float *src, const int32_t *rows, int n, int dim)
 {
     exo_cuda_wait_inputs();
@@ -1534,6 +1553,7 @@ static const exo_backend_ops cuda_ops = {
     .moe_pick_table = cuda_moe_pick_table,
     .moe_pick = cuda_moe_pick,
     .add_weighted_rows = cuda_add_weighted_rows,
+    .add_picked_bias = cuda_add_picked_bias,
     .qk_norm_rope = cuda_qk_norm_rope,
     .qk_norm_rope_rows = cuda_qk_norm_rope_rows,
 };
