@@ -11,7 +11,7 @@
  * byte). Sixteen bytes of MLX affine 4-bit are 32 codes of one group
  * (groups are 32, 64 or 128 wide), so a step needs one scale and one bias:
  * sum (s q + b) x = s (q . x) + b sum(x). MXFP4's 16 bytes are exactly one
- * 32-wide block with one E8M0 scale. One launch runs up to EXO_CUDA_JOBS
+ * 32-wide block with one E8M0 scale and no bias. One launch runs up to EXO_CUDA_JOBS
  * weights of one format (q, k and v; gate and up; a token's experts), each
  * with its own x and y, blocks dealt to weights by their row counts.
  *
@@ -80,7 +80,7 @@ __device__ float weight_at(const exo_linear &w, int64_t r, int64_t c)
 
 /* ---- the streaming GEMV -------------------------------------------------- */
 
-/* Integer path for affine 4/8-bit: unpacking codes to floats needs an
+/* Integer path for affine 4/8-bit and MXFP4: unpacking codes to floats needs an
  * int-to-float conversion per code, a quarter-rate instruction that caps
  * such a kernel at about half the memory bandwidth. As the CPU does
  * (cpu/gemv_avx512.c), x is quantized per 32 columns (16 for 8-bit) in two
@@ -92,7 +92,12 @@ __device__ float weight_at(const exo_linear &w, int64_t r, int64_t c)
  * products are dp4a, four code-by-activation products per instruction.
  * 4-bit codes are split into even (low nibble) and odd (high nibble)
  * elements and the activation is stored in that order, so codes are never
- * shuffled. */
+ * shuffled. MXFP4 codes become int8 2 * e2m1 through a table in registers
+ * (mxfp4_values), in that same even/odd order, and take signed dp4a; a
+ * step is one block, its scale half the E8M0 one. (The float path it
+ * replaced read the value table from constant memory at a per-lane index,
+ * which the hardware serializes: gpt-oss-20b's experts ran at a few % of
+ * the bandwidth.) */
 
 enum gemv_kind { GEMV_F32, GEMV_F16, GEMV_BF16, GEMV_Q4, GEMV_Q8, GEMV_MXFP4 };
 
@@ -104,13 +109,38 @@ template <int K> struct step_cols { static const int n = K == GEMV_F32 ? 4 : K =
 #define GEMV_Q4_ROWS 4
 template <int K> struct rows_per_warp { static const int n = K == GEMV_Q4 || K == GEMV_MXFP4 ? GEMV_Q4_ROWS : 2; };
 
-static bool integer_kind(int k) { return k == GEMV_Q4 || k == GEMV_Q8; }
+static bool integer_kind(int k) { return k == GEMV_Q4 || k == GEMV_Q8 || k == GEMV_MXFP4; }
 
 __device__ __forceinline__ int dp4a_us(uint32_t a, int b, int c)
 {
     int d;
     asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
     return d;
+}
+
+__device__ __forceinline__ int dp4a_ss(int a, int b, int c)
+{
+    int d;
+    asm("dp4a.s32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+
+/* MXFP4 codes to int8 2 * e2m1 (0, +-1, +-2, +-3, +-4, +-6, +-8, +-12), a
+ * word of 8 codes at a time: evens gets codes 0, 2, 4, 6 (the low nibbles,
+ * the Q4 activation layout's order), odds 1, 3, 5, 7. The 16-entry table
+ * is four registers read by byte permutes (a per-lane index into memory
+ * would serialize the warp's distinct addresses): a nibble's low three bits
+ * pick among the non-negative or the negative half, its top bit which. */
+__device__ __forceinline__ void mxfp4_values(uint32_t w, int &evens, int &odds)
+{
+    const uint32_t pos_lo = 0x03020100u, pos_hi = 0x0c080604u; /* 0 1 2 3, 4 6 8 12 */
+    const uint32_t neg_lo = 0xfdfeff00u, neg_hi = 0xf4f8fafcu; /* -0 -1 -2 -3, -4 -6 -8 -12 */
+    const uint32_t idx = w & 0x77777777u, half = 0x32103210u | ((w & 0x88888888u) >> 1);
+    uint32_t a = __byte_perm(__byte_perm(pos_lo, pos_hi, idx), __byte_perm(neg_lo, neg_hi, idx), half);
+    uint32_t b = __byte_perm(__byte_perm(pos_lo, pos_hi, idx >> 16), __byte_perm(neg_lo, neg_hi, idx >> 16),
+                             half >> 16);
+    evens = (int)__byte_perm(a, b, 0x6420);
+    odds = (int)__byte_perm(a, b, 0x7531);
 }
 
 __device__ __forceinline__ void x_slice(const float *x, int n, float *out)
@@ -177,13 +207,6 @@ __device__ __forceinline__ float float_step(uint4 wv, const float *xs, const voi
             float2 f = __half22float2(*(const __half2 *)&wd[i]);
             acc += f.x * xs[2 * i] + f.y * xs[2 * i + 1];
         }
-    } else { /* MXFP4: one block of 32 */
-#pragma unroll
-        for (int i = 0; i < 4; i++)
-#pragma unroll
-            for (int j = 0; j < 8; j++)
-                acc += fp4_values[(wd[i] >> (4 * j)) & 15] * xs[i * 8 + j];
-        acc *= e8m0(((const uint8_t *)scales)[group]);
     }
     return acc;
 }
@@ -223,6 +246,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_kernel(const __grid_cons
                               : K == GEMV_Q8 ? cols : cols / 2;
     const int64_t groups = K == GEMV_MXFP4 ? cols / 32 : (K == GEMV_Q4 || K == GEMV_Q8) ? cols / b.group_size : 0;
     const bool affine = K == GEMV_Q4 || K == GEMV_Q8;
+    const bool integer = affine || K == GEMV_MXFP4;
     int64_t rowc[ROWS];
     const uint4 *wrow[ROWS];
     int first_group[ROWS]; /* affine: where the rows' scales and biases start (fewer than 2^31) */
@@ -241,7 +265,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_kernel(const __grid_cons
     /* GEMV_UNROLL steps of every row in flight before the first is used */
     constexpr int GEMV_UNROLL = GEMV_UNROLL_OF(K);
     uint4 wvu[GEMV_UNROLL][ROWS];
-    float sc[GEMV_UNROLL][ROWS], bi[GEMV_UNROLL][ROWS];
+    float sc[GEMV_UNROLL][ROWS], bi[GEMV_UNROLL][ROWS] = {};
     const int64_t first = lane + (int64_t)32 * GEMV_UNROLL * slice, stride = (int64_t)32 * GEMV_UNROLL * ks;
     auto fetch = [&](int64_t s0) {
 #pragma unroll
@@ -254,6 +278,8 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_kernel(const __grid_cons
                 if (affine) {
                     sc[u][r] = scalar_at<SDT>(sbase, first_group[r] + g);
                     bi[u][r] = scalar_at<SDT>(bbase, first_group[r] + g);
+                } else if (K == GEMV_MXFP4) { /* the table holds 2 * e2m1: half the block's scale */
+                    sc[u][r] = 0.5f * e8m0(((const uint8_t *)sbase)[first_group[r] + g]);
                 }
             }
         }
@@ -272,13 +298,13 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_kernel(const __grid_cons
             break;
         const uint4 *wv = wvu[u];
         const int64_t col = s * SC;
-        if (affine) {
+        if (integer) {
 #pragma unroll
             for (int t = 0; t < T; t++) {
                 const int8_t *xq = job.xq + (int64_t)t * cols + col, *xq2 = xq + job.rows_x * cols;
-                const float2 xs = __ldg(job.xs + ((int64_t)t * cols + col) / (K == GEMV_Q4 ? 32 : 16));
+                const float2 xs = __ldg(job.xs + ((int64_t)t * cols + col) / (K == GEMV_Q8 ? 16 : 32));
                 int xv[8], xv2[8];
-                if (K == GEMV_Q4) {
+                if (K != GEMV_Q8) {
                     int4 a = __ldg((const int4 *)xq), c = __ldg((const int4 *)xq + 1);
                     int4 a2 = __ldg((const int4 *)xq2), c2 = __ldg((const int4 *)xq2 + 1);
                     xv[0] = a.x; xv[1] = a.y; xv[2] = a.z; xv[3] = a.w;
@@ -302,12 +328,22 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_kernel(const __grid_cons
                             dot = dp4a_us(hi, xv[2 * i + 1], dot);
                             dot2 = dp4a_us(lo, xv2[2 * i], dot2);
                             dot2 = dp4a_us(hi, xv2[2 * i + 1], dot2);
+                        } else if (K == GEMV_MXFP4) {
+                            int ev, od;
+                            mxfp4_values(wd[i], ev, od);
+                            dot = dp4a_ss(ev, xv[2 * i], dot);
+                            dot = dp4a_ss(od, xv[2 * i + 1], dot);
+                            dot2 = dp4a_ss(ev, xv2[2 * i], dot2);
+                            dot2 = dp4a_ss(od, xv2[2 * i + 1], dot2);
                         } else {
                             dot = dp4a_us(wd[i], xv[i], dot);
                             dot2 = dp4a_us(wd[i], xv2[i], dot2);
                         }
                     }
-                    acc[r][t] += sc[u][r] * xs.x * (float)(dot * 256 + dot2) + bi[u][r] * xs.y;
+                    if (K == GEMV_MXFP4)
+                        acc[r][t] += sc[u][r] * xs.x * (float)(dot * 256 + dot2);
+                    else
+                        acc[r][t] += sc[u][r] * xs.x * (float)(dot * 256 + dot2) + bi[u][r] * xs.y;
                 }
             }
         } else {
@@ -476,10 +512,10 @@ template <int K, int SDT, int T> static void launch_t(gemv_batch &b, int blocks,
 }
 
 /* Widest launch of each kind (exo_cuda_gemv_width): the 4-bit kernels run
- * out of registers first (Q4: 255 and spills at 16 rows, where 16 streams
- * of llama-3.1-8b went from 1.81x one stream to 1.26x, at 8 rows 1.88x;
- * MXFP4 spills from 2 rows on already). */
-static int max_width_of(int kind) { return kind == GEMV_MXFP4 ? 4 : kind == GEMV_Q4 ? 8 : 16; }
+ * out of registers first (Q4 and MXFP4: 255 and spills at 16 rows, where
+ * 16 streams of llama-3.1-8b q4 went from 1.81x one stream to 1.26x, at 8
+ * rows 1.88x). */
+static int max_width_of(int kind) { return kind == GEMV_MXFP4 || kind == GEMV_Q4 ? 8 : 16; }
 
 template <int K, int SDT> static void launch_k(gemv_batch &b, int T, int blocks, cudaStream_t s)
 {
@@ -488,10 +524,7 @@ template <int K, int SDT> static void launch_k(gemv_batch &b, int T, int blocks,
     case 2: launch_t<K, SDT, 2>(b, blocks, s); break;
     case 3: launch_t<K, SDT, 3>(b, blocks, s); break;
     case 4: launch_t<K, SDT, 4>(b, blocks, s); break;
-    case 8:
-        if constexpr (K != GEMV_MXFP4)
-            launch_t<K, SDT, 8>(b, blocks, s);
-        break;
+    case 8: launch_t<K, SDT, 8>(b, blocks, s); break;
     default:
         if constexpr (K != GEMV_MXFP4 && K != GEMV_Q4)
             launch_t<K, SDT, 16>(b, blocks, s);
@@ -553,6 +586,8 @@ bool exo_cuda_gemv_takes(const exo_linear *w, const float *x, int ldx, int T)
     int kind = kind_of(w);
     if (kind < 0 || T < 1 || T != exo_cuda_gemv_width(w, T) || w->cols % step_cols_of(kind))
         return false;
+    if (kind == GEMV_MXFP4) /* blocks of 32, one a step */
+        return w->cols % 32 == 0 && w->rows * (w->cols / 32) < INT32_MAX;
     if (integer_kind(kind)) /* groups of 32, 64, 128, ...: a step's group is a shift away */
         return w->cols % 32 == 0 && w->group_size % 32 == 0 && !(w->group_size & (w->group_size - 1)) &&
                w->rows * (w->cols / w->group_size) < INT32_MAX; /* gemv_kernel's first_group */
@@ -624,7 +659,7 @@ int exo_cuda_gemv(cudaStream_t stream, int n, const exo_cuda_gemv_job *jobs, int
             d.xq = NULL;
             d.xs = NULL;
             if (integer_kind(kind)) {
-                bool q4 = kind == GEMV_Q4;
+                bool q4 = kind != GEMV_Q8; /* MXFP4 takes the 4-bit activation layout */
                 int k = 0;
                 while (k < nq && !(qx[k] == src.x && qlayout[k] == q4 && qnorm[k] == src.fold.norm && qglu[k] == src.fold.glu_u))
                     k++;
@@ -661,7 +696,7 @@ int exo_cuda_gemv(cudaStream_t stream, int n, const exo_cuda_gemv_job *jobs, int
         b.first_block[b.n] = blocks;
         if (pend.n) {
             dim3 grid((unsigned)(((int64_t)T * w0.cols + 255) / 256), (unsigned)pend.n);
-            exo_cuda_launch(kind == GEMV_Q4 ? quantize_x_kernel<true> : quantize_x_kernel<false>, grid, dim3(256), 0,
+            exo_cuda_launch(kind != GEMV_Q8 ? quantize_x_kernel<true> : quantize_x_kernel<false>, grid, dim3(256), 0,
                             stream, pend);
         }
         switch (kind) {
