@@ -49,8 +49,15 @@ __device__ __forceinline__ float scalar_any(int dt, const void *p, int64_t i)
     return scalar_at<EXO_DTYPE_F32>(p, i);
 }
 
-__constant__ float fp4_values[16] = {0.0f, 0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
-                                      -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+/* An E2M1 code's value (sign, two exponent bits, one mantissa bit), by
+ * arithmetic: a table in constant memory read at a per-thread index is
+ * serialized over the warp's distinct addresses. */
+__device__ __forceinline__ float e2m1(uint32_t c)
+{
+    const uint32_t e = (c >> 1) & 3, m = c & 1;
+    const float v = e ? (float)(2 + m) * (float)(1u << e) * 0.25f : 0.5f * (float)m;
+    return c & 8 ? -v : v;
+}
 
 __device__ __forceinline__ float e8m0(uint32_t s) { return __uint_as_float(s ? s << 23 : 0x00400000u); }
 
@@ -73,7 +80,7 @@ __device__ float weight_at(const exo_linear &w, int64_t r, int64_t c)
     default: { /* MXFP4 */
         uint8_t byte = ((const uint8_t *)w.w)[r * (w.cols / 2) + c / 2];
         float s = e8m0(((const uint8_t *)w.scales)[r * (w.cols / 32) + c / 32]);
-        return fp4_values[(c & 1) ? byte >> 4 : byte & 15] * s;
+        return e2m1((c & 1) ? byte >> 4 : byte & 15) * s;
     }
     }
 }
