@@ -1295,7 +1295,7 @@ static int gpu_layers_wanted(const exo_model_opts *o)
 
 /* Opens the GPU the options ask for. Asked by name, a GPU that cannot be
  * had is an error; "auto" falls back to the CPU. */
-static int open_gpu(exo_model *m, const exo_model_opts *o, int tp, exo_err *err)
+static int open_gpu(exo_model *m, const exo_model_opts *o, exo_err *err)
 {
     const char *d = device_name(o);
     bool named = !strncmp(d, "cuda", 4) && (!d[4] || d[4] == ':');
@@ -1461,7 +1461,7 @@ int exo_model_build(const exo_model_config *cfg, const exo_weight_source *src,
         return err ? err->code : EXO_EINTERNAL;
     }
     m->layers = exo_calloc((size_t)m->n_layers, sizeof(layer));
-    if ((rc = open_gpu(m, &o, tp, err))) {
+    if ((rc = open_gpu(m, &o, err))) {
         m->cpu->ops->free(m->cpu);
         exo_free(m->layers);
         goto fail_early;
