@@ -194,7 +194,7 @@ struct gemv_batch {
 #define GEMV_UNROLL_OF(K) ((K) == GEMV_Q8 ? 1 : 2)
 
 template <int K, int SDT>
-__device__ __forceinline__ float float_step(uint4 wv, const float *xs, const void *scales, int64_t group)
+__device__ __forceinline__ float float_step(uint4 wv, const float *xs)
 {
     const uint32_t wd[4] = {wv.x, wv.y, wv.z, wv.w};
     float acc = 0.0f;
@@ -256,7 +256,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_kernel(const __grid_cons
     const bool integer = affine || K == GEMV_MXFP4;
     int64_t rowc[ROWS];
     const uint4 *wrow[ROWS];
-    int first_group[ROWS]; /* affine: where the rows' scales and biases start (fewer than 2^31) */
+    int first_group[ROWS]; /* integer kinds: where the rows' scales (and biases) start (fewer than 2^31) */
 #pragma unroll
     for (int r = 0; r < ROWS; r++) {
         rowc[r] = row0 + r < job.rows ? row0 + r : job.rows - 1;
@@ -272,7 +272,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_kernel(const __grid_cons
     /* GEMV_UNROLL steps of every row in flight before the first is used */
     constexpr int GEMV_UNROLL = GEMV_UNROLL_OF(K);
     uint4 wvu[GEMV_UNROLL][ROWS];
-    float sc[GEMV_UNROLL][ROWS], bi[GEMV_UNROLL][ROWS] = {};
+    float sc[GEMV_UNROLL][ROWS], bi[GEMV_UNROLL][ROWS]; /* bi: affine only */
     const int64_t first = lane + (int64_t)32 * GEMV_UNROLL * slice, stride = (int64_t)32 * GEMV_UNROLL * ks;
     auto fetch = [&](int64_t s0) {
 #pragma unroll
@@ -354,14 +354,13 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_kernel(const __grid_cons
                 }
             }
         } else {
-            const int64_t g = col / 32;
 #pragma unroll
             for (int t = 0; t < T; t++) {
                 float xs[SC];
                 x_slice(job.x + (int64_t)t * job.ldx + col, SC, xs);
 #pragma unroll
                 for (int r = 0; r < ROWS; r++)
-                    acc[r][t] += float_step<K, SDT>(wv[r], xs, sbase, rowc[r] * groups + g);
+                    acc[r][t] += float_step<K, SDT>(wv[r], xs);
             }
         }
         }
