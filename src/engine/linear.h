@@ -57,6 +57,10 @@ typedef struct exo_linear {
      * read when the product runs). NULL in every weight a host reads. */
     const void *const *pick_table;
     const int32_t     *pick;
+    /* Added to every output row (rows floats, memory of the weight's
+     * backend), as a layer's bias: every product of the weight adds it,
+     * so a backend can do so in its last write. NULL: none. */
+    const float       *out_bias;
 } exo_linear;
 
 /* FP4 E2M1 code -> value: bit 3 sign, bits 2..1 exponent (bias 1), bit 0

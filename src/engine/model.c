@@ -808,6 +808,7 @@ static int bind_experts(binder *b, int l, layer *L, part pgu, part pd, part psgu
         snprintf(name, sizeof name, "model.layers.%d.mlp.router.bias", l);
         if ((rc = bind_vector(b, name, E, true, &L->router_bias)))
             return rc;
+        L->router.out_bias = L->router_bias; /* the logits' bias, added by the product */
     }
     if (cfg->router_sigmoid) {
         snprintf(name, sizeof name, "model.layers.%d.mlp.gate.e_score_correction_bias", l);
@@ -1561,6 +1562,12 @@ int exo_model_build(const exo_model_config *cfg, const exo_weight_source *src,
             TRY(bind_vector_part(&b, P("self_attn.k_proj.bias"), KD, k0, m->n_kv * hd, qkv_bias, &L->bk));
             TRY(bind_vector_part(&b, P("self_attn.v_proj.bias"), KD, k0, m->n_kv * hd, qkv_bias, &L->bv));
             TRY(bind_vector(&b, P("self_attn.o_proj.bias"), D, false, &L->bo)); /* added after the sum */
+            /* the products add their biases (out_bias), a tensor-parallel
+             * rank's o_proj excepted: its bias goes on once, after the sum */
+            L->q.out_bias = L->bq;
+            L->k.out_bias = L->bk;
+            L->v.out_bias = L->bv;
+            L->o.out_bias = tp > 1 ? NULL : L->bo;
             if (fam->sinks) {
                 TRY(bind_vector_part(&b, P("self_attn.sinks"), H, kv0 * group, m->n_heads, true, &L->sinks));
                 L->attn.sinks = L->sinks;
@@ -2303,8 +2310,6 @@ static int moe_decode(exo_model *m, layer *L, float *sum, const float *x, const 
     float *const first_out[4] = {a->router, a->g + (size_t)k * I, a->u + (size_t)k * I, a->sg};
     int nfirst = !L->has_shared ? 1 : L->sh_router.rows ? 4 : 3;
     OK(normed_products(m, be, nfirst, first, x, norm, 1, first_out));
-    if (L->router_bias)
-        OK(o->add_bias(be, a->router, L->router_bias, 1, L->n_experts));
     exo_moe_router rt = m->router;
     rt.bias = L->e_score_bias;
     if (decodes_picked(m, L))
@@ -2369,8 +2374,6 @@ static int moe_forward(exo_model *m, layer *L, int T, exo_err *err)
     const exo_linear *r[1] = {&L->router};
     float *const ro[1] = {a->router};
     OK(o->matmul(be, 1, r, a->h, T, ro));
-    if (L->router_bias)
-        OK(o->add_bias(be, a->router, L->router_bias, T, E));
     exo_moe_router rt = m->router;
     rt.bias = L->e_score_bias;
     if (decodes_picked(m, L)) { /* the device's router, as decode's: a row's choice and weights the same bits */
@@ -2480,11 +2483,6 @@ static int attention_forward(exo_model *m, const span *sp, int nsp, int l, int T
         OK(o->matmul_fused(be, m->attn_gated ? 4 : 3, qkv, a->x, L->attn_norm, m->eps, false, T, qkv_out));
     else
         OK(o->matmul(be, m->attn_gated ? 4 : 3, qkv, a->h, T, qkv_out));
-    if (L->bq) {
-        OK(o->add_bias(be, a->q, L->bq, T, QD));
-        OK(o->add_bias(be, a->k, L->bk, T, KD));
-        OK(o->add_bias(be, a->v, L->bv, T, KD));
-    }
     if (L->q_norm && !o->qk_norm_rope) {
         OK(o->rmsnorm(be, a->q, a->q, L->q_norm, T * m->n_heads, m->hd, m->eps));
         OK(o->rmsnorm(be, a->k, a->k, L->k_norm, T * m->n_kv, m->hd, m->eps));
@@ -2525,7 +2523,7 @@ static int attention_forward(exo_model *m, const span *sp, int nsp, int l, int T
     if (m->attn_gated)
         OK(o->sigmoid_mul(be, a->att, a->qg, T, QD, QD));
     const exo_linear *wo[1] = {&L->o};
-    if (fuses(m, be) && !L->bo && !L->post_attn_norm) { /* straight into the residual stream */
+    if (fuses(m, be) && !(L->bo && !L->o.out_bias) && !L->post_attn_norm) { /* straight into the residual stream */
         float *const xo[1] = {a->x};
         *added = true;
         return o->matmul_fused(be, 1, wo, a->att, NULL, 0, true, T, xo);
@@ -2533,7 +2531,7 @@ static int attention_forward(exo_model *m, const span *sp, int nsp, int l, int T
     float *const ho[1] = {a->h};
     OK(o->matmul(be, 1, wo, a->att, T, ho));
     OK(reduce(m, be, a->h, T, err));
-    if (L->bo)
+    if (L->bo && !L->o.out_bias)
         OK(o->add_bias(be, a->h, L->bo, T, m->dim));
     return 0;
 }

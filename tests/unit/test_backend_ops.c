@@ -743,6 +743,61 @@ Test(backend_ops, matmul_glu)
     both_close(&b);
 }
 
+/* A weight's output bias (exo_linear.out_bias: q/k/v/o of Qwen2 and
+ * gpt-oss, gpt-oss's router), added by the products themselves: the GPU's
+ * matmul (GEMV at 1-16 rows, in its last write; cuBLAS past them) and its
+ * matmul_fused into a residual, and the CPU's matmul (exactly), against the
+ * product without the bias followed by add_bias on the CPU. */
+Test(backend_ops, matmul_out_bias)
+{
+    both b = both_open("matmul_out_bias");
+    const wfmt fmts[] = {F_AFFINE(4, 64, BF16), F_AFFINE(8, 32, F16), F_DENSE(BF16), F_MXFP4};
+    static const int Ts[] = {1, 3, 8, 20, 64};
+    const int rows = 256, cols = 512;
+    for (size_t f = 0; f < sizeof fmts / sizeof fmts[0]; f++)
+        for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++) {
+            int T = Ts[ti];
+            weight w;
+            weight_rand(&b, &w, fmts[f], rows, cols);
+            dvec bias = vec_rand(&b, EXO_DTYPE_F32, (size_t)rows, 0.0f, 1.0f);
+            dual x = dual_rand(&b, (size_t)T * cols, 1.0f), y = dual_rand(&b, (size_t)T * rows, 1.0f);
+            dual r = dual_rand(&b, (size_t)T * rows, 1.0f); /* a residual stream */
+            float *want = b.cpu->ops->alloc(b.cpu, sizeof(float) * (size_t)T * rows);
+            const exo_linear *plain[1] = {&w.cpu};
+            float *wo[1] = {want};
+            ON(b.cpu, matmul, 1, plain, x.cpu, T, wo);
+            ON(b.cpu, add_bias, want, bias.cpu, T, rows);
+            exo_linear cb = w.cpu, gb = w.gpu;
+            cb.out_bias = bias.cpu;
+            gb.out_bias = bias.gpu;
+            const exo_linear *wc[1] = {&cb}, *wg[1] = {&gb};
+            float *got = b.cpu->ops->alloc(b.cpu, sizeof(float) * (size_t)T * rows), *go[1] = {got};
+            ON(b.cpu, matmul, 1, wc, x.cpu, T, go);
+            cr_expect(!memcmp(got, want, sizeof(float) * (size_t)T * rows), "CPU %s T %d: the bias not as add_bias",
+                      w.name, T);
+            memcpy(y.cpu, want, sizeof(float) * (size_t)T * rows);
+            float *yg[1] = {y.gpu};
+            ON(b.gpu, matmul, 1, wg, x.gpu, T, yg);
+            char op[48];
+            dual_check(&b, &y, matmul_op("matmul + bias", T, op, sizeof op), matmul_limit(T), "%s T %d", w.name, T);
+            if (b.gpu->ops->matmul_fused) {
+                ON(b.cpu, add, r.cpu, want, (size_t)T * rows);
+                float *rg[1] = {r.gpu};
+                ON(b.gpu, matmul_fused, 1, wg, x.gpu, NULL, 0.0f, true, T, rg);
+                dual_check(&b, &r, matmul_op("residual += matmul + bias", T, op, sizeof op), matmul_limit(T),
+                           "%s T %d", w.name, T);
+            }
+            b.cpu->ops->release(b.cpu, want);
+            b.cpu->ops->release(b.cpu, got);
+            dual_free(&b, &r);
+            dual_free(&b, &y);
+            dual_free(&b, &x);
+            vec_free(&b, &bias);
+            weight_free(&w);
+        }
+    both_close(&b);
+}
+
 /* Model-sized shapes for a few formats: dense, the common MLX layouts, one
  * odd bit width with a wide group, MXFP4. */
 Test(backend_ops, matmul_large_shapes)

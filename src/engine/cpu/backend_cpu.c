@@ -119,10 +119,22 @@ static int cpu_rmsnorm(exo_backend *be, float *out, const float *x, const float 
     return 0;
 }
 
+/* The weights' output biases (exo_linear.out_bias), after the products,
+ * as add_bias adds them. */
+static void add_out_biases(int n, const exo_linear *const *w, int T, float *const *y)
+{
+    for (int i = 0; i < n; i++)
+        if (w[i]->out_bias)
+            for (int t = 0; t < T; t++)
+                for (int64_t j = 0; j < w[i]->rows; j++)
+                    y[i][(size_t)t * (size_t)w[i]->rows + (size_t)j] += w[i]->out_bias[j];
+}
+
 static int cpu_matmul(exo_backend *be, int n, const exo_linear *const *w, const float *x, int T,
                        float *const *y)
 {
     exo_cpu_matmul(cpu(be)->mm, n, w, x, T, y);
+    add_out_biases(n, w, T, y);
     return 0;
 }
 
@@ -130,6 +142,7 @@ static int cpu_matmul_each(exo_backend *be, int n, const exo_linear *const *w, c
                            int T, float *const *y)
 {
     exo_cpu_matmul_each(cpu(be)->mm, n, w, xs, T, y);
+    add_out_biases(n, w, T, y);
     return 0;
 }
 

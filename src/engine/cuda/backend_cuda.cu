@@ -602,6 +602,14 @@ __global__ void add_bias_kernel(float *y, const float *b, size_t T, size_t dim)
     GRID_LOOP(i, T * dim) y[i] += b[i % dim];
 }
 
+/* T rows of dim at stride ldy (a product's output: exo_linear.out_bias) */
+__global__ void add_bias_rows_kernel(float *y, const float *b, size_t T, size_t dim, size_t ldy)
+{
+    exo_cuda_wait_inputs();
+    exo_cuda_start_next();
+    GRID_LOOP(i, T * dim) y[i / dim * ldy + i % dim] += b[i % dim];
+}
+
 __global__ void sigmoid_mul_kernel(float *x, const float *gate, size_t rows, size_t dim, size_t gate_dim)
 {
     exo_cuda_wait_inputs();
@@ -973,6 +981,11 @@ static int products(cuda_backend *c, int n, const exo_linear *const *w, const fl
             int rc = T <= EXO_CUDA_GEMV_ANY_MAX_T && !c->force_gemm
                          ? exo_cuda_gemv_any(c->stream, w[i], xs[i], ldx, T, ys[i], ly, accumulate)
                          : gemm(c, w[i], xs[i], ldx, T, ys[i], ly, accumulate);
+            if (!rc && w[i]->out_bias) {
+                exo_cuda_launch(add_bias_rows_kernel, dim3(blocks_for((size_t)T * (size_t)w[i]->rows)), dim3(256), 0,
+                                c->stream, ys[i], w[i]->out_bias, (size_t)T, (size_t)w[i]->rows, (size_t)ly);
+                rc = exo_cuda_launched("bias");
+            }
             if (rc)
                 return rc;
         }

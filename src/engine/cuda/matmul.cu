@@ -171,6 +171,7 @@ struct gemv_job_dev {
     const int8_t *xq;    /* integer kinds: T rows of cols int8, level 1, then level 2 */
     const float2 *xs;    /* and per block {dl, dl * sum(256 q1 + q2)} */
     float *y;
+    const float *bias; /* the weight's out_bias, added before y's accumulation */
     int64_t rows, cols;
     int64_t rows_x; /* T: where level 2 of xq starts, in rows of cols */
     int ldx, ldy;
@@ -395,8 +396,10 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_kernel(const __grid_cons
 #pragma unroll
             for (int t = 0; t < T; t++)
                 if (row0 + r < job.rows) {
-                    float *y = job.y + (int64_t)t * job.ldy + row0 + r;
-                    *y = job.accumulate ? *y + acc[r][t] : acc[r][t];
+                    float *y = job.y + (int64_t)t * job.ldy + row0 + r, v = acc[r][t];
+                    if (job.bias) /* as add_bias would add it to the product */
+                        v += job.bias[row0 + r];
+                    *y = job.accumulate ? *y + v : v;
                 }
 }
 
@@ -657,6 +660,7 @@ int exo_cuda_gemv(cudaStream_t stream, int n, const exo_cuda_gemv_job *jobs, int
             d.x = src.x;
             d.ldx = src.ldx;
             d.y = src.y;
+            d.bias = w.out_bias;
             d.ldy = src.ldy;
             d.rows = w.rows;
             d.cols = w.cols;
