@@ -682,7 +682,7 @@ Test(matmul, mxfp4_kernels_direct)
         int8_t *tmp = exo_malloc((size_t)(2 * qlen));
         exo_gemv_scratch s = {.sf_stride = exo_gemv_sf_stride(cols),
                               .code_stride = exo_gemv_code_stride(cols)};
-        s.sd = exo_malloc((size_t)(EXO_GEMV_XTILE * EXO_GEMV_ROWS * s.sf_stride) * sizeof(float));
+        s.sd = exo_malloc((size_t)(EXO_GEMV_SD_SLOTS * s.sf_stride) * sizeof(float));
         s.codes = exo_malloc((size_t)(EXO_GEMV_ROWS * s.code_stride));
         for (size_t ti = 0; ti < 2; ti++) {
             const int T = Ts[ti];

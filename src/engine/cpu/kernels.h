@@ -82,9 +82,13 @@ static inline int64_t exo_qact_sx_len(int64_t cols) { return cols / 32 + 32; }
  * codes (T > 1: batched decode). */
 #define EXO_GEMV_XTILE 2
 
+/* Slots of sf_stride floats in exo_gemv_scratch.sd. */
+#define EXO_GEMV_SD_SLOTS (EXO_GEMV_XTILE * EXO_GEMV_ROWS + 2 * EXO_GEMV_ROWS)
+
 /* Per-thread scratch of the GEMV kernels. */
 typedef struct exo_gemv_scratch {
-    float   *sd;     /* EXO_GEMV_XTILE x EXO_GEMV_ROWS x sf_stride: scale * dx of the X rows of a pass */
+    float   *sd;     /* EXO_GEMV_SD_SLOTS x sf_stride: scale * dx of the X rows of a pass, then the
+                        f32 scales and biases of a row block */
     uint8_t *codes;  /* EXO_GEMV_ROWS x code_stride: unpacked codes */
     int64_t  sf_stride, code_stride;
 } exo_gemv_scratch;

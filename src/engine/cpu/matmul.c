@@ -324,7 +324,7 @@ static void gemv_rows(const rows_job *job, int wi, int64_t r0, int64_t r1, unsig
     s.sf_stride = exo_gemv_sf_stride(cols);
     s.code_stride = exo_gemv_code_stride(cols);
     s.sd = (float *)scratch;
-    s.codes = (uint8_t *)(s.sd + EXO_GEMV_XTILE * EXO_GEMV_ROWS * s.sf_stride);
+    s.codes = (uint8_t *)(s.sd + EXO_GEMV_SD_SLOTS * s.sf_stride);
     if (w->format == EXO_WFORMAT_AFFINE)
         exo_gemv_affine_avx512(w, r0, r1, job->T, qa, job->y[wi], w->rows, &s);
     else if (job->isa >= EXO_ISA_AVX512)
@@ -340,7 +340,7 @@ static size_t round64(size_t n) { return (n + 63) & ~(size_t)63; }
 static size_t thr_scratch_bytes(int64_t cols)
 {
     size_t ref = round64((size_t)cols * sizeof(float));
-    size_t gemv = round64(EXO_GEMV_XTILE * EXO_GEMV_ROWS * (size_t)exo_gemv_sf_stride(cols) * sizeof(float)) +
+    size_t gemv = round64(EXO_GEMV_SD_SLOTS * (size_t)exo_gemv_sf_stride(cols) * sizeof(float)) +
                   round64(EXO_GEMV_ROWS * (size_t)exo_gemv_code_stride(cols));
     return (ref > gemv ? ref : gemv) + 64;
 }
