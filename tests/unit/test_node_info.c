@@ -106,9 +106,9 @@ Test(node_info, repeated_gather_is_stable)
     cr_assert_eq(a.backends, b.backends, "the CUDA probe is cached and must not flip");
     cr_assert_str_eq(a.friendly_name, b.friendly_name);
     /* Available memory moves with whatever else runs between the two
-     * gathers (CI runs test suites side by side: more than the slack moved
-     * between two gathers once), so the reports are compared apart from it, and the slack it
-     * gets is checked with set values. */
+     * gathers (CI runs test suites side by side: once it moved by more than
+     * the slack), so the reports are compared apart from it, and the slack
+     * it gets is checked with set values. */
     b.memory_available = a.memory_available;
     cr_assert(!exo_node_info_changed(&a, &b), "two gathers a moment apart are the same report");
     b.memory_available = a.memory_available + (100ull << 20);
