@@ -8,6 +8,9 @@
  *   one    one process, one thread, pinned to core 0 (the peer);
  *   tensor N processes (one thread each, rank i pinned to core i) joined by
  *          the TCP ring on loopback (runner/ring.h), tensor parallel;
+ *   tensor, batched: the same group with 4 and 16 streams decoding side by
+ *          side as the runner batches them (each step's rows one BATCH frame,
+ *          every rank running them together: the weights read once a step);
  *   pipeline  the same, each holding a layer range; one request, then
  *          2 x N requests at once (rank 0 keeps one in flight per slot)
  *          against one process serving them one after another.
@@ -100,6 +103,63 @@ static double run_one(const char *dir, int n_req, double *wall_tps)
     return decode;
 }
 
+static int argmax_of(const float *x, int n)
+{
+    int b = 0;
+    for (int i = 1; i < n; i++)
+        b = x[i] > x[b] ? i : b;
+    return b;
+}
+
+/* Rank 0 of a tensor group: n_req greedy streams decoding side by side as
+ * the runner batches them (dist.h BATCH frames, every rank running the
+ * batched steps): decode tokens/s of all of them together. */
+static double tensor_batched(exo_model *m, exo_dist *d, int n_req)
+{
+    exo_err err = {0};
+    const int V = exo_model_vocab(m);
+    exo_seq *s[EXO_DIST_BATCH_ROWS];
+    int32_t ids[256], tok[EXO_DIST_BATCH_ROWS];
+    int slots[EXO_DIST_BATCH_ROWS], pos0[EXO_DIST_BATCH_ROWS], T[EXO_DIST_BATCH_ROWS];
+    const int32_t *rows[EXO_DIST_BATCH_ROWS];
+    exo_batch_item items[EXO_DIST_BATCH_ROWS];
+    float *logits = exo_malloc(sizeof(float) * (size_t)V * (size_t)n_req);
+    prompt(V, ids);
+    double t0 = 0;
+    int rc = 0;
+    for (int k = 0; k < n_req && !rc; k++) {
+        int zero = 0;
+        const int32_t *p = ids;
+        slots[k] = k + 1; /* slot 0 is the stepper's */
+        rc = exo_seq_create(m, 1024, &s[k], &err) || exo_dist_seq_resize(d, slots[k], 0, 1024, &err) ||
+             exo_dist_send_batch(d, 1, &slots[k], &zero, &n_prompt, &p, true, &err);
+        exo_step st = {.T = n_prompt, .tokens = ids, .logits = logits};
+        rc = rc || exo_model_step(m, s[k], &st, &err);
+        tok[k] = (argmax_of(logits, V) + k) % V; /* the streams part from here */
+    }
+    for (int step = 0; step < n_gen && !rc; step++) {
+        if (step == 1)
+            t0 = exo_clock_seconds(); /* after one step: the first builds its scratch */
+        for (int k = 0; k < n_req; k++) {
+            pos0[k] = exo_seq_len(s[k]);
+            T[k] = 1;
+            rows[k] = &tok[k];
+            items[k] = (exo_batch_item){s[k], &tok[k], 1};
+        }
+        rc = exo_dist_send_batch(d, n_req, slots, pos0, T, rows, true, &err) ||
+             exo_model_step_batch(m, items, n_req, logits, &err);
+        for (int k = 0; k < n_req; k++)
+            tok[k] = argmax_of(logits + (size_t)k * (size_t)V, V);
+    }
+    if (rc)
+        fprintf(stderr, "bench_dist: %s\n", err.msg);
+    double tps = n_req * (n_gen - 1) / (exo_clock_seconds() - t0);
+    for (int k = 0; k < n_req; k++)
+        exo_seq_free(s[k]);
+    exo_free(logits);
+    return rc ? 0 : tps;
+}
+
 /* One rank of a split run, in its own process; rank 0 writes tokens/s to *out. */
 static void rank_main(const char *dir, int rank, int world, bool tensor, int n_req, int listen_fd,
                       int next_port, double *out)
@@ -131,7 +191,7 @@ static void rank_main(const char *dir, int rank, int world, bool tensor, int n_r
     }
     exo_model *m;
     exo_seq *seqs[EXO_DIST_MAX_SLOTS] = {0};
-    int n_slots = n_req > 1 ? n_req : 1;
+    int n_slots = n_req > 1 && !tensor ? n_req : 1;
     if (exo_model_load(dir, &o, &m, &err)) {
         fprintf(stderr, "bench_dist: rank %d: %s\n", rank, err.msg);
         _exit(1);
@@ -141,7 +201,9 @@ static void rank_main(const char *dir, int rank, int world, bool tensor, int n_r
             _exit(1);
     exo_seq *s = seqs[0];
     exo_dist *d = exo_dist_new(ring, tensor, m, seqs, n_slots);
-    if (rank == 0 && n_req > 1) {
+    if (rank == 0 && n_req > 1 && tensor) {
+        *out = tensor_batched(m, d, n_req);
+    } else if (rank == 0 && n_req > 1) {
         int32_t ids[256];
         prompt(exo_model_vocab(m), ids);
         const int32_t *prompts[EXO_DIST_MAX_SLOTS];
@@ -233,10 +295,10 @@ static void ring_peer(int rank, int fd, int next_port, size_t bytes, int iters, 
     size_t n = bytes / 4;
     float *x = exo_calloc(n, 4);
     for (int i = 0; i < 50; i++)
-        exo_ring_allreduce(ring, x, n, &err);
+        exo_ring_allreduce(ring, x, 1, n, &err);
     double t0 = exo_clock_seconds();
     for (int i = 0; i < iters; i++)
-        exo_ring_allreduce(ring, x, n, &err);
+        exo_ring_allreduce(ring, x, 1, n, &err);
     if (rank == 0)
         out[0] = (exo_clock_seconds() - t0) / iters;
     /* ping-pong: half a round trip is one message's latency (what
@@ -354,6 +416,11 @@ int main(int argc, char **argv)
     double tp = run_split(dir, world, true, 1);
     printf("  tensor,   %d processes:    %6.2f tok/s  = %.2fx one (goal >= %.1fx)\n", world, tp, tp / one,
            0.9 * world);
+    for (int streams = 4; streams <= EXO_DIST_BATCH_ROWS; streams *= 4) {
+        double tb = run_split(dir, world, true, streams);
+        printf("  tensor,   %d processes, %d streams batched: %6.2f tok/s together = %.2fx tensor's one stream\n",
+               world, streams, tb, tb / tp);
+    }
     double pp = run_split(dir, world, false, 1);
     printf("  pipeline, %d processes:    %6.2f tok/s  = %.2fx one (goal >= 0.95x); layers from", world, pp,
            pp / one);

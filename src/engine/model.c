@@ -2175,9 +2175,9 @@ static int reduce(exo_model *m, exo_backend *be, float *x, int T, exo_err *err)
         return 0;
     size_t n = (size_t)T * (size_t)m->dim;
     if (be == m->cpu)
-        return m->allreduce(m->allreduce_ctx, x, n, err);
+        return m->allreduce(m->allreduce_ctx, x, (size_t)T, (size_t)m->dim, err);
     OK(be->ops->to_host(be, m->bounce, x, sizeof(float) * n));
-    OK(m->allreduce(m->allreduce_ctx, m->bounce, n, err));
+    OK(m->allreduce(m->allreduce_ctx, m->bounce, (size_t)T, (size_t)m->dim, err));
     return be->ops->to_device(be, x, m->bounce, sizeof(float) * n);
 }
 

@@ -35,11 +35,13 @@
 typedef struct exo_model exo_model;
 typedef struct exo_seq exo_seq;
 
-/* Collective of a tensor-parallel group: x (n floats of host memory; a GPU
- * rank's partial sums are copied out and back around it) becomes the
- * element-wise sum of every rank's x, the same bits on every rank. Returns 0 or an EXO_E* code (a peer gone, a
- * timeout), which the forward pass returns unchanged. */
-typedef int (*exo_allreduce_fn)(void *ctx, float *x, size_t n, exo_err *err);
+/* Collective of a tensor-parallel group: x (rows x cols floats of host
+ * memory, a row a token; a GPU rank's partial sums are copied out and back
+ * around it) becomes the element-wise sum of every rank's x, the same bits
+ * on every rank, and a row's bits must not depend on the rows beside it (a
+ * batched step's rows get what they get alone). Returns 0 or an EXO_E*
+ * code (a peer gone, a timeout), which the forward pass returns unchanged. */
+typedef int (*exo_allreduce_fn)(void *ctx, float *x, size_t rows, size_t cols, exo_err *err);
 /* Rank r holds x[bounds[r] .. bounds[r+1]) (host memory); afterwards
  * every rank holds all of x (bounds: tp_size + 1 entries). */
 typedef int (*exo_allgather_fn)(void *ctx, float *x, const size_t *bounds, exo_err *err);

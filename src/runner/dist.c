@@ -30,6 +30,11 @@ struct exo_dist {
     float          *hidden; /* a chunk's hidden states (max chunk x dim) */
     size_t          hidden_cap;
     float          *logits;
+    /* ranks > 0 of a tensor-parallel group that batches: the batch slots'
+     * sequences ([0] is slot 0's), made by rank 0's SEQ frames, and the
+     * logits of a batched step (which only rank 0 samples from) */
+    exo_seq        *bseqs[EXO_DIST_MAX_BATCH];
+    float          *blogits;
 };
 
 /* ---- the sampler (on the rank with the head) ------------------------------------- */
@@ -161,6 +166,39 @@ int exo_dist_send_step(exo_dist *d, int slot_i, const int32_t *tokens, int T, bo
     return exo_ring_send(d->ring, EXO_DIST_HIDDEN, (uint32_t)T, exo_dist_step_bits(pos0, slot_i, want_sample),
                          d->hidden, sizeof(float) * (size_t)T * (size_t)d->shard.hidden_size, NULL,
                          0, err);
+}
+
+int exo_dist_seq_resize(exo_dist *d, int bslot, int keep, int capacity, exo_err *err)
+{
+    unsigned char p[8];
+    if (!d->tensor || bslot < 0 || bslot >= EXO_DIST_MAX_BATCH)
+        return exo_err_set(err, EXO_EINVAL, "dist: batch slot %d", bslot);
+    exo_dist_encode_seq(capacity, keep, p);
+    return exo_ring_send(d->ring, EXO_DIST_SEQ, (uint32_t)bslot, EXO_DIST_SEQ_RESIZE, p, sizeof p, NULL, 0, err);
+}
+
+int exo_dist_seq_copy(exo_dist *d, int bslot, int from, int n, exo_err *err)
+{
+    unsigned char p[8];
+    if (!d->tensor || bslot < 0 || bslot >= EXO_DIST_MAX_BATCH || from < 0 || from >= EXO_DIST_MAX_BATCH)
+        return exo_err_set(err, EXO_EINVAL, "dist: batch slots %d, %d", bslot, from);
+    exo_dist_encode_seq(from, n, p);
+    return exo_ring_send(d->ring, EXO_DIST_SEQ, (uint32_t)bslot, EXO_DIST_SEQ_COPY, p, sizeof p, NULL, 0, err);
+}
+
+int exo_dist_send_batch(exo_dist *d, int n, const int *slots, const int *pos0, const int *T,
+                        const int32_t *const *tokens, bool logits, exo_err *err)
+{
+    if (!d->tensor || n < 1 || n > EXO_DIST_BATCH_ROWS)
+        return exo_err_set(err, EXO_EINVAL, "dist: a batch of %d rows", n);
+    size_t len = exo_dist_batch_bytes(n, T);
+    unsigned char *p = exo_try_malloc(len);
+    if (!p)
+        return exo_err_set(err, EXO_ENOMEM, "dist: out of memory");
+    exo_dist_encode_batch(n, slots, pos0, T, tokens, p);
+    int rc = exo_ring_send(d->ring, EXO_DIST_BATCH, (uint32_t)n, logits ? 1 : 0, p, len, NULL, 0, err);
+    exo_free(p);
+    return rc;
 }
 
 int exo_dist_generate_batch(exo_dist *d, int n, const int32_t *const *prompts, const int *n_prompts,
@@ -312,6 +350,78 @@ static int serve_step(exo_dist *d, const exo_ring_msg *m, const exo_dist_frame *
     return send_sample(d, f->slot, &s, err);
 }
 
+/* A batch slot's sequence on a rank > 0 (slot 0's is the stepper's). */
+static exo_seq **bseq_at(exo_dist *d, int bslot)
+{
+    if (!d->bseqs[0])
+        d->bseqs[0] = d->slots[0].seq;
+    return &d->bseqs[bslot];
+}
+
+static int serve_seq(exo_dist *d, const exo_ring_msg *m, const exo_dist_frame *f, exo_err *err)
+{
+    int rc;
+    if (!is_last(d) && (rc = exo_ring_send(d->ring, EXO_DIST_SEQ, m->a, m->b, m->payload, m->len, NULL, 0, err)))
+        return rc;
+    exo_seq **s = bseq_at(d, f->slot);
+    if (f->seq_op == EXO_DIST_SEQ_RESIZE) {
+        if (!*s)
+            return exo_seq_create(d->m, f->x, s, err);
+        exo_seq_truncate(*s, f->y); /* as rank 0's: a no-op past the length */
+        return exo_seq_resize(*s, f->x, err);
+    }
+    exo_seq *from = *bseq_at(d, f->x);
+    if (!*s || !from)
+        return exo_err_set(err, EXO_EFORMAT, "ring: SEQ copies between slots %d and %d, one of them empty", f->x,
+                           f->slot);
+    return exo_seq_copy_prefix(*s, from, f->y, err);
+}
+
+/* A batched step: each row's sequence moves to the row's position, then
+ * the step runs as rank 0 runs it (the collectives inside pair up). */
+static int serve_batch(exo_dist *d, const exo_ring_msg *m, const exo_dist_frame *f, exo_err *err)
+{
+    int rc;
+    if (!is_last(d) && (rc = exo_ring_send(d->ring, EXO_DIST_BATCH, m->a, m->b, m->payload, m->len, NULL, 0, err)))
+        return rc;
+    size_t V = (size_t)exo_model_vocab(d->m);
+    if (f->want_logits && !d->blogits &&
+        !(d->blogits = exo_try_malloc(sizeof(float) * V * EXO_DIST_BATCH_ROWS)))
+        return exo_err_set(err, EXO_ENOMEM, "out of memory");
+    /* the payload is the ring's receive buffer, which the collectives
+     * inside the step reuse: the ids are copied out first */
+    int32_t *ids = exo_try_malloc(m->len);
+    if (!ids)
+        return exo_err_set(err, EXO_ENOMEM, "out of memory");
+    exo_batch_item items[EXO_DIST_BATCH_ROWS];
+    size_t at = 0;
+    rc = 0;
+    for (int i = 0; i < f->n_rows; i++) {
+        int bslot, pos0, T;
+        exo_dist_frame_batch_row(f, i, &bslot, &pos0, &T, ids + at);
+        exo_seq *s = *bseq_at(d, bslot);
+        if (!s) {
+            rc = exo_err_set(err, EXO_EFORMAT, "ring: BATCH row %d on slot %d, which has no sequence", i, bslot);
+            break;
+        }
+        if ((rc = seek(s, (uint32_t)pos0, err)))
+            break;
+        items[i] = (exo_batch_item){s, ids + at, T};
+        at += (size_t)T;
+    }
+    if (!rc) {
+        float *logits = f->want_logits ? d->blogits : NULL;
+        if (f->n_rows == 1) {
+            exo_step st = {.T = items[0].T, .tokens = items[0].tokens, .logits = logits};
+            rc = exo_model_step(d->m, items[0].seq, &st, err);
+        } else {
+            rc = exo_model_step_batch(d->m, items, f->n_rows, logits, err);
+        }
+    }
+    exo_free(ids);
+    return rc;
+}
+
 int exo_dist_serve(exo_dist *d, const exo_ring_msg *m, exo_err *err)
 {
     exo_dist_frame f;
@@ -325,6 +435,10 @@ int exo_dist_serve(exo_dist *d, const exo_ring_msg *m, exo_err *err)
     case EXO_DIST_HIDDEN:
     case EXO_DIST_TOKENS:
         return serve_step(d, m, &f, err);
+    case EXO_DIST_SEQ:
+        return serve_seq(d, m, &f, err);
+    case EXO_DIST_BATCH:
+        return serve_batch(d, m, &f, err);
     default:
         return exo_err_set(err, EXO_EFORMAT, "ring: unexpected frame %u at rank %d", m->type,
                            exo_ring_rank(d->ring));
@@ -355,6 +469,9 @@ void exo_dist_free(exo_dist *d)
         return;
     for (int i = 0; i < d->n_slots; i++)
         sampler_drop(&d->slots[i]);
+    for (int i = 1; i < EXO_DIST_MAX_BATCH; i++)
+        exo_seq_free(d->bseqs[i]);
+    exo_free(d->blogits);
     exo_free(d->hidden);
     exo_free(d->logits);
     exo_free(d);
@@ -362,9 +479,9 @@ void exo_dist_free(exo_dist *d)
 
 exo_gen_stepper *exo_dist_stepper(exo_dist *d) { return &d->base; }
 
-int exo_dist_allreduce(void *ring, float *x, size_t n, exo_err *err)
+int exo_dist_allreduce(void *ring, float *x, size_t rows, size_t cols, exo_err *err)
 {
-    return exo_ring_allreduce(ring, x, n, err);
+    return exo_ring_allreduce(ring, x, rows, cols, err);
 }
 
 int exo_dist_allgather(void *ring, float *x, const size_t *bounds, exo_err *err)

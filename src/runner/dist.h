@@ -58,12 +58,27 @@ int exo_dist_generate_batch(exo_dist *d, int n, const int32_t *const *prompts, c
                             const exo_gen_params *p, exo_gen_token_fn on_token, void *const *ctx,
                             exo_gen_stats *stats, exo_err *err);
 
+/* Rank 0 of a tensor-parallel group, continuous batching (the runner's
+ * batch slots, slot 0 being the stepper's): every rank keeps a sequence per
+ * batch slot, which follows rank 0's. seq_resize: slot's sequence keeps
+ * its first `keep` positions and holds `capacity` (made where the slot has
+ * none); seq_copy: the first n positions of slot `from`'s sequence into
+ * slot's; send_batch: a batched step of n rows (slot, pos0, T, tokens), as
+ * rank 0 then runs on its share with exo_model_step (n = 1) or
+ * exo_model_step_batch, with logits where `logits` (the other ranks'
+ * shares of the head join the gather). Send each right after doing the
+ * same on rank 0's own sequences. */
+int exo_dist_seq_resize(exo_dist *d, int slot, int keep, int capacity, exo_err *err);
+int exo_dist_seq_copy(exo_dist *d, int slot, int from, int n, exo_err *err);
+int exo_dist_send_batch(exo_dist *d, int n, const int *slots, const int *pos0, const int *T,
+                        const int32_t *const *tokens, bool logits, exo_err *err);
+
 /* Ranks > 0: handles one frame from the ring. Errors: the model's, the
  * ring's, EXO_EFORMAT for a frame that makes no sense here. */
 int exo_dist_serve(exo_dist *d, const exo_ring_msg *msg, exo_err *err);
 
 /* exo_model_opts.tp_allreduce / tp_allgather over a ring (ctx: the exo_ring). */
-int exo_dist_allreduce(void *ring, float *x, size_t n, exo_err *err);
+int exo_dist_allreduce(void *ring, float *x, size_t rows, size_t cols, exo_err *err);
 int exo_dist_allgather(void *ring, float *x, const size_t *bounds, exo_err *err);
 
 #endif

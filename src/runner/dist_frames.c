@@ -150,6 +150,45 @@ int exo_dist_frame_parse(const exo_ring_msg *m, const exo_dist_shape *sh, exo_di
         }
         break;
     }
+    case EXO_DIST_SEQ:
+        if (!sh->tensor || m->len != 8 || m->a >= EXO_DIST_MAX_BATCH ||
+            (m->b != EXO_DIST_SEQ_RESIZE && m->b != EXO_DIST_SEQ_COPY))
+            return exo_err_set(err, EXO_EFORMAT, "ring: a malformed SEQ frame");
+        f->seq_op = (int)m->b;
+        uint32_t x = get32(p), y = get32(p + 4);
+        if (m->b == EXO_DIST_SEQ_RESIZE ? x < 1 || x > EXO_DIST_MAX_POS || y > x
+                                        : x >= EXO_DIST_MAX_BATCH || x == m->a || y > EXO_DIST_MAX_POS)
+            return exo_err_set(err, EXO_EFORMAT, "ring: SEQ %u of slot %u with %u, %u", m->b, m->a, x, y);
+        f->slot = (int)m->a;
+        f->x = (int)x;
+        f->y = (int)y;
+        return 0; /* a batch slot, checked above */
+    case EXO_DIST_BATCH: {
+        if (!sh->tensor || m->a < 1 || m->a > EXO_DIST_BATCH_ROWS || m->b > 1 || m->len < 12 * (size_t)m->a)
+            return exo_err_set(err, EXO_EFORMAT, "ring: a malformed BATCH frame");
+        f->n_rows = (int)m->a;
+        f->want_logits = m->b;
+        f->items = p;
+        size_t tokens = 0;
+        bool taken[EXO_DIST_MAX_BATCH] = {0};
+        for (int i = 0; i < f->n_rows; i++) {
+            uint32_t slot = get32(p + 12 * i), pos0 = get32(p + 12 * i + 4), T = get32(p + 12 * i + 8);
+            if (slot >= EXO_DIST_MAX_BATCH || taken[slot] || pos0 > EXO_DIST_MAX_POS || T < 1 ||
+                T > EXO_DIST_MAX_STEP)
+                return exo_err_set(err, EXO_EFORMAT, "ring: BATCH row %d: slot %u, %u tokens at %u", i, slot, T,
+                                   pos0);
+            taken[slot] = true;
+            tokens += T;
+        }
+        if (tokens > EXO_DIST_MAX_STEP || m->len != 12 * (size_t)f->n_rows + 4 * tokens)
+            return exo_err_set(err, EXO_EFORMAT, "ring: a malformed BATCH frame");
+        for (size_t k = 0; k < tokens; k++) {
+            uint32_t id = get32(p + 12 * (size_t)f->n_rows + 4 * k);
+            if (id >= (uint32_t)sh->vocab)
+                return exo_err_set(err, EXO_EFORMAT, "ring: BATCH: token id %u out of range", id);
+        }
+        return 0;
+    }
     default:
         return exo_err_set(err, EXO_EFORMAT, "ring: unknown frame %u", m->type);
     }
@@ -162,4 +201,44 @@ void exo_dist_frame_prompt(const exo_dist_frame *f, int32_t *ids)
 {
     for (int i = 0; i < f->n_prompt; i++)
         ids[i] = (int32_t)get32(f->prompt + 4 * i);
+}
+
+void exo_dist_frame_batch_row(const exo_dist_frame *f, int i, int *slot, int *pos0, int *T, int32_t *ids)
+{
+    size_t before = 0; /* ids of the rows ahead of row i */
+    for (int k = 0; k < i; k++)
+        before += get32(f->items + 12 * k + 8);
+    *slot = (int)get32(f->items + 12 * i);
+    *pos0 = (int)get32(f->items + 12 * i + 4);
+    *T = (int)get32(f->items + 12 * i + 8);
+    const unsigned char *p = f->items + 12 * (size_t)f->n_rows + 4 * before;
+    for (int t = 0; t < *T; t++)
+        ids[t] = (int32_t)get32(p + 4 * t);
+}
+
+void exo_dist_encode_seq(int x, int y, unsigned char out[8])
+{
+    put32(out, (uint32_t)x);
+    put32(out + 4, (uint32_t)y);
+}
+
+size_t exo_dist_batch_bytes(int n, const int *T)
+{
+    size_t len = 12 * (size_t)n;
+    for (int i = 0; i < n; i++)
+        len += 4 * (size_t)T[i];
+    return len;
+}
+
+void exo_dist_encode_batch(int n, const int *slots, const int *pos0, const int *T,
+                           const int32_t *const *tokens, unsigned char *out)
+{
+    unsigned char *q = out + 12 * (size_t)n;
+    for (int i = 0; i < n; i++) {
+        put32(out + 12 * i, (uint32_t)slots[i]);
+        put32(out + 12 * i + 4, (uint32_t)pos0[i]);
+        put32(out + 12 * i + 8, (uint32_t)T[i]);
+        for (int t = 0; t < T[i]; t++, q += 4)
+            put32(q, (uint32_t)tokens[i][t]);
+    }
 }

@@ -11,6 +11,15 @@
  *   TOKENS  a = T, b as HIDDEN; payload: T int32 token ids
  *   SAMPLE  a = token id, b = slot; payload: f32 logprob, u32 n_top, then
  *           n_top (u32 id, f32 logprob) alternatives
+ * and, in a tensor-parallel group that batches (continuous batching on rank
+ * 0: the other ranks' batch slots follow rank 0's), for batch slots:
+ *   SEQ     a = batch slot, b = EXO_DIST_SEQ_RESIZE or _COPY; payload u32
+ *           x, u32 y: RESIZE keeps the first y positions and gives the
+ *           slot's sequence x (made if the slot has none); COPY copies the
+ *           first y positions of batch slot x's sequence into the slot's
+ *   BATCH   a = n rows, b = 1 when rank 0 makes logits (every rank's share
+ *           of the head joins); payload: n x (u32 slot, u32 pos0, u32 T),
+ *           then the rows' token ids (the sum of their T, int32)
  * All little-endian; floats are IEEE-754 bits.
  *
  * A peer that passed the ring's handshake is trusted to be a rank of this
@@ -35,7 +44,11 @@
 #define EXO_DIST_MAX_STEP       (1 << 20) /* tokens in one step */
 #define EXO_DIST_MAX_POS        (1 << 27) /* positions a frame can name */
 
-enum { EXO_DIST_BEGIN = 1, EXO_DIST_HIDDEN, EXO_DIST_TOKENS, EXO_DIST_SAMPLE };
+#define EXO_DIST_MAX_BATCH      64 /* batch slots of a tensor-parallel group */
+#define EXO_DIST_BATCH_ROWS     16 /* sequences in one batched step */
+
+enum { EXO_DIST_BEGIN = 1, EXO_DIST_HIDDEN, EXO_DIST_TOKENS, EXO_DIST_SAMPLE, EXO_DIST_SEQ, EXO_DIST_BATCH };
+enum { EXO_DIST_SEQ_RESIZE = 1, EXO_DIST_SEQ_COPY };
 
 /* What a rank checks frames against. */
 typedef struct exo_dist_shape {
@@ -56,6 +69,13 @@ typedef struct exo_dist_frame {
     const void *data;            /* the payload */
     /* SAMPLE */
     exo_sample  sample;
+    /* SEQ (slot: the batch slot) */
+    int         seq_op, x, y;
+    /* BATCH: n rows; row i is (slot, pos0, T) at items + 12 i, and the ids
+     * follow the n rows (exo_dist_frame_batch_row reads them) */
+    int         n_rows;
+    bool        want_logits;
+    const unsigned char *items;
 } exo_dist_frame;
 
 /* Parses and checks m. EXO_EFORMAT naming the problem otherwise. */
@@ -63,6 +83,8 @@ int exo_dist_frame_parse(const exo_ring_msg *m, const exo_dist_shape *sh, exo_di
                          exo_err *err);
 /* BEGIN's prompt ids, copied out of the frame (n_prompt of them). */
 void exo_dist_frame_prompt(const exo_dist_frame *f, int32_t *ids);
+/* BATCH: row i's slot, pos0 and T; its ids (T of them) copied to ids. */
+void exo_dist_frame_batch_row(const exo_dist_frame *f, int i, int *slot, int *pos0, int *T, int32_t *ids);
 
 /* Encoders: BEGIN's parameter block, the b field of a step, a SAMPLE's
  * payload (returns its length). */
@@ -70,5 +92,10 @@ void     exo_dist_encode_sampling(const exo_sampler_params *sp, int slot,
                                   unsigned char out[EXO_DIST_SAMPLING_BYTES]);
 uint32_t exo_dist_step_bits(int pos0, int slot, bool want_sample);
 size_t   exo_dist_encode_sample(const exo_sample *s, unsigned char out[EXO_DIST_SAMPLE_MAX]);
+/* SEQ's payload (x, y); BATCH's payload of n rows and its length. */
+void     exo_dist_encode_seq(int x, int y, unsigned char out[8]);
+size_t   exo_dist_batch_bytes(int n, const int *T);
+void     exo_dist_encode_batch(int n, const int *slots, const int *pos0, const int *T,
+                               const int32_t *const *tokens, unsigned char *out);
 
 #endif

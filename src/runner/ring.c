@@ -45,6 +45,8 @@ struct exo_ring {
     pthread_cond_t  cv;
     qitem          *head, *tail;
     int             send_errno; /* the sender's failure, sticky */
+    float          *stage;      /* an all-reduce chunk of several rows, gathered to send */
+    size_t          stage_cap;
     uint64_t        last_rx_ns; /* when prev last said anything (a frame or a ping) */
 };
 
@@ -575,7 +577,31 @@ static void chunk_of(size_t n, int world, int c, size_t *lo, size_t *hi)
     *hi = n * (size_t)(c + 1) / (size_t)world;
 }
 
-int exo_ring_allreduce(exo_ring *r, float *x, size_t n, exo_err *err)
+/* Chunk c of a rows x cols matrix is columns chunk_of(cols, c) of every
+ * row, so where an element's sum starts round the ring, and so the order
+ * its partials are added in, depends on its column only: a row reduced
+ * with others (a batched step) gets the bits it gets alone. A chunk of
+ * several rows travels staged in one buffer. */
+static const float *chunk_out(exo_ring *r, const float *x, size_t rows, size_t cols, size_t lo, size_t hi,
+                              exo_err *err)
+{
+    if (rows == 1)
+        return x + lo;
+    size_t w = hi - lo, need = rows * w;
+    if (need > r->stage_cap) {
+        float *b = exo_try_malloc(need * sizeof(float));
+        if (!b)
+            return exo_err_set(err, EXO_ENOMEM, "ring: no memory to stage %zu floats", need), NULL;
+        exo_free(r->stage);
+        r->stage = b;
+        r->stage_cap = need;
+    }
+    for (size_t t = 0; t < rows; t++)
+        memcpy(r->stage + t * w, x + t * cols + lo, w * sizeof(float));
+    return r->stage;
+}
+
+int exo_ring_allreduce(exo_ring *r, float *x, size_t rows, size_t cols, exo_err *err)
 {
     int W = r->world, me = r->rank;
     if (W < 2)
@@ -588,24 +614,31 @@ int exo_ring_allreduce(exo_ring *r, float *x, size_t n, exo_err *err)
             int send_c = ((me - s + (phase ? 1 : 0)) % W + W) % W;
             int recv_c = ((me - s - 1 + (phase ? 1 : 0)) % W + W) % W;
             size_t lo, hi;
-            chunk_of(n, W, send_c, &lo, &hi);
-            int rc = exo_ring_send(r, MSG_REDUCE, (uint32_t)phase, (uint32_t)s, x + lo,
-                                   (hi - lo) * sizeof(float), NULL, 0, err);
+            chunk_of(cols, W, send_c, &lo, &hi);
+            const float *out = chunk_out(r, x, rows, cols, lo, hi, err);
+            if (!out)
+                return EXO_ENOMEM;
+            int rc = exo_ring_send(r, MSG_REDUCE, (uint32_t)phase, (uint32_t)s, out,
+                                   rows * (hi - lo) * sizeof(float), NULL, 0, err);
             if (rc)
                 return rc;
             exo_ring_msg m;
             if ((rc = exo_ring_recv(r, &m, -1, err)))
                 return rc;
-            chunk_of(n, W, recv_c, &lo, &hi);
+            chunk_of(cols, W, recv_c, &lo, &hi);
+            size_t w = hi - lo;
             if (m.type != MSG_REDUCE || m.a != (uint32_t)phase || m.b != (uint32_t)s ||
-                m.len != (hi - lo) * sizeof(float))
+                m.len != rows * w * sizeof(float))
                 return exo_err_set(err, EXO_EFORMAT, "ring: all-reduce out of step (frame %u)", m.type);
-            const float *in = m.payload;
-            if (phase == 0)
-                for (size_t i = lo; i < hi; i++)
-                    x[i] += in[i - lo];
-            else
-                memcpy(x + lo, in, (hi - lo) * sizeof(float));
+            for (size_t t = 0; t < rows; t++) {
+                const float *in = (const float *)m.payload + t * w;
+                float *y = x + t * cols + lo;
+                if (phase == 0)
+                    for (size_t i = 0; i < w; i++)
+                        y[i] += in[i];
+                else
+                    memcpy(y, in, w * sizeof(float));
+            }
         }
     }
     return 0;
@@ -739,6 +772,7 @@ void exo_ring_free(exo_ring *r)
     pthread_mutex_destroy(&r->mu);
     pthread_cond_destroy(&r->cv);
     exo_free(r->rbuf);
+    exo_free(r->stage);
     exo_free(r);
 }
 

@@ -85,8 +85,10 @@ int exo_ring_recv(exo_ring *r, exo_ring_msg *m, int timeout_ms, exo_err *err);
  * (closed, silent too long). */
 int exo_ring_poll_fd(const exo_ring *r);
 int exo_ring_idle(exo_ring *r, exo_ring_msg *m, exo_err *err);
-/* x[0..n) = sum over ranks of x, the same on every rank. */
-int exo_ring_allreduce(exo_ring *r, float *x, size_t n, exo_err *err);
+/* x (rows x cols, row-major) = sum over ranks of x, the same on every
+ * rank; an element's partials are added in an order that depends on its
+ * column only (not on rows), so a row gets the same bits in any batch. */
+int exo_ring_allreduce(exo_ring *r, float *x, size_t rows, size_t cols, exo_err *err);
 /* Rank i holds x[bounds[i] .. bounds[i+1]); afterwards every rank holds
  * all of x (bounds has world + 1 entries, non-decreasing). */
 int exo_ring_allgather(exo_ring *r, float *x, const size_t *bounds, exo_err *err);

@@ -48,8 +48,9 @@
 /* a pipeline's chunk: smaller, so the ranks work on different chunks at once */
 #define PIPELINE_CHUNK     128
 #define IDLE_POLL_MS       250
-/* Continuous batching (a whole model in one process): up to BATCH_MAX
- * requests generate at once, $EXO_BATCH of them (default BATCH_DEFAULT;
+/* Continuous batching (a whole model in one process, or rank 0 of a
+ * tensor-parallel group, whose other ranks run the same steps: dist.h):
+ * up to BATCH_MAX requests generate at once, $EXO_BATCH of them (default BATCH_DEFAULT;
  * 1 or 0: one at a time, the sequential path). A step runs the decode rows
  * of every request together, at most BATCH_ROWS a model call, so a row's
  * products take the kernels they take alone and each request gets the
@@ -60,6 +61,8 @@
 #define BATCH_DEFAULT      8
 #define BATCH_ROWS         16
 #define BATCH_PREFILL      128
+_Static_assert(BATCH_MAX <= EXO_DIST_MAX_BATCH && BATCH_ROWS <= EXO_DIST_BATCH_ROWS,
+               "a tensor group's ranks keep the batch slots and rows rank 0 uses");
 /* Prefix reuse: a slot's sequence keeps its last prompt's keys and values
  * after the request; a new prompt that starts with the same tokens takes
  * the slot and computes only the rest. Only whole BATCH_PREFILL chunks from
@@ -683,6 +686,10 @@ static void do_load(runner *r)
         r->stepper = exo_dist_stepper(r->dist);
     } else {
         r->stepper = exo_gen_stepper_local(r->model, r->seq);
+    }
+    /* continuous batching: a whole model, or rank 0 of a tensor-parallel
+     * group (the other ranks' batch slots follow its, dist.h) */
+    if (!split(r) || (tensor && leads)) {
         const char *b = getenv("EXO_BATCH");
         long n = b && *b ? strtol(b, NULL, 10) : BATCH_DEFAULT;
         r->n_batch = n < 1 ? 1 : n > BATCH_MAX ? BATCH_MAX : (int)n;
@@ -1304,6 +1311,28 @@ static double slots_held(const runner *r)
     return held;
 }
 
+/* Batch slot i's sequence keeps its first `keep` positions and holds
+ * `capacity` (made where the slot has none); bseq_copy: the first n
+ * positions of slot from's into slot i's. In a tensor-parallel group the
+ * other ranks' sequences of the slot follow (dist.h). */
+static int bseq_resize(runner *r, int i, int keep, int capacity, exo_err *err)
+{
+    int rc;
+    if (r->bseqs[i]) {
+        exo_seq_truncate(r->bseqs[i], keep);
+        rc = exo_seq_resize(r->bseqs[i], capacity, err);
+    } else {
+        rc = exo_seq_create(r->model, capacity, &r->bseqs[i], err);
+    }
+    return rc || !r->dist ? rc : exo_dist_seq_resize(r->dist, i, keep, capacity, err);
+}
+
+static int bseq_copy(runner *r, int i, int from, int n, exo_err *err)
+{
+    int rc = exo_seq_copy_prefix(r->bseqs[i], r->bseqs[from], n, err);
+    return rc || !r->dist ? rc : exo_dist_seq_copy(r->dist, i, from, n, err);
+}
+
 /* Makes room for `bytes` more by giving up idle slots' caches (not slot
  * `keep`'s), least recently used first: each first shrinks to the prefix
  * it keeps for reuse, then lets it go. True when the room is there. */
@@ -1330,8 +1359,7 @@ static bool slot_make_room(runner *r, const batch_slot *slots, int keep, double 
                 r->kept[lru] = NULL;
                 r->n_kept[lru] = 0;
             }
-            exo_seq_truncate(r->bseqs[lru], r->n_kept[lru]);
-            if (exo_seq_resize(r->bseqs[lru], r->n_kept[lru] > 0 ? r->n_kept[lru] : 1, &err)) {
+            if (bseq_resize(r, lru, r->n_kept[lru], r->n_kept[lru] > 0 ? r->n_kept[lru] : 1, &err)) {
                 EXO_LOG_WARN("runner: cannot shrink slot %d's caches: %s", lru, err.msg);
                 return false;
             }
@@ -1382,20 +1410,14 @@ static bool slot_open(runner *r, batch_slot *slots)
     }
     b->g = g;
     g->slot = i;
-    int rc;
-    if (r->bseqs[i]) {
-        exo_seq_truncate(r->bseqs[i], reuse);
-        rc = exo_seq_resize(r->bseqs[i], need, &err); /* need > reuse: the prompt's last token is computed */
-    } else {
-        rc = exo_seq_create(r->model, need, &r->bseqs[i], &err);
-    }
+    int rc = bseq_resize(r, i, reuse, need, &err); /* need > reuse: the prompt's last token is computed */
     if (rc) {
         slot_close(r, b, rc, &err);
         return true;
     }
     /* a longer prefix a running request holds: copied, not computed again */
     int copy, from = busy_prefix(r, slots, g, reuse, &copy);
-    if (from >= 0 && (rc = exo_seq_copy_prefix(r->bseqs[i], r->bseqs[from], copy, &err)) == 0)
+    if (from >= 0 && (rc = bseq_copy(r, i, from, copy, &err)) == 0)
         reuse = copy;
     else if (from >= 0 && rc != EXO_EUNSUPPORTED) {
         slot_close(r, b, rc, &err);
@@ -1428,13 +1450,26 @@ static void step_slots(runner *r, batch_slot *slots, const int *at, int n, const
         items[k] = (exo_batch_item){r->bseqs[at[k]], tokens[at[k]], T[at[k]]};
     exo_step st = {0};
     exo_err err = {0};
-    int rc;
-    if (n == 1) {
-        bool w = want[at[0]];
-        st = (exo_step){.T = items[0].T, .tokens = items[0].tokens, .logits = w ? logits : NULL,
-                        .greedy = w && exo_sampler_plain_greedy(slots[at[0]].smp)};
+    int rc = 0;
+    bool with_logits = n > 1 || want[at[0]];
+    if (r->dist) { /* the other ranks of a tensor-parallel group run the same step */
+        int bslot[BATCH_ROWS], pos0[BATCH_ROWS], rows[BATCH_ROWS];
+        const int32_t *ids[BATCH_ROWS];
+        for (int k = 0; k < n; k++) {
+            bslot[k] = at[k];
+            pos0[k] = exo_seq_len(items[k].seq);
+            rows[k] = items[k].T;
+            ids[k] = items[k].tokens;
+        }
+        rc = exo_dist_send_batch(r->dist, n, bslot, pos0, rows, ids, with_logits, &err);
+    }
+    if (!rc && n == 1) {
+        /* greedy picks on the device only alone: in a group every rank's
+         * share of the head joins the logits' gather */
+        st = (exo_step){.T = items[0].T, .tokens = items[0].tokens, .logits = with_logits ? logits : NULL,
+                        .greedy = with_logits && !r->dist && exo_sampler_plain_greedy(slots[at[0]].smp)};
         rc = exo_model_step(r->model, items[0].seq, &st, &err);
-    } else {
+    } else if (!rc) {
         rc = exo_model_step_batch(r->model, items, n, logits, &err);
     }
     for (int k = 0; k < n; k++) {
@@ -1559,7 +1594,7 @@ int exo_runner_main(int fd)
                 send_status(r, EXO_RUNNER_RUNNING, 0, 0, NULL);
             if (r->dist && r->n_slots > 1) { /* a pipeline: its requests in flight at once */
                 run_pipeline(r);
-            } else if (!r->dist && r->n_batch > 1) {
+            } else if (r->n_batch > 1) {
                 run_batch(r);
             } else {
                 job *j = pop(r);

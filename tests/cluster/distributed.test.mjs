@@ -180,6 +180,10 @@ test('a model split across 3 nodes (pipeline) and 2 (tensor) answers as on one n
     // tensor parallelism adds the partial sums in another order: greedy text
     // of this f32 model stays the same (test_dist.c bounds the logits)
     assert.deepEqual(await answers(nodes), single, 'tensor over 2 nodes = one node');
+    // side by side on the tensor group: rank 0 batches them and every rank
+    // runs the batched steps (dist.h BATCH frames); each gets its text
+    const together = await Promise.all(burst.map((p, i) => openaiText(nodes[i % 3].base, p)));
+    assert.deepEqual(together, burst.map((p) => single[p]), 'tensor, requests batched');
   });
 });
 

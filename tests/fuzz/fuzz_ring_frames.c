@@ -25,7 +25,7 @@ static void check(const exo_ring_msg *m, const exo_dist_shape *sh)
             abort(); /* every rejection names its reason */
         return;
     }
-    if (f.slot < 0 || f.slot >= sh->n_slots)
+    if (f.slot < 0 || f.slot >= (f.type == EXO_DIST_SEQ ? EXO_DIST_MAX_BATCH : sh->n_slots))
         abort();
     switch (f.type) {
     case EXO_DIST_BEGIN: {
@@ -51,6 +51,38 @@ static void check(const exo_ring_msg *m, const exo_dist_shape *sh)
         size_t n = exo_dist_encode_sample(&f.sample, buf);
         if (n != m->len || memcmp(buf, m->payload, n))
             abort();
+        break;
+    }
+    case EXO_DIST_SEQ:
+        if (!sh->tensor || (f.seq_op == EXO_DIST_SEQ_RESIZE ? f.x < 1 || f.y > f.x
+                                                            : f.seq_op != EXO_DIST_SEQ_COPY || f.x < 0 ||
+                                                                  f.x >= EXO_DIST_MAX_BATCH || f.x == f.slot) ||
+            f.y < 0 || f.x > EXO_DIST_MAX_POS || f.y > EXO_DIST_MAX_POS)
+            abort();
+        break;
+    case EXO_DIST_BATCH: {
+        /* every row in range, and the rows re-encode to the bytes they came from */
+        if (!sh->tensor || f.n_rows < 1 || f.n_rows > EXO_DIST_BATCH_ROWS)
+            abort();
+        int slots[EXO_DIST_BATCH_ROWS], pos0[EXO_DIST_BATCH_ROWS], T[EXO_DIST_BATCH_ROWS];
+        int32_t *all = malloc(m->len + 4), *ids[EXO_DIST_BATCH_ROWS];
+        for (int i = 0, at = 0; i < f.n_rows; at += T[i++]) {
+            ids[i] = all + at; /* the rows' ids together are fewer than len / 4 */
+            exo_dist_frame_batch_row(&f, i, &slots[i], &pos0[i], &T[i], ids[i]);
+            if (slots[i] < 0 || slots[i] >= EXO_DIST_MAX_BATCH || T[i] < 1 || pos0[i] < 0 ||
+                pos0[i] > EXO_DIST_MAX_POS)
+                abort();
+            for (int t = 0; t < T[i]; t++)
+                if (ids[i][t] < 0 || ids[i][t] >= sh->vocab)
+                    abort();
+        }
+        size_t n = exo_dist_batch_bytes(f.n_rows, T);
+        unsigned char *buf = malloc(n);
+        exo_dist_encode_batch(f.n_rows, slots, pos0, T, (const int32_t *const *)ids, buf);
+        if (n != m->len || memcmp(buf, m->payload, n))
+            abort();
+        free(buf);
+        free(all);
         break;
     }
     default:

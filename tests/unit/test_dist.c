@@ -19,7 +19,9 @@
  * mistral f32, llama q8) 2 ways each, and llama at every affine width
  * (2-8 bits) and group size (32-128). A prompt longer than the prefill chunk
  * checks the pipelined prefill; several requests in flight through one
- * pipeline (one per slot) each give what they give alone; a shard loads
+ * pipeline (one per slot) each give what they give alone; batched steps on
+ * a tensor group (runner continuous batching) give each row the bits it
+ * gets alone, at 2 and 3 ranks; a shard loads
  * from its own files of a multi-file checkpoint; the ring itself is
  * checked for its all-reduce, its key, a closed peer and a silent one. */
 #include "core/alloc.h"
@@ -316,6 +318,114 @@ Test(dist, stories_pipeline_requests_in_flight, .init = stories_setup, .timeout 
     }
 }
 
+static int argmax_of(const float *x, int n)
+{
+    int b = 0;
+    for (int i = 1; i < n; i++)
+        b = x[i] > x[b] ? i : b;
+    return b;
+}
+
+/* Rank 0 of a tensor group: one step of batch slot k's sequence alone (a
+ * BATCH frame of one row, then the same step here), into logits. */
+static void tensor_step_alone(rank_ctx *c0, exo_seq *s, int k, const int32_t *ids, int T, float *logits)
+{
+    exo_err err = {0};
+    int pos0 = exo_seq_len(s);
+    cr_assert_eq(exo_dist_send_batch(c0->d, 1, &k, &pos0, &T, &ids, true, &err), 0, "%s", err.msg);
+    exo_step st = {.T = T, .tokens = ids, .logits = logits};
+    cr_assert_eq(exo_model_step(c0->m, s, &st, &err), 0, "%s", err.msg);
+}
+
+/* Continuous batching on a tensor-parallel group (dist.h: seq_resize,
+ * seq_copy, send_batch), as the runner drives it: three batch slots with
+ * their own prompts decode side by side, and at every step each row is
+ * stepped again alone from the same position: the same logits, bit for
+ * bit, at 2 and 3 ranks (the all-reduce adds a row's partials in an order
+ * set by the column only). A fourth slot takes slot 0's first 32
+ * positions by copy on every rank, then the prompt's last 8 tokens: the
+ * logits slot 0 gets for the same 8 tokens from position 32. */
+static void tensor_batch_check(const char *dir, int world)
+{
+    rank_ctx ctx[MAX_RANKS];
+    int ports[MAX_RANKS];
+    memset(ctx, 0, sizeof ctx);
+    exo_err err = {0};
+    for (int i = 0; i < world; i++)
+        cr_assert_eq(exo_ring_listen(0, &ctx[i].listen_fd, &ports[i], &err), 0, "%s", err.msg);
+    for (int i = 0; i < world; i++) {
+        ctx[i] = (rank_ctx){.dir = dir, .rank = i, .world = world, .tensor = true, .listen_fd = ctx[i].listen_fd,
+                            .next_port = ports[(i + 1) % world], .n_slots = 1};
+        memset(ctx[i].key, 0x5a, sizeof ctx[i].key);
+    }
+    pthread_t th[MAX_RANKS];
+    for (int i = 1; i < world; i++)
+        pthread_create(&th[i], NULL, follower, &ctx[i]);
+    rank_ctx *c0 = &ctx[0];
+    cr_assert_eq(join(c0), 0, "rank 0: %s", c0->err.msg);
+    enum { NB = 3, STEPS = 6 };
+    const int V = exo_model_vocab(c0->m);
+    float *lb = exo_malloc(sizeof(float) * (size_t)V * NB), *la = exo_malloc(sizeof(float) * (size_t)V);
+    float *lc = exo_malloc(sizeof(float) * (size_t)V);
+    exo_seq *bs[NB + 1] = {c0->s[0]};
+    int32_t ids[NB][N_PROMPT], tok[NB];
+    for (int k = 0; k < NB + 1; k++) {
+        if (k && k < NB + 1)
+            cr_assert_eq(exo_seq_create(c0->m, 128, &bs[k], &err), 0, "%s", err.msg);
+        cr_assert_eq(exo_dist_seq_resize(c0->d, k, 0, 128, &err), 0, "%s", err.msg);
+    }
+    for (int k = 0; k < NB; k++) {
+        prompt_ids_k(V, k, ids[k]);
+        tensor_step_alone(c0, bs[k], k, ids[k], N_PROMPT, la);
+        tok[k] = argmax_of(la, V);
+    }
+    for (int step = 0; step < STEPS; step++) {
+        int slots[NB], pos[NB], T[NB];
+        const int32_t *rows[NB];
+        exo_batch_item items[NB];
+        for (int k = 0; k < NB; k++) {
+            slots[k] = k;
+            pos[k] = exo_seq_len(bs[k]);
+            T[k] = 1;
+            rows[k] = &tok[k];
+            items[k] = (exo_batch_item){bs[k], &tok[k], 1};
+        }
+        cr_assert_eq(exo_dist_send_batch(c0->d, NB, slots, pos, T, rows, true, &err), 0, "%s", err.msg);
+        cr_assert_eq(exo_model_step_batch(c0->m, items, NB, lb, &err), 0, "%s", err.msg);
+        for (int k = 0; k < NB; k++) {
+            exo_seq_truncate(bs[k], pos[k]);
+            tensor_step_alone(c0, bs[k], k, &tok[k], 1, la);
+            cr_assert(!memcmp(la, lb + (size_t)k * (size_t)V, sizeof(float) * (size_t)V),
+                      "%s tensor/%d step %d: slot %d's logits batched differ from alone", dir, world, step, k);
+            tok[k] = argmax_of(la, V);
+        }
+    }
+    /* slot 3 from slot 0's first 32 positions, copied on every rank */
+    cr_assert_eq(exo_seq_copy_prefix(bs[NB], bs[0], 32, &err), 0, "%s", err.msg);
+    cr_assert_eq(exo_dist_seq_copy(c0->d, NB, 0, 32, &err), 0, "%s", err.msg);
+    tensor_step_alone(c0, bs[NB], NB, ids[0] + 32, N_PROMPT - 32, lc);
+    exo_seq_truncate(bs[0], 32);
+    tensor_step_alone(c0, bs[0], 0, ids[0] + 32, N_PROMPT - 32, la);
+    cr_assert(!memcmp(la, lc, sizeof(float) * (size_t)V), "%s tensor/%d: a copied prefix gives other logits", dir,
+              world);
+    for (int k = 1; k < NB + 1; k++)
+        exo_seq_free(bs[k]);
+    exo_free(lb);
+    exo_free(la);
+    exo_free(lc);
+    leave(c0);
+    for (int i = 1; i < world; i++) {
+        pthread_join(th[i], NULL);
+        cr_assert_eq(ctx[i].rc, 0, "rank %d: %s", i, ctx[i].err.msg);
+    }
+}
+
+Test(dist, stories_tensor_batch, .init = stories_setup, .timeout = 60)
+{
+    tensor_batch_check(stories, 2);
+    tensor_batch_check(stories, 3);
+}
+
 Test(dist, stories_tensor, .init = stories_setup, .timeout = 60)
 {
     check(stories, 2, true, 2e-4f);
@@ -426,7 +536,7 @@ static void *peer_connect(void *arg)
 static void *peer_reduce(void *arg)
 {
     ring_peer *p = arg;
-    p->rc = exo_ring_allreduce(p->ring, p->x, 1000, &p->err);
+    p->rc = exo_ring_allreduce(p->ring, p->x, 1, 1000, &p->err);
     return NULL;
 }
 
