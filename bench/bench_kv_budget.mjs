@@ -6,11 +6,14 @@
 // they ran, against the budget. A benchmark, not a test: the figures are
 // ratios (issue 16: admission by free KV memory, memory within the budget).
 //
-//   node bench/bench_kv_budget.mjs [PRESET [REQUESTS [BUDGET_CONTEXTS]]]
+//   node bench/bench_kv_budget.mjs [PRESET [REQUESTS [BUDGET_CONTEXTS [SHARED]]]]
 //
 // PRESET (default llama-3.2-1b, q4 synthetic weights) at a context of 4096;
 // REQUESTS (default 24) of about 200 prompt tokens and 64 generated;
-// BUDGET_CONTEXTS (default 1.5). EXO_BATCH is set to REQUESTS. EXO_BIN
+// BUDGET_CONTEXTS (default 1.5); SHARED (default 0): every prompt starts
+// with the same text of about that many tokens (a system prompt), before
+// its own 200, so a request can share the pages of that prefix a running
+// one computed (the paged KV cache). EXO_BATCH is set to REQUESTS. EXO_BIN
 // selects the binary (default build/exo).
 import os from 'node:os';
 import fs from 'node:fs';
@@ -25,6 +28,7 @@ const run = promisify(execFile);
 const preset = process.argv[2] || 'llama-3.2-1b';
 const nReq = Number(process.argv[3] || 24);
 const contexts = Number(process.argv[4] || 1.5);
+const shared = Number(process.argv[5] || 0);
 const CTX = 4096, MAX_TOKENS = 64;
 
 const TOKEN = /"logprob":/g;
@@ -66,7 +70,8 @@ try {
   const t0 = Date.now();
   await Promise.all(Array.from({ length: nReq }, async (_, i) => {
     const s = await D.openStream(daemon.base, '/v1/chat/completions', {
-      model: id, messages: [{ role: 'user', content: text(200, 7 + i) }], max_tokens: MAX_TOKENS,
+      model: id, messages: [{ role: 'user', content: (shared ? text(shared, 1) + '\n\n' : '') + text(200, 7 + i) }],
+      max_tokens: MAX_TOKENS,
       temperature: 0, stream: true, logprobs: true });
     await s.until((b) => count(b) > 0, 600000);
     const first = Date.now();
@@ -83,7 +88,8 @@ try {
   console.log(`model            ${preset} (q4), context ${CTX}: ${MB(perContext)} MB of caches a context`);
   console.log(`budget           ${MB(budget)} MB (${contexts} contexts): a context a request would run ` +
     `${Math.max(1, Math.floor(contexts))} at once`);
-  console.log(`requests         ${nReq} of ~200 prompt + ${MAX_TOKENS} generated tokens: ${most} streamed side by ` +
+  console.log(`requests         ${nReq} of ${shared ? `~${shared} shared + ` : ''}~200 prompt + ${MAX_TOKENS} ` +
+    `generated tokens: ${most} streamed side by ` +
     `side (x${(most / Math.max(1, Math.floor(contexts))).toFixed(1)}), all done in ${(wall / 1000).toFixed(1)} s`);
   console.log(`runner memory    grew ${MB(peak - idle)} MB over its idle ${MB(idle)} MB while they ran: ` +
     `${(100 * (peak - idle) / budget).toFixed(0)}% of the budget (caches, activations and scratch together)`);

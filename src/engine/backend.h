@@ -17,11 +17,12 @@
  *
  * Shapes: activations are row-major (T, dim) f32 with T tokens per call.
  * q is (T, n_heads, head_dim), k and v are (T, n_kv_heads, head_dim). The KV
- * cache of one layer is exo_kv_cache_floats(capacity, ...) f32 each for K and
- * V, laid out as the backend likes (the CPU keeps each KV head's keys in
+ * cache of one layer is an exo_kv_view: runs of slots, each run of `page`
+ * slots holding page * n_kv_heads * head_dim f32 for K and as many for V,
+ * laid out as the backend likes (the CPU keeps each KV head's keys in
  * blocks of EXO_KV_BLOCK positions stored transposed, so decode scores 16
- * keys per vector instruction, and its values as rows; see cpu/ops.h).
- * capacity must be a multiple of EXO_KV_BLOCK. */
+ * keys per vector instruction, and its values as rows; see cpu/ops.h; the
+ * GPU keeps rows by position). */
 #ifndef EXO_ENGINE_BACKEND_H
 #define EXO_ENGINE_BACKEND_H
 
@@ -51,6 +52,22 @@ typedef struct exo_attn_shape {
      * and overwrites a key no query can see any more. 0: slot p. */
     int ring;
 } exo_attn_shape;
+
+/* One layer's KV cache of one sequence as the attention ops address it:
+ * `capacity` slots in runs of `page` slots (multiples of EXO_KV_BLOCK).
+ * pages NULL: one run (page == capacity) at k and v, a ring or a cache a
+ * sequence holds whole. Else a paged cache (engine/kv_pool.h): slot s is
+ * slot s % page of run s / page, whose K starts at pages[s / page] + k_off
+ * and V at pages[s / page] + v_off; page is a power of two and `pages` is
+ * backend memory (on a GPU the device's copy of the sequence's page table),
+ * read when the op runs, so a recorded step follows the pages a sequence
+ * gains. The runs a call reads or writes exist. */
+typedef struct exo_kv_view {
+    float *k, *v;
+    float *const *pages;
+    size_t k_off, v_off;
+    int capacity, page;
+} exo_kv_view;
 
 /* The activation of a gated MLP: g = act(g) * u (see glu). */
 typedef enum exo_glu_kind {
@@ -115,24 +132,23 @@ typedef struct exo_backend_ops {
      * rot_dim/2 values (backend memory); cos/sin are multiplied by mscale. */
     int  (*rope)(exo_backend *be, float *x, int T, int n_heads, int head_dim, int rot_dim, int pos0,
                  const float *inv_freq, float mscale);
-    /* Appends k, v (T tokens at pos0) to the layer's cache (of `capacity`
-     * positions) and computes causal attention of q over cache positions
-     * [0, pos0+T). */
+    /* Appends k, v (T tokens at pos0) to the layer's cache and computes
+     * causal attention of q over cache positions [0, pos0+T) (a ring's
+     * capacity is shape's ring). */
     int  (*attention)(exo_backend *be, const exo_attn_shape *shape, float *out, const float *q,
-                      const float *k, const float *v, float *k_cache, float *v_cache,
-                      int capacity, int T, int pos0);
+                      const float *k, const float *v, const exo_kv_view *cache, int T, int pos0);
     /* Optional (NULL: one attention call a sequence): decode attention of
      * n sequences of one token each, as n attention calls with T = 1 would
      * do it (the same bits): sequence i's rows of q, k, v and out are row i,
-     * its caches k_caches[i] and v_caches[i] of capacities[i] slots, a ring
-     * of them where rings[i] > 0 (shape's ring is not used), its token at
-     * position pos[i] (the arrays are host memory). */
+     * its cache caches[i], a ring where rings[i] > 0 (shape's ring is not
+     * used), its token at position pos[i] (the arrays are host memory). */
     int  (*attention_rows)(exo_backend *be, const exo_attn_shape *shape, int n, float *out, const float *q,
-                           const float *k, const float *v, float *const *k_caches, float *const *v_caches,
-                           const int *capacities, const int *rings, const int *pos);
-    /* Copies the positions a layer's cache holds in slots [0, n) (K and V
-     * of shape's KV heads) from caches of src_capacity slots into caches of
-     * dst_capacity slots (n <= both): a sequence's caches changing size. */
+                           const float *k, const float *v, const exo_kv_view *caches, const int *rings,
+                           const int *pos);
+    /* Copies the positions one run of a layer's cache holds in slots [0, n)
+     * (K and V of shape's KV heads) from a run of src_capacity slots into
+     * one of dst_capacity slots (n <= both): a sequence's caches changing
+     * size, a page copied before it is written. */
     int  (*kv_copy)(exo_backend *be, const exo_attn_shape *shape, float *dst_k, float *dst_v, int dst_capacity,
                     const float *src_k, const float *src_v, int src_capacity, int n);
     /* g = act(g) * u (limit: EXO_GLU_OAI's clamp) */

@@ -46,6 +46,7 @@
 #include "core/alloc.h"
 #include "core/log.h"
 #include "engine/backend.h"
+#include "engine/kv_pool.h"
 #include "engine/quant.h"
 #include "engine/rope.h"
 #include "engine/router.h"
@@ -181,9 +182,21 @@ struct exo_model {
     acts act;           /* the CPU's activations */
     acts gpu_act;       /* the GPU's */
     long replayed_steps; /* decode steps run from a recording */
+    /* The paged KV cache (kv_pool.h): full-attention layers keep their
+     * caches in pages, on page_be[b] for the layers there; layer l's K and
+     * V start page_k_off[l] and page_v_off[l] floats into its backend's
+     * piece of a page. NULL pool: no such layer. kv_own_floats: the
+     * sequences' own caches (rings, states) together; kv_empty_runs: runs
+     * of their page tables without a page yet, which they may still take. */
+    exo_kv_pool *kv_pool;
+    exo_backend *page_be[2];
+    int n_page_be;
+    size_t *page_k_off, *page_v_off;
+    int64_t kv_own_floats, kv_empty_runs;
 };
 
 static acts *acts_of(exo_model *m, const exo_backend *be) { return be == m->gpu ? &m->gpu_act : &m->act; }
+static int kv_pages_plan(exo_model *m);
 
 struct exo_seq {
     exo_model *m;
@@ -206,6 +219,14 @@ struct exo_seq {
     bool state_lost;
     void **kv_block;            /* per layer: the block its backend's caches live in,
                                    set on the first layer of each backend */
+    /* Paged layers (model's kv_pool): positions [i * EXO_KV_PAGE, ..) of
+     * every one in page page_id[i] (-1: none yet); table[b]: the host's
+     * list of those pages' memory on page backend b, table_dev[b] the copy
+     * the ops read (backend.h exo_kv_view), stale until pushed. */
+    int n_runs;
+    int32_t *page_id;
+    float **table[2], **table_dev[2];
+    bool table_stale;
 };
 
 /* ---- weight sources ---------------------------------------------------- */
@@ -1643,6 +1664,7 @@ int exo_model_build(const exo_model_config *cfg, const exo_weight_source *src,
             L->mscale = local ? local_mscale : m->mscale;
         }
     }
+    TRY(kv_pages_plan(m));
 #undef TRY
     exo_free(qpick);
     exo_free(gpick);
@@ -1753,6 +1775,9 @@ void exo_model_free(exo_model *m)
         exo_backend *last = m->layers[m->n_layers - 1].be;
         last->ops->release(last, m->final_norm);
     }
+    exo_kv_pool_free(m->kv_pool);
+    exo_free(m->page_k_off);
+    exo_free(m->page_v_off);
     free_acts(&m->act);
     free_acts(&m->gpu_act);
     exo_free(m->bounce);
@@ -1864,7 +1889,50 @@ static size_t layer_floats(const exo_model *m, int l, int slots)
     return 2 * (size_t)slots * (size_t)m->n_kv * (size_t)m->hd;
 }
 
-static size_t seq_floats(const exo_model *m, const exo_seq *s, int l) { return layer_floats(m, l, s->slots[l]); }
+/* Whether layer l's caches live in pages (full attention, latent
+ * included); a sliding layer's ring and a linear layer's state are the
+ * sequence's own. */
+static bool layer_paged(const exo_model *m, int l)
+{
+    const layer *L = &m->layers[l];
+    return L->kind != EXO_LAYER_LINEAR && !(L->kind == EXO_LAYER_SLIDING && L->attn.sliding_window > 0);
+}
+
+/* Floats of layer l's caches a sequence holds itself (none for a paged
+ * layer). */
+static size_t seq_floats(const exo_model *m, const exo_seq *s, int l)
+{
+    return layer_paged(m, l) ? 0 : layer_floats(m, l, s->slots[l]);
+}
+
+static int runs_of(int alloc_capacity) { return (alloc_capacity + EXO_KV_PAGE - 1) / EXO_KV_PAGE; }
+
+static int page_backend(const exo_model *m, const exo_backend *be) { return be == m->page_be[0] ? 0 : 1; }
+
+/* Lays out a page: every paged layer's K then V of EXO_KV_PAGE positions,
+ * in its backend's piece. */
+static int kv_pages_plan(exo_model *m)
+{
+    size_t floats[2] = {0, 0};
+    m->page_k_off = exo_calloc((size_t)m->n_layers, sizeof(size_t));
+    m->page_v_off = exo_calloc((size_t)m->n_layers, sizeof(size_t));
+    for (int l = 0; l < m->n_layers; l++) {
+        if (!layer_paged(m, l))
+            continue;
+        exo_backend *be = m->layers[l].be;
+        if (!m->n_page_be || (m->n_page_be == 1 && be != m->page_be[0]))
+            m->page_be[m->n_page_be++] = be;
+        int b = page_backend(m, be);
+        size_t run = (size_t)EXO_KV_PAGE * (size_t)m->n_kv * (size_t)m->hd;
+        m->page_k_off[l] = floats[b];
+        m->page_v_off[l] = floats[b] + run;
+        floats[b] += 2 * run;
+    }
+    if (!m->n_page_be)
+        return 0;
+    m->kv_pool = exo_kv_pool_new(m->n_page_be, m->page_be, floats);
+    return m->kv_pool ? 0 : EXO_EINVAL;
+}
 
 /* Positions a layer's cache holds in a sequence of alloc_capacity: all of
  * them, or for a sliding layer a ring of its window plus the longest call
@@ -1887,11 +1955,124 @@ size_t exo_model_seq_bytes(const exo_model *m, int capacity)
     int alloc = round_to_block(capacity > 0 ? capacity : 1);
     size_t n = 0;
     for (int l = 0; l < m->n_layers; l++)
-        n += layer_floats(m, l, layer_slots(m, alloc, l));
-    return n * sizeof(float);
+        if (!layer_paged(m, l))
+            n += layer_floats(m, l, layer_slots(m, alloc, l));
+    n *= sizeof(float);
+    return m->kv_pool ? n + (size_t)runs_of(alloc) * exo_kv_pool_page_bytes(m->kv_pool) : n;
 }
 
 size_t exo_seq_bytes(const exo_seq *s) { return exo_model_seq_bytes(s->m, s->alloc_capacity); }
+
+size_t exo_model_kv_bytes(const exo_model *m)
+{
+    size_t n = (size_t)m->kv_own_floats * sizeof(float);
+    if (m->kv_pool)
+        n += ((size_t)exo_kv_pool_in_use(m->kv_pool) + (size_t)m->kv_empty_runs) * exo_kv_pool_page_bytes(m->kv_pool);
+    return n;
+}
+
+size_t exo_model_shared_prefix_bytes(const exo_model *m, int n)
+{
+    return m->kv_pool && n > 0 ? (size_t)(n / EXO_KV_PAGE) * exo_kv_pool_page_bytes(m->kv_pool) : 0;
+}
+
+void exo_model_kv_pages(const exo_model *m, exo_kv_page_stats *st)
+{
+    *st = (exo_kv_page_stats){0};
+    if (!m->kv_pool)
+        return;
+    st->page_positions = EXO_KV_PAGE;
+    st->page_bytes = exo_kv_pool_page_bytes(m->kv_pool);
+    st->in_use = exo_kv_pool_in_use(m->kv_pool);
+    st->made = exo_kv_pool_made(m->kv_pool);
+    st->empty_runs = m->kv_empty_runs;
+}
+
+/* Run i of s now in page id (-1: none); its old page is the caller's. */
+static void seq_set_run(exo_seq *s, int i, int32_t id)
+{
+    exo_model *m = s->m;
+    m->kv_empty_runs += (id < 0) - (s->page_id[i] < 0);
+    s->page_id[i] = id;
+    for (int b = 0; b < m->n_page_be; b++)
+        s->table[b][i] = id < 0 ? NULL : exo_kv_pool_page(m->kv_pool, b, id);
+    s->table_stale = true;
+}
+
+/* Drops the pages of runs [from, n_runs). */
+static void seq_drop_runs(exo_seq *s, int from)
+{
+    for (int i = from < 0 ? 0 : from; i < s->n_runs; i++)
+        if (s->page_id[i] >= 0) {
+            exo_kv_pool_drop(s->m->kv_pool, s->page_id[i]);
+            seq_set_run(s, i, -1);
+        }
+}
+
+/* The first n positions of page src copied into page dst, every paged
+ * layer's. */
+static int page_copy(exo_model *m, int32_t dst, int32_t src, int n)
+{
+    exo_attn_shape shape = {.n_heads = m->n_kv, .n_kv_heads = m->n_kv, .head_dim = m->hd};
+    for (int l = 0; l < m->n_layers; l++) {
+        if (!layer_paged(m, l))
+            continue;
+        exo_backend *be = m->layers[l].be;
+        int b = page_backend(m, be);
+        float *d = exo_kv_pool_page(m->kv_pool, b, dst), *sp = exo_kv_pool_page(m->kv_pool, b, src);
+        int rc = be->ops->kv_copy(be, &shape, d + m->page_k_off[l], d + m->page_v_off[l], EXO_KV_PAGE,
+                                  sp + m->page_k_off[l], sp + m->page_v_off[l], EXO_KV_PAGE, n);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+/* Before a step writes positions [from, from + T) of s: a page of its own
+ * for each run they fall in (a page another sequence shares is copied
+ * first, up to from), and the tables the ops read brought up to date. */
+static int seq_own_pages(exo_seq *s, int from, int T)
+{
+    exo_model *m = s->m;
+    if (!m->kv_pool || T <= 0)
+        return 0;
+    for (int i = from / EXO_KV_PAGE; i <= (from + T - 1) / EXO_KV_PAGE; i++) {
+        int32_t id = s->page_id[i], fresh;
+        if (id >= 0 && exo_kv_pool_refs(m->kv_pool, id) == 1)
+            continue;
+        int rc = exo_kv_pool_take(m->kv_pool, &fresh);
+        if (rc)
+            return rc;
+        int held = from - i * EXO_KV_PAGE; /* positions of the run before from */
+        if (id >= 0 && held > 0 && (rc = page_copy(m, fresh, id, held < EXO_KV_PAGE ? held : EXO_KV_PAGE))) {
+            exo_kv_pool_drop(m->kv_pool, fresh);
+            return rc;
+        }
+        if (id >= 0)
+            exo_kv_pool_drop(m->kv_pool, id);
+        seq_set_run(s, i, fresh);
+    }
+    if (!s->table_stale)
+        return 0;
+    for (int b = 0; b < m->n_page_be; b++) {
+        int rc = m->page_be[b]->ops->to_device(m->page_be[b], s->table_dev[b], s->table[b],
+                                               sizeof(float *) * (size_t)s->n_runs);
+        if (rc)
+            return rc;
+    }
+    s->table_stale = false;
+    return 0;
+}
+
+/* Layer l's cache of s as the attention ops take it. */
+static exo_kv_view seq_view(const exo_seq *s, int l)
+{
+    const exo_model *m = s->m;
+    if (layer_paged(m, l))
+        return (exo_kv_view){.pages = s->table_dev[page_backend(m, m->layers[l].be)], .k_off = m->page_k_off[l],
+                             .v_off = m->page_v_off[l], .capacity = s->alloc_capacity, .page = EXO_KV_PAGE};
+    return (exo_kv_view){.k = s->k_cache[l], .v = s->v_cache[l], .capacity = s->slots[l], .page = s->slots[l]};
+}
 
 int exo_seq_create(exo_model *m, int capacity, exo_seq **out, exo_err *err)
 {
@@ -1917,13 +2098,28 @@ int exo_seq_create(exo_model *m, int capacity, exo_seq **out, exo_err *err)
     s->slots = exo_calloc((size_t)m->n_layers, sizeof(int));
     for (int l = 0; l < m->n_layers; l++)
         s->slots[l] = layer_slots(m, s->alloc_capacity, l);
+    if (m->kv_pool) {
+        s->n_runs = runs_of(s->alloc_capacity);
+        s->page_id = exo_malloc(sizeof(int32_t) * (size_t)s->n_runs);
+        for (int i = 0; i < s->n_runs; i++)
+            s->page_id[i] = -1;
+        m->kv_empty_runs += s->n_runs;
+        for (int b = 0; b < m->n_page_be; b++) {
+            s->table[b] = exo_calloc((size_t)s->n_runs, sizeof(float *));
+            s->table_dev[b] = m->page_be[b]->ops->alloc(m->page_be[b], sizeof(float *) * (size_t)s->n_runs);
+            if (!s->table_dev[b]) {
+                exo_seq_free(s);
+                return exo_err_set(err, EXO_ENOMEM, "cannot allocate a page table for %d tokens", capacity);
+            }
+        }
+    }
     /* One block per backend for all its layers' K and V: decode reads the
      * whole cache every token, and a block of 2 MiB or more gets huge
      * pages (per-layer caches are often smaller; on 4 KiB pages the
      * attention reads stalled at every page, see core/alloc.c) */
     for (int l = 0; l < m->n_layers; l++) {
         exo_backend *be = m->layers[l].be;
-        if (s->k_cache[l] || s->state[l])
+        if (s->k_cache[l] || s->state[l] || layer_paged(m, l))
             continue;
         size_t n = 0;
         for (int i = l; i < m->n_layers; i++)
@@ -1935,8 +2131,9 @@ int exo_seq_create(exo_model *m, int capacity, exo_seq **out, exo_err *err)
             return exo_err_set(err, EXO_ENOMEM, "cannot allocate KV cache for %d tokens", capacity);
         }
         s->kv_block[l] = block;
+        m->kv_own_floats += (int64_t)n;
         for (int i = l; i < m->n_layers; i++)
-            if (m->layers[i].be == be) {
+            if (m->layers[i].be == be && !layer_paged(m, i)) {
                 if (m->layers[i].kind == EXO_LAYER_LINEAR) {
                     s->state[i] = block;
                 } else {
@@ -1954,11 +2151,25 @@ void exo_seq_free(exo_seq *s)
 {
     if (!s)
         return;
-    for (int l = 0; l < s->m->n_layers; l++)
+    exo_model *m = s->m;
+    for (int l = 0; l < m->n_layers; l++)
         if (s->kv_block[l]) {
-            exo_backend *be = s->m->layers[l].be;
+            exo_backend *be = m->layers[l].be;
             be->ops->release(be, s->kv_block[l]);
+            for (int i = l; i < m->n_layers; i++)
+                if (m->layers[i].be == be)
+                    m->kv_own_floats -= (int64_t)seq_floats(m, s, i);
         }
+    if (s->page_id) {
+        seq_drop_runs(s, 0);
+        m->kv_empty_runs -= s->n_runs;
+    }
+    for (int b = 0; b < m->n_page_be; b++) {
+        if (s->table_dev[b])
+            m->page_be[b]->ops->release(m->page_be[b], s->table_dev[b]);
+        exo_free(s->table[b]);
+    }
+    exo_free(s->page_id);
     exo_free(s->kv_block);
     exo_free(s->k_cache);
     exo_free(s->v_cache);
@@ -1983,6 +2194,8 @@ int exo_seq_resize(exo_seq *s, int capacity, exo_err *err)
         return rc;
     for (int l = 0; l < m->n_layers && !rc; l++) {
         exo_backend *be = m->layers[l].be;
+        if (layer_paged(m, l))
+            continue;
         if (m->layers[l].kind == EXO_LAYER_LINEAR) {
             rc = be->ops->copy2d(be, n->state[l], s->state_floats, s->state[l], s->state_floats, 1,
                                  (int)s->state_floats);
@@ -1995,14 +2208,24 @@ int exo_seq_resize(exo_seq *s, int capacity, exo_err *err)
         rc = be->ops->kv_copy(be, &shape, n->k_cache[l], n->v_cache[l], n->slots[l], s->k_cache[l], s->v_cache[l],
                               s->slots[l], held);
     }
-    /* the old caches go once the copies from them are done */
+    /* the old caches and page tables go once the work queued on them is
+     * done */
     for (int l = 0; l < m->n_layers && !rc; l++)
         if (n->kv_block[l])
             rc = m->layers[l].be->ops->sync(m->layers[l].be);
+    for (int b = 0; b < m->n_page_be && !rc; b++)
+        rc = m->page_be[b]->ops->sync(m->page_be[b]);
     if (rc) {
         exo_seq_free(n);
         return exo_err_set(err, rc, "moving a sequence's caches to %d positions failed", capacity);
     }
+    /* n's table takes s's pages of the runs both have */
+    for (int i = 0; i < s->n_runs && i < n->n_runs; i++)
+        if (s->page_id[i] >= 0) {
+            int32_t id = s->page_id[i];
+            seq_set_run(s, i, -1);
+            seq_set_run(n, i, id);
+        }
     /* s takes n's caches, capacity and id (its recorded steps named the old
      * caches); n takes s's old caches and frees them */
     exo_seq old = *s;
@@ -2019,6 +2242,17 @@ int exo_seq_resize(exo_seq *s, int capacity, exo_err *err)
     n->slots = old.slots;
     n->state = old.state;
     n->kv_block = old.kv_block;
+    s->n_runs = n->n_runs;
+    s->page_id = n->page_id;
+    s->table_stale = n->table_stale;
+    n->n_runs = old.n_runs;
+    n->page_id = old.page_id;
+    for (int b = 0; b < 2; b++) {
+        s->table[b] = n->table[b];
+        s->table_dev[b] = n->table_dev[b];
+        n->table[b] = old.table[b];
+        n->table_dev[b] = old.table_dev[b];
+    }
     exo_seq_free(n);
     return 0;
 }
@@ -2108,6 +2342,8 @@ void exo_seq_truncate(exo_seq *s, int n)
     if (n < 0 || n >= s->len)
         return;
     s->len = n;
+    if (s->page_id) /* the runs wholly past n hold nothing now */
+        seq_drop_runs(s, (n + EXO_KV_PAGE - 1) / EXO_KV_PAGE);
     if (!s->m->n_linear)
         return;
     if (n == 0)
@@ -2130,10 +2366,30 @@ int exo_seq_copy_prefix(exo_seq *dst, exo_seq *src, int n, exo_err *err)
     for (int l = 0; l < m->n_layers; l++)
         if (m->layers[l].kind != EXO_LAYER_LINEAR && (n > src->slots[l] || n > dst->slots[l]))
             return exo_err_set(err, EXO_EUNSUPPORTED, "copy_prefix: %d positions wrap a sliding layer's ring", n);
+    for (int i = 0; i < n / EXO_KV_PAGE && src->page_id; i++)
+        if (src->page_id[i] < 0)
+            return exo_err_set(err, EXO_EINVAL, "copy_prefix: the sequence has no page for positions %d..",
+                               i * EXO_KV_PAGE);
     exo_seq_truncate(dst, 0);
+    if (dst->page_id)
+        seq_drop_runs(dst, 0);
     int rc = 0;
+    if (m->kv_pool) { /* whole pages shared, the rest copied into a page of dst's own */
+        int whole = n / EXO_KV_PAGE;
+        for (int i = 0; i < whole; i++) {
+            exo_kv_pool_hold(m->kv_pool, src->page_id[i]);
+            seq_set_run(dst, i, src->page_id[i]);
+        }
+        int32_t id;
+        if (n % EXO_KV_PAGE && !(rc = exo_kv_pool_take(m->kv_pool, &id))) {
+            seq_set_run(dst, whole, id);
+            rc = page_copy(m, id, src->page_id[whole], n % EXO_KV_PAGE);
+        }
+    }
     for (int l = 0, i = 0; l < m->n_layers && !rc; l++) {
         exo_backend *be = m->layers[l].be;
+        if (layer_paged(m, l))
+            continue;
         if (m->layers[l].kind == EXO_LAYER_LINEAR) {
             rc = be->ops->to_device(be, dst->state[l], src->snap + (size_t)i++ * src->state_floats,
                                     src->state_floats * sizeof(float));
@@ -2144,6 +2400,8 @@ int exo_seq_copy_prefix(exo_seq *dst, exo_seq *src, int n, exo_err *err)
                               src->v_cache[l], src->slots[l], n);
     }
     if (rc) {
+        if (dst->page_id)
+            seq_drop_runs(dst, 0);
         exo_seq_truncate(dst, 0);
         return exo_err_set(err, rc, "copy_prefix: copying %d positions failed", n);
     }
@@ -2445,8 +2703,8 @@ static bool fuses(const exo_model *m, const exo_backend *be) { return be->ops->m
 #define ROWS_MAX 16
 typedef struct decode_rows {
     int n, r0;
-    float *k[ROWS_MAX], *v[ROWS_MAX];
-    int cap[ROWS_MAX], ring[ROWS_MAX], pos[ROWS_MAX];
+    exo_kv_view cache[ROWS_MAX];
+    int ring[ROWS_MAX], pos[ROWS_MAX];
 } decode_rows;
 
 static int attention_rows_flush(exo_model *m, int l, decode_rows *rows)
@@ -2461,7 +2719,7 @@ static int attention_rows_flush(exo_model *m, int l, decode_rows *rows)
                                         rows->pos, L->inv_freq, L->mscale, L->q_norm, L->k_norm, m->eps);
     return rc ? rc
               : be->ops->attention_rows(be, &L->attn, n, a->att + r0 * QD, a->q + r0 * QD, a->k + r0 * KD,
-                                        a->v + r0 * KD, rows->k, rows->v, rows->cap, rows->ring, rows->pos);
+                                        a->v + r0 * KD, rows->cache, rows->ring, rows->pos);
 }
 
 /* Softmax attention of the normed rows in a->h into a->h (before the
@@ -2501,9 +2759,7 @@ static int attention_forward(exo_model *m, const span *sp, int nsp, int l, int T
                 OK(attention_rows_flush(m, l, &rows));
             if (!rows.n)
                 rows.r0 = sp[i].r0;
-            rows.k[rows.n] = s->k_cache[l];
-            rows.v[rows.n] = s->v_cache[l];
-            rows.cap[rows.n] = s->slots[l];
+            rows.cache[rows.n] = seq_view(s, l);
             rows.ring[rows.n] = sh.ring;
             rows.pos[rows.n++] = pos0;
             continue;
@@ -2515,8 +2771,9 @@ static int attention_forward(exo_model *m, const span *sp, int nsp, int l, int T
             OK(o->rope(be, q, n, m->n_heads, m->hd, m->rot_dim, pos0, L->inv_freq, L->mscale));
             OK(o->rope(be, k, n, m->n_kv, m->hd, m->rot_dim, pos0, L->inv_freq, L->mscale));
         }
+        exo_kv_view kv = seq_view(s, l);
         OK(o->attention(be, &sh, a->att + (size_t)sp[i].r0 * (size_t)QD, q, k, a->v + (size_t)sp[i].r0 * (size_t)KD,
-                        s->k_cache[l], s->v_cache[l], s->slots[l], n, pos0));
+                        &kv, n, pos0));
     }
     if (rows.n)
         OK(attention_rows_flush(m, l, &rows));
@@ -2573,8 +2830,9 @@ static int mla_forward(exo_model *m, const span *sp, int nsp, int l, int T, exo_
     for (int i = 0; i < nsp; i++) {
         exo_seq *s = sp[i].s;
         size_t r0 = (size_t)sp[i].r0;
+        exo_kv_view kv = seq_view(s, l);
         OK(o->attention(be, &L->attn, a->att + r0 * H * W, a->mqa + r0 * H * W, a->k + r0 * W, a->k + r0 * W,
-                        s->k_cache[l], s->v_cache[l], s->alloc_capacity, sp[i].rows, sp[i].pos0));
+                        &kv, sp[i].rows, sp[i].pos0));
     }
     OK(o->head_matmul(be, H, L->unabsorb, a->att + dr, (size_t)W, (size_t)H * W, a->q, (size_t)dv,
                       (size_t)H * dv, T));
@@ -2846,6 +3104,10 @@ int exo_model_step(exo_model *m, exo_seq *s, exo_step *st, exo_err *err)
         return exo_err_set(err, EXO_EINVAL, "forward: the sequence went back to position %d, which "
                            "its linear-attention state cannot (restart it from 0)", s->len);
     int len0 = s->len;
+    int rc0 = seq_own_pages(s, s->len, T);
+    if (rc0)
+        return exo_err_set(err, rc0, "forward: no KV cache page for positions %d..%d: %s", s->len, s->len + T - 1,
+                           exo_strerror(rc0));
     if (m->n_linear && T > 1 && seq_keep_start(s))
         return exo_err_set(err, EXO_ENOMEM, "forward: cannot snapshot the recurrent state");
     for (int t0 = 0; t0 < T; t0 += m->max_chunk) {
@@ -2894,6 +3156,13 @@ int exo_model_step_batch(exo_model *m, const exo_batch_item *items, int n, float
         if (s->state_lost)
             return exo_err_set(err, EXO_EINVAL, "batch: item %d: the sequence lost its linear-attention state", i);
         T += it->T;
+    }
+    for (int i = 0; i < n; i++) {
+        exo_seq *s = items[i].seq;
+        int rc = seq_own_pages(s, s->len, items[i].T);
+        if (rc)
+            return exo_err_set(err, rc, "batch: item %d: no KV cache page for positions %d..%d: %s", i, s->len,
+                               s->len + items[i].T - 1, exo_strerror(rc));
     }
     if (T > m->max_chunk)
         return exo_err_set(err, EXO_ERANGE, "batch: %d rows, more than the %d a step takes", T, m->max_chunk);

@@ -159,7 +159,7 @@ void exo_seq_free(exo_seq *s);
 int  exo_seq_resize(exo_seq *s, int capacity, exo_err *err);
 /* Makes dst hold the first n positions of src (a prompt prefix another
  * request computed), as if dst had computed them: dst's positions and state
- * go. EXO_EUNSUPPORTED (nothing changed) where src cannot give them: a
+ * go. Whole pages of the prefix are shared, not copied. EXO_EUNSUPPORTED (nothing changed) where src cannot give them: a
  * recurrent state is kept only where its last step of several tokens
  * began, and a prefix that wraps a sliding layer's ring (in either) is not
  * copied; EXO_EINVAL for n past src's length or dst's capacity. */
@@ -168,6 +168,28 @@ int  exo_seq_copy_prefix(exo_seq *dst, exo_seq *src, int n, exo_err *err);
  * every backend together; and those s holds. */
 size_t exo_model_seq_bytes(const exo_model *m, int capacity);
 size_t exo_seq_bytes(const exo_seq *s);
+/* Bytes of caches the model's sequences hold or may still take, together:
+ * their own (rings, recurrent states), the pages in use (a page several
+ * sequences share counted once) and a page for every run of positions
+ * their capacities reserve that has none yet. exo_seq_bytes(s) counts what
+ * s would hold alone; this is what all of them do. */
+size_t exo_model_kv_bytes(const exo_model *m);
+/* Bytes of the pages a prefix of n positions copied from another sequence
+ * shares with it rather than holds (its whole pages). */
+size_t exo_model_shared_prefix_bytes(const exo_model *m, int n);
+/* The paged KV cache: full-attention layers keep their caches in pages of
+ * page_positions positions (every such layer's K and V), which sequences
+ * take as they grow, give back as they shrink, and share where one copies
+ * another's prefix (exo_seq_copy_prefix): a page a sequence is about to
+ * write while another holds it is copied first. All zero: no paged layer. */
+typedef struct exo_kv_page_stats {
+    int    page_positions;
+    size_t page_bytes;
+    int    in_use;      /* pages some sequence holds */
+    int    made;        /* pages the pool has memory for */
+    long   empty_runs;  /* runs sequences reserve without a page yet */
+} exo_kv_page_stats;
+void exo_model_kv_pages(const exo_model *m, exo_kv_page_stats *st);
 int  exo_seq_len(const exo_seq *s);
 int  exo_seq_capacity(const exo_seq *s);
 /* Forgets positions >= n (n <= len): the next forward continues from n. */

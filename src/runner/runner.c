@@ -1301,15 +1301,10 @@ static int slot_need(const runner *r, const gen_ctx *g)
     return need < r->ctx ? (int)need : r->ctx;
 }
 
-/* Bytes of caches the slots' sequences hold now. */
-static double slots_held(const runner *r)
-{
-    double held = 0;
-    for (int i = 0; i < r->n_batch; i++)
-        if (r->bseqs[i])
-            held += (double)exo_seq_bytes(r->bseqs[i]);
-    return held;
-}
+/* Bytes of caches the slots' sequences hold or reserve now (the model's
+ * sequences are the slots'): a prefix's pages that several of them share
+ * count once (model.h exo_model_kv_bytes). */
+static double slots_held(const runner *r) { return (double)exo_model_kv_bytes(r->model); }
 
 /* Batch slot i's sequence keeps its first `keep` positions and holds
  * `capacity` (made where the slot has none); bseq_copy: the first n
@@ -1400,7 +1395,10 @@ static bool slot_open(runner *r, batch_slot *slots)
     batch_slot *b = &slots[i];
     exo_err err = {0};
     int need = slot_need(r, g);
-    double grow = (double)exo_model_seq_bytes(r->model, need) - (r->bseqs[i] ? (double)exo_seq_bytes(r->bseqs[i]) : 0);
+    /* a longer prefix a running request holds is shared, not held twice */
+    int copy, from = busy_prefix(r, slots, g, reuse, &copy);
+    double grow = (double)exo_model_seq_bytes(r->model, need) - (r->bseqs[i] ? (double)exo_seq_bytes(r->bseqs[i]) : 0) -
+                  (from >= 0 ? (double)exo_model_shared_prefix_bytes(r->model, copy) : 0);
     if (!slot_make_room(r, slots, i, grow)) {
         if (running) {
             r->waiting = g; /* until a running request gives its caches back */
@@ -1415,8 +1413,8 @@ static bool slot_open(runner *r, batch_slot *slots)
         slot_close(r, b, rc, &err);
         return true;
     }
-    /* a longer prefix a running request holds: copied, not computed again */
-    int copy, from = busy_prefix(r, slots, g, reuse, &copy);
+    /* a longer prefix a running request holds: copied (its whole pages
+     * shared), not computed again */
     if (from >= 0 && (rc = bseq_copy(r, i, from, copy, &err)) == 0)
         reuse = copy;
     else if (from >= 0 && rc != EXO_EUNSUPPORTED) {

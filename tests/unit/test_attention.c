@@ -2,7 +2,9 @@
  * causal softmax attention: token-by-token decode (the per-KV-head kernel
  * over the blocked K cache) and whole-prompt prefill (the batched GEMM
  * form), with grouped-query heads, a sliding window, a capacity that is not
- * a multiple of the kernel's 16-key block, and head sizes 8 and 64. */
+ * a multiple of the kernel's 16-key block, and head sizes 8 and 64; each
+ * case again over a paged cache (pages of 16 and 32 slots, in scrambled
+ * order), which must give the same bits. */
 #include "core/alloc.h"
 #include "engine/backend.h"
 #include "engine/cpu/ops.h"
@@ -49,6 +51,53 @@ static void naive(int T, int H, int KV, int hd, int window, const float *q, cons
 static bool with_sinks; /* check() with a sink logit per query head */
 static bool with_ring;  /* check() with a sliding window's cache kept as a ring */
 
+/* The cache of `capacity` slots for run_attention: one run, or pages of
+ * `page` slots (0: one run) scattered in reverse order through one
+ * allocation, as a pool hands them out. */
+typedef struct test_cache {
+    exo_kv_view view;
+    float *mem;
+    float **table;
+} test_cache;
+
+static void cache_make(exo_backend *be, test_cache *c, int capacity, int KV, int hd, int page)
+{
+    memset(c, 0, sizeof *c);
+    if (!page) {
+        c->mem = be->ops->alloc(be, 2 * (size_t)capacity * KV * hd * 4);
+        c->view = (exo_kv_view){.k = c->mem, .v = c->mem + (size_t)capacity * KV * hd, .capacity = capacity,
+                                .page = capacity};
+        return;
+    }
+    int runs = (capacity + page - 1) / page;
+    size_t run = 2 * (size_t)page * KV * hd;
+    c->mem = be->ops->alloc(be, (size_t)runs * run * 4);
+    c->table = exo_calloc((size_t)runs, sizeof(float *));
+    for (int i = 0; i < runs; i++)
+        c->table[i] = c->mem + (size_t)(runs - 1 - i) * run;
+    c->view = (exo_kv_view){.pages = c->table, .k_off = 0, .v_off = (size_t)page * KV * hd, .capacity = capacity,
+                            .page = page};
+}
+
+static void cache_free(exo_backend *be, test_cache *c)
+{
+    be->ops->release(be, c->mem);
+    exo_free(c->table);
+}
+
+/* All T tokens through the op in calls of prefill_chunk into out. */
+static void run_attention(exo_backend *be, const exo_attn_shape *sh, int T, int prefill_chunk, const float *q,
+                          const float *k, const float *v, const exo_kv_view *cache, float *out)
+{
+    int H = sh->n_heads, KV = sh->n_kv_heads, hd = sh->head_dim;
+    for (int t0 = 0; t0 < T; t0 += prefill_chunk) {
+        int n = T - t0 < prefill_chunk ? T - t0 : prefill_chunk;
+        int rc = be->ops->attention(be, sh, out + (size_t)t0 * H * hd, q + (size_t)t0 * H * hd,
+                                    k + (size_t)t0 * KV * hd, v + (size_t)t0 * KV * hd, cache, n, t0);
+        cr_assert_eq(rc, 0);
+    }
+}
+
 static void check(int T, int H, int KV, int hd, int window, int prefill_chunk)
 {
     exo_err err = {0};
@@ -57,7 +106,7 @@ static void check(int T, int H, int KV, int hd, int window, int prefill_chunk)
     unsigned seed = (unsigned)(T * 131 + H * 17 + hd + window);
     size_t nq = (size_t)T * H * hd, nk = (size_t)T * KV * hd;
     float *q = exo_malloc(nq * 4), *k = exo_malloc(nk * 4), *v = exo_malloc(nk * 4);
-    float *out = exo_calloc(nq, 4);
+    float *out = exo_calloc(nq, 4), *paged = exo_calloc(nq, 4);
     double *want = exo_malloc(nq * 8);
     for (size_t i = 0; i < nq; i++)
         q[i] = 2 * frand(&seed);
@@ -76,27 +125,32 @@ static void check(int T, int H, int KV, int hd, int window, int prefill_chunk)
         cr_assert(window > 0 && ring < T, "a ring test needs a window and positions that wrap around");
         capacity = ring;
     }
-    float *kc = be->ops->alloc(be, (size_t)capacity * KV * hd * 4);
-    float *vc = be->ops->alloc(be, (size_t)capacity * KV * hd * 4);
     exo_attn_shape sh = {H, KV, hd, window, 1.0f / sqrtf((float)hd), with_sinks ? sinks : NULL, ring};
-    for (int t0 = 0; t0 < T; t0 += prefill_chunk) {
-        int n = T - t0 < prefill_chunk ? T - t0 : prefill_chunk;
-        be->ops->attention(be, &sh, out + (size_t)t0 * H * hd, q + (size_t)t0 * H * hd,
-                           k + (size_t)t0 * KV * hd, v + (size_t)t0 * KV * hd, kc, vc, capacity,
-                           n, t0);
-    }
+    test_cache whole;
+    cache_make(be, &whole, capacity, KV, hd, 0);
+    run_attention(be, &sh, T, prefill_chunk, q, k, v, &whole.view, out);
     double max_err = 0;
     for (size_t i = 0; i < nq; i++)
         max_err = fmax(max_err, fabs(out[i] - want[i]));
     cr_expect(max_err < 2e-5, "T %d H %d KV %d hd %d window %d chunk %d: max err %g", T, H, KV, hd,
               window, prefill_chunk, max_err);
-    be->ops->release(be, kc);
-    be->ops->release(be, vc);
+    /* the same cache in pages of 16 and 32 slots (a ring stays one run):
+     * the same bits */
+    for (int page = 16; page <= 32 && !ring; page *= 2) {
+        test_cache pc;
+        cache_make(be, &pc, capacity, KV, hd, page);
+        run_attention(be, &sh, T, prefill_chunk, q, k, v, &pc.view, paged);
+        cr_expect(!memcmp(paged, out, nq * 4), "T %d H %d KV %d hd %d window %d chunk %d: pages of %d differ from "
+                  "one run", T, H, KV, hd, window, prefill_chunk, page);
+        cache_free(be, &pc);
+    }
+    cache_free(be, &whole);
     be->ops->free(be);
     exo_free(q);
     exo_free(k);
     exo_free(v);
     exo_free(out);
+    exo_free(paged);
     exo_free(want);
 }
 

@@ -1028,7 +1028,46 @@ typedef struct attn_cfg {
     bool sinks;  /* a sink logit per query head */
     bool latent; /* k and v are one tensor (MLA's [rope | latent] cache) */
     float scale; /* 0: 1/sqrt(hd) */
+    int page;    /* > 0: the cache in pages of this many slots, scattered */
 } attn_cfg;
+
+/* A cache of `capacity` slots on be, as attn_sequence's caches: one run, or
+ * pages of `page` slots placed in reverse order in one allocation, their
+ * table in be's memory (as model.c keeps a sequence's). */
+typedef struct test_kv {
+    exo_kv_view view;
+    float *mem;
+    float **table;
+} test_kv;
+
+static test_kv kv_make(exo_backend *be, int capacity, int KV, int hd, int page)
+{
+    test_kv c = {0};
+    if (!page) {
+        size_t run = (size_t)capacity * (size_t)KV * (size_t)hd;
+        c.mem = be_alloc(be, 2 * run);
+        c.view = (exo_kv_view){.k = c.mem, .v = c.mem + run, .capacity = capacity, .page = capacity};
+        return c;
+    }
+    int runs = (capacity + page - 1) / page;
+    size_t run = 2 * (size_t)page * (size_t)KV * (size_t)hd;
+    c.mem = be_alloc(be, (size_t)runs * run);
+    float **host = exo_calloc((size_t)runs, sizeof(float *));
+    for (int i = 0; i < runs; i++)
+        host[i] = c.mem + (size_t)(runs - 1 - i) * run;
+    c.table = be->ops->alloc(be, sizeof(float *) * (size_t)runs);
+    cr_assert(c.table);
+    ok(be, be->ops->to_device(be, c.table, host, sizeof(float *) * (size_t)runs), "to_device");
+    exo_free(host);
+    c.view = (exo_kv_view){.pages = c.table, .v_off = (size_t)page * KV * hd, .capacity = capacity, .page = page};
+    return c;
+}
+
+static void kv_free(exo_backend *be, test_kv *c)
+{
+    be->ops->release(be, c->mem);
+    be->ops->release(be, c->table);
+}
 
 /* Runs calls[] (each appending that many tokens, from position 0) on both
  * backends' caches; compares every call's output. A ring is sized as
@@ -1058,29 +1097,26 @@ static void attn_sequence(both *b, const attn_cfg *cfg, const int *calls, int n_
     float scale = cfg->scale > 0 ? cfg->scale : 1.0f / sqrtf((float)hd);
     exo_attn_shape sc = {H, KV, hd, cfg->window, scale, sinks.cpu, ring};
     exo_attn_shape sg = {H, KV, hd, cfg->window, scale, sinks.gpu, ring};
-    size_t cache = (size_t)capacity * (size_t)KV * (size_t)hd;
-    float *kc = be_alloc(b->cpu, cache), *vc = be_alloc(b->cpu, cache);
-    float *kg = be_alloc(b->gpu, cache), *vg = be_alloc(b->gpu, cache);
+    test_kv kc = kv_make(b->cpu, capacity, KV, hd, ring ? 0 : cfg->page);
+    test_kv kg = kv_make(b->gpu, capacity, KV, hd, ring ? 0 : cfg->page);
     for (int i = 0, pos = 0; i < n_calls; pos += calls[i++]) {
         int T = calls[i];
         dual q = dual_rand(b, (size_t)T * H * hd, 1.5f), k = dual_rand(b, (size_t)T * KV * hd, 1.0f);
         dual v = cfg->latent ? k : dual_rand(b, (size_t)T * KV * hd, 1.0f);
         dual out = dual_rand(b, (size_t)T * H * hd, 1.0f);
-        ON(b->cpu, attention, &sc, out.cpu, q.cpu, k.cpu, v.cpu, kc, vc, capacity, T, pos);
-        ON(b->gpu, attention, &sg, out.gpu, q.gpu, k.gpu, v.gpu, kg, vg, capacity, T, pos);
+        ON(b->cpu, attention, &sc, out.cpu, q.cpu, k.cpu, v.cpu, &kc.view, T, pos);
+        ON(b->gpu, attention, &sg, out.gpu, q.gpu, k.gpu, v.gpu, &kg.view, T, pos);
         dual_check(b, &out, "attention", NMSE_ATTENTION,
-                   "H %d KV %d hd %d window %d ring %d sinks %d latent %d: call %d, T %d at %d", H, KV, hd,
-                   cfg->window, ring, cfg->sinks, cfg->latent, i, T, pos);
+                   "H %d KV %d hd %d window %d ring %d sinks %d latent %d page %d: call %d, T %d at %d", H, KV,
+                   hd, cfg->window, ring, cfg->sinks, cfg->latent, cfg->page, i, T, pos);
         dual_free(b, &q);
         dual_free(b, &k);
         if (!cfg->latent)
             dual_free(b, &v);
         dual_free(b, &out);
     }
-    b->cpu->ops->release(b->cpu, kc);
-    b->cpu->ops->release(b->cpu, vc);
-    b->gpu->ops->release(b->gpu, kg);
-    b->gpu->ops->release(b->gpu, vg);
+    kv_free(b->cpu, &kc);
+    kv_free(b->gpu, &kg);
     if (cfg->sinks)
         vec_free(b, &sinks);
 }
@@ -1159,6 +1195,27 @@ Test(backend_ops, attention_latent)
     both b = both_open("attention_latent");
     static const int seq[] = {37, 1, 1, 20, 1, 3, 1};
     attn_cfg mla = {.heads = 8, .kv = 1, .hd = 576, .latent = true, .scale = 0.0722f};
+    attn_sequence(&b, &mla, seq, (int)(sizeof seq / sizeof seq[0]));
+    both_close(&b);
+}
+
+/* A paged cache (model.c's full-attention layers): pages of 16 and 64
+ * slots, scattered, on the decode kernel, the general one, a window and
+ * latent rows. */
+Test(backend_ops, attention_paged)
+{
+    both b = both_open("attention_paged");
+    static const int pages[] = {16, 64};
+    for (int p = 0; p < 2; p++) {
+        attn_cfg g4 = {.heads = 8, .kv = 2, .hd = 128, .page = pages[p]};
+        attn_sequence(&b, &g4, SEQ, N_SEQ);
+        attn_cfg odd = {.heads = 6, .kv = 2, .hd = 96, .page = pages[p]};
+        attn_sequence(&b, &odd, SEQ, N_SEQ);
+        attn_cfg win = {.heads = 8, .kv = 4, .hd = 64, .window = 20, .sinks = true, .page = pages[p]};
+        attn_sequence(&b, &win, SEQ, N_SEQ);
+    }
+    static const int seq[] = {37, 1, 1, 20, 1, 3, 1};
+    attn_cfg mla = {.heads = 8, .kv = 1, .hd = 576, .latent = true, .scale = 0.0722f, .page = 16};
     attn_sequence(&b, &mla, seq, (int)(sizeof seq / sizeof seq[0]));
     both_close(&b);
 }

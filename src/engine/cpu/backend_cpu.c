@@ -203,8 +203,7 @@ static void softmax_rows(void *p, int ith, int nth)
 }
 
 static int attention_batched(cpu_backend *c, const exo_attn_shape *sh, float *out,
-                              const float *q, const float *k_cache, const float *v_cache,
-                              int capacity, int T, int pos0)
+                              const float *q, const exo_kv_view *cache, int T, int pos0)
 {
     /* only the positions some query of the call can see: a window's start on */
     int first = sh->sliding_window > 0 && pos0 - sh->sliding_window + 1 > 0 ? pos0 - sh->sliding_window + 1 : 0;
@@ -223,7 +222,7 @@ static int attention_batched(cpu_backend *c, const exo_attn_shape *sh, float *ou
     float *kh = c->att_buf, *vt = kh + (size_t)L * hd, *qh = vt + (size_t)L * hd;
     float *oh = qh + rows * hd, *sc = oh + rows * hd;
     for (int g = 0; g < KV; g++) {
-        exo_cpu_kv_read(sh, k_cache, v_cache, capacity, g, first, L, kh, vt);
+        exo_cpu_kv_read(sh, cache, g, first, L, kh, vt);
         for (int t = 0; t < T; t++)
             memcpy(qh + (size_t)t * group * hd, q + ((size_t)t * H + (size_t)g * group) * hd,
                    sizeof(float) * (size_t)group * hd);
@@ -246,16 +245,15 @@ static int attention_batched(cpu_backend *c, const exo_attn_shape *sh, float *ou
 }
 
 static int cpu_attention(exo_backend *be, const exo_attn_shape *shape, float *out, const float *q,
-                          const float *k, const float *v, float *k_cache, float *v_cache,
-                          int capacity, int T, int pos0)
+                          const float *k, const float *v, const exo_kv_view *cache, int T, int pos0)
 {
     cpu_backend *c = cpu(be);
     if (T >= BATCHED_ATTENTION_MIN_T) {
-        exo_cpu_kv_append(c->pool, shape, k, v, k_cache, v_cache, capacity, T, pos0);
-        return attention_batched(c, shape, out, q, k_cache, v_cache, capacity, T, pos0);
+        exo_cpu_kv_append(c->pool, shape, k, v, cache, T, pos0);
+        return attention_batched(c, shape, out, q, cache, T, pos0);
     }
     int group = shape->n_heads / shape->n_kv_heads;
-    size_t need = (size_t)capacity * (size_t)(group < 4 ? group : 4);
+    size_t need = (size_t)cache->capacity * (size_t)(group < 4 ? group : 4);
     if (need > c->scratch_len) {
         int n = exo_pool_size(c->pool);
         for (int i = 0; i < n; i++) {
@@ -268,8 +266,7 @@ static int cpu_attention(exo_backend *be, const exo_attn_shape *shape, float *ou
         }
         c->scratch_len = need;
     }
-    exo_cpu_attention(c->pool, shape, out, q, k, v, k_cache, v_cache, capacity, T, pos0,
-                      c->scratch);
+    exo_cpu_attention(c->pool, shape, out, q, k, v, cache, T, pos0, c->scratch);
     return 0;
 }
 

@@ -201,23 +201,37 @@ static inline size_t kblock_index(int pos, int d, int hd)
            (size_t)(pos % EXO_KV_BLOCK);
 }
 
+/* KV head h's keys (value 0) or values (1) in the run holding slot s; *at:
+ * s's index in that run. A run is laid out as a cache of `page` slots. */
+static inline float *kv_head_run(const exo_kv_view *c, int value, int s, long h, int hd, int *at)
+{
+    float *base;
+    if (c->pages) {
+        base = c->pages[s / c->page] + (value ? c->v_off : c->k_off);
+        *at = s % c->page;
+    } else {
+        base = value ? c->v : c->k;
+        *at = s;
+    }
+    return base + (size_t)h * (size_t)c->page * (size_t)hd;
+}
+
 /* Writes T new positions at pos0 for KV heads [h0, h1). */
-static void kv_append_heads(const exo_attn_shape *sh, const float *k, const float *v,
-                            float *k_cache, float *v_cache, int capacity, int T, int pos0, long h0,
-                            long h1)
+static void kv_append_heads(const exo_attn_shape *sh, const float *k, const float *v, const exo_kv_view *c, int T,
+                            int pos0, long h0, long h1)
 {
     const int hd = sh->head_dim;
-    const size_t row = (size_t)sh->n_kv_heads * (size_t)hd, head = (size_t)capacity * hd;
-    for (long h = h0; h < h1; h++) {
-        float *kc = k_cache + (size_t)h * head, *vc = v_cache + (size_t)h * head;
+    const size_t row = (size_t)sh->n_kv_heads * (size_t)hd;
+    for (long h = h0; h < h1; h++)
         for (int t = 0; t < T; t++) {
             const float *kt = k + (size_t)t * row + (size_t)h * hd;
-            int slot = sh->ring ? (pos0 + t) % sh->ring : pos0 + t;
+            int slot = sh->ring ? (pos0 + t) % sh->ring : pos0 + t, at;
+            float *kc = kv_head_run(c, 0, slot, h, hd, &at);
             for (int d = 0; d < hd; d++)
-                kc[kblock_index(slot, d, hd)] = kt[d];
-            memcpy(vc + (size_t)slot * hd, v + (size_t)t * row + (size_t)h * hd, sizeof(float) * (size_t)hd);
+                kc[kblock_index(at, d, hd)] = kt[d];
+            float *vc = kv_head_run(c, 1, slot, h, hd, &at);
+            memcpy(vc + (size_t)at * hd, v + (size_t)t * row + (size_t)h * hd, sizeof(float) * (size_t)hd);
         }
-    }
 }
 
 /* Scores of G query heads (q: G rows of hd) against 16-key block kb,
@@ -241,17 +255,17 @@ static inline __attribute__((always_inline)) void qk_block(int G, const float *q
  * vectors of 16 values: G*W accumulators stay in registers while V streams
  * once. */
 static inline __attribute__((always_inline)) void pv_block(int G, int W, const float *p, long ld,
-                                                           const float *vh, int hd, int c, int n,
-                                                           int s0, int ring, float *out)
+                                                           const exo_kv_view *kv, long h, int hd, int c,
+                                                           int n, int s0, int ring, float *out)
 {
-    /* p: the scores of n consecutive positions, the first in V row s0;
-     * past row ring - 1 (a ring cache) the rows go on from 0 */
+    /* p: the scores of n consecutive positions, the first in slot s0; the
+     * slots go on run by run, and past a ring's last slot from 0 */
     v16 acc[4][4] = {{{0}}};
-    /* at most two runs of rows: s0 up to the ring's end, then from row 0 */
-    int first = n < ring - s0 ? n : ring - s0;
-    for (int part = 0, i0 = 0, row0 = s0, len = first; part < 2; part++, i0 = first, row0 = 0, len = n - first) {
+    for (int i0 = 0, s = s0; i0 < n;) {
+        int at;
+        const float *vb = kv_head_run(kv, 1, s, h, hd, &at) + (size_t)at * hd + c;
+        int len = n - i0 < kv->page - at ? n - i0 : kv->page - at;
         const float *pp = p + i0;
-        const float *vb = vh + (size_t)row0 * hd + c;
         for (int i = 0; i < len; i++) {
             const float *vr = vb + (size_t)i * hd;
 #pragma GCC unroll 4
@@ -263,25 +277,31 @@ static inline __attribute__((always_inline)) void pv_block(int G, int W, const f
                     acc[g][w] += pp[g * ld + i] * vv;
             }
         }
+        i0 += len;
+        s += len;
+        if (s == ring)
+            s = 0;
     }
     for (int g = 0; g < G; g++)
         for (int w = 0; w < W; w++)
             *(v16 *)(out + (size_t)g * hd + c + 16 * w) = acc[g][w];
 }
 
-/* G query heads (1 to 4, a compile-time constant) of one KV head.
+/* G query heads (1 to 4, a compile-time constant) of KV head h.
  * sc: G rows of ld scores; o: G rows of hd outputs. */
-static inline __attribute__((always_inline)) void attend_heads(int G, const float *q,
-                                                               const float *kh, const float *vh,
-                                                               int hd, float scale, int lo,
+static inline __attribute__((always_inline)) void attend_heads(int G, const float *q, const exo_kv_view *kv,
+                                                               long h, int hd, float scale, int lo,
                                                                int qpos, int ring, float *sc, long ld,
                                                                const float *sinks, float *o)
 {
     /* scores are kept from the first block's start on (sc[0] is position
      * base); a ring cache (ring > 0) keeps position p in slot p % ring */
     const int base = lo / EXO_KV_BLOCK * EXO_KV_BLOCK, off = lo - base, n = qpos + 1 - lo;
-    for (int b = base; b <= qpos; b += EXO_KV_BLOCK)
-        qk_block(G, q, kh + (size_t)(ring ? b % ring : b) * hd, hd, scale, sc + (b - base), ld);
+    for (int b = base; b <= qpos; b += EXO_KV_BLOCK) {
+        int at;
+        const float *kh = kv_head_run(kv, 0, ring ? b % ring : b, h, hd, &at);
+        qk_block(G, q, kh + (size_t)at * hd, hd, scale, sc + (b - base), ld);
+    }
     /* a plain float max or sum over the scores is a serial chain GCC may
      * not reorder (no -ffast-math): ~0.7 ms of a 576-position token */
     float inv[4];
@@ -293,17 +313,20 @@ static inline __attribute__((always_inline)) void attend_heads(int G, const floa
             sum += exp((double)sinks[g] - (double)mx);
         inv[g] = (float)(1.0 / sum);
     }
-    const int s0 = ring ? lo % ring : lo, lim = ring ? ring : INT32_MAX;
+    const int s0 = ring ? lo % ring : lo;
     int c = 0;
     for (; c + 64 <= hd; c += 64)
-        pv_block(G, 4, sc + off, ld, vh, hd, c, n, s0, lim, o);
+        pv_block(G, 4, sc + off, ld, kv, h, hd, c, n, s0, ring, o);
     for (; c + 16 <= hd; c += 16)
-        pv_block(G, 1, sc + off, ld, vh, hd, c, n, s0, lim, o);
+        pv_block(G, 1, sc + off, ld, kv, h, hd, c, n, s0, ring, o);
     for (; c < hd; c++)
         for (int g = 0; g < G; g++) {
             float a = 0;
-            for (int i = 0, sp = s0; i < n; i++, sp = sp + 1 == lim ? 0 : sp + 1)
-                a += sc[g * ld + off + i] * vh[(size_t)sp * hd + c];
+            for (int i = 0, sp = s0; i < n; i++, sp = sp + 1 == ring ? 0 : sp + 1) {
+                int at;
+                const float *vh = kv_head_run(kv, 1, sp, h, hd, &at);
+                a += sc[g * ld + off + i] * vh[(size_t)at * hd + c];
+            }
             o[(size_t)g * hd + c] = a;
         }
     for (int g = 0; g < G; g++)
@@ -315,8 +338,8 @@ typedef struct attn_job {
     const exo_attn_shape *shape;
     float *out;
     const float *q, *k, *v;
-    float *k_cache, *v_cache;
-    int capacity, T, pos0;
+    const exo_kv_view *cache;
+    int T, pos0;
     float *const *scratch;
 } attn_job;
 
@@ -329,15 +352,14 @@ static void attn_worker(void *p, int ith, int nth)
 {
     attn_job *j = p;
     const exo_attn_shape *s = j->shape;
-    const int hd = s->head_dim, group = s->n_heads / s->n_kv_heads, cap = j->capacity;
+    const exo_kv_view *kv = j->cache;
+    const int hd = s->head_dim, group = s->n_heads / s->n_kv_heads, cap = kv->capacity;
     const float scale = s->scale;
     long h0, h1;
     exo_split_range(s->n_kv_heads, 1, ith, nth, &h0, &h1);
-    kv_append_heads(s, j->k, j->v, j->k_cache, j->v_cache, cap, j->T, j->pos0, h0, h1);
+    kv_append_heads(s, j->k, j->v, kv, j->T, j->pos0, h0, h1);
     float *scores = j->scratch[ith]; /* 4 rows of cap */
     for (long h = h0; h < h1; h++) {
-        const float *kh = j->k_cache + (size_t)h * cap * hd;
-        const float *vh = j->v_cache + (size_t)h * cap * hd;
         for (int t = 0; t < j->T; t++) {
             int qpos = j->pos0 + t;
             int lo = s->sliding_window > 0 && qpos - s->sliding_window + 1 > 0
@@ -354,10 +376,10 @@ static void attn_worker(void *p, int ith, int nth)
                 const float *sk = s->sinks ? s->sinks + h * group + g : NULL;
                 const int ring = s->ring;
                 switch (group - g < 4 ? group - g : 4) {
-                case 4: attend_heads(4, qg, kh, vh, hd, scale, lo, qpos, ring, scores, cap, sk, og); break;
-                case 3: attend_heads(3, qg, kh, vh, hd, scale, lo, qpos, ring, scores, cap, sk, og); break;
-                case 2: attend_heads(2, qg, kh, vh, hd, scale, lo, qpos, ring, scores, cap, sk, og); break;
-                default: attend_heads(1, qg, kh, vh, hd, scale, lo, qpos, ring, scores, cap, sk, og); break;
+                case 4: attend_heads(4, qg, kv, h, hd, scale, lo, qpos, ring, scores, cap, sk, og); break;
+                case 3: attend_heads(3, qg, kv, h, hd, scale, lo, qpos, ring, scores, cap, sk, og); break;
+                case 2: attend_heads(2, qg, kv, h, hd, scale, lo, qpos, ring, scores, cap, sk, og); break;
+                default: attend_heads(1, qg, kv, h, hd, scale, lo, qpos, ring, scores, cap, sk, og); break;
                 }
             }
         }
@@ -367,8 +389,8 @@ static void attn_worker(void *p, int ith, int nth)
 typedef struct append_job {
     const exo_attn_shape *shape;
     const float *k, *v;
-    float *k_cache, *v_cache;
-    int capacity, T, pos0;
+    const exo_kv_view *cache;
+    int T, pos0;
 } append_job;
 
 static void append_worker(void *p, int ith, int nth)
@@ -376,37 +398,36 @@ static void append_worker(void *p, int ith, int nth)
     append_job *j = p;
     long h0, h1;
     exo_split_range(j->shape->n_kv_heads, 1, ith, nth, &h0, &h1);
-    kv_append_heads(j->shape, j->k, j->v, j->k_cache, j->v_cache, j->capacity, j->T, j->pos0, h0,
-                    h1);
+    kv_append_heads(j->shape, j->k, j->v, j->cache, j->T, j->pos0, h0, h1);
 }
 
 void exo_cpu_kv_append(exo_pool *pool, const exo_attn_shape *shape, const float *k, const float *v,
-                       float *k_cache, float *v_cache, int capacity, int T, int pos0)
+                       const exo_kv_view *cache, int T, int pos0)
 {
-    append_job j = {shape, k, v, k_cache, v_cache, capacity, T, pos0};
+    append_job j = {shape, k, v, cache, T, pos0};
     exo_pool_run(pool, append_worker, &j);
 }
 
-void exo_cpu_kv_read(const exo_attn_shape *shape, const float *k_cache, const float *v_cache,
-                     int capacity, int kv_head, int first, int n, float *k_rows, float *v_cols)
+void exo_cpu_kv_read(const exo_attn_shape *shape, const exo_kv_view *cache, int kv_head, int first, int n,
+                     float *k_rows, float *v_cols)
 {
     const int hd = shape->head_dim, ring = shape->ring;
-    const float *kh = k_cache + (size_t)kv_head * capacity * hd;
-    const float *vh = v_cache + (size_t)kv_head * capacity * hd;
     for (int i = 0; i < n; i++) {
-        int slot = ring ? (first + i) % ring : first + i;
+        int slot = ring ? (first + i) % ring : first + i, at;
+        const float *kh = kv_head_run(cache, 0, slot, kv_head, hd, &at);
         for (int d = 0; d < hd; d++)
-            k_rows[(size_t)i * hd + d] = kh[kblock_index(slot, d, hd)];
+            k_rows[(size_t)i * hd + d] = kh[kblock_index(at, d, hd)];
+        const float *vh = kv_head_run(cache, 1, slot, kv_head, hd, &at);
         for (int d = 0; d < hd; d++)
-            v_cols[(size_t)d * n + i] = vh[(size_t)slot * hd + d];
+            v_cols[(size_t)d * n + i] = vh[(size_t)at * hd + d];
     }
 }
 
 void exo_cpu_attention(exo_pool *pool, const exo_attn_shape *shape, float *out, const float *q,
-                       const float *k, const float *v, float *k_cache, float *v_cache, int capacity,
-                       int T, int pos0, float *const *scratch)
+                       const float *k, const float *v, const exo_kv_view *cache, int T, int pos0,
+                       float *const *scratch)
 {
-    attn_job j = {shape, out, q, k, v, k_cache, v_cache, capacity, T, pos0, scratch};
+    attn_job j = {shape, out, q, k, v, cache, T, pos0, scratch};
     exo_pool_run(pool, attn_worker, &j);
 }
 

@@ -67,23 +67,23 @@ void exo_cpu_rmsnorm(exo_pool *pool, float *out, const float *x, const float *w,
                      float eps);
 void exo_cpu_rope(exo_pool *pool, float *x, int T, int n_heads, int head_dim, int rot_dim, int pos0,
                   const float *inv_freq, float mscale);
-/* KV cache layout (see backend.h and ops.c): per KV head, K in blocks of
- * EXO_KV_BLOCK positions, each head_dim rows of EXO_KV_BLOCK keys
- * ((n_kv, capacity/16, head_dim, 16)), and V as rows ((n_kv, capacity,
- * head_dim)). kv_append writes T new positions at pos0. */
+/* KV cache layout (see backend.h and ops.c): a run of `page` slots holds,
+ * per KV head, K in blocks of EXO_KV_BLOCK positions, each head_dim rows of
+ * EXO_KV_BLOCK keys ((n_kv, page/16, head_dim, 16)), and V as rows ((n_kv,
+ * page, head_dim)). kv_append writes T new positions at pos0. */
 void exo_cpu_kv_append(exo_pool *pool, const exo_attn_shape *shape, const float *k, const float *v,
-                       float *k_cache, float *v_cache, int capacity, int T, int pos0);
+                       const exo_kv_view *cache, int T, int pos0);
 /* Positions [first, first + n) of one KV head: k_rows (n, head_dim) and V
  * transposed, v_cols (head_dim, n). */
-void exo_cpu_kv_read(const exo_attn_shape *shape, const float *k_cache, const float *v_cache,
-                     int capacity, int kv_head, int first, int n, float *k_rows, float *v_cols);
+void exo_cpu_kv_read(const exo_attn_shape *shape, const exo_kv_view *cache, int kv_head, int first, int n,
+                     float *k_rows, float *v_cols);
 /* Appends k, v (T tokens at pos0) and attends q over positions [0, pos0+t]
  * for each token t. scratch: per-thread buffers of at least
  * min(group, 4) * capacity floats each (n_threads of them),
  * group = n_heads / n_kv_heads. */
 void exo_cpu_attention(exo_pool *pool, const exo_attn_shape *shape, float *out, const float *q,
-                       const float *k, const float *v, float *k_cache, float *v_cache, int capacity,
-                       int T, int pos0, float *const *scratch);
+                       const float *k, const float *v, const exo_kv_view *cache, int T, int pos0,
+                       float *const *scratch);
 void exo_cpu_glu(exo_pool *pool, exo_glu_kind kind, float *g, const float *u, size_t n, float limit);
 void exo_cpu_add(exo_pool *pool, float *x, const float *y, size_t n);
 

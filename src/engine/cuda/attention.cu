@@ -1,7 +1,9 @@
 /* Causal softmax attention over the KV cache on the GPU.
  *
  * The cache of a layer is (slots, n_kv_heads, head_dim) f32 for K and V
- * (backend_cuda.cu); a sliding layer's is a ring, position p in slot
+ * (backend_cuda.cu), in one run or in pages of 2^k slots through the
+ * sequence's page table (backend.h exo_kv_view: a slot's row is then one
+ * table load away); a sliding layer's is a ring, position p in slot
  * p % ring. The call's own keys and values are read from its inputs, not
  * the cache, while one block per (KV head, token) writes them into it: no
  * second kernel, and no block reads a slot another is writing (a ring
@@ -35,7 +37,10 @@
 
 struct att_args {
     const float *q, *kin, *vin, *sinks;
-    float *kc, *vc;
+    float *kc, *vc;               /* one run of slots (pages NULL) */
+    float *const *pages;          /* else the page table: run i at pages[i] + koff, + voff */
+    size_t koff, voff;
+    int page_shift;               /* a run is 1 << page_shift slots */
     float *out, *partial;
     const int *pos_dev; /* a recorded step's position, read at run time; else pos0 */
     int n_heads, n_kv, hd, window, ring, pos0, per_split, n_split;
@@ -72,15 +77,23 @@ __device__ __forceinline__ float warp_sum(float v)
     return v;
 }
 
+/* Slot s's row of keys (value false) or values, every KV head's. */
+__device__ __forceinline__ float *cache_row(const att_args &a, int s, bool value, size_t row_stride)
+{
+    if (!a.pages)
+        return (value ? a.vc : a.kc) + (size_t)s * row_stride;
+    const int mask = (1 << a.page_shift) - 1;
+    return a.pages[s >> a.page_shift] + (value ? a.voff : a.koff) + (size_t)(s & mask) * row_stride;
+}
+
 /* Position j's key (or value) row of KV head kvh: from the call's input
  * when the call appends it, else from the cache. */
 __device__ __forceinline__ const float *key_row(const att_args &a, int pos0, int j, int kvh, size_t row_stride,
-                                                const float *in, const float *cache)
+                                                const float *in, bool value)
 {
     if (j >= pos0)
         return in + ((size_t)(j - pos0) * a.n_kv + kvh) * a.hd;
-    int slot = a.ring ? j % a.ring : j;
-    return cache + slot * row_stride + (size_t)kvh * a.hd;
+    return cache_row(a, a.ring ? j % a.ring : j, value, row_stride) + (size_t)kvh * a.hd;
 }
 
 __global__ void __launch_bounds__(ATT_THREADS) attention_kernel(const __grid_constant__ att_args a)
@@ -102,10 +115,12 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_kernel(const __grid_con
         qs[d] = qrow[d] * a.scale;
     if (sp == 0 && h % (a.n_heads / a.n_kv) == 0) { /* this token's key and value into the cache */
         int slot = a.ring ? qpos % a.ring : qpos;
-        const size_t in = ((size_t)t * a.n_kv + kvh) * a.hd, at = ((size_t)slot * a.n_kv + kvh) * a.hd;
+        const size_t in = ((size_t)t * a.n_kv + kvh) * a.hd, rs = (size_t)a.n_kv * a.hd;
+        float *kc = cache_row(a, slot, false, rs) + (size_t)kvh * a.hd;
+        float *vc = cache_row(a, slot, true, rs) + (size_t)kvh * a.hd;
         for (int d = tid; d < a.hd; d += ATT_THREADS) {
-            a.kc[at + d] = a.kin[in + d];
-            a.vc[at + d] = a.vin[in + d];
+            kc[d] = a.kin[in + d];
+            vc[d] = a.vin[in + d];
         }
     }
     __syncthreads();
@@ -118,7 +133,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_kernel(const __grid_con
         int j = base + tid;
         float s = -INFINITY;
         if (j < end) {
-            const float4 *kr = (const float4 *)key_row(a, pos0, j, kvh, row_stride, a.kin, a.kc);
+            const float4 *kr = (const float4 *)key_row(a, pos0, j, kvh, row_stride, a.kin, false);
             const float4 *q4 = (const float4 *)qs;
             float dot = 0.0f;
 #pragma unroll 8
@@ -154,7 +169,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_kernel(const __grid_con
 #pragma unroll 2
         for (int jj = warp; jj < n; jj += ATT_WARPS) {
             const float pj = ps[jj];
-            const float *vr = key_row(a, pos0, base + jj, kvh, row_stride, a.vin, a.vc);
+            const float *vr = key_row(a, pos0, base + jj, kvh, row_stride, a.vin, true);
 #pragma unroll
             for (int i = 0; i < ATT_MAX_DIMS; i++) {
                 int d = lane + i * 32;
@@ -285,16 +300,17 @@ __device__ __forceinline__ void decode_attend(const att_args &a, int kvh, int sp
     }
     if (sp == 0 && warp == 0) { /* this token's key and value into the cache */
         int slot = a.ring ? pos0 % a.ring : pos0;
-        const size_t in = (size_t)kvh * hd, at = (size_t)slot * row_stride + in;
+        const size_t in = (size_t)kvh * hd;
+        float *kc = cache_row(a, slot, false, row_stride) + in, *vc = cache_row(a, slot, true, row_stride) + in;
 #pragma unroll
         for (int i = 0; i < DPL; i++) {
-            a.kc[at + d0 + i] = a.kin[in + d0 + i];
-            a.vc[at + d0 + i] = a.vin[in + d0 + i];
+            kc[d0 + i] = a.kin[in + d0 + i];
+            vc[d0 + i] = a.vin[in + d0 + i];
         }
     }
     for (int j = start + warp; j < end; j += DEC_WARPS) {
-        const float *kr = key_row(a, pos0, j, kvh, row_stride, a.kin, a.kc) + d0;
-        const float *vr = key_row(a, pos0, j, kvh, row_stride, a.vin, a.vc) + d0;
+        const float *kr = key_row(a, pos0, j, kvh, row_stride, a.kin, false) + d0;
+        const float *vr = key_row(a, pos0, j, kvh, row_stride, a.vin, true) + d0;
         float k[DPL], v[DPL];
 #pragma unroll
         for (int i = 0; i < DPL; i += 2) {
@@ -422,15 +438,20 @@ size_t exo_cuda_attention_scratch(const exo_attn_shape *sh, int T, int pos0, int
 
 /* The arguments of one sequence's call. */
 static att_args args_for(const exo_attn_shape *sh, float *out, const float *q, const float *k, const float *v,
-                         float *k_cache, float *v_cache, int capacity, int T, int pos0, const int *pos_dev,
-                         float *partial)
+                         const exo_kv_view *cache, int T, int pos0, const int *pos_dev, float *partial)
 {
     att_args a;
     a.q = q;
     a.kin = k;
     a.vin = v;
-    a.kc = k_cache;
-    a.vc = v_cache;
+    a.kc = cache->k;
+    a.vc = cache->v;
+    a.pages = cache->pages;
+    a.koff = cache->k_off;
+    a.voff = cache->v_off;
+    a.page_shift = 0;
+    while (cache->pages && (1 << a.page_shift) < cache->page)
+        a.page_shift++;
     a.sinks = sh->sinks;
     a.out = out;
     a.partial = partial;
@@ -443,17 +464,18 @@ static att_args args_for(const exo_attn_shape *sh, float *out, const float *q, c
     a.pos_dev = pos_dev;
     a.scale = sh->scale;
     a.dynamic = pos_dev || T == 1;
-    plan(sh, T, pos0, a.dynamic ? capacity : 0, &a.per_split, &a.n_split);
+    plan(sh, T, pos0, a.dynamic ? cache->capacity : 0, &a.per_split, &a.n_split);
     return a;
 }
 
 int exo_cuda_attention(cudaStream_t stream, const exo_attn_shape *sh, float *out, const float *q, const float *k,
-                       const float *v, float *k_cache, float *v_cache, int capacity, int T, int pos0,
-                       const int *pos_dev, float *partial)
+                       const float *v, const exo_kv_view *cache, int T, int pos0, const int *pos_dev,
+                       float *partial)
 {
-    if (sh->head_dim % 4 || sh->head_dim > 32 * ATT_MAX_DIMS || sh->n_heads % sh->n_kv_heads)
+    if (sh->head_dim % 4 || sh->head_dim > 32 * ATT_MAX_DIMS || sh->n_heads % sh->n_kv_heads ||
+        (cache->pages && (cache->page & (cache->page - 1))))
         return EXO_EINVAL;
-    att_args a = args_for(sh, out, q, k, v, k_cache, v_cache, capacity, T, pos0, pos_dev, partial);
+    att_args a = args_for(sh, out, q, k, v, cache, T, pos0, pos_dev, partial);
     if (decode_kernel_takes(sh, T)) {
         dim3 grid((unsigned)sh->n_kv_heads, (unsigned)a.n_split);
         size_t wsmem = sizeof(float) * DEC_WARPS * (size_t)(sh->n_heads / sh->n_kv_heads) * sh->head_dim;
@@ -486,17 +508,17 @@ static size_t rows_partial_floats(const exo_attn_shape *sh, int capacity, int po
     return n > 1 ? (size_t)sh->n_heads * n * (sh->head_dim + 2) : 0;
 }
 
-size_t exo_cuda_attention_rows_scratch(const exo_attn_shape *sh, int n, const int *capacities, const int *pos)
+size_t exo_cuda_attention_rows_scratch(const exo_attn_shape *sh, int n, const exo_kv_view *caches, const int *pos)
 {
     size_t floats = 0;
     for (int i = 0; i < n; i++)
-        floats += rows_partial_floats(sh, capacities[i], pos[i]);
+        floats += rows_partial_floats(sh, caches[i].capacity, pos[i]);
     return floats * sizeof(float);
 }
 
 int exo_cuda_attention_rows(cudaStream_t stream, const exo_attn_shape *sh, int n, float *out, const float *q,
-                            const float *k, const float *v, float *const *k_caches, float *const *v_caches,
-                            const int *capacities, const int *rings, const int *pos, float *partial)
+                            const float *k, const float *v, const exo_kv_view *caches, const int *rings,
+                            const int *pos, float *partial)
 {
     const size_t qrow = (size_t)sh->n_heads * sh->head_dim, kvrow = (size_t)sh->n_kv_heads * sh->head_dim;
     if (!decode_kernel_takes(sh, 1)) { /* the general kernel: a call a sequence */
@@ -504,7 +526,7 @@ int exo_cuda_attention_rows(cudaStream_t stream, const exo_attn_shape *sh, int n
             exo_attn_shape one = *sh;
             one.ring = rings[i];
             int rc = exo_cuda_attention(stream, &one, out + i * qrow, q + i * qrow, k + i * kvrow, v + i * kvrow,
-                                        k_caches[i], v_caches[i], capacities[i], 1, pos[i], NULL, partial);
+                                        &caches[i], 1, pos[i], NULL, partial);
             if (rc)
                 return rc;
         }
@@ -519,9 +541,11 @@ int exo_cuda_attention_rows(cudaStream_t stream, const exo_attn_shape *sh, int n
             const int i = i0 + j;
             exo_attn_shape one = *sh;
             one.ring = rings[i];
-            b.a[j] = args_for(&one, out + i * qrow, q + i * qrow, k + i * kvrow, v + i * kvrow, k_caches[i],
-                              v_caches[i], capacities[i], 1, pos[i], NULL, part);
-            part += rows_partial_floats(sh, capacities[i], pos[i]);
+            if (caches[i].pages && (caches[i].page & (caches[i].page - 1)))
+                return EXO_EINVAL;
+            b.a[j] = args_for(&one, out + i * qrow, q + i * qrow, k + i * kvrow, v + i * kvrow, &caches[i], 1,
+                              pos[i], NULL, part);
+            part += rows_partial_floats(sh, caches[i].capacity, pos[i]);
             splits = b.a[j].n_split > splits ? b.a[j].n_split : splits;
             combine |= b.a[j].n_split > 1;
         }

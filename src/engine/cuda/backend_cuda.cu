@@ -1473,31 +1473,29 @@ static int cuda_scatter_add_rows(exo_backend *be, float *dst, const float *src, 
 /* ---- attention and linear attention ------------------------------------------ */
 
 static int cuda_attention(exo_backend *be, const exo_attn_shape *shape, float *out, const float *q, const float *k,
-                          const float *v, float *k_cache, float *v_cache, int capacity, int T, int pos0)
+                          const float *v, const exo_kv_view *cache, int T, int pos0)
 {
     prof_scope prof(cu(be), "attention");
     cuda_backend *c = cu(be);
     const int *pos_dev = step_pos(c, T, pos0);
-    size_t bytes = exo_cuda_attention_scratch(shape, T, pos0, pos_dev || T == 1 ? capacity : 0);
+    size_t bytes = exo_cuda_attention_scratch(shape, T, pos0, pos_dev || T == 1 ? cache->capacity : 0);
     float *partial = bytes ? (float *)scratch(c, SCRATCH_ATTENTION, bytes) : NULL;
     if (bytes && !partial)
         return EXO_ENOMEM;
-    return exo_cuda_attention(c->stream, shape, out, q, k, v, k_cache, v_cache, capacity, T, pos0, pos_dev,
-                              partial);
+    return exo_cuda_attention(c->stream, shape, out, q, k, v, cache, T, pos0, pos_dev, partial);
 }
 
 static int cuda_attention_rows(exo_backend *be, const exo_attn_shape *shape, int n, float *out, const float *q,
-                               const float *k, const float *v, float *const *k_caches, float *const *v_caches,
-                               const int *capacities, const int *rings, const int *pos)
+                               const float *k, const float *v, const exo_kv_view *caches, const int *rings,
+                               const int *pos)
 {
     prof_scope prof(cu(be), "attention_rows");
     cuda_backend *c = cu(be);
-    size_t bytes = exo_cuda_attention_rows_scratch(shape, n, capacities, pos);
+    size_t bytes = exo_cuda_attention_rows_scratch(shape, n, caches, pos);
     float *partial = bytes ? (float *)scratch(c, SCRATCH_ATTENTION, bytes) : NULL;
     if (bytes && !partial)
         return EXO_ENOMEM;
-    return exo_cuda_attention_rows(c->stream, shape, n, out, q, k, v, k_caches, v_caches, capacities, rings, pos,
-                                   partial);
+    return exo_cuda_attention_rows(c->stream, shape, n, out, q, k, v, caches, rings, pos, partial);
 }
 
 static int cuda_conv1d_silu(exo_backend *be, float *out, int out_stride, const float *x, int x_stride,

@@ -94,18 +94,19 @@ __device__ __forceinline__ float exo_cuda_glu(int kind, float a, float b, float 
  * exo_cuda_attention_scratch for them (0 for prompts). */
 size_t exo_cuda_attention_scratch(const exo_attn_shape *shape, int T, int pos0, int capacity);
 int exo_cuda_attention(cudaStream_t stream, const exo_attn_shape *shape, float *out, const float *q, const float *k,
-                       const float *v, float *k_cache, float *v_cache, int capacity, int T, int pos0,
-                       const int *pos_dev, float *partial);
+                       const float *v, const exo_kv_view *cache, int T, int pos0, const int *pos_dev,
+                       float *partial);
 
 /* Decode attention of n sequences, one token each (backend.h
  * attention_rows): the same bits as exo_cuda_attention of each with T = 1
  * and no recorded position, in one launch of up to 16 sequences where the
  * decode kernel takes the shape; partial: exo_cuda_attention_rows_scratch
  * bytes. */
-size_t exo_cuda_attention_rows_scratch(const exo_attn_shape *shape, int n, const int *capacities, const int *pos);
+size_t exo_cuda_attention_rows_scratch(const exo_attn_shape *shape, int n, const exo_kv_view *caches,
+                                       const int *pos);
 int exo_cuda_attention_rows(cudaStream_t stream, const exo_attn_shape *shape, int n, float *out, const float *q,
-                            const float *k, const float *v, float *const *k_caches, float *const *v_caches,
-                            const int *capacities, const int *rings, const int *pos, float *partial);
+                            const float *k, const float *v, const exo_kv_view *caches, const int *rings,
+                            const int *pos, float *partial);
 
 /* Gated DeltaNet (linear_attn.cu): the backend.h ops of the same names,
  * on device memory, queued on `stream`. */
