@@ -754,6 +754,7 @@ typedef struct gen_ctx {
     int                reused;  /* prompt tokens whose cache came from an earlier request */
     exo_gen_seq       *seq;
     bool               waiting; /* a step that wants a sample is out */
+    bool               stepped; /* a batch's request: its first step has run */
 } gen_ctx;
 
 /* The text an alternative token would have added after prev: decoding it
@@ -1435,6 +1436,32 @@ static bool slot_open(runner *r, batch_slot *slots)
     return true;
 }
 
+/* Before the first chunk of slot i's prompt: a running request admitted
+ * before it may hold more of its prefix now than when it was admitted (it
+ * was still prefilling then, and prompts prefill in order of admission):
+ * that prefix is taken over, its whole pages shared, not computed again.
+ * False when the slot was closed (the copy failed). */
+static bool slot_share_late(runner *r, batch_slot *slots, int i)
+{
+    gen_ctx *g = slots[i].g;
+    int copy, from = busy_prefix(r, slots, g, g->reused, &copy);
+    if (from < 0)
+        return true;
+    exo_err err = {0};
+    int rc = bseq_copy(r, i, from, copy, &err);
+    if (rc == EXO_EUNSUPPORTED)
+        return true;
+    if (rc) {
+        slot_close(r, &slots[i], rc, &err);
+        return false;
+    }
+    exo_gen_seq_free(g->seq);
+    g->reused = copy;
+    g->seq = exo_gen_seq_new(g->ids + copy, (int)g->n_ids - copy, copy, exo_seq_capacity(r->bseqs[i]), &g->gp,
+                             on_token, g);
+    return true;
+}
+
 /* One model call of the n slots at[]: their steps (tokens, T) run, and
  * those that want a sample are sampled with their own sampler. A single
  * slot takes the single-sequence step (recorded on a GPU, a greedy pick
@@ -1476,6 +1503,7 @@ static void step_slots(runner *r, batch_slot *slots, const int *at, int n, const
             slot_close(r, b, rc, &err);
             continue;
         }
+        b->g->stepped = true;
         exo_gen_seq_stepped(b->g->seq);
         if (!want[at[k]])
             continue;
@@ -1491,7 +1519,7 @@ static void step_slots(runner *r, batch_slot *slots, const int *at, int n, const
 /* Requests generate side by side until none is left: each round admits
  * queued requests into free slots, retires the finished and cancelled
  * ones, runs every decoding request's next token (BATCH_ROWS rows a
- * call) and then one prompt chunk, the first waiting in slot order. */
+ * call) and then one prompt chunk, of the prompt admitted first. */
 static void run_batch(runner *r)
 {
     batch_slot slots[BATCH_MAX] = {{0}};
@@ -1514,8 +1542,16 @@ static void run_batch(runner *r)
             }
             if (!exo_gen_seq_in_prefill(b->g->seq))
                 decoding[n_dec++] = i;
-            else if (prompt < 0)
+            else if (prompt < 0 || r->used[i] < r->used[prompt])
                 prompt = i;
+        }
+        if (prompt >= 0 && !slots[prompt].g->stepped) {
+            if (!slot_share_late(r, slots, prompt))
+                continue;
+            if (!exo_gen_seq_next(slots[prompt].g->seq, &tokens[prompt], &T[prompt], &want[prompt])) {
+                slot_close(r, &slots[prompt], 0, NULL);
+                continue;
+            }
         }
         if (!n_dec && prompt < 0) {
             if (!r->head && !r->waiting)
