@@ -22,6 +22,10 @@
  * kernel combines them, adding the sinks' share of the denominator
  * (gpt-oss). A prompt has blocks enough, and takes one split.
  *
+ * A prompt of at least TILE_MIN_T tokens with head_dim 64, 128 or 256
+ * takes attention_tile_kernel instead (flash attention in tiles: a block's
+ * query rows share each tile of keys and values it loads; below).
+ *
  * A decode step (one token) whose KV groups are small enough takes
  * attention_decode_kernel instead: one block per (KV head, split) serves
  * every query head of the group, so each key and value row is read once,
@@ -44,6 +48,7 @@ struct att_args {
     float *out, *partial;
     const int *pos_dev; /* a recorded step's position, read at run time; else pos0 */
     int n_heads, n_kv, hd, window, ring, pos0, per_split, n_split;
+    int n_tokens;       /* the call's T */
     bool dynamic;       /* one token: splits planned for the cache, sized by the position */
     float scale;
 };
@@ -403,6 +408,217 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) attention_decode_rows_kernel(c
         decode_attend<DPL>(a, blockIdx.x, blockIdx.y);
 }
 
+/* The prompt kernel: flash attention in tiles, for head_dim 64, 128 or 256
+ * and calls of at least TILE_MIN_T tokens. A block takes TILE_Q query rows
+ * of one KV head (rows are (token, query head of the group) pairs, so a
+ * group's heads share every key and value the block loads) and walks the
+ * keys they can see in tiles of TILE_K: K and V of a tile go to shared
+ * memory once for all the rows, a thread scores 4 rows x 4 keys, the rows'
+ * running max and sum are kept by the 16 threads that share a row (one
+ * half-warp), the tile's probabilities go through shared memory, and a
+ * thread accumulates its 4 rows' outputs over HD / 16 dims. The
+ * one-block-per-(query, head) kernel above reads every key once per query
+ * head and token: a 512-token chunk of a llama-3.1-8b prompt at position
+ * 3584 took 32.7 ms a layer with it, 1.8 ms with this one. Below
+ * TILE_MIN_T tokens a block would have too few rows to share keys among. */
+#define TILE_Q 32
+#define TILE_K 64
+#define TILE_THREADS 128
+#define TILE_MIN_T 32
+#define TILE_PS (TILE_K + 4) /* a row of probabilities in shared memory */
+
+static bool tile_kernel_takes(const exo_attn_shape *sh, int T)
+{
+    int hd = sh->head_dim;
+    return T >= TILE_MIN_T && (hd == 64 || hd == 128 || hd == 256);
+}
+
+static size_t tile_smem(int hd)
+{
+    return sizeof(float) * ((size_t)TILE_Q * hd + (size_t)TILE_K * (hd + 4) + (size_t)TILE_K * hd +
+                            (size_t)TILE_Q * TILE_PS);
+}
+
+__device__ __forceinline__ float half_warp_max(float v)
+{
+    for (int o = 8; o; o >>= 1)
+        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+__device__ __forceinline__ float half_warp_sum(float v)
+{
+    for (int o = 8; o; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+template <int HD>
+__global__ void __launch_bounds__(TILE_THREADS) attention_tile_kernel(const __grid_constant__ att_args a)
+{
+    exo_cuda_wait_inputs();
+    exo_cuda_start_next();
+    constexpr int DPT = HD / 16, KS = HD + 4, C4 = HD / 4;
+    extern __shared__ float4 smem4[];
+    float *Qs = (float *)smem4;   /* [TILE_Q][HD], scaled */
+    float *Ks = Qs + TILE_Q * HD; /* [TILE_K][KS] */
+    float *Vs = Ks + TILE_K * KS; /* [TILE_K][HD] */
+    float *Ps = Vs + TILE_K * HD; /* [TILE_Q][TILE_PS] */
+    const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
+    const int kvh = blockIdx.x, g = a.n_heads / a.n_kv, rows = a.n_tokens * g, pos0 = a.pos0;
+    const int r0 = blockIdx.y * TILE_Q, r_end = min(r0 + TILE_Q, rows);
+    const int t_first = r0 / g, t_last = (r_end - 1) / g;
+    const size_t rs = (size_t)a.n_kv * HD;
+    for (int i = tid; i < TILE_Q * C4; i += TILE_THREADS) {
+        const int r = r0 + i / C4, c = i % C4;
+        float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (r < rows) {
+            v = ((const float4 *)(a.q + ((size_t)(r / g) * a.n_heads + kvh * g + r % g) * HD))[c];
+            v.x *= a.scale;
+            v.y *= a.scale;
+            v.z *= a.scale;
+            v.w *= a.scale;
+        }
+        ((float4 *)Qs)[i] = v;
+    }
+    /* the call's keys and values into the cache: a token's by the block
+     * holding its first query head (the call reads them from its inputs) */
+    for (int t = t_first; t <= t_last; t++) {
+        if (t * g < r0)
+            continue;
+        const int j = pos0 + t, slot = a.ring ? j % a.ring : j;
+        float *kc = cache_row(a, slot, false, rs) + (size_t)kvh * HD, *vc = cache_row(a, slot, true, rs) + (size_t)kvh * HD;
+        const float *ki = a.kin + ((size_t)t * a.n_kv + kvh) * HD, *vi = a.vin + ((size_t)t * a.n_kv + kvh) * HD;
+        for (int d = tid; d < HD; d += TILE_THREADS) {
+            kc[d] = ki[d];
+            vc[d] = vi[d];
+        }
+    }
+    float m[4], l[4], acc[4][DPT];
+    int qpos[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const int r = r0 + ty * 4 + i;
+        qpos[i] = r < rows ? pos0 + r / g : -1; /* -1: no row, sees nothing */
+        m[i] = -INFINITY;
+        l[i] = 0.0f;
+#pragma unroll
+        for (int d = 0; d < DPT; d++)
+            acc[i][d] = 0.0f;
+    }
+    const int hi = pos0 + t_last;
+    const int lo = a.window > 0 && pos0 + t_first - a.window + 1 > 0 ? pos0 + t_first - a.window + 1 : 0;
+    for (int k0 = lo; k0 <= hi; k0 += TILE_K) {
+        __syncthreads(); /* Qs written; the last tile's Ks, Vs and Ps read */
+        for (int i = tid; i < TILE_K * C4; i += TILE_THREADS) {
+            const int kr = i / C4, c = i % C4, j = k0 + kr;
+            float4 kv = make_float4(0.0f, 0.0f, 0.0f, 0.0f), vv = kv;
+            if (j <= hi) {
+                kv = ((const float4 *)key_row(a, pos0, j, kvh, rs, a.kin, false))[c];
+                vv = ((const float4 *)key_row(a, pos0, j, kvh, rs, a.vin, true))[c];
+            }
+            ((float4 *)(Ks + kr * KS))[c] = kv;
+            ((float4 *)(Vs + kr * HD))[c] = vv;
+        }
+        __syncthreads();
+        float sc[4][4];
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+#pragma unroll
+            for (int jj = 0; jj < 4; jj++)
+                sc[i][jj] = 0.0f;
+#pragma unroll 4
+        for (int d = 0; d < HD; d += 4) {
+            float4 q4[4], k4[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                q4[i] = *(const float4 *)(Qs + (ty * 4 + i) * HD + d);
+#pragma unroll
+            for (int jj = 0; jj < 4; jj++)
+                k4[jj] = *(const float4 *)(Ks + (tx + 16 * jj) * KS + d);
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+#pragma unroll
+                for (int jj = 0; jj < 4; jj++)
+                    sc[i][jj] += q4[i].x * k4[jj].x + q4[i].y * k4[jj].y + q4[i].z * k4[jj].z + q4[i].w * k4[jj].w;
+        }
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            float mx = -INFINITY;
+#pragma unroll
+            for (int jj = 0; jj < 4; jj++) {
+                const int j = k0 + tx + 16 * jj;
+                const bool seen = j <= qpos[i] && (a.window <= 0 || j > qpos[i] - a.window);
+                sc[i][jj] = seen ? sc[i][jj] : -INFINITY;
+                mx = fmaxf(mx, sc[i][jj]);
+            }
+            const float mnew = fmaxf(m[i], half_warp_max(mx));
+            const float corr = mnew == -INFINITY ? 1.0f : __expf(m[i] - mnew);
+            float sum = 0.0f;
+#pragma unroll
+            for (int jj = 0; jj < 4; jj++) {
+                const float p = sc[i][jj] == -INFINITY ? 0.0f : __expf(sc[i][jj] - mnew);
+                Ps[(ty * 4 + i) * TILE_PS + tx + 16 * jj] = p;
+                sum += p;
+            }
+            l[i] = l[i] * corr + half_warp_sum(sum);
+            m[i] = mnew;
+#pragma unroll
+            for (int d = 0; d < DPT; d++)
+                acc[i][d] *= corr;
+        }
+        __syncthreads();
+        const int nk = min(TILE_K, hi - k0 + 1);
+        for (int k = 0; k < nk; k++) {
+            float p[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                p[i] = Ps[(ty * 4 + i) * TILE_PS + k];
+            const float4 *vr = (const float4 *)(Vs + k * HD + tx * DPT);
+#pragma unroll
+            for (int c = 0; c < DPT / 4; c++) {
+                const float4 v = vr[c];
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    acc[i][4 * c] += p[i] * v.x;
+                    acc[i][4 * c + 1] += p[i] * v.y;
+                    acc[i][4 * c + 2] += p[i] * v.z;
+                    acc[i][4 * c + 3] += p[i] * v.w;
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const int r = r0 + ty * 4 + i;
+        if (r >= rows)
+            continue;
+        const int h = kvh * g + r % g;
+        float L = l[i];
+        if (a.sinks)
+            L += __expf(a.sinks[h] - m[i]);
+        float *orow = a.out + ((size_t)(r / g) * a.n_heads + h) * HD + tx * DPT;
+#pragma unroll
+        for (int d = 0; d < DPT; d++)
+            orow[d] = L > 0 ? acc[i][d] / L : 0.0f;
+    }
+}
+
+template <int HD>
+static int launch_tile(const att_args &a, cudaStream_t stream)
+{
+    static bool opted_in; /* the shared memory past 48 KiB, asked for once */
+    const size_t smem = tile_smem(HD);
+    if (!opted_in &&
+        cudaFuncSetAttribute(attention_tile_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem))
+        return exo_cuda_launched("attention tile shared memory");
+    opted_in = true;
+    const int rows = a.n_tokens * (a.n_heads / a.n_kv);
+    exo_cuda_launch(attention_tile_kernel<HD>, dim3((unsigned)a.n_kv, (unsigned)((rows + TILE_Q - 1) / TILE_Q)),
+                    dim3(TILE_THREADS), smem, stream, a);
+    return exo_cuda_launched("attention tile");
+}
+
 /* How a call is split: per_split positions a block (a multiple of the
  * block's width), enough blocks to fill the GPU when there are few. A
  * recorded step is planned for the whole cache (capacity > 0), since it
@@ -461,6 +677,7 @@ static att_args args_for(const exo_attn_shape *sh, float *out, const float *q, c
     a.window = sh->sliding_window;
     a.ring = sh->ring;
     a.pos0 = pos0;
+    a.n_tokens = T;
     a.pos_dev = pos_dev;
     a.scale = sh->scale;
     a.dynamic = pos_dev || T == 1;
@@ -476,6 +693,12 @@ int exo_cuda_attention(cudaStream_t stream, const exo_attn_shape *sh, float *out
         (cache->pages && (cache->page & (cache->page - 1))))
         return EXO_EINVAL;
     att_args a = args_for(sh, out, q, k, v, cache, T, pos0, pos_dev, partial);
+    if (!a.dynamic && tile_kernel_takes(sh, T)) {
+        a.n_split = 1;
+        return sh->head_dim == 64 ? launch_tile<64>(a, stream)
+               : sh->head_dim == 128 ? launch_tile<128>(a, stream)
+                                     : launch_tile<256>(a, stream);
+    }
     if (decode_kernel_takes(sh, T)) {
         dim3 grid((unsigned)sh->n_kv_heads, (unsigned)a.n_split);
         size_t wsmem = sizeof(float) * DEC_WARPS * (size_t)(sh->n_heads / sh->n_kv_heads) * sh->head_dim;
