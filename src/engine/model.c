@@ -2414,6 +2414,62 @@ int exo_seq_copy_prefix(exo_seq *dst, exo_seq *src, int n, exo_err *err)
     return 0;
 }
 
+struct exo_kv_prefix {
+    exo_model *m;
+    int n;          /* positions: n / EXO_KV_PAGE whole pages */
+    int32_t *pages;
+};
+
+int exo_seq_keep_prefix(exo_seq *s, int n, exo_kv_prefix **out, exo_err *err)
+{
+    exo_model *m = s->m;
+    *out = NULL;
+    for (int l = 0; l < m->n_layers; l++)
+        if (!layer_paged(m, l))
+            return exo_err_set(err, EXO_EUNSUPPORTED, "keep_prefix: layer %d keeps its cache outside pages", l);
+    if (!m->kv_pool || n <= 0 || n % EXO_KV_PAGE || n > s->len)
+        return exo_err_set(err, EXO_EINVAL, "keep_prefix: %d positions of a sequence of %d (whole pages of %d)", n,
+                           s->len, EXO_KV_PAGE);
+    exo_kv_prefix *p = exo_calloc(1, sizeof *p);
+    p->m = m;
+    p->n = n;
+    p->pages = exo_malloc(sizeof(int32_t) * (size_t)(n / EXO_KV_PAGE));
+    for (int i = 0; i < n / EXO_KV_PAGE; i++) {
+        p->pages[i] = s->page_id[i];
+        exo_kv_pool_hold(m->kv_pool, p->pages[i]);
+    }
+    *out = p;
+    return 0;
+}
+
+int exo_seq_take_prefix(exo_seq *dst, const exo_kv_prefix *p, int n, exo_err *err)
+{
+    exo_model *m = dst->m;
+    if (p->m != m || n <= 0 || n % EXO_KV_PAGE || n > p->n || n > dst->capacity)
+        return exo_err_set(err, EXO_EINVAL, "take_prefix: %d positions of a prefix of %d into a sequence of %d", n,
+                           p->n, dst->capacity);
+    exo_seq_truncate(dst, 0);
+    seq_drop_runs(dst, 0);
+    for (int i = 0; i < n / EXO_KV_PAGE; i++) {
+        exo_kv_pool_hold(m->kv_pool, p->pages[i]);
+        seq_set_run(dst, i, p->pages[i]);
+    }
+    dst->len = n;
+    return 0;
+}
+
+int exo_kv_prefix_len(const exo_kv_prefix *p) { return p->n; }
+
+void exo_kv_prefix_free(exo_kv_prefix *p)
+{
+    if (!p)
+        return;
+    for (int i = 0; i < p->n / EXO_KV_PAGE; i++)
+        exo_kv_pool_drop(p->m->kv_pool, p->pages[i]);
+    exo_free(p->pages);
+    exo_free(p);
+}
+
 /* ---- forward ------------------------------------------------------------ */
 
 #define OK(x)                \

@@ -114,9 +114,110 @@ typedef struct runner {
     int                    n_kept[BATCH_MAX]; /* its positions the sequence holds from whole chunks */
     uint64_t               used[BATCH_MAX];   /* when the slot last took a request (LRU) */
     uint64_t               clock;
+    /* the prefix cache: prompts of finished requests, beyond the one each
+     * slot keeps (store.c-like, below: kept_prefix) */
+    struct kept_prefix    *store;
+    int                    n_store;
     exo_seq               *seqs[EXO_DIST_MAX_SLOTS]; /* seqs[0] == seq; more for a pipeline */
     int                    n_slots;
 } runner;
+
+/* ---- the prefix cache ------------------------------------------------------- */
+
+/* A finished request's prompt, its first n tokens' pages held apart from
+ * any sequence (model.h exo_kv_prefix): a later prompt starting with them
+ * takes the pages instead of computing them, whichever slot it lands in,
+ * after the slot that computed them has gone on to other requests. Entries
+ * are given up least recently used first when memory is short. Whole
+ * models whose caches are all paged; not a tensor-parallel group (its
+ * ranks' sequences follow rank 0's slots, not this cache). */
+#define STORE_MAX 64
+typedef struct kept_prefix {
+    int32_t       *ids;
+    int            n;
+    exo_kv_prefix *pages;
+    uint64_t       used;
+} kept_prefix;
+
+static void store_drop(runner *r, int i)
+{
+    exo_kv_prefix_free(r->store[i].pages);
+    exo_free(r->store[i].ids);
+    r->store[i] = r->store[--r->n_store];
+}
+
+/* Keeps the first n of ids (whole pages), which s holds. */
+static void store_put(runner *r, exo_seq *s, const int32_t *ids, int n)
+{
+    if (r->dist || n <= 0)
+        return;
+    for (int i = 0; i < r->n_store; i++) {
+        kept_prefix *e = &r->store[i];
+        int m = e->n < n ? e->n : n;
+        if (memcmp(e->ids, ids, sizeof(int32_t) * (size_t)m))
+            continue;
+        if (e->n >= n) { /* held already */
+            e->used = ++r->clock;
+            return;
+        }
+        store_drop(r, i); /* the new one extends it */
+        break;
+    }
+    exo_kv_prefix *pages;
+    exo_err err = {0};
+    if (exo_seq_keep_prefix(s, n, &pages, &err))
+        return; /* a model with caches outside pages: the slots' own reuse only */
+    if (!r->store)
+        r->store = exo_calloc(STORE_MAX, sizeof *r->store);
+    if (r->n_store == STORE_MAX) {
+        int lru = 0;
+        for (int i = 1; i < r->n_store; i++)
+            if (r->store[i].used < r->store[lru].used)
+                lru = i;
+        store_drop(r, lru);
+    }
+    kept_prefix *e = &r->store[r->n_store++];
+    e->ids = exo_malloc(sizeof(int32_t) * (size_t)n);
+    memcpy(e->ids, ids, sizeof(int32_t) * (size_t)n);
+    e->n = n;
+    e->pages = pages;
+    e->used = ++r->clock;
+}
+
+/* The entry sharing the most whole chunks of `chunk` tokens with ids (n
+ * tokens), short of the last token, when more than `than`: its index and
+ * the count in *common; else -1. */
+static int store_find(const runner *r, const int32_t *ids, int n, int chunk, int than, int *common)
+{
+    int best = -1;
+    *common = than;
+    for (int i = 0; i < r->n_store; i++) {
+        const kept_prefix *e = &r->store[i];
+        int c = 0;
+        while (c < e->n && c < n - 1 && e->ids[c] == ids[c])
+            c++;
+        c = c / chunk * chunk;
+        if (c > *common) {
+            best = i;
+            *common = c;
+        }
+    }
+    return best;
+}
+
+/* Gives up the least recently used entry but `spare`; false when there is
+ * none. */
+static bool store_evict(runner *r, const exo_kv_prefix *spare)
+{
+    int lru = -1;
+    for (int i = 0; i < r->n_store; i++)
+        if (r->store[i].pages != spare && (lru < 0 || r->store[i].used < r->store[lru].used))
+            lru = i;
+    if (lru < 0)
+        return false;
+    store_drop(r, lru);
+    return true;
+}
 
 /* ---- sending ------------------------------------------------------------ */
 
@@ -400,6 +501,10 @@ static void unload(runner *r)
     r->dist = NULL;
     exo_ring_free(r->ring);
     r->ring = NULL;
+    while (r->n_store)
+        store_drop(r, r->n_store - 1);
+    exo_free(r->store);
+    r->store = NULL;
     for (int i = 0; i < BATCH_MAX; i++) {
         if (r->bseqs[i] != r->seqs[0])
             exo_seq_free(r->bseqs[i]);
@@ -1208,6 +1313,7 @@ static void slot_keep(runner *r, int i, const gen_ctx *g, bool failed)
     r->kept[i] = exo_malloc(sizeof(int32_t) * (size_t)keep);
     memcpy(r->kept[i], g->ids, sizeof(int32_t) * (size_t)keep);
     r->n_kept[i] = keep;
+    store_put(r, r->bseqs[i], g->ids, keep);
 }
 
 /* The end of slot b's request: its last text, finish chunk and Done, or
@@ -1329,11 +1435,14 @@ static int bseq_copy(runner *r, int i, int from, int n, exo_err *err)
     return rc || !r->dist ? rc : exo_dist_seq_copy(r->dist, i, from, n, err);
 }
 
-/* Makes room for `bytes` more by giving up idle slots' caches (not slot
- * `keep`'s), least recently used first: each first shrinks to the prefix
- * it keeps for reuse, then lets it go. True when the room is there. */
-static bool slot_make_room(runner *r, const batch_slot *slots, int keep, double bytes)
+/* Makes room for `bytes` more by giving up the prefix cache's entries (not
+ * `spare`), then idle slots' caches (not slot `keep`'s), least recently used first:
+ * each slot first shrinks to the prefix it keeps for reuse, then lets it
+ * go. True when the room is there. */
+static bool slot_make_room(runner *r, const batch_slot *slots, int keep, const exo_kv_prefix *spare, double bytes)
 {
+    while (slots_held(r) + bytes > r->kv_limit && store_evict(r, spare))
+        ;
     for (int pass = 0; pass < 2; pass++)
         for (;;) {
             if (slots_held(r) + bytes <= r->kv_limit)
@@ -1396,11 +1505,15 @@ static bool slot_open(runner *r, batch_slot *slots)
     batch_slot *b = &slots[i];
     exo_err err = {0};
     int need = slot_need(r, g);
-    /* a longer prefix a running request holds is shared, not held twice */
+    /* a longer prefix a running request or the prefix cache holds is
+     * shared, not held twice */
     int copy, from = busy_prefix(r, slots, g, reuse, &copy);
+    int stored, kept = store_find(r, g->ids, (int)g->n_ids, BATCH_PREFILL, from >= 0 ? copy : reuse, &stored);
+    int shared = kept >= 0 ? stored : from >= 0 ? copy : 0;
     double grow = (double)exo_model_seq_bytes(r->model, need) - (r->bseqs[i] ? (double)exo_seq_bytes(r->bseqs[i]) : 0) -
-                  (from >= 0 ? (double)exo_model_shared_prefix_bytes(r->model, copy) : 0);
-    if (!slot_make_room(r, slots, i, grow)) {
+                  (double)exo_model_shared_prefix_bytes(r->model, shared);
+    exo_kv_prefix *take = kept >= 0 ? r->store[kept].pages : NULL;
+    if (!slot_make_room(r, slots, i, take, grow)) {
         if (running) {
             r->waiting = g; /* until a running request gives its caches back */
             return false;
@@ -1414,9 +1527,19 @@ static bool slot_open(runner *r, batch_slot *slots)
         slot_close(r, b, rc, &err);
         return true;
     }
-    /* a longer prefix a running request holds: copied (its whole pages
-     * shared), not computed again */
-    if (from >= 0 && (rc = bseq_copy(r, i, from, copy, &err)) == 0)
+    /* a longer prefix the prefix cache or a running request holds: its
+     * whole pages shared, not computed again */
+    if (take) {
+        rc = exo_seq_take_prefix(r->bseqs[i], take, stored, &err);
+        if (rc) {
+            slot_close(r, b, rc, &err);
+            return true;
+        }
+        for (int k = 0; k < r->n_store; k++)
+            if (r->store[k].pages == take)
+                r->store[k].used = ++r->clock;
+        reuse = stored;
+    } else if (from >= 0 && (rc = bseq_copy(r, i, from, copy, &err)) == 0)
         reuse = copy;
     else if (from >= 0 && rc != EXO_EUNSUPPORTED) {
         slot_close(r, b, rc, &err);

@@ -228,6 +228,27 @@ test('requests sent together compute a shared prefix once', { timeout: 120000 },
   }
 });
 
+// The prefix cache keeps finished requests' prompts beyond the one each of
+// the 8 batch slots keeps: after 10 different long prompts, one at a time,
+// the first two (whose slots went on to others) are still reused (the
+// property test above holds every answer to the one it gets alone).
+test('the prefix cache keeps more prompts than there are slots', { timeout: 120000 }, async () => {
+  const prompt = (k) => Array.from({ length: 300 }, (_, i) => WORDS[(i * 5 + k * 3 + 1) % WORDS.length]).join(' ');
+  const ask = async (content) => {
+    const r = await D.postJson(base, '/v1/chat/completions', {
+      model: QWEN_ID, messages: [{ role: 'user', content }], max_tokens: 4, temperature: 0 });
+    assert.equal(r.status, 200, r.text);
+    return r.json;
+  };
+  for (let k = 0; k < 10; k++)
+    await ask(`${prompt(k)} first`);
+  for (let k = 0; k < 2; k++) {
+    const again = await ask(`${prompt(k)} again`);
+    const cached = again.usage.prompt_tokens_details.cached_tokens;
+    assert.ok(cached >= 256, `prompt ${k}: reused ${cached} of ${again.usage.prompt_tokens}`);
+  }
+});
+
 // `exo serve --no-batch`: the runner takes one request at a time, so of two
 // sent together the second's first token comes after the first's last.
 test('--no-batch: requests run one after the other', { timeout: 60000 }, async () => {

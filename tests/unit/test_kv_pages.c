@@ -155,3 +155,48 @@ Test(kv_pages, a_shared_prefix_is_copied_before_it_is_written, .timeout = 240)
     shared_then_written("deepseek_v3-q4g64");
     shared_then_written("qwen3-q4g64");
 }
+
+/* A prefix kept apart from its sequence (the runner's prefix cache)
+ * outlives it: a new sequence takes its pages and goes on as one that
+ * computed them; a model with caches outside pages cannot keep one. */
+Test(kv_pages, a_kept_prefix_outlives_its_sequence)
+{
+    exo_model *m = load("llama-q4g64");
+    float tol = exo_model_gpu_layers(m) ? 1e-3f : 0.0f;
+    int V = exo_model_vocab(m);
+    float *la = exo_malloc(sizeof(float) * (size_t)V), *lb = exo_malloc(sizeof(float) * (size_t)V);
+    int32_t a[160];
+    for (int t = 0; t < 160; t++)
+        a[t] = (int32_t)((t * 29 + 3) % V);
+    exo_seq *src = seq(m, 256);
+    feed(m, src, a, 150, 64, la);
+    exo_kv_prefix *p = NULL;
+    exo_err err = {0};
+    cr_expect_eq(exo_seq_keep_prefix(src, 100, &p, &err), EXO_EINVAL, "not whole pages");
+    cr_expect_eq(exo_seq_keep_prefix(src, 192, &p, &err), EXO_EINVAL, "past the length");
+    cr_assert_eq(exo_seq_keep_prefix(src, 128, &p, &err), 0, "%s", err.msg);
+    cr_expect_eq(exo_kv_prefix_len(p), 128);
+    exo_seq_free(src);
+    cr_expect_eq(pages(m).in_use, 2, "the prefix holds its two pages");
+    exo_seq *dst = seq(m, 256), *fresh = seq(m, 256);
+    cr_expect_eq(exo_seq_take_prefix(dst, p, 192, &err), EXO_EINVAL, "more than it holds");
+    cr_assert_eq(exo_seq_take_prefix(dst, p, 128, &err), 0, "%s", err.msg);
+    cr_expect_eq(exo_seq_len(dst), 128);
+    feed(m, dst, a + 128, 30, 64, lb);
+    feed(m, fresh, a, 158, 64, la);
+    float d = max_diff(la, lb, V);
+    cr_expect_leq(d, tol, "logits differ by %g from a fresh prefill", (double)d);
+    exo_kv_prefix_free(p);
+    exo_seq_free(dst);
+    exo_seq_free(fresh);
+    cr_expect_eq(pages(m).in_use, 0);
+    exo_model_free(m);
+    m = load("gemma3-q4g64"); /* sliding layers keep rings */
+    exo_seq *s = seq(m, 256);
+    feed(m, s, a, 130, 64, la);
+    cr_expect_eq(exo_seq_keep_prefix(s, 128, &p, &err), EXO_EUNSUPPORTED);
+    exo_seq_free(s);
+    exo_model_free(m);
+    exo_free(la);
+    exo_free(lb);
+}
