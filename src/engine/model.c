@@ -2009,6 +2009,20 @@ static void seq_drop_runs(exo_seq *s, int from)
         }
 }
 
+/* s starts over from position 0 holding pages ids[0..count) (shared: each
+ * gains a holder) as its first runs; its length is the caller's to set. */
+static void seq_restart_on(exo_seq *s, const int32_t *ids, int count)
+{
+    exo_seq_truncate(s, 0);
+    if (!s->page_id)
+        return;
+    seq_drop_runs(s, 0);
+    for (int i = 0; i < count; i++) {
+        exo_kv_pool_hold(s->m->kv_pool, ids[i]);
+        seq_set_run(s, i, ids[i]);
+    }
+}
+
 /* The first n positions of page src copied into page dst, every paged
  * layer's. */
 static int page_copy(exo_model *m, int32_t dst, int32_t src, int n)
@@ -2370,16 +2384,10 @@ int exo_seq_copy_prefix(exo_seq *dst, exo_seq *src, int n, exo_err *err)
         if (src->page_id[i] < 0)
             return exo_err_set(err, EXO_EINVAL, "copy_prefix: the sequence has no page for positions %d..",
                                i * EXO_KV_PAGE);
-    exo_seq_truncate(dst, 0);
-    if (dst->page_id)
-        seq_drop_runs(dst, 0);
-    int rc = 0;
-    if (m->kv_pool) { /* whole pages shared, the rest copied into a page of dst's own */
-        int whole = n / EXO_KV_PAGE;
-        for (int i = 0; i < whole; i++) {
-            exo_kv_pool_hold(m->kv_pool, src->page_id[i]);
-            seq_set_run(dst, i, src->page_id[i]);
-        }
+    /* whole pages shared, the rest copied into a page of dst's own */
+    int whole = n / EXO_KV_PAGE, rc = 0;
+    seq_restart_on(dst, src->page_id, m->kv_pool ? whole : 0);
+    if (m->kv_pool) {
         int32_t id;
         if (n % EXO_KV_PAGE && !(rc = exo_kv_pool_take(m->kv_pool, &id))) {
             seq_set_run(dst, whole, id);
@@ -2400,9 +2408,7 @@ int exo_seq_copy_prefix(exo_seq *dst, exo_seq *src, int n, exo_err *err)
                               src->v_cache[l], src->slots[l], n);
     }
     if (rc) {
-        if (dst->page_id)
-            seq_drop_runs(dst, 0);
-        exo_seq_truncate(dst, 0);
+        seq_restart_on(dst, NULL, 0);
         return exo_err_set(err, rc, "copy_prefix: copying %d positions failed", n);
     }
     dst->len = n;
@@ -2448,12 +2454,7 @@ int exo_seq_take_prefix(exo_seq *dst, const exo_kv_prefix *p, int n, exo_err *er
     if (p->m != m || n <= 0 || n % EXO_KV_PAGE || n > p->n || n > dst->capacity)
         return exo_err_set(err, EXO_EINVAL, "take_prefix: %d positions of a prefix of %d into a sequence of %d", n,
                            p->n, dst->capacity);
-    exo_seq_truncate(dst, 0);
-    seq_drop_runs(dst, 0);
-    for (int i = 0; i < n / EXO_KV_PAGE; i++) {
-        exo_kv_pool_hold(m->kv_pool, p->pages[i]);
-        seq_set_run(dst, i, p->pages[i]);
-    }
+    seq_restart_on(dst, p->pages, n / EXO_KV_PAGE);
     dst->len = n;
     return 0;
 }
@@ -3213,6 +3214,8 @@ int exo_model_step_batch(exo_model *m, const exo_batch_item *items, int n, float
             return exo_err_set(err, EXO_EINVAL, "batch: item %d: the sequence lost its linear-attention state", i);
         T += it->T;
     }
+    if (T > m->max_chunk)
+        return exo_err_set(err, EXO_ERANGE, "batch: %d rows, more than the %d a step takes", T, m->max_chunk);
     for (int i = 0; i < n; i++) {
         exo_seq *s = items[i].seq;
         int rc = seq_own_pages(s, s->len, items[i].T);
@@ -3220,8 +3223,6 @@ int exo_model_step_batch(exo_model *m, const exo_batch_item *items, int n, float
             return exo_err_set(err, rc, "batch: item %d: no KV cache page for positions %d..%d: %s", i, s->len,
                                s->len + items[i].T - 1, exo_strerror(rc));
     }
-    if (T > m->max_chunk)
-        return exo_err_set(err, EXO_ERANGE, "batch: %d rows, more than the %d a step takes", T, m->max_chunk);
     span *sp = exo_malloc(sizeof *sp * (size_t)n);
     int32_t *tokens = exo_malloc(sizeof *tokens * (size_t)T);
     int rc = 0;

@@ -115,7 +115,7 @@ typedef struct runner {
     uint64_t               used[BATCH_MAX];   /* when the slot last took a request (LRU) */
     uint64_t               clock;
     /* the prefix cache: prompts of finished requests, beyond the one each
-     * slot keeps (store.c-like, below: kept_prefix) */
+     * slot keeps (kept_prefix, below) */
     struct kept_prefix    *store;
     int                    n_store;
     exo_seq               *seqs[EXO_DIST_MAX_SLOTS]; /* seqs[0] == seq; more for a pipeline */
@@ -146,6 +146,20 @@ static void store_drop(runner *r, int i)
     r->store[i] = r->store[--r->n_store];
 }
 
+/* Gives up the least recently used entry but `spare`; false when there is
+ * none. */
+static bool store_evict(runner *r, const exo_kv_prefix *spare)
+{
+    int lru = -1;
+    for (int i = 0; i < r->n_store; i++)
+        if (r->store[i].pages != spare && (lru < 0 || r->store[i].used < r->store[lru].used))
+            lru = i;
+    if (lru < 0)
+        return false;
+    store_drop(r, lru);
+    return true;
+}
+
 /* Keeps the first n of ids (whole pages), which s holds. */
 static void store_put(runner *r, exo_seq *s, const int32_t *ids, int n)
 {
@@ -169,13 +183,8 @@ static void store_put(runner *r, exo_seq *s, const int32_t *ids, int n)
         return; /* a model with caches outside pages: the slots' own reuse only */
     if (!r->store)
         r->store = exo_calloc(STORE_MAX, sizeof *r->store);
-    if (r->n_store == STORE_MAX) {
-        int lru = 0;
-        for (int i = 1; i < r->n_store; i++)
-            if (r->store[i].used < r->store[lru].used)
-                lru = i;
-        store_drop(r, lru);
-    }
+    if (r->n_store == STORE_MAX)
+        store_evict(r, NULL);
     kept_prefix *e = &r->store[r->n_store++];
     e->ids = exo_malloc(sizeof(int32_t) * (size_t)n);
     memcpy(e->ids, ids, sizeof(int32_t) * (size_t)n);
@@ -205,19 +214,6 @@ static int store_find(const runner *r, const int32_t *ids, int n, int chunk, int
     return best;
 }
 
-/* Gives up the least recently used entry but `spare`; false when there is
- * none. */
-static bool store_evict(runner *r, const exo_kv_prefix *spare)
-{
-    int lru = -1;
-    for (int i = 0; i < r->n_store; i++)
-        if (r->store[i].pages != spare && (lru < 0 || r->store[i].used < r->store[lru].used))
-            lru = i;
-    if (lru < 0)
-        return false;
-    store_drop(r, lru);
-    return true;
-}
 
 /* ---- sending ------------------------------------------------------------ */
 

@@ -68,16 +68,18 @@ __device__ __forceinline__ int split_len(const att_args &a, int span, int least,
     return (per + unit - 1) / unit * unit;
 }
 
-__device__ __forceinline__ float warp_max(float v)
+/* Max and sum over groups of `lanes` lanes (a power of two up to 32): the
+ * whole warp, or the half-warp of a tile row. */
+__device__ __forceinline__ float warp_max(float v, int lanes = 32)
 {
-    for (int o = 16; o; o >>= 1)
+    for (int o = lanes / 2; o; o >>= 1)
         v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
 }
 
-__device__ __forceinline__ float warp_sum(float v)
+__device__ __forceinline__ float warp_sum(float v, int lanes = 32)
 {
-    for (int o = 16; o; o >>= 1)
+    for (int o = lanes / 2; o; o >>= 1)
         v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
 }
@@ -439,20 +441,6 @@ static size_t tile_smem(int hd)
                             (size_t)TILE_Q * TILE_PS);
 }
 
-__device__ __forceinline__ float half_warp_max(float v)
-{
-    for (int o = 8; o; o >>= 1)
-        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
-
-__device__ __forceinline__ float half_warp_sum(float v)
-{
-    for (int o = 8; o; o >>= 1)
-        v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
 template <int HD>
 __global__ void __launch_bounds__(TILE_THREADS) attention_tile_kernel(const __grid_constant__ att_args a)
 {
@@ -552,7 +540,7 @@ __global__ void __launch_bounds__(TILE_THREADS) attention_tile_kernel(const __gr
                 sc[i][jj] = seen ? sc[i][jj] : -INFINITY;
                 mx = fmaxf(mx, sc[i][jj]);
             }
-            const float mnew = fmaxf(m[i], half_warp_max(mx));
+            const float mnew = fmaxf(m[i], warp_max(mx, 16));
             const float corr = mnew == -INFINITY ? 1.0f : __expf(m[i] - mnew);
             float sum = 0.0f;
 #pragma unroll
@@ -561,7 +549,7 @@ __global__ void __launch_bounds__(TILE_THREADS) attention_tile_kernel(const __gr
                 Ps[(ty * 4 + i) * TILE_PS + tx + 16 * jj] = p;
                 sum += p;
             }
-            l[i] = l[i] * corr + half_warp_sum(sum);
+            l[i] = l[i] * corr + warp_sum(sum, 16);
             m[i] = mnew;
 #pragma unroll
             for (int d = 0; d < DPT; d++)
