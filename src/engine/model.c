@@ -2368,6 +2368,40 @@ void exo_seq_truncate(exo_seq *s, int n)
         s->state_lost = true;
 }
 
+/* Whether a ring of `slots` that has held `len` positions still holds what
+ * a query at position n reads before n (from n - window + 1): a ring keeps
+ * positions len - slots .. len - 1. */
+static bool ring_holds(int window, int len, int slots, int n)
+{
+    return window <= 0 || n - window + 1 >= len - slots;
+}
+
+/* Copies what a query at n reads of positions < n from layer l's ring (or
+ * unwrapped run) of src_slots into one of dst_slots: the first n slots
+ * where n fits in both (positions below n sit in slot = position there),
+ * every slot where both rings have as many (a position keeps its slot);
+ * else EXO_EUNSUPPORTED. The caller checked that the ring still holds
+ * them (ring_holds). */
+static int ring_copy(exo_model *m, int l, float *dk, float *dv, int dst_slots, const float *sk, const float *sv,
+                     int src_slots, int n, bool dry_run)
+{
+    int count = n <= src_slots && n <= dst_slots ? n : src_slots == dst_slots ? src_slots : -1;
+    if (count < 0)
+        return EXO_EUNSUPPORTED;
+    if (dry_run)
+        return 0;
+    exo_backend *be = m->layers[l].be;
+    exo_attn_shape shape = {.n_heads = m->n_kv, .n_kv_heads = m->n_kv, .head_dim = m->hd};
+    return be->ops->kv_copy(be, &shape, dk, dv, dst_slots, sk, sv, src_slots, count);
+}
+
+/* Whether a ring layer: a sliding layer's cache a sequence holds itself
+ * (not a linear layer's state, not pages). */
+static bool layer_ring(const exo_model *m, int l)
+{
+    return !layer_paged(m, l) && m->layers[l].kind != EXO_LAYER_LINEAR;
+}
+
 int exo_seq_copy_prefix(exo_seq *dst, exo_seq *src, int n, exo_err *err)
 {
     exo_model *m = dst->m;
@@ -2378,8 +2412,9 @@ int exo_seq_copy_prefix(exo_seq *dst, exo_seq *src, int n, exo_err *err)
     if ((m->n_linear && n != src->snap_len) || src->state_lost || !exo_seq_can_return(src, n))
         return exo_err_set(err, EXO_EUNSUPPORTED, "copy_prefix: the sequence keeps no state at %d", n);
     for (int l = 0; l < m->n_layers; l++)
-        if (m->layers[l].kind != EXO_LAYER_LINEAR && (n > src->slots[l] || n > dst->slots[l]))
-            return exo_err_set(err, EXO_EUNSUPPORTED, "copy_prefix: %d positions wrap a sliding layer's ring", n);
+        if (layer_ring(m, l) && ring_copy(m, l, NULL, NULL, dst->slots[l], NULL, NULL, src->slots[l], n, true))
+            return exo_err_set(err, EXO_EUNSUPPORTED, "copy_prefix: %d positions wrap a sliding layer's ring of %d slots, "
+                               "the other's has %d", n, src->slots[l], dst->slots[l]);
     for (int i = 0; i < n / EXO_KV_PAGE && src->page_id; i++)
         if (src->page_id[i] < 0)
             return exo_err_set(err, EXO_EINVAL, "copy_prefix: the sequence has no page for positions %d..",
@@ -2396,16 +2431,12 @@ int exo_seq_copy_prefix(exo_seq *dst, exo_seq *src, int n, exo_err *err)
     }
     for (int l = 0, i = 0; l < m->n_layers && !rc; l++) {
         exo_backend *be = m->layers[l].be;
-        if (layer_paged(m, l))
-            continue;
-        if (m->layers[l].kind == EXO_LAYER_LINEAR) {
+        if (m->layers[l].kind == EXO_LAYER_LINEAR)
             rc = be->ops->to_device(be, dst->state[l], src->snap + (size_t)i++ * src->state_floats,
                                     src->state_floats * sizeof(float));
-            continue;
-        }
-        exo_attn_shape shape = {.n_heads = m->n_kv, .n_kv_heads = m->n_kv, .head_dim = m->hd};
-        rc = be->ops->kv_copy(be, &shape, dst->k_cache[l], dst->v_cache[l], dst->slots[l], src->k_cache[l],
-                              src->v_cache[l], src->slots[l], n);
+        else if (layer_ring(m, l))
+            rc = ring_copy(m, l, dst->k_cache[l], dst->v_cache[l], dst->slots[l], src->k_cache[l], src->v_cache[l],
+                           src->slots[l], n, false);
     }
     if (rc) {
         seq_restart_on(dst, NULL, 0);
@@ -2420,32 +2451,108 @@ int exo_seq_copy_prefix(exo_seq *dst, exo_seq *src, int n, exo_err *err)
     return 0;
 }
 
+/* A kept prefix: the pages of its first n positions, and what the
+ * sequence held itself at that point: each ring layer's ring as it was
+ * (holding positions len - slots .. len - 1), the linear layers' states
+ * at n. */
 struct exo_kv_prefix {
     exo_model *m;
     int n;          /* positions: n / EXO_KV_PAGE whole pages */
+    int len;        /* the sequence's length when kept */
     int32_t *pages;
+    float **ring;   /* per layer: a ring layer's K then V (slots[l] each), else NULL */
+    int *slots;
+    float *states;  /* host: n_linear * state_floats */
+    size_t state_floats;
+    int64_t own_floats; /* counted in the model's kv_own_floats while kept */
 };
+
+void exo_kv_prefix_free(exo_kv_prefix *p)
+{
+    if (!p)
+        return;
+    exo_model *m = p->m;
+    for (int i = 0; p->pages && i < p->n / EXO_KV_PAGE; i++)
+        exo_kv_pool_drop(m->kv_pool, p->pages[i]);
+    for (int l = 0; p->ring && l < m->n_layers; l++)
+        if (p->ring[l])
+            m->layers[l].be->ops->release(m->layers[l].be, p->ring[l]);
+    m->kv_own_floats -= p->own_floats;
+    exo_free(p->pages);
+    exo_free(p->ring);
+    exo_free(p->slots);
+    exo_free(p->states);
+    exo_free(p);
+}
 
 int exo_seq_keep_prefix(exo_seq *s, int n, exo_kv_prefix **out, exo_err *err)
 {
     exo_model *m = s->m;
     *out = NULL;
-    for (int l = 0; l < m->n_layers; l++)
-        if (!layer_paged(m, l))
-            return exo_err_set(err, EXO_EUNSUPPORTED, "keep_prefix: layer %d keeps its cache outside pages", l);
-    if (!m->kv_pool || n <= 0 || n % EXO_KV_PAGE || n > s->len)
+    if (n <= 0 || n % EXO_KV_PAGE || n > s->len)
         return exo_err_set(err, EXO_EINVAL, "keep_prefix: %d positions of a sequence of %d (whole pages of %d)", n,
                            s->len, EXO_KV_PAGE);
+    if ((m->n_linear && n != s->snap_len) || s->state_lost || !exo_seq_can_return(s, n))
+        return exo_err_set(err, EXO_EUNSUPPORTED, "keep_prefix: the sequence keeps no state at %d", n);
     exo_kv_prefix *p = exo_calloc(1, sizeof *p);
     p->m = m;
     p->n = n;
-    p->pages = exo_malloc(sizeof(int32_t) * (size_t)(n / EXO_KV_PAGE));
-    for (int i = 0; i < n / EXO_KV_PAGE; i++) {
-        p->pages[i] = s->page_id[i];
-        exo_kv_pool_hold(m->kv_pool, p->pages[i]);
+    p->len = s->len;
+    p->ring = exo_calloc((size_t)m->n_layers, sizeof *p->ring);
+    p->slots = exo_calloc((size_t)m->n_layers, sizeof *p->slots);
+    int rc = 0;
+    if (m->kv_pool) {
+        p->pages = exo_malloc(sizeof(int32_t) * (size_t)(n / EXO_KV_PAGE));
+        for (int i = 0; i < n / EXO_KV_PAGE; i++) {
+            p->pages[i] = s->page_id[i];
+            exo_kv_pool_hold(m->kv_pool, p->pages[i]);
+        }
+    }
+    for (int l = 0; l < m->n_layers && !rc; l++) {
+        if (!layer_ring(m, l))
+            continue;
+        exo_backend *be = m->layers[l].be;
+        size_t floats = layer_floats(m, l, s->slots[l]);
+        p->ring[l] = be->ops->alloc(be, floats * sizeof(float));
+        if (!p->ring[l]) {
+            rc = EXO_ENOMEM;
+            break;
+        }
+        p->slots[l] = s->slots[l];
+        p->own_floats += (int64_t)floats;
+        m->kv_own_floats += (int64_t)floats;
+        rc = ring_copy(m, l, p->ring[l], p->ring[l] + floats / 2, p->slots[l], s->k_cache[l], s->v_cache[l],
+                       s->slots[l], s->slots[l], false);
+    }
+    if (!rc && m->n_linear) {
+        p->state_floats = s->state_floats;
+        size_t floats = s->state_floats * (size_t)m->n_linear;
+        p->states = exo_try_malloc(floats * sizeof(float));
+        if (p->states) {
+            memcpy(p->states, s->snap, floats * sizeof(float));
+            p->own_floats += (int64_t)floats;
+            m->kv_own_floats += (int64_t)floats;
+        } else {
+            rc = EXO_ENOMEM;
+        }
+    }
+    if (rc) {
+        exo_kv_prefix_free(p);
+        return exo_err_set(err, rc, "keep_prefix: cannot keep the caches of %d positions", n);
     }
     *out = p;
     return 0;
+}
+
+bool exo_kv_prefix_can_take(const exo_kv_prefix *p, int n)
+{
+    const exo_model *m = p->m;
+    if (n <= 0 || n % EXO_KV_PAGE || n > p->n || (m->n_linear && n != p->n))
+        return false;
+    for (int l = 0; l < m->n_layers; l++)
+        if (p->ring[l] && !ring_holds(m->layers[l].attn.sliding_window, p->len, p->slots[l], n))
+            return false;
+    return true;
 }
 
 int exo_seq_take_prefix(exo_seq *dst, const exo_kv_prefix *p, int n, exo_err *err)
@@ -2454,22 +2561,38 @@ int exo_seq_take_prefix(exo_seq *dst, const exo_kv_prefix *p, int n, exo_err *er
     if (p->m != m || n <= 0 || n % EXO_KV_PAGE || n > p->n || n > dst->capacity)
         return exo_err_set(err, EXO_EINVAL, "take_prefix: %d positions of a prefix of %d into a sequence of %d", n,
                            p->n, dst->capacity);
-    seq_restart_on(dst, p->pages, n / EXO_KV_PAGE);
+    if (!exo_kv_prefix_can_take(p, n))
+        return exo_err_set(err, EXO_EUNSUPPORTED, "take_prefix: the prefix keeps no state at %d", n);
+    for (int l = 0; l < m->n_layers; l++)
+        if (p->ring[l] && ring_copy(m, l, NULL, NULL, dst->slots[l], NULL, NULL, p->slots[l], n, true))
+            return exo_err_set(err, EXO_EUNSUPPORTED, "take_prefix: a ring of %d slots into one of %d",
+                               p->slots[l], dst->slots[l]);
+    seq_restart_on(dst, p->pages, p->pages ? n / EXO_KV_PAGE : 0);
+    int rc = 0;
+    for (int l = 0, i = 0; l < m->n_layers && !rc; l++) {
+        exo_backend *be = m->layers[l].be;
+        if (m->layers[l].kind == EXO_LAYER_LINEAR)
+            rc = be->ops->to_device(be, dst->state[l], p->states + (size_t)i++ * p->state_floats,
+                                    p->state_floats * sizeof(float));
+        else if (p->ring[l]) {
+            size_t half = layer_floats(m, l, p->slots[l]) / 2;
+            rc = ring_copy(m, l, dst->k_cache[l], dst->v_cache[l], dst->slots[l], p->ring[l], p->ring[l] + half,
+                           p->slots[l], n, false);
+        }
+    }
+    if (rc) {
+        seq_restart_on(dst, NULL, 0);
+        return exo_err_set(err, rc, "take_prefix: copying %d positions failed", n);
+    }
     dst->len = n;
+    if (m->n_linear && seq_keep_start(dst)) { /* dst can go back to n */
+        exo_seq_truncate(dst, 0);
+        return exo_err_set(err, EXO_ENOMEM, "take_prefix: cannot snapshot the recurrent state");
+    }
     return 0;
 }
 
 int exo_kv_prefix_len(const exo_kv_prefix *p) { return p->n; }
-
-void exo_kv_prefix_free(exo_kv_prefix *p)
-{
-    if (!p)
-        return;
-    for (int i = 0; i < p->n / EXO_KV_PAGE; i++)
-        exo_kv_pool_drop(p->m->kv_pool, p->pages[i]);
-    exo_free(p->pages);
-    exo_free(p);
-}
 
 /* ---- forward ------------------------------------------------------------ */
 

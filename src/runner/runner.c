@@ -127,10 +127,12 @@ typedef struct runner {
 /* A finished request's prompt, its first n tokens' pages held apart from
  * any sequence (model.h exo_kv_prefix): a later prompt starting with them
  * takes the pages instead of computing them, whichever slot it lands in,
- * after the slot that computed them has gone on to other requests. Entries
- * are given up least recently used first when memory is short. Whole
- * models whose caches are all paged; not a tensor-parallel group (its
- * ranks' sequences follow rank 0's slots, not this cache). */
+ * after the slot that computed them has gone on to other requests. A
+ * model's sliding rings and recurrent states are kept as copies beside the
+ * pages (a recurrent state at the entry's length only, so a prompt takes
+ * such an entry whole or not at all). Entries are given up least recently
+ * used first when memory is short. Whole models; not a tensor-parallel
+ * group (its ranks' sequences follow rank 0's slots, not this cache). */
 #define STORE_MAX 64
 typedef struct kept_prefix {
     int32_t       *ids;
@@ -206,7 +208,7 @@ static int store_find(const runner *r, const int32_t *ids, int n, int chunk, int
         while (c < e->n && c < n - 1 && e->ids[c] == ids[c])
             c++;
         c = c / chunk * chunk;
-        if (c > *common) {
+        if (c > *common && exo_kv_prefix_can_take(e->pages, c)) {
             best = i;
             *common = c;
         }
@@ -1525,8 +1527,9 @@ static bool slot_open(runner *r, batch_slot *slots)
     }
     /* a longer prefix the prefix cache or a running request holds: its
      * whole pages shared, not computed again */
+    if (take && (rc = exo_seq_take_prefix(r->bseqs[i], take, stored, &err)) == EXO_EUNSUPPORTED)
+        take = NULL; /* a ring that does not fit this slot's: as if not found */
     if (take) {
-        rc = exo_seq_take_prefix(r->bseqs[i], take, stored, &err);
         if (rc) {
             slot_close(r, b, rc, &err);
             return true;

@@ -179,9 +179,18 @@ for (const seed of SEEDS) {
 // runner keeps the state where the first prompt's last chunk began, so a
 // second prompt sharing that much takes it (cached_tokens, the whole
 // 128-token chunk) and answers what `exo run` answers it from scratch.
+// A fixture model built and placed once, by the first test that asks: its dir.
+const served = {};
+function serve(id, build) {
+  served[id] ??= build(path.join(tmp, 'models')).then(async (dir) => {
+    await D.placeInstance(base, id);
+    return dir;
+  });
+  return served[id];
+}
+
 test('a linear-attention model reuses a shared prompt prefix', { timeout: 120000 }, async () => {
-  const dir = await D.buildLinearModel(path.join(tmp, 'models'));
-  await D.placeInstance(base, D.LINEAR_ID);
+  const dir = await serve(D.LINEAR_ID, D.buildLinearModel);
   const words = Array.from({ length: 160 }, (_, i) => WORDS[(i * 7) % WORDS.length]).join(' ');
   const ask = async (prompt) => {
     const r = await D.postJson(base, '/v1/chat/completions', {
@@ -246,6 +255,36 @@ test('the prefix cache keeps more prompts than there are slots', { timeout: 1200
     const again = await ask(`${prompt(k)} again`);
     const cached = again.usage.prompt_tokens_details.cached_tokens;
     assert.ok(cached >= 256, `prompt ${k}: reused ${cached} of ${again.usage.prompt_tokens}`);
+  }
+});
+
+// The prefix cache of models that hold caches outside pages: gemma3's
+// sliding layers keep rings, qwen3.5's Gated DeltaNet layers a recurrent
+// state; an entry keeps copies of them beside the pages (the state at the
+// entry's length, where its last prompt chunk began: the prompts are some
+// 1090 tokens, so that chunk begins at 1024, before the words that
+// change). After more long prompts than there are slots, the first two
+// come back with a new ending: their prefixes are taken from the cache,
+// and the answers are those of `exo run` from scratch.
+test('the prefix cache keeps sliding rings and recurrent states', { timeout: 180000 }, async () => {
+  for (const [id, build] of [[D.SLIDING_ID, D.buildSlidingModel], [D.LINEAR_ID, D.buildLinearModel]]) {
+    const dir = await serve(id, build);
+    const prompt = (k) => Array.from({ length: 330 }, (_, i) => WORDS[(i * 3 + k * 7 + 2) % WORDS.length]).join(' ');
+    const ask = async (content) => {
+      const r = await D.postJson(base, '/v1/chat/completions', {
+        model: id, messages: [{ role: 'user', content }], max_tokens: 4, temperature: 0 });
+      assert.equal(r.status, 200, r.text);
+      return r.json;
+    };
+    for (let k = 0; k < 10; k++)
+      await ask(`${prompt(k)} first`);
+    for (let k = 0; k < 2; k++) {
+      const again = await ask(`${prompt(k)} again`);
+      const cached = again.usage.prompt_tokens_details.cached_tokens;
+      assert.ok(cached >= 1024 && cached % 128 === 0, `${id}, prompt ${k}: reused ${cached} of ${again.usage.prompt_tokens}`);
+      const want = await D.exoRun(dir, `${prompt(k)} again`, { maxTokens: 4 });
+      assert.equal(again.choices[0].message.content, want.text, `${id}, prompt ${k}`);
+    }
   }
 });
 

@@ -21,6 +21,7 @@ export const STORIES_ID = 'karpathy/stories260K';
 export const QWEN_ID = 'exo-e2e/qwen3-tiny';
 export const MOE_ID = 'exo-e2e/qwen3-moe-tiny';
 export const LINEAR_ID = 'exo-e2e/qwen3.5-tiny';
+export const SLIDING_ID = 'exo-e2e/gemma3-tiny';
 
 export const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
@@ -151,33 +152,13 @@ export async function buildModels(modelsDir) {
   return { stories, qwen };
 }
 
-// MODELS/exo-e2e--qwen3-moe-tiny/: the qwen3_moe q4g64 parity fixture (its
-// experts stacked as mlx-lm writes them) with the qwen3-tiny dir's tokenizer
-// (the same 320-entry vocabulary). Made by the test that serves it, so the
-// listing tests see two models.
-export async function buildMoeModel(modelsDir) {
-  const fx = path.join(REPO, 'tests/fixtures/qwen3_moe-q4g64');
+// MODELS/<dir>/: a parity fixture served with the qwen3-tiny dir's tokenizer
+// and chat template (the fixtures share its 320-entry vocabulary), made by
+// the test that serves it, so the listing tests see two models.
+async function buildFixtureModel(modelsDir, fixture, dirName) {
+  const fx = path.join(REPO, 'tests/fixtures', fixture);
   const qwen = path.join(modelsDir, 'exo-e2e--qwen3-tiny');
-  const d = path.join(modelsDir, 'exo-e2e--qwen3-moe-tiny');
-  await fsp.mkdir(d);
-  await fsp.symlink(path.join(fx, 'model.safetensors'), path.join(d, 'model.safetensors'));
-  const cfg = JSON.parse(await fsp.readFile(path.join(fx, 'config.json'), 'utf8'));
-  const qcfg = JSON.parse(await fsp.readFile(path.join(qwen, 'config.json'), 'utf8'));
-  cfg.bos_token_id = qcfg.bos_token_id;
-  cfg.eos_token_id = qcfg.eos_token_id;
-  await fsp.writeFile(path.join(d, 'config.json'), JSON.stringify(cfg, null, 2));
-  for (const f of ['tokenizer.json', 'tokenizer_config.json'])
-    await fsp.copyFile(path.join(qwen, f), path.join(d, f));
-  return d;
-}
-
-// MODELS/exo-e2e--qwen3.5-tiny/: the qwen3_5 q4g64 parity fixture (Gated
-// DeltaNet layers with a recurrent state, and full-attention ones) with the
-// qwen3-tiny dir's tokenizer (the same 320-entry vocabulary).
-export async function buildLinearModel(modelsDir) {
-  const fx = path.join(REPO, 'tests/fixtures/qwen3_5-q4g64');
-  const qwen = path.join(modelsDir, 'exo-e2e--qwen3-tiny');
-  const d = path.join(modelsDir, 'exo-e2e--qwen3.5-tiny');
+  const d = path.join(modelsDir, dirName);
   await fsp.mkdir(d);
   await fsp.symlink(path.join(fx, 'model.safetensors'), path.join(d, 'model.safetensors'));
   const cfg = JSON.parse(await fsp.readFile(path.join(fx, 'config.json'), 'utf8'));
@@ -191,6 +172,15 @@ export async function buildLinearModel(modelsDir) {
     await fsp.copyFile(path.join(qwen, f), path.join(d, f));
   return d;
 }
+
+// the qwen3_moe q4g64 fixture (its experts stacked as mlx-lm writes them)
+export const buildMoeModel = (modelsDir) => buildFixtureModel(modelsDir, 'qwen3_moe-q4g64', 'exo-e2e--qwen3-moe-tiny');
+// the qwen3_5 q4g64 fixture: Gated DeltaNet layers with a recurrent state,
+// and full-attention ones
+export const buildLinearModel = (modelsDir) => buildFixtureModel(modelsDir, 'qwen3_5-q4g64', 'exo-e2e--qwen3.5-tiny');
+// the gemma3 q4g64 fixture: sliding-window layers (window 8) whose caches
+// are rings, and full-attention ones
+export const buildSlidingModel = (modelsDir) => buildFixtureModel(modelsDir, 'gemma3-q4g64', 'exo-e2e--gemma3-tiny');
 
 // ---- greedy references -------------------------------------------------------------
 

@@ -811,6 +811,55 @@ Test(backend_ops, matmul_large_shapes)
     both_close(&b);
 }
 
+/* On the GPU, a row's product is the same bits at every launch width
+ * (batched decode gives each sequence what it gets alone): 16, 8, 3 and 2
+ * rows of x in one call against each row alone, at shapes where the
+ * staged kernel (Hopper) takes the quantized weights and where it does
+ * not, and for the other GEMV formats. */
+Test(backend_ops, matmul_rows_same_bits_at_every_width)
+{
+    both b = both_open("matmul_rows_same_bits_at_every_width");
+    const wfmt fmts[] = {F_AFFINE(4, 64, BF16), F_AFFINE(8, 64, BF16), F_AFFINE(8, 32, F16), F_AFFINE(4, 32, F32),
+                         F_MXFP4, F_DENSE(BF16)};
+    static const int shapes[][2] = {{1000, 1024}, {96, 128}, {300, 4096}, {64, 14336}};
+    static const int widths[] = {16, 8, 3, 2};
+    const int T = 16;
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+        for (size_t f = 0; f < sizeof fmts / sizeof fmts[0]; f++) {
+            const int rows = shapes[s][0], cols = shapes[s][1];
+            weight w;
+            weight_rand(&b, &w, fmts[f], rows, cols);
+            dual x = dual_rand(&b, (size_t)T * (size_t)cols, 1.0f);
+            float *y = be_alloc(b.gpu, (size_t)T * (size_t)rows);
+            float *alone = exo_malloc(sizeof(float) * (size_t)T * (size_t)rows);
+            float *got = exo_malloc(sizeof(float) * (size_t)T * (size_t)rows);
+            const exo_linear *wg[1] = {&w.gpu};
+            for (int t = 0; t < T; t++) {
+                const float *xt = x.gpu + (size_t)t * (size_t)cols;
+                float *yt = y + (size_t)t * (size_t)rows;
+                ON(b.gpu, matmul, 1, wg, xt, 1, &yt);
+            }
+            download(b.gpu, alone, y, (size_t)T * (size_t)rows);
+            for (size_t k = 0; k < sizeof widths / sizeof widths[0]; k++) {
+                const int wd = widths[k];
+                for (int t0 = 0; t0 + wd <= T; t0 += wd) {
+                    const float *xt = x.gpu + (size_t)t0 * (size_t)cols;
+                    float *yt = y + (size_t)t0 * (size_t)rows;
+                    ON(b.gpu, matmul, 1, wg, xt, wd, &yt);
+                }
+                download(b.gpu, got, y, (size_t)(T / wd * wd) * (size_t)rows);
+                cr_expect(!memcmp(got, alone, sizeof(float) * (size_t)(T / wd * wd) * (size_t)rows),
+                          "%s %d x %d: rows in launches of %d differ from each row alone", w.name, rows, cols, wd);
+            }
+            exo_free(alone);
+            exo_free(got);
+            b.gpu->ops->release(b.gpu, y);
+            dual_free(&b, &x);
+            weight_free(&w);
+        }
+    both_close(&b);
+}
+
 /* One call over weights of different formats (MLX mixed quantization, a
  * quantized model's unquantized router or shared expert). */
 Test(backend_ops, matmul_mixed_formats)

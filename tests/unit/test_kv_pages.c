@@ -146,19 +146,21 @@ static void shared_then_written(const char *name)
     exo_model_free(m);
 }
 
-/* dense, q/k norms, latent attention (a prefix of 128 would wrap the tiny
- * fixtures' sliding rings, which copy_prefix refuses: batch tests cover
- * those families with shorter prefixes) */
+/* dense, q/k norms, latent attention, and sliding layers whose rings of
+ * 112 slots (window 8 + chunk 64 + blocks) the 128 positions wrap: the
+ * ring goes over whole, each position in its slot */
 Test(kv_pages, a_shared_prefix_is_copied_before_it_is_written, .timeout = 240)
 {
     shared_then_written("llama-q4g64");
     shared_then_written("deepseek_v3-q4g64");
     shared_then_written("qwen3-q4g64");
+    shared_then_written("gemma3-q4g64");
+    shared_then_written("gpt_oss-q4g64");
 }
 
 /* A prefix kept apart from its sequence (the runner's prefix cache)
  * outlives it: a new sequence takes its pages and goes on as one that
- * computed them; a model with caches outside pages cannot keep one. */
+ * computed them. */
 Test(kv_pages, a_kept_prefix_outlives_its_sequence)
 {
     exo_model *m = load("llama-q4g64");
@@ -191,12 +193,65 @@ Test(kv_pages, a_kept_prefix_outlives_its_sequence)
     exo_seq_free(fresh);
     cr_expect_eq(pages(m).in_use, 0);
     exo_model_free(m);
-    m = load("gemma3-q4g64"); /* sliding layers keep rings */
-    exo_seq *s = seq(m, 256);
-    feed(m, s, a, 130, 64, la);
-    cr_expect_eq(exo_seq_keep_prefix(s, 128, &p, &err), EXO_EUNSUPPORTED);
-    exo_seq_free(s);
-    exo_model_free(m);
     exo_free(la);
     exo_free(lb);
+}
+
+/* Models that hold caches outside pages keep copies of them with the
+ * prefix: sliding layers' rings (the 150 positions wrapped the rings of
+ * 112 slots; the window of the 128th is still there) and Gated DeltaNet's
+ * recurrent state at 128 (the snapshot taken where the last chunk began).
+ * The taker goes on as a fresh prefill, bit for bit on the CPU; the copies
+ * count in the cache bytes while kept. A ring that no longer holds the
+ * window, or a state kept at another length, is refused. */
+Test(kv_pages, a_kept_prefix_carries_rings_and_states, .timeout = 240)
+{
+    static const char *const names[] = {"gemma3-q4g64", "gpt_oss-q4g64", "qwen3_5-q4g64"};
+    int32_t a[260];
+    for (size_t k = 0; k < sizeof names / sizeof names[0]; k++) {
+        exo_model *m = load(names[k]);
+        const bool recurrent = k == 2;
+        float tol = exo_model_gpu_layers(m) ? 1e-3f : 0.0f;
+        int V = exo_model_vocab(m);
+        float *la = exo_malloc(sizeof(float) * (size_t)V), *lb = exo_malloc(sizeof(float) * (size_t)V);
+        for (int t = 0; t < 260; t++)
+            a[t] = (int32_t)((t * 29 + 3) % V);
+        exo_err err = {0};
+        exo_kv_prefix *p = NULL;
+        exo_seq *src = seq(m, 256);
+        feed(m, src, a, 150, 64, la);
+        size_t held = exo_model_kv_bytes(m);
+        cr_assert_eq(exo_seq_keep_prefix(src, 128, &p, &err), 0, "%s: %s", names[k], err.msg);
+        cr_expect_gt(exo_model_kv_bytes(m), held + 0, "%s: the copies count", names[k]);
+        exo_seq_free(src);
+        cr_expect_eq(exo_kv_prefix_can_take(p, 64), !recurrent, "%s: 64 of 128", names[k]);
+        exo_seq *dst = seq(m, 256), *fresh = seq(m, 256);
+        if (recurrent)
+            cr_expect_eq(exo_seq_take_prefix(dst, p, 64, &err), EXO_EUNSUPPORTED, "%s: a state at 128 only", names[k]);
+        cr_assert_eq(exo_seq_take_prefix(dst, p, 128, &err), 0, "%s: %s", names[k], err.msg);
+        cr_expect_eq(exo_seq_len(dst), 128);
+        feed(m, dst, a + 128, 30, 64, lb);
+        feed(m, fresh, a, 158, 64, la);
+        float d = max_diff(la, lb, V);
+        cr_expect_leq(d, tol, "%s: logits differ by %g from a fresh prefill", names[k], (double)d);
+        for (int step = 0; step < 3; step++) { /* and decodes on as it does */
+            int32_t tok = (int32_t)((step * 13 + 1) % V);
+            cr_assert_eq(exo_model_forward(m, dst, &tok, 1, lb, false, &err), 0, "%s", err.msg);
+            cr_assert_eq(exo_model_forward(m, fresh, &tok, 1, la, false, &err), 0, "%s", err.msg);
+            d = max_diff(la, lb, V);
+            cr_expect_leq(d, tol, "%s: step %d differs by %g", names[k], step, (double)d);
+        }
+        exo_kv_prefix_free(p);
+        exo_seq_free(dst);
+        exo_seq_free(fresh);
+        cr_expect_eq(exo_model_kv_bytes(m), 0, "%s: everything given back", names[k]);
+        /* too late: the ring moved past 128's window, the state past 128 */
+        src = seq(m, 256);
+        feed(m, src, a, 250, 64, la);
+        cr_expect_eq(exo_seq_keep_prefix(src, 128, &p, &err), EXO_EUNSUPPORTED, "%s", names[k]);
+        exo_seq_free(src);
+        exo_free(la);
+        exo_free(lb);
+        exo_model_free(m);
+    }
 }
