@@ -185,6 +185,7 @@ struct gemv_batch {
     int group_size;
     int group_shift; /* log2(group_size): affine groups are a power of two wide */
     int k_split; /* warps of a block that share its rows, each a slice of the columns: 1, 2 or 4 */
+    int k_shift; /* log2(k_split) */
 };
 
 #define GEMV_WARPS 4
@@ -219,6 +220,132 @@ __device__ __forceinline__ float float_step(uint4 wv, const float *xs)
     return acc;
 }
 
+/* One level (lanes o apart) of gemv_finish's butterfly over COUNT values,
+ * then the levels below it. */
+template <int COUNT, int O> __device__ __forceinline__ void butterfly_level(float *v, int lane, int &idx)
+{
+    if constexpr (O > 0) {
+        if constexpr (COUNT > 1) {
+            const bool hi = lane & O;
+#pragma unroll
+            for (int i = 0; i < COUNT / 2; i++) {
+                const float keep = hi ? v[COUNT / 2 + i] : v[i], send = hi ? v[i] : v[COUNT / 2 + i];
+                v[i] = keep + __shfl_xor_sync(0xffffffffu, send, O);
+            }
+            idx += hi ? COUNT / 2 : 0;
+            butterfly_level<COUNT / 2, O / 2>(v, lane, idx);
+        } else {
+            v[0] += __shfl_xor_sync(0xffffffffu, v[0], O);
+            butterfly_level<1, O / 2>(v, lane, idx);
+        }
+    }
+}
+
+template <int ROWS, int T>
+__device__ __forceinline__ void gemv_finish_each(float (&acc)[ROWS][T], int lane, int warp, int ks, int slice,
+                                                 bool live, int64_t row0, const gemv_job_dev &job);
+
+/* The end of a GEMV warp: its ROWS x T sums over the lanes, then over the
+ * k_split warps sharing its rows (in slice order, through shared memory),
+ * then y. Where ROWS x T is a power of two the values go down one
+ * butterfly together: at each level a lane keeps half of them and sends
+ * its partner the other half, so four rows take 6 shuffles, not 20, and
+ * lanes 0, 8, 16 and 24 write a row each instead of lane 0 writing all
+ * four in turn. Every sum pairs the same two operands as a butterfly of
+ * each value alone would (a + b and b + a are the same float): the same
+ * bits. */
+template <int ROWS, int T>
+__device__ __forceinline__ void gemv_finish(float (&acc)[ROWS][T], int lane, int warp, int ks, int slice, bool live,
+                                            int64_t row0, const gemv_job_dev &job)
+{
+    constexpr int N = ROWS * T;
+    if constexpr ((N & (N - 1)) == 0) {
+        constexpr int LEFT = N > 32 ? N / 32 : 1; /* values a lane holds at the end */
+        float v[N];
+#pragma unroll
+        for (int i = 0; i < N; i++)
+            v[i] = acc[i / T][i % T];
+        int idx = 0; /* the first of this lane's values */
+        butterfly_level<N, 16>(v, lane, idx);
+        /* lanes that differ only in the bits no level split on hold the same values */
+        const bool first = (lane & (32 / (N < 32 ? N : 32) - 1)) == 0;
+        __shared__ float part[GEMV_WARPS][N];
+        if (ks > 1) {
+            if (first)
+#pragma unroll
+                for (int i = 0; i < LEFT; i++)
+                    part[warp][idx + i] = v[i];
+            __syncthreads();
+            if (slice)
+                return;
+            if (first)
+#pragma unroll
+                for (int i = 0; i < LEFT; i++)
+#pragma unroll
+                    for (int k = 1; k < 4; k++) /* ks <= 4: unrolled, no loop */
+                        if (k < ks)
+                            v[i] += part[warp + k][idx + i];
+        }
+        if (first && live)
+#pragma unroll
+            for (int i = 0; i < LEFT; i++) {
+                const int r = (idx + i) / T, t = (idx + i) % T;
+                if (row0 + r < job.rows) {
+                    float *y = job.y + (int64_t)t * job.ldy + row0 + r, s = v[i];
+                    if (job.bias) /* as add_bias would add it to the product */
+                        s += job.bias[row0 + r];
+                    *y = job.accumulate ? *y + s : s;
+                }
+            }
+    } else {
+        gemv_finish_each<ROWS, T>(acc, lane, warp, ks, slice, live, row0, job);
+    }
+}
+
+/* gemv_finish one value at a time (ROWS x T not a power of two: 3 rows of x). */
+template <int ROWS, int T>
+__device__ __forceinline__ void gemv_finish_each(float (&acc)[ROWS][T], int lane, int warp, int ks, int slice,
+                                                 bool live, int64_t row0, const gemv_job_dev &job)
+{
+    __shared__ float part[GEMV_WARPS][ROWS][T];
+#pragma unroll
+    for (int r = 0; r < ROWS; r++)
+#pragma unroll
+        for (int t = 0; t < T; t++) {
+            float v = acc[r][t];
+#pragma unroll
+            for (int o = 16; o; o >>= 1)
+                v += __shfl_xor_sync(0xffffffffu, v, o);
+            acc[r][t] = v;
+            if (ks > 1 && lane == 0)
+                part[warp][r][t] = v;
+        }
+    if (ks > 1) {
+        __syncthreads();
+        if (slice)
+            return;
+#pragma unroll
+        for (int r = 0; r < ROWS; r++)
+#pragma unroll
+            for (int t = 0; t < T; t++)
+#pragma unroll
+                for (int k = 1; k < 4; k++) /* ks <= 4: unrolled, no loop */
+                    if (k < ks)
+                        acc[r][t] += part[warp + k][r][t];
+    }
+    if (lane == 0 && live)
+#pragma unroll
+        for (int r = 0; r < ROWS; r++)
+#pragma unroll
+            for (int t = 0; t < T; t++)
+                if (row0 + r < job.rows) {
+                    float *y = job.y + (int64_t)t * job.ldy + row0 + r, s = acc[r][t];
+                    if (job.bias) /* as add_bias would add it to the product */
+                        s += job.bias[row0 + r];
+                    *y = job.accumulate ? *y + s : s;
+                }
+}
+
 /* A block is GEMV_WARPS warps: GEMV_WARPS / k_split groups of ROWS rows,
  * each group's k_split warps taking interleaved runs of 32 * GEMV_UNROLL
  * steps of its rows and adding up in shared memory at the end. k_split is
@@ -245,14 +372,17 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_kernel(const __grid_cons
         bbase = e[2];
     }
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int ks = b.k_split, slice = warp % ks;
-    const int64_t row0 = ((int64_t)(blockIdx.x - b.first_block[j]) * (GEMV_WARPS / ks) + warp / ks) * ROWS;
+    /* shifts, not divisions: a division by a kernel argument is a few
+     * dozen instructions, and a warp issues only some hundreds in all */
+    const int ks = b.k_split, slice = warp & (ks - 1);
+    const int64_t row0 =
+        ((int64_t)(blockIdx.x - b.first_block[j]) * (GEMV_WARPS >> b.k_shift) + (warp >> b.k_shift)) * ROWS;
     const bool live = row0 < job.rows;
     const int SC = step_cols<K>::n;
     const int64_t cols = job.cols, steps = cols / SC;
     const int64_t row_bytes = K == GEMV_F32 ? cols * 4 : K == GEMV_F16 || K == GEMV_BF16 ? cols * 2
                               : K == GEMV_Q8 ? cols : cols / 2;
-    const int64_t groups = K == GEMV_MXFP4 ? cols / 32 : (K == GEMV_Q4 || K == GEMV_Q8) ? cols / b.group_size : 0;
+    const int64_t groups = K == GEMV_MXFP4 ? cols >> 5 : (K == GEMV_Q4 || K == GEMV_Q8) ? cols >> b.group_shift : 0;
     const bool affine = K == GEMV_Q4 || K == GEMV_Q8;
     const bool integer = affine || K == GEMV_MXFP4;
     int64_t rowc[ROWS];
@@ -310,7 +440,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_kernel(const __grid_cons
 #pragma unroll
             for (int t = 0; t < T; t++) {
                 const int8_t *xq = job.xq + (int64_t)t * cols + col, *xq2 = xq + job.rows_x * cols;
-                const float2 xs = __ldg(job.xs + ((int64_t)t * cols + col) / (K == GEMV_Q8 ? 16 : 32));
+                const float2 xs = __ldg(job.xs + (((int64_t)t * cols + col) >> (K == GEMV_Q8 ? 4 : 5)));
                 int xv[8], xv2[8];
                 if (K != GEMV_Q8) {
                     int4 a = __ldg((const int4 *)xq), c = __ldg((const int4 *)xq + 1);
@@ -366,41 +496,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_kernel(const __grid_cons
         }
         }
     }
-    __shared__ float part[GEMV_WARPS][ROWS][T];
-#pragma unroll
-    for (int r = 0; r < ROWS; r++)
-#pragma unroll
-        for (int t = 0; t < T; t++) {
-            float v = acc[r][t];
-#pragma unroll
-            for (int o = 16; o; o >>= 1)
-                v += __shfl_xor_sync(0xffffffffu, v, o);
-            acc[r][t] = v;
-            if (ks > 1 && lane == 0)
-                part[warp][r][t] = v;
-        }
-    if (ks > 1) {
-        __syncthreads();
-        if (slice)
-            return;
-#pragma unroll
-        for (int r = 0; r < ROWS; r++)
-#pragma unroll
-            for (int t = 0; t < T; t++)
-                for (int k = 1; k < ks; k++)
-                    acc[r][t] += part[warp + k][r][t];
-    }
-    if (lane == 0 && live)
-#pragma unroll
-        for (int r = 0; r < ROWS; r++)
-#pragma unroll
-            for (int t = 0; t < T; t++)
-                if (row0 + r < job.rows) {
-                    float *y = job.y + (int64_t)t * job.ldy + row0 + r, v = acc[r][t];
-                    if (job.bias) /* as add_bias would add it to the product */
-                        v += job.bias[row0 + r];
-                    *y = job.accumulate ? *y + v : v;
-                }
+    gemv_finish<ROWS, T>(acc, lane, warp, ks, slice, live, row0, job);
 }
 
 /* One warp quantizes 32 columns of row t from c0, v being its lane's
@@ -643,6 +739,7 @@ int exo_cuda_gemv(cudaStream_t stream, int n, const exo_cuda_gemv_job *jobs, int
         b.group_size = w0.format == EXO_WFORMAT_AFFINE ? w0.group_size : 32;
         b.group_shift = __builtin_ctz((unsigned)b.group_size);
         b.k_split = k_split_of(kind, w0.cols);
+        b.k_shift = __builtin_ctz((unsigned)b.k_split);
         const int block_rows = rows_per_warp_of(kind) * GEMV_WARPS / b.k_split;
         int blocks = 0, i = i0;
         for (; i < n && b.n < EXO_CUDA_JOBS && nq < EXO_CUDA_JOBS * 4; i++) {
