@@ -214,26 +214,32 @@ test('a linear-attention model reuses a shared prompt prefix', { timeout: 120000
 // chunk, so the prefix is computed once; the answers are those of each
 // request alone.
 test('requests sent together compute a shared prefix once', { timeout: 120000 }, async () => {
-  const words = Array.from({ length: 400 }, (_, i) => WORDS[(i * 11) % WORDS.length]).join(' ');
-  const ask = async (tail) => {
-    const r = await D.postJson(base, '/v1/chat/completions', {
-      model: QWEN_ID, messages: [{ role: 'user', content: `${words} ${tail}` }], max_tokens: 6, temperature: 0 });
-    assert.equal(r.status, 200, r.text);
-    return r.json;
-  };
-  const tails = ['one', 'two', 'three', 'four'];
-  const together = await Promise.all(tails.map(ask));
-  const cached = together.map((j) => j.usage.prompt_tokens_details.cached_tokens);
-  const prompt = together[0].usage.prompt_tokens;
-  assert.ok(prompt >= 384, `a prefix of ${prompt} tokens`);
-  // all but the first to prefill take every whole 128-token chunk of the
-  // shared part (the tails differ only in the prompt's last tokens)
-  const whole = Math.floor((prompt - 16) / 128) * 128;
-  const reused = cached.filter((c) => c >= whole).length;
-  assert.ok(reused >= tails.length - 1, `cached tokens ${cached.join(', ')} of ${prompt}`);
-  for (let i = 0; i < tails.length; i++) {
-    const alone = await ask(tails[i]);
-    assert.equal(together[i].choices[0].message.content, alone.choices[0].message.content, `request ${i}`);
+  // qwen3's caches are all pages; gemma3's sliding layers keep rings, which
+  // go over whole with the pages
+  for (const id of [QWEN_ID, D.SLIDING_ID]) {
+    if (id !== QWEN_ID)
+      await serve(id, D.buildSlidingModel);
+    const words = Array.from({ length: 400 }, (_, i) => WORDS[(i * 11) % WORDS.length]).join(' ');
+    const ask = async (tail) => {
+      const r = await D.postJson(base, '/v1/chat/completions', {
+        model: id, messages: [{ role: 'user', content: `${words} ${tail}` }], max_tokens: 6, temperature: 0 });
+      assert.equal(r.status, 200, r.text);
+      return r.json;
+    };
+    const tails = ['one', 'two', 'three', 'four'];
+    const together = await Promise.all(tails.map(ask));
+    const cached = together.map((j) => j.usage.prompt_tokens_details.cached_tokens);
+    const prompt = together[0].usage.prompt_tokens;
+    assert.ok(prompt >= 384, `${id}: a prefix of ${prompt} tokens`);
+    // all but the first to prefill take every whole 128-token chunk of the
+    // shared part (the tails differ only in the prompt's last tokens)
+    const whole = Math.floor((prompt - 16) / 128) * 128;
+    const reused = cached.filter((c) => c >= whole).length;
+    assert.ok(reused >= tails.length - 1, `${id}: cached tokens ${cached.join(', ')} of ${prompt}`);
+    for (let i = 0; i < tails.length; i++) {
+      const alone = await ask(tails[i]);
+      assert.equal(together[i].choices[0].message.content, alone.choices[0].message.content, `${id}: request ${i}`);
+    }
   }
 });
 
