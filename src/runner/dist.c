@@ -35,6 +35,12 @@ struct exo_dist {
      * logits of a batched step (which only rank 0 samples from) */
     exo_seq        *bseqs[EXO_DIST_MAX_BATCH];
     float          *blogits;
+    /* ranks > 0: the prefix-cache entries rank 0's KEEP frames made */
+    struct {
+        int            id;
+        exo_kv_prefix *p;
+    } kept[EXO_DIST_MAX_KEPT];
+    int n_kept;
 };
 
 /* ---- the sampler (on the rank with the head) ------------------------------------- */
@@ -184,6 +190,30 @@ int exo_dist_seq_copy(exo_dist *d, int bslot, int from, int n, exo_err *err)
         return exo_err_set(err, EXO_EINVAL, "dist: batch slots %d, %d", bslot, from);
     exo_dist_encode_seq(from, n, p);
     return exo_ring_send(d->ring, EXO_DIST_SEQ, (uint32_t)bslot, EXO_DIST_SEQ_COPY, p, sizeof p, NULL, 0, err);
+}
+
+static int send_prefix_op(exo_dist *d, int op, int bslot, int id, int n, exo_err *err)
+{
+    unsigned char p[8];
+    if (!d->tensor || bslot < 0 || bslot >= EXO_DIST_MAX_BATCH || id < 0)
+        return exo_err_set(err, EXO_EINVAL, "dist: prefix entry %d of batch slot %d", id, bslot);
+    exo_dist_encode_seq(id, n, p);
+    return exo_ring_send(d->ring, EXO_DIST_SEQ, (uint32_t)bslot, (uint32_t)op, p, sizeof p, NULL, 0, err);
+}
+
+int exo_dist_prefix_keep(exo_dist *d, int bslot, int id, int n, exo_err *err)
+{
+    return send_prefix_op(d, EXO_DIST_SEQ_KEEP, bslot, id, n, err);
+}
+
+int exo_dist_prefix_take(exo_dist *d, int bslot, int id, int n, exo_err *err)
+{
+    return send_prefix_op(d, EXO_DIST_SEQ_TAKE, bslot, id, n, err);
+}
+
+int exo_dist_prefix_drop(exo_dist *d, int id, exo_err *err)
+{
+    return send_prefix_op(d, EXO_DIST_SEQ_DROP, 0, id, 0, err);
 }
 
 int exo_dist_send_batch(exo_dist *d, int n, const int *slots, const int *pos0, const int *T,
@@ -358,6 +388,36 @@ static exo_seq **bseq_at(exo_dist *d, int bslot)
     return &d->bseqs[bslot];
 }
 
+/* KEEP, TAKE and DROP of the prefix cache's entries, on slot s. */
+static int serve_prefix(exo_dist *d, const exo_dist_frame *f, exo_seq *s, exo_err *err)
+{
+    int at = 0;
+    while (at < d->n_kept && d->kept[at].id != f->x)
+        at++;
+    if (f->seq_op == EXO_DIST_SEQ_KEEP) {
+        if (at < d->n_kept || d->n_kept == EXO_DIST_MAX_KEPT || !s)
+            return exo_err_set(err, EXO_EFORMAT, "ring: KEEP of entry %d (held %d of %d) from slot %d", f->x,
+                               d->n_kept, EXO_DIST_MAX_KEPT, f->slot);
+        int rc = exo_seq_keep_prefix(s, f->y, &d->kept[at].p, err);
+        if (rc)
+            return rc;
+        d->kept[at].id = f->x;
+        d->n_kept++;
+        return 0;
+    }
+    if (at == d->n_kept)
+        return exo_err_set(err, EXO_EFORMAT, "ring: SEQ %d of entry %d, which this rank does not hold", f->seq_op,
+                           f->x);
+    if (f->seq_op == EXO_DIST_SEQ_TAKE) {
+        if (!s)
+            return exo_err_set(err, EXO_EFORMAT, "ring: TAKE into slot %d, which has no sequence", f->slot);
+        return exo_seq_take_prefix(s, d->kept[at].p, f->y, err);
+    }
+    exo_kv_prefix_free(d->kept[at].p);
+    d->kept[at] = d->kept[--d->n_kept];
+    return 0;
+}
+
 static int serve_seq(exo_dist *d, const exo_ring_msg *m, const exo_dist_frame *f, exo_err *err)
 {
     int rc;
@@ -370,6 +430,8 @@ static int serve_seq(exo_dist *d, const exo_ring_msg *m, const exo_dist_frame *f
         exo_seq_truncate(*s, f->y); /* as rank 0's: a no-op past the length */
         return exo_seq_resize(*s, f->x, err);
     }
+    if (f->seq_op != EXO_DIST_SEQ_COPY)
+        return serve_prefix(d, f, *s, err);
     exo_seq *from = *bseq_at(d, f->x);
     if (!*s || !from)
         return exo_err_set(err, EXO_EFORMAT, "ring: SEQ copies between slots %d and %d, one of them empty", f->x,
@@ -469,6 +531,8 @@ void exo_dist_free(exo_dist *d)
         return;
     for (int i = 0; i < d->n_slots; i++)
         sampler_drop(&d->slots[i]);
+    for (int i = 0; i < d->n_kept; i++)
+        exo_kv_prefix_free(d->kept[i].p);
     for (int i = 1; i < EXO_DIST_MAX_BATCH; i++)
         exo_seq_free(d->bseqs[i]);
     exo_free(d->blogits);

@@ -72,6 +72,14 @@ int exo_dist_seq_resize(exo_dist *d, int slot, int keep, int capacity, exo_err *
 int exo_dist_seq_copy(exo_dist *d, int slot, int from, int n, exo_err *err);
 int exo_dist_send_batch(exo_dist *d, int n, const int *slots, const int *pos0, const int *T,
                         const int32_t *const *tokens, bool logits, exo_err *err);
+/* The runner's prefix cache on every rank: keep the first n positions of
+ * slot's sequence apart as entry `id` (0 .. INT32_MAX, unique while kept;
+ * at most EXO_DIST_MAX_KEPT at once), take n positions of entry id into
+ * slot's sequence, give entry id up. Send each right after doing the same
+ * on rank 0 (exo_seq_keep_prefix, exo_seq_take_prefix, exo_kv_prefix_free). */
+int exo_dist_prefix_keep(exo_dist *d, int slot, int id, int n, exo_err *err);
+int exo_dist_prefix_take(exo_dist *d, int slot, int id, int n, exo_err *err);
+int exo_dist_prefix_drop(exo_dist *d, int id, exo_err *err);
 
 /* Ranks > 0: handles one frame from the ring. Errors: the model's, the
  * ring's, EXO_EFORMAT for a frame that makes no sense here. */

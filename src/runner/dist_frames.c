@@ -3,6 +3,8 @@
 #include "runner/dist_frames.h"
 
 #include <math.h>
+#include <stdbool.h>
+#include <stdint.h>
 #include <string.h>
 
 static void put32(unsigned char *p, uint32_t v)
@@ -151,13 +153,19 @@ int exo_dist_frame_parse(const exo_ring_msg *m, const exo_dist_shape *sh, exo_di
         break;
     }
     case EXO_DIST_SEQ:
-        if (!sh->tensor || m->len != 8 || m->a >= EXO_DIST_MAX_BATCH ||
-            (m->b != EXO_DIST_SEQ_RESIZE && m->b != EXO_DIST_SEQ_COPY))
+        if (!sh->tensor || m->len != 8 || m->a >= EXO_DIST_MAX_BATCH || m->b < EXO_DIST_SEQ_RESIZE ||
+            m->b > EXO_DIST_SEQ_DROP)
             return exo_err_set(err, EXO_EFORMAT, "ring: a malformed SEQ frame");
         f->seq_op = (int)m->b;
         uint32_t x = get32(p), y = get32(p + 4);
-        if (m->b == EXO_DIST_SEQ_RESIZE ? x < 1 || x > EXO_DIST_MAX_POS || y > x
-                                        : x >= EXO_DIST_MAX_BATCH || x == m->a || y > EXO_DIST_MAX_POS)
+        bool bad;
+        switch (m->b) {
+        case EXO_DIST_SEQ_RESIZE: bad = x < 1 || x > EXO_DIST_MAX_POS || y > x; break;
+        case EXO_DIST_SEQ_COPY: bad = x >= EXO_DIST_MAX_BATCH || x == m->a || y > EXO_DIST_MAX_POS; break;
+        case EXO_DIST_SEQ_DROP: bad = x > INT32_MAX || y != 0; break;
+        default: bad = x > INT32_MAX || y < 1 || y > EXO_DIST_MAX_POS; break; /* KEEP, TAKE: an entry id */
+        }
+        if (bad)
             return exo_err_set(err, EXO_EFORMAT, "ring: SEQ %u of slot %u with %u, %u", m->b, m->a, x, y);
         f->slot = (int)m->a;
         f->x = (int)x;

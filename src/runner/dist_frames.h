@@ -13,10 +13,14 @@
  *           n_top (u32 id, f32 logprob) alternatives
  * and, in a tensor-parallel group that batches (continuous batching on rank
  * 0: the other ranks' batch slots follow rank 0's), for batch slots:
- *   SEQ     a = batch slot, b = EXO_DIST_SEQ_RESIZE or _COPY; payload u32
- *           x, u32 y: RESIZE keeps the first y positions and gives the
- *           slot's sequence x (made if the slot has none); COPY copies the
- *           first y positions of batch slot x's sequence into the slot's
+ *   SEQ     a = batch slot, b = EXO_DIST_SEQ_RESIZE, _COPY, _KEEP, _TAKE or
+ *           _DROP; payload u32 x, u32 y: RESIZE keeps the first y positions
+ *           and gives the slot's sequence x (made if the slot has none);
+ *           COPY copies the first y positions of batch slot x's sequence
+ *           into the slot's; KEEP keeps the first y positions of the slot's
+ *           sequence apart as prefix-cache entry x (model.h
+ *           exo_seq_keep_prefix); TAKE gives the slot's sequence the first
+ *           y positions of entry x; DROP (y 0) gives entry x up
  *   BATCH   a = n rows, b = 1 when rank 0 makes logits (every rank's share
  *           of the head joins); payload: n x (u32 slot, u32 pos0, u32 T),
  *           then the rows' token ids (the sum of their T, int32)
@@ -45,10 +49,11 @@
 #define EXO_DIST_MAX_POS        (1 << 27) /* positions a frame can name */
 
 #define EXO_DIST_MAX_BATCH      64 /* batch slots of a tensor-parallel group */
+#define EXO_DIST_MAX_KEPT       64 /* prefix-cache entries a rank holds (the runner's STORE_MAX) */
 #define EXO_DIST_BATCH_ROWS     16 /* sequences in one batched step */
 
 enum { EXO_DIST_BEGIN = 1, EXO_DIST_HIDDEN, EXO_DIST_TOKENS, EXO_DIST_SAMPLE, EXO_DIST_SEQ, EXO_DIST_BATCH };
-enum { EXO_DIST_SEQ_RESIZE = 1, EXO_DIST_SEQ_COPY };
+enum { EXO_DIST_SEQ_RESIZE = 1, EXO_DIST_SEQ_COPY, EXO_DIST_SEQ_KEEP, EXO_DIST_SEQ_TAKE, EXO_DIST_SEQ_DROP };
 
 /* What a rank checks frames against. */
 typedef struct exo_dist_shape {

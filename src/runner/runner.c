@@ -117,6 +117,7 @@ typedef struct runner {
     /* the prefix cache: prompts of finished requests, beyond the one each
      * slot keeps (kept_prefix, below) */
     struct kept_prefix    *store;
+    uint32_t               prefix_ids; /* the next entry's id */
     int                    n_store;
     exo_seq               *seqs[EXO_DIST_MAX_SLOTS]; /* seqs[0] == seq; more for a pipeline */
     int                    n_slots;
@@ -131,18 +132,22 @@ typedef struct runner {
  * model's sliding rings and recurrent states are kept as copies beside the
  * pages (a recurrent state at the entry's length only, so a prompt takes
  * such an entry whole or not at all). Entries are given up least recently
- * used first when memory is short. Whole models; not a tensor-parallel
- * group (its ranks' sequences follow rank 0's slots, not this cache). */
+ * used first when memory is short. In a tensor-parallel group every rank
+ * keeps, takes and gives up the same entries, named by id (dist.h). */
 #define STORE_MAX 64
 typedef struct kept_prefix {
     int32_t       *ids;
     int            n;
     exo_kv_prefix *pages;
     uint64_t       used;
+    int            id; /* the entry's name on the other ranks of a tensor-parallel group */
 } kept_prefix;
 
 static void store_drop(runner *r, int i)
 {
+    exo_err err = {0};
+    if (r->dist && exo_dist_prefix_drop(r->dist, r->store[i].id, &err))
+        EXO_LOG_WARN("runner: the other ranks keep prefix entry %d: %s", r->store[i].id, err.msg);
     exo_kv_prefix_free(r->store[i].pages);
     exo_free(r->store[i].ids);
     r->store[i] = r->store[--r->n_store];
@@ -162,10 +167,12 @@ static bool store_evict(runner *r, const exo_kv_prefix *spare)
     return true;
 }
 
-/* Keeps the first n of ids (whole pages), which s holds. */
-static void store_put(runner *r, exo_seq *s, const int32_t *ids, int n)
+/* Keeps the first n of ids (whole pages), which slot i's sequence holds
+ * (on every rank of a tensor-parallel group). */
+static void store_put(runner *r, int slot, const int32_t *ids, int n)
 {
-    if (r->dist || n <= 0)
+    exo_seq *s = r->bseqs[slot];
+    if (n <= 0)
         return;
     for (int i = 0; i < r->n_store; i++) {
         kept_prefix *e = &r->store[i];
@@ -187,12 +194,19 @@ static void store_put(runner *r, exo_seq *s, const int32_t *ids, int n)
         r->store = exo_calloc(STORE_MAX, sizeof *r->store);
     if (r->n_store == STORE_MAX)
         store_evict(r, NULL);
+    const int id = (int)(r->prefix_ids++ & 0x7fffffff);
+    if (r->dist && exo_dist_prefix_keep(r->dist, slot, id, n, &err)) {
+        EXO_LOG_WARN("runner: the other ranks cannot keep a prefix: %s", err.msg);
+        exo_kv_prefix_free(pages);
+        return;
+    }
     kept_prefix *e = &r->store[r->n_store++];
     e->ids = exo_malloc(sizeof(int32_t) * (size_t)n);
     memcpy(e->ids, ids, sizeof(int32_t) * (size_t)n);
     e->n = n;
     e->pages = pages;
     e->used = ++r->clock;
+    e->id = id;
 }
 
 /* The entry sharing the most whole chunks of `chunk` tokens with ids (n
@@ -1311,7 +1325,7 @@ static void slot_keep(runner *r, int i, const gen_ctx *g, bool failed)
     r->kept[i] = exo_malloc(sizeof(int32_t) * (size_t)keep);
     memcpy(r->kept[i], g->ids, sizeof(int32_t) * (size_t)keep);
     r->n_kept[i] = keep;
-    store_put(r, r->bseqs[i], g->ids, keep);
+    store_put(r, i, g->ids, keep);
 }
 
 /* The end of slot b's request: its last text, finish chunk and Done, or
@@ -1529,6 +1543,8 @@ static bool slot_open(runner *r, batch_slot *slots)
      * whole pages shared, not computed again */
     if (take && (rc = exo_seq_take_prefix(r->bseqs[i], take, stored, &err)) == EXO_EUNSUPPORTED)
         take = NULL; /* a ring that does not fit this slot's: as if not found */
+    if (take && !rc && r->dist)
+        rc = exo_dist_prefix_take(r->dist, i, r->store[kept].id, stored, &err);
     if (take) {
         if (rc) {
             slot_close(r, b, rc, &err);

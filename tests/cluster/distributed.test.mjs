@@ -184,6 +184,28 @@ test('a model split across 3 nodes (pipeline) and 2 (tensor) answers as on one n
     // runs the batched steps (dist.h BATCH frames); each gets its text
     const together = await Promise.all(burst.map((p, i) => openaiText(nodes[i % 3].base, p)));
     assert.deepEqual(together, burst.map((p) => single[p]), 'tensor, requests batched');
+
+    // the prefix cache on a tensor group: every rank keeps, takes and gives
+    // up the same entries (dist.h KEEP/TAKE/DROP). A long prompt, then more
+    // long prompts than the 8 batch slots, then the first again: its prefix
+    // comes from the cache (on both ranks) and its answer is the same.
+    const WORDS = 'the cat dog sun park ball tree little big red happy ran jumped saw found girl boy mom'.split(' ');
+    const story = (k) => Array.from({ length: 70 }, (_, i) => WORDS[(i * 5 + k * 7) % WORDS.length]).join(' ');
+    const ask = async (content) => {
+      const r = await fetch(`${nodes[0].base}/v1/chat/completions`, { method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body: JSON.stringify({ model: MODEL, messages: chat(content), max_tokens: 12, temperature: 0 }) });
+      assert.equal(r.status, 200, await r.clone().text());
+      return r.json();
+    };
+    const first = await ask(story(0));
+    assert.ok(first.usage.prompt_tokens >= 140, `a prompt of ${first.usage.prompt_tokens} tokens`);
+    for (let k = 1; k <= 9; k++)
+      await ask(story(k));
+    const again = await ask(story(0));
+    const cached = again.usage.prompt_tokens_details.cached_tokens;
+    assert.ok(cached >= 128, `tensor, prefix cache: reused ${cached} of ${again.usage.prompt_tokens}`);
+    assert.equal(again.choices[0].message.content, first.choices[0].message.content, 'tensor, prefix cache');
   });
 });
 

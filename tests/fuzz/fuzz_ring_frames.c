@@ -9,6 +9,7 @@
 #include "runner/dist_frames.h"
 #include "runner/ring.h"
 
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -53,13 +54,20 @@ static void check(const exo_ring_msg *m, const exo_dist_shape *sh)
             abort();
         break;
     }
-    case EXO_DIST_SEQ:
-        if (!sh->tensor || (f.seq_op == EXO_DIST_SEQ_RESIZE ? f.x < 1 || f.y > f.x
-                                                            : f.seq_op != EXO_DIST_SEQ_COPY || f.x < 0 ||
-                                                                  f.x >= EXO_DIST_MAX_BATCH || f.x == f.slot) ||
-            f.y < 0 || f.x > EXO_DIST_MAX_POS || f.y > EXO_DIST_MAX_POS)
+    case EXO_DIST_SEQ: {
+        bool ok = sh->tensor && f.x >= 0 && f.y >= 0 && f.y <= EXO_DIST_MAX_POS;
+        switch (f.seq_op) {
+        case EXO_DIST_SEQ_RESIZE: ok = ok && f.x >= 1 && f.x <= EXO_DIST_MAX_POS && f.y <= f.x; break;
+        case EXO_DIST_SEQ_COPY: ok = ok && f.x < EXO_DIST_MAX_BATCH && f.x != f.slot; break;
+        case EXO_DIST_SEQ_KEEP:
+        case EXO_DIST_SEQ_TAKE: ok = ok && f.y >= 1; break; /* x: an entry's id */
+        case EXO_DIST_SEQ_DROP: ok = ok && f.y == 0; break;
+        default: ok = false;
+        }
+        if (!ok)
             abort();
         break;
+    }
     case EXO_DIST_BATCH: {
         /* every row in range, and the rows re-encode to the bytes they came from */
         if (!sh->tensor || f.n_rows < 1 || f.n_rows > EXO_DIST_BATCH_ROWS)

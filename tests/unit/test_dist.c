@@ -344,7 +344,8 @@ static void tensor_step_alone(rank_ctx *c0, exo_seq *s, int k, const int32_t *id
  * bit, at 2 and 3 ranks (the all-reduce adds a row's partials in an order
  * set by the column only). A fourth slot takes slot 0's first 32
  * positions by copy on every rank, then the prompt's last 8 tokens: the
- * logits slot 0 gets for the same 8 tokens from position 32. */
+ * logits slot 0 gets for the same 8 tokens from position 32; then 64 of
+ * slot 0's positions through the prefix cache (keep, take, drop). */
 static void tensor_batch_check(const char *dir, int world)
 {
     rank_ctx ctx[MAX_RANKS];
@@ -408,6 +409,27 @@ static void tensor_batch_check(const char *dir, int world)
     tensor_step_alone(c0, bs[0], 0, ids[0] + 32, N_PROMPT - 32, la);
     cr_assert(!memcmp(la, lc, sizeof(float) * (size_t)V), "%s tensor/%d: a copied prefix gives other logits", dir,
               world);
+    /* the prefix cache on every rank: slot 0's first 64 positions kept as
+     * entry 5, slot 3 emptied and given them; both go on with the same
+     * tokens to the same logits; the entry is given up everywhere */
+    int32_t more[24];
+    for (int i = 0; i < 24; i++)
+        more[i] = (int32_t)((i * 7 + 3) % V);
+    tensor_step_alone(c0, bs[0], 0, more, 24, la);
+    cr_assert_eq(exo_seq_len(bs[0]), 64);
+    exo_kv_prefix *kept = NULL;
+    cr_assert_eq(exo_seq_keep_prefix(bs[0], 64, &kept, &err), 0, "%s", err.msg);
+    cr_assert_eq(exo_dist_prefix_keep(c0->d, 0, 5, 64, &err), 0, "%s", err.msg);
+    exo_seq_truncate(bs[NB], 0);
+    cr_assert_eq(exo_dist_seq_resize(c0->d, NB, 0, 128, &err), 0, "%s", err.msg);
+    cr_assert_eq(exo_seq_take_prefix(bs[NB], kept, 64, &err), 0, "%s", err.msg);
+    cr_assert_eq(exo_dist_prefix_take(c0->d, NB, 5, 64, &err), 0, "%s", err.msg);
+    tensor_step_alone(c0, bs[NB], NB, more, 8, lc);
+    tensor_step_alone(c0, bs[0], 0, more, 8, la);
+    cr_assert(!memcmp(la, lc, sizeof(float) * (size_t)V), "%s tensor/%d: a kept prefix gives other logits", dir,
+              world);
+    exo_kv_prefix_free(kept);
+    cr_assert_eq(exo_dist_prefix_drop(c0->d, 5, &err), 0, "%s", err.msg);
     for (int k = 1; k < NB + 1; k++)
         exo_seq_free(bs[k]);
     exo_free(lb);
