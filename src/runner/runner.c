@@ -153,6 +153,11 @@ static void store_drop(runner *r, int i)
     r->store[i] = r->store[--r->n_store];
 }
 
+/* Bytes of caches the slots' sequences hold or reserve now (the model's
+ * sequences are the slots'): a prefix's pages that several of them share
+ * count once (model.h exo_model_kv_bytes). */
+static double slots_held(const runner *r) { return (double)exo_model_kv_bytes(r->model); }
+
 /* Gives up the least recently used entry but `spare`; false when there is
  * none. */
 static bool store_evict(runner *r, const exo_kv_prefix *spare)
@@ -207,6 +212,16 @@ static void store_put(runner *r, int slot, const int32_t *ids, int n)
     e->pages = pages;
     e->used = ++r->clock;
     e->id = id;
+    /* the copies of rings and states it holds are memory of their own:
+     * older entries go first, then this one, to stay within the budget */
+    while (slots_held(r) > r->kv_limit && store_evict(r, pages))
+        ;
+    if (slots_held(r) > r->kv_limit)
+        for (int i = 0; i < r->n_store; i++)
+            if (r->store[i].pages == pages) {
+                store_drop(r, i);
+                break;
+            }
 }
 
 /* The entry sharing the most whole chunks of `chunk` tokens with ids (n
@@ -872,6 +887,7 @@ typedef struct gen_ctx {
     exo_gen_seq       *seq;
     bool               waiting; /* a step that wants a sample is out */
     bool               stepped; /* a batch's request: its first step has run */
+    bool               prompt_kept; /* its prompt went into the prefix cache when its prefill ended */
 } gen_ctx;
 
 /* The text an alternative token would have added after prev: decoding it
@@ -1304,6 +1320,34 @@ typedef struct batch_slot {
     exo_sampler *smp;
 } batch_slot;
 
+/* The positions of g's prompt that slot i's sequence holds, computed in
+ * whole chunks from 0, and can go back to: a recurrent state only to where
+ * its last prompt chunk began, a ring only within its window. */
+static int slot_keepable(runner *r, int i, const gen_ctx *g)
+{
+    int n = (int)g->n_ids, reused = g->reused;
+    int whole = reused + (n - reused) / BATCH_PREFILL * BATCH_PREFILL;
+    int held = exo_seq_len(r->bseqs[i]) / BATCH_PREFILL * BATCH_PREFILL; /* a prefill cut short */
+    int keep = whole < held ? whole : held;
+    while (keep > 0 && !exo_seq_can_return(r->bseqs[i], keep))
+        keep -= BATCH_PREFILL;
+    return keep;
+}
+
+/* Right after slot i's last prompt chunk: the prompt into the prefix cache
+ * now, while a sliding ring still holds the window its end reads (an
+ * answer longer than the ring's spare slots moves it past that before the
+ * request ends). */
+static void slot_prompt_done(runner *r, int i, gen_ctx *g)
+{
+    if (g->prompt_kept)
+        return;
+    g->prompt_kept = true;
+    int keep = slot_keepable(r, i, g);
+    if (keep > 0)
+        store_put(r, i, g->ids, keep);
+}
+
 /* What slot i's sequence keeps for prefix reuse once g is done with it:
  * g's prompt, and the positions of it computed in whole chunks from 0
  * (after an error, none). */
@@ -1312,14 +1356,7 @@ static void slot_keep(runner *r, int i, const gen_ctx *g, bool failed)
     exo_free(r->kept[i]);
     r->kept[i] = NULL;
     r->n_kept[i] = 0;
-    int n = (int)g->n_ids, reused = g->reused;
-    int whole = reused + (n - reused) / BATCH_PREFILL * BATCH_PREFILL;
-    int held = exo_seq_len(r->bseqs[i]) / BATCH_PREFILL * BATCH_PREFILL; /* a prefill cut short */
-    int keep = whole < held ? whole : held;
-    /* where the sequence can go back to: a recurrent state only to where
-     * its last prompt chunk began, a ring only within its window */
-    while (keep > 0 && !exo_seq_can_return(r->bseqs[i], keep))
-        keep -= BATCH_PREFILL;
+    int keep = slot_keepable(r, i, g);
     if (failed || keep <= 0)
         return;
     r->kept[i] = exo_malloc(sizeof(int32_t) * (size_t)keep);
@@ -1420,10 +1457,7 @@ static int slot_need(const runner *r, const gen_ctx *g)
     return need < r->ctx ? (int)need : r->ctx;
 }
 
-/* Bytes of caches the slots' sequences hold or reserve now (the model's
- * sequences are the slots'): a prefix's pages that several of them share
- * count once (model.h exo_model_kv_bytes). */
-static double slots_held(const runner *r) { return (double)exo_model_kv_bytes(r->model); }
+
 
 /* Batch slot i's sequence keeps its first `keep` positions and holds
  * `capacity` (made where the slot has none); bseq_copy: the first n
@@ -1699,8 +1733,11 @@ static void run_batch(runner *r)
         for (int d0 = 0; d0 < n_dec; d0 += BATCH_ROWS)
             step_slots(r, slots, decoding + d0, n_dec - d0 < BATCH_ROWS ? n_dec - d0 : BATCH_ROWS, tokens, T,
                        want, logits);
-        if (prompt >= 0)
+        if (prompt >= 0) {
             step_slots(r, slots, &prompt, 1, tokens, T, want, logits);
+            if (slots[prompt].g && !exo_gen_seq_in_prefill(slots[prompt].g->seq))
+                slot_prompt_done(r, prompt, slots[prompt].g);
+        }
         drain(r, false);
         if (r->peer_gone)
             cancel_active(r, NULL);

@@ -294,6 +294,33 @@ test('the prefix cache keeps sliding rings and recurrent states', { timeout: 180
   }
 });
 
+// A prompt goes into the prefix cache when its prefill ends, not when its
+// request does: a sliding ring holds the window a prompt's end reads only
+// until the answer has moved past its spare slots (552-slot rings here, a
+// window of 8), so an entry kept after a 700-token answer would hold
+// nothing of it. The long answer through the bench route (which ignores
+// the end-of-sequence token), then ten other prompts, then the first with
+// a new ending: its prefix comes from the cache.
+test('a prompt stays in the prefix cache however long its answer', { timeout: 180000 }, async () => {
+  const dir = await serve(D.SLIDING_ID, D.buildSlidingModel);
+  const prompt = (k) => Array.from({ length: 330 }, (_, i) => WORDS[(i * 5 + k * 7 + 4) % WORDS.length]).join(' ');
+  const ask = async (route, content, max_tokens) => {
+    const r = await D.postJson(base, route, {
+      model: D.SLIDING_ID, messages: [{ role: 'user', content }], max_tokens, temperature: 0 });
+    assert.equal(r.status, 200, r.text);
+    return r.json;
+  };
+  const first = await ask('/bench/chat/completions', `${prompt(0)} first`, 700);
+  assert.equal(first.usage.completion_tokens, 700);
+  for (let k = 1; k <= 10; k++)
+    await ask('/v1/chat/completions', `${prompt(k)} first`, 4);
+  const again = await ask('/v1/chat/completions', `${prompt(0)} again`, 4);
+  const cached = again.usage.prompt_tokens_details.cached_tokens;
+  assert.ok(cached >= 1024, `reused ${cached} of ${again.usage.prompt_tokens}`);
+  const want = await D.exoRun(dir, `${prompt(0)} again`, { maxTokens: 4 });
+  assert.equal(again.choices[0].message.content, want.text);
+});
+
 // `exo serve --no-batch`: the runner takes one request at a time, so of two
 // sent together the second's first token comes after the first's last.
 test('--no-batch: requests run one after the other', { timeout: 60000 }, async () => {
