@@ -721,7 +721,10 @@ Test(runner_supervisor, queued_requests_decode_side_by_side)
 }
 
 /* More requests than a model call takes decode rows (16): twenty side by
- * side take two calls a step, and each still gets the text it gets alone. */
+ * side take two calls a step, and each still gets the text it gets alone.
+ * The first asks for 200 tokens, so that a loaded machine descheduling the
+ * sender for a few milliseconds cannot let it finish before the last
+ * arrives (30 tokens of this model take a few milliseconds). */
 Test(runner_supervisor, more_requests_than_a_calls_rows_each_get_their_own_text)
 {
     setenv("EXO_BATCH", "24", 1);
@@ -730,20 +733,20 @@ Test(runner_supervisor, more_requests_than_a_calls_rows_each_get_their_own_text)
     char *want[N], id[N][8];
     exo_gen_request q[N];
     for (int i = 0; i < N; i++)
-        want[i] = cli_text(model, prompts[i % 4], 30 + i);
+        want[i] = cli_text(model, prompts[i % 4], i ? 30 + i : 200);
     rec r = {0};
     exo_supervisor *s = spawn(&r);
     load(s, &r, model, 512);
     for (int i = 0; i < N; i++) {
         snprintf(id[i], sizeof id[i], "r%d", i);
-        request(&q[i], prompts[i % 4], 30 + i);
+        request(&q[i], prompts[i % 4], i ? 30 + i : 200);
         generate(s, id[i], &q[i]);
     }
     cr_assert_eq(exo_supervisor_in_flight(s), N);
     for (int i = 0; i < N; i++)
         wait_done(s, &r, id[i]);
     /* side by side: the last request has its first chunk before the first
-     * request (the shortest) is done */
+     * request is done */
     int first_last = -1, done_first = -1;
     for (int i = 0; i < r.n; i++) {
         if (first_last < 0 && r.evs[i].what == EV_CHUNK && !strcmp(r.evs[i].id, id[N - 1]))
