@@ -2402,6 +2402,44 @@ static bool layer_ring(const exo_model *m, int l)
     return !layer_paged(m, l) && m->layers[l].kind != EXO_LAYER_LINEAR;
 }
 
+/* The first ring layer whose ring of src_slots cannot go into dst's at n
+ * (ring_copy), or -1. */
+static int ring_misfit(const exo_model *m, const int *dst_slots, const int *src_slots, int n)
+{
+    for (int l = 0; l < m->n_layers; l++)
+        if (layer_ring(m, l) && ring_copy((exo_model *)m, l, NULL, NULL, dst_slots[l], NULL, NULL, src_slots[l], n,
+                                          true))
+            return l;
+    return -1;
+}
+
+/* dst, its pages already in place, takes the caches it holds itself from
+ * a sequence's or a kept prefix's at n (per layer: rings k, v of slots;
+ * the linear layers' states one after another), and is then n long and
+ * can go back to n; on failure it starts over empty. */
+static int seq_own_from(exo_seq *dst, int n, float *const *k, float *const *v, const int *slots,
+                        const float *states, size_t state_floats)
+{
+    exo_model *m = dst->m;
+    int rc = 0;
+    for (int l = 0, i = 0; l < m->n_layers && !rc; l++) {
+        exo_backend *be = m->layers[l].be;
+        if (m->layers[l].kind == EXO_LAYER_LINEAR)
+            rc = be->ops->to_device(be, dst->state[l], states + (size_t)i++ * state_floats,
+                                    state_floats * sizeof(float));
+        else if (layer_ring(m, l))
+            rc = ring_copy(m, l, dst->k_cache[l], dst->v_cache[l], dst->slots[l], k[l], v[l], slots[l], n, false);
+    }
+    if (!rc) {
+        dst->len = n;
+        if (m->n_linear && seq_keep_start(dst))
+            rc = EXO_ENOMEM;
+    }
+    if (rc)
+        seq_restart_on(dst, NULL, 0);
+    return rc;
+}
+
 int exo_seq_copy_prefix(exo_seq *dst, exo_seq *src, int n, exo_err *err)
 {
     exo_model *m = dst->m;
@@ -2411,10 +2449,10 @@ int exo_seq_copy_prefix(exo_seq *dst, exo_seq *src, int n, exo_err *err)
         return exo_err_set(err, EXO_EINVAL, "copy_prefix: %d positions of a sequence of %d", n, src->len);
     if ((m->n_linear && n != src->snap_len) || src->state_lost || !exo_seq_can_return(src, n))
         return exo_err_set(err, EXO_EUNSUPPORTED, "copy_prefix: the sequence keeps no state at %d", n);
-    for (int l = 0; l < m->n_layers; l++)
-        if (layer_ring(m, l) && ring_copy(m, l, NULL, NULL, dst->slots[l], NULL, NULL, src->slots[l], n, true))
-            return exo_err_set(err, EXO_EUNSUPPORTED, "copy_prefix: %d positions wrap a sliding layer's ring of %d slots, "
-                               "the other's has %d", n, src->slots[l], dst->slots[l]);
+    int l = ring_misfit(m, dst->slots, src->slots, n);
+    if (l >= 0)
+        return exo_err_set(err, EXO_EUNSUPPORTED, "copy_prefix: %d positions wrap a sliding layer's ring of %d slots, "
+                           "the other's has %d", n, src->slots[l], dst->slots[l]);
     for (int i = 0; i < n / EXO_KV_PAGE && src->page_id; i++)
         if (src->page_id[i] < 0)
             return exo_err_set(err, EXO_EINVAL, "copy_prefix: the sequence has no page for positions %d..",
@@ -2429,25 +2467,12 @@ int exo_seq_copy_prefix(exo_seq *dst, exo_seq *src, int n, exo_err *err)
             rc = page_copy(m, id, src->page_id[whole], n % EXO_KV_PAGE);
         }
     }
-    for (int l = 0, i = 0; l < m->n_layers && !rc; l++) {
-        exo_backend *be = m->layers[l].be;
-        if (m->layers[l].kind == EXO_LAYER_LINEAR)
-            rc = be->ops->to_device(be, dst->state[l], src->snap + (size_t)i++ * src->state_floats,
-                                    src->state_floats * sizeof(float));
-        else if (layer_ring(m, l))
-            rc = ring_copy(m, l, dst->k_cache[l], dst->v_cache[l], dst->slots[l], src->k_cache[l], src->v_cache[l],
-                           src->slots[l], n, false);
-    }
-    if (rc) {
+    if (rc)
         seq_restart_on(dst, NULL, 0);
-        return exo_err_set(err, rc, "copy_prefix: copying %d positions failed", n);
-    }
-    dst->len = n;
-    /* dst can go back to n as src could */
-    if (m->n_linear && seq_keep_start(dst)) {
-        exo_seq_truncate(dst, 0);
-        return exo_err_set(err, EXO_ENOMEM, "copy_prefix: cannot snapshot the recurrent state");
-    }
+    else
+        rc = seq_own_from(dst, n, src->k_cache, src->v_cache, src->slots, src->snap, src->state_floats);
+    if (rc)
+        return exo_err_set(err, rc, "copy_prefix: copying %d positions failed: %s", n, exo_strerror(rc));
     return 0;
 }
 
@@ -2460,7 +2485,7 @@ struct exo_kv_prefix {
     int n;          /* positions: n / EXO_KV_PAGE whole pages */
     int len;        /* the sequence's length when kept */
     int32_t *pages;
-    float **ring;   /* per layer: a ring layer's K then V (slots[l] each), else NULL */
+    float **k, **v; /* per layer: a ring layer's ring as it was (k[l] the allocation), else NULL */
     int *slots;
     float *states;  /* host: n_linear * state_floats */
     size_t state_floats;
@@ -2474,12 +2499,13 @@ void exo_kv_prefix_free(exo_kv_prefix *p)
     exo_model *m = p->m;
     for (int i = 0; p->pages && i < p->n / EXO_KV_PAGE; i++)
         exo_kv_pool_drop(m->kv_pool, p->pages[i]);
-    for (int l = 0; p->ring && l < m->n_layers; l++)
-        if (p->ring[l])
-            m->layers[l].be->ops->release(m->layers[l].be, p->ring[l]);
+    for (int l = 0; p->k && l < m->n_layers; l++)
+        if (p->k[l])
+            m->layers[l].be->ops->release(m->layers[l].be, p->k[l]);
     m->kv_own_floats -= p->own_floats;
     exo_free(p->pages);
-    exo_free(p->ring);
+    exo_free(p->k);
+    exo_free(p->v);
     exo_free(p->slots);
     exo_free(p->states);
     exo_free(p);
@@ -2498,7 +2524,8 @@ int exo_seq_keep_prefix(exo_seq *s, int n, exo_kv_prefix **out, exo_err *err)
     p->m = m;
     p->n = n;
     p->len = s->len;
-    p->ring = exo_calloc((size_t)m->n_layers, sizeof *p->ring);
+    p->k = exo_calloc((size_t)m->n_layers, sizeof *p->k);
+    p->v = exo_calloc((size_t)m->n_layers, sizeof *p->v);
     p->slots = exo_calloc((size_t)m->n_layers, sizeof *p->slots);
     int rc = 0;
     if (m->kv_pool) {
@@ -2513,16 +2540,17 @@ int exo_seq_keep_prefix(exo_seq *s, int n, exo_kv_prefix **out, exo_err *err)
             continue;
         exo_backend *be = m->layers[l].be;
         size_t floats = layer_floats(m, l, s->slots[l]);
-        p->ring[l] = be->ops->alloc(be, floats * sizeof(float));
-        if (!p->ring[l]) {
+        p->k[l] = be->ops->alloc(be, floats * sizeof(float));
+        if (!p->k[l]) {
             rc = EXO_ENOMEM;
             break;
         }
+        p->v[l] = p->k[l] + floats / 2;
         p->slots[l] = s->slots[l];
         p->own_floats += (int64_t)floats;
         m->kv_own_floats += (int64_t)floats;
-        rc = ring_copy(m, l, p->ring[l], p->ring[l] + floats / 2, p->slots[l], s->k_cache[l], s->v_cache[l],
-                       s->slots[l], s->slots[l], false);
+        rc = ring_copy(m, l, p->k[l], p->v[l], p->slots[l], s->k_cache[l], s->v_cache[l], s->slots[l], s->slots[l],
+                       false);
     }
     if (!rc && m->n_linear) {
         p->state_floats = s->state_floats;
@@ -2550,7 +2578,7 @@ bool exo_kv_prefix_can_take(const exo_kv_prefix *p, int n)
     if (n <= 0 || n % EXO_KV_PAGE || n > p->n || (m->n_linear && n != p->n))
         return false;
     for (int l = 0; l < m->n_layers; l++)
-        if (p->ring[l] && !ring_holds(m->layers[l].attn.sliding_window, p->len, p->slots[l], n))
+        if (p->k[l] && !ring_holds(m->layers[l].attn.sliding_window, p->len, p->slots[l], n))
             return false;
     return true;
 }
@@ -2563,32 +2591,14 @@ int exo_seq_take_prefix(exo_seq *dst, const exo_kv_prefix *p, int n, exo_err *er
                            p->n, dst->capacity);
     if (!exo_kv_prefix_can_take(p, n))
         return exo_err_set(err, EXO_EUNSUPPORTED, "take_prefix: the prefix keeps no state at %d", n);
-    for (int l = 0; l < m->n_layers; l++)
-        if (p->ring[l] && ring_copy(m, l, NULL, NULL, dst->slots[l], NULL, NULL, p->slots[l], n, true))
-            return exo_err_set(err, EXO_EUNSUPPORTED, "take_prefix: a ring of %d slots into one of %d",
-                               p->slots[l], dst->slots[l]);
+    int l = ring_misfit(m, dst->slots, p->slots, n);
+    if (l >= 0)
+        return exo_err_set(err, EXO_EUNSUPPORTED, "take_prefix: a ring of %d slots into one of %d", p->slots[l],
+                           dst->slots[l]);
     seq_restart_on(dst, p->pages, p->pages ? n / EXO_KV_PAGE : 0);
-    int rc = 0;
-    for (int l = 0, i = 0; l < m->n_layers && !rc; l++) {
-        exo_backend *be = m->layers[l].be;
-        if (m->layers[l].kind == EXO_LAYER_LINEAR)
-            rc = be->ops->to_device(be, dst->state[l], p->states + (size_t)i++ * p->state_floats,
-                                    p->state_floats * sizeof(float));
-        else if (p->ring[l]) {
-            size_t half = layer_floats(m, l, p->slots[l]) / 2;
-            rc = ring_copy(m, l, dst->k_cache[l], dst->v_cache[l], dst->slots[l], p->ring[l], p->ring[l] + half,
-                           p->slots[l], n, false);
-        }
-    }
-    if (rc) {
-        seq_restart_on(dst, NULL, 0);
-        return exo_err_set(err, rc, "take_prefix: copying %d positions failed", n);
-    }
-    dst->len = n;
-    if (m->n_linear && seq_keep_start(dst)) { /* dst can go back to n */
-        exo_seq_truncate(dst, 0);
-        return exo_err_set(err, EXO_ENOMEM, "take_prefix: cannot snapshot the recurrent state");
-    }
+    int rc = seq_own_from(dst, n, p->k, p->v, p->slots, p->states, p->state_floats);
+    if (rc)
+        return exo_err_set(err, rc, "take_prefix: copying %d positions failed: %s", n, exo_strerror(rc));
     return 0;
 }
 

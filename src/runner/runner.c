@@ -114,8 +114,8 @@ typedef struct runner {
     int                    n_kept[BATCH_MAX]; /* its positions the sequence holds from whole chunks */
     uint64_t               used[BATCH_MAX];   /* when the slot last took a request (LRU) */
     uint64_t               clock;
-    /* the prefix cache: prompts of finished requests, beyond the one each
-     * slot keeps (kept_prefix, below) */
+    /* the prefix cache: prompts kept when their prefill ended, beyond the
+     * one each slot keeps (kept_prefix, below) */
     struct kept_prefix    *store;
     uint32_t               prefix_ids; /* the next entry's id */
     int                    n_store;
@@ -125,8 +125,9 @@ typedef struct runner {
 
 /* ---- the prefix cache ------------------------------------------------------- */
 
-/* A finished request's prompt, its first n tokens' pages held apart from
- * any sequence (model.h exo_kv_prefix): a later prompt starting with them
+/* A request's prompt, kept when its prefill ends: its first n tokens'
+ * pages held apart from any sequence (model.h exo_kv_prefix), so a later
+ * prompt starting with them
  * takes the pages instead of computing them, whichever slot it lands in,
  * after the slot that computed them has gone on to other requests. A
  * model's sliding rings and recurrent states are kept as copies beside the
@@ -142,6 +143,15 @@ typedef struct kept_prefix {
     uint64_t       used;
     int            id; /* the entry's name on the other ranks of a tensor-parallel group */
 } kept_prefix;
+
+/* The entry holding p (one the caller knows is there). */
+static kept_prefix *store_entry(runner *r, const exo_kv_prefix *p)
+{
+    int i = 0;
+    while (r->store[i].pages != p)
+        i++;
+    return &r->store[i];
+}
 
 static void store_drop(runner *r, int i)
 {
@@ -194,7 +204,7 @@ static void store_put(runner *r, int slot, const int32_t *ids, int n)
     exo_kv_prefix *pages;
     exo_err err = {0};
     if (exo_seq_keep_prefix(s, n, &pages, &err))
-        return; /* a model with caches outside pages: the slots' own reuse only */
+        return; /* the sequence cannot go back to n (slot_keepable checked), or no memory */
     if (!r->store)
         r->store = exo_calloc(STORE_MAX, sizeof *r->store);
     if (r->n_store == STORE_MAX)
@@ -217,11 +227,7 @@ static void store_put(runner *r, int slot, const int32_t *ids, int n)
     while (slots_held(r) > r->kv_limit && store_evict(r, pages))
         ;
     if (slots_held(r) > r->kv_limit)
-        for (int i = 0; i < r->n_store; i++)
-            if (r->store[i].pages == pages) {
-                store_drop(r, i);
-                break;
-            }
+        store_drop(r, (int)(store_entry(r, pages) - r->store));
 }
 
 /* The entry sharing the most whole chunks of `chunk` tokens with ids (n
@@ -244,7 +250,6 @@ static int store_find(const runner *r, const int32_t *ids, int n, int chunk, int
     }
     return best;
 }
-
 
 /* ---- sending ------------------------------------------------------------ */
 
@@ -1457,8 +1462,6 @@ static int slot_need(const runner *r, const gen_ctx *g)
     return need < r->ctx ? (int)need : r->ctx;
 }
 
-
-
 /* Batch slot i's sequence keeps its first `keep` positions and holds
  * `capacity` (made where the slot has none); bseq_copy: the first n
  * positions of slot from's into slot i's. In a tensor-parallel group the
@@ -1577,16 +1580,15 @@ static bool slot_open(runner *r, batch_slot *slots)
      * whole pages shared, not computed again */
     if (take && (rc = exo_seq_take_prefix(r->bseqs[i], take, stored, &err)) == EXO_EUNSUPPORTED)
         take = NULL; /* a ring that does not fit this slot's: as if not found */
+    /* slot_make_room may have given entries up, and moved the rest: by pages */
     if (take && !rc && r->dist)
-        rc = exo_dist_prefix_take(r->dist, i, r->store[kept].id, stored, &err);
+        rc = exo_dist_prefix_take(r->dist, i, store_entry(r, take)->id, stored, &err);
     if (take) {
         if (rc) {
             slot_close(r, b, rc, &err);
             return true;
         }
-        for (int k = 0; k < r->n_store; k++)
-            if (r->store[k].pages == take)
-                r->store[k].used = ++r->clock;
+        store_entry(r, take)->used = ++r->clock;
         reuse = stored;
     } else if (from >= 0 && (rc = bseq_copy(r, i, from, copy, &err)) == 0)
         reuse = copy;

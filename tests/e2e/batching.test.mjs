@@ -31,7 +31,8 @@ let tmp, daemon, base;
 
 before(async () => {
   tmp = await D.tmpDir('exo-batch-');
-  await D.buildModels(path.join(tmp, 'models'));
+  const { qwen } = await D.buildModels(path.join(tmp, 'models'));
+  served[QWEN_ID] = Promise.resolve(qwen); // placed below, with stories
   daemon = await D.startDaemon({ dataDir: path.join(tmp, 'data'), modelsDir: path.join(tmp, 'models') });
   base = daemon.base;
   await D.placeInstance(base, STORIES_ID);
@@ -175,10 +176,6 @@ for (const seed of SEEDS) {
     });
 }
 
-// Prefix reuse on a model with a recurrent state (Gated DeltaNet): the
-// runner keeps the state where the first prompt's last chunk began, so a
-// second prompt sharing that much takes it (cached_tokens, the whole
-// 128-token chunk) and answers what `exo run` answers it from scratch.
 // A fixture model built and placed once, by the first test that asks: its dir.
 const served = {};
 function serve(id, build) {
@@ -189,15 +186,22 @@ function serve(id, build) {
   return served[id];
 }
 
+// A greedy chat completion of `model`, its JSON (the bench route ignores
+// the end-of-sequence token).
+async function chat(model, content, max_tokens, route = '/v1/chat/completions') {
+  const r = await D.postJson(base, route, { model, messages: [{ role: 'user', content }], max_tokens, temperature: 0 });
+  assert.equal(r.status, 200, r.text);
+  return r.json;
+}
+
+// Prefix reuse on a model with a recurrent state (Gated DeltaNet): the
+// runner keeps the state where the first prompt's last chunk began, so a
+// second prompt sharing that much takes it (cached_tokens, the whole
+// 128-token chunk) and answers what `exo run` answers it from scratch.
 test('a linear-attention model reuses a shared prompt prefix', { timeout: 120000 }, async () => {
   const dir = await serve(D.LINEAR_ID, D.buildLinearModel);
   const words = Array.from({ length: 160 }, (_, i) => WORDS[(i * 7) % WORDS.length]).join(' ');
-  const ask = async (prompt) => {
-    const r = await D.postJson(base, '/v1/chat/completions', {
-      model: D.LINEAR_ID, messages: [{ role: 'user', content: prompt }], max_tokens: 8, temperature: 0 });
-    assert.equal(r.status, 200, r.text);
-    return r.json;
-  };
+  const ask = (prompt) => chat(D.LINEAR_ID, prompt, 8);
   const a = await ask(`${words} first`);
   const b = await ask(`${words} second`);
   assert.equal(a.usage.prompt_tokens_details.cached_tokens, 0);
@@ -216,16 +220,10 @@ test('a linear-attention model reuses a shared prompt prefix', { timeout: 120000
 test('requests sent together compute a shared prefix once', { timeout: 120000 }, async () => {
   // qwen3's caches are all pages; gemma3's sliding layers keep rings, which
   // go over whole with the pages
-  for (const id of [QWEN_ID, D.SLIDING_ID]) {
-    if (id !== QWEN_ID)
-      await serve(id, D.buildSlidingModel);
+  for (const [id, build] of [[QWEN_ID, null], [D.SLIDING_ID, D.buildSlidingModel]]) {
+    await serve(id, build);
     const words = Array.from({ length: 400 }, (_, i) => WORDS[(i * 11) % WORDS.length]).join(' ');
-    const ask = async (tail) => {
-      const r = await D.postJson(base, '/v1/chat/completions', {
-        model: id, messages: [{ role: 'user', content: `${words} ${tail}` }], max_tokens: 6, temperature: 0 });
-      assert.equal(r.status, 200, r.text);
-      return r.json;
-    };
+    const ask = (tail) => chat(id, `${words} ${tail}`, 6);
     const tails = ['one', 'two', 'three', 'four'];
     const together = await Promise.all(tails.map(ask));
     const cached = together.map((j) => j.usage.prompt_tokens_details.cached_tokens);
@@ -243,56 +241,33 @@ test('requests sent together compute a shared prefix once', { timeout: 120000 },
   }
 });
 
-// The prefix cache keeps finished requests' prompts beyond the one each of
-// the 8 batch slots keeps: after 10 different long prompts, one at a time,
-// the first two (whose slots went on to others) are still reused (the
-// property test above holds every answer to the one it gets alone).
-test('the prefix cache keeps more prompts than there are slots', { timeout: 120000 }, async () => {
-  const prompt = (k) => Array.from({ length: 300 }, (_, i) => WORDS[(i * 5 + k * 3 + 1) % WORDS.length]).join(' ');
-  const ask = async (content) => {
-    const r = await D.postJson(base, '/v1/chat/completions', {
-      model: QWEN_ID, messages: [{ role: 'user', content }], max_tokens: 4, temperature: 0 });
-    assert.equal(r.status, 200, r.text);
-    return r.json;
-  };
-  for (let k = 0; k < 10; k++)
-    await ask(`${prompt(k)} first`);
-  for (let k = 0; k < 2; k++) {
-    const again = await ask(`${prompt(k)} again`);
-    const cached = again.usage.prompt_tokens_details.cached_tokens;
-    assert.ok(cached >= 256, `prompt ${k}: reused ${cached} of ${again.usage.prompt_tokens}`);
-  }
-});
-
-// The prefix cache of models that hold caches outside pages: gemma3's
-// sliding layers keep rings, qwen3.5's Gated DeltaNet layers a recurrent
-// state; an entry keeps copies of them beside the pages (the state at the
-// entry's length, where its last prompt chunk began: the prompts are some
-// 1090 tokens, so that chunk begins at 1024, before the words that
-// change). After more long prompts than there are slots, the first two
-// come back with a new ending: their prefixes are taken from the cache,
-// and the answers are those of `exo run` from scratch.
-test('the prefix cache keeps sliding rings and recurrent states', { timeout: 180000 }, async () => {
-  for (const [id, build] of [[D.SLIDING_ID, D.buildSlidingModel], [D.LINEAR_ID, D.buildLinearModel]]) {
-    const dir = await serve(id, build);
-    const prompt = (k) => Array.from({ length: 330 }, (_, i) => WORDS[(i * 3 + k * 7 + 2) % WORDS.length]).join(' ');
-    const ask = async (content) => {
-      const r = await D.postJson(base, '/v1/chat/completions', {
-        model: id, messages: [{ role: 'user', content }], max_tokens: 4, temperature: 0 });
-      assert.equal(r.status, 200, r.text);
-      return r.json;
-    };
-    for (let k = 0; k < 10; k++)
-      await ask(`${prompt(k)} first`);
-    for (let k = 0; k < 2; k++) {
-      const again = await ask(`${prompt(k)} again`);
-      const cached = again.usage.prompt_tokens_details.cached_tokens;
-      assert.ok(cached >= 1024 && cached % 128 === 0, `${id}, prompt ${k}: reused ${cached} of ${again.usage.prompt_tokens}`);
-      const want = await D.exoRun(dir, `${prompt(k)} again`, { maxTokens: 4 });
-      assert.equal(again.choices[0].message.content, want.text, `${id}, prompt ${k}`);
+// The prefix cache keeps prompts beyond the one each of the 8 batch slots
+// keeps: after 10 different long prompts, one at a time, the first two
+// (whose slots went on to others) come back with a new ending, take their
+// prefixes from the cache, and answer as `exo run` from scratch. On qwen3
+// (caches all pages), gemma3 (sliding layers keep rings) and qwen3.5
+// (Gated DeltaNet layers keep a recurrent state): an entry keeps copies of
+// rings and states beside the pages (a state at the entry's length, where
+// its last prompt chunk began: the prompts are some 1090 tokens, so that
+// chunk begins at 1024, before the words that change).
+test('the prefix cache keeps more prompts than there are slots, on every kind of cache', { timeout: 240000 },
+  async () => {
+    const models = [[QWEN_ID, null], [D.SLIDING_ID, D.buildSlidingModel], [D.LINEAR_ID, D.buildLinearModel]];
+    for (const [id, build] of models) {
+      const dir = await serve(id, build);
+      const prompt = (k) => Array.from({ length: 330 }, (_, i) => WORDS[(i * 3 + k * 7 + 2) % WORDS.length]).join(' ');
+      for (let k = 0; k < 10; k++)
+        await chat(id, `${prompt(k)} first`, 4);
+      for (let k = 0; k < 2; k++) {
+        const again = await chat(id, `${prompt(k)} again`, 4);
+        const cached = again.usage.prompt_tokens_details.cached_tokens;
+        assert.ok(cached >= 1024 && cached % 128 === 0,
+          `${id}, prompt ${k}: reused ${cached} of ${again.usage.prompt_tokens}`);
+        const want = await D.exoRun(dir, `${prompt(k)} again`, { maxTokens: 4 });
+        assert.equal(again.choices[0].message.content, want.text, `${id}, prompt ${k}`);
+      }
     }
-  }
-});
+  });
 
 // A prompt goes into the prefix cache when its prefill ends, not when its
 // request does: a sliding ring holds the window a prompt's end reads only
@@ -304,17 +279,11 @@ test('the prefix cache keeps sliding rings and recurrent states', { timeout: 180
 test('a prompt stays in the prefix cache however long its answer', { timeout: 180000 }, async () => {
   const dir = await serve(D.SLIDING_ID, D.buildSlidingModel);
   const prompt = (k) => Array.from({ length: 330 }, (_, i) => WORDS[(i * 5 + k * 7 + 4) % WORDS.length]).join(' ');
-  const ask = async (route, content, max_tokens) => {
-    const r = await D.postJson(base, route, {
-      model: D.SLIDING_ID, messages: [{ role: 'user', content }], max_tokens, temperature: 0 });
-    assert.equal(r.status, 200, r.text);
-    return r.json;
-  };
-  const first = await ask('/bench/chat/completions', `${prompt(0)} first`, 700);
+  const first = await chat(D.SLIDING_ID, `${prompt(0)} first`, 700, '/bench/chat/completions');
   assert.equal(first.usage.completion_tokens, 700);
   for (let k = 1; k <= 10; k++)
-    await ask('/v1/chat/completions', `${prompt(k)} first`, 4);
-  const again = await ask('/v1/chat/completions', `${prompt(0)} again`, 4);
+    await chat(D.SLIDING_ID, `${prompt(k)} first`, 4);
+  const again = await chat(D.SLIDING_ID, `${prompt(0)} again`, 4);
   const cached = again.usage.prompt_tokens_details.cached_tokens;
   assert.ok(cached >= 1024, `reused ${cached} of ${again.usage.prompt_tokens}`);
   const want = await D.exoRun(dir, `${prompt(0)} again`, { maxTokens: 4 });
