@@ -18,7 +18,8 @@
  *   batched decode ("rows"): the same GEMV with T = 1, 2, 4, 8 and 16 rows
  *     of X (T sequences decoding together), as each T's speed-up over T
  *     one-row calls: T would be the ideal of a memory-bound kernel, 1 means
- *     batching bought nothing.
+ *     batching bought nothing. Where the CPU has AMX, each T also runs on
+ *     the vector kernel alone ("vector"), the tile kernel's peer.
  *
  * Usage: bench_matmul [threads=2] [scale of GEMV rounds=1.0 -> 8 rounds] [mxfp4|rows]
  * ("mxfp4" or "rows" runs only that part; EXO_CPU_ISA=avx2 measures the AVX2 kernels.) */
@@ -273,9 +274,16 @@ static void bench_rows(exo_cpu_matmul_ctx *ctx, int bits, int64_t rows, int64_t 
     double t1 = gemv_rows_time(ctx, w, NW, x, 1, y, rounds);
     printf("rows %-11s %5lld x %-5lld: T=1 %7.1f us", weight_name(bits, GROUP), (long long)rows,
            (long long)cols, t1 * 1e6);
+    int amx = exo_cpu_matmul_use_amx(ctx, 1);
     for (int T = 2; T <= TMAX; T *= 2) {
         double t = gemv_rows_time(ctx, w, NW, x, T, y, rounds);
         printf(", T=%d %7.1f us x%.2f", T, t * 1e6, T * t1 / t);
+        if (amx) { /* the vector kernel alone, the tile kernel's peer */
+            exo_cpu_matmul_use_amx(ctx, 0);
+            double tv = gemv_rows_time(ctx, w, NW, x, T, y, rounds);
+            exo_cpu_matmul_use_amx(ctx, 1);
+            printf(" (vector %.1f us x%.2f)", tv * 1e6, T * t1 / tv);
+        }
     }
     printf(" (speed-up over T one-row calls)\n");
     for (int i = 0; i < NW; i++)

@@ -796,3 +796,63 @@ Test(matmul, qact_builders_agree)
                 exo_free(x);
             }
 }
+
+/* A row of X gets the same bits from a GEMV call of 1 row and of 2..16 rows,
+ * in both numerics families: per-lane sums (vector units alone) and exact
+ * group sums (where the CPU has AMX: the vector kernel below 5 rows, the
+ * tile kernel from 5). What batched decode's "same tokens as alone" rests
+ * on. Shapes cover ragged row tiles (rows not a multiple of 16), groups of
+ * 32/64/128, 4 and 8 bits, MXFP4, and column counts the tile kernel takes
+ * (multiples of 256) and one it leaves to the vector kernel. */
+Test(matmul, batched_rows_same_bits_as_one_row)
+{
+    if (exo_cpu_isa() < EXO_ISA_AVX512)
+        return;
+    static const struct { exo_wformat fmt; int bits, G; int64_t rows, cols; } cases[] = {
+        {EXO_WFORMAT_AFFINE, 4, 64, 70, 2048},  {EXO_WFORMAT_AFFINE, 4, 32, 33, 512},
+        {EXO_WFORMAT_AFFINE, 4, 128, 17, 768},  {EXO_WFORMAT_AFFINE, 8, 64, 40, 1024},
+        {EXO_WFORMAT_AFFINE, 8, 32, 16, 256},   {EXO_WFORMAT_AFFINE, 8, 128, 5, 1280},
+        {EXO_WFORMAT_MXFP4, 4, 32, 48, 512},    {EXO_WFORMAT_AFFINE, 4, 64, 9, 320},
+        {EXO_WFORMAT_AFFINE, 3, 64, 20, 512},
+    };
+    static const int Ts[] = {2, 3, 5, 16};
+    exo_pool *pool = exo_pool_create(2);
+    exo_cpu_matmul_ctx *ctx = exo_cpu_matmul_ctx_create(pool);
+    exo_cpu_matmul_force_path(ctx, EXO_MATMUL_GEMV);
+    int amx_here = exo_cpu_matmul_use_amx(ctx, 1);
+    cr_log_info("tile units: %s", amx_here ? "yes (both families)" : "no (per-lane sums only)");
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        tweight tw;
+        tweight_make(&tw, cases[c].fmt, cases[c].fmt == EXO_WFORMAT_MXFP4 ? EXO_DTYPE_U8 : EXO_DTYPE_BF16,
+                     cases[c].rows, cases[c].cols, cases[c].bits, cases[c].G);
+        const exo_linear *w = &tw.l;
+        const int64_t rows = w->rows, cols = w->cols;
+        for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++) {
+            const int T = Ts[ti];
+            float *x = rand_x(T, cols);
+            float *alone = exo_malloc((size_t)(T * rows) * sizeof(float));
+            float *together = exo_malloc((size_t)(T * rows) * sizeof(float));
+            for (int amx = 0; amx <= amx_here; amx++) {
+                exo_cpu_matmul_use_amx(ctx, amx);
+                for (int t = 0; t < T; t++)
+                    exo_cpu_matmul(ctx, 1, &w, x + t * cols, 1, (float *const[]){alone + t * rows});
+                for (int64_t i = 0; i < T * rows; i++)
+                    together[i] = NAN;
+                exo_cpu_matmul(ctx, 1, &w, x, T, (float *const[]){together});
+                for (int64_t i = 0; i < T * rows; i++)
+                    if (memcmp(&alone[i], &together[i], sizeof(float)))
+                        cr_assert_fail("%s fmt %d bits %d G %d rows %lld cols %lld T %d: X row %lld row %lld "
+                                       "%.9g alone, %.9g among %d",
+                                       amx ? "group sums" : "lane sums", w->format, w->bits, w->group_size,
+                                       (long long)rows, (long long)cols, T, (long long)(i / rows),
+                                       (long long)(i % rows), alone[i], together[i], T);
+            }
+            exo_free(x);
+            exo_free(alone);
+            exo_free(together);
+        }
+        tweight_free(&tw);
+    }
+    exo_cpu_matmul_ctx_free(ctx);
+    exo_pool_free(pool);
+}

@@ -9,17 +9,21 @@
  * dequantized activation xhat (using sum(x) instead would make the error
  * scale with s*q, several times larger than w). dot(q, xq) is one vpdpbusd
  * (unsigned codes x signed activations) per 64 bytes of 8-bit codes, two per
- * 64 bytes of 4-bit codes. The int32 lanes of a block are not reduced per
- * group: each lane is converted to f32 and multiplied by a per-lane factor
- * s_g*dx_g (lane -> group by a permute), and the row is reduced once at the
- * end. 4-bit codes are split into low/high nibbles, i.e. even/odd elements,
- * and the activation is pre-permuted to match (EXO_QLAYOUT_Q4), so weights
- * are never shuffled. EXO_GEMV_ROWS rows run together to reuse activation
- * loads; for T > 1 the rows' codes stay in L1 while the rows of X pass,
- * EXO_GEMV_XTILE of them at a time (affine_rows_x: a block's nibbles split
- * once for them, twice the independent chains; 16 rows of llama-3.2-1b's
- * 2048 x 8192 took 10% less time in q4, 18% in q8 on Zen 5, 16-stream
- * decode 5-9% more tokens/s).
+ * 64 bytes of 4-bit codes. The int32 lanes are then combined in one of two
+ * ways, a numerics family chosen per process (exo_gemv_scratch.group_sums):
+ *  - group sums: a group's lanes are summed exactly (a merge tree over 16
+ *    groups' blocks) and each group sum is converted to f32 and multiplied
+ *    by s_g*dx_g. The AMX kernel (gemv_amx.c) computes exactly this, many
+ *    rows of X at a time; CPUs with tile units use this family.
+ *  - lane sums: each lane is converted to f32 and multiplied by its
+ *    group's s_g*dx_g, and the row is reduced once at the end. Less vector
+ *    work where rows of X share a pass; CPUs without tile units use this.
+ * Within a family a row of X gets the same bits at any row count. 4-bit
+ * codes are split into low/high nibbles, i.e. even/odd elements, and the
+ * activation is pre-permuted to match (EXO_QLAYOUT_Q4), so weights are never
+ * shuffled. EXO_GEMV_ROWS rows run together to reuse activation loads; for
+ * T > 1 two X rows at a time pass over a row block's codes (their nibbles
+ * split once for both), which stay in L1/L2 after the first pass.
  * 2/3/5/6-bit rows are unpacked to bytes first (vpermw + variable shifts,
  * 16 codes at a time) and take the 8-bit kernel: correct, but compute-bound
  * at roughly 3-7 GB/s of codes per core.
@@ -220,17 +224,14 @@ static __m512 prep_row_mx(const exo_linear *w, int64_t r, int64_t ng, const exo_
 }
 
 /* Rows of codes against several X rows: a row's scales and biases as f32
- * once (row_params; MXFP4: its 2^(s-128) scales, no biases), then per X
+ * once (exo_gemv_row_params; MXFP4: its 2^(s-128) scales, no biases), then per X
  * row prep_pair, which computes what prep_row / prep_row_mx compute from
  * them (the same products, the same order: the same bits) without
  * converting them again for every X row. */
-static float *row_sc(exo_gemv_scratch *s, int i) { return s->sd + (EXO_GEMV_XTILE * EXO_GEMV_ROWS + i) * s->sf_stride; }
-static float *row_bi(exo_gemv_scratch *s, int i)
-{
-    return s->sd + (EXO_GEMV_XTILE * EXO_GEMV_ROWS + EXO_GEMV_ROWS + i) * s->sf_stride;
-}
+static float *row_sc(exo_gemv_scratch *s, int i) { return s->sd + (2 * EXO_GEMV_ROWS + i) * s->sf_stride; }
+static float *row_bi(exo_gemv_scratch *s, int i) { return s->sd + (3 * EXO_GEMV_ROWS + i) * s->sf_stride; }
 
-static void row_params(const exo_linear *w, int mx, int64_t r, int64_t ng, float *sc, float *bi)
+void exo_gemv_row_params(const exo_linear *w, int mx, int64_t r, int64_t ng, float *sc, float *bi)
 {
     for (int64_t g = 0; g < ng; g += 16) {
         __mmask16 m = mask16(ng - g);
@@ -275,6 +276,264 @@ INLINE __m128 reduce4(__m512 a, __m512 b, __m512 c, __m512 d)
     return _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
 }
 
+/* Per-group sums. A block's vpdpbusd leaves 16 int32 lanes, each the dot
+ * product of a few codes (q4: 8, q8: 4) of one group; a group covers
+ * LPG = 2^lpg_shift lanes (q4 G/8, q8 G/4). The lanes of NB consecutive
+ * blocks, 16 groups (a chunk), are summed into one vector of the 16
+ * groups' exact integer sums by a tree of merges: merge level j pairs the
+ * vectors of two runs of 2^j blocks and leaves, in the lanes whose bit j is
+ * 0, the first run's sums of lane pairs 2^j apart, in the others the
+ * second's. After log2(LPG) levels (at most 4; longer groups first add
+ * their blocks) lane l holds group sigma(l) = (l mod LPG) * 16/LPG + l/LPG
+ * of the chunk, and one permute puts group g in lane g.
+ * Each merge is two blends, one shuffle (or rotate) and one add; per block
+ * of one row about the vector work of converting and scaling every lane,
+ * and the sums are exact, which is what lets the AMX kernel (gemv_amx.c),
+ * whose tiles give exact group sums, produce the same bits. */
+INLINE __m512i merge_level(int j, __m512i a, __m512i b)
+{
+    static const __mmask16 second[4] = {0xaaaa, 0xcccc, 0xf0f0, 0xff00};
+    __m512i keep = _mm512_mask_blend_epi32(second[j], a, b);
+    __m512i other = _mm512_mask_blend_epi32(second[j], b, a);
+    switch (j) {
+    case 0:  other = _mm512_rol_epi64(other, 32); break; /* lane l <-> l^1, off the shuffle port */
+    case 1:  other = _mm512_shuffle_epi32(other, (_MM_PERM_ENUM)0x4e); break; /* l <-> l^2 */
+    case 2:  other = _mm512_shuffle_i64x2(other, other, 0xb1); break;         /* l <-> l^4 */
+    default: other = _mm512_shuffle_i64x2(other, other, 0x4e); break;         /* l <-> l^8 */
+    }
+    return _mm512_add_epi32(keep, other);
+}
+
+/* The permute from the merge tree's lane order to group order (above). */
+static __m512i group_order(int levels)
+{
+    int32_t idx[16];
+    const int lpg = 1 << levels, per_block = 16 / lpg;
+    for (int g = 0; g < 16; g++)
+        idx[g] = g / per_block + lpg * (g % per_block);
+    return _mm512_loadu_si512(idx);
+}
+
+/* One X row's activations for block b of codes: the Q4 layout's 64 even
+ * and 64 odd elements (a, b), or the Q8 layout's 64 (b = a), both levels. */
+typedef struct block_acts {
+    __m512i a, b, a2, b2;
+} block_acts;
+
+INLINE block_acts load_acts(int q4, const exo_qact *qa, int64_t b)
+{
+    const int xstep = q4 ? 128 : 64;
+    const int8_t *xp = qa->q + xstep * b, *xp2 = qa->q2 + xstep * b;
+    block_acts x;
+    x.a = _mm512_loadu_si512(xp);
+    x.a2 = _mm512_loadu_si512(xp2);
+    x.b = q4 ? _mm512_loadu_si512(xp + 64) : x.a;
+    x.b2 = q4 ? _mm512_loadu_si512(xp2 + 64) : x.a2;
+    return x;
+}
+
+/* One row's 64-byte block of codes at p: full blocks with the prefetch of
+ * the same block one super-block ahead (every line of the next super-block
+ * requested exactly once, a page or more ahead of the stream; prefetches
+ * never fault, and pf_dist 0 touches the block itself, i.e. nothing), a
+ * row's last partial block masked. 4-bit codes come back as their low and
+ * high nibbles (mx: MXFP4 codes through the table; masked-off tail bytes
+ * become u = 12, whose activations are the zero padding), bytes as both. */
+INLINE void load_codes(int q4, int mx, const uint8_t *p, int full, __mmask64 m, int64_t pf_dist,
+                       __m512i *lo, __m512i *hi)
+{
+    __m512i v;
+    if (full) {
+        _mm_prefetch((const char *)p + pf_dist, _MM_HINT_T0);
+        v = _mm512_loadu_si512(p);
+    } else {
+        v = _mm512_maskz_loadu_epi8(m, p);
+    }
+    *lo = *hi = v;
+    if (q4) {
+        const __m512i nib = _mm512_set1_epi8(0x0f);
+        *lo = _mm512_and_si512(v, nib);
+        *hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
+        if (mx) {
+            *lo = _mm512_shuffle_epi8(mx_table(), *lo);
+            *hi = _mm512_shuffle_epi8(mx_table(), *hi);
+        }
+    }
+}
+
+/* Dot products of one 64-byte block of codes (q4: its nibbles lo/hi; bytes:
+ * lo = hi) with one activation row: two levels in one accumulator,
+ * (dot(q, xq) << 8) + dot(q, xq2), at most 4*255*127*257 per lane. */
+INLINE __m512i block_dot(int q4, __m512i lo, __m512i hi, block_acts x)
+{
+    __m512i d;
+    if (q4) {
+        d = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, x.a);
+        d = _mm512_dpbusd_epi32(d, hi, x.b);
+        d = _mm512_slli_epi32(d, 8);
+        d = _mm512_dpbusd_epi32(d, lo, x.a2);
+        d = _mm512_dpbusd_epi32(d, hi, x.b2);
+    } else {
+        d = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, x.a);
+        d = _mm512_slli_epi32(d, 8);
+        d = _mm512_dpbusd_epi32(d, lo, x.a2);
+    }
+    return d;
+}
+
+/* R rows of codes against TT quantized activation rows (qa[0..TT)):
+ *   out[t*R + i] = sum_g sd_{t*R+i}[g] * S_tig + (bias part, bacc[t*R + i])
+ * with S_tig the exact integer sum of group g and sd = scale * dx. Lane l of
+ * an accumulator takes the groups g = l (mod 16) in order, after the bias
+ * parts of the same groups (bacc), and the 16 lanes are summed by reduce4's
+ * tree: exo_gemv_affine_amx computes each product the same way, and so
+ * does a pass of any TT. TT = 2 splits a block's nibbles once for two X
+ * rows. q4: packed 4-bit codes against the Q4 layout (mx: MXFP4 codes
+ * through the table), else bytes against the Q8 layout. pf_dist: prefetch
+ * distance in bytes (0: prefetches the block itself, i.e. nothing). */
+INLINE void affine_rows(int R, int TT, int q4, int mx, int lpg_shift, const uint8_t *const *wrow,
+                        int64_t rowbytes, const float *const *sd, const __m512 *bacc,
+                        const exo_qact *qa, int64_t pf_dist, float *out)
+{
+    enum { P = 2 * EXO_GEMV_ROWS }; /* (row, X row) pairs at most */
+    const int levels = lpg_shift < 4 ? lpg_shift : 4;
+    const int bpg = lpg_shift > 4 ? 1 << (lpg_shift - 4) : 1; /* blocks a group vector adds */
+    const int NB = bpg << levels;                              /* blocks a chunk of 16 groups */
+    const __m512i order = group_order(levels);
+    const int64_t nfull = rowbytes / 64, nblk = (rowbytes + 63) / 64;
+    const int64_t ng = rowbytes / (4 << lpg_shift); /* groups of the row */
+    __m512 acc[P];
+    #pragma GCC unroll 8
+    for (int k = 0; k < TT * R; k++)
+        acc[k] = bacc[k];
+    for (int64_t c = 0; c * NB < nblk; c++) {
+        const int whole = (c + 1) * NB <= nfull;
+        /* (zeroed only for the compiler: every read follows a write) */
+        __m512i st[P][4], gv[P], sums[P];
+        #pragma GCC unroll 8
+        for (int k = 0; k < TT * R; k++)
+            gv[k] = sums[k] = _mm512_setzero_si512();
+        #pragma GCC unroll 32
+        for (int k = 0; k < NB; k++) {
+            const int64_t b = c * NB + k;
+            __m512i d[P];
+            if (whole || b < nblk) {
+                block_acts x[2];
+                #pragma GCC unroll 2
+                for (int t = 0; t < TT; t++)
+                    x[t] = load_acts(q4, &qa[t], b);
+                const int full = whole || b < nfull;
+                const __mmask64 m = full ? ~(__mmask64)0 : mask64(rowbytes % 64);
+                #pragma GCC unroll 4
+                for (int i = 0; i < R; i++) {
+                    __m512i lo, hi;
+                    load_codes(q4, mx, wrow[i] + 64 * b, full, m, pf_dist, &lo, &hi);
+                    #pragma GCC unroll 2
+                    for (int t = 0; t < TT; t++)
+                        d[t * R + i] = block_dot(q4, lo, hi, x[t]);
+                    /* Keeps each row's prefetch, load and arithmetic
+                     * together. Left alone, GCC issues the R prefetches
+                     * back to back, and a burst of misses that finds the
+                     * line fill buffers full stalls the loads behind it:
+                     * decode-shaped q4 GEMVs ran ~2.5% slower. */
+                    __asm__ volatile("" ::: "memory");
+                }
+            } else {
+                #pragma GCC unroll 8
+                for (int q = 0; q < TT * R; q++)
+                    d[q] = _mm512_setzero_si512();
+            }
+            #pragma GCC unroll 8
+            for (int q = 0; q < TT * R; q++) {
+                gv[q] = k % bpg ? _mm512_add_epi32(gv[q], d[q]) : d[q];
+                if (k % bpg != bpg - 1)
+                    continue;
+                /* a binary counter over the chunk's group vectors */
+                const int u = k / bpg;
+                __m512i v = gv[q];
+                int j = 0;
+                for (; j < levels && ((u >> j) & 1); j++)
+                    v = merge_level(j, st[q][j], v);
+                if (j < levels)
+                    st[q][j] = v;
+                else
+                    sums[q] = v;
+            }
+        }
+        const int64_t g0 = 16 * c;
+        const __mmask16 live = ng - g0 >= 16 ? (__mmask16)0xffff : mask16(ng - g0);
+        #pragma GCC unroll 8
+        for (int q = 0; q < TT * R; q++) {
+            __m512 s = _mm512_cvtepi32_ps(_mm512_permutexvar_epi32(order, sums[q]));
+            acc[q] = _mm512_mask3_fmadd_ps(s, _mm512_loadu_ps(sd[q] + g0), acc[q], live);
+        }
+    }
+    const __m512 z = _mm512_setzero_ps();
+    #pragma GCC unroll 2
+    for (int t = 0; t < TT; t++) {
+        const __m512 *a = acc + t * R;
+        _mm_storeu_ps(out + 4 * t, reduce4(a[0], R > 1 ? a[1] : z, R > 2 ? a[2] : z, R > 3 ? a[3] : z));
+    }
+}
+
+/* Constant-argument instances, so each loop is compiled without branches
+ * (mx implies q4 and group 32). out: 4 * TT floats. */
+#define AFFINE_CASES(R, TT, pf)                                                                      \
+    do {                                                                                             \
+        if (mx)                                                                                      \
+            affine_rows(R, TT, 1, 1, 2, wrow, rowbytes, sd, bacc, qa, pf, out);                      \
+        else if (q4 && lpg_shift == 2)                                                               \
+            affine_rows(R, TT, 1, 0, 2, wrow, rowbytes, sd, bacc, qa, pf, out);                      \
+        else if (q4 && lpg_shift == 3)                                                               \
+            affine_rows(R, TT, 1, 0, 3, wrow, rowbytes, sd, bacc, qa, pf, out);                      \
+        else if (q4 && lpg_shift == 4)                                                               \
+            affine_rows(R, TT, 1, 0, 4, wrow, rowbytes, sd, bacc, qa, pf, out);                      \
+        else if (q4)                                                                                 \
+            affine_rows(R, TT, 1, 0, lpg_shift, wrow, rowbytes, sd, bacc, qa, pf, out);              \
+        else if (lpg_shift == 3)                                                                     \
+            affine_rows(R, TT, 0, 0, 3, wrow, rowbytes, sd, bacc, qa, pf, out);                      \
+        else if (lpg_shift == 4)                                                                     \
+            affine_rows(R, TT, 0, 0, 4, wrow, rowbytes, sd, bacc, qa, pf, out);                      \
+        else                                                                                         \
+            affine_rows(R, TT, 0, 0, lpg_shift, wrow, rowbytes, sd, bacc, qa, pf, out);              \
+    } while (0)
+
+static void affine_rows4(int q4, int mx, int lpg_shift, const uint8_t *const *wrow, int64_t rowbytes,
+                         const float *const *sd, const __m512 *bacc, const exo_qact *qa,
+                         int64_t pf_dist, float *out)
+{
+    AFFINE_CASES(4, 1, pf_dist);
+}
+
+/* Two X rows a pass (out: 8 floats, X row by X row). */
+static void affine_rows4x2(int q4, int mx, int lpg_shift, const uint8_t *const *wrow, int64_t rowbytes,
+                           const float *const *sd, const __m512 *bacc, const exo_qact *qa,
+                           int64_t pf_dist, float *out)
+{
+    AFFINE_CASES(4, 2, pf_dist);
+}
+
+static void affine_rows1(int q4, int mx, int lpg_shift, const uint8_t *const *wrow, int64_t rowbytes,
+                         const float *const *sd, const __m512 *bacc, const exo_qact *qa, float *dst)
+{
+    float out[4];
+    AFFINE_CASES(1, 1, 0);
+    *dst = out[0];
+}
+
+/* ---------------------------------------------------------------------- */
+/* Per-lane sums (the CPUs without tile units)                            */
+
+/* Each 32-bit lane of a block's vpdpbusd is converted to f32 and multiplied
+ * by its group's s_g * dx_g, and a row's 16 lanes are summed once at the
+ * end: no group sums, so less vector work per block than the merge tree
+ * (above) where rows of X share a pass (16 rows of 2048 x 8192 q4: 2.2 ms
+ * against 2.7 on the Xeon's vector units alone). The bits differ from the
+ * group sums', so a process takes one family for every product
+ * (exo_gemv_scratch.group_sums): group sums where the tile units run its
+ * batched rows, lane sums elsewhere. */
+#define LANE_XTILE 2 /* X rows a pass over a row block's codes */
+
 /* The factor of each 32-bit lane of a block whose first group is g0: sd[g0 +
  * (lane >> lpg_shift)]. Two groups a block (q4 g64, q8 g32) take two
  * broadcasts from memory and a blend, which left more of the vector pipes
@@ -289,63 +548,19 @@ INLINE __m512 lane_scales(int bcast, int lpg_shift, __m512i idx, const float *sd
     return _mm512_permutexvar_ps(idx, _mm512_loadu_ps(sd + g0));
 }
 
-/* R rows of codes against one quantized activation row:
- *   out[i] = sum_g sd_i[g] * dot_g(q_i, xq) + (bias part, bacc[i])
- * where sd = scale * dx. q4: packed 4-bit codes against the Q4 layout; else
- * bytes against the Q8 layout. lpg_shift: log2 of 32-bit lanes per group. */
-/* One 64-byte block b of codes for R rows: acc[i] += cvt(dot) * scale. */
-INLINE void affine_block(int R, int q4, int bcast, int mx, const uint8_t *const *wrow, int64_t b,
-                         int full, __mmask64 m, const float *const *sd, int lpg_shift, int64_t g0,
-                         __m512i idx, __m512i xa, __m512i xb, __m512i xa2, __m512i xb2,
-                         int64_t pf_dist, __m512 *acc)
+/* One 64-byte block b of codes for R rows against one activation row:
+ * acc[i] += cvt(dot) * the lane's scale. */
+INLINE void lane_block(int R, int q4, int bcast, int mx, const uint8_t *const *wrow, int64_t b,
+                       int full, __mmask64 m, const float *const *sd, int lpg_shift, int64_t g0,
+                       __m512i idx, block_acts x, int64_t pf_dist, __m512 *acc)
 {
-    const __m512i nib = _mm512_set1_epi8(0x0f);
-    const __m512i lut = mx_table();
     #pragma GCC unroll 8
     for (int i = 0; i < R; i++) {
-        const uint8_t *p = wrow[i] + 64 * b;
-        __m512i v;
-        if (full) {
-            /* the same block one super-block ahead: every line of the
-             * next super-block is requested exactly once, a page or more
-             * ahead of the stream (prefetches never fault; pf_dist 0
-             * touches the block itself, i.e. nothing) */
-            _mm_prefetch((const char *)p + pf_dist, _MM_HINT_T0);
-            v = _mm512_loadu_si512(p);
-        } else {
-            v = _mm512_maskz_loadu_epi8(m, p);
-        }
-        /* two activation levels, one accumulator: (dot(q, xq) << 8) +
-         * dot(q, xq2); at most 4*255*127*256 + 4*255*127 per lane, far
-         * inside int32 */
-        __m512i d;
-        if (q4) {
-            __m512i lo = _mm512_and_si512(v, nib);
-            __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
-            if (mx) {
-                /* masked-off tail bytes become u = 12: their activations
-                 * are the zero padding, so they add nothing */
-                lo = _mm512_shuffle_epi8(lut, lo);
-                hi = _mm512_shuffle_epi8(lut, hi);
-            }
-            d = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, xa);
-            d = _mm512_dpbusd_epi32(d, hi, xb);
-            d = _mm512_slli_epi32(d, 8);
-            d = _mm512_dpbusd_epi32(d, lo, xa2);
-            d = _mm512_dpbusd_epi32(d, hi, xb2);
-        } else {
-            d = _mm512_dpbusd_epi32(_mm512_setzero_si512(), v, xa);
-            d = _mm512_slli_epi32(d, 8);
-            d = _mm512_dpbusd_epi32(d, v, xa2);
-        }
+        __m512i lo, hi;
+        load_codes(q4, mx, wrow[i] + 64 * b, full, m, pf_dist, &lo, &hi);
         __m512 c = lane_scales(bcast, lpg_shift, idx, sd[i], g0);
-        acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), c, acc[i]);
-        /* Keeps each row's prefetch, load and arithmetic together. Left
-         * alone, GCC issues the R prefetches back to back, and a burst of
-         * misses that finds the line fill buffers full stalls the loads
-         * behind it: decode-shaped q4 GEMVs ran ~2.5% slower (interleaved
-         * A/B, llama-3.2-1b shapes), one big matrix ~3%. */
-        __asm__ volatile("" ::: "memory");
+        acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(block_dot(q4, lo, hi, x)), c, acc[i]);
+        __asm__ volatile("" ::: "memory"); /* each row's work together, as in affine_rows */
     }
 }
 
@@ -355,7 +570,7 @@ INLINE void affine_block(int R, int q4, int bcast, int mx, const uint8_t *const 
  * bytes against the Q8 layout. lpg_shift: log2 of 32-bit lanes per group;
  * bcast: lpg_shift >= 4 (a block lies in one group). pf_dist: prefetch
  * distance in bytes (0: prefetches the block itself, i.e. nothing). */
-INLINE void affine_rows(int R, int q4, int bcast, int mx, const uint8_t *const *wrow, int64_t rowbytes,
+INLINE void lane_rows(int R, int q4, int bcast, int mx, const uint8_t *const *wrow, int64_t rowbytes,
                         const float *const *sd, const __m512 *bacc, const exo_qact *qa,
                         int lpg_shift, int64_t pf_dist, float *out)
 {
@@ -367,27 +582,14 @@ INLINE void affine_rows(int R, int q4, int bcast, int mx, const uint8_t *const *
     const __m512i idx = _mm512_srli_epi32(
         _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
         (unsigned)(bcast ? 0 : lpg_shift));
-    const int8_t *xq = qa->q, *xq2 = qa->q2;
     const int64_t nfull = rowbytes / 64;
     const int64_t tail = rowbytes % 64;
-    const int xstep = q4 ? 128 : 64;
-    for (int64_t b = 0; b < nfull; b++) {
-        const int8_t *xp = xq + xstep * b, *xp2 = xq2 + xstep * b;
-        __m512i xa = _mm512_loadu_si512(xp), xa2 = _mm512_loadu_si512(xp2);
-        __m512i xb = q4 ? _mm512_loadu_si512(xp + 64) : xa;
-        __m512i xb2 = q4 ? _mm512_loadu_si512(xp2 + 64) : xa2;
-        affine_block(R, q4, bcast, mx, wrow, b, 1, 0, sd, lpg_shift, (b << 4) >> lpg_shift, idx, xa, xb, xa2, xb2,
-                     pf_dist, acc);
-    }
-    if (tail) {
-        int64_t b = nfull;
-        const int8_t *xp = xq + xstep * b, *xp2 = xq2 + xstep * b;
-        __m512i xa = _mm512_loadu_si512(xp), xa2 = _mm512_loadu_si512(xp2);
-        __m512i xb = q4 ? _mm512_loadu_si512(xp + 64) : xa;
-        __m512i xb2 = q4 ? _mm512_loadu_si512(xp2 + 64) : xa2;
-        affine_block(R, q4, bcast, mx, wrow, b, 0, mask64(tail), sd, lpg_shift, (b << 4) >> lpg_shift, idx, xa,
-                     xb, xa2, xb2, 0, acc);
-    }
+    for (int64_t b = 0; b < nfull; b++)
+        lane_block(R, q4, bcast, mx, wrow, b, 1, 0, sd, lpg_shift, (b << 4) >> lpg_shift, idx,
+                   load_acts(q4, qa, b), pf_dist, acc);
+    if (tail)
+        lane_block(R, q4, bcast, mx, wrow, nfull, 0, mask64(tail), sd, lpg_shift, (nfull << 4) >> lpg_shift,
+                   idx, load_acts(q4, qa, nfull), 0, acc);
     if (R == 4) {
         _mm_storeu_ps(out, reduce4(acc[0], acc[1], acc[2], acc[3]));
     } else {
@@ -399,116 +601,82 @@ INLINE void affine_rows(int R, int q4, int bcast, int mx, const uint8_t *const *
 
 /* Constant-argument instances, so each loop is compiled without branches. */
 /* (mx implies q4 and group 32, so bcast is 0) */
-static void affine_rows4(int q4, int bcast, int mx, const uint8_t *const *wrow, int64_t rowbytes,
+static void lane_rows4(int q4, int bcast, int mx, const uint8_t *const *wrow, int64_t rowbytes,
                          const float *const *sd, const __m512 *bacc, const exo_qact *qa,
                          int lpg_shift, int64_t pf_dist, float *out)
 {
     if (mx)
-        affine_rows(4, 1, 0, 1, wrow, rowbytes, sd, bacc, qa, 2, pf_dist, out);
+        lane_rows(4, 1, 0, 1, wrow, rowbytes, sd, bacc, qa, 2, pf_dist, out);
     else if (q4 && bcast)
-        affine_rows(4, 1, 1, 0, wrow, rowbytes, sd, bacc, qa, lpg_shift, pf_dist, out);
+        lane_rows(4, 1, 1, 0, wrow, rowbytes, sd, bacc, qa, lpg_shift, pf_dist, out);
     else if (q4 && lpg_shift == 3)
-        affine_rows(4, 1, 0, 0, wrow, rowbytes, sd, bacc, qa, 3, pf_dist, out);
+        lane_rows(4, 1, 0, 0, wrow, rowbytes, sd, bacc, qa, 3, pf_dist, out);
     else if (q4)
-        affine_rows(4, 1, 0, 0, wrow, rowbytes, sd, bacc, qa, lpg_shift, pf_dist, out);
+        lane_rows(4, 1, 0, 0, wrow, rowbytes, sd, bacc, qa, lpg_shift, pf_dist, out);
     else if (bcast)
-        affine_rows(4, 0, 1, 0, wrow, rowbytes, sd, bacc, qa, lpg_shift, pf_dist, out);
+        lane_rows(4, 0, 1, 0, wrow, rowbytes, sd, bacc, qa, lpg_shift, pf_dist, out);
     else if (lpg_shift == 3)
-        affine_rows(4, 0, 0, 0, wrow, rowbytes, sd, bacc, qa, 3, pf_dist, out);
+        lane_rows(4, 0, 0, 0, wrow, rowbytes, sd, bacc, qa, 3, pf_dist, out);
     else
-        affine_rows(4, 0, 0, 0, wrow, rowbytes, sd, bacc, qa, lpg_shift, pf_dist, out);
+        lane_rows(4, 0, 0, 0, wrow, rowbytes, sd, bacc, qa, lpg_shift, pf_dist, out);
 }
 
-static void affine_rows1(int q4, int bcast, int mx, const uint8_t *const *wrow, int64_t rowbytes,
+static void lane_rows1(int q4, int bcast, int mx, const uint8_t *const *wrow, int64_t rowbytes,
                          const float *const *sd, const __m512 *bacc, const exo_qact *qa,
                          int lpg_shift, float *out)
 {
     if (mx)
-        affine_rows(1, 1, 0, 1, wrow, rowbytes, sd, bacc, qa, 2, 0, out);
+        lane_rows(1, 1, 0, 1, wrow, rowbytes, sd, bacc, qa, 2, 0, out);
     else if (q4 && bcast)
-        affine_rows(1, 1, 1, 0, wrow, rowbytes, sd, bacc, qa, lpg_shift, 0, out);
+        lane_rows(1, 1, 1, 0, wrow, rowbytes, sd, bacc, qa, lpg_shift, 0, out);
     else if (q4)
-        affine_rows(1, 1, 0, 0, wrow, rowbytes, sd, bacc, qa, lpg_shift, 0, out);
+        lane_rows(1, 1, 0, 0, wrow, rowbytes, sd, bacc, qa, lpg_shift, 0, out);
     else if (bcast)
-        affine_rows(1, 0, 1, 0, wrow, rowbytes, sd, bacc, qa, lpg_shift, 0, out);
+        lane_rows(1, 0, 1, 0, wrow, rowbytes, sd, bacc, qa, lpg_shift, 0, out);
     else
-        affine_rows(1, 0, 0, 0, wrow, rowbytes, sd, bacc, qa, lpg_shift, 0, out);
+        lane_rows(1, 0, 0, 0, wrow, rowbytes, sd, bacc, qa, lpg_shift, 0, out);
 }
 
-/* affine_rows for X rows [0, TT) of qa at once, on EXO_GEMV_ROWS rows of
+/* lane_rows for X rows [0, TT) of qa at once, on EXO_GEMV_ROWS rows of
  * codes (sd, bacc and out: TT groups of EXO_GEMV_ROWS, X row by X row):
  * a block of a row's codes is loaded and split into nibbles once for all
  * TT, the activations come from L1 as operands. Each (row, X row) pair
- * accumulates its blocks in affine_block's order with the same integer
- * dot products, and reduces as affine_rows does, so its result is the
+ * accumulates its blocks in lane_block's order with the same integer
+ * dot products, and reduces as lane_rows does, so its result is the
  * same bits as a pass of that X row alone: batched decode rows get what
  * they get alone. */
-INLINE void affine_rows_x(int TT, int q4, int bcast, int mx, const uint8_t *const *wrow, int64_t rowbytes,
+INLINE void lane_rows_x(int TT, int q4, int bcast, int mx, const uint8_t *const *wrow, int64_t rowbytes,
                           const float *const *sd, const __m512 *bacc, const exo_qact *qa, int lpg_shift,
                           int64_t pf_dist, float *out)
 {
     enum { R = EXO_GEMV_ROWS };
-    __m512 acc[EXO_GEMV_XTILE * R];
+    __m512 acc[LANE_XTILE * R];
     #pragma GCC unroll 16
     for (int k = 0; k < TT * R; k++)
         acc[k] = bacc[k];
     const __m512i idx = _mm512_srli_epi32(
         _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
         (unsigned)(bcast ? 0 : lpg_shift));
-    const __m512i nib = _mm512_set1_epi8(0x0f);
-    const __m512i lut = mx_table();
     const int64_t nfull = rowbytes / 64, tail = rowbytes % 64;
-    const int xstep = q4 ? 128 : 64;
     for (int64_t b = 0; b < nfull + (tail != 0); b++) {
         const int full = b < nfull;
         const __mmask64 m = full ? ~(__mmask64)0 : mask64(tail);
         const int64_t g0 = (b << 4) >> lpg_shift;
-        __m512i xa[EXO_GEMV_XTILE], xb[EXO_GEMV_XTILE], xa2[EXO_GEMV_XTILE], xb2[EXO_GEMV_XTILE];
+        block_acts x[LANE_XTILE];
         #pragma GCC unroll 4
-        for (int t = 0; t < TT; t++) {
-            const int8_t *xp = qa[t].q + xstep * b, *xp2 = qa[t].q2 + xstep * b;
-            xa[t] = _mm512_loadu_si512(xp);
-            xa2[t] = _mm512_loadu_si512(xp2);
-            xb[t] = q4 ? _mm512_loadu_si512(xp + 64) : xa[t];
-            xb2[t] = q4 ? _mm512_loadu_si512(xp2 + 64) : xa2[t];
-        }
+        for (int t = 0; t < TT; t++)
+            x[t] = load_acts(q4, &qa[t], b);
         #pragma GCC unroll 4
         for (int i = 0; i < R; i++) {
-            const uint8_t *p = wrow[i] + 64 * b;
-            __m512i v;
-            if (full) {
-                _mm_prefetch((const char *)p + pf_dist, _MM_HINT_T0);
-                v = _mm512_loadu_si512(p);
-            } else {
-                v = _mm512_maskz_loadu_epi8(m, p);
-            }
-            __m512i lo = v, hi = v;
-            if (q4) {
-                lo = _mm512_and_si512(v, nib);
-                hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
-                if (mx) {
-                    lo = _mm512_shuffle_epi8(lut, lo);
-                    hi = _mm512_shuffle_epi8(lut, hi);
-                }
-            }
+            __m512i lo, hi;
+            load_codes(q4, mx, wrow[i] + 64 * b, full, m, pf_dist, &lo, &hi);
             #pragma GCC unroll 4
             for (int t = 0; t < TT; t++) {
-                __m512i d;
-                if (q4) {
-                    d = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, xa[t]);
-                    d = _mm512_dpbusd_epi32(d, hi, xb[t]);
-                    d = _mm512_slli_epi32(d, 8);
-                    d = _mm512_dpbusd_epi32(d, lo, xa2[t]);
-                    d = _mm512_dpbusd_epi32(d, hi, xb2[t]);
-                } else {
-                    d = _mm512_dpbusd_epi32(_mm512_setzero_si512(), v, xa[t]);
-                    d = _mm512_slli_epi32(d, 8);
-                    d = _mm512_dpbusd_epi32(d, v, xa2[t]);
-                }
+                __m512i d = block_dot(q4, lo, hi, x[t]);
                 __m512 c = lane_scales(bcast, lpg_shift, idx, sd[t * R + i], g0);
                 acc[t * R + i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), c, acc[t * R + i]);
             }
-            __asm__ volatile("" ::: "memory"); /* each row's work together, as in affine_block */
+            __asm__ volatile("" ::: "memory"); /* each row's work together, as in lane_block */
         }
     }
     #pragma GCC unroll 4
@@ -516,35 +684,35 @@ INLINE void affine_rows_x(int TT, int q4, int bcast, int mx, const uint8_t *cons
         _mm_storeu_ps(out + t * R, reduce4(acc[t * R], acc[t * R + 1], acc[t * R + 2], acc[t * R + 3]));
 }
 
-/* Constant-argument instances of affine_rows_x (see affine_rows4). */
-#define ROWS_X_CASES(TT)                                                                                      \
+/* Constant-argument instances of lane_rows_x (see lane_rows4). */
+#define LANE_ROWS_X_CASES(TT)                                                                                      \
     do {                                                                                                      \
         if (mx)                                                                                               \
-            affine_rows_x(TT, 1, 0, 1, wrow, rowbytes, sd, bacc, qa, 2, pf_dist, out);                        \
+            lane_rows_x(TT, 1, 0, 1, wrow, rowbytes, sd, bacc, qa, 2, pf_dist, out);                        \
         else if (q4 && bcast)                                                                                 \
-            affine_rows_x(TT, 1, 1, 0, wrow, rowbytes, sd, bacc, qa, lpg_shift, pf_dist, out);                \
+            lane_rows_x(TT, 1, 1, 0, wrow, rowbytes, sd, bacc, qa, lpg_shift, pf_dist, out);                \
         else if (q4 && lpg_shift == 3)                                                                        \
-            affine_rows_x(TT, 1, 0, 0, wrow, rowbytes, sd, bacc, qa, 3, pf_dist, out);                        \
+            lane_rows_x(TT, 1, 0, 0, wrow, rowbytes, sd, bacc, qa, 3, pf_dist, out);                        \
         else if (q4)                                                                                          \
-            affine_rows_x(TT, 1, 0, 0, wrow, rowbytes, sd, bacc, qa, lpg_shift, pf_dist, out);                \
+            lane_rows_x(TT, 1, 0, 0, wrow, rowbytes, sd, bacc, qa, lpg_shift, pf_dist, out);                \
         else if (bcast)                                                                                       \
-            affine_rows_x(TT, 0, 1, 0, wrow, rowbytes, sd, bacc, qa, lpg_shift, pf_dist, out);                \
+            lane_rows_x(TT, 0, 1, 0, wrow, rowbytes, sd, bacc, qa, lpg_shift, pf_dist, out);                \
         else if (lpg_shift == 3)                                                                              \
-            affine_rows_x(TT, 0, 0, 0, wrow, rowbytes, sd, bacc, qa, 3, pf_dist, out);                        \
+            lane_rows_x(TT, 0, 0, 0, wrow, rowbytes, sd, bacc, qa, 3, pf_dist, out);                        \
         else                                                                                                  \
-            affine_rows_x(TT, 0, 0, 0, wrow, rowbytes, sd, bacc, qa, lpg_shift, pf_dist, out);                \
+            lane_rows_x(TT, 0, 0, 0, wrow, rowbytes, sd, bacc, qa, lpg_shift, pf_dist, out);                \
     } while (0)
 
-static void affine_rows_xtile(int q4, int bcast, int mx, const uint8_t *const *wrow, int64_t rowbytes,
+static void lane_rows_xtile(int q4, int bcast, int mx, const uint8_t *const *wrow, int64_t rowbytes,
                               const float *const *sd, const __m512 *bacc, const exo_qact *qa, int lpg_shift,
                               int64_t pf_dist, float *out)
 {
-    ROWS_X_CASES(EXO_GEMV_XTILE);
+    LANE_ROWS_X_CASES(LANE_XTILE);
 }
 
-static int ilog2(int v)
+int exo_gemv_lpg_shift(int bits, int G)
 {
-    int s = 0;
+    int v = (bits == 4 ? G * 4 : G * 8) / 32, s = 0;
     while ((1 << s) < v)
         s++;
     return s;
@@ -560,8 +728,7 @@ static void gemv_q_avx512(const exo_linear *w, int mx, int64_t r0, int64_t r1, i
     const int64_t wbytes = cols * bits / 8; /* bytes of codes per row */
     const int q4 = bits == 4, q8 = bits == 8;
     const int64_t rowbytes = (q4 || q8) ? wbytes : cols;
-    const int lpg_shift = ilog2((q4 ? G * 4 : G * 8) / 32);
-    const int bcast = lpg_shift >= 4;
+    const int lpg_shift = exo_gemv_lpg_shift(q4 ? 4 : 8, G);
     const uint8_t *base = w->w;
     /* rows sharing a page go to different row blocks (see the top) */
     const int64_t S = exo_gemv_page_stride(wbytes);
@@ -573,11 +740,8 @@ static void gemv_q_avx512(const exo_linear *w, int mx, int64_t r0, int64_t r1, i
         for (int64_t j = 0; j < nblocks; j++) {
             int64_t rix[EXO_GEMV_ROWS];
             const uint8_t *wrow[EXO_GEMV_ROWS];
-            const float *sd[EXO_GEMV_ROWS];
-            __m512 bacc[EXO_GEMV_ROWS];
             int R = exo_gemv_block_rows(sb, j, S, strided, end, rix);
             for (int i = 0; i < R; i++) {
-                sd[i] = s->sd + i * s->sf_stride;
                 const uint8_t *codes = base + (size_t)rix[i] * (size_t)wbytes;
                 if (q4 || q8) {
                     wrow[i] = codes;
@@ -587,44 +751,52 @@ static void gemv_q_avx512(const exo_linear *w, int mx, int64_t r0, int64_t r1, i
                     wrow[i] = u;
                 }
             }
-            int t = 0;
-            /* full row blocks of codes against several X rows a pass */
-            for (const int tt = EXO_GEMV_XTILE; R == EXO_GEMV_ROWS && T - t >= tt; t += tt) {
-                float out[EXO_GEMV_XTILE * EXO_GEMV_ROWS];
-                const float *sdx[EXO_GEMV_XTILE * EXO_GEMV_ROWS];
-                __m512 baccx[EXO_GEMV_XTILE * EXO_GEMV_ROWS];
-                if (t == 0) /* the rows' scales and biases as f32, once for all X rows */
-                    for (int i = 0; i < R; i++)
-                        row_params(w, mx, rix[i], ng, row_sc(s, i), row_bi(s, i));
-                for (int k = 0; k < tt * EXO_GEMV_ROWS; k++) {
+            /* several X rows: the rows' scales and biases as f32 once */
+            if (T > 1)
+                for (int i = 0; i < R; i++)
+                    exo_gemv_row_params(w, mx, rix[i], ng, row_sc(s, i), row_bi(s, i));
+            for (int t = 0; t < T;) {
+                /* full row blocks take two X rows a pass where there are two */
+                const int tt = R == EXO_GEMV_ROWS && T - t >= 2 ? 2 : 1;
+                float out[2 * EXO_GEMV_ROWS];
+                const float *sdx[2 * EXO_GEMV_ROWS];
+                __m512 baccx[2 * EXO_GEMV_ROWS];
+                for (int k = 0; k < tt * R; k++) {
+                    const int i = k % R;
+                    const exo_qact *q = &qa[t + k / R];
                     float *sdk = s->sd + k * s->sf_stride;
-                    int i = k % EXO_GEMV_ROWS;
-                    baccx[k] = prep_pair(mx, row_sc(s, i), row_bi(s, i), ng, &qa[t + k / EXO_GEMV_ROWS], sdk);
+                    if (T > 1)
+                        baccx[k] = prep_pair(mx, row_sc(s, i), row_bi(s, i), ng, q, sdk);
+                    else
+                        baccx[k] = mx ? prep_row_mx(w, rix[i], ng, q, sdk) : prep_row(w, rix[i], ng, q, sdk);
                     sdx[k] = sdk;
                 }
-                int64_t pf = (t == 0 && (q4 || q8)) ? SB * wbytes : 0;
-                affine_rows_xtile(q4, bcast, mx, wrow, rowbytes, sdx, baccx, &qa[t], lpg_shift, pf, out);
-                for (int k = 0; k < tt * EXO_GEMV_ROWS; k++)
-                    y[(int64_t)(t + k / EXO_GEMV_ROWS) * ldy + rix[k % EXO_GEMV_ROWS]] = out[k];
-            }
-            for (; t < T; t++) {
-                float out[EXO_GEMV_ROWS];
-                const exo_qact *q = &qa[t];
-                for (int i = 0; i < R; i++)
-                    bacc[i] = mx ? prep_row_mx(w, rix[i], ng, q, s->sd + i * s->sf_stride)
-                                 : prep_row(w, rix[i], ng, q, s->sd + i * s->sf_stride);
-                if (R == EXO_GEMV_ROWS) {
-                    /* one super-block ahead, on the first pass over packed
-                     * codes only */
-                    int64_t pf = (t == 0 && (q4 || q8)) ? SB * wbytes : 0;
-                    affine_rows4(q4, bcast, mx, wrow, rowbytes, sd, bacc, q, lpg_shift, pf, out);
+                /* one super-block ahead, on the first pass over packed codes
+                 * only (later passes find them in L1/L2) */
+                const int64_t pf = (t == 0 && (q4 || q8)) ? SB * wbytes : 0;
+                if (s->group_sums) {
+                    if (tt == 2)
+                        affine_rows4x2(q4, mx, lpg_shift, wrow, rowbytes, sdx, baccx, &qa[t], pf, out);
+                    else if (R == EXO_GEMV_ROWS)
+                        affine_rows4(q4, mx, lpg_shift, wrow, rowbytes, sdx, baccx, &qa[t], pf, out);
+                    else
+                        for (int i = 0; i < R; i++)
+                            affine_rows1(q4, mx, lpg_shift, &wrow[i], rowbytes, &sdx[i], &baccx[i], &qa[t],
+                                         &out[i]);
                 } else {
-                    for (int i = 0; i < R; i++)
-                        affine_rows1(q4, bcast, mx, &wrow[i], rowbytes, &sd[i], &bacc[i], q,
-                                     lpg_shift, &out[i]);
+                    const int bcast = lpg_shift >= 4;
+                    if (tt == 2)
+                        lane_rows_xtile(q4, bcast, mx, wrow, rowbytes, sdx, baccx, &qa[t], lpg_shift, pf, out);
+                    else if (R == EXO_GEMV_ROWS)
+                        lane_rows4(q4, bcast, mx, wrow, rowbytes, sdx, baccx, &qa[t], lpg_shift, pf, out);
+                    else
+                        for (int i = 0; i < R; i++)
+                            lane_rows1(q4, bcast, mx, &wrow[i], rowbytes, &sdx[i], &baccx[i], &qa[t], lpg_shift,
+                                       &out[i]);
                 }
-                for (int i = 0; i < R; i++)
-                    y[(int64_t)t * ldy + rix[i]] = out[i];
+                for (int k = 0; k < tt * R; k++)
+                    y[(int64_t)(t + k / R) * ldy + rix[k % R]] = tt == 2 ? out[k] : out[k % R];
+                t += tt;
             }
         }
     }

@@ -78,23 +78,27 @@ enum { EXO_QLAYOUT_Q8 = 0, EXO_QLAYOUT_Q4 = 1 };
 static inline int64_t exo_qact_q_len(int64_t cols) { return (cols + 127) / 128 * 128 + 128; }
 static inline int64_t exo_qact_sx_len(int64_t cols) { return cols / 32 + 32; }
 
-/* Rows of X the affine AVX-512 GEMV takes in one pass over a row block's
- * codes (T > 1: batched decode). */
-#define EXO_GEMV_XTILE 2
-
 /* Slots of sf_stride floats in exo_gemv_scratch.sd. */
-#define EXO_GEMV_SD_SLOTS (EXO_GEMV_XTILE * EXO_GEMV_ROWS + 2 * EXO_GEMV_ROWS)
+#define EXO_GEMV_SD_SLOTS (4 * EXO_GEMV_ROWS)
 
 /* Per-thread scratch of the GEMV kernels. */
 typedef struct exo_gemv_scratch {
-    float   *sd;     /* EXO_GEMV_SD_SLOTS x sf_stride: scale * dx of the X rows of a pass, then the
-                        f32 scales and biases of a row block */
+    float   *sd;     /* EXO_GEMV_SD_SLOTS x sf_stride: scale * dx of a row block against the
+                        (up to two) X rows of a pass, then the f32 scales and biases of the
+                        row block */
     uint8_t *codes;  /* EXO_GEMV_ROWS x code_stride: unpacked codes */
     int64_t  sf_stride, code_stride;
+    int      group_sums; /* affine/MXFP4 numerics: 1 exact group sums (those of the AMX kernel),
+                            0 per-lane sums (cheaper for rows of X sharing a pass on vector
+                            units alone); see gemv_avx512.c */
 } exo_gemv_scratch;
 
 static inline int64_t exo_gemv_sf_stride(int64_t cols) { return cols / 32 + 48; }
 static inline int64_t exo_gemv_code_stride(int64_t cols) { return (cols + 63) / 64 * 64 + 64; }
+
+/* log2 of the 32-bit lanes of a 64-byte block one group of G covers: 4-bit
+ * codes (Q4 layout) G/8, bytes G/4. */
+int exo_gemv_lpg_shift(int bits, int G);
 
 /* AVX-512 (gemv_avx512.c) */
 void exo_qact_build_avx512(const float *x, int64_t cols, int G, int layout, exo_qact *out,
@@ -111,6 +115,32 @@ void exo_gemv_dense_avx512(const exo_linear *w, int64_t r0, int64_t r1, int T, c
 void exo_dequant_rows_bf16_avx512(const exo_linear *w, int64_t r0, int64_t r1, uint16_t *out,
                                   uint8_t *codes);
 void exo_f32_to_bf16_avx512(const float *x, int64_t n, uint16_t *out);
+
+/* The f32 scales (MXFP4: 2^(s-128)) and biases of row r, zero-padded to a
+ * multiple of 16 groups (gemv_avx512.c). */
+void exo_gemv_row_params(const exo_linear *w, int mx, int64_t r, int64_t ng, float *sc, float *bi);
+
+/* AMX-INT8 (gemv_amx.c): up to 16 rows of X at once, the same bits as
+ * exo_gemv_affine_avx512 / exo_gemv_mxfp4_avx512 give row by row. */
+typedef struct exo_qtile {
+    int      T;   /* X rows, <= 16 */
+    int64_t  ng;  /* groups of a row */
+    int8_t  *b;   /* per group, per tile product: the B tiles of the two levels, 1 KiB each */
+    float   *dx;  /* [group][16 X rows], zero past T and ng */
+    float   *sx;  /* likewise */
+} exo_qtile;
+
+/* Whether this process may use the tile units (asks Linux once). */
+int    exo_amx_usable(void);
+/* Whether exo_gemv_affine_amx takes w: affine 4/8-bit of groups 32, 64 or
+ * 128, or MXFP4, with a multiple of 256 columns. */
+int    exo_qtile_handles(const exo_linear *w);
+size_t exo_qtile_bytes(int64_t cols, int G);
+void   exo_qtile_build(const exo_qact *qa, int T, int64_t cols, int G, int layout, exo_qtile *out,
+                       void *mem /* exo_qtile_bytes */);
+size_t exo_gemv_amx_scratch_bytes(int64_t cols);
+void   exo_gemv_affine_amx(const exo_linear *w, int64_t r0, int64_t r1, const exo_qtile *qt, float *y,
+                           int64_t ldy, void *scratch /* exo_gemv_amx_scratch_bytes */);
 
 /* AVX2 + FMA (gemv_mxfp4_avx2.c): the same activation quantization (any
  * layout and G, same contract as exo_qact_build_avx512) and the MXFP4 GEMV. */

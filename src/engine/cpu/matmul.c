@@ -80,7 +80,8 @@ struct exo_cpu_matmul_ctx {
     exo_pool *pool;
     int nth;
     exo_matmul_path force;
-    buf act, thr, xb;
+    int amx; /* batched GEMV rows on the tile units (exo_gemv_affine_amx) */
+    buf act, thr, xb, tiles;
     int dnnl_state; /* 0 untried, 1 ok, -1 failed */
     dnnl_engine_t eng;
     dnnl_slot *slot; /* nth of them */
@@ -107,6 +108,7 @@ exo_cpu_matmul_ctx *exo_cpu_matmul_ctx_create(exo_pool *pool)
     ctx->pool = pool;
     ctx->nth = exo_pool_size(pool);
     ctx->slot = exo_calloc((size_t)ctx->nth, sizeof *ctx->slot);
+    ctx->amx = exo_cpu_has_amx() && exo_amx_usable();
     /* EXO_MATMUL_PATH pins a path for a whole process: the parity tests use
      * it to check each path of the real binary against transformers. */
     const char *path = getenv("EXO_MATMUL_PATH");
@@ -150,10 +152,17 @@ void exo_cpu_matmul_ctx_free(exo_cpu_matmul_ctx *ctx)
     exo_free_aligned(ctx->act.p);
     exo_free_aligned(ctx->thr.p);
     exo_free_aligned(ctx->xb.p);
+    exo_free_aligned(ctx->tiles.p);
     exo_free(ctx);
 }
 
 void exo_cpu_matmul_force_path(exo_cpu_matmul_ctx *ctx, exo_matmul_path path) { ctx->force = path; }
+
+int exo_cpu_matmul_use_amx(exo_cpu_matmul_ctx *ctx, int on)
+{
+    ctx->amx = on && exo_cpu_has_amx() && exo_amx_usable();
+    return ctx->amx;
+}
 
 /* ---------------------------------------------------------------------- */
 /* Row splitting over the concatenation of all weights                     */
@@ -170,6 +179,8 @@ typedef struct rows_job {
     /* GEMV */
     const exo_qact *const *qaw; /* matmul_each: weight i's quantized input (T each) */
     const exo_qact *qa[MAX_QACT]; /* T each */
+    const exo_qtile *qt[MAX_QACT]; /* the same as AMX tiles, or NULL */
+    int group_sums;                /* exo_gemv_scratch.group_sums: the context's tile units */
     int qa_layout[MAX_QACT], qa_group[MAX_QACT], nqa;
     /* work distribution (rows_for_thread): chunk c of thread i covers rows
      * first[i] + c*chunk ..; span[i] packs (front << 32 | back) chunk
@@ -316,15 +327,23 @@ static void gemv_rows(const rows_job *job, int wi, int64_t r0, int64_t r1, unsig
         return;
     }
     const exo_qact *qa = job->qaw ? job->qaw[wi] : NULL;
+    const exo_qtile *qt = NULL;
     for (int k = 0; k < job->nqa && !qa; k++)
-        if (job->qa_layout[k] == qact_layout(w) && job->qa_group[k] == qact_group(w))
+        if (job->qa_layout[k] == qact_layout(w) && job->qa_group[k] == qact_group(w)) {
             qa = job->qa[k];
+            qt = job->qt[k];
+        }
     int64_t cols = job->cols;
+    if (qt && exo_qtile_handles(w)) {
+        exo_gemv_affine_amx(w, r0, r1, qt, job->y[wi], w->rows, scratch);
+        return;
+    }
     exo_gemv_scratch s;
     s.sf_stride = exo_gemv_sf_stride(cols);
     s.code_stride = exo_gemv_code_stride(cols);
     s.sd = (float *)scratch;
     s.codes = (uint8_t *)(s.sd + EXO_GEMV_SD_SLOTS * s.sf_stride);
+    s.group_sums = job->group_sums;
     if (w->format == EXO_WFORMAT_AFFINE)
         exo_gemv_affine_avx512(w, r0, r1, job->T, qa, job->y[wi], w->rows, &s);
     else if (job->isa >= EXO_ISA_AVX512)
@@ -337,19 +356,61 @@ static void gemv_thread(void *p, int ith, int nth) { rows_for_thread(p, ith, nth
 
 static size_t round64(size_t n) { return (n + 63) & ~(size_t)63; }
 
-static size_t thr_scratch_bytes(int64_t cols)
+static size_t thr_scratch_bytes(int64_t cols, int amx)
 {
     size_t ref = round64((size_t)cols * sizeof(float));
     size_t gemv = round64(EXO_GEMV_SD_SLOTS * (size_t)exo_gemv_sf_stride(cols) * sizeof(float)) +
                   round64(EXO_GEMV_ROWS * (size_t)exo_gemv_code_stride(cols));
-    return (ref > gemv ? ref : gemv) + 64;
+    size_t tiles = amx ? exo_gemv_amx_scratch_bytes(cols) : 0;
+    size_t most = ref > gemv ? ref : gemv;
+    return (most > tiles ? most : tiles) + 64;
 }
 
 static void setup_thr(exo_cpu_matmul_ctx *ctx, rows_job *job)
 {
     setup_spans(job, ctx->nth);
-    job->thr_stride = thr_scratch_bytes(job->cols);
+    int amx = 0;
+    for (int k = 0; k < job->nqa; k++)
+        amx |= job->qt[k] != NULL;
+    job->thr_stride = thr_scratch_bytes(job->cols, amx);
     job->thr = buf_get(&ctx->thr, job->thr_stride * (size_t)ctx->nth);
+}
+
+/* Batched rows of X go to the tile units where the CPU has them: their
+ * activations as B tiles, once per call for all threads. The tile kernel
+ * costs about the same from 1 to 16 rows of X (bench_matmul rows: q4
+ * 2048 x 8192 0.95-1.08 ms at 4 to 16 rows; the vector kernel 0.43 ms at
+ * 2 rows, 0.77 at 4), so fewer rows stay on the vector kernel: below 5
+ * rows for 4-bit codes, below 4 for 8-bit ones (no unpacking). */
+static int amx_min_rows(int layout) { return layout == EXO_QLAYOUT_Q4 ? 5 : 4; }
+
+static void build_tiles(exo_cpu_matmul_ctx *ctx, rows_job *job)
+{
+    if (!ctx->amx || job->T > 16 || job->isa < EXO_ISA_AVX512)
+        return;
+    int want[MAX_QACT] = {0};
+    size_t need = 0;
+    for (int k = 0; k < job->nqa; k++) {
+        for (int i = 0; i < job->n; i++) {
+            const exo_linear *w = job->w[i];
+            want[k] |= exo_qtile_handles(w) && qact_layout(w) == job->qa_layout[k] &&
+                       qact_group(w) == job->qa_group[k];
+        }
+        want[k] &= job->T >= amx_min_rows(job->qa_layout[k]);
+        if (want[k])
+            need += 64 + round64(exo_qtile_bytes(job->cols, job->qa_group[k]));
+    }
+    if (!need)
+        return;
+    unsigned char *p = buf_get(&ctx->tiles, need);
+    for (int k = 0; k < job->nqa; k++) {
+        if (!want[k])
+            continue;
+        exo_qtile *qt = (exo_qtile *)p;
+        exo_qtile_build(job->qa[k], job->T, job->cols, job->qa_group[k], job->qa_layout[k], qt, p + 64);
+        job->qt[k] = qt;
+        p += 64 + round64(exo_qtile_bytes(job->cols, job->qa_group[k]));
+    }
 }
 
 static void run_gemv(exo_cpu_matmul_ctx *ctx, rows_job *job)
@@ -397,6 +458,7 @@ static void run_gemv(exo_cpu_matmul_ctx *ctx, rows_job *job)
             }
             job->qa[k] = qa;
         }
+        build_tiles(ctx, job);
     }
     setup_thr(ctx, job);
     exo_pool_run(ctx->pool, gemv_thread, job);
@@ -638,7 +700,8 @@ void exo_cpu_matmul_each(exo_cpu_matmul_ctx *ctx, int n, const exo_linear *const
 {
     if (n <= 0 || T <= 0)
         return;
-    rows_job job = {.isa = exo_cpu_isa(), .n = n, .w = w, .y = y, .xs = xs, .T = T, .cols = w[0]->cols};
+    rows_job job = {.isa = exo_cpu_isa(), .n = n, .w = w, .y = y, .xs = xs, .T = T, .cols = w[0]->cols,
+                    .group_sums = ctx->amx};
     int gemv = 0;
     for (int i = 0; i < n; i++) {
         job.total += w[i]->rows;
@@ -664,7 +727,7 @@ void exo_cpu_matmul(exo_cpu_matmul_ctx *ctx, int n, const exo_linear *const *w, 
     if (n <= 0 || T <= 0)
         return;
     rows_job job = {.isa = exo_cpu_isa(), .n = n, .w = w, .y = y, .x = x, .T = T,
-                    .cols = w[0]->cols};
+                    .cols = w[0]->cols, .group_sums = ctx->amx};
     for (int i = 0; i < n; i++)
         job.total += w[i]->rows;
     exo_matmul_path path = ctx->force;

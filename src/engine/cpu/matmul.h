@@ -55,6 +55,14 @@ typedef enum exo_matmul_path {
 } exo_matmul_path;
 void exo_cpu_matmul_force_path(exo_cpu_matmul_ctx *ctx, exo_matmul_path path);
 
+/* Whether GEMV calls of 5 to 16 rows of X may use the CPU's tile units (on
+ * by default where there are any). With them on, every affine/MXFP4 GEMV
+ * of the context sums each group exactly (the tile kernel's numerics);
+ * off, it sums per vector lane (gemv_avx512.c). Either way a row of X gets
+ * the same bits at any row count; tests and benchmarks switch it to
+ * compare. Returns whether it is on now. */
+int exo_cpu_matmul_use_amx(exo_cpu_matmul_ctx *ctx, int on);
+
 /* Plain AVX2/FMA f32 GEMM (gemm_avx2.c), the benchmark's peer for the
  * oneDNN path: C (M x N) = A (M x K) * B^T, B given as N x K weight rows,
  * all row-major and dense. The CPU must support AVX2 and FMA. */
