@@ -815,7 +815,7 @@ Test(matmul, batched_rows_same_bits_as_one_row)
         {EXO_WFORMAT_MXFP4, 4, 32, 48, 512},    {EXO_WFORMAT_AFFINE, 4, 64, 9, 320},
         {EXO_WFORMAT_AFFINE, 3, 64, 20, 512},
     };
-    static const int Ts[] = {2, 3, 5, 16};
+    static const int Ts[] = {2, 3, 4, 5, 9, 16};
     exo_pool *pool = exo_pool_create(2);
     exo_cpu_matmul_ctx *ctx = exo_cpu_matmul_ctx_create(pool);
     exo_cpu_matmul_force_path(ctx, EXO_MATMUL_GEMV);

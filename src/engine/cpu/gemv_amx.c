@@ -1,5 +1,5 @@
-/* AMX kernel: the affine (q4, q8) and MXFP4 GEMV of 2 to 16 rows of X at
- * once, on the tile units of Intel CPUs that have them.
+/* AMX kernel: the affine (q4, q8) and MXFP4 GEMV of up to 16 rows of X at
+ * once (matmul.c sends it 4 or 5 and more), on the tile units of Intel CPUs that have them.
  *
  * Why: batched decode multiplies each weight row by up to 16 rows of X. On
  * the vector units that is 16 times the integer work of one row and the
@@ -12,10 +12,11 @@
  * group's integer sum S = (dot(q, xq) << 8) + dot(q, xq2) is exact, and
  * lane g mod 16 of a row's accumulator adds fl(s_g * dx_g) * f32(S) after
  * the bias parts of the same lane, then reduce4's tree sums the lanes.
- * Here a tile pair gives S for 16 weight rows x 16 X rows per group (two
- * accumulator tiles, one per activation level), and the epilogue does the
- * same float operations with the X rows in the vector lanes: acc[m][l] is
- * a vector over X rows, one for each weight row m of the tile and lane l.
+ * Here a tile pair gives S for 16 weight rows x N X rows per group (two
+ * accumulator tiles, one per activation level; N = 4, 8 or 16, the X rows
+ * rounded up), and the epilogue does the same float operations with
+ * (weight row, X row) pairs in the vector lanes: acc[v][l] is a vector of
+ * 16/N weight rows x N X rows, for lane l of the row accumulators.
  *
  * Data. The A tile is 16 weight rows of one group's codes as bytes, in the
  * group's K order: 8-bit codes straight from the weight (stride: the row),
@@ -53,19 +54,16 @@ typedef struct tile_config {
     uint8_t rows[16];
 } tile_config;
 
-/* Tiles: 0, 1 the sums of the two activation levels (16 x 16 int32), 2 the
- * codes A (16 rows x K bytes), 3, 4 the activations B of the two levels
- * (K/4 rows x 16 X rows x 4 bytes). K = 64 bytes a tile product, 32 for
- * groups of 32. */
-static const tile_config config_k64 __attribute__((aligned(64))) = {
-    .palette = 1,
-    .colsb = {64, 64, 64, 64, 64},
-    .rows = {16, 16, 16, 16, 16},
-};
-static const tile_config config_k32 __attribute__((aligned(64))) = {
-    .palette = 1,
-    .colsb = {64, 64, 32, 64, 64},
-    .rows = {16, 16, 16, 8, 8},
+/* Tiles: 0, 1 the sums of the two activation levels (16 weight rows x N X
+ * rows, int32), 2 the codes A (16 rows x K bytes), 3, 4 the activations B
+ * of the two levels (K/4 rows x N X rows x 4 bytes). K = 64 bytes a tile
+ * product, 32 for groups of 32; N = 4, 8 or 16 columns, the X rows rounded
+ * up, so that fewer rows of X cost fewer sums to store and finish. */
+#define TILE_CONFIG(K, N)                                                                     \
+    {.palette = 1, .colsb = {4 * (N), 4 * (N), (K), 4 * (N), 4 * (N)}, .rows = {16, 16, 16, (K) / 4, (K) / 4}}
+static const tile_config tile_configs[2][3] __attribute__((aligned(64))) = {
+    {TILE_CONFIG(32, 4), TILE_CONFIG(32, 8), TILE_CONFIG(32, 16)},
+    {TILE_CONFIG(64, 4), TILE_CONFIG(64, 8), TILE_CONFIG(64, 16)},
 };
 
 int exo_amx_usable(void)
@@ -206,20 +204,75 @@ INLINE void unpack_rows(int q4, int G, int mx, const uint8_t *const *row, int nr
     }
 }
 
-/* The epilogue of one group g for the tile's 16 weight rows: sums from the
- * two level tiles (16 x 16 int32 each, row m = weight row, lane = X row). */
-INLINE void group_epilogue(const int32_t *c1, const int32_t *c2, const float *sc, int64_t sc_stride,
+/* A vector of the tile's sums holds 16 / N weight rows of N X rows: lane
+ * -> (row v * 16/N + lane / N, X row lane mod N). Per group, the X rows'
+ * values (dx, sx: 16 a group) repeat every N lanes ... */
+INLINE __m512 per_x_row(const float *p, int N)
+{
+    if (N == 4)
+        return _mm512_broadcast_f32x4(_mm_load_ps(p));
+    if (N == 8)
+        return _mm512_broadcast_f32x8(_mm256_load_ps(p));
+    return _mm512_load_ps(p);
+}
+
+/* ... and the weight rows' values (scales, biases) repeat each N times. The
+ * table t holds them [16 rows][ng16]; for N < 16 each 16 x 16 block is
+ * transposed in place, so that a group's 16 rows lie together and one
+ * permute spreads them (for N = 16 a lane takes one row's: a broadcast, no
+ * transpose). */
+INLINE __m512 per_row(const float *t, int64_t ng16, int64_t g, int N, int v)
+{
+    if (N == 16)
+        return _mm512_set1_ps(t[v * ng16 + g]);
+    const float *p = t + (g & 15) * ng16 + (g & ~(int64_t)15);
+    const int rpv = 16 / N;
+    const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+    const __m512i idx = _mm512_add_epi32(_mm512_set1_epi32(v * rpv), _mm512_srli_epi32(lane, N == 4 ? 2 : 3));
+    return _mm512_permutexvar_ps(idx, _mm512_loadu_ps(p));
+}
+
+/* The epilogue of one group g: sums from the two level tiles (16 x N
+ * int32 each, packed) into the accumulators of lane g mod 16, acc[v][l]. */
+INLINE void group_epilogue(int N, const int32_t *c1, const int32_t *c2, const float *sc, int64_t ng16,
                            int64_t g, const exo_qtile *qt, float *acc)
 {
-    const __m512 dx = _mm512_load_ps(qt->dx + g * 16);
+    const __m512 dx = per_x_row(qt->dx + g * 16, N);
     float *a = acc + (g & 15) * 16;
     #pragma GCC unroll 4
-    for (int m = 0; m < 16; m++) {
-        __m512i s = _mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512(c1 + 16 * m), 8),
-                                     _mm512_load_si512(c2 + 16 * m));
-        __m512 sd = _mm512_mul_ps(_mm512_set1_ps(sc[m * sc_stride + g]), dx);
-        float *am = a + m * 256;
-        _mm512_store_ps(am, _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), sd, _mm512_load_ps(am)));
+    for (int v = 0; v < N; v++) {
+        __m512i s = _mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512(c1 + 16 * v), 8),
+                                     _mm512_load_si512(c2 + 16 * v));
+        __m512 sd = _mm512_mul_ps(per_row(sc, ng16, g, N, v), dx);
+        float *av = a + v * 256;
+        _mm512_store_ps(av, _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), sd, _mm512_load_ps(av)));
+    }
+}
+
+/* out[j * ld_out + i] = in[i * ld_in + j] for a 16 x 16 block of floats. */
+static void transpose16(const float *in, int64_t ld_in, float *out, int64_t ld_out)
+{
+    __m512 r[16], t[16], u[16], v[16];
+    for (int i = 0; i < 16; i++)
+        r[i] = _mm512_loadu_ps(in + i * ld_in);
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) {
+        u[i] = _mm512_shuffle_ps(t[i], t[i + 2], 0x44);
+        u[i + 1] = _mm512_shuffle_ps(t[i], t[i + 2], 0xee);
+        u[i + 2] = _mm512_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+        u[i + 3] = _mm512_shuffle_ps(t[i + 1], t[i + 3], 0xee);
+    }
+    for (int i = 0; i < 16; i += 8)
+        for (int j = 0; j < 4; j++) {
+            v[i + j] = _mm512_shuffle_f32x4(u[i + j], u[i + 4 + j], 0x88);
+            v[i + 4 + j] = _mm512_shuffle_f32x4(u[i + j], u[i + 4 + j], 0xdd);
+        }
+    for (int j = 0; j < 8; j++) {
+        _mm512_storeu_ps(out + j * ld_out, _mm512_shuffle_f32x4(v[j], v[8 + j], 0x88));
+        _mm512_storeu_ps(out + (8 + j) * ld_out, _mm512_shuffle_f32x4(v[j], v[8 + j], 0xdd));
     }
 }
 
@@ -240,7 +293,7 @@ size_t exo_gemv_amx_scratch_bytes(int64_t cols)
  * units unpack chunk c + 1's codes and finish chunk c - 1's sums, a group's
  * worth of each after each group's tile products, so neither waits on
  * memory the other just wrote. */
-static void gemv_amx(const exo_linear *w, int mx, int64_t r0, int64_t r1, const exo_qtile *qt, float *y,
+INLINE void gemv_amx(int N, const exo_linear *w, int mx, int64_t r0, int64_t r1, const exo_qtile *qt, float *y,
                      int64_t ldy, void *scratch)
 {
     const int64_t cols = w->cols;
@@ -255,51 +308,59 @@ static void gemv_amx(const exo_linear *w, int mx, int64_t r0, int64_t r1, const 
     const int64_t chunk_bytes = chunk_codes * bits / 8;
     const int64_t nchunks = ng / CG; /* cols is a multiple of 256 */
     unsigned char *mem = (unsigned char *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);
-    float *acc = (float *)mem;                             /* [m][l][n] */
+    float *acc = (float *)mem;                             /* [v][l][16 lanes] */
     uint8_t *abuf = mem + 16384;                           /* [2][m][chunk_codes] */
-    int32_t *cbuf = (int32_t *)(mem + 16384 + 8192);       /* [2][CG][2 levels][256] */
+    int32_t *cbuf = (int32_t *)(mem + 16384 + 8192);       /* [2][CG][2 levels][16 x N] */
+    /* the rows' scales and biases, [16 rows][ng16] (see per_row) */
     float *sc = (float *)(mem + 16384 + 8192 + 16384);
     float *bi = sc + 16 * ng16;
-    _tile_loadconfig(K == 64 ? &config_k64 : &config_k32);
+    _tile_loadconfig(&tile_configs[K == 64][N == 4 ? 0 : N == 8 ? 1 : 2]);
     for (int64_t r = r0; r < r1; r += 16) {
         const int nrows = r1 - r >= 16 ? 16 : (int)(r1 - r);
         const uint8_t *row[16];
-        for (int m = 0; m < 16; m++) {
+        for (int m = 0; m < 16; m++)
             row[m] = (const uint8_t *)w->w + (size_t)(r + (m < nrows ? m : 0)) * (size_t)rowbytes;
+        for (int m = 0; m < 16; m++)
             if (m < nrows) {
-                exo_gemv_row_params(w, mx, r + m, ng, sc + m * ng16, bi + m * ng16);
+                exo_gemv_row_params(w, mx, r + m, ng, 0, ng, sc + m * ng16, bi + m * ng16);
             } else {
                 memset(sc + m * ng16, 0, (size_t)ng16 * sizeof(float));
                 memset(bi + m * ng16, 0, (size_t)ng16 * sizeof(float));
             }
+        for (int64_t g0 = 0; g0 < ng16 && N < 16; g0 += 16) {
+            transpose16(sc + g0, ng16, sc + g0, ng16);
+            if (!mx)
+                transpose16(bi + g0, ng16, bi + g0, ng16);
         }
         /* lane l of each accumulator starts from the bias parts of groups
          * l, l + 16, ...: prep_row's fused multiply-adds, in its order
          * (its padding lanes too); 16 chains at a time */
-        for (int m = 0; m < 16; m++) {
+        for (int v = 0; v < N; v++) {
             __m512 a[16];
             #pragma GCC unroll 16
             for (int l = 0; l < 16; l++)
                 a[l] = _mm512_setzero_ps();
-            const float *bm = (mx ? sc : bi) + m * ng16;
+            const float *bT = mx ? sc : bi;
             for (int64_t g0 = 0; g0 < ng16; g0 += 16) {
                 #pragma GCC unroll 16
                 for (int l = 0; l < 16; l++)
-                    a[l] = _mm512_fmadd_ps(_mm512_set1_ps(bm[g0 + l]), _mm512_load_ps(qt->sx + (g0 + l) * 16), a[l]);
+                    a[l] = _mm512_fmadd_ps(per_row(bT, ng16, g0 + l, N, v), per_x_row(qt->sx + (g0 + l) * 16, N),
+                                           a[l]);
             }
             #pragma GCC unroll 16
             for (int l = 0; l < 16; l++)
-                _mm512_store_ps(acc + m * 256 + l * 16, mx ? _mm512_mul_ps(a[l], _mm512_set1_ps(-12.0f)) : a[l]);
+                _mm512_store_ps(acc + v * 256 + l * 16, mx ? _mm512_mul_ps(a[l], _mm512_set1_ps(-12.0f)) : a[l]);
         }
         /* 8-bit codes load straight into A when all 16 rows are there */
         const int direct = !q4 && nrows == 16;
         const int64_t pf = (int64_t)(rowbytes < 2048 ? 32 : 16) * rowbytes;
         if (!direct)
             unpack_rows(q4, G, mx, row, nrows, 0, 16, 0, chunk_bytes, pf, abuf, chunk_codes);
+        const int sums = 16 * N; /* int32 of one level's tile */
         for (int64_t c = 0; c <= nchunks; c++) {
             const uint8_t *ab = abuf + (c & 1) * 16 * chunk_codes;
-            int32_t *cb = cbuf + (c & 1) * (CG * 2 * 256);
-            const int32_t *pb = cbuf + ((c - 1) & 1) * (CG * 2 * 256);
+            int32_t *cb = cbuf + (c & 1) * (CG * 2 * sums);
+            const int32_t *pb = cbuf + ((c - 1) & 1) * (CG * 2 * sums);
             for (int h = 0; h < CG; h++) {
                 const int64_t g = c * CG + h;
                 if (c < nchunks) {
@@ -317,8 +378,9 @@ static void gemv_amx(const exo_linear *w, int mx, int64_t r0, int64_t r1, const 
                         _tile_dpbusd(0, 2, 3);
                         _tile_dpbusd(1, 2, 4);
                     }
-                    _tile_stored(0, cb + h * 512, 64);
-                    _tile_stored(1, cb + h * 512 + 256, 64);
+                    /* packed: row m's N sums at m * N */
+                    _tile_stored(0, cb + h * 2 * sums, 4 * N);
+                    _tile_stored(1, cb + h * 2 * sums + sums, 4 * N);
                 }
                 if (c + 1 < nchunks) {
                     const int m0 = h * 16 / CG, m1 = (h + 1) * 16 / CG;
@@ -330,13 +392,16 @@ static void gemv_amx(const exo_linear *w, int mx, int64_t r0, int64_t r1, const 
                         unpack_rows(q4, G, mx, row, nrows, m0, m1, (c + 1) * chunk_bytes, chunk_bytes, pf,
                                     abuf + ((c + 1) & 1) * 16 * chunk_codes, chunk_codes);
                 }
-                if (c > 0) /* chunk c - 1's sums, stored a chunk ago */
-                    group_epilogue(pb + h * 512, pb + h * 512 + 256, sc, ng16, (c - 1) * CG + h, qt, acc);
+                if (c > 0) { /* chunk c - 1's sums, stored a chunk ago */
+                    const int32_t *ps = pb + h * 2 * sums;
+                    group_epilogue(N, ps, ps + sums, sc, ng16, (c - 1) * CG + h, qt, acc);
+                }
             }
         }
-        /* reduce4's tree over the lanes, X rows in the vector */
-        for (int m = 0; m < nrows; m++) {
-            const float *a = acc + m * 256;
+        /* reduce4's tree over the lanes l, then each vector lane to its
+         * (row, X row) */
+        for (int v = 0; v < N; v++) {
+            const float *a = acc + v * 256;
             __m512 p[8];
             for (int k = 0; k < 8; k++)
                 p[k] = _mm512_add_ps(_mm512_load_ps(a + 16 * k), _mm512_load_ps(a + 16 * (k + 8)));
@@ -344,15 +409,43 @@ static void gemv_amx(const exo_linear *w, int mx, int64_t r0, int64_t r1, const 
                                      _mm512_add_ps(_mm512_add_ps(p[4], p[5]), _mm512_add_ps(p[6], p[7])));
             float ov[16];
             _mm512_storeu_ps(ov, o);
-            for (int n = 0; n < qt->T; n++)
-                y[(int64_t)n * ldy + r + m] = ov[n];
+            for (int i = 0; i < 16 / N; i++) {
+                const int m = v * (16 / N) + i;
+                for (int n = 0; m < nrows && n < qt->T; n++)
+                    y[(int64_t)n * ldy + r + m] = ov[i * N + n];
+            }
         }
     }
     _tile_release();
 }
 
+/* One instance per tile width (N a constant in each). */
+static void gemv_amx4(const exo_linear *w, int mx, int64_t r0, int64_t r1, const exo_qtile *qt, float *y,
+                      int64_t ldy, void *scratch)
+{
+    gemv_amx(4, w, mx, r0, r1, qt, y, ldy, scratch);
+}
+
+static void gemv_amx8(const exo_linear *w, int mx, int64_t r0, int64_t r1, const exo_qtile *qt, float *y,
+                      int64_t ldy, void *scratch)
+{
+    gemv_amx(8, w, mx, r0, r1, qt, y, ldy, scratch);
+}
+
+static void gemv_amx16(const exo_linear *w, int mx, int64_t r0, int64_t r1, const exo_qtile *qt, float *y,
+                       int64_t ldy, void *scratch)
+{
+    gemv_amx(16, w, mx, r0, r1, qt, y, ldy, scratch);
+}
+
 void exo_gemv_affine_amx(const exo_linear *w, int64_t r0, int64_t r1, const exo_qtile *qt, float *y,
                          int64_t ldy, void *scratch)
 {
-    gemv_amx(w, w->format == EXO_WFORMAT_MXFP4, r0, r1, qt, y, ldy, scratch);
+    const int mx = w->format == EXO_WFORMAT_MXFP4;
+    if (qt->T <= 4)
+        gemv_amx4(w, mx, r0, r1, qt, y, ldy, scratch);
+    else if (qt->T <= 8)
+        gemv_amx8(w, mx, r0, r1, qt, y, ldy, scratch);
+    else
+        gemv_amx16(w, mx, r0, r1, qt, y, ldy, scratch);
 }

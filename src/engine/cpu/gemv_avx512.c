@@ -231,16 +231,18 @@ static __m512 prep_row_mx(const exo_linear *w, int64_t r, int64_t ng, const exo_
 static float *row_sc(exo_gemv_scratch *s, int i) { return s->sd + (2 * EXO_GEMV_ROWS + i) * s->sf_stride; }
 static float *row_bi(exo_gemv_scratch *s, int i) { return s->sd + (3 * EXO_GEMV_ROWS + i) * s->sf_stride; }
 
-void exo_gemv_row_params(const exo_linear *w, int mx, int64_t r, int64_t ng, float *sc, float *bi)
+void exo_gemv_row_params(const exo_linear *w, int mx, int64_t r, int64_t ng, int64_t g0, int64_t n, float *sc,
+                         float *bi)
 {
-    for (int64_t g = 0; g < ng; g += 16) {
-        __mmask16 m = mask16(ng - g);
+    const int64_t base = r * ng + g0;
+    for (int64_t g = 0; g < n; g += 16) {
+        __mmask16 m = mask16(n - g);
         if (mx) {
-            const uint8_t *e = (const uint8_t *)w->scales + r * ng;
+            const uint8_t *e = (const uint8_t *)w->scales + base;
             _mm512_storeu_ps(sc + g, _mm512_maskz_mov_ps(m, e8m0_half16(_mm_maskz_loadu_epi8(m, e + g))));
         } else {
-            _mm512_storeu_ps(sc + g, load16_param(w->dtype, w->scales, r * ng + g, m));
-            _mm512_storeu_ps(bi + g, load16_param(w->dtype, w->biases, r * ng + g, m));
+            _mm512_storeu_ps(sc + g, load16_param(w->dtype, w->scales, base + g, m));
+            _mm512_storeu_ps(bi + g, load16_param(w->dtype, w->biases, base + g, m));
         }
     }
 }
@@ -754,7 +756,7 @@ static void gemv_q_avx512(const exo_linear *w, int mx, int64_t r0, int64_t r1, i
             /* several X rows: the rows' scales and biases as f32 once */
             if (T > 1)
                 for (int i = 0; i < R; i++)
-                    exo_gemv_row_params(w, mx, rix[i], ng, row_sc(s, i), row_bi(s, i));
+                    exo_gemv_row_params(w, mx, rix[i], ng, 0, ng, row_sc(s, i), row_bi(s, i));
             for (int t = 0; t < T;) {
                 /* full row blocks take two X rows a pass where there are two */
                 const int tt = R == EXO_GEMV_ROWS && T - t >= 2 ? 2 : 1;

@@ -116,9 +116,10 @@ void exo_dequant_rows_bf16_avx512(const exo_linear *w, int64_t r0, int64_t r1, u
                                   uint8_t *codes);
 void exo_f32_to_bf16_avx512(const float *x, int64_t n, uint16_t *out);
 
-/* The f32 scales (MXFP4: 2^(s-128)) and biases of row r, zero-padded to a
- * multiple of 16 groups (gemv_avx512.c). */
-void exo_gemv_row_params(const exo_linear *w, int mx, int64_t r, int64_t ng, float *sc, float *bi);
+/* The f32 scales (MXFP4: 2^(s-128)) and biases of groups [g0, g0 + n) of row
+ * r (of ng), zero-padded to a multiple of 16 (gemv_avx512.c). */
+void exo_gemv_row_params(const exo_linear *w, int mx, int64_t r, int64_t ng, int64_t g0, int64_t n, float *sc,
+                         float *bi);
 
 /* AMX-INT8 (gemv_amx.c): up to 16 rows of X at once, the same bits as
  * exo_gemv_affine_avx512 / exo_gemv_mxfp4_avx512 give row by row. */

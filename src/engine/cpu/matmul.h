@@ -55,7 +55,7 @@ typedef enum exo_matmul_path {
 } exo_matmul_path;
 void exo_cpu_matmul_force_path(exo_cpu_matmul_ctx *ctx, exo_matmul_path path);
 
-/* Whether GEMV calls of 5 to 16 rows of X may use the CPU's tile units (on
+/* Whether GEMV calls of 4 or 5 to 16 rows of X may use the tile units (on
  * by default where there are any). With them on, every affine/MXFP4 GEMV
  * of the context sums each group exactly (the tile kernel's numerics);
  * off, it sums per vector lane (gemv_avx512.c). Either way a row of X gets
