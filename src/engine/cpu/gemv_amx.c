@@ -39,6 +39,7 @@
  *
  * GCC 12's _tile_loadconfig declares an 8-byte operand (TOOLCHAIN.md): the
  * configurations live in static storage. */
+#include "engine/cpu/codes_avx512.h"
 #include "engine/cpu/kernels.h"
 
 #include <immintrin.h>
@@ -68,7 +69,7 @@ static const tile_config tile_configs[2][3] __attribute__((aligned(64))) = {
 
 int exo_amx_usable(void)
 {
-    static int state = -1; /* set once; a race only repeats the request */
+    static _Atomic int state = -1; /* set once; a race only repeats the request */
     if (state < 0) {
         /* Linux hands AMX state to a process that asks (ARCH_REQ_XCOMP_PERM
          * for XFEATURE_XTILEDATA); without it the first tile op faults. */
@@ -100,7 +101,7 @@ size_t exo_qtile_bytes(int64_t cols, int G)
 
 /* The Q4 layout's 64 + 64 bytes of a block (even elements, odd elements)
  * as the block's groups in order, each its evens then its odds: the order
- * the A tile's unpacked codes take (q4_unpack). out0, out1: 64 bytes each. */
+ * the A tile's unpacked codes take (unpack_rows). out0, out1: 64 bytes each. */
 INLINE void q4_group_order(int G, __m512i lo, __m512i hi, __m512i *out0, __m512i *out1)
 {
     __m512i i0, i1;
@@ -126,7 +127,6 @@ void exo_qtile_build(const exo_qact *qa, int T, int64_t cols, int G, int layout,
     const int K = tile_k(G);
     unsigned char *p = (unsigned char *)(((uintptr_t)mem + 63) & ~(uintptr_t)63);
     out->T = T;
-    out->ng = ng;
     out->b = (int8_t *)p;
     out->dx = (float *)(p + ng * nt * 2 * 1024);
     out->sx = out->dx + ng16 * 16;
@@ -175,9 +175,6 @@ void exo_qtile_build(const exo_qact *qa, int T, int64_t cols, int G, int layout,
 INLINE void unpack_rows(int q4, int G, int mx, const uint8_t *const *row, int nrows, int m0, int m1,
                         int64_t off, int64_t code_bytes, int64_t pf, uint8_t *abuf, int64_t stride)
 {
-    const __m512i nib = _mm512_set1_epi8(0x0f);
-    const __m512i lut = _mm512_broadcast_i32x4(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8,
-                                                             6, 4, 0));
     for (int m = m0; m < m1; m++) {
         for (int64_t h = 0; h < code_bytes; h += 64) {
             __m512i v = _mm512_setzero_si512();
@@ -190,13 +187,8 @@ INLINE void unpack_rows(int q4, int G, int mx, const uint8_t *const *row, int nr
                 _mm512_store_si512(abuf + stride * m + h, v);
                 continue;
             }
-            __m512i lo = _mm512_and_si512(v, nib);
-            __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
-            if (mx) {
-                lo = _mm512_shuffle_epi8(lut, lo);
-                hi = _mm512_shuffle_epi8(lut, hi);
-            }
-            __m512i o0, o1;
+            __m512i lo, hi, o0, o1;
+            exo_split_nibbles(v, mx, &lo, &hi);
             q4_group_order(G, lo, hi, &o0, &o1);
             _mm512_store_si512(abuf + stride * m + 2 * h, o0);
             _mm512_store_si512(abuf + stride * m + 2 * h + 64, o1);

@@ -51,6 +51,7 @@
  * with scale 2^(s-128) and bias -12 * 2^(s-128), whose E8M0 scale bytes
  * prep_row_mx turns into floats. Same activations (Q4 layout, group 32),
  * same loop, two vpshufb more per 64 bytes of codes. */
+#include "engine/cpu/codes_avx512.h"
 #include "engine/cpu/kernels.h"
 #include "engine/quant.h"
 
@@ -260,13 +261,6 @@ static __m512 prep_pair(int mx, const float *sc, const float *bi, int64_t ng, co
     return mx ? _mm512_mul_ps(bacc, _mm512_set1_ps(-12.0f)) : bacc;
 }
 
-/* u = 2 * e2m1 + 12 for each code, replicated in the four 128-bit lanes. */
-INLINE __m512i mx_table(void)
-{
-    return _mm512_broadcast_i32x4(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8,
-                                                6, 4, 0));
-}
-
 /* Sums of four vectors: {sum a, sum b, sum c, sum d}. */
 INLINE __m128 reduce4(__m512 a, __m512 b, __m512 c, __m512 d)
 {
@@ -352,15 +346,8 @@ INLINE void load_codes(int q4, int mx, const uint8_t *p, int full, __mmask64 m, 
         v = _mm512_maskz_loadu_epi8(m, p);
     }
     *lo = *hi = v;
-    if (q4) {
-        const __m512i nib = _mm512_set1_epi8(0x0f);
-        *lo = _mm512_and_si512(v, nib);
-        *hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
-        if (mx) {
-            *lo = _mm512_shuffle_epi8(mx_table(), *lo);
-            *hi = _mm512_shuffle_epi8(mx_table(), *hi);
-        }
-    }
+    if (q4)
+        exo_split_nibbles(v, mx, lo, hi);
 }
 
 /* Dot products of one 64-byte block of codes (q4: its nibbles lo/hi; bytes:
@@ -712,7 +699,9 @@ static void lane_rows_xtile(int q4, int bcast, int mx, const uint8_t *const *wro
     LANE_ROWS_X_CASES(LANE_XTILE);
 }
 
-int exo_gemv_lpg_shift(int bits, int G)
+/* log2 of the 32-bit lanes of a 64-byte block one group of G covers: 4-bit
+ * codes (Q4 layout) G/8, bytes G/4. */
+static int lpg_shift_of(int bits, int G)
 {
     int v = (bits == 4 ? G * 4 : G * 8) / 32, s = 0;
     while ((1 << s) < v)
@@ -730,7 +719,7 @@ static void gemv_q_avx512(const exo_linear *w, int mx, int64_t r0, int64_t r1, i
     const int64_t wbytes = cols * bits / 8; /* bytes of codes per row */
     const int q4 = bits == 4, q8 = bits == 8;
     const int64_t rowbytes = (q4 || q8) ? wbytes : cols;
-    const int lpg_shift = exo_gemv_lpg_shift(q4 ? 4 : 8, G);
+    const int lpg_shift = lpg_shift_of(q4 ? 4 : 8, G);
     const uint8_t *base = w->w;
     /* rows sharing a page go to different row blocks (see the top) */
     const int64_t S = exo_gemv_page_stride(wbytes);

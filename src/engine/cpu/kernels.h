@@ -96,10 +96,6 @@ typedef struct exo_gemv_scratch {
 static inline int64_t exo_gemv_sf_stride(int64_t cols) { return cols / 32 + 48; }
 static inline int64_t exo_gemv_code_stride(int64_t cols) { return (cols + 63) / 64 * 64 + 64; }
 
-/* log2 of the 32-bit lanes of a 64-byte block one group of G covers: 4-bit
- * codes (Q4 layout) G/8, bytes G/4. */
-int exo_gemv_lpg_shift(int bits, int G);
-
 /* AVX-512 (gemv_avx512.c) */
 void exo_qact_build_avx512(const float *x, int64_t cols, int G, int layout, exo_qact *out,
                            int8_t *tmp /* 2 * exo_qact_q_len(cols) */);
@@ -122,10 +118,10 @@ void exo_gemv_row_params(const exo_linear *w, int mx, int64_t r, int64_t ng, int
                          float *bi);
 
 /* AMX-INT8 (gemv_amx.c): up to 16 rows of X at once, the same bits as
- * exo_gemv_affine_avx512 / exo_gemv_mxfp4_avx512 give row by row. */
+ * exo_gemv_affine_avx512 / exo_gemv_mxfp4_avx512 give row by row in their
+ * group-sum family (exo_gemv_scratch.group_sums = 1). */
 typedef struct exo_qtile {
     int      T;   /* X rows, <= 16 */
-    int64_t  ng;  /* groups of a row */
     int8_t  *b;   /* per group, per tile product: the B tiles of the two levels, 1 KiB each */
     float   *dx;  /* [group][16 X rows], zero past T and ng */
     float   *sx;  /* likewise */
