@@ -16,6 +16,10 @@
 
 #define MAX_CONFIG_BYTES ((size_t)64 << 20)
 #define MAX_DIM ((int64_t)1 << 31) /* sanity bound on sizes and counts */
+/* Layers a config may declare: per-layer tables are allocated before any
+ * weight is seen, so a count near MAX_DIM would ask for gigabytes (the
+ * config fuzzer found 555 M layers); the deepest checkpoints have ~100. */
+#define MAX_LAYERS 4096
 
 typedef struct ctx {
     const char *file;
@@ -736,6 +740,9 @@ static int parse_config(const ctx *c, exo_model_config *cfg)
         (rc = read_size(c, "intermediate_size", strcmp(mt, "qwen3_5_moe") != 0, 0,
                         &cfg->intermediate_size)) ||
         (rc = read_size(c, "num_hidden_layers", true, 0, &cfg->num_hidden_layers)) ||
+        (cfg->num_hidden_layers > MAX_LAYERS &&
+         (rc = exo_err_set(c->err, EXO_EFORMAT, "%s: \"num_hidden_layers\" %lld is more than %d",
+                           c->file, (long long)cfg->num_hidden_layers, MAX_LAYERS))) ||
         (rc = read_size(c, "num_attention_heads", true, 0, &cfg->num_attention_heads)) ||
         (rc = read_size(c, "num_key_value_heads", false, cfg->num_attention_heads,
                         &cfg->num_key_value_heads)) ||

@@ -671,3 +671,15 @@ Test(config, load_dir)
     cr_assert(strstr(err.msg, tmpdir) && strstr(err.msg, "config.json"), "%s", err.msg);
     test_tmpdir_remove(tmpdir);
 }
+
+/* Per-layer tables are allocated from the declared layer count before any
+ * weight exists: a huge count is refused, not allocated (the config
+ * fuzzer's out-of-memory case: 555 M layers). */
+Test(config, layer_count_is_bounded)
+{
+    bad("{\"model_type\":\"llama\"," SIZES_NL ",\"num_hidden_layers\":555555553}", EXO_EFORMAT,
+        "\"num_hidden_layers\" 555555553 is more than 4096");
+    exo_model_config c = ok("{\"model_type\":\"llama\"," SIZES_NL ",\"num_hidden_layers\":4096}");
+    cr_assert_eq(c.num_hidden_layers, 4096);
+    exo_config_free(&c);
+}
