@@ -238,6 +238,13 @@ typedef struct exo_backend_ops {
     int  (*matmul_glu)(exo_backend *be, const exo_linear *w, exo_glu_kind kind, float *g, const float *u,
                        float limit, bool accumulate, int T, float *y);
 
+    /* Optional (NULL: nothing to do): a hint that the products queued
+     * after the ops to come will read these n weights. A backend with a
+     * cache that holds them all may start reading them in now, beside the
+     * queued ops, so that memory works while those ops wait on each other.
+     * Never changes a result; may be called inside a step. */
+    int  (*prefetch)(exo_backend *be, int n, const exo_linear *const *w);
+
     /* Optional (NULL: the caller copies x to the host and looks there): the
      * index of the largest of n values (the lowest on ties; NaN never
      * wins) and its log-softmax, x[id] - log(sum exp x), into host memory.

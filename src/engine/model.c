@@ -2917,6 +2917,10 @@ static int attention_rows_flush(exo_model *m, int l, decode_rows *rows)
  * window and sinks, gpt-oss/gated variants, output projection. Where the
  * backend fuses, the projections norm a->x themselves and the output
  * projection adds into a->x (*added). */
+/* Calls of up to this many rows (decode: the GEMV's widths) ask the
+ * backend to prefetch the products that follow attention. */
+#define EXO_PREFETCH_MAX_T 16
+
 static int attention_forward(exo_model *m, const span *sp, int nsp, int l, int T, bool *added, exo_err *err)
 {
     layer *L = &m->layers[l];
@@ -2931,6 +2935,10 @@ static int attention_forward(exo_model *m, const span *sp, int nsp, int l, int T
         OK(o->matmul_fused(be, m->attn_gated ? 4 : 3, qkv, a->x, L->attn_norm, m->eps, false, T, qkv_out));
     else
         OK(o->matmul(be, m->attn_gated ? 4 : 3, qkv, a->h, T, qkv_out));
+    if (o->prefetch && T <= EXO_PREFETCH_MAX_T && !L->n_experts) { /* read in while attention runs */
+        const exo_linear *next[3] = {&L->o, &L->gate, &L->up};
+        OK(o->prefetch(be, 3, next));
+    }
     if (L->q_norm && !o->qk_norm_rope) {
         OK(o->rmsnorm(be, a->q, a->q, L->q_norm, T * m->n_heads, m->hd, m->eps));
         OK(o->rmsnorm(be, a->k, a->k, L->k_norm, T * m->n_kv, m->hd, m->eps));

@@ -1893,6 +1893,49 @@ Test(backend_ops, recorded_decode_steps_match_eager)
     }
 }
 
+/* Decode on the GPU reads a layer's o, gate and up weights into L2 while
+ * attention runs (backend.h prefetch, on a stream of its own that a
+ * recording forks and joins; here for weights of any size): recorded
+ * steps still replay, and the logits are the same bits as with prefetch
+ * off (EXO_CUDA_PREFETCH_MB=0). */
+Test(backend_ops, prefetch_changes_no_bits)
+{
+    exo_err err = {0};
+    if (exo_backend_cuda_devices() <= 0)
+        cr_skip_test("needs a GPU");
+    enum { STEPS = 10 };
+    const int32_t prompt[7] = {3, 77, 19, 240, 5, 61, 12};
+    float *out[2] = {NULL, NULL};
+    int V = 0;
+    for (int on = 0; on < 2; on++) {
+        setenv("EXO_CUDA_PREFETCH_MB", on ? "1000" : "0", 1);
+        setenv("EXO_CUDA_PREFETCH_MIN_MB", "0", 1); /* the tiny model's weights too */
+        exo_synth *syn = NULL;
+        exo_model *m = NULL;
+        exo_seq *s = NULL;
+        cr_assert_eq(tiny_model("cuda", 0, &syn, &m, &err), 0, "%s", err.msg);
+        V = exo_model_vocab(m);
+        out[on] = malloc(sizeof(float) * (size_t)V * (STEPS + 1));
+        cr_assert_eq(exo_seq_create(m, 64, &s, &err), 0, "%s", err.msg);
+        cr_assert_eq(exo_model_forward(m, s, prompt, 7, out[on], false, &err), 0, "%s", err.msg);
+        for (int step = 0; step < STEPS; step++) {
+            int32_t tok = (int32_t)((step * 53 + 7) % 250);
+            cr_assert_eq(exo_model_forward(m, s, &tok, 1, out[on] + (size_t)(step + 1) * V, false, &err), 0, "%s",
+                         err.msg);
+        }
+        long replayed = exo_model_replayed_steps(m);
+        cr_expect(replayed >= STEPS - 3, "prefetch %s: replayed %ld of %d steps", on ? "on" : "off", replayed, STEPS);
+        exo_seq_free(s);
+        exo_model_free(m);
+        exo_synth_free(syn);
+    }
+    unsetenv("EXO_CUDA_PREFETCH_MB");
+    unsetenv("EXO_CUDA_PREFETCH_MIN_MB");
+    cr_expect(!memcmp(out[0], out[1], sizeof(float) * (size_t)V * (STEPS + 1)), "prefetch changed the logits");
+    free(out[0]);
+    free(out[1]);
+}
+
 /* gpt-oss decode on the GPU picks its experts there, their biases too
  * (add_picked_bias), so its steps are recorded and replayed like a dense
  * model's: the same logits as routing on the host (EXO_MOE_PATH=host-route,
