@@ -242,7 +242,8 @@ typedef struct exo_backend_ops {
      * after the ops to come will read these n weights. A backend with a
      * cache that holds them all may start reading them in now, beside the
      * queued ops, so that memory works while those ops wait on each other.
-     * Never changes a result; may be called inside a step. */
+     * Never changes a result; may be called inside a step. Returns 1 when
+     * it started reading them, 0 when it did not, or an error. */
     int  (*prefetch)(exo_backend *be, int n, const exo_linear *const *w);
 
     /* Optional (NULL: the caller copies x to the host and looks there): the

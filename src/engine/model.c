@@ -182,6 +182,7 @@ struct exo_model {
     acts act;           /* the CPU's activations */
     acts gpu_act;       /* the GPU's */
     long replayed_steps; /* decode steps run from a recording */
+    long prefetches;     /* backend prefetches started (issued ops; a replay issues none) */
     /* The paged KV cache (kv_pool.h): full-attention layers keep their
      * caches in pages, on page_be[b] for the layers there; layer l's K and
      * V start page_k_off[l] and page_v_off[l] floats into its backend's
@@ -1801,6 +1802,7 @@ size_t exo_model_gpu_reserve(size_t total_bytes) { return total_bytes / 16 + ((s
 int exo_model_gpu_layers(const exo_model *m) { return m->gpu_layers; }
 int exo_model_gpu_device(const exo_model *m) { return m->gpu_device; }
 long exo_model_replayed_steps(const exo_model *m) { return m->replayed_steps; }
+long exo_model_prefetches(const exo_model *m) { return m->prefetches; }
 
 exo_shard_info exo_model_shard(const exo_model *m)
 {
@@ -2937,7 +2939,10 @@ static int attention_forward(exo_model *m, const span *sp, int nsp, int l, int T
         OK(o->matmul(be, m->attn_gated ? 4 : 3, qkv, a->h, T, qkv_out));
     if (o->prefetch && T <= EXO_PREFETCH_MAX_T && !L->n_experts) { /* read in while attention runs */
         const exo_linear *next[3] = {&L->o, &L->gate, &L->up};
-        OK(o->prefetch(be, 3, next));
+        int started = o->prefetch(be, 3, next);
+        if (started < 0)
+            return started;
+        m->prefetches += started;
     }
     if (L->q_norm && !o->qk_norm_rope) {
         OK(o->rmsnorm(be, a->q, a->q, L->q_norm, T * m->n_heads, m->hd, m->eps));

@@ -121,6 +121,9 @@ int exo_model_gpu_layers(const exo_model *m);
 int exo_model_gpu_device(const exo_model *m);
 /* Decode steps run from a recording (backend.h step_begin) so far. */
 long exo_model_replayed_steps(const exo_model *m);
+/* Weights' prefetches the backend started (backend.h prefetch) in the ops
+ * issued so far (a replayed recording issues none). */
+long exo_model_prefetches(const exo_model *m);
 
 /* Bytes of weights one decode step reads (every layer + LM head). */
 size_t  exo_model_decode_bytes(const exo_model *m);

@@ -1923,8 +1923,12 @@ Test(backend_ops, prefetch_changes_no_bits)
             cr_assert_eq(exo_model_forward(m, s, &tok, 1, out[on] + (size_t)(step + 1) * V, false, &err), 0, "%s",
                          err.msg);
         }
-        long replayed = exo_model_replayed_steps(m);
+        long replayed = exo_model_replayed_steps(m), started = exo_model_prefetches(m);
         cr_expect(replayed >= STEPS - 3, "prefetch %s: replayed %ld of %d steps", on ? "on" : "off", replayed, STEPS);
+        if (on)
+            cr_expect(started > 0, "prefetch on, but none started");
+        else
+            cr_expect_eq(started, 0, "prefetch off, yet %ld started", started);
         exo_seq_free(s);
         exo_model_free(m);
         exo_synth_free(syn);

@@ -671,7 +671,8 @@ static int cuda_prefetch(exo_backend *be, int n, const exo_linear *const *w)
     l2_prefetch_kernel<<<grid, per_block, 0, c->side>>>(r);
     if (c->recording)
         c->side_in_capture = true;
-    return exo_cuda_launched("prefetch");
+    int rc = exo_cuda_launched("prefetch");
+    return rc ? rc : 1;
 }
 
 /* ---- element-wise ops ------------------------------------------------------ */
