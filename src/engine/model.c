@@ -2914,15 +2914,15 @@ static int attention_rows_flush(exo_model *m, int l, decode_rows *rows)
                                         a->v + r0 * KD, rows->cache, rows->ring, rows->pos);
 }
 
+/* Calls of up to this many rows (decode: the GEMV's widths) ask the
+ * backend to prefetch the products that follow attention. */
+#define EXO_PREFETCH_MAX_T 16
+
 /* Softmax attention of the normed rows in a->h into a->h (before the
  * residual add): projections, q/k norms, (partial) RoPE, the layer's
  * window and sinks, gpt-oss/gated variants, output projection. Where the
  * backend fuses, the projections norm a->x themselves and the output
  * projection adds into a->x (*added). */
-/* Calls of up to this many rows (decode: the GEMV's widths) ask the
- * backend to prefetch the products that follow attention. */
-#define EXO_PREFETCH_MAX_T 16
-
 static int attention_forward(exo_model *m, const span *sp, int nsp, int l, int T, bool *added, exo_err *err)
 {
     layer *L = &m->layers[l];

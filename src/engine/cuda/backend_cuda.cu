@@ -641,14 +641,9 @@ static int cuda_prefetch(exo_backend *be, int n, const exo_linear *const *w)
         const exo_linear *l = w[i];
         if (l->pick_table || !l->w)
             continue;
-        /* codes (or elements), scales and biases, as load_linear laid them out */
-        const bool dense = l->format == EXO_WFORMAT_DENSE, mx = l->format == EXO_WFORMAT_MXFP4;
-        const size_t rows = (size_t)l->rows, groups = dense ? 0 : (size_t)(l->cols / l->group_size);
-        const size_t sdt = mx ? 1 : exo_dtype_size(l->dtype);
-        const size_t codes = dense ? rows * (size_t)l->cols * sdt
-                                   : rows * (size_t)l->cols * (size_t)(mx ? 4 : l->bits) / 8;
-        const void *part[3] = {l->w, l->scales, l->format == EXO_WFORMAT_AFFINE ? l->biases : NULL};
-        const size_t bytes[3] = {codes, rows * groups * sdt, rows * groups * sdt};
+        size_t bytes[3];
+        exo_linear_part_bytes(l, &bytes[0], &bytes[1], &bytes[2]);
+        const void *part[3] = {l->w, l->scales, l->biases};
         for (int k = 0; k < 3; k++) {
             if (!part[k] || !bytes[k])
                 continue;
