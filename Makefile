@@ -77,6 +77,15 @@ $(BUILD)/libexo_cuda.so: $(CUDA_OBJ)
 	@echo "  LD      $@"
 	@$(NVCC) -shared -o $@ $^ -lcublas
 
+# A kernel timeline where Nsight Systems is missing (tools/cuda_kernel_trace.c):
+# preloaded into exo or a bench; not part of `all`.
+CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
+$(BUILD)/libexo_cuda_trace.so: tools/cuda_kernel_trace.c
+	@mkdir -p $(dir $@)
+	@echo "  CC      $<"
+	@$(CC) $(CSTD) $(OPT) $(WARN) -fPIC -shared -I$(CUDA_HOME)/include -o $@ $< \
+	    -L$(CUDA_HOME)/lib -L$(CUDA_HOME)/lib64 -lcupti
+
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
 	@echo "  CC      $<"

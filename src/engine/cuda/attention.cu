@@ -31,8 +31,17 @@
  * every query head of the group, so each key and value row is read once,
  * by one warp, coalesced (a lane holds head_dim / 32 of its dims); the
  * block's 8 warps take interleaved positions with their own running max
- * and sum per head and merge in shared memory at the end. */
+ * and sum per head and merge in shared memory at the end. Its splits
+ * combine themselves: the last block of a KV head to finish (a counter
+ * per KV head) reads the others' partials, so a token's attention is one
+ * kernel, and each warp loads a round of positions before it uses any, so
+ * it waits on memory once a round. A trace of llama-3.1-8b q4 decode on an
+ * H200 at ~600 positions (tools/cuda_kernel_trace.c) had attention and its
+ * combine at 8.2 + 8.7 us of a 70 us layer before, waiting on one position's
+ * load at a time and on the combine's 3 x 33 loads in turn. */
 #include "engine/cuda/cuda_internal.h"
+
+#include <type_traits>
 
 #define ATT_THREADS 128
 #define ATT_WARPS (ATT_THREADS / 32)
@@ -259,15 +268,6 @@ struct att_rows {
     att_args a[ATT_ROWS_MAX];
 };
 
-__global__ void attention_combine_rows_kernel(const __grid_constant__ att_rows b)
-{
-    exo_cuda_wait_inputs();
-    exo_cuda_start_next();
-    const att_args &a = b.a[blockIdx.z];
-    if (a.n_split > 1)
-        combine_splits(a, blockIdx.x, 0);
-}
-
 /* The decode kernel: head_dim 64, 128 or 256, and a KV group's query
  * heads times head_dim at most 1024 (what a lane keeps in registers). */
 #define DEC_WARPS 8
@@ -276,20 +276,95 @@ __global__ void attention_combine_rows_kernel(const __grid_constant__ att_rows b
 static bool decode_kernel_takes(const exo_attn_shape *sh, int T)
 {
     int hd = sh->head_dim, g = sh->n_heads / sh->n_kv_heads;
-    return T == 1 && (hd == 64 || hd == 128 || hd == 256) && g * hd <= DEC_GROUP_DIMS;
+    return T == 1 && (hd == 64 || hd == 128 || hd == 256) && g * hd <= DEC_GROUP_DIMS &&
+           sh->n_kv_heads * ATT_ROWS_MAX <= EXO_CUDA_ATT_ARRIVALS;
 }
 
-template <int DPL>
-__device__ __forceinline__ void decode_attend(const att_args &a, int kvh, int sp)
+/* Positions a decode block takes at least: one round of each of its 8
+ * warps loading 4 positions before using any (decode_attend). */
+#define DEC_LEAST 32
+
+/* The last block of a KV head's splits (decode_attend): each query head's
+ * splits combined, a warp a head for the weights (the splits' maxima and
+ * sums across its lanes), then every thread some of the group's dims, its
+ * splits' loads issued four at a time. The partials were written by other
+ * blocks: read through L2 (__ldcg), never a stale L1 line. */
+template <int GMAX>
+__device__ __forceinline__ void combine_group(const att_args &a, int kvh, int live)
 {
-    constexpr int GMAX = DEC_GROUP_DIMS / (32 * DPL);
+    __shared__ float weight[GMAX][ATT_MAX_SPLITS], total[GMAX];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = a.n_heads / a.n_kv, hd = a.hd;
+    const size_t stride = (size_t)hd + 2;
+    for (int h = warp; h < g; h += DEC_WARPS) {
+        const int head = kvh * g + h;
+        const float *part = a.partial + (size_t)head * a.n_split * stride;
+        float m[2], l[2];
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            const int s = lane + 32 * i;
+            m[i] = s < live ? __ldcg(part + s * stride) : -INFINITY;
+            l[i] = s < live ? __ldcg(part + s * stride + 1) : 0.0f;
+        }
+        const float M = warp_max(fmaxf(m[0], m[1]));
+        float L = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            const float w = m[i] == -INFINITY ? 0.0f : __expf(m[i] - M);
+            L += l[i] * w;
+            if (lane + 32 * i < live)
+                weight[h][lane + 32 * i] = w;
+        }
+        L = warp_sum(L);
+        if (a.sinks)
+            L += __expf(a.sinks[head] - M);
+        if (lane == 0)
+            total[h] = L;
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < g * hd; e += DEC_WARPS * 32) {
+        const int h = e / hd, d = e % hd, head = kvh * g + h;
+        const float *part = a.partial + (size_t)head * a.n_split * stride + 2 + d;
+        float acc = 0.0f;
+        int s = 0;
+        for (; s + 4 <= live; s += 4) {
+            float p[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                p[i] = __ldcg(part + (s + i) * stride);
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                acc += p[i] * weight[h][s + i];
+        }
+        for (; s < live; s++)
+            acc += __ldcg(part + s * stride) * weight[h][s];
+        a.out[(size_t)head * hd + d] = total[h] > 0 ? acc / total[h] : 0.0f;
+    }
+}
+
+/* One (KV head, split) of a decode token. Each warp takes every
+ * DEC_WARPS-th position of the split, DEC_UNROLL of them loaded at once,
+ * so a warp waits on memory once a round, not once a position. A split
+ * with no positions (a short context in a grid planned for the whole
+ * cache) leaves at once; a token whose positions fit one split writes its
+ * output directly; otherwise each split writes its (max, sum, output) and
+ * the last of the KV head's splits to arrive (`arrival`, a counter it sets
+ * back to 0) combines them: no second kernel. */
+template <int DPL, int GMAX>
+__device__ __forceinline__ void decode_attend(const att_args &a, int kvh, int sp, int *arrival)
+{
+    constexpr int DEC_UNROLL = DPL >= 8 ? 2 : 4;
     __shared__ float merge[DEC_WARPS][GMAX][2];
+    __shared__ bool last;
     extern __shared__ float wacc[]; /* [DEC_WARPS][g][hd] */
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = a.n_heads / a.n_kv, hd = a.hd;
     const int pos0 = a.pos_dev ? *a.pos_dev : a.pos0;
     const int lo = a.window > 0 && pos0 - a.window + 1 > 0 ? pos0 - a.window + 1 : 0;
-    const int per = split_len(a, pos0 + 1 - lo, 16, 1);
+    const int span = pos0 + 1 - lo, per = split_len(a, span, DEC_LEAST, 1);
+    const int live = (span + per - 1) / per; /* splits with positions: at most n_split */
+    if (sp >= live)
+        return;
     const int start = lo + sp * per, end = min(pos0 + 1, start + per);
     const size_t row_stride = (size_t)a.n_kv * hd;
     /* a lane's dims: DPL consecutive floats (coalesced across the warp) */
@@ -315,34 +390,45 @@ __device__ __forceinline__ void decode_attend(const att_args &a, int kvh, int sp
             vc[d0 + i] = a.vin[in + d0 + i];
         }
     }
-    for (int j = start + warp; j < end; j += DEC_WARPS) {
-        const float *kr = key_row(a, pos0, j, kvh, row_stride, a.kin, false) + d0;
-        const float *vr = key_row(a, pos0, j, kvh, row_stride, a.vin, true) + d0;
-        float k[DPL], v[DPL];
+    for (int j0 = start + warp; j0 < end; j0 += DEC_UNROLL * DEC_WARPS) {
+        float k[DEC_UNROLL][DPL], v[DEC_UNROLL][DPL];
 #pragma unroll
-        for (int i = 0; i < DPL; i += 2) {
-            float2 kk = __ldg((const float2 *)(kr + i)), vv = __ldg((const float2 *)(vr + i));
-            k[i] = kk.x;
-            k[i + 1] = kk.y;
-            v[i] = vv.x;
-            v[i + 1] = vv.y;
+        for (int u = 0; u < DEC_UNROLL; u++) {
+            const int j = j0 + u * DEC_WARPS;
+            if (j >= end)
+                break;
+            const float *kr = key_row(a, pos0, j, kvh, row_stride, a.kin, false) + d0;
+            const float *vr = key_row(a, pos0, j, kvh, row_stride, a.vin, true) + d0;
+#pragma unroll
+            for (int i = 0; i < DPL; i += 2) {
+                float2 kk = __ldg((const float2 *)(kr + i)), vv = __ldg((const float2 *)(vr + i));
+                k[u][i] = kk.x;
+                k[u][i + 1] = kk.y;
+                v[u][i] = vv.x;
+                v[u][i + 1] = vv.y;
+            }
         }
 #pragma unroll
-        for (int h = 0; h < GMAX; h++) {
-            if (h >= g)
+        for (int u = 0; u < DEC_UNROLL; u++) {
+            if (j0 + u * DEC_WARPS >= end)
                 break;
-            float s = 0.0f;
 #pragma unroll
-            for (int i = 0; i < DPL; i++)
-                s += q[h][i] * k[i];
-            s = warp_sum(s);
-            const float mnew = fmaxf(m[h], s);
-            const float corr = __expf(m[h] - mnew), p = __expf(s - mnew);
-            l[h] = l[h] * corr + p;
-            m[h] = mnew;
+            for (int h = 0; h < GMAX; h++) {
+                if (h >= g)
+                    break;
+                float s = 0.0f;
 #pragma unroll
-            for (int i = 0; i < DPL; i++)
-                acc[h][i] = acc[h][i] * corr + p * v[i];
+                for (int i = 0; i < DPL; i++)
+                    s += q[h][i] * k[u][i];
+                s = warp_sum(s);
+                const float mnew = fmaxf(m[h], s);
+                const float corr = __expf(m[h] - mnew), p = __expf(s - mnew);
+                l[h] = l[h] * corr + p;
+                m[h] = mnew;
+#pragma unroll
+                for (int i = 0; i < DPL; i++)
+                    acc[h][i] = acc[h][i] * corr + p * v[u][i];
+            }
         }
     }
     /* the warps' (max, sum, output) per head, merged */
@@ -377,7 +463,7 @@ __device__ __forceinline__ void decode_attend(const att_args &a, int kvh, int sp
             L += mw == -INFINITY ? 0.0f : merge[w][h][1] * __expf(mw - M);
             o += wacc[((size_t)w * g + h) * hd + d];
         }
-        if (a.n_split == 1) {
+        if (live == 1) {
             if (a.sinks)
                 L += __expf(a.sinks[head] - M);
             a.out[(size_t)head * hd + d] = L > 0 ? o / L : 0.0f;
@@ -390,24 +476,38 @@ __device__ __forceinline__ void decode_attend(const att_args &a, int kvh, int sp
             part[2 + d] = o;
         }
     }
+    if (live == 1)
+        return;
+    __threadfence(); /* this block's partials, seen by whichever block comes last */
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        last = atomicAdd(arrival, 1) == live - 1;
+        if (last)
+            *arrival = 0; /* every split has arrived: ready for the next call */
+    }
+    __syncthreads();
+    if (!last)
+        return;
+    __threadfence();
+    combine_group<GMAX>(a, kvh, live);
 }
 
-template <int DPL>
-__global__ void __launch_bounds__(DEC_WARPS * 32) attention_decode_kernel(const __grid_constant__ att_args a)
+template <int DPL, int GMAX>
+__global__ void __launch_bounds__(DEC_WARPS * 32) attention_decode_kernel(const __grid_constant__ att_args a, int *arrivals)
 {
     exo_cuda_wait_inputs();
     exo_cuda_start_next();
-    decode_attend<DPL>(a, blockIdx.x, blockIdx.y);
+    decode_attend<DPL, GMAX>(a, blockIdx.x, blockIdx.y, arrivals + blockIdx.x);
 }
 
-template <int DPL>
-__global__ void __launch_bounds__(DEC_WARPS * 32) attention_decode_rows_kernel(const __grid_constant__ att_rows b)
+template <int DPL, int GMAX>
+__global__ void __launch_bounds__(DEC_WARPS * 32) attention_decode_rows_kernel(const __grid_constant__ att_rows b, int *arrivals)
 {
     exo_cuda_wait_inputs();
     exo_cuda_start_next();
     const att_args &a = b.a[blockIdx.z];
     if ((int)blockIdx.y < a.n_split) /* the sequences' split counts differ; the grid has the most */
-        decode_attend<DPL>(a, blockIdx.x, blockIdx.y);
+        decode_attend<DPL, GMAX>(a, blockIdx.x, blockIdx.y, arrivals + (size_t)blockIdx.z * a.n_kv + blockIdx.x);
 }
 
 /* The prompt kernel: flash attention in tiles, for head_dim 64, 128 or 256
@@ -607,6 +707,40 @@ static int launch_tile(const att_args &a, cudaStream_t stream)
     return exo_cuda_launched("attention tile");
 }
 
+/* The decode kernel for a shape: DPL = head_dim / 32 dims a lane, GMAX
+ * the group's query heads rounded up to 4, 8 or 16 (a lane's registers
+ * hold GMAX heads' queries and sums): attention_decode_rows_kernel
+ * for an att_rows, else attention_decode_kernel for an att_args. */
+template <int DPL, int GMAX, typename Args>
+static void launch_decode_as(dim3 grid, size_t smem, cudaStream_t stream, const Args &args, int *arrivals)
+{
+    if constexpr (std::is_same<Args, att_rows>::value)
+        exo_cuda_launch(attention_decode_rows_kernel<DPL, GMAX>, grid, dim3(DEC_WARPS * 32), smem, stream, args,
+                        arrivals);
+    else
+        exo_cuda_launch(attention_decode_kernel<DPL, GMAX>, grid, dim3(DEC_WARPS * 32), smem, stream, args,
+                        arrivals);
+}
+
+template <typename Args>
+static void launch_decode(const exo_attn_shape *sh, dim3 grid, size_t smem, cudaStream_t stream, const Args &args,
+                          int *arrivals)
+{
+    const int g = sh->n_heads / sh->n_kv_heads;
+    if (sh->head_dim == 256)
+        launch_decode_as<8, 4>(grid, smem, stream, args, arrivals);
+    else if (sh->head_dim == 128 && g <= 4)
+        launch_decode_as<4, 4>(grid, smem, stream, args, arrivals);
+    else if (sh->head_dim == 128)
+        launch_decode_as<4, 8>(grid, smem, stream, args, arrivals);
+    else if (g <= 4)
+        launch_decode_as<2, 4>(grid, smem, stream, args, arrivals);
+    else if (g <= 8)
+        launch_decode_as<2, 8>(grid, smem, stream, args, arrivals);
+    else
+        launch_decode_as<2, 16>(grid, smem, stream, args, arrivals);
+}
+
 /* How a call is split: per_split positions a block (a multiple of the
  * block's width), enough blocks to fill the GPU when there are few. A
  * recorded step is planned for the whole cache (capacity > 0), since it
@@ -616,8 +750,8 @@ static void plan(const exo_attn_shape *sh, int T, int pos0, int capacity, int *p
     int span = capacity > 0 ? capacity : pos0 + T; /* the most positions any query sees */
     if (sh->sliding_window > 0 && sh->sliding_window < span)
         span = sh->sliding_window;
-    if (decode_kernel_takes(sh, T)) { /* about two blocks an SM, at least 16 positions a block */
-        int n = (2 * 132 + sh->n_kv_heads - 1) / sh->n_kv_heads, most = (span + 15) / 16;
+    if (decode_kernel_takes(sh, T)) { /* about two blocks an SM, at least DEC_LEAST positions a block */
+        int n = (2 * 132 + sh->n_kv_heads - 1) / sh->n_kv_heads, most = (span + DEC_LEAST - 1) / DEC_LEAST;
         n = n > most ? most : n;
         n = n < 1 ? 1 : n > ATT_MAX_SPLITS ? ATT_MAX_SPLITS : n;
         *per_split = (span + n - 1) / n;
@@ -675,7 +809,7 @@ static att_args args_for(const exo_attn_shape *sh, float *out, const float *q, c
 
 int exo_cuda_attention(cudaStream_t stream, const exo_attn_shape *sh, float *out, const float *q, const float *k,
                        const float *v, const exo_kv_view *cache, int T, int pos0, const int *pos_dev,
-                       float *partial)
+                       float *partial, int *arrivals)
 {
     if (sh->head_dim % 4 || sh->head_dim > 32 * ATT_MAX_DIMS || sh->n_heads % sh->n_kv_heads ||
         (cache->pages && (cache->page & (cache->page - 1))))
@@ -690,13 +824,10 @@ int exo_cuda_attention(cudaStream_t stream, const exo_attn_shape *sh, float *out
     if (decode_kernel_takes(sh, T)) {
         dim3 grid((unsigned)sh->n_kv_heads, (unsigned)a.n_split);
         size_t wsmem = sizeof(float) * DEC_WARPS * (size_t)(sh->n_heads / sh->n_kv_heads) * sh->head_dim;
-        if (sh->head_dim == 64)
-            exo_cuda_launch(attention_decode_kernel<2>, dim3(grid), dim3(DEC_WARPS * 32), wsmem, stream, a);
-        else if (sh->head_dim == 128)
-            exo_cuda_launch(attention_decode_kernel<4>, dim3(grid), dim3(DEC_WARPS * 32), wsmem, stream, a);
-        else
-            exo_cuda_launch(attention_decode_kernel<8>, dim3(grid), dim3(DEC_WARPS * 32), wsmem, stream, a);
-    } else {
+        launch_decode(sh, grid, wsmem, stream, a, arrivals);
+        return exo_cuda_launched("attention decode"); /* its splits combine themselves */
+    }
+    {
     size_t smem = sizeof(float) * (size_t)(sh->head_dim + ATT_THREADS + ATT_WARPS * sh->head_dim);
     if (smem > 48 * 1024 &&
         cudaFuncSetAttribute(attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem))
@@ -729,7 +860,7 @@ size_t exo_cuda_attention_rows_scratch(const exo_attn_shape *sh, int n, const ex
 
 int exo_cuda_attention_rows(cudaStream_t stream, const exo_attn_shape *sh, int n, float *out, const float *q,
                             const float *k, const float *v, const exo_kv_view *caches, const int *rings,
-                            const int *pos, float *partial)
+                            const int *pos, float *partial, int *arrivals)
 {
     const size_t qrow = (size_t)sh->n_heads * sh->head_dim, kvrow = (size_t)sh->n_kv_heads * sh->head_dim;
     if (!decode_kernel_takes(sh, 1)) { /* the general kernel: a call a sequence */
@@ -737,7 +868,7 @@ int exo_cuda_attention_rows(cudaStream_t stream, const exo_attn_shape *sh, int n
             exo_attn_shape one = *sh;
             one.ring = rings[i];
             int rc = exo_cuda_attention(stream, &one, out + i * qrow, q + i * qrow, k + i * kvrow, v + i * kvrow,
-                                        &caches[i], 1, pos[i], NULL, partial);
+                                        &caches[i], 1, pos[i], NULL, partial, arrivals);
             if (rc)
                 return rc;
         }
@@ -745,7 +876,6 @@ int exo_cuda_attention_rows(cudaStream_t stream, const exo_attn_shape *sh, int n
     }
     for (int i0 = 0; i0 < n; i0 += ATT_ROWS_MAX) {
         int m = n - i0 < ATT_ROWS_MAX ? n - i0 : ATT_ROWS_MAX, splits = 1;
-        bool combine = false;
         att_rows b;
         float *part = partial;
         for (int j = 0; j < m; j++) {
@@ -758,25 +888,13 @@ int exo_cuda_attention_rows(cudaStream_t stream, const exo_attn_shape *sh, int n
                               pos[i], NULL, part);
             part += rows_partial_floats(sh, caches[i].capacity, pos[i]);
             splits = b.a[j].n_split > splits ? b.a[j].n_split : splits;
-            combine |= b.a[j].n_split > 1;
         }
         dim3 grid((unsigned)sh->n_kv_heads, (unsigned)splits, (unsigned)m);
         size_t wsmem = sizeof(float) * DEC_WARPS * (size_t)(sh->n_heads / sh->n_kv_heads) * sh->head_dim;
-        if (sh->head_dim == 64)
-            exo_cuda_launch(attention_decode_rows_kernel<2>, grid, dim3(DEC_WARPS * 32), wsmem, stream, b);
-        else if (sh->head_dim == 128)
-            exo_cuda_launch(attention_decode_rows_kernel<4>, grid, dim3(DEC_WARPS * 32), wsmem, stream, b);
-        else
-            exo_cuda_launch(attention_decode_rows_kernel<8>, grid, dim3(DEC_WARPS * 32), wsmem, stream, b);
+        launch_decode(sh, grid, wsmem, stream, b, arrivals);
         int rc = exo_cuda_launched("attention rows");
         if (rc)
             return rc;
-        if (combine) {
-            exo_cuda_launch(attention_combine_rows_kernel, dim3((unsigned)sh->n_heads, 1, (unsigned)m), dim3(128), 0,
-                            stream, b);
-            if ((rc = exo_cuda_launched("attention rows combine")))
-                return rc;
-        }
         partial = part;
     }
     return 0;

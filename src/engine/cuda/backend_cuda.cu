@@ -76,6 +76,7 @@ typedef struct cuda_backend {
      * activation codes, host arrays brought up, split attention's partials */
     void *scratch[N_SCRATCH];
     size_t scratch_bytes[N_SCRATCH];
+    int *arrivals; /* the split decode attention's counters (EXO_CUDA_ATT_ARRIVALS) */
     /* EXO_MATMUL_PATH=gemv|gemm pins one product path whatever T is (as on
      * the CPU: tests hold each path to its own tolerance) */
     bool force_gemv, force_gemm;
@@ -270,6 +271,7 @@ static void cuda_free_backend(exo_backend *be)
         cudaFree(c->chunks[i]);
     for (int i = 0; i < N_SCRATCH; i++)
         cudaFree(c->scratch[i]);
+    cudaFree(c->arrivals);
     free(c->chunks);
     cublasDestroy(c->blas);
     cudaStreamDestroy(c->stream);
@@ -1584,7 +1586,7 @@ static int cuda_attention(exo_backend *be, const exo_attn_shape *shape, float *o
     float *partial = bytes ? (float *)scratch(c, SCRATCH_ATTENTION, bytes) : NULL;
     if (bytes && !partial)
         return EXO_ENOMEM;
-    return exo_cuda_attention(c->stream, shape, out, q, k, v, cache, T, pos0, pos_dev, partial);
+    return exo_cuda_attention(c->stream, shape, out, q, k, v, cache, T, pos0, pos_dev, partial, c->arrivals);
 }
 
 static int cuda_attention_rows(exo_backend *be, const exo_attn_shape *shape, int n, float *out, const float *q,
@@ -1597,7 +1599,7 @@ static int cuda_attention_rows(exo_backend *be, const exo_attn_shape *shape, int
     float *partial = bytes ? (float *)scratch(c, SCRATCH_ATTENTION, bytes) : NULL;
     if (bytes && !partial)
         return EXO_ENOMEM;
-    return exo_cuda_attention_rows(c->stream, shape, n, out, q, k, v, caches, rings, pos, partial);
+    return exo_cuda_attention_rows(c->stream, shape, n, out, q, k, v, caches, rings, pos, partial, c->arrivals);
 }
 
 static int cuda_conv1d_silu(exo_backend *be, float *out, int out_stride, const float *x, int x_stride,
@@ -1718,6 +1720,16 @@ static exo_backend *create(int device, exo_err *err)
         return NULL;
     }
     cublasSetMathMode(c->blas, CUBLAS_DEFAULT_MATH);
+    if (cudaMalloc((void **)&c->arrivals, sizeof(int) * EXO_CUDA_ATT_ARRIVALS) != cudaSuccess ||
+        cudaMemset(c->arrivals, 0, sizeof(int) * EXO_CUDA_ATT_ARRIVALS) != cudaSuccess) {
+        exo_err_set(err, EXO_ENOMEM, "CUDA device %d: no memory for attention's counters", device);
+        cudaGetLastError();
+        cudaFree(c->arrivals);
+        cublasDestroy(c->blas);
+        cudaStreamDestroy(c->stream);
+        free(c);
+        return NULL;
+    }
     const char *prof = getenv("EXO_CUDA_PROFILE");
     if (prof && *prof && strcmp(prof, "0")) {
         c->prof = (struct profile *)calloc(1, sizeof *c->prof);

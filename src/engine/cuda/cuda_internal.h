@@ -86,8 +86,14 @@ __device__ __forceinline__ float exo_cuda_glu(int kind, float a, float b, float 
     return (uu + 1.0f) * (gg / (1.0f + expf(-1.702f * gg)));
 }
 
+/* Counters the decode kernel's splits arrive on (one per KV head of each
+ * sequence of a launch; zeroes between calls): device memory of this many
+ * ints, one block per backend, zeroed when made. */
+#define EXO_CUDA_ATT_ARRIVALS 4096
+
 /* The backend.h attention op (attention.cu); partial: device scratch of
- * exo_cuda_attention_scratch bytes (the split decode's partial results).
+ * exo_cuda_attention_scratch bytes (the split decode's partial results);
+ * arrivals: the backend's EXO_CUDA_ATT_ARRIVALS counters.
  * pos_dev: a recorded step's position in device memory (pos0 is then the
  * recording's), or NULL. A recorded step and any one-token step are split
  * as planned for the whole capacity: pass the same capacity to
@@ -95,7 +101,7 @@ __device__ __forceinline__ float exo_cuda_glu(int kind, float a, float b, float 
 size_t exo_cuda_attention_scratch(const exo_attn_shape *shape, int T, int pos0, int capacity);
 int exo_cuda_attention(cudaStream_t stream, const exo_attn_shape *shape, float *out, const float *q, const float *k,
                        const float *v, const exo_kv_view *cache, int T, int pos0, const int *pos_dev,
-                       float *partial);
+                       float *partial, int *arrivals);
 
 /* Decode attention of n sequences, one token each (backend.h
  * attention_rows): the same bits as exo_cuda_attention of each with T = 1
@@ -106,7 +112,7 @@ size_t exo_cuda_attention_rows_scratch(const exo_attn_shape *shape, int n, const
                                        const int *pos);
 int exo_cuda_attention_rows(cudaStream_t stream, const exo_attn_shape *shape, int n, float *out, const float *q,
                             const float *k, const float *v, const exo_kv_view *caches, const int *rings,
-                            const int *pos, float *partial);
+                            const int *pos, float *partial, int *arrivals);
 
 /* Gated DeltaNet (linear_attn.cu): the backend.h ops of the same names,
  * on device memory, queued on `stream`. */
