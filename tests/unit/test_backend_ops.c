@@ -1269,6 +1269,94 @@ Test(backend_ops, attention_paged)
     both_close(&b);
 }
 
+/* Long contexts on the one-token decode kernel: a token's positions going
+ * from one split to many as the context grows (up to the 64 a call may
+ * have, with one KV head), each call's splits combined by whichever of
+ * them finishes last, the backend's counters for that reused call after
+ * call. */
+Test(backend_ops, attention_long_decode)
+{
+    both b = both_open("attention_long_decode");
+    static const int seq[] = {1200, 1, 1, 1, 40, 1, 1, 700, 1, 1};
+    static const attn_cfg cfgs[] = {
+        {.heads = 32, .kv = 8, .hd = 128},               /* llama-3.1-8b's heads */
+        {.heads = 32, .kv = 8, .hd = 64},                /* llama-3.2-1b's */
+        {.heads = 16, .kv = 1, .hd = 64},                /* one KV head: 64 splits */
+        {.heads = 8, .kv = 2, .hd = 256, .sinks = true}, /* two positions a warp's round */
+        {.heads = 32, .kv = 8, .hd = 128, .page = 64},
+    };
+    for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++)
+        attn_sequence(&b, &cfgs[i], seq, (int)(sizeof seq / sizeof seq[0]));
+    both_close(&b);
+}
+
+/* attention_rows against one attention call a sequence on the GPU: the
+ * same bits (backend.h), for sequences of many lengths (one split to
+ * many), more of them than one launch takes, twice over. */
+Test(backend_ops, attention_rows_same_bits_as_single)
+{
+    both b = both_open("attention_rows_same_bits_as_single");
+    exo_backend *g = b.gpu;
+    cr_assert(g->ops->attention_rows, "the CUDA backend batches decode attention");
+    enum { N = 20, H = 32, KV = 8, HD = 64 };
+    const size_t qrow = (size_t)H * HD, kvrow = (size_t)KV * HD;
+    exo_attn_shape shape = {H, KV, HD, 0, 0.125f, NULL, 0};
+    test_kv rows_kv[N], one_kv[N];
+    exo_kv_view views[N];
+    int pos[N], rings[N] = {0};
+    for (int i = 0; i < N; i++) {
+        pos[i] = 1 + (i * 97) % 1300;
+        int capacity = (pos[i] + 2 + EXO_KV_BLOCK - 1) / EXO_KV_BLOCK * EXO_KV_BLOCK;
+        rows_kv[i] = kv_make(g, capacity, KV, HD, 0);
+        one_kv[i] = kv_make(g, capacity, KV, HD, 0);
+        views[i] = rows_kv[i].view;
+        /* the same prompt into both caches */
+        size_t n = (size_t)pos[i];
+        float *host = exo_malloc(sizeof(float) * n * (2 * qrow + 2 * kvrow));
+        for (size_t j = 0; j < n * (2 * qrow + 2 * kvrow); j++)
+            host[j] = rng_gauss();
+        float *dev = be_alloc(g, n * (2 * qrow + 2 * kvrow));
+        upload(g, dev, host, n * (2 * qrow + 2 * kvrow));
+        float *q = dev, *k = q + n * qrow, *v = k + n * kvrow, *out = v + n * kvrow;
+        ON(g, attention, &shape, out, q, k, v, &rows_kv[i].view, pos[i], 0);
+        ON(g, attention, &shape, out, q, k, v, &one_kv[i].view, pos[i], 0);
+        g->ops->release(g, dev);
+        exo_free(host);
+    }
+    size_t all = (size_t)N * (2 * qrow + 2 * kvrow);
+    float *host = exo_malloc(sizeof(float) * all), *dev = be_alloc(g, all + (size_t)N * qrow);
+    float *got = exo_malloc(sizeof(float) * N * qrow), *want = exo_malloc(sizeof(float) * N * qrow);
+    for (int round = 0; round < 2; round++) {
+        for (size_t j = 0; j < all; j++)
+            host[j] = rng_gauss();
+        upload(g, dev, host, all);
+        float *q = dev, *k = q + N * qrow, *v = k + N * kvrow;
+        float *out_rows = v + N * kvrow, *out_one = out_rows + N * qrow;
+        ON(g, attention_rows, &shape, N, out_rows, q, k, v, views, rings, pos);
+        for (int i = 0; i < N; i++)
+            ON(g, attention, &shape, out_one + i * qrow, q + i * qrow, k + i * kvrow, v + i * kvrow, &one_kv[i].view,
+               1, pos[i]);
+        ok(g, g->ops->sync(g), "sync");
+        download(g, got, out_rows, N * qrow);
+        download(g, want, out_one, N * qrow);
+        for (int i = 0; i < N; i++)
+            cr_expect(!memcmp(got + i * qrow, want + i * qrow, sizeof(float) * qrow),
+                      "round %d, sequence %d at position %d: attention_rows differs from attention", round, i,
+                      pos[i]);
+        for (int i = 0; i < N; i++)
+            pos[i]++;
+    }
+    g->ops->release(g, dev);
+    exo_free(host);
+    exo_free(got);
+    exo_free(want);
+    for (int i = 0; i < N; i++) {
+        kv_free(g, &rows_kv[i]);
+        kv_free(g, &one_kv[i]);
+    }
+    both_close(&b);
+}
+
 /* ---- element-wise --------------------------------------------------------- */
 
 Test(backend_ops, glu)
