@@ -41,10 +41,15 @@ NVFLAGS     := -std=c++17 -O3 -g -Isrc $(CUDA_ARCH) --Werror all-warnings \
 CUDA_SRC    := $(wildcard src/engine/cuda/*.cu)
 CUDA_OBJ    := $(CUDA_SRC:%.cu=$(BUILD)/%.o)
 CUDA_PLUGIN :=
+CUDA_TRACE  :=
+CUDA_HOME   ?= $(patsubst %/bin/nvcc,%,$(NVCC))
 ifneq ($(NVCC),)
 ifneq ($(CUDA),0)
 ifneq ($(SANITIZE),1)
 CUDA_PLUGIN := $(BUILD)/libexo_cuda.so
+ifneq ($(wildcard $(CUDA_HOME)/include/cupti.h),)
+CUDA_TRACE  := $(BUILD)/libexo_cuda_trace.so
+endif
 endif
 endif
 endif
@@ -66,7 +71,7 @@ TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/%.o)
 BENCH_SRC := $(wildcard bench/*.c)
 
 .PHONY: all test unit clean fuzz asan integration bench lint
-all: $(BUILD)/exo $(CUDA_PLUGIN)
+all: $(BUILD)/exo $(CUDA_PLUGIN) $(CUDA_TRACE)
 
 $(BUILD)/%.o: %.cu
 	@mkdir -p $(dir $@)
@@ -78,8 +83,7 @@ $(BUILD)/libexo_cuda.so: $(CUDA_OBJ)
 	@$(NVCC) -shared -o $@ $^ -lcublas
 
 # A kernel timeline where Nsight Systems is missing (tools/cuda_kernel_trace.c):
-# preloaded into exo or a bench; not part of `all`.
-CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
+# preloaded into exo or a bench; built with the plugin where CUPTI is there.
 $(BUILD)/libexo_cuda_trace.so: tools/cuda_kernel_trace.c
 	@mkdir -p $(dir $@)
 	@echo "  CC      $<"
@@ -106,7 +110,7 @@ $(BUILD)/unit_tests: $(TEST_OBJ) $(BUILD)/libexo.a
 	@echo "  LD      $@"
 	@$(CC) $(LDFLAGS) -o $@ $^ -lcriterion $(LDLIBS)
 
-unit: $(BUILD)/unit_tests $(BUILD)/exo $(CUDA_PLUGIN)
+unit: $(BUILD)/unit_tests $(BUILD)/exo $(CUDA_PLUGIN) $(CUDA_TRACE)
 	LSAN_OPTIONS=suppressions=$(abspath tests/unit/lsan.supp) EXO_BIN=$(abspath $(BUILD)/exo) \
 	    $(BUILD)/unit_tests --jobs 2
 
