@@ -88,7 +88,7 @@ $(BUILD)/libexo_cuda_trace.so: tools/cuda_kernel_trace.c
 	@mkdir -p $(dir $@)
 	@echo "  CC      $<"
 	@$(CC) $(CSTD) $(OPT) $(WARN) -fPIC -shared -I$(CUDA_HOME)/include -o $@ $< \
-	    -L$(CUDA_HOME)/lib -L$(CUDA_HOME)/lib64 -lcupti
+	    -L$(CUDA_HOME)/lib -L$(CUDA_HOME)/lib64 -L$(CUDA_HOME)/extras/CUPTI/lib64 -lcupti
 
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)

@@ -493,7 +493,8 @@ __device__ __forceinline__ void decode_attend(const att_args &a, int kvh, int sp
 }
 
 template <int DPL, int GMAX>
-__global__ void __launch_bounds__(DEC_WARPS * 32) attention_decode_kernel(const __grid_constant__ att_args a, int *arrivals)
+__global__ void __launch_bounds__(DEC_WARPS * 32)
+attention_decode_kernel(const __grid_constant__ att_args a, int *arrivals)
 {
     exo_cuda_wait_inputs();
     exo_cuda_start_next();
@@ -501,7 +502,8 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) attention_decode_kernel(const 
 }
 
 template <int DPL, int GMAX>
-__global__ void __launch_bounds__(DEC_WARPS * 32) attention_decode_rows_kernel(const __grid_constant__ att_rows b, int *arrivals)
+__global__ void __launch_bounds__(DEC_WARPS * 32)
+attention_decode_rows_kernel(const __grid_constant__ att_rows b, int *arrivals)
 {
     exo_cuda_wait_inputs();
     exo_cuda_start_next();
@@ -827,14 +829,12 @@ int exo_cuda_attention(cudaStream_t stream, const exo_attn_shape *sh, float *out
         launch_decode(sh, grid, wsmem, stream, a, arrivals);
         return exo_cuda_launched("attention decode"); /* its splits combine themselves */
     }
-    {
     size_t smem = sizeof(float) * (size_t)(sh->head_dim + ATT_THREADS + ATT_WARPS * sh->head_dim);
     if (smem > 48 * 1024 &&
         cudaFuncSetAttribute(attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem))
         return exo_cuda_launched("attention shared memory");
     exo_cuda_launch(attention_kernel, dim3((unsigned)sh->n_heads, (unsigned)T, (unsigned)a.n_split), dim3(ATT_THREADS), smem,
                     stream, a);
-    }
     int rc = exo_cuda_launched("attention");
     if (rc || a.n_split == 1)
         return rc;
