@@ -189,11 +189,14 @@ struct gemv_batch {
 };
 
 #define GEMV_WARPS 4
-/* Steps of each row a lane has in flight: two, and one for 8-bit, whose
- * dp4a work per byte is highest (bench_cuda_matmul on an H200: q8 layers
- * at 71% of the copy bandwidth with one step, 58% with two; q4 48% with
- * two, 41% with four; bf16 93% with two). */
-#define GEMV_UNROLL_OF(K) ((K) == GEMV_Q8 ? 1 : 2)
+/* Steps of each row a lane has in flight: two (bench_cuda_matmul on an
+ * H200: q4 48% of the copy bandwidth with two, 41% with four; bf16 93%
+ * with two). 8-bit took one while its dp4a work held it back (71% against
+ * 58% with two); since the kernel's x loads and k_split changed, two is
+ * faster there too: llama-3.1-8b q8 decode 328.7-330.6 -> 336.6-339.7
+ * tok/s, llama-3.2-1b q8 1135-1165 -> 1224-1233, alternating in one run
+ * (2026-12-04). */
+#define GEMV_UNROLL_OF(K) ((void)(K), 2)
 
 template <int K, int SDT>
 __device__ __forceinline__ float float_step(uint4 wv, const float *xs)
