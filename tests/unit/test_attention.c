@@ -170,6 +170,10 @@ Test(attention, decode_token_by_token)
     check(29, 14, 2, 64, 0, 1);
     check(31, 16, 8, 128, 0, 1);
     check(26, 9, 3, 80, 0, 1);
+    /* groups of 1 and 2 take V 128 columns a pass: heads of 256 (two
+     * passes) and 192 (one, then a 64-wide one) */
+    check(30, 4, 2, 256, 0, 1);
+    check(27, 2, 1, 192, 0, 1);
 }
 
 /* Short prompts (2..7 tokens a call) take the decode kernel with T > 1:

@@ -260,7 +260,7 @@ static inline __attribute__((always_inline)) void pv_block(int G, int W, const f
 {
     /* p: the scores of n consecutive positions, the first in slot s0; the
      * slots go on run by run, and past a ring's last slot from 0 */
-    v16 acc[4][4] = {{{0}}};
+    v16 acc[4][8] = {{{0}}};
     for (int i0 = 0, s = s0; i0 < n;) {
         int at;
         const float *vb = kv_head_run(kv, 1, s, h, hd, &at) + (size_t)at * hd + c;
@@ -268,7 +268,7 @@ static inline __attribute__((always_inline)) void pv_block(int G, int W, const f
         const float *pp = p + i0;
         for (int i = 0; i < len; i++) {
             const float *vr = vb + (size_t)i * hd;
-#pragma GCC unroll 4
+#pragma GCC unroll 8
             for (int w = 0; w < W; w++) {
                 ATT_PREFETCH(vr + 16 * w);
                 v16 vv = *(const v16 *)(vr + 16 * w);
@@ -315,6 +315,12 @@ static inline __attribute__((always_inline)) void attend_heads(int G, const floa
     }
     const int s0 = ring ? lo % ring : lo;
     int c = 0;
+    /* one pass over V for all of a 128-wide head where the accumulators
+     * fit (G x 8 vectors): two passes of 64 columns walked each row twice,
+     * half of it each time (qwen3-0.6b q4 at 1024-1152 positions, Zen 5:
+     * 47.0 -> 50.7 tok/s, six alternating pairs; the sums are the same) */
+    for (; G <= 2 && c + 128 <= hd; c += 128)
+        pv_block(G, 8, sc + off, ld, kv, h, hd, c, n, s0, ring, o);
     for (; c + 64 <= hd; c += 64)
         pv_block(G, 4, sc + off, ld, kv, h, hd, c, n, s0, ring, o);
     for (; c + 16 <= hd; c += 16)
