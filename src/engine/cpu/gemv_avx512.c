@@ -713,7 +713,7 @@ static int lpg_shift_of(int bits, int G)
  * ahead as the codes are. Without it each row block's prep_row waited on
  * their DRAM misses before its products could start: rows of a few KiB
  * have their scales in lines the hardware prefetchers miss (rows a page
- * apart), and on a Zen 5 guest a 8192 x 2048 q4 GEMV from DRAM read at
+ * apart), and on a Zen 5 guest an 8192 x 2048 q4 GEMV from DRAM read at
  * 15-24 GB/s on one core, 37-38 with this; 2048 x 8192 32-35 -> 41-42
  * (llama-3.2-1b q4 decode 39-40 -> 66 tok/s at the same probed bandwidth). */
 static void prefetch_params(const exo_linear *w, int mx, int64_t esz, int64_t r, int64_t ng)

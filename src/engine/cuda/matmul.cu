@@ -189,14 +189,13 @@ struct gemv_batch {
 };
 
 #define GEMV_WARPS 4
-/* Steps of each row a lane has in flight: two (bench_cuda_matmul on an
- * H200: q4 48% of the copy bandwidth with two, 41% with four; bf16 93%
- * with two). 8-bit took one while its dp4a work held it back (71% against
- * 58% with two); since the kernel's x loads and k_split changed, two is
- * faster there too: llama-3.1-8b q8 decode 328.7-330.6 -> 336.6-339.7
- * tok/s, llama-3.2-1b q8 1135-1165 -> 1224-1233, alternating in one run
- * (2026-12-04). */
-#define GEMV_UNROLL_OF(K) ((void)(K), 2)
+/* Steps of each row a lane has in flight, every kind (bench_cuda_matmul on
+ * an H200: q4 48% of the copy bandwidth with two, 41% with four; bf16 93%
+ * with two). 8-bit once took one (71% against 58% with two then); measured
+ * again on 2026-12-04, two is faster there too: llama-3.1-8b q8 decode
+ * 328.7-330.6 -> 336.6-339.7 tok/s, llama-3.2-1b q8 1135-1165 -> 1224-1233,
+ * alternating in one run. */
+#define GEMV_UNROLL 2
 
 template <int K, int SDT>
 __device__ __forceinline__ float float_step(uint4 wv, const float *xs)
@@ -404,7 +403,6 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_kernel(const __grid_cons
         for (int t = 0; t < T; t++)
             acc[r][t] = 0.0f;
     /* GEMV_UNROLL steps of every row in flight before the first is used */
-    constexpr int GEMV_UNROLL = GEMV_UNROLL_OF(K);
     uint4 wvu[GEMV_UNROLL][ROWS];
     float sc[GEMV_UNROLL][ROWS], bi[GEMV_UNROLL][ROWS]; /* bi: affine only */
     const int64_t first = lane + (int64_t)32 * GEMV_UNROLL * slice, stride = (int64_t)32 * GEMV_UNROLL * ks;
@@ -673,10 +671,10 @@ static int step_cols_of(int kind)
 static int rows_per_warp_of(int kind) { return kind == GEMV_Q4 || kind == GEMV_MXFP4 ? GEMV_Q4_ROWS : 2; }
 
 /* Warps sharing rows: enough that each has about one run of
- * 32 * GEMV_UNROLL_OF(kind) steps (see gemv_kernel). */
+ * 32 * GEMV_UNROLL steps (see gemv_kernel). */
 static int k_split_of(int kind, int64_t cols)
 {
-    int64_t run = 32 * GEMV_UNROLL_OF(kind), runs = (cols / step_cols_of(kind) + run - 1) / run;
+    int64_t run = 32 * GEMV_UNROLL, runs = (cols / step_cols_of(kind) + run - 1) / run;
     return runs >= 3 ? 4 : runs == 2 ? 2 : 1;
 }
 
