@@ -274,10 +274,11 @@ static void check_on(const char *dir, const char *device, int world, bool tensor
 static void check(const char *dir, int world, bool tensor, float tol) { check_on(dir, NULL, world, tensor, tol); }
 
 static char stories[PATH_MAX + 8];
+static char stories_tmp[PATH_MAX];
 
 static void stories_setup(void)
 {
-    static char tmp[PATH_MAX];
+    char *tmp = stories_tmp;
     test_tmpdir_make(tmp, "dist_test");
     snprintf(stories, sizeof stories, "%s/s", tmp);
     char cmd[4 * PATH_MAX];
@@ -287,7 +288,9 @@ static void stories_setup(void)
     cr_assert_eq(system(cmd), 0, "convert failed: %s", cmd);
 }
 
-Test(dist, stories_pipeline, .init = stories_setup, .timeout = 60)
+static void stories_teardown(void) { test_tmpdir_remove(stories_tmp); }
+
+Test(dist, stories_pipeline, .init = stories_setup, .fini = stories_teardown, .timeout = 60)
 {
     for (int w = 2; w <= 4; w++)
         check(stories, w, false, 0);
@@ -296,7 +299,7 @@ Test(dist, stories_pipeline, .init = stories_setup, .timeout = 60)
 /* Several requests in flight through one pipeline, each in its own slot
  * (the ranks work on different ones at once): each gives exactly what it
  * gives alone on one process. */
-Test(dist, stories_pipeline_requests_in_flight, .init = stories_setup, .timeout = 60)
+Test(dist, stories_pipeline_requests_in_flight, .init = stories_setup, .fini = stories_teardown, .timeout = 60)
 {
     for (int w = 2; w <= 3; w++) {
         rec got[MAX_RANKS];
@@ -442,13 +445,13 @@ static void tensor_batch_check(const char *dir, int world)
     }
 }
 
-Test(dist, stories_tensor_batch, .init = stories_setup, .timeout = 60)
+Test(dist, stories_tensor_batch, .init = stories_setup, .fini = stories_teardown, .timeout = 60)
 {
     tensor_batch_check(stories, 2);
     tensor_batch_check(stories, 3);
 }
 
-Test(dist, stories_tensor, .init = stories_setup, .timeout = 60)
+Test(dist, stories_tensor, .init = stories_setup, .fini = stories_teardown, .timeout = 60)
 {
     check(stories, 2, true, 2e-4f);
     check(stories, 4, true, 2e-4f);
@@ -515,10 +518,11 @@ Test(dist, fixtures_tensor, .timeout = 60)
  * LM head's rows gathered on the host. The ranks share the one GPU a test
  * machine has; the reference is the whole model on that GPU. Tolerances as
  * on the CPU (the split reorders the same sums). */
-Test(dist, tensor_on_the_gpu, .init = stories_setup, .timeout = 240)
+Test(dist, tensor_on_the_gpu, .fini = stories_teardown, .timeout = 240)
 {
     if (exo_backend_cuda_devices() <= 0)
-        cr_skip_test("needs a GPU");
+        cr_skip_test("needs a GPU"); /* before the scratch model: a skipped test's .fini does not run */
+    stories_setup();
     check_on(stories, "cuda", 2, true, 2e-4f);
     check_on(stories, "cuda", 4, true, 2e-4f);
     static const struct { const char *dir; float tol; } cases[] = {
@@ -699,9 +703,12 @@ Test(ring, a_silent_peer_times_out, .timeout = 30)
  * in one, layer 1, the norm and the head in the other. The second shard
  * loads with the first file gone (a node has only its shard's files); the
  * whole model then cannot. */
-Test(dist, a_shard_needs_only_its_files)
+static char shard_tmp[PATH_MAX];
+static void shard_teardown(void) { test_tmpdir_remove(shard_tmp); }
+
+Test(dist, a_shard_needs_only_its_files, .fini = shard_teardown)
 {
-    char tmp[PATH_MAX], a[PATH_MAX + 64], b[PATH_MAX + 64], idx[PATH_MAX + 64], cfg[PATH_MAX + 64];
+    char *tmp = shard_tmp, a[PATH_MAX + 64], b[PATH_MAX + 64], idx[PATH_MAX + 64], cfg[PATH_MAX + 64];
     test_tmpdir_make(tmp, "shard_files");
     exo_st *st;
     exo_err err = {0};
