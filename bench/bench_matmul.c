@@ -19,7 +19,10 @@
  *     of X (T sequences decoding together), as each T's speed-up over T
  *     one-row calls: T would be the ideal of a memory-bound kernel, 1 means
  *     batching bought nothing. Where the CPU has AMX, each T also runs on
- *     the vector kernel alone ("vector"), the tile kernel's peer.
+ *     the vector kernel alone ("vector"), the tile kernel's peer. For q4 and
+ *     q8, "% dot" is the share of the CPU's int8 dot product peak
+ *     (dotpeak.h) the call's products (two activation levels) would take:
+ *     the compute limit batched rows approach once memory no longer binds.
  *
  * Usage: bench_matmul [threads=2] [scale of GEMV rounds=1.0 -> 8 rounds] [mxfp4|rows]
  * ("mxfp4" or "rows" runs only that part; EXO_CPU_ISA=avx2 measures the AVX2 kernels.) */
@@ -27,6 +30,7 @@
 #include "core/clock.h"
 #include "core/cpu_features.h"
 #include "core/threadpool.h"
+#include "engine/cpu/dotpeak.h"
 #include "engine/cpu/matmul.h"
 #include "engine/cpu/membw.h"
 #include "engine/linear.h"
@@ -254,7 +258,7 @@ static double gemv_rows_time(exo_cpu_matmul_ctx *ctx, const exo_linear *w, int N
     return best;
 }
 
-static void bench_rows(exo_cpu_matmul_ctx *ctx, int bits, int64_t rows, int64_t cols, int rounds)
+static void bench_rows(exo_cpu_matmul_ctx *ctx, int bits, int64_t rows, int64_t cols, int rounds, double peak)
 {
     enum { MAXW = 64, TMAX = 16 };
     exo_linear w[MAXW];
@@ -278,6 +282,9 @@ static void bench_rows(exo_cpu_matmul_ctx *ctx, int bits, int64_t rows, int64_t 
     for (int T = 2; T <= TMAX; T *= 2) {
         double t = gemv_rows_time(ctx, w, NW, x, T, y, rounds);
         printf(", T=%d %7.1f us x%.2f", T, t * 1e6, T * t1 / t);
+        /* the integer path's products: two activation levels a weight a row */
+        if (peak > 0 && bits <= 8)
+            printf(" (%.0f%% dot)", 100.0 * 2.0 * T * (double)rows * cols / peak / t);
         if (amx) { /* the vector kernel alone, the tile kernel's peer */
             exo_cpu_matmul_use_amx(ctx, 0);
             double tv = gemv_rows_time(ctx, w, NW, x, T, y, rounds);
@@ -300,7 +307,9 @@ int main(int argc, char **argv)
     int only_rows = argc > 3 && !strcmp(argv[3], "rows");
     exo_pool *pool = exo_pool_create(nth);
     exo_cpu_matmul_ctx *ctx = exo_cpu_matmul_ctx_create(pool);
-    printf("threads %d, isa %s, amx %d\n", nth, exo_isa_name(exo_cpu_isa()), exo_cpu_has_amx());
+    double peak = exo_dot_peak(pool);
+    printf("threads %d, isa %s, amx %d, int8 dot peak %.0f G products/s\n", nth, exo_isa_name(exo_cpu_isa()),
+           exo_cpu_has_amx(), peak / 1e9);
     exo_membw *probe = exo_membw_create((size_t)256 << 20);
     if (!probe)
         return 1;
@@ -311,7 +320,7 @@ int main(int argc, char **argv)
         if (only_mxfp4)
             bench_mxfp4(ctx, pool, probe, rounds);
         for (int bits = 4; only_rows && bits <= 16; bits *= 2)
-            bench_rows(ctx, bits, 2048, 8192, rounds);
+            bench_rows(ctx, bits, 2048, 8192, rounds, peak);
         exo_membw_free(probe);
         exo_cpu_matmul_ctx_free(ctx);
         exo_pool_free(pool);
@@ -326,7 +335,7 @@ int main(int argc, char **argv)
     bench_mxfp4(ctx, pool, probe, rounds);
     exo_membw_free(probe);
     for (int bits = 4; bits <= 16; bits *= 2)
-        bench_rows(ctx, bits, 2048, 8192, rounds);
+        bench_rows(ctx, bits, 2048, 8192, rounds, peak);
 
     const int M = 512, K = 2048, N = 8192;
     double flop = 2.0 * M * N * K;

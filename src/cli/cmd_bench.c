@@ -28,6 +28,7 @@
 #include "core/cpu_features.h"
 #include "core/threadpool.h"
 #include "engine/cpu/matmul.h"
+#include "engine/cpu/dotpeak.h"
 #include "engine/cpu/membw.h"
 #include "engine/backend.h"
 #include "engine/cpu/ops.h"
@@ -449,10 +450,22 @@ int exo_cmd_bench(int argc, char **argv)
         if (fused_ms > 0)
             printf("experts          fused decode %.2f ms a token, per-expert %.2f ms: x%.2f (medians, "
                    "alternating tokens)\n", fused_ms, unfused_ms, unfused_ms / fused_ms);
-        for (int i = 0; i < n_streams; i++)
-            printf("streams %-8ld %.2f tok/s together (%d batched steps): x%.2f one stream's %.2f tok/s\n",
+        /* Batched steps read each weight once for every stream, so past a few
+         * streams the integer GEMV's products bind, not memory: two
+         * activation levels of int8 products a parameter a token (q4/q8). */
+        bool integer = !on_gpu && preset && (!strcmp(quant, "q4") || !strcmp(quant, "q8"));
+        double dot_peak = integer && n_streams ? exo_dot_peak(pool) : 0;
+        for (int i = 0; i < n_streams; i++) {
+            printf("streams %-8ld %.2f tok/s together (%d batched steps): x%.2f one stream's %.2f tok/s",
                    streams[i], stream_tok_s[i], stream_steps,
                    stream_tok_s[0] > 0 ? stream_tok_s[i] / stream_tok_s[0] : 0, stream_tok_s[0]);
+            if (dot_peak > 0)
+                printf(", %.0f%% of the int8 dot peak", 100.0 * stream_tok_s[i] * 2 * cost.params / dot_peak);
+            printf("\n");
+        }
+        if (dot_peak > 0)
+            printf("int8 dot peak    %.0f G products/s on %d threads (vpdpbusd; the compute limit of batched\n"
+                   "                 q4/q8 steps, 2 products a parameter a token)\n", dot_peak / 1e9, nthreads);
         printf("median token     %.2f ms: %.2f GB/s = %.1f%% (the mean above includes tokens\n"
                "                 slowed by whatever else shares the machine)\n",
                median_s * 1e3, achieved_median / 1e9, 100 * achieved_median / read_bw);
