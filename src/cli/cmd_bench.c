@@ -405,6 +405,11 @@ int exo_cmd_bench(int argc, char **argv)
     double avx2 = avx2_gemm_gflops(pool, (int)(n_prompt < 512 ? n_prompt : 512), (int)peer_n,
                                    (int)cfg->hidden_size);
     const char *name = preset ? preset : dir;
+    /* Batched steps read each weight once for every stream, so past a few
+     * streams the integer GEMV's products bind, not memory: two activation
+     * levels of int8 products a parameter a token (q4/q8 on the CPU). */
+    bool integer = !on_gpu && preset && (!strcmp(quant, "q4") || !strcmp(quant, "q8"));
+    double dot_peak = integer && n_streams ? exo_dot_peak(pool) : 0;
     if (json) {
         printf("{\"model\":\"%s\",\"quant\":\"%s\",\"threads\":%d,\"isa\":\"%s\",\"amx\":%s,"
                "\"prompt_tokens\":%ld,\"gen_tokens\":%ld,\"prefill_tok_s\":%.3f,"
@@ -413,14 +418,15 @@ int exo_cmd_bench(int argc, char **argv)
                "\"bw_fraction_median\":%.4f,\"prefill_gflops\":%.1f,"
                "\"avx2_gemm_gflops\":%.1f,\"prefill_vs_avx2\":%.2f,\"load_s\":%.2f,"
                "\"moe_fused_ms\":%.3f,\"moe_per_expert_ms\":%.3f,\"bw_fraction_paired\":%.4f,"
-               "\"streams\":[",
+               "\"dot_peak_gps\":%.1f,\"streams\":[",
                name, preset ? quant : "checkpoint", nthreads, exo_isa_name(exo_cpu_isa()),
                exo_cpu_has_amx() ? "true" : "false", n_prompt, n_gen, prefill_tps, decode_tps,
                bytes_per_token, achieved / 1e9, read_bw / 1e9, achieved / read_bw, median_s * 1e3,
                achieved_median / read_bw, prefill_gflops,
-               avx2, avx2 > 0 ? prefill_gflops / avx2 : 0, t_load, fused_ms, unfused_ms, paired);
+               avx2, avx2 > 0 ? prefill_gflops / avx2 : 0, t_load, fused_ms, unfused_ms, paired, dot_peak / 1e9);
         for (int i = 0; i < n_streams; i++)
-            printf("%s{\"n\":%ld,\"tok_s\":%.3f}", i ? "," : "", streams[i], stream_tok_s[i]);
+            printf("%s{\"n\":%ld,\"tok_s\":%.3f,\"dot_fraction\":%.4f}", i ? "," : "", streams[i],
+                   stream_tok_s[i], dot_peak > 0 ? stream_tok_s[i] * 2 * cost.params / dot_peak : 0);
         printf("]}\n");
     } else {
         printf("model            %s (%s), %d threads, isa %s%s\n", name,
@@ -450,11 +456,6 @@ int exo_cmd_bench(int argc, char **argv)
         if (fused_ms > 0)
             printf("experts          fused decode %.2f ms a token, per-expert %.2f ms: x%.2f (medians, "
                    "alternating tokens)\n", fused_ms, unfused_ms, unfused_ms / fused_ms);
-        /* Batched steps read each weight once for every stream, so past a few
-         * streams the integer GEMV's products bind, not memory: two
-         * activation levels of int8 products a parameter a token (q4/q8). */
-        bool integer = !on_gpu && preset && (!strcmp(quant, "q4") || !strcmp(quant, "q8"));
-        double dot_peak = integer && n_streams ? exo_dot_peak(pool) : 0;
         for (int i = 0; i < n_streams; i++) {
             printf("streams %-8ld %.2f tok/s together (%d batched steps): x%.2f one stream's %.2f tok/s",
                    streams[i], stream_tok_s[i], stream_steps,
