@@ -824,12 +824,16 @@ static void three_under_budget(rec *r, double contexts, const int max[3])
 }
 
 /* Requests are admitted by the caches they need, not a context each:
- * under a budget of one and a half contexts, three requests of 40 tokens
- * (a tenth of a context each) run side by side. */
+ * under a budget of one and a half contexts, requests of 200, 40 and 40
+ * tokens (a context each would admit one) run side by side. A is the long
+ * one so that it is still running when C arrives however late the test's
+ * thread gets to send C: with 40 tokens the tiny model could finish A
+ * first on a loaded machine (it did once in CI, C's first chunk 3 events
+ * after A's end). */
 Test(runner_supervisor, a_kv_budget_admits_requests_by_what_they_need)
 {
     rec r = {0};
-    three_under_budget(&r, 1.5, (const int[3]){40, 40, 40});
+    three_under_budget(&r, 1.5, (const int[3]){200, 40, 40});
     int first_c = first_event(&r, EV_CHUNK, "C"), done_a = first_event(&r, EV_DONE, "A");
     cr_assert(first_c >= 0 && first_c < done_a, "C waited for A (first chunk %d, A done %d)", first_c, done_a);
     rec_free(&r);
