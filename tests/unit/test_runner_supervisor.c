@@ -841,11 +841,12 @@ Test(runner_supervisor, a_kv_budget_admits_requests_by_what_they_need)
 
 /* Under the same budget, B and C need most of a context each (400 tokens
  * to generate): A and B run side by side, C waits until B gives its
- * caches back (A's are not enough), and then runs. */
+ * caches back (A's are not enough), and then runs. A takes 200 tokens (as
+ * above, so that B arrives while it runs; A and B still fit together). */
 Test(runner_supervisor, a_request_waits_for_cache_memory_running_ones_hold)
 {
     rec r = {0};
-    three_under_budget(&r, 1.5, (const int[3]){40, 400, 400});
+    three_under_budget(&r, 1.5, (const int[3]){200, 400, 400});
     int first_b = first_event(&r, EV_CHUNK, "B"), first_c = first_event(&r, EV_CHUNK, "C");
     int done_a = first_event(&r, EV_DONE, "A"), done_b = first_event(&r, EV_DONE, "B");
     cr_assert(first_b >= 0 && first_b < done_a, "B waited for A (first chunk %d, A done %d)", first_b, done_a);
