@@ -101,6 +101,22 @@ left=$(ls -A "$tmp" | grep -E '^(bad[0-9]|\..*\.tmp-)' || true)
 # the in-memory side by name still works
 "$E" bench --synthetic tiny-llama --quant q8 --prompt-tokens 8 --gen-tokens 4 --threads 1 >/dev/null 2>&1 &&
   ok "exo bench --synthetic tiny-llama" || bad "exo bench --synthetic tiny-llama"
+# batched q4 steps against the int8 dot peak: a share of it for every stream
+# count where the CPU has AVX-512 VNNI, none claimed where it has not
+js=$("$E" bench --synthetic tiny-llama --quant q4 --prompt-tokens 8 --gen-tokens 4 --threads 1 --streams 1,2 \
+  --device cpu --json 2>/dev/null | tail -1)
+if chk=$(/usr/bin/python3 -c '
+import json, sys
+d = json.loads(sys.argv[1]); st = d["streams"]; peak = d["dot_peak_gps"]
+assert [s["n"] for s in st] == [1, 2], st
+if d["isa"] == "avx512":
+    assert 1 < peak < 1e5, peak
+    assert all(0 < s["dot_fraction"] < 1 for s in st), st
+else:
+    assert peak == 0 and all(s["dot_fraction"] == 0 for s in st), d
+print("peak %.0f G/s, %s" % (peak, [s["dot_fraction"] for s in st]))' "$js" 2>&1); then
+  ok "exo bench --streams --json: int8 dot peak shares ($chk)"
+else bad "exo bench --streams --json: $chk ($js)"; fi
 
 # a real tokenizer: the real-size qwen3-0.6b q4 model as bench/bench_api.sh writes it
 TOK=tests/.cache/tokenizers/qwen3
