@@ -409,7 +409,9 @@ int exo_cmd_bench(int argc, char **argv)
      * streams the integer GEMV's products bind, not memory: two activation
      * levels of int8 products a parameter a token (q4/q8 on the CPU). */
     bool integer = !on_gpu && preset && (!strcmp(quant, "q4") || !strcmp(quant, "q8"));
-    double dot_peak = integer && n_streams ? exo_dot_peak(pool) : 0;
+    double dot_peak = integer && n_streams ? exo_dot_peak(pool) : 0, dot_share[MAX_STREAM_RUNS];
+    for (int i = 0; i < n_streams; i++)
+        dot_share[i] = dot_peak > 0 ? stream_tok_s[i] * 2 * cost.params / dot_peak : 0;
     if (json) {
         printf("{\"model\":\"%s\",\"quant\":\"%s\",\"threads\":%d,\"isa\":\"%s\",\"amx\":%s,"
                "\"prompt_tokens\":%ld,\"gen_tokens\":%ld,\"prefill_tok_s\":%.3f,"
@@ -426,7 +428,7 @@ int exo_cmd_bench(int argc, char **argv)
                avx2, avx2 > 0 ? prefill_gflops / avx2 : 0, t_load, fused_ms, unfused_ms, paired, dot_peak / 1e9);
         for (int i = 0; i < n_streams; i++)
             printf("%s{\"n\":%ld,\"tok_s\":%.3f,\"dot_fraction\":%.4f}", i ? "," : "", streams[i],
-                   stream_tok_s[i], dot_peak > 0 ? stream_tok_s[i] * 2 * cost.params / dot_peak : 0);
+                   stream_tok_s[i], dot_share[i]);
         printf("]}\n");
     } else {
         printf("model            %s (%s), %d threads, isa %s%s\n", name,
@@ -461,12 +463,13 @@ int exo_cmd_bench(int argc, char **argv)
                    streams[i], stream_tok_s[i], stream_steps,
                    stream_tok_s[0] > 0 ? stream_tok_s[i] / stream_tok_s[0] : 0, stream_tok_s[0]);
             if (dot_peak > 0)
-                printf(", %.0f%% of the int8 dot peak", 100.0 * stream_tok_s[i] * 2 * cost.params / dot_peak);
+                printf(", %.0f%% of the int8 dot peak", 100.0 * dot_share[i]);
             printf("\n");
         }
         if (dot_peak > 0)
             printf("int8 dot peak    %.0f G products/s on %d threads (vpdpbusd; the compute limit of batched\n"
-                   "                 q4/q8 steps, 2 products a parameter a token)\n", dot_peak / 1e9, nthreads);
+                   "                 q4/q8 steps on the vector units, 2 products a parameter a token%s)\n",
+                   dot_peak / 1e9, nthreads, exo_cpu_has_amx() ? "; AMX tiles go past it" : "");
         printf("median token     %.2f ms: %.2f GB/s = %.1f%% (the mean above includes tokens\n"
                "                 slowed by whatever else shares the machine)\n",
                median_s * 1e3, achieved_median / 1e9, 100 * achieved_median / read_bw);

@@ -3,14 +3,16 @@
  * VNNI vpdpbusd, 64 u8 x s8 products an instruction), measured on every
  * thread of a pool at once. A batched GEMV reads each weight once for
  * all its rows of X, so past a few rows it is bounded by these products
- * rather than by memory; its benchmark prints its ratio to this. */
+ * rather than by memory; its benchmark prints its ratio to this. It is the
+ * vector units' limit: where AMX runs batched rows (Intel), the tile units
+ * can go past it. */
 #ifndef EXO_ENGINE_CPU_DOTPEAK_H
 #define EXO_ENGINE_CPU_DOTPEAK_H
 
 #include "core/threadpool.h"
 
 /* u8 x s8 products a second over all of the pool's threads (the best of
- * three rounds of about 20 ms), or 0 where the CPU has no AVX-512 VNNI. */
+ * three rounds of a few ms), or 0 where the CPU has no AVX-512 VNNI. */
 double exo_dot_peak(exo_pool *pool);
 
 /* Internal: `iters` rounds of 12 independent vpdpbusd; the value keeps
