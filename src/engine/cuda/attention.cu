@@ -35,10 +35,15 @@
  * combine themselves: the last block of a KV head to finish (a counter
  * per KV head) reads the others' partials, so a token's attention is one
  * kernel, and each warp loads a round of positions before it uses any, so
- * it waits on memory once a round. A trace of llama-3.1-8b q4 decode on an
- * H200 at ~600 positions (tools/cuda_kernel_trace.c) had attention and its
- * combine at 8.2 + 8.7 us of a 70 us layer before, waiting on one position's
- * load at a time and on the combine's 3 x 33 loads in turn. */
+ * it waits on memory once a round. The kernel is bound by the length of
+ * each warp's instruction stream, not by memory (Nsight on an H200: ~1430
+ * instructions a warp at 9 cycles each, DRAM nearly idle), so a round's
+ * scores go down one transposing butterfly together and its softmax is
+ * updated once, in log2 units (one ex2 an exponential). A trace of
+ * llama-3.1-8b q4 decode on an H200 at ~600 positions
+ * (tools/cuda_kernel_trace.c) had attention and its combine at 8.2 + 8.7
+ * us of a 70 us layer before, waiting on one position's load at a time
+ * and on the combine's 3 x 33 loads in turn. */
 #include "engine/cuda/cuda_internal.h"
 
 #include <type_traits>
@@ -91,6 +96,16 @@ __device__ __forceinline__ float warp_sum(float v, int lanes = 32)
     for (int o = lanes / 2; o; o >>= 1)
         v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
+}
+
+/* 2^x, flushing denormals (the decode kernel's scores are in log2 units):
+ * one instruction, where __expf adds a multiply and a denormal fix-up. */
+#define LOG2E 1.4426950408889634f
+__device__ __forceinline__ float exp2_ftz(float x)
+{
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
 }
 
 /* Slot s's row of keys (value false) or values, every KV head's. */
@@ -310,14 +325,14 @@ __device__ __forceinline__ void combine_group(const att_args &a, int kvh, int li
         float L = 0.0f;
 #pragma unroll
         for (int i = 0; i < 2; i++) {
-            const float w = m[i] == -INFINITY ? 0.0f : __expf(m[i] - M);
+            const float w = m[i] == -INFINITY ? 0.0f : exp2_ftz(m[i] - M);
             L += l[i] * w;
             if (lane + 32 * i < live)
                 weight[h][lane + 32 * i] = w;
         }
         L = warp_sum(L);
         if (a.sinks)
-            L += __expf(a.sinks[head] - M);
+            L += exp2_ftz(a.sinks[head] * LOG2E - M);
         if (lane == 0)
             total[h] = L;
     }
@@ -369,15 +384,17 @@ __device__ __forceinline__ void decode_attend(const att_args &a, int kvh, int sp
     const size_t row_stride = (size_t)a.n_kv * hd;
     /* a lane's dims: DPL consecutive floats (coalesced across the warp) */
     const int d0 = lane * DPL;
+    /* scores in log2 units (q scaled by log2 e): one exp2 an exponential */
     float q[GMAX][DPL], acc[GMAX][DPL], m[GMAX], l[GMAX];
+    float mrun[GMAX], lrun[GMAX]; /* chunk c's (decode rounds below): lanes of head c * GH + lane's head */
 #pragma unroll
     for (int h = 0; h < GMAX; h++) {
-        m[h] = -INFINITY;
-        l[h] = 0.0f;
+        mrun[h] = -INFINITY;
+        lrun[h] = 0.0f;
 #pragma unroll
         for (int i = 0; i < DPL; i++) {
             acc[h][i] = 0.0f;
-            q[h][i] = h < g ? a.q[(size_t)(kvh * g + h) * hd + d0 + i] * a.scale : 0.0f;
+            q[h][i] = h < g ? a.q[(size_t)(kvh * g + h) * hd + d0 + i] * (a.scale * LOG2E) : 0.0f;
         }
     }
     if (sp == 0 && warp == 0) { /* this token's key and value into the cache */
@@ -395,8 +412,12 @@ __device__ __forceinline__ void decode_attend(const att_args &a, int kvh, int sp
 #pragma unroll
         for (int u = 0; u < DEC_UNROLL; u++) {
             const int j = j0 + u * DEC_WARPS;
-            if (j >= end)
-                break;
+            if (j >= end) { /* zero: its weight is 0, and 0 x garbage could be NaN */
+#pragma unroll
+                for (int i = 0; i < DPL; i++)
+                    k[u][i] = v[u][i] = 0.0f;
+                continue;
+            }
             const float *kr = key_row(a, pos0, j, kvh, row_stride, a.kin, false) + d0;
             const float *vr = key_row(a, pos0, j, kvh, row_stride, a.vin, true) + d0;
 #pragma unroll
@@ -408,28 +429,71 @@ __device__ __forceinline__ void decode_attend(const att_args &a, int kvh, int sp
                 v[u][i + 1] = vv.y;
             }
         }
+        /* The round's scores: GH heads at a time, so that a chunk's
+         * U x GH partial dot products (U positions) fit one transposing
+         * butterfly; lane `lane` then holds the whole score of pair
+         * lane / REP (position u = pair / GH, head pair % GH). The round's
+         * max and sum over positions are then a few shuffles more, an
+         * exponential a lane, and the weights go to every lane by
+         * shuffles: 40 shuffles and 2 exponentials a round of 4 positions
+         * x 4 heads, where a butterfly and an online update per score took
+         * 80 and 32. */
+        constexpr int U = DEC_UNROLL, GH = U * GMAX <= 32 ? GMAX : 32 / U, N = U * GH, REP = 32 / N;
+        const int pu = lane / REP / GH; /* the position of this lane's pair */
+        const bool valid = j0 + pu * DEC_WARPS < end;
 #pragma unroll
-        for (int u = 0; u < DEC_UNROLL; u++) {
-            if (j0 + u * DEC_WARPS >= end)
+        for (int c = 0; c < GMAX / GH; c++) {
+            if (c * GH >= g)
                 break;
+            float sv[N];
 #pragma unroll
-            for (int h = 0; h < GMAX; h++) {
-                if (h >= g)
-                    break;
-                float s = 0.0f;
+            for (int u = 0; u < U; u++)
+#pragma unroll
+                for (int hh = 0; hh < GH; hh++) {
+                    float d = 0.0f;
+#pragma unroll
+                    for (int i = 0; i < DPL; i++)
+                        d += q[c * GH + hh][i] * k[u][i];
+                    sv[u * GH + hh] = d;
+                }
+            int first = 0;
+            exo_cuda_butterfly<N, 16>(sv, lane, first);
+            const float sc = valid ? sv[0] : -INFINITY;
+            float M = sc;
+#pragma unroll
+            for (int o = GH * REP; o < 32; o <<= 1)
+                M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+            const float mnew = fmaxf(mrun[c], M); /* finite: position u = 0 of a round is always valid */
+            const float corr = exp2_ftz(mrun[c] - mnew), pw = valid ? exp2_ftz(sc - mnew) : 0.0f;
+            float P = pw;
+#pragma unroll
+            for (int o = GH * REP; o < 32; o <<= 1)
+                P += __shfl_xor_sync(0xffffffffu, P, o);
+            lrun[c] = lrun[c] * corr + P;
+            mrun[c] = mnew;
+#pragma unroll
+            for (int hh = 0; hh < GH; hh++) {
+                const int h = c * GH + hh;
+                const float ch = __shfl_sync(0xffffffffu, corr, hh * REP);
 #pragma unroll
                 for (int i = 0; i < DPL; i++)
-                    s += q[h][i] * k[u][i];
-                s = warp_sum(s);
-                const float mnew = fmaxf(m[h], s);
-                const float corr = __expf(m[h] - mnew), p = __expf(s - mnew);
-                l[h] = l[h] * corr + p;
-                m[h] = mnew;
+                    acc[h][i] *= ch;
 #pragma unroll
-                for (int i = 0; i < DPL; i++)
-                    acc[h][i] = acc[h][i] * corr + p * v[u][i];
+                for (int u = 0; u < U; u++) {
+                    const float pu_h = __shfl_sync(0xffffffffu, pw, (u * GH + hh) * REP);
+#pragma unroll
+                    for (int i = 0; i < DPL; i++)
+                        acc[h][i] += pu_h * v[u][i];
+                }
             }
         }
+    }
+    /* each head's running max and sum, from the lanes that kept them */
+#pragma unroll
+    for (int h = 0; h < GMAX; h++) {
+        constexpr int U = DEC_UNROLL, GH = U * GMAX <= 32 ? GMAX : 32 / U, N = U * GH, REP = 32 / N;
+        m[h] = __shfl_sync(0xffffffffu, mrun[h / GH], (h % GH) * REP);
+        l[h] = __shfl_sync(0xffffffffu, lrun[h / GH], (h % GH) * REP);
     }
     /* the warps' (max, sum, output) per head, merged */
     if (lane == 0)
@@ -447,7 +511,7 @@ __device__ __forceinline__ void decode_attend(const att_args &a, int kvh, int sp
         float M = -INFINITY;
         for (int w = 0; w < DEC_WARPS; w++)
             M = fmaxf(M, merge[w][h][0]);
-        const float f = m[h] == -INFINITY ? 0.0f : __expf(m[h] - M);
+        const float f = m[h] == -INFINITY ? 0.0f : exp2_ftz(m[h] - M);
 #pragma unroll
         for (int i = 0; i < DPL; i++)
             wacc[((size_t)warp * g + h) * hd + d0 + i] = acc[h][i] * f;
@@ -460,12 +524,12 @@ __device__ __forceinline__ void decode_attend(const att_args &a, int kvh, int sp
             M = fmaxf(M, merge[w][h][0]);
         for (int w = 0; w < DEC_WARPS; w++) {
             const float mw = merge[w][h][0];
-            L += mw == -INFINITY ? 0.0f : merge[w][h][1] * __expf(mw - M);
+            L += mw == -INFINITY ? 0.0f : merge[w][h][1] * exp2_ftz(mw - M);
             o += wacc[((size_t)w * g + h) * hd + d];
         }
         if (live == 1) {
             if (a.sinks)
-                L += __expf(a.sinks[head] - M);
+                L += exp2_ftz(a.sinks[head] * LOG2E - M);
             a.out[(size_t)head * hd + d] = L > 0 ? o / L : 0.0f;
         } else {
             float *part = a.partial + ((size_t)head * a.n_split + sp) * (size_t)(hd + 2);

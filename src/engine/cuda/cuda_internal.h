@@ -71,6 +71,34 @@ static inline void exo_cuda_launch(void (*kernel)(Params...), dim3 grid, dim3 bl
     cudaLaunchKernelEx(&cfg, kernel, args...);
 }
 
+/* Sums of COUNT values over a warp's lanes, the values going down one
+ * butterfly together: at the level of lanes O apart a lane keeps half of
+ * its values and sends its partner the other half, so COUNT values take
+ * COUNT - 1 shuffles (while COUNT > 1), not 5 COUNT. Called with O = 16;
+ * afterwards v[0 .. COUNT/32) (one value where COUNT <= 32) are the sums of
+ * values idx .. (idx is added to: start it at 0), which lanes that differ
+ * only in the bits below log2(32 / COUNT) share: lane / (32 / COUNT) for
+ * COUNT <= 32. Every sum pairs the same two operands as a butterfly of each
+ * value alone would, so the bits are the same. */
+template <int COUNT, int O> __device__ __forceinline__ void exo_cuda_butterfly(float *v, int lane, int &idx)
+{
+    if constexpr (O > 0) {
+        if constexpr (COUNT > 1) {
+            const bool hi = lane & O;
+#pragma unroll
+            for (int i = 0; i < COUNT / 2; i++) {
+                const float keep = hi ? v[COUNT / 2 + i] : v[i], send = hi ? v[i] : v[COUNT / 2 + i];
+                v[i] = keep + __shfl_xor_sync(0xffffffffu, send, O);
+            }
+            idx += hi ? COUNT / 2 : 0;
+            exo_cuda_butterfly<COUNT / 2, O / 2>(v, lane, idx);
+        } else {
+            v[0] += __shfl_xor_sync(0xffffffffu, v[0], O);
+            exo_cuda_butterfly<1, O / 2>(v, lane, idx);
+        }
+    }
+}
+
 /* act(a) * b of a gated MLP (backend.h exo_glu_kind; lim: EXO_GLU_OAI's
  * clamp): the glu op's arithmetic, shared with the GEMV that folds it into
  * quantizing its input, so both give the same bits. */

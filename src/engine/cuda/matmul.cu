@@ -222,27 +222,6 @@ __device__ __forceinline__ float float_step(uint4 wv, const float *xs)
     return acc;
 }
 
-/* One level (lanes o apart) of gemv_finish's butterfly over COUNT values,
- * then the levels below it. */
-template <int COUNT, int O> __device__ __forceinline__ void butterfly_level(float *v, int lane, int &idx)
-{
-    if constexpr (O > 0) {
-        if constexpr (COUNT > 1) {
-            const bool hi = lane & O;
-#pragma unroll
-            for (int i = 0; i < COUNT / 2; i++) {
-                const float keep = hi ? v[COUNT / 2 + i] : v[i], send = hi ? v[i] : v[COUNT / 2 + i];
-                v[i] = keep + __shfl_xor_sync(0xffffffffu, send, O);
-            }
-            idx += hi ? COUNT / 2 : 0;
-            butterfly_level<COUNT / 2, O / 2>(v, lane, idx);
-        } else {
-            v[0] += __shfl_xor_sync(0xffffffffu, v[0], O);
-            butterfly_level<1, O / 2>(v, lane, idx);
-        }
-    }
-}
-
 template <int ROWS, int T>
 __device__ __forceinline__ void gemv_finish_each(float (&acc)[ROWS][T], int lane, int warp, int ks, int slice,
                                                  bool live, int64_t row0, const gemv_job_dev &job);
@@ -268,7 +247,7 @@ __device__ __forceinline__ void gemv_finish(float (&acc)[ROWS][T], int lane, int
         for (int i = 0; i < N; i++)
             v[i] = acc[i / T][i % T];
         int idx = 0; /* the first of this lane's values */
-        butterfly_level<N, 16>(v, lane, idx);
+        exo_cuda_butterfly<N, 16>(v, lane, idx);
         /* lanes that differ only in the bits no level split on hold the same values */
         const bool first = (lane & (32 / (N < 32 ? N : 32) - 1)) == 0;
         __shared__ float part[GEMV_WARPS][N];
