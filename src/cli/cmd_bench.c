@@ -73,7 +73,21 @@ static double llama_cpp_h200(const char *preset, const char *quant)
 #define MAX_STREAM_RUNS 8
 #define STREAM_PROMPT 32 /* each stream's own prompt before it decodes */
 
-enum { PAIRS = 16 }; /* decode tokens paired with reads (see exo_cmd_bench) */
+enum { PAIRS = 16 };       /* decode tokens paired with reads (see exo_cmd_bench) */
+enum { HOST_LOGITS = 32 }; /* GPU decode tokens with every logit to the host */
+
+/* One greedy decode token as the runner serves it: the step asks for the
+ * largest logit, which a GPU finds in place and hands over with only its
+ * id (backend.h argmax); elsewhere the logits come back and the host picks.
+ * *tok is the token in and the next token out. */
+static int greedy_token(exo_model *m, exo_seq *seq, int32_t *tok, float *logits, int64_t V, exo_err *err)
+{
+    exo_step st = {.T = 1, .tokens = tok, .logits = logits, .greedy = true};
+    int rc = exo_model_step(m, seq, &st, err);
+    if (!rc)
+        *tok = st.picked ? st.pick_id : exo_cpu_argmax_f32(logits, V);
+    return rc;
+}
 
 /* Aggregate decode tokens/s of n sequences stepping together for `steps`
  * batched steps (after one untimed step), each from its own prompt. */
@@ -266,7 +280,7 @@ int exo_cmd_bench(int argc, char **argv)
     t_load = exo_clock_seconds() - t_load;
     int V = exo_model_vocab(m);
     const exo_model_config *cfg = exo_model_get_config(m);
-    if (exo_seq_create(m, (int)(n_prompt + n_gen + 8 + PAIRS), &seq, &err))
+    if (exo_seq_create(m, (int)(n_prompt + n_gen + 8 + PAIRS + HOST_LOGITS), &seq, &err))
         goto fail;
     logits = exo_malloc(sizeof(float) * (size_t)V);
     tokens = exo_malloc(sizeof(int32_t) * (size_t)n_prompt);
@@ -299,21 +313,30 @@ int exo_cmd_bench(int argc, char **argv)
 
     /* Decode: greedy, one token at a time, after two warm-up steps. */
     int32_t tok = exo_cpu_argmax_f32(logits, V);
-    for (int i = 0; i < 2; i++) {
-        if (exo_model_forward(m, seq, &tok, 1, logits, false, &err))
+    for (int i = 0; i < 2; i++)
+        if (greedy_token(m, seq, &tok, logits, V, &err))
             goto fail_pool;
-        tok = exo_cpu_argmax_f32(logits, V);
-    }
     token_s = exo_malloc(sizeof(double) * (size_t)n_gen);
     t0 = exo_clock_seconds();
     for (long i = 0; i < n_gen; i++) {
         double ts = exo_clock_seconds();
-        if (exo_model_forward(m, seq, &tok, 1, logits, false, &err))
+        if (greedy_token(m, seq, &tok, logits, V, &err))
             goto fail_pool;
-        tok = exo_cpu_argmax_f32(logits, V);
         token_s[i] = exo_clock_seconds() - ts;
     }
     double decode_s = exo_clock_seconds() - t0;
+    /* On a GPU the greedy step above leaves the logits there; a sampler
+     * needs all of them on the host: that path's tokens too (not on a CPU,
+     * where the logits are on the host either way). */
+    long n_host = exo_model_gpu_layers(m) > 0 ? (n_gen < HOST_LOGITS ? n_gen : HOST_LOGITS) : 0;
+    double host_logits_s = 0;
+    for (long i = 0; i < n_host; i++) {
+        double ts = exo_clock_seconds();
+        if (exo_model_forward(m, seq, &tok, 1, logits, false, &err))
+            goto fail_pool;
+        tok = exo_cpu_argmax_f32(logits, V);
+        host_logits_s += exo_clock_seconds() - ts;
+    }
     /* Mixture of experts: the fused decode against the per-expert one, a
      * token of each in turn over the same positions (drift in what else
      * runs on the machine hits both alike); medians. */
@@ -329,13 +352,12 @@ int exo_cmd_bench(int argc, char **argv)
         for (long i = 0; i < 2 * half; i++) {
             exo_model_set_moe_fused(m, i % 2 == 0);
             double ts = exo_clock_seconds();
-            if (exo_model_forward(m, seq, &tok, 1, logits, false, &err)) {
+            if (greedy_token(m, seq, &tok, logits, V, &err)) {
                 exo_free(tf);
                 exo_free(tu);
                 goto fail_pool;
             }
             (i % 2 ? tu : tf)[i / 2] = exo_clock_seconds() - ts;
-            tok = exo_cpu_argmax_f32(logits, V);
         }
         exo_model_set_moe_fused(m, true);
         qsort(tf, (size_t)half, sizeof(double), cmp_double);
@@ -361,9 +383,8 @@ int exo_cmd_bench(int argc, char **argv)
     int n_pairs = exo_model_gpu_layers(m) > 0 ? 0 : PAIRS;
     for (int i = 0; i < n_pairs; i++) {
         double ts = exo_clock_seconds();
-        if (exo_model_forward(m, seq, &tok, 1, logits, false, &err))
+        if (greedy_token(m, seq, &tok, logits, V, &err))
             goto fail_pool;
-        tok = exo_cpu_argmax_f32(logits, V);
         pair_tok_s[i] = exo_clock_seconds() - ts;
         pair_read[i] = exo_membw_read(probe, pool, 1);
     }
@@ -420,12 +441,13 @@ int exo_cmd_bench(int argc, char **argv)
                "\"bw_fraction_median\":%.4f,\"prefill_gflops\":%.1f,"
                "\"avx2_gemm_gflops\":%.1f,\"prefill_vs_avx2\":%.2f,\"load_s\":%.2f,"
                "\"moe_fused_ms\":%.3f,\"moe_per_expert_ms\":%.3f,\"bw_fraction_paired\":%.4f,"
-               "\"dot_peak_gps\":%.1f,\"streams\":[",
+               "\"dot_peak_gps\":%.1f,\"decode_host_logits_tok_s\":%.3f,\"streams\":[",
                name, preset ? quant : "checkpoint", nthreads, exo_isa_name(exo_cpu_isa()),
                exo_cpu_has_amx() ? "true" : "false", n_prompt, n_gen, prefill_tps, decode_tps,
                bytes_per_token, achieved / 1e9, read_bw / 1e9, achieved / read_bw, median_s * 1e3,
                achieved_median / read_bw, prefill_gflops,
-               avx2, avx2 > 0 ? prefill_gflops / avx2 : 0, t_load, fused_ms, unfused_ms, paired, dot_peak / 1e9);
+               avx2, avx2 > 0 ? prefill_gflops / avx2 : 0, t_load, fused_ms, unfused_ms, paired, dot_peak / 1e9,
+               n_host ? (double)n_host / host_logits_s : 0);
         for (int i = 0; i < n_streams; i++)
             printf("%s{\"n\":%ld,\"tok_s\":%.3f,\"dot_fraction\":%.4f}", i ? "," : "", streams[i],
                    stream_tok_s[i], dot_share[i]);
@@ -438,6 +460,9 @@ int exo_cmd_bench(int argc, char **argv)
                "%.1f GFLOP/s, x%.2f)\n",
                n_prompt, prefill_tps, prefill_gflops, avx2, avx2 > 0 ? prefill_gflops / avx2 : 0);
         printf("decode           %ld tokens: %.2f tok/s\n", n_gen, decode_tps);
+        if (n_host)
+            printf("                 %.2f tok/s with every logit copied to the host (%ld tokens; a "
+                   "sampler's path, greedy takes the id alone)\n", (double)n_host / host_logits_s, n_host);
         printf("bytes/token      %.1f MB (weights %.1f MB + caches %.1f MB)\n", bytes_per_token / 1e6,
                weight_bytes / 1e6, kv_bytes / 1e6);
         printf("per layer        %.1f MB of weights, %.1f M parameters a token (%d layers; LM head "
