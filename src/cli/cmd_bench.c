@@ -79,13 +79,16 @@ enum { HOST_LOGITS = 32 }; /* GPU decode tokens with every logit to the host */
 /* One greedy decode token as the runner serves it: the step asks for the
  * largest logit, which a GPU finds in place and hands over with only its
  * id (backend.h argmax); elsewhere the logits come back and the host picks.
- * *tok is the token in and the next token out. */
-static int greedy_token(exo_model *m, exo_seq *seq, int32_t *tok, float *logits, int64_t V, exo_err *err)
+ * *tok is the token in and the next token out; *in_place is set when the
+ * id came alone. */
+static int greedy_token(exo_model *m, exo_seq *seq, int32_t *tok, float *logits, int64_t V, bool *in_place,
+                        exo_err *err)
 {
     exo_step st = {.T = 1, .tokens = tok, .logits = logits, .greedy = true};
     int rc = exo_model_step(m, seq, &st, err);
     if (!rc)
         *tok = st.picked ? st.pick_id : exo_cpu_argmax_f32(logits, V);
+    *in_place = !rc && st.picked;
     return rc;
 }
 
@@ -313,22 +316,22 @@ int exo_cmd_bench(int argc, char **argv)
 
     /* Decode: greedy, one token at a time, after two warm-up steps. */
     int32_t tok = exo_cpu_argmax_f32(logits, V);
+    bool in_place = false;
     for (int i = 0; i < 2; i++)
-        if (greedy_token(m, seq, &tok, logits, V, &err))
+        if (greedy_token(m, seq, &tok, logits, V, &in_place, &err))
             goto fail_pool;
     token_s = exo_malloc(sizeof(double) * (size_t)n_gen);
     t0 = exo_clock_seconds();
     for (long i = 0; i < n_gen; i++) {
         double ts = exo_clock_seconds();
-        if (greedy_token(m, seq, &tok, logits, V, &err))
+        if (greedy_token(m, seq, &tok, logits, V, &in_place, &err))
             goto fail_pool;
         token_s[i] = exo_clock_seconds() - ts;
     }
     double decode_s = exo_clock_seconds() - t0;
-    /* On a GPU the greedy step above leaves the logits there; a sampler
-     * needs all of them on the host: that path's tokens too (not on a CPU,
-     * where the logits are on the host either way). */
-    long n_host = exo_model_gpu_layers(m) > 0 ? (n_gen < HOST_LOGITS ? n_gen : HOST_LOGITS) : 0;
+    /* Where the greedy step left the logits on the GPU, a sampler would
+     * need all of them on the host: that path's tokens too. */
+    long n_host = in_place ? (n_gen < HOST_LOGITS ? n_gen : HOST_LOGITS) : 0;
     double host_logits_s = 0;
     for (long i = 0; i < n_host; i++) {
         double ts = exo_clock_seconds();
@@ -352,7 +355,7 @@ int exo_cmd_bench(int argc, char **argv)
         for (long i = 0; i < 2 * half; i++) {
             exo_model_set_moe_fused(m, i % 2 == 0);
             double ts = exo_clock_seconds();
-            if (greedy_token(m, seq, &tok, logits, V, &err)) {
+            if (greedy_token(m, seq, &tok, logits, V, &in_place, &err)) {
                 exo_free(tf);
                 exo_free(tu);
                 goto fail_pool;
@@ -383,7 +386,7 @@ int exo_cmd_bench(int argc, char **argv)
     int n_pairs = exo_model_gpu_layers(m) > 0 ? 0 : PAIRS;
     for (int i = 0; i < n_pairs; i++) {
         double ts = exo_clock_seconds();
-        if (greedy_token(m, seq, &tok, logits, V, &err))
+        if (greedy_token(m, seq, &tok, logits, V, &in_place, &err))
             goto fail_pool;
         pair_tok_s[i] = exo_clock_seconds() - ts;
         pair_read[i] = exo_membw_read(probe, pool, 1);
