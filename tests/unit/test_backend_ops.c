@@ -1804,6 +1804,11 @@ Test(backend_ops, linear_attention)
     const gdn_cfg next = {16, 32, 128, 128, 4};
     static const int seq2[] = {5, 64, 1, 1};
     linear_attn_sequence(&b, &next, seq2, (int)(sizeof seq2 / sizeof seq2[0]));
+    /* the tiny parity fixtures' heads (tests/fixtures/qwen3_5-*: 32 wide),
+     * whose logits on the GPU were off where the CPU's are not */
+    const gdn_cfg tiny = {2, 4, 32, 32, 4};
+    static const int seq3[] = {80, 1, 16, 16, 1, 1};
+    linear_attn_sequence(&b, &tiny, seq3, (int)(sizeof seq3 / sizeof seq3[0]));
     both_close(&b);
 }
 
