@@ -109,6 +109,7 @@ if chk=$(/usr/bin/python3 -c '
 import json, sys
 d = json.loads(sys.argv[1]); st = d["streams"]; peak = d["dot_peak_gps"]
 assert [s["n"] for s in st] == [1, 2], st
+assert d["decode_host_logits_tok_s"] == 0, d  # the logits are on the host anyway: no second path
 if d["isa"] == "avx512":
     assert 1 < peak < 1e5, peak
     assert all(0 < s["dot_fraction"] < 1 for s in st), st

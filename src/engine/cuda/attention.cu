@@ -384,6 +384,12 @@ __device__ __forceinline__ void decode_attend(const att_args &a, int kvh, int sp
     const size_t row_stride = (size_t)a.n_kv * hd;
     /* a lane's dims: DPL consecutive floats (coalesced across the warp) */
     const int d0 = lane * DPL;
+    /* A round's scores go GH heads at a time, so that a chunk's U x GH
+     * partial dot products (U positions) fit one transposing butterfly;
+     * afterwards lane `lane` holds the whole score of pair lane / REP
+     * (position pair / GH, head pair % GH), and lanes (h % GH) * REP keep
+     * head h's running max and sum. */
+    constexpr int U = DEC_UNROLL, GH = U * GMAX <= 32 ? GMAX : 32 / U, N = U * GH, REP = 32 / N;
     /* scores in log2 units (q scaled by log2 e): one exp2 an exponential */
     float q[GMAX][DPL], acc[GMAX][DPL], m[GMAX], l[GMAX];
     float mrun[GMAX], lrun[GMAX]; /* chunk c's (decode rounds below): lanes of head c * GH + lane's head */
@@ -429,16 +435,11 @@ __device__ __forceinline__ void decode_attend(const att_args &a, int kvh, int sp
                 v[u][i + 1] = vv.y;
             }
         }
-        /* The round's scores: GH heads at a time, so that a chunk's
-         * U x GH partial dot products (U positions) fit one transposing
-         * butterfly; lane `lane` then holds the whole score of pair
-         * lane / REP (position u = pair / GH, head pair % GH). The round's
-         * max and sum over positions are then a few shuffles more, an
-         * exponential a lane, and the weights go to every lane by
-         * shuffles: 40 shuffles and 2 exponentials a round of 4 positions
-         * x 4 heads, where a butterfly and an online update per score took
-         * 80 and 32. */
-        constexpr int U = DEC_UNROLL, GH = U * GMAX <= 32 ? GMAX : 32 / U, N = U * GH, REP = 32 / N;
+        /* The round's max and sum over positions are a few shuffles after
+         * the butterfly, an exponential a lane, and the weights go to every
+         * lane by shuffles: 40 shuffles and 2 exponentials a round of 4
+         * positions x 4 heads, where a butterfly and an online update per
+         * score took 80 and 32. */
         const int pu = lane / REP / GH; /* the position of this lane's pair */
         const bool valid = j0 + pu * DEC_WARPS < end;
 #pragma unroll
@@ -456,8 +457,8 @@ __device__ __forceinline__ void decode_attend(const att_args &a, int kvh, int sp
                         d += q[c * GH + hh][i] * k[u][i];
                     sv[u * GH + hh] = d;
                 }
-            int first = 0;
-            exo_cuda_butterfly<N, 16>(sv, lane, first);
+            int pair = 0; /* = lane / REP */
+            exo_cuda_butterfly<N, 16>(sv, lane, pair);
             const float sc = valid ? sv[0] : -INFINITY;
             float M = sc;
 #pragma unroll
@@ -491,7 +492,6 @@ __device__ __forceinline__ void decode_attend(const att_args &a, int kvh, int sp
     /* each head's running max and sum, from the lanes that kept them */
 #pragma unroll
     for (int h = 0; h < GMAX; h++) {
-        constexpr int U = DEC_UNROLL, GH = U * GMAX <= 32 ? GMAX : 32 / U, N = U * GH, REP = 32 / N;
         m[h] = __shfl_sync(0xffffffffu, mrun[h / GH], (h % GH) * REP);
         l[h] = __shfl_sync(0xffffffffu, lrun[h / GH], (h % GH) * REP);
     }
