@@ -37,6 +37,18 @@ typedef struct exo_backend exo_backend;
 
 #define EXO_KV_BLOCK 16
 
+/* A layer's rotary embedding as an attention call may apply it itself
+ * (attention_rotates): each head of q and k through its RMSNorm (q_norm,
+ * k_norm: head_dim weights, or NULL for none) and then rope's rotation of
+ * its first rot_dim dims at the token's position, as qk_norm_rope does. */
+typedef struct exo_attn_rope {
+    int rot_dim;
+    const float *inv_freq; /* rot_dim / 2 values (backend memory) */
+    float mscale;
+    const float *q_norm, *k_norm;
+    float eps;
+} exo_attn_rope;
+
 typedef struct exo_attn_shape {
     int n_heads;
     int n_kv_heads;
@@ -51,6 +63,11 @@ typedef struct exo_attn_shape {
      * the most tokens one call appends plus EXO_KV_BLOCK): position p lives in slot p % ring
      * and overwrites a key no query can see any more. 0: slot p. */
     int ring;
+    /* Set only where attention_rotates says the call takes it: q and k
+     * are not yet rotated, and the call rotates them on the way (q and k
+     * themselves are left as they are; the cache gets the rotated key).
+     * NULL: q and k come rotated. */
+    const exo_attn_rope *rope;
 } exo_attn_shape;
 
 /* One layer's KV cache of one sequence as the attention ops address it:
@@ -145,6 +162,12 @@ typedef struct exo_backend_ops {
     int  (*attention_rows)(exo_backend *be, const exo_attn_shape *shape, int n, float *out, const float *q,
                            const float *k, const float *v, const exo_kv_view *caches, const int *rings,
                            const int *pos);
+    /* Optional (NULL: never): whether attention of T tokens a sequence
+     * (attention_rows: T = 1) of this shape takes shape->rope, saving the
+     * qk_norm_rope call before it (the GPU's decode kernel rotates q and
+     * the new key as it loads them). A backend with it has qk_norm_rope,
+     * which it stands in for. */
+    bool (*attention_rotates)(exo_backend *be, const exo_attn_shape *shape, int T);
     /* Copies the positions one run of a layer's cache holds in slots [0, n)
      * (K and V of shape's KV heads) from a run of src_capacity slots into
      * one of dst_capacity slots (n <= both): a sequence's caches changing

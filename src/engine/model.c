@@ -1477,7 +1477,7 @@ int exo_model_build(const exo_model_config *cfg, const exo_weight_source *src,
         double ms = 0.1 * cfg->rope.mscale_all_dim * log(cfg->rope.factor) + 1.0;
         attn_scale *= ms * ms;
     }
-    m->attn = (exo_attn_shape){m->n_heads, m->n_kv, m->hd, 0, (float)attn_scale, NULL, 0};
+    m->attn = (exo_attn_shape){m->n_heads, m->n_kv, m->hd, 0, (float)attn_scale, NULL, 0, NULL};
     m->cpu = exo_backend_cpu_create(o.n_threads, err);
     if (!m->cpu) {
         exo_free(m);
@@ -2899,19 +2899,40 @@ typedef struct decode_rows {
     int ring[ROWS_MAX], pos[ROWS_MAX];
 } decode_rows;
 
+/* The layer's q/k norms and rotation, for a backend that applies them in
+ * its attention call (backend.h attention_rotates). */
+static exo_attn_rope layer_rope(const exo_model *m, const layer *L)
+{
+    return (exo_attn_rope){m->rot_dim, L->inv_freq, L->mscale, L->q_norm, L->k_norm, m->eps};
+}
+
+/* Whether the backend's attention of T tokens a sequence rotates q and k
+ * itself: sh->rope is then set to rope, else left NULL. */
+static bool rotates(exo_backend *be, exo_attn_shape *sh, const exo_attn_rope *rope, int T)
+{
+    sh->rope = rope;
+    if (be->ops->attention_rotates && be->ops->attention_rotates(be, sh, T))
+        return true;
+    sh->rope = NULL;
+    return false;
+}
+
 static int attention_rows_flush(exo_model *m, int l, decode_rows *rows)
 {
     layer *L = &m->layers[l];
     exo_backend *be = L->be;
     acts *a = acts_of(m, be);
     size_t QD = (size_t)m->n_heads * (size_t)m->hd, KD = (size_t)m->n_kv * (size_t)m->hd, r0 = (size_t)rows->r0;
-    int n = rows->n;
+    int n = rows->n, rc = 0;
     rows->n = 0;
-    int rc = be->ops->qk_norm_rope_rows(be, a->q + r0 * QD, a->k + r0 * KD, n, m->n_heads, m->n_kv, m->hd, m->rot_dim,
+    exo_attn_shape sh = L->attn;
+    exo_attn_rope rope = layer_rope(m, L);
+    if (!rotates(be, &sh, &rope, 1))
+        rc = be->ops->qk_norm_rope_rows(be, a->q + r0 * QD, a->k + r0 * KD, n, m->n_heads, m->n_kv, m->hd, m->rot_dim,
                                         rows->pos, L->inv_freq, L->mscale, L->q_norm, L->k_norm, m->eps);
     return rc ? rc
-              : be->ops->attention_rows(be, &L->attn, n, a->att + r0 * QD, a->q + r0 * QD, a->k + r0 * KD,
-                                        a->v + r0 * KD, rows->cache, rows->ring, rows->pos);
+              : be->ops->attention_rows(be, &sh, n, a->att + r0 * QD, a->q + r0 * QD, a->k + r0 * KD, a->v + r0 * KD,
+                                        rows->cache, rows->ring, rows->pos);
 }
 
 /* Calls of up to this many rows (decode: the GEMV's widths) ask the
@@ -2944,6 +2965,7 @@ static int attention_forward(exo_model *m, const span *sp, int nsp, int l, int T
             return started;
         m->prefetches += started;
     }
+    const exo_attn_rope rope = layer_rope(m, L);
     if (L->q_norm && !o->qk_norm_rope) {
         OK(o->rmsnorm(be, a->q, a->q, L->q_norm, T * m->n_heads, m->hd, m->eps));
         OK(o->rmsnorm(be, a->k, a->k, L->k_norm, T * m->n_kv, m->hd, m->eps));
@@ -2967,7 +2989,9 @@ static int attention_forward(exo_model *m, const span *sp, int nsp, int l, int T
             rows.pos[rows.n++] = pos0;
             continue;
         }
-        if (o->qk_norm_rope) {
+        if (rotates(be, &sh, &rope, n)) {
+            /* q and k rotated in the attention call */
+        } else if (o->qk_norm_rope) {
             OK(o->qk_norm_rope(be, q, k, n, m->n_heads, m->n_kv, m->hd, m->rot_dim, pos0, L->inv_freq, L->mscale,
                                L->q_norm, L->k_norm, m->eps));
         } else {

@@ -125,7 +125,7 @@ static void check(int T, int H, int KV, int hd, int window, int prefill_chunk)
         cr_assert(window > 0 && ring < T, "a ring test needs a window and positions that wrap around");
         capacity = ring;
     }
-    exo_attn_shape sh = {H, KV, hd, window, 1.0f / sqrtf((float)hd), with_sinks ? sinks : NULL, ring};
+    exo_attn_shape sh = {H, KV, hd, window, 1.0f / sqrtf((float)hd), with_sinks ? sinks : NULL, ring, NULL};
     test_cache whole;
     cache_make(be, &whole, capacity, KV, hd, 0);
     run_attention(be, &sh, T, prefill_chunk, q, k, v, &whole.view, out);

@@ -811,6 +811,34 @@ Test(backend_ops, matmul_large_shapes)
     both_close(&b);
 }
 
+/* Calls whose weights have very few rows beside wide ones: Qwen3.5's
+ * Gated DeltaNet projections (qkv, z, then b and a with one row per value
+ * head) and a router of a few experts, at the tiny fixtures' widths. */
+Test(backend_ops, matmul_few_rows)
+{
+    both b = both_open("matmul_few_rows");
+    const wfmt fmts[] = {F_AFFINE(4, 64, BF16), F_AFFINE(8, 64, BF16), F_AFFINE(4, 32, F16), F_DENSE(BF16)};
+    static const int rows[][4] = {{256, 128, 4, 4}, {1, 2, 3, 5}, {7, 9, 4, 1}};
+    static const int cols[] = {128, 64, 256};
+    for (size_t f = 0; f < sizeof fmts / sizeof fmts[0]; f++)
+        for (size_t s = 0; s < sizeof rows / sizeof rows[0]; s++)
+            for (size_t c = 0; c < sizeof cols / sizeof cols[0]; c++) {
+                if (!fmt_fits(fmts[f], cols[c]))
+                    continue;
+                weight w[4];
+                weight *pw[4];
+                for (int i = 0; i < 4; i++) {
+                    weight_rand(&b, &w[i], fmts[f], rows[s][i], cols[c]);
+                    pw[i] = &w[i];
+                }
+                for (int t = 0; t < N_MATMUL_T; t++)
+                    matmul_case(&b, 4, pw, MATMUL_T[t], "few rows");
+                for (int i = 0; i < 4; i++)
+                    weight_free(&w[i]);
+            }
+    both_close(&b);
+}
+
 /* On the GPU, a row's product is the same bits at every launch width
  * (batched decode gives each sequence what it gets alone): 16, 8, 3 and 2
  * rows of x in one call against each row alone, at shapes where the
@@ -1078,7 +1106,57 @@ typedef struct attn_cfg {
     bool latent; /* k and v are one tensor (MLA's [rope | latent] cache) */
     float scale; /* 0: 1/sqrt(hd) */
     int page;    /* > 0: the cache in pages of this many slots, scattered */
+    int rot;     /* > 0: q and k come unrotated (RoPE of rot dims, and q/k norms where norms is
+                    set): the GPU rotates one-token calls in the attention call, prompts with
+                    qk_norm_rope first; the CPU with rmsnorm and rope first */
+    bool norms;
 } attn_cfg;
+
+/* The rotation of an attn_cfg on each backend (attn_cfg's rot). */
+typedef struct attn_rot {
+    dvec inv_freq, q_norm, k_norm;
+    exo_attn_rope cpu, gpu;
+} attn_rot;
+
+static attn_rot attn_rot_make(both *b, const attn_cfg *cfg)
+{
+    attn_rot r = {0};
+    float inv[512], w[1024];
+    for (int j = 0; j < cfg->rot / 2; j++)
+        inv[j] = (float)pow(5e5, -2.0 * j / cfg->rot);
+    r.inv_freq = vec_load(b, EXO_DTYPE_F32, inv, (size_t)(cfg->rot / 2));
+    if (cfg->norms) {
+        for (int j = 0; j < cfg->hd; j++)
+            w[j] = 1.0f + 0.3f * rng_gauss();
+        r.q_norm = vec_load(b, EXO_DTYPE_F32, w, (size_t)cfg->hd);
+        for (int j = 0; j < cfg->hd; j++)
+            w[j] = 1.0f + 0.3f * rng_gauss();
+        r.k_norm = vec_load(b, EXO_DTYPE_F32, w, (size_t)cfg->hd);
+    }
+    r.cpu = (exo_attn_rope){cfg->rot, r.inv_freq.cpu, 1.0f, r.q_norm.cpu, r.k_norm.cpu, 1e-6f};
+    r.gpu = (exo_attn_rope){cfg->rot, r.inv_freq.gpu, 1.0f, r.q_norm.gpu, r.k_norm.gpu, 1e-6f};
+    return r;
+}
+
+static void attn_rot_free(both *b, attn_rot *r)
+{
+    vec_free(b, &r->inv_freq);
+    if (r->q_norm.cpu) {
+        vec_free(b, &r->q_norm);
+        vec_free(b, &r->k_norm);
+    }
+}
+
+/* The CPU's q and k of T tokens at pos through r's norms and rotation. */
+static void cpu_rotate(both *b, const attn_cfg *cfg, const attn_rot *r, float *q, float *k, int T, int pos)
+{
+    if (cfg->norms) {
+        ON(b->cpu, rmsnorm, q, q, r->q_norm.cpu, T * cfg->heads, cfg->hd, 1e-6f);
+        ON(b->cpu, rmsnorm, k, k, r->k_norm.cpu, T * cfg->kv, cfg->hd, 1e-6f);
+    }
+    ON(b->cpu, rope, q, T, cfg->heads, cfg->hd, cfg->rot, pos, r->inv_freq.cpu, 1.0f);
+    ON(b->cpu, rope, k, T, cfg->kv, cfg->hd, cfg->rot, pos, r->inv_freq.cpu, 1.0f);
+}
 
 /* A cache of `capacity` slots on be, as attn_sequence's caches: one run, or
  * pages of `page` slots placed in reverse order in one allocation, their
@@ -1144,20 +1222,38 @@ static void attn_sequence(both *b, const attn_cfg *cfg, const int *calls, int n_
         sinks = vec_load(b, EXO_DTYPE_F32, s, (size_t)H);
     }
     float scale = cfg->scale > 0 ? cfg->scale : 1.0f / sqrtf((float)hd);
-    exo_attn_shape sc = {H, KV, hd, cfg->window, scale, sinks.cpu, ring};
-    exo_attn_shape sg = {H, KV, hd, cfg->window, scale, sinks.gpu, ring};
+    exo_attn_shape sc = {H, KV, hd, cfg->window, scale, sinks.cpu, ring, NULL};
+    exo_attn_shape sg = {H, KV, hd, cfg->window, scale, sinks.gpu, ring, NULL};
     test_kv kc = kv_make(b->cpu, capacity, KV, hd, ring ? 0 : cfg->page);
     test_kv kg = kv_make(b->gpu, capacity, KV, hd, ring ? 0 : cfg->page);
+    attn_rot rot = {0};
+    if (cfg->rot)
+        rot = attn_rot_make(b, cfg);
     for (int i = 0, pos = 0; i < n_calls; pos += calls[i++]) {
         int T = calls[i];
         dual q = dual_rand(b, (size_t)T * H * hd, 1.5f), k = dual_rand(b, (size_t)T * KV * hd, 1.0f);
         dual v = cfg->latent ? k : dual_rand(b, (size_t)T * KV * hd, 1.0f);
         dual out = dual_rand(b, (size_t)T * H * hd, 1.0f);
+        exo_attn_shape call = sg;
+        if (cfg->rot) {
+            cpu_rotate(b, cfg, &rot, q.cpu, k.cpu, T, pos);
+            call.rope = &rot.gpu;
+            bool fused = b->gpu->ops->attention_rotates && b->gpu->ops->attention_rotates(b->gpu, &call, T);
+            /* the decode kernel's shapes rotate in the call */
+            cr_assert(fused || T > 1 || !(hd == 64 || hd == 128 || hd == 256) || cfg->rot % (hd / 16),
+                      "hd %d: a one-token call not rotated", hd);
+            if (!fused) {
+                call.rope = NULL;
+                ON(b->gpu, qk_norm_rope, q.gpu, k.gpu, T, H, KV, hd, cfg->rot, pos, rot.inv_freq.gpu, 1.0f,
+                   rot.q_norm.gpu, rot.k_norm.gpu, 1e-6f);
+            }
+        }
         ON(b->cpu, attention, &sc, out.cpu, q.cpu, k.cpu, v.cpu, &kc.view, T, pos);
-        ON(b->gpu, attention, &sg, out.gpu, q.gpu, k.gpu, v.gpu, &kg.view, T, pos);
+        ON(b->gpu, attention, &call, out.gpu, q.gpu, k.gpu, v.gpu, &kg.view, T, pos);
         dual_check(b, &out, "attention", NMSE_ATTENTION,
-                   "H %d KV %d hd %d window %d ring %d sinks %d latent %d page %d: call %d, T %d at %d", H, KV,
-                   hd, cfg->window, ring, cfg->sinks, cfg->latent, cfg->page, i, T, pos);
+                   "H %d KV %d hd %d window %d ring %d sinks %d latent %d page %d rot %d norms %d: call %d, T %d at %d",
+                   H, KV, hd, cfg->window, ring, cfg->sinks, cfg->latent, cfg->page, cfg->rot, cfg->norms, i, T,
+                   pos);
         dual_free(b, &q);
         dual_free(b, &k);
         if (!cfg->latent)
@@ -1168,6 +1264,8 @@ static void attn_sequence(both *b, const attn_cfg *cfg, const int *calls, int n_
     kv_free(b->gpu, &kg);
     if (cfg->sinks)
         vec_free(b, &sinks);
+    if (cfg->rot)
+        attn_rot_free(b, &rot);
 }
 
 /* prefill at 0, decode steps, a prefill at pos0 > 0, a short (T = 3)
@@ -1237,6 +1335,36 @@ Test(backend_ops, attention_sinks)
     both_close(&b);
 }
 
+/* q and k handed over unrotated (backend.h exo_attn_rope): the decode
+ * kernel's own norms and rotation against the CPU's rmsnorm and rope, at
+ * the shapes of Llama 1B/8B, Qwen3 (norms), Qwen3.5's partial rotation,
+ * gpt-oss's ring with sinks, Gemma's 256-wide heads, a paged cache, and
+ * a context past one split. */
+Test(backend_ops, attention_rotated)
+{
+    both b = both_open("attention_rotated");
+    static const int seq[] = {37, 1, 1, 1, 20, 1, 3, 1, 1};
+    static const int ring_seq[] = {64, 64, 64, 1, 1, 1, 40, 64, 1, 1, 1};
+    static const int long_seq[] = {900, 1, 1, 300, 1, 1};
+    static const struct {
+        attn_cfg cfg;
+        const int *seq;
+        int n;
+    } cases[] = {
+        {{.heads = 32, .kv = 8, .hd = 64, .rot = 64}, seq, 9},
+        {{.heads = 32, .kv = 8, .hd = 128, .rot = 128, .norms = true}, seq, 9},
+        {{.heads = 8, .kv = 2, .hd = 256, .rot = 64, .norms = true}, seq, 9},
+        {{.heads = 16, .kv = 2, .hd = 64, .window = 128, .ring = true, .sinks = true, .rot = 64}, ring_seq, 11},
+        {{.heads = 8, .kv = 4, .hd = 256, .window = 24, .rot = 256, .norms = true}, seq, 9},
+        {{.heads = 12, .kv = 4, .hd = 128, .rot = 64, .page = 16}, seq, 9},
+        {{.heads = 16, .kv = 1, .hd = 64, .rot = 32, .norms = true}, long_seq, 6},
+        {{.heads = 8, .kv = 2, .hd = 64, .rot = 18, .norms = true}, seq, 9}, /* not the kernel's: rotated first */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        attn_sequence(&b, &cases[i].cfg, cases[i].seq, cases[i].n);
+    both_close(&b);
+}
+
 /* Latent attention: one KV head of [rope 64 | latent 512] that is both key
  * and value (the same tensor passed twice). */
 Test(backend_ops, attention_latent)
@@ -1292,21 +1420,22 @@ Test(backend_ops, attention_long_decode)
 
 /* attention_rows against one attention call a sequence on the GPU: the
  * same bits (backend.h), for sequences of many lengths (one split to
- * many), more of them than one launch takes, twice over. */
+ * many), more of them than one launch takes, four times over, with q and
+ * k rotated in the calls (exo_attn_rope) every other time. */
 Test(backend_ops, attention_rows_same_bits_as_single)
 {
     both b = both_open("attention_rows_same_bits_as_single");
     exo_backend *g = b.gpu;
     cr_assert(g->ops->attention_rows, "the CUDA backend batches decode attention");
-    enum { N = 20, H = 32, KV = 8, HD = 64 };
+    enum { N = 20, H = 32, KV = 8, HD = 64, ROUNDS = 4 };
     const size_t qrow = (size_t)H * HD, kvrow = (size_t)KV * HD;
-    exo_attn_shape shape = {H, KV, HD, 0, 0.125f, NULL, 0};
+    exo_attn_shape shape = {H, KV, HD, 0, 0.125f, NULL, 0, NULL};
     test_kv rows_kv[N], one_kv[N];
     exo_kv_view views[N];
     int pos[N], rings[N] = {0};
     for (int i = 0; i < N; i++) {
         pos[i] = 1 + (i * 97) % 1300;
-        int capacity = (pos[i] + 2 + EXO_KV_BLOCK - 1) / EXO_KV_BLOCK * EXO_KV_BLOCK;
+        int capacity = (pos[i] + ROUNDS + EXO_KV_BLOCK - 1) / EXO_KV_BLOCK * EXO_KV_BLOCK;
         rows_kv[i] = kv_make(g, capacity, KV, HD, 0);
         one_kv[i] = kv_make(g, capacity, KV, HD, 0);
         views[i] = rows_kv[i].view;
@@ -1326,16 +1455,23 @@ Test(backend_ops, attention_rows_same_bits_as_single)
     size_t all = (size_t)N * (2 * qrow + 2 * kvrow);
     float *host = exo_malloc(sizeof(float) * all), *dev = be_alloc(g, all + (size_t)N * qrow);
     float *got = exo_malloc(sizeof(float) * N * qrow), *want = exo_malloc(sizeof(float) * N * qrow);
-    for (int round = 0; round < 2; round++) {
+    const attn_cfg rot_cfg = {.heads = H, .kv = KV, .hd = HD, .rot = HD, .norms = true};
+    attn_rot rot = attn_rot_make(&b, &rot_cfg);
+    for (int round = 0; round < ROUNDS; round++) {
         for (size_t j = 0; j < all; j++)
             host[j] = rng_gauss();
         upload(g, dev, host, all);
         float *q = dev, *k = q + N * qrow, *v = k + N * kvrow;
         float *out_rows = v + N * kvrow, *out_one = out_rows + N * qrow;
-        ON(g, attention_rows, &shape, N, out_rows, q, k, v, views, rings, pos);
+        exo_attn_shape sh = shape;
+        if (round % 2) {
+            sh.rope = &rot.gpu;
+            cr_assert(g->ops->attention_rotates(g, &sh, 1), "the decode kernel rotates");
+        }
+        ON(g, attention_rows, &sh, N, out_rows, q, k, v, views, rings, pos);
         for (int i = 0; i < N; i++)
-            ON(g, attention, &shape, out_one + i * qrow, q + i * qrow, k + i * kvrow, v + i * kvrow, &one_kv[i].view,
-               1, pos[i]);
+            ON(g, attention, &sh, out_one + i * qrow, q + i * qrow, k + i * kvrow, v + i * kvrow, &one_kv[i].view, 1,
+               pos[i]);
         ok(g, g->ops->sync(g), "sync");
         download(g, got, out_rows, N * qrow);
         download(g, want, out_one, N * qrow);
@@ -1346,6 +1482,7 @@ Test(backend_ops, attention_rows_same_bits_as_single)
         for (int i = 0; i < N; i++)
             pos[i]++;
     }
+    attn_rot_free(&b, &rot);
     g->ops->release(g, dev);
     exo_free(host);
     exo_free(got);

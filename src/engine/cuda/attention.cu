@@ -39,7 +39,11 @@
  * each warp's instruction stream, not by memory (Nsight on an H200: ~1430
  * instructions a warp at 9 cycles each, DRAM nearly idle), so a round's
  * scores go down one transposing butterfly together and its softmax is
- * updated once, in log2 units (one ex2 an exponential). A trace of
+ * updated once, in log2 units (one ex2 an exponential). Given the
+ * layer's rotation (exo_attn_rope), it norms and rotates the group's
+ * queries and the new key itself (a warp a head, before its first
+ * round), sparing the chain the q/k rotation kernel: 2-3 us of a layer's
+ * ~35 us on an H200, for ~1.5 us more here. A trace of
  * llama-3.1-8b q4 decode on an H200 at ~600 positions
  * (tools/cuda_kernel_trace.c) had attention and its combine at 8.2 + 8.7
  * us of a 70 us layer before, waiting on one position's load at a time
@@ -65,6 +69,10 @@ struct att_args {
     int n_tokens;       /* the call's T */
     bool dynamic;       /* one token: splits planned for the cache, sized by the position */
     float scale;
+    /* the decode kernel's own rotation (exo_attn_rope; rope_freq NULL: none) */
+    const float *rope_freq, *q_norm, *k_norm;
+    float mscale, eps;
+    int rope_half;
 };
 
 /* Positions a split takes. A one-token step's grid is planned for the
@@ -357,6 +365,62 @@ __device__ __forceinline__ void combine_group(const att_args &a, int kvh, int li
     }
 }
 
+/* The decode kernel's rotation (backend.h exo_attn_rope): the KV group's
+ * query heads and the new key through their norms and RoPE, a warp a head
+ * in registers (a lane's DPL dims from d0, as the loads of keys hold
+ * them; the partner dims, d and d + rot / 2, P lanes apart), into rot
+ * ((g + 1) x head_dim floats of shared memory, the key last) for all the
+ * block's warps after one barrier. Lanes past rot_dim have cos 1, sin 0
+ * and are their own partners. The arithmetic is spelled out (no
+ * contraction left to the compiler), so the rows kernel and the
+ * one-sequence kernel give the same bits. */
+template <int DPL>
+__device__ __forceinline__ void rotate_heads(const att_args &a, int kvh, int pos0, float *rot)
+{
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, d0 = lane * DPL;
+    const int g = a.n_heads / a.n_kv, hd = a.hd, half = a.rope_half, P = half / DPL;
+    const bool first = d0 < half, rotated = d0 < 2 * half;
+    const int partner = !rotated ? lane : first ? lane + P : lane - P;
+    for (int h = warp; h <= g; h += DEC_WARPS) {
+        const bool key = h == g;
+        const float *src = key ? a.kin + (size_t)kvh * hd : a.q + (size_t)(kvh * g + h) * hd;
+        const float *w = key ? a.k_norm : a.q_norm;
+        float x[DPL], cs[DPL], sn[DPL];
+#pragma unroll
+        for (int i = 0; i < DPL; i++) {
+            x[i] = src[d0 + i];
+            const float2 c = rotated ? exo_cuda_rope_cs(pos0, a.rope_freq[(first ? d0 : d0 - half) + i], a.mscale)
+                                     : make_float2(1.0f, 0.0f);
+            cs[i] = c.x;
+            sn[i] = first ? -c.y : c.y; /* first half: a cos - b sin; second: b cos + a sin */
+        }
+        if (w) { /* rmsnorm's arithmetic, the sum in a warp's order */
+            float ss = 0.0f;
+#pragma unroll
+            for (int i = 0; i < DPL; i++)
+                ss = __fmaf_rn(x[i], x[i], ss);
+            const float inv = 1.0f / sqrtf(warp_sum(ss) / (float)hd + a.eps);
+#pragma unroll
+            for (int i = 0; i < DPL; i++)
+                x[i] = __fmul_rn(w[d0 + i], __fmul_rn(x[i], inv));
+        }
+#pragma unroll
+        for (int i = 0; i < DPL; i++) {
+            const float other = __shfl_sync(0xffffffffu, x[i], partner);
+            rot[(size_t)h * hd + d0 + i] = __fmaf_rn(x[i], cs[i], __fmul_rn(other, sn[i]));
+        }
+    }
+    __syncthreads();
+}
+
+/* Shared memory of the decode kernel beyond its fixed arrays: the warps'
+ * outputs, and with a rotation its heads (rotate_heads). */
+static size_t decode_smem(const exo_attn_shape *sh)
+{
+    const size_t g = (size_t)(sh->n_heads / sh->n_kv_heads), hd = (size_t)sh->head_dim;
+    return sizeof(float) * (DEC_WARPS * g * hd + (sh->rope ? (g + 1) * hd : 0));
+}
+
 /* One (KV head, split) of a decode token. Each warp takes every
  * DEC_WARPS-th position of the split, DEC_UNROLL of them loaded at once,
  * so a warp waits on memory once a round, not once a position. A split
@@ -365,13 +429,13 @@ __device__ __forceinline__ void combine_group(const att_args &a, int kvh, int li
  * output directly; otherwise each split writes its (max, sum, output) and
  * the last of the KV head's splits to arrive (`arrival`, a counter it sets
  * back to 0) combines them: no second kernel. */
-template <int DPL, int GMAX>
+template <int DPL, int GMAX, bool ROPE>
 __device__ __forceinline__ void decode_attend(const att_args &a, int kvh, int sp, int *arrival)
 {
     constexpr int DEC_UNROLL = DPL >= 8 ? 2 : 4;
     __shared__ float merge[DEC_WARPS][GMAX][2];
     __shared__ bool last;
-    extern __shared__ float wacc[]; /* [DEC_WARPS][g][hd] */
+    extern __shared__ float wacc[]; /* [DEC_WARPS][g][hd], then rotate_heads' */
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = a.n_heads / a.n_kv, hd = a.hd;
     const int pos0 = a.pos_dev ? *a.pos_dev : a.pos0;
@@ -393,6 +457,14 @@ __device__ __forceinline__ void decode_attend(const att_args &a, int kvh, int sp
     /* scores in log2 units (q scaled by log2 e): one exp2 an exponential */
     float q[GMAX][DPL], acc[GMAX][DPL], m[GMAX], l[GMAX];
     float mrun[GMAX], lrun[GMAX]; /* chunk c's (decode rounds below): lanes of head c * GH + lane's head */
+    /* the group's queries and the new key: as given, or rotated here */
+    const float *qg = a.q + (size_t)kvh * g * hd, *knew = a.kin + (size_t)kvh * hd;
+    if constexpr (ROPE) {
+        float *rot = wacc + (size_t)DEC_WARPS * g * hd;
+        rotate_heads<DPL>(a, kvh, pos0, rot);
+        qg = rot;
+        knew = rot + (size_t)g * hd;
+    }
 #pragma unroll
     for (int h = 0; h < GMAX; h++) {
         mrun[h] = -INFINITY;
@@ -400,7 +472,7 @@ __device__ __forceinline__ void decode_attend(const att_args &a, int kvh, int sp
 #pragma unroll
         for (int i = 0; i < DPL; i++) {
             acc[h][i] = 0.0f;
-            q[h][i] = h < g ? a.q[(size_t)(kvh * g + h) * hd + d0 + i] * (a.scale * LOG2E) : 0.0f;
+            q[h][i] = h < g ? qg[(size_t)h * hd + d0 + i] * (a.scale * LOG2E) : 0.0f;
         }
     }
     if (sp == 0 && warp == 0) { /* this token's key and value into the cache */
@@ -409,7 +481,7 @@ __device__ __forceinline__ void decode_attend(const att_args &a, int kvh, int sp
         float *kc = cache_row(a, slot, false, row_stride) + in, *vc = cache_row(a, slot, true, row_stride) + in;
 #pragma unroll
         for (int i = 0; i < DPL; i++) {
-            kc[d0 + i] = a.kin[in + d0 + i];
+            kc[d0 + i] = knew[d0 + i];
             vc[d0 + i] = a.vin[in + d0 + i];
         }
     }
@@ -424,11 +496,14 @@ __device__ __forceinline__ void decode_attend(const att_args &a, int kvh, int sp
                     k[u][i] = v[u][i] = 0.0f;
                 continue;
             }
-            const float *kr = key_row(a, pos0, j, kvh, row_stride, a.kin, false) + d0;
+            /* the new key, rotated here, is in shared memory: a generic load */
+            const bool own = ROPE && j >= pos0;
+            const float *kr = (own ? knew : key_row(a, pos0, j, kvh, row_stride, a.kin, false)) + d0;
             const float *vr = key_row(a, pos0, j, kvh, row_stride, a.vin, true) + d0;
 #pragma unroll
             for (int i = 0; i < DPL; i += 2) {
-                float2 kk = __ldg((const float2 *)(kr + i)), vv = __ldg((const float2 *)(vr + i));
+                float2 kk = ROPE ? *(const float2 *)(kr + i) : __ldg((const float2 *)(kr + i)),
+                       vv = __ldg((const float2 *)(vr + i));
                 k[u][i] = kk.x;
                 k[u][i + 1] = kk.y;
                 v[u][i] = vv.x;
@@ -556,16 +631,16 @@ __device__ __forceinline__ void decode_attend(const att_args &a, int kvh, int sp
     combine_group<GMAX>(a, kvh, live);
 }
 
-template <int DPL, int GMAX>
+template <int DPL, int GMAX, bool ROPE>
 __global__ void __launch_bounds__(DEC_WARPS * 32)
 attention_decode_kernel(const __grid_constant__ att_args a, int *arrivals)
 {
     exo_cuda_wait_inputs();
     exo_cuda_start_next();
-    decode_attend<DPL, GMAX>(a, blockIdx.x, blockIdx.y, arrivals + blockIdx.x);
+    decode_attend<DPL, GMAX, ROPE>(a, blockIdx.x, blockIdx.y, arrivals + blockIdx.x);
 }
 
-template <int DPL, int GMAX>
+template <int DPL, int GMAX, bool ROPE>
 __global__ void __launch_bounds__(DEC_WARPS * 32)
 attention_decode_rows_kernel(const __grid_constant__ att_rows b, int *arrivals)
 {
@@ -573,7 +648,8 @@ attention_decode_rows_kernel(const __grid_constant__ att_rows b, int *arrivals)
     exo_cuda_start_next();
     const att_args &a = b.a[blockIdx.z];
     if ((int)blockIdx.y < a.n_split) /* the sequences' split counts differ; the grid has the most */
-        decode_attend<DPL, GMAX>(a, blockIdx.x, blockIdx.y, arrivals + (size_t)blockIdx.z * a.n_kv + blockIdx.x);
+        decode_attend<DPL, GMAX, ROPE>(a, blockIdx.x, blockIdx.y,
+                                       arrivals + (size_t)blockIdx.z * a.n_kv + blockIdx.x);
 }
 
 /* The prompt kernel: flash attention in tiles, for head_dim 64, 128 or 256
@@ -775,17 +851,27 @@ static int launch_tile(const att_args &a, cudaStream_t stream)
 
 /* The decode kernel for a shape: DPL = head_dim / 32 dims a lane, GMAX
  * the group's query heads rounded up to 4, 8 or 16 (a lane's registers
- * hold GMAX heads' queries and sums): attention_decode_rows_kernel
- * for an att_rows, else attention_decode_kernel for an att_args. */
-template <int DPL, int GMAX, typename Args>
-static void launch_decode_as(dim3 grid, size_t smem, cudaStream_t stream, const Args &args, int *arrivals)
+ * hold GMAX heads' queries and sums), ROPE whether it rotates q and the
+ * new key: attention_decode_rows_kernel for an att_rows, else
+ * attention_decode_kernel for an att_args. */
+template <int DPL, int GMAX, bool ROPE, typename Args>
+static void launch_decode_rope(dim3 grid, size_t smem, cudaStream_t stream, const Args &args, int *arrivals)
 {
     if constexpr (std::is_same<Args, att_rows>::value)
-        exo_cuda_launch(attention_decode_rows_kernel<DPL, GMAX>, grid, dim3(DEC_WARPS * 32), smem, stream, args,
-                        arrivals);
+        exo_cuda_launch(attention_decode_rows_kernel<DPL, GMAX, ROPE>, grid, dim3(DEC_WARPS * 32), smem, stream,
+                        args, arrivals);
     else
-        exo_cuda_launch(attention_decode_kernel<DPL, GMAX>, grid, dim3(DEC_WARPS * 32), smem, stream, args,
+        exo_cuda_launch(attention_decode_kernel<DPL, GMAX, ROPE>, grid, dim3(DEC_WARPS * 32), smem, stream, args,
                         arrivals);
+}
+
+template <int DPL, int GMAX, typename Args>
+static void launch_decode_as(dim3 grid, size_t smem, cudaStream_t stream, const Args &args, int *arrivals, bool rope)
+{
+    if (rope)
+        launch_decode_rope<DPL, GMAX, true>(grid, smem, stream, args, arrivals);
+    else
+        launch_decode_rope<DPL, GMAX, false>(grid, smem, stream, args, arrivals);
 }
 
 template <typename Args>
@@ -793,18 +879,19 @@ static void launch_decode(const exo_attn_shape *sh, dim3 grid, size_t smem, cuda
                           int *arrivals)
 {
     const int g = sh->n_heads / sh->n_kv_heads;
+    const bool rope = sh->rope != NULL;
     if (sh->head_dim == 256)
-        launch_decode_as<8, 4>(grid, smem, stream, args, arrivals);
+        launch_decode_as<8, 4>(grid, smem, stream, args, arrivals, rope);
     else if (sh->head_dim == 128 && g <= 4)
-        launch_decode_as<4, 4>(grid, smem, stream, args, arrivals);
+        launch_decode_as<4, 4>(grid, smem, stream, args, arrivals, rope);
     else if (sh->head_dim == 128)
-        launch_decode_as<4, 8>(grid, smem, stream, args, arrivals);
+        launch_decode_as<4, 8>(grid, smem, stream, args, arrivals, rope);
     else if (g <= 4)
-        launch_decode_as<2, 4>(grid, smem, stream, args, arrivals);
+        launch_decode_as<2, 4>(grid, smem, stream, args, arrivals, rope);
     else if (g <= 8)
-        launch_decode_as<2, 8>(grid, smem, stream, args, arrivals);
+        launch_decode_as<2, 8>(grid, smem, stream, args, arrivals, rope);
     else
-        launch_decode_as<2, 16>(grid, smem, stream, args, arrivals);
+        launch_decode_as<2, 16>(grid, smem, stream, args, arrivals, rope);
 }
 
 /* How a call is split: per_split positions a block (a multiple of the
@@ -869,8 +956,23 @@ static att_args args_for(const exo_attn_shape *sh, float *out, const float *q, c
     a.pos_dev = pos_dev;
     a.scale = sh->scale;
     a.dynamic = pos_dev || T == 1;
+    const exo_attn_rope *r = sh->rope;
+    a.rope_freq = r ? r->inv_freq : NULL;
+    a.q_norm = r ? r->q_norm : NULL;
+    a.k_norm = r ? r->k_norm : NULL;
+    a.mscale = r ? r->mscale : 1.0f;
+    a.eps = r ? r->eps : 0.0f;
+    a.rope_half = r ? r->rot_dim / 2 : 0;
     plan(sh, T, pos0, a.dynamic ? cache->capacity : 0, &a.per_split, &a.n_split);
     return a;
+}
+
+bool exo_cuda_attention_rotates(const exo_attn_shape *sh, int T)
+{
+    const exo_attn_rope *r = sh->rope;
+    /* a lane's dims and their partners' are whole lanes apart */
+    return r && decode_kernel_takes(sh, T) && r->rot_dim > 0 && r->rot_dim <= sh->head_dim &&
+           r->rot_dim % (2 * (sh->head_dim / 32)) == 0;
 }
 
 int exo_cuda_attention(cudaStream_t stream, const exo_attn_shape *sh, float *out, const float *q, const float *k,
@@ -878,7 +980,7 @@ int exo_cuda_attention(cudaStream_t stream, const exo_attn_shape *sh, float *out
                        float *partial, int *arrivals)
 {
     if (sh->head_dim % 4 || sh->head_dim > 32 * ATT_MAX_DIMS || sh->n_heads % sh->n_kv_heads ||
-        (cache->pages && (cache->page & (cache->page - 1))))
+        (cache->pages && (cache->page & (cache->page - 1))) || (sh->rope && !exo_cuda_attention_rotates(sh, T)))
         return EXO_EINVAL;
     att_args a = args_for(sh, out, q, k, v, cache, T, pos0, pos_dev, partial);
     if (!a.dynamic && tile_kernel_takes(sh, T)) {
@@ -889,8 +991,7 @@ int exo_cuda_attention(cudaStream_t stream, const exo_attn_shape *sh, float *out
     }
     if (decode_kernel_takes(sh, T)) {
         dim3 grid((unsigned)sh->n_kv_heads, (unsigned)a.n_split);
-        size_t wsmem = sizeof(float) * DEC_WARPS * (size_t)(sh->n_heads / sh->n_kv_heads) * sh->head_dim;
-        launch_decode(sh, grid, wsmem, stream, a, arrivals);
+        launch_decode(sh, grid, decode_smem(sh), stream, a, arrivals);
         return exo_cuda_launched("attention decode"); /* its splits combine themselves */
     }
     size_t smem = sizeof(float) * (size_t)(sh->head_dim + ATT_THREADS + ATT_WARPS * sh->head_dim);
@@ -954,8 +1055,7 @@ int exo_cuda_attention_rows(cudaStream_t stream, const exo_attn_shape *sh, int n
             splits = b.a[j].n_split > splits ? b.a[j].n_split : splits;
         }
         dim3 grid((unsigned)sh->n_kv_heads, (unsigned)splits, (unsigned)m);
-        size_t wsmem = sizeof(float) * DEC_WARPS * (size_t)(sh->n_heads / sh->n_kv_heads) * sh->head_dim;
-        launch_decode(sh, grid, wsmem, stream, b, arrivals);
+        launch_decode(sh, grid, decode_smem(sh), stream, b, arrivals);
         int rc = exo_cuda_launched("attention rows");
         if (rc)
             return rc;

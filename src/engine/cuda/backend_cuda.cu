@@ -847,13 +847,11 @@ __global__ void rope_kernel(float *x, int n_heads, int head_dim, int half, int p
     int t = blockIdx.y;
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n_heads * half; i += gridDim.x * blockDim.x) {
         int h = i / half, d = i % half;
-        /* the angle in f32 as the CPU forms it, its sine and cosine in double */
-        float ang = (float)(pos0 + t) * inv_freq[d];
-        float cs = (float)cos((double)ang) * mscale, sn = (float)sin((double)ang) * mscale;
+        const float2 cs = exo_cuda_rope_cs(pos0 + t, inv_freq[d], mscale);
         float *v = x + ((size_t)t * n_heads + h) * head_dim;
         float a = v[d], b = v[d + half];
-        v[d] = a * cs - b * sn;
-        v[d + half] = b * cs + a * sn;
+        v[d] = a * cs.x - b * cs.y;
+        v[d + half] = b * cs.x + a * cs.y;
     }
 }
 
@@ -899,11 +897,10 @@ qk_norm_rope_kernel(float *q, float *k, int n_q, int n_k, int head_dim, int half
     }
     __syncthreads();
     for (int d = threadIdx.x; d < half; d += QK_THREADS) {
-        float ang = (float)(pos0 + t) * inv_freq[d];
-        float cs = (float)cos((double)ang) * mscale, sn = (float)sin((double)ang) * mscale;
+        const float2 cs = exo_cuda_rope_cs(pos0 + t, inv_freq[d], mscale);
         float a = v[d], b = v[d + half];
-        v[d] = a * cs - b * sn;
-        v[d + half] = b * cs + a * sn;
+        v[d] = a * cs.x - b * cs.y;
+        v[d + half] = b * cs.x + a * cs.y;
     }
     __syncthreads();
     for (int i = threadIdx.x; i < head_dim; i += QK_THREADS)
@@ -1589,6 +1586,12 @@ static int cuda_attention(exo_backend *be, const exo_attn_shape *shape, float *o
     return exo_cuda_attention(c->stream, shape, out, q, k, v, cache, T, pos0, pos_dev, partial, c->arrivals);
 }
 
+static bool cuda_attention_rotates(exo_backend *be, const exo_attn_shape *shape, int T)
+{
+    (void)be;
+    return exo_cuda_attention_rotates(shape, T);
+}
+
 static int cuda_attention_rows(exo_backend *be, const exo_attn_shape *shape, int n, float *out, const float *q,
                                const float *k, const float *v, const exo_kv_view *caches, const int *rings,
                                const int *pos)
@@ -1645,6 +1648,7 @@ static const exo_backend_ops cuda_ops = {
     .rope = cuda_rope,
     .attention = cuda_attention,
     .attention_rows = cuda_attention_rows,
+    .attention_rotates = cuda_attention_rotates,
     .kv_copy = cuda_kv_copy,
     .glu = cuda_glu,
     .sigmoid_mul = cuda_sigmoid_mul,

@@ -114,6 +114,24 @@ __device__ __forceinline__ float exo_cuda_glu(int kind, float a, float b, float 
     return (uu + 1.0f) * (gg / (1.0f + expf(-1.702f * gg)));
 }
 
+/* RoPE's cosine and sine (times mscale) at a position for one frequency:
+ * the angle in f32 as the CPU forms it, reduced to [-pi, pi] in double
+ * (exact enough: 2 pi's rounding times the turns is below 1e-11 at the
+ * longest contexts), then the hardware's sine and cosine (absolute error
+ * below 4e-7 there, a few f32 ulps; the CPU rounds double ones): a few
+ * instructions where double sin and cos are ~100 each, which the decode
+ * attention kernel, bound by the length of its warps' instruction
+ * streams, would pay before its first round. Every rotation on the GPU
+ * takes its angles from here. */
+__device__ __forceinline__ float2 exo_cuda_rope_cs(int pos, float inv_freq, float mscale)
+{
+    const double two_pi = 6.283185307179586;
+    const double ang = (double)((float)pos * inv_freq);
+    float s, c;
+    __sincosf((float)(ang - rint(ang * (1.0 / two_pi)) * two_pi), &s, &c);
+    return make_float2(c * mscale, s * mscale);
+}
+
 /* Counters the decode kernel's splits arrive on (one per KV head of each
  * sequence of a launch; zeroes between calls): device memory of this many
  * ints, one block per backend, zeroed when made. */
@@ -127,6 +145,9 @@ __device__ __forceinline__ float exo_cuda_glu(int kind, float a, float b, float 
  * as planned for the whole capacity: pass the same capacity to
  * exo_cuda_attention_scratch for them (0 for prompts). */
 size_t exo_cuda_attention_scratch(const exo_attn_shape *shape, int T, int pos0, int capacity);
+/* backend.h attention_rotates: the one-token decode kernel rotates q and
+ * the new key itself (shape->rope) */
+bool exo_cuda_attention_rotates(const exo_attn_shape *shape, int T);
 int exo_cuda_attention(cudaStream_t stream, const exo_attn_shape *shape, float *out, const float *q, const float *k,
                        const float *v, const exo_kv_view *cache, int T, int pos0, const int *pos_dev,
                        float *partial, int *arrivals);
