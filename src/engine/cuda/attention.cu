@@ -570,7 +570,12 @@ __device__ __forceinline__ void decode_attend(const att_args &a, int kvh, int sp
         m[h] = __shfl_sync(0xffffffffu, mrun[h / GH], (h % GH) * REP);
         l[h] = __shfl_sync(0xffffffffu, lrun[h / GH], (h % GH) * REP);
     }
-    /* the warps' (max, sum, output) per head, merged */
+    /* the warps' (max, sum, output) per head, merged: each warp leaves
+     * its max, sum and unscaled output; the warps' factors against a
+     * head's max (and the head's total) are worked out once, by a thread
+     * a (head, warp) pair, and an output element is then one multiply-add
+     * a warp */
+    __shared__ float factor[GMAX][DEC_WARPS], head_ml[GMAX][2];
     if (lane == 0)
 #pragma unroll
         for (int h = 0; h < GMAX; h++)
@@ -578,30 +583,41 @@ __device__ __forceinline__ void decode_attend(const att_args &a, int kvh, int sp
                 merge[warp][h][0] = m[h];
                 merge[warp][h][1] = l[h];
             }
-    __syncthreads();
 #pragma unroll
     for (int h = 0; h < GMAX; h++) {
         if (h >= g)
             break;
-        float M = -INFINITY;
-        for (int w = 0; w < DEC_WARPS; w++)
-            M = fmaxf(M, merge[w][h][0]);
-        const float f = m[h] == -INFINITY ? 0.0f : exp2_ftz(m[h] - M);
 #pragma unroll
         for (int i = 0; i < DPL; i++)
-            wacc[((size_t)warp * g + h) * hd + d0 + i] = acc[h][i] * f;
+            wacc[((size_t)warp * g + h) * hd + d0 + i] = acc[h][i];
+    }
+    __syncthreads();
+    if (threadIdx.x < GMAX * DEC_WARPS) { /* whole warps: GMAX x 8 is a multiple of 32 */
+        const int h = threadIdx.x / DEC_WARPS, w = threadIdx.x % DEC_WARPS;
+        const float mw = h < g ? merge[w][h][0] : -INFINITY;
+        float M = mw;
+#pragma unroll
+        for (int o = 1; o < DEC_WARPS; o <<= 1)
+            M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+        const float f = mw == -INFINITY ? 0.0f : exp2_ftz(mw - M);
+        float L = h < g ? merge[w][h][1] * f : 0.0f;
+#pragma unroll
+        for (int o = 1; o < DEC_WARPS; o <<= 1)
+            L += __shfl_xor_sync(0xffffffffu, L, o);
+        factor[h][w] = f;
+        if (w == 0) {
+            head_ml[h][0] = M;
+            head_ml[h][1] = L;
+        }
     }
     __syncthreads();
     for (int e = threadIdx.x; e < g * hd; e += DEC_WARPS * 32) {
         const int h = e / hd, d = e % hd, head = kvh * g + h;
-        float M = -INFINITY, L = 0.0f, o = 0.0f;
+        const float M = head_ml[h][0];
+        float L = head_ml[h][1], o = 0.0f;
+#pragma unroll
         for (int w = 0; w < DEC_WARPS; w++)
-            M = fmaxf(M, merge[w][h][0]);
-        for (int w = 0; w < DEC_WARPS; w++) {
-            const float mw = merge[w][h][0];
-            L += mw == -INFINITY ? 0.0f : merge[w][h][1] * exp2_ftz(mw - M);
-            o += wacc[((size_t)w * g + h) * hd + d];
-        }
+            o += wacc[((size_t)w * g + h) * hd + d] * factor[h][w];
         if (live == 1) {
             if (a.sinks)
                 L += exp2_ftz(a.sinks[head] * LOG2E - M);
