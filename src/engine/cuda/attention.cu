@@ -42,8 +42,8 @@
  * updated once, in log2 units (one ex2 an exponential). Given the
  * layer's rotation (exo_attn_rope), it norms and rotates the group's
  * queries and the new key itself (a warp a head, before its first
- * round), sparing the chain the q/k rotation kernel: 2-3 us of a layer's
- * ~35 us on an H200, for ~1.5 us more here. A trace of
+ * round), sparing the chain the q/k rotation kernel (2-3 us of a 1B
+ * layer's ~35 us on an H200; docs/PERFORMANCE.md). A trace of
  * llama-3.1-8b q4 decode on an H200 at ~600 positions
  * (tools/cuda_kernel_trace.c) had attention and its combine at 8.2 + 8.7
  * us of a 70 us layer before, waiting on one position's load at a time
@@ -496,7 +496,9 @@ __device__ __forceinline__ void decode_attend(const att_args &a, int kvh, int sp
                     k[u][i] = v[u][i] = 0.0f;
                 continue;
             }
-            /* the new key, rotated here, is in shared memory: a generic load */
+            /* the new key, rotated here, is in shared memory, so the rotating
+             * kernel loads keys with generic loads (as measured; only the new
+             * key needs one) */
             const bool own = ROPE && j >= pos0;
             const float *kr = (own ? knew : key_row(a, pos0, j, kvh, row_stride, a.kin, false)) + d0;
             const float *vr = key_row(a, pos0, j, kvh, row_stride, a.vin, true) + d0;
