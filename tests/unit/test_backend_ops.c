@@ -888,6 +888,61 @@ Test(backend_ops, matmul_rows_same_bits_at_every_width)
     both_close(&b);
 }
 
+/* The same for the products that norm or activate x as they quantize it
+ * (matmul_fused with a norm, matmul_glu): the kernel that norms (or
+ * activates) and quantizes x takes each row alone, so a row in a launch
+ * of 8, 4 or 2 is the same bits as the row alone. */
+Test(backend_ops, fused_rows_same_bits_at_every_width)
+{
+    both b = both_open("fused_rows_same_bits_at_every_width");
+    if (!b.gpu->ops->matmul_fused || !b.gpu->ops->matmul_glu)
+        cr_skip_test("the backend under test folds nothing into its products");
+    const wfmt fmts[] = {F_AFFINE(4, 64, BF16), F_AFFINE(8, 64, BF16), F_MXFP4};
+    static const int shapes[][2] = {{1000, 1024}, {256, 2048}, {64, 3072}};
+    static const int widths[] = {8, 4, 2};
+    const int T = 8;
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+        for (size_t f = 0; f < sizeof fmts / sizeof fmts[0]; f++) {
+            const int rows = shapes[s][0], cols = shapes[s][1];
+            weight w;
+            weight_rand(&b, &w, fmts[f], rows, cols);
+            dvec norm = vec_rand(&b, EXO_DTYPE_BF16, (size_t)cols, 1.0f, 0.2f);
+            dual x = dual_rand(&b, (size_t)T * (size_t)cols, 2.0f), u = dual_rand(&b, (size_t)T * (size_t)cols, 2.0f);
+            float *y = be_alloc(b.gpu, (size_t)T * (size_t)rows);
+            float *alone = exo_malloc(sizeof(float) * (size_t)T * (size_t)rows);
+            float *got = exo_malloc(sizeof(float) * (size_t)T * (size_t)rows);
+            const exo_linear *wg[1] = {&w.gpu};
+            for (int glu = 0; glu < 2; glu++) {
+                const char *what = glu ? "activated" : "normed";
+                for (int k = -1; k < (int)(sizeof widths / sizeof widths[0]); k++) {
+                    const int wd = k < 0 ? 1 : widths[k];
+                    upload(b.gpu, x.gpu, x.init, x.n); /* matmul_glu may leave act(g) * u in g */
+                    for (int t0 = 0; t0 + wd <= T; t0 += wd) {
+                        float *xt = x.gpu + (size_t)t0 * (size_t)cols, *yt = y + (size_t)t0 * (size_t)rows;
+                        if (glu)
+                            ON(b.gpu, matmul_glu, &w.gpu, EXO_GLU_SILU, xt, u.gpu + (size_t)t0 * (size_t)cols, 0.0f,
+                               false, wd, yt);
+                        else
+                            ON(b.gpu, matmul_fused, 1, wg, xt, norm.gpu, 1e-5f, false, wd, &yt);
+                    }
+                    download(b.gpu, k < 0 ? alone : got, y, (size_t)T * (size_t)rows);
+                    if (k >= 0)
+                        cr_expect(!memcmp(got, alone, sizeof(float) * (size_t)T * (size_t)rows),
+                                  "%s %d x %d, %s: rows in launches of %d differ from each row alone", w.name, rows,
+                                  cols, what, wd);
+                }
+            }
+            exo_free(alone);
+            exo_free(got);
+            b.gpu->ops->release(b.gpu, y);
+            dual_free(&b, &u);
+            dual_free(&b, &x);
+            vec_free(&b, &norm);
+            weight_free(&w);
+        }
+    both_close(&b);
+}
+
 /* One call over weights of different formats (MLX mixed quantization, a
  * quantized model's unquantized router or shared expert). */
 Test(backend_ops, matmul_mixed_formats)

@@ -823,11 +823,11 @@ __global__ void rmsnorm_kernel(float *out, const float *x, const float *w, int d
 
 static int norm_rows(cuda_backend *c, float *out, const float *x, const float *w, int rows, int dim, float eps)
 {
-    /* 1024 threads whatever the width: the sum of squares then adds up in
+    /* EXO_CUDA_NORM_THREADS whatever the width: the sum of squares adds up in
      * the order of the GEMV's norm-and-quantize kernel (matmul.cu), so a
      * row normed here or there is the same bits (a batch of decode rows
      * norms here, one row alone there) */
-    exo_cuda_launch(rmsnorm_kernel, dim3(rows), dim3(1024), 0, c->stream, out, x, w, dim, eps);
+    exo_cuda_launch(rmsnorm_kernel, dim3(rows), dim3(EXO_CUDA_NORM_THREADS), 0, c->stream, out, x, w, dim, eps);
     return exo_cuda_launched("rmsnorm");
 }
 

@@ -50,6 +50,13 @@ __device__ __forceinline__ void exo_cuda_start_next(void)
 #endif
 }
 
+/* Threads of a block that norms a row (the rmsnorm op, the GEMV's
+ * norm-and-quantize kernel): both sum the squares in the same order, so
+ * a row normed by either is the same bits. 512 rather than 1024: a
+ * smaller block reaches its barrier sooner (llama-3.2-1b q4 decode on an
+ * H200 +1.4%, qwen3-0.6b +1.8%, 256 in between; docs/PERFORMANCE.md). */
+#define EXO_CUDA_NORM_THREADS 512
+
 /* Whether launches overlap as above: every GPU of the process is Hopper or
  * later (set when a backend is created; EXO_CUDA_PDL=0 turns it off). */
 extern bool exo_cuda_overlap;

@@ -549,14 +549,15 @@ __global__ void quantize_x_kernel(const __grid_constant__ quant_batch q)
 
 /* The same of x / rms(x) * norm: the RMSNorm a product's input would
  * otherwise take a kernel and a trip through memory for, in the rmsnorm
- * op's arithmetic (backend_cuda.cu: 1024 threads, each summing every
- * 1024th square, then the same reduction). Block (t, b) quantizes columns
- * 1024 b .. 1024 b + 1023 of row t, so each warp has one block of 32 and
+ * op's arithmetic (backend_cuda.cu: EXO_CUDA_NORM_THREADS threads, each
+ * summing every EXO_CUDA_NORM_THREADS-th square, then the same
+ * reduction). Block (t, b) quantizes the b-th run of NORM_Q_THREADS
+ * columns of row t, so each warp has one block of 32 and
  * the norm's weights load before the kernel waits for its input: the
  * blocks of a row each sum the whole row's squares (from L2), which is
  * quicker than one block quantizing the row in turns (6.6 us a call for
  * 4096 columns on an H200, each turn waiting on its loads). */
-#define NORM_Q_THREADS 1024
+#define NORM_Q_THREADS EXO_CUDA_NORM_THREADS
 template <bool Q4>
 __global__ void __launch_bounds__(NORM_Q_THREADS)
 norm_quantize_x_kernel(const float *x, const float *norm, float eps, int64_t T, int64_t cols, int64_t ldx,
