@@ -716,8 +716,18 @@ static int lpg_shift_of(int bits, int G)
  * apart), and on a Zen 5 guest an 8192 x 2048 q4 GEMV from DRAM read at
  * 15-24 GB/s on one core, 37-38 with this; 2048 x 8192 32-35 -> 41-42
  * (llama-3.2-1b q4 decode 39-40 -> 66 tok/s at the same probed bandwidth). */
-static void prefetch_params(const exo_linear *w, int mx, int64_t esz, int64_t r, int64_t ng)
+static void prefetch_params(const exo_linear *w, int mx, int64_t r, int64_t ng)
 {
+    /* The scale's size asked here, each row block, not once a call and
+     * passed in: that form (a6a6ffa), the same prefetches, made GCC 12
+     * compile gemv_q_avx512 into a much slower function: on a Zen 5 guest,
+     * alternating in one hour, llama-3.2-1b q4 decode 35-42 tok/s against
+     * 45-77 with this one, qwen3-0.6b q4 71-79 against 97-139, q8 35-36
+     * against 36-37. Not the call's placement (a noinline prefetch_params
+     * taking the size was as slow), loop alignment or vzeroupper; the cause
+     * is not found, so measure this function against its previous build
+     * before changing it. */
+    const int64_t esz = mx ? 1 : (int64_t)exo_dtype_size(w->dtype);
     const char *sc = (const char *)w->scales + r * ng * esz, *bi = mx ? NULL : (const char *)w->biases + r * ng * esz;
     for (int64_t o = 0; o < ng * esz; o += 64) {
         _mm_prefetch(sc + o, _MM_HINT_T0);
@@ -741,7 +751,6 @@ static void gemv_q_avx512(const exo_linear *w, int mx, int64_t r0, int64_t r1, i
     /* rows sharing a page go to different row blocks (see the top) */
     const int64_t S = exo_gemv_page_stride(wbytes);
     const int64_t SB = EXO_GEMV_ROWS * S;
-    const int64_t psz = mx ? 1 : (int64_t)exo_dtype_size(w->dtype); /* bytes of a scale */
     for (int64_t sb = r0; sb < r1; sb += SB) {
         const int strided = S > 1 && sb + SB <= r1;
         const int64_t end = sb + SB < r1 ? sb + SB : r1;
@@ -752,7 +761,7 @@ static void gemv_q_avx512(const exo_linear *w, int mx, int64_t r0, int64_t r1, i
             int R = exo_gemv_block_rows(sb, j, S, strided, end, rix);
             for (int i = 0; i < R; i++) /* as the codes' prefetch, for prep_row */
                 if (rix[i] + SB < r1)
-                    prefetch_params(w, mx, psz, rix[i] + SB, ng);
+                    prefetch_params(w, mx, rix[i] + SB, ng);
             for (int i = 0; i < R; i++) {
                 const uint8_t *codes = base + (size_t)rix[i] * (size_t)wbytes;
                 if (q4 || q8) {
