@@ -15,6 +15,10 @@
  *     and time per matrix (MXFP4 reads 4.25 bits a weight, q4 g32 5); and
  *     the prefill GEMM of 512 tokens through gate_up (bf16 panels).
  *
+ *   q4 and q8 weights run in both layouts where the CPU backend would load
+ *   them as affine panels (linear.h: CPUs whose GEMV runs on the vector
+ *   units), the row format first, then "panels", each against its own reads;
+ *
  *   batched decode ("rows"): the same GEMV with T = 1, 2, 4, 8 and 16 rows
  *     of X (T sequences decoding together), as each T's speed-up over T
  *     one-row calls: T would be the ideal of a memory-bound kernel, 1 means
@@ -34,6 +38,7 @@
 #include "engine/cpu/matmul.h"
 #include "engine/cpu/membw.h"
 #include "engine/linear.h"
+#include "engine/quant.h"
 
 #include "bench_weights.h"
 
@@ -47,6 +52,26 @@ static exo_linear make_weight(int bits, int64_t rows, int64_t cols)
 {
     return make_weight_g(bits, GROUP, rows, cols);
 }
+
+/* w as affine panels (linear.h) when `panels` and the weight can be, else
+ * as it is: the layout the CPU backend loads q4/q8 weights in where the
+ * GEMV runs on the vector units (exo_cpu_matmul_wants_panels). */
+static exo_linear as_layout(exo_linear w, int panels)
+{
+    if (!panels || !exo_linear_panels_ok(&w))
+        return w;
+    void *mem = exo_alloc_aligned(exo_linear_panels_bytes(&w));
+    if (!mem) {
+        fprintf(stderr, "out of memory\n");
+        exit(1);
+    }
+    exo_linear out;
+    exo_linear_to_panels(&w, mem, &out);
+    free_weight(&w);
+    return out;
+}
+
+static const char *layout_name(int panels) { return panels ? " panels" : ""; }
 
 static const char *weight_name(int bits, int G)
 {
@@ -65,14 +90,14 @@ static const char *weight_name(int bits, int G)
  * from whatever else shares the machine. Reports the best GEMV rate, the
  * best read rate, and the median of the per-round ratios. */
 static void bench_gemv(exo_cpu_matmul_ctx *ctx, exo_pool *pool, exo_membw *probe, int bits,
-                       int G, int64_t rows, int64_t cols, int rounds)
+                       int G, int64_t rows, int64_t cols, int rounds, int panels)
 {
     enum { MAXW = 64 };
     exo_linear w[MAXW];
     size_t bytes = 0;
     int NW = 0;
     while (NW < MAXW && bytes < ((size_t)256 << 20)) {
-        w[NW] = make_weight_g(bits, G, rows, cols);
+        w[NW] = as_layout(make_weight_g(bits, G, rows, cols), panels);
         bytes += exo_linear_bytes(&w[NW]);
         NW++;
     }
@@ -108,9 +133,9 @@ static void bench_gemv(exo_cpu_matmul_ctx *ctx, exo_pool *pool, exo_membw *probe
             ratio[j] = ratio[j - 1];
             ratio[j - 1] = t;
         }
-    printf("gemv %-11s %5lld x %-5lld (%3zu MiB, %2d weights): best %6.2f GB/s, read best %6.2f GB/s,"
+    printf("gemv %-11s%-7s %5lld x %-5lld (%3zu MiB, %2d weights): best %6.2f GB/s, read best %6.2f GB/s,"
            " ratio best/best %5.1f%%, median of rounds %5.1f%%, %7.1f us/matrix\n",
-           weight_name(bits, G), (long long)rows, (long long)cols, bytes >> 20, NW, best / 1e9,
+           weight_name(bits, G), layout_name(panels), (long long)rows, (long long)cols, bytes >> 20, NW, best / 1e9,
            best_bw / 1e9, 100.0 * best / best_bw, 100.0 * ratio[rounds / 2], best_dt / NW * 1e6);
     for (int i = 0; i < NW; i++)
         free_weight(&w[i]);
@@ -120,7 +145,8 @@ static void bench_gemv(exo_cpu_matmul_ctx *ctx, exo_pool *pool, exo_membw *probe
 
 /* Decode of Llama-3.2-1B's 16 layers (no LM head) the way a forward pass
  * calls the kernels: q/k/v in one call, o, gate/up in one call, down. */
-static void bench_layers(exo_cpu_matmul_ctx *ctx, exo_pool *pool, exo_membw *probe, int bits, int rounds)
+static void bench_layers(exo_cpu_matmul_ctx *ctx, exo_pool *pool, exo_membw *probe, int bits, int rounds,
+                         int panels)
 {
     enum { L = 16 };
     static const int64_t shp[6][2] = {{2048, 2048}, {512, 2048}, {512, 2048},
@@ -129,8 +155,8 @@ static void bench_layers(exo_cpu_matmul_ctx *ctx, exo_pool *pool, exo_membw *pro
     size_t bytes = 0;
     for (int l = 0; l < L; l++) {
         for (int k = 0; k < 6; k++)
-            w[l][k] = make_weight(bits, shp[k][0], shp[k][1]);
-        w[l][6] = make_weight(bits, 2048, 8192);
+            w[l][k] = as_layout(make_weight(bits, shp[k][0], shp[k][1]), panels);
+        w[l][6] = as_layout(make_weight(bits, 2048, 8192), panels);
         for (int k = 0; k < 7; k++)
             bytes += exo_linear_bytes(&w[l][k]);
     }
@@ -162,9 +188,9 @@ static void bench_layers(exo_cpu_matmul_ctx *ctx, exo_pool *pool, exo_membw *pro
         if (bw > best_bw)
             best_bw = bw;
     }
-    printf("decode layers (Llama-3.2-1B shapes, %s, 16 layers, %zu MiB): best %.2f ms = %.2f GB/s,"
+    printf("decode layers (Llama-3.2-1B shapes, %s%s, 16 layers, %zu MiB): best %.2f ms = %.2f GB/s,"
            " %.1f%% of best read %.2f GB/s\n",
-           bits == 4 ? "q4 g64" : bits == 8 ? "q8 g64" : "bf16", bytes >> 20, best_ms, best / 1e9,
+           bits == 4 ? "q4 g64" : bits == 8 ? "q8 g64" : "bf16", layout_name(panels), bytes >> 20, best_ms, best / 1e9,
            100.0 * best / best_bw, best_bw / 1e9);
     for (int l = 0; l < L; l++)
         for (int k = 0; k < 7; k++)
@@ -215,8 +241,8 @@ static void bench_mxfp4(exo_cpu_matmul_ctx *ctx, exo_pool *pool, exo_membw *prob
 {
     static const int64_t shp[2][2] = {{5760, 2880}, {2880, 2880}};
     for (int s = 0; s < 2; s++) {
-        bench_gemv(ctx, pool, probe, MXFP4, 32, shp[s][0], shp[s][1], rounds);
-        bench_gemv(ctx, pool, probe, 4, 32, shp[s][0], shp[s][1], rounds);
+        bench_gemv(ctx, pool, probe, MXFP4, 32, shp[s][0], shp[s][1], rounds, 0);
+        bench_gemv(ctx, pool, probe, 4, 32, shp[s][0], shp[s][1], rounds, 0);
     }
     const int M = 512, K = 2880, N = 5760;
     double flop = 2.0 * M * N * K;
@@ -258,14 +284,15 @@ static double gemv_rows_time(exo_cpu_matmul_ctx *ctx, const exo_linear *w, int N
     return best;
 }
 
-static void bench_rows(exo_cpu_matmul_ctx *ctx, int bits, int64_t rows, int64_t cols, int rounds, double peak)
+static void bench_rows(exo_cpu_matmul_ctx *ctx, int bits, int64_t rows, int64_t cols, int rounds, double peak,
+                       int panels)
 {
     enum { MAXW = 64, TMAX = 16 };
     exo_linear w[MAXW];
     size_t bytes = 0;
     int NW = 0;
     while (NW < MAXW && bytes < ((size_t)256 << 20)) {
-        w[NW] = make_weight(bits, rows, cols);
+        w[NW] = as_layout(make_weight(bits, rows, cols), panels);
         bytes += exo_linear_bytes(&w[NW]);
         NW++;
     }
@@ -276,7 +303,8 @@ static void bench_rows(exo_cpu_matmul_ctx *ctx, int bits, int64_t rows, int64_t 
     exo_cpu_matmul_force_path(ctx, EXO_MATMUL_AUTO);
     gemv_rows_time(ctx, w, NW, x, 1, y, 1); /* warm up */
     double t1 = gemv_rows_time(ctx, w, NW, x, 1, y, rounds);
-    printf("rows %-11s %5lld x %-5lld: T=1 %7.1f us", weight_name(bits, GROUP), (long long)rows,
+    printf("rows %-11s%-7s %5lld x %-5lld: T=1 %7.1f us", weight_name(bits, GROUP), layout_name(panels),
+           (long long)rows,
            (long long)cols, t1 * 1e6);
     int amx = exo_cpu_matmul_use_amx(ctx, 1);
     for (int T = 2; T <= TMAX; T *= 2) {
@@ -308,6 +336,8 @@ int main(int argc, char **argv)
     exo_pool *pool = exo_pool_create(nth);
     exo_cpu_matmul_ctx *ctx = exo_cpu_matmul_ctx_create(pool);
     double peak = exo_dot_peak(pool);
+    /* q4/q8 run in both layouts where the backend would load panels */
+    const int panels = exo_cpu_matmul_wants_panels(ctx);
     printf("threads %d, isa %s, amx %d, int8 dot peak %.0f G products/s\n", nth, exo_isa_name(exo_cpu_isa()),
            exo_cpu_has_amx(), peak / 1e9);
     exo_membw *probe = exo_membw_create((size_t)256 << 20);
@@ -320,7 +350,8 @@ int main(int argc, char **argv)
         if (only_mxfp4)
             bench_mxfp4(ctx, pool, probe, rounds);
         for (int bits = 4; only_rows && bits <= 16; bits *= 2)
-            bench_rows(ctx, bits, 2048, 8192, rounds, peak);
+            for (int pl = 0; pl <= (bits <= 8 && panels); pl++)
+                bench_rows(ctx, bits, 2048, 8192, rounds, peak, pl);
         exo_membw_free(probe);
         exo_cpu_matmul_ctx_free(ctx);
         exo_pool_free(pool);
@@ -329,13 +360,17 @@ int main(int argc, char **argv)
     static const int cases[][3] = {{4, 2048, 8192}, {4, 8192, 2048}, {8, 2048, 8192},
                                    {8, 8192, 2048}, {16, 2048, 8192}};
     for (int c = 0; c < 5; c++)
-        bench_gemv(ctx, pool, probe, cases[c][0], GROUP, cases[c][1], cases[c][2], rounds);
-    bench_layers(ctx, pool, probe, 4, rounds);
-    bench_layers(ctx, pool, probe, 8, rounds);
+        for (int pl = 0; pl <= (cases[c][0] <= 8 && panels); pl++)
+            bench_gemv(ctx, pool, probe, cases[c][0], GROUP, cases[c][1], cases[c][2], rounds, pl);
+    for (int pl = 0; pl <= panels; pl++)
+        bench_layers(ctx, pool, probe, 4, rounds, pl);
+    for (int pl = 0; pl <= panels; pl++)
+        bench_layers(ctx, pool, probe, 8, rounds, pl);
     bench_mxfp4(ctx, pool, probe, rounds);
     exo_membw_free(probe);
     for (int bits = 4; bits <= 16; bits *= 2)
-        bench_rows(ctx, bits, 2048, 8192, rounds, peak);
+        for (int pl = 0; pl <= (bits <= 8 && panels); pl++)
+            bench_rows(ctx, bits, 2048, 8192, rounds, peak, pl);
 
     const int M = 512, K = 2048, N = 8192;
     double flop = 2.0 * M * N * K;
@@ -352,6 +387,21 @@ int main(int argc, char **argv)
     a.w = &wq;
     double t = time_best(run_onednn, &a, 4);
     printf("gemm %dx%dx%d q4 g64 -> bf16 panels, oneDNN: %7.1f GFLOP/s\n", M, K, N, flop / t / 1e9);
+    if (panels) { /* affine panels expand to W^T; a short prompt's rows too, both layouts */
+        exo_linear wp = as_layout(make_weight(4, N, K), 1);
+        a.w = &wp;
+        t = time_best(run_onednn, &a, 4);
+        printf("gemm %dx%dx%d q4 g64 panels -> bf16 W^T:    %7.1f GFLOP/s\n", M, K, N, flop / t / 1e9);
+        a.M = 128;
+        for (int pl = 0; pl <= 1; pl++) {
+            a.w = pl ? &wp : &wq;
+            t = time_best(run_onednn, &a, 4);
+            printf("gemm %dx%dx%d q4 g64%-7s -> bf16:        %7.1f GFLOP/s\n", a.M, K, N, layout_name(pl),
+                   flop / 4 / t / 1e9);
+        }
+        a.M = M;
+        free_weight(&wp);
+    }
     a.w = &wb;
     t = time_best(run_onednn, &a, 4);
     printf("gemm %dx%dx%d bf16 weights, oneDNN:         %7.1f GFLOP/s\n", M, K, N, flop / t / 1e9);

@@ -32,13 +32,29 @@ typedef enum exo_wformat {
     EXO_WFORMAT_DENSE = 0,  /* w is `dtype` [rows][cols] */
     EXO_WFORMAT_AFFINE = 1, /* w is uint32 codes, scales/biases are `dtype` */
     EXO_WFORMAT_MXFP4 = 2,  /* w is packed E2M1 nibbles, scales are E8M0 bytes */
+    EXO_WFORMAT_AFFINE_PANELS = 3, /* affine codes and parameters in panels of 16 rows (below) */
 } exo_wformat;
+
+/* Affine panels: an affine weight of 4 or 8 bits whose rows are a multiple
+ * of 16, laid out for integer dot products with the output rows in vector
+ * lanes (the CPU backend's layout on CPUs whose GEMV runs on the vector
+ * units: cpu/gemv_panels_avx512.c says why). Rows 16p .. 16p+15 form panel
+ * p; w holds the panels in order, each `cols / G` blocks, one per group g
+ * in order (exo_panel_block_bytes each):
+ *   codes: G*bits/32 vectors of 64 bytes; 32-bit lane i of vector o holds
+ *     row 16p+i's codes of columns gG + oL .. gG + oL + L-1 (L = 32/bits):
+ *     8 bits: byte j = column oL + j; 4 bits: byte j = column oL + j in its
+ *     low nibble and column oL + 4 + j in its high nibble;
+ *   then the 16 rows' scales of group g (`dtype`), then their 16 biases.
+ * scales and biases are NULL. A backend makes it at load time (quant.h,
+ * exo_linear_to_panels) and never slices it: rows are not equal slices. */
 
 /* Field use per format:
  *           dtype              w                          scales             biases  bits  group_size
  *   DENSE   element type       (rows, cols) of dtype      -                  -       -     -
  *   AFFINE  scales/biases type (rows, cols*bits/32) u32   (rows, cols/G)     same    2-8   32/64/128
  *   MXFP4   EXO_DTYPE_U8       (rows, cols/2) bytes       (rows, cols/32) u8 NULL    4     32
+ *   AFFINE_PANELS  as AFFINE   panels (above)             NULL               NULL    4, 8  32/64/128
  * MXFP4 needs cols % 32 == 0; w and scales may have any alignment. */
 typedef struct exo_linear {
     exo_wformat format;
@@ -84,11 +100,19 @@ size_t exo_linear_bytes(const exo_linear *w);
 /* Sizes of the three arrays of a weight, in bytes: w, scales, biases (0 for
  * an array the format has not). Each is rows equal slices, so row r of an
  * array starts at r * (bytes / rows): code that copies or slices weights by
- * rows needs nothing format-specific. */
+ * rows needs nothing format-specific (affine panels excepted, which are
+ * never sliced). */
 void exo_linear_part_bytes(const exo_linear *w, size_t *w_bytes, size_t *scales_bytes,
                            size_t *biases_bytes);
 
 /* Dequantizes/converts row r to f32 (cols values). */
 void exo_linear_row_f32(const exo_linear *w, int64_t r, float *out);
+
+/* Bytes of one group's block of an affine-panels weight (codes of 16 rows,
+ * then their scales and biases). */
+static inline size_t exo_panel_block_bytes(const exo_linear *w)
+{
+    return (size_t)w->group_size * 16u * (size_t)w->bits / 8u + 32u * exo_dtype_size(w->dtype);
+}
 
 #endif

@@ -203,6 +203,8 @@ void exo_linear_part_bytes(const exo_linear *w, size_t *w_bytes, size_t *scales_
     } else if (w->format == EXO_WFORMAT_MXFP4) {
         wb = rows * (cols / 2); /* two codes a byte */
         sb = rows * (cols / 32);  /* one E8M0 byte per 32 */
+    } else if (w->format == EXO_WFORMAT_AFFINE_PANELS) {
+        wb = rows / 16 * (cols / (size_t)w->group_size) * exo_panel_block_bytes(w);
     } else {
         wb = rows * (cols * (size_t)w->bits / 32) * 4;
         sb = bb = rows * (cols / (size_t)w->group_size) * exo_dtype_size(w->dtype);
@@ -240,6 +242,23 @@ void exo_linear_row_f32(const exo_linear *w, int64_t r, float *out)
     }
     int bits = w->bits, G = w->group_size;
     int64_t ng = cols / G;
+    if (w->format == EXO_WFORMAT_AFFINE_PANELS) {
+        const size_t block = exo_panel_block_bytes(w), codes = block - 32 * exo_dtype_size(w->dtype);
+        const int64_t lane = r % 16, per_word = 32 / bits;
+        const unsigned char *panel = (const unsigned char *)w->w + (size_t)(r / 16) * (size_t)ng * block;
+        for (int64_t g = 0; g < ng; g++) {
+            const unsigned char *b = panel + (size_t)g * block;
+            float s = exo_affine_param_f32(w->dtype, b + codes, lane);
+            float bi = exo_affine_param_f32(w->dtype, b + codes, 16 + lane);
+            for (int j = 0; j < G; j++) {
+                int64_t o = j / per_word, k = j % per_word;
+                unsigned byte = b[o * 64 + lane * 4 + (bits == 8 ? k : k % 4)];
+                unsigned q = bits == 8 ? byte : k < 4 ? byte & 15u : byte >> 4;
+                out[g * G + j] = s * (float)q + bi;
+            }
+        }
+        return;
+    }
     int64_t wpr = cols * bits / 32;
     const uint32_t *words = (const uint32_t *)((const unsigned char *)w->w + (size_t)r * (size_t)wpr * 4);
     uint8_t q[128];
@@ -252,4 +271,63 @@ void exo_linear_row_f32(const exo_linear *w, int64_t r, float *out)
         for (int j = 0; j < G; j++)
             out[g * G + j] = s * (float)q[j] + b;
     }
+}
+
+bool exo_linear_panels_ok(const exo_linear *w)
+{
+    return w->format == EXO_WFORMAT_AFFINE && (w->bits == 4 || w->bits == 8) && w->rows > 0 &&
+           w->rows % 16 == 0 && (w->group_size == 32 || w->group_size == 64 || w->group_size == 128) &&
+           w->cols > 0 && w->cols % w->group_size == 0 &&
+           (w->dtype == EXO_DTYPE_F32 || w->dtype == EXO_DTYPE_F16 || w->dtype == EXO_DTYPE_BF16) &&
+           w->pick_table == NULL;
+}
+
+size_t exo_linear_panels_bytes(const exo_linear *w)
+{
+    exo_linear p = *w;
+    p.format = EXO_WFORMAT_AFFINE_PANELS;
+    return exo_linear_bytes(&p);
+}
+
+/* 4-bit codes: the 32-bit word of columns 8o .. 8o+7 of a row (code c at
+ * bits 4c) becomes the panel's lane word: byte j = code j | code j+4 << 4. */
+static uint32_t q4_lane_word(uint32_t x)
+{
+    uint32_t lo = x & 0xffffu, hi = x >> 16;
+    lo = (lo | lo << 8) & 0x00ff00ffu;
+    lo = (lo | lo << 4) & 0x0f0f0f0fu;
+    hi = (hi | hi << 8) & 0x00ff00ffu;
+    hi = (hi | hi << 4) & 0x0f0f0f0fu;
+    return lo | hi << 4;
+}
+
+void exo_linear_to_panels(const exo_linear *w, void *dst, exo_linear *out)
+{
+    const int64_t ng = w->cols / w->group_size, G = w->group_size;
+    const size_t esz = exo_dtype_size(w->dtype);
+    const size_t row_bytes = (size_t)(w->cols * w->bits / 8);
+    *out = *w;
+    out->format = EXO_WFORMAT_AFFINE_PANELS;
+    out->w = dst;
+    out->scales = out->biases = NULL;
+    const size_t block = exo_panel_block_bytes(out), codes = block - 32 * esz;
+    const int64_t words = G * w->bits / 32; /* 32-bit code words of a row's group: one lane word each */
+    unsigned char *d = dst;
+    for (int64_t p = 0; p < w->rows / 16; p++)
+        for (int64_t g = 0; g < ng; g++, d += block)
+            for (int64_t i = 0; i < 16; i++) {
+                const int64_t r = 16 * p + i;
+                const unsigned char *src = (const unsigned char *)w->w + (size_t)r * row_bytes +
+                                           (size_t)(g * G * w->bits / 8);
+                for (int64_t o = 0; o < words; o++) {
+                    uint32_t x;
+                    memcpy(&x, src + 4 * o, 4);
+                    if (w->bits == 4)
+                        x = q4_lane_word(x);
+                    memcpy(d + o * 64 + i * 4, &x, 4);
+                }
+                const size_t at = (size_t)(r * ng + g) * esz;
+                memcpy(d + codes + (size_t)i * esz, (const unsigned char *)w->scales + at, esz);
+                memcpy(d + codes + (size_t)(16 + i) * esz, (const unsigned char *)w->biases + at, esz);
+            }
 }

@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "engine/linear.h"
 
+#include <stdbool.h>
 #include <stdint.h>
 
 /* 0 if (bits, group_size, cols) is a valid MLX affine layout: bits in
@@ -40,5 +41,13 @@ void exo_affine_dequantize_row(const uint32_t *words, const float *scales, const
 
 /* Reads scale/bias number i of type t (F32, F16 or BF16) as f32. */
 float exo_affine_param_f32(exo_dtype t, const void *p, int64_t i);
+
+/* Affine panels (linear.h): whether w (an AFFINE weight) can be laid out so
+ * (4 or 8 bits, rows a multiple of 16, F32/F16/BF16 parameters), the bytes
+ * it then takes, and the repacking itself: `out` becomes the panels weight
+ * in dst (exo_linear_panels_bytes, any alignment), the same values. */
+bool   exo_linear_panels_ok(const exo_linear *w);
+size_t exo_linear_panels_bytes(const exo_linear *w);
+void   exo_linear_to_panels(const exo_linear *w, void *dst, exo_linear *out);
 
 #endif

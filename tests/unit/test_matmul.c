@@ -176,6 +176,23 @@ static float *rand_x(int T, int64_t cols)
     return x;
 }
 
+/* An exo_qact of `cols` columns (exo_qact_q_len / sx_len), and its release. */
+static void qact_alloc(exo_qact *qa, int64_t cols)
+{
+    qa->q = exo_malloc((size_t)exo_qact_q_len(cols));
+    qa->q2 = exo_malloc((size_t)exo_qact_q_len(cols));
+    qa->dx = exo_malloc((size_t)exo_qact_sx_len(cols) * sizeof(float));
+    qa->sx = exo_malloc((size_t)exo_qact_sx_len(cols) * sizeof(float));
+}
+
+static void qact_free(exo_qact *qa)
+{
+    exo_free(qa->q);
+    exo_free(qa->q2);
+    exo_free(qa->dx);
+    exo_free(qa->sx);
+}
+
 /* Row r of an MXFP4 weight, written from the format's definition
  * (gpt_oss.md, "MXFP4 format exactly"): element 2b of a group is the low
  * nibble of its byte b, value FP4[code] * 2^(scale - 127). */
@@ -678,8 +695,7 @@ Test(matmul, mxfp4_kernels_direct)
         const int64_t rows = cases[k][0], cols = cases[k][1];
         tweight tw;
         tweight_make(&tw, EXO_WFORMAT_MXFP4, EXO_DTYPE_U8, rows, cols, 4, 32);
-        const int64_t qlen = exo_qact_q_len(cols), sxl = exo_qact_sx_len(cols);
-        int8_t *tmp = exo_malloc((size_t)(2 * qlen));
+        int8_t *tmp = exo_malloc((size_t)(2 * exo_qact_q_len(cols)));
         exo_gemv_scratch s = {.sf_stride = exo_gemv_sf_stride(cols),
                               .code_stride = exo_gemv_code_stride(cols)};
         s.sd = exo_malloc((size_t)(EXO_GEMV_SD_SLOTS * s.sf_stride) * sizeof(float));
@@ -694,10 +710,7 @@ Test(matmul, mxfp4_kernels_direct)
             exo_qact qa[3];
             for (int b = 0; b < (exo_cpu_isa() >= EXO_ISA_AVX512 ? 2 : 1); b++) {
                 for (int t = 0; t < T; t++) {
-                    qa[t].q = exo_malloc((size_t)qlen);
-                    qa[t].q2 = exo_malloc((size_t)qlen);
-                    qa[t].dx = exo_malloc((size_t)sxl * sizeof(float));
-                    qa[t].sx = exo_malloc((size_t)sxl * sizeof(float));
+                    qact_alloc(&qa[t], cols);
                     if (b == 0)
                         exo_qact_build_avx2(x + t * cols, cols, 32, EXO_QLAYOUT_Q4, &qa[t], tmp);
                     else
@@ -720,12 +733,8 @@ Test(matmul, mxfp4_kernels_direct)
                     cr_expect(e <= 1e-8, "avx512 gemv (qact %s) rows %lld cols %lld T %d: nmse %g",
                               b ? "avx512" : "avx2", (long long)rows, (long long)cols, T, e);
                 }
-                for (int t = 0; t < T; t++) {
-                    exo_free(qa[t].q);
-                    exo_free(qa[t].q2);
-                    exo_free(qa[t].dx);
-                    exo_free(qa[t].sx);
-                }
+                for (int t = 0; t < T; t++)
+                    qact_free(&qa[t]);
             }
             exo_free(x);
             exo_free(ref);
@@ -773,12 +782,8 @@ Test(matmul, qact_builders_agree)
                     memset(x + 128, 0, 128 * sizeof(float));
                 int8_t *tmp = exo_malloc((size_t)(2 * qlen));
                 exo_qact a[2];
-                for (int k = 0; k < 2; k++) {
-                    a[k].q = exo_malloc((size_t)qlen);
-                    a[k].q2 = exo_malloc((size_t)qlen);
-                    a[k].dx = exo_malloc((size_t)sxl * sizeof(float));
-                    a[k].sx = exo_malloc((size_t)sxl * sizeof(float));
-                }
+                for (int k = 0; k < 2; k++)
+                    qact_alloc(&a[k], cols);
                 exo_qact_build_avx512(x, cols, Gs[g], layout, &a[0], tmp);
                 exo_qact_build_avx2(x, cols, Gs[g], layout, &a[1], tmp);
                 cr_expect(memcmp(a[0].q, a[1].q, (size_t)qlen) == 0 &&
@@ -786,12 +791,8 @@ Test(matmul, qact_builders_agree)
                               memcmp(a[0].dx, a[1].dx, (size_t)sxl * sizeof(float)) == 0 &&
                               memcmp(a[0].sx, a[1].sx, (size_t)sxl * sizeof(float)) == 0,
                           "cols %lld G %d layout %d", (long long)cols, Gs[g], layout);
-                for (int k = 0; k < 2; k++) {
-                    exo_free(a[k].q);
-                    exo_free(a[k].q2);
-                    exo_free(a[k].dx);
-                    exo_free(a[k].sx);
-                }
+                for (int k = 0; k < 2; k++)
+                    qact_free(&a[k]);
                 exo_free(tmp);
                 exo_free(x);
             }
@@ -855,4 +856,195 @@ Test(matmul, batched_rows_same_bits_as_one_row)
     }
     exo_cpu_matmul_ctx_free(ctx);
     exo_pool_free(pool);
+}
+
+/* ---- affine panels (linear.h) ------------------------------------------ */
+
+/* w repacked as affine panels into guarded memory (a read past the end faults). */
+static exo_linear panels_of(const exo_linear *w, guarded *mem)
+{
+    cr_assert(exo_linear_panels_ok(w));
+    void *p = guarded_alloc(mem, exo_linear_panels_bytes(w));
+    exo_linear out;
+    exo_linear_to_panels(w, p, &out);
+    cr_assert_eq(exo_linear_bytes(&out), exo_linear_panels_bytes(w));
+    return out;
+}
+
+/* Which weights can be panels, and that a panels weight holds the same
+ * values: every row bit for bit, and the prefill expansion (W^T) the bf16
+ * the row format expands to. */
+Test(matmul, panels_same_values)
+{
+    tweight tw;
+    tweight_make(&tw, EXO_WFORMAT_AFFINE, EXO_DTYPE_BF16, 17, 64, 4, 64);
+    cr_expect(!exo_linear_panels_ok(&tw.l), "17 rows");
+    tw.l.rows = 16;
+    cr_expect(exo_linear_panels_ok(&tw.l));
+    tweight_free(&tw);
+    tweight_make(&tw, EXO_WFORMAT_AFFINE, EXO_DTYPE_BF16, 16, 64, 3, 64);
+    cr_expect(!exo_linear_panels_ok(&tw.l), "3 bits");
+    tweight_free(&tw);
+    tweight_make(&tw, EXO_WFORMAT_MXFP4, EXO_DTYPE_U8, 16, 64, 4, 32);
+    cr_expect(!exo_linear_panels_ok(&tw.l), "MXFP4");
+    tweight_free(&tw);
+
+    static const int Gs[] = {32, 64, 128};
+    static const exo_dtype dts[] = {EXO_DTYPE_BF16, EXO_DTYPE_F16, EXO_DTYPE_F32};
+    for (int bits = 4; bits <= 8; bits += 4)
+        for (int gi = 0; gi < 3; gi++)
+            for (int di = 0; di < 3; di++) {
+                const int G = Gs[gi];
+                const int64_t rows = 48, cols = di == 0 ? 2048 : 3 * G;
+                tweight_make(&tw, EXO_WFORMAT_AFFINE, dts[di], rows, cols, bits, G);
+                guarded mem = {0};
+                exo_linear p = panels_of(&tw.l, &mem);
+                float *a = exo_malloc((size_t)cols * sizeof(float)), *b = exo_malloc((size_t)cols * sizeof(float));
+                for (int64_t r = 0; r < rows; r++) {
+                    exo_linear_row_f32(&tw.l, r, a);
+                    exo_linear_row_f32(&p, r, b);
+                    cr_assert(!memcmp(a, b, (size_t)cols * sizeof(float)), "bits %d G %d %s row %lld", bits, G,
+                              exo_dtype_name(dts[di]), (long long)r);
+                }
+                if (exo_cpu_isa() >= EXO_ISA_AVX512) {
+                    const int64_t r0 = 16, r1 = rows, n = r1 - r0;
+                    uint16_t *rowwise = exo_malloc((size_t)(n * cols) * 2), *t = exo_malloc((size_t)(n * cols) * 2);
+                    uint8_t *codes = exo_malloc((size_t)exo_gemv_code_stride(cols));
+                    exo_dequant_rows_bf16_avx512(&tw.l, r0, r1, rowwise, codes);
+                    exo_dequant_panels_bf16t_avx512(&p, r0, r1, t);
+                    for (int64_t r = 0; r < n; r++)
+                        for (int64_t c = 0; c < cols; c++)
+                            cr_assert_eq(t[c * n + r], rowwise[r * cols + c], "bits %d G %d %s: bf16 row %lld col %lld",
+                                         bits, G, exo_dtype_name(dts[di]), (long long)(r0 + r), (long long)c);
+                    exo_free(rowwise);
+                    exo_free(t);
+                    exo_free(codes);
+                }
+                exo_free(a);
+                exo_free(b);
+                guarded_free(&mem);
+                tweight_free(&tw);
+            }
+}
+
+/* Every path on panels weights against the naive product of the row-format
+ * weight they came from, with the row format's tolerances. */
+Test(matmul, panels_all_paths, .timeout = 120)
+{
+    static const int Gs[] = {32, 64, 128};
+    static const int Ts[] = {1, 2, 3, 5, 9, 16, 17};
+    for (int nth = 1; nth <= 2; nth++) {
+        exo_pool *pool = exo_pool_create(nth);
+        exo_cpu_matmul_ctx *ctx = exo_cpu_matmul_ctx_create(pool);
+        for (int bits = 4; bits <= 8; bits += 4)
+            for (int gi = 0; gi < 3; gi++)
+                for (int shape = 0; shape < 3; shape++) {
+                    const int G = Gs[gi];
+                    const int64_t rows = shape == 0 ? 16 : 80, cols = shape == 0 ? G : shape == 1 ? 3 * G : 2048;
+                    tweight tw;
+                    tweight_make(&tw, EXO_WFORMAT_AFFINE, shape == 1 ? EXO_DTYPE_F16 : EXO_DTYPE_BF16, rows, cols,
+                                 bits, G);
+                    guarded mem = {0};
+                    exo_linear p = panels_of(&tw.l, &mem);
+                    const exo_linear *pw = &p;
+                    for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++) {
+                        const int T = Ts[ti];
+                        float *x = rand_x(T, cols), *y = exo_malloc((size_t)(T * rows) * sizeof(float));
+                        float *ref = exo_malloc((size_t)(T * rows) * sizeof(float));
+                        double *en = exo_malloc((size_t)(T * rows) * sizeof(double));
+                        naive(&tw.l, x, T, ref, en);
+                        for (size_t pi = 0; pi < 4; pi++) {
+                            for (int64_t i = 0; i < T * rows; i++)
+                                y[i] = NAN;
+                            exo_cpu_matmul_force_path(ctx, all_paths[pi]);
+                            exo_cpu_matmul(ctx, 1, &pw, x, T, (float *const[]){y});
+                            double e = nmse(y, ref, en, T * rows);
+                            cr_expect(e <= tolerance(all_paths[pi], &tw.l),
+                                      "panels %s: bits %d G %d rows %lld cols %lld T %d threads %d: nmse %g",
+                                      path_name(all_paths[pi]), bits, G, (long long)rows, (long long)cols, T, nth, e);
+                        }
+                        exo_free(x);
+                        exo_free(y);
+                        exo_free(ref);
+                        exo_free(en);
+                    }
+                    guarded_free(&mem);
+                    tweight_free(&tw);
+                }
+        exo_cpu_matmul_ctx_free(ctx);
+        exo_pool_free(pool);
+    }
+}
+
+/* A GEMV over a row range that cuts panels writes exactly its rows, with
+ * the bits of the whole product; and a row of X gets the same bits among
+ * 1 to 16 rows of X (what batched decode rests on). */
+Test(matmul, panels_row_ranges_and_batched_bits)
+{
+    if (exo_cpu_isa() < EXO_ISA_AVX512)
+        return;
+    static const struct { int bits, G; int64_t rows, cols; } cases[] = {
+        {4, 64, 80, 2048}, {4, 32, 32, 512}, {4, 128, 16, 768}, {8, 64, 48, 1024}, {8, 32, 16, 256}, {8, 128, 32, 1280},
+    };
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        tweight tw;
+        tweight_make(&tw, EXO_WFORMAT_AFFINE, EXO_DTYPE_BF16, cases[ci].rows, cases[ci].cols, cases[ci].bits,
+                     cases[ci].G);
+        guarded mem = {0};
+        exo_linear p = panels_of(&tw.l, &mem);
+        const int64_t rows = p.rows, cols = p.cols;
+        enum { TMAX = 16 };
+        float *x = rand_x(TMAX, cols);
+        int8_t *tmp = exo_malloc((size_t)(2 * exo_qact_q_len(cols)));
+        exo_qact qa[TMAX];
+        for (int t = 0; t < TMAX; t++) {
+            qact_alloc(&qa[t], cols);
+            exo_qact_build_avx512(x + t * cols, cols, p.group_size, EXO_QLAYOUT_Q8, &qa[t], tmp);
+        }
+        float *whole = exo_malloc((size_t)(TMAX * rows) * sizeof(float));
+        float *y = exo_malloc((size_t)(TMAX * rows) * sizeof(float));
+        void *xmem = exo_alloc_aligned(exo_qpanel_bytes(TMAX, cols, p.group_size));
+        exo_qpanel xp;
+        for (int t = 0; t < TMAX; t++) { /* each row of X alone */
+            exo_qpanel_build(&qa[t], 1, cols, p.group_size, &xp, xmem);
+            exo_gemv_panels_avx512(&p, 0, rows, &xp, whole + t * rows, rows);
+        }
+        for (int T = 2; T <= TMAX; T++) {
+            for (int64_t i = 0; i < T * rows; i++)
+                y[i] = NAN;
+            exo_qpanel_build(qa, T, cols, p.group_size, &xp, xmem);
+            exo_gemv_panels_avx512(&p, 0, rows, &xp, y, rows);
+            cr_assert(!memcmp(y, whole, (size_t)(T * rows) * sizeof(float)), "bits %d G %d: T %d differs from alone",
+                      p.bits, p.group_size, T);
+        }
+        const int64_t cuts[][2] = {{5, 13}, {3, 21}, {16, 32}, {0, 1}, {15, 16}, {rows - 7, rows}};
+        for (size_t k = 0; k < sizeof cuts / sizeof cuts[0]; k++) {
+            const int64_t r0 = cuts[k][0], r1 = cuts[k][1];
+            if (r1 > rows)
+                continue;
+            for (int64_t i = 0; i < 3 * rows; i++)
+                y[i] = NAN;
+            exo_qpanel_build(qa, 3, cols, p.group_size, &xp, xmem);
+            exo_gemv_panels_avx512(&p, r0, r1, &xp, y, rows);
+            for (int t = 0; t < 3; t++)
+                for (int64_t r = 0; r < rows; r++) {
+                    const float v = y[t * rows + r];
+                    if (r < r0 || r >= r1)
+                        cr_assert(isnan(v), "rows [%lld, %lld): row %lld written", (long long)r0, (long long)r1,
+                                  (long long)r);
+                    else
+                        cr_assert(!memcmp(&v, &whole[t * rows + r], sizeof v), "rows [%lld, %lld): row %lld",
+                                  (long long)r0, (long long)r1, (long long)r);
+                }
+        }
+        for (int t = 0; t < TMAX; t++)
+            qact_free(&qa[t]);
+        exo_free(tmp);
+        exo_free_aligned(xmem);
+        exo_free(x);
+        exo_free(whole);
+        exo_free(y);
+        guarded_free(&mem);
+        tweight_free(&tw);
+    }
 }

@@ -5,7 +5,10 @@
  * load order: 4 KiB page-cache pages cost a nested page walk per page on a
  * VM and stop the hardware prefetchers at every page, and streaming reads
  * of page-cache memory ran ~15% below huge-page memory here. Weights built
- * in memory (synthetic models) are used in place. Activations and KV cache are
+ * in memory (synthetic models) are used in place. Affine 4- and 8-bit
+ * weights are repacked into that arena as affine panels (linear.h) where
+ * the matmul context runs them fastest so (exo_cpu_matmul_wants_panels),
+ * from a file or from memory alike. Activations and KV cache are
  * 64-byte aligned host buffers. Matrix products go to cpu/matmul.c, the rest
  * to cpu/ops.c; both share one thread pool. */
 #include "engine/backend.h"
@@ -15,6 +18,7 @@
 #include "engine/cpu/linear_attn.h"
 #include "engine/cpu/matmul.h"
 #include "engine/cpu/ops.h"
+#include "engine/quant.h"
 #include "engine/router.h"
 
 #include <math.h>
@@ -25,7 +29,7 @@ typedef struct cpu_backend {
     exo_backend base;
     exo_pool *pool;
     exo_cpu_matmul_ctx *mm;
-    exo_arena *weights; /* copies of weights loaded from files */
+    exo_arena *weights; /* copies of weights loaded from files, and repacked ones */
     float **scratch;   /* per-thread attention score rows */
     size_t scratch_len;
     float *att_buf;    /* batched attention: K, V^T, Q, scores, output of one KV head */
@@ -75,6 +79,13 @@ static int cpu_load_linear(exo_backend *be, const exo_linear *host, bool from_fi
 {
     cpu_backend *c = cpu(be);
     *dev = *host;
+    if (exo_linear_panels_ok(host) && exo_cpu_matmul_wants_panels(c->mm)) {
+        void *p = exo_arena_alloc(c->weights, exo_linear_panels_bytes(host));
+        if (p) { /* else as below: the weight as it is */
+            exo_linear_to_panels(host, p, dev);
+            return 0;
+        }
+    }
     if (!from_file)
         return 0;
     size_t wb, sb, bb;

@@ -17,7 +17,9 @@
  *    rows of X at a time; CPUs with tile units use this family.
  *  - lane sums: each lane is converted to f32 and multiplied by its
  *    group's s_g*dx_g, and the row is reduced once at the end. Less vector
- *    work where rows of X share a pass; CPUs without tile units use this.
+ *    work where rows of X share a pass; CPUs without tile units use this
+ *    for the weights they do not load as affine panels (linear.h,
+ *    gemv_panels_avx512.c: 4- and 8-bit weights of 16k rows go there).
  * Within a family a row of X gets the same bits at any row count. 4-bit
  * codes are split into low/high nibbles, i.e. even/odd elements, and the
  * activation is pre-permuted to match (EXO_QLAYOUT_Q4), so weights are never

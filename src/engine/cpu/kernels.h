@@ -112,6 +112,27 @@ void exo_dequant_rows_bf16_avx512(const exo_linear *w, int64_t r0, int64_t r1, u
                                   uint8_t *codes);
 void exo_f32_to_bf16_avx512(const float *x, int64_t n, uint16_t *out);
 
+/* Affine panels (linear.h; gemv_panels_avx512.c). The rows of X a call
+ * multiplies, from their exo_qact (Q8 layout, the weight's group size G):
+ * the two levels interleaved word by word, x[(k*T + t)*8 ..] = word k (4
+ * columns) of row t's q, then of its q2; dxs[g*2T + t] = dx_g of row t,
+ * dxs[g*2T + T + t] = its sx_g. Built once a call, shared by every thread. */
+typedef struct exo_qpanel {
+    int           T;
+    const int8_t *x;
+    const float  *dxs;
+} exo_qpanel;
+size_t exo_qpanel_bytes(int T, int64_t cols, int G);
+void   exo_qpanel_build(const exo_qact *qa, int T, int64_t cols, int G, exo_qpanel *out,
+                        void *mem /* exo_qpanel_bytes, 64-byte aligned */);
+/* Rows [r0, r1) of w, any range (a panel a range cuts is computed and only
+ * its rows written), against every row of xp. The expansion writes W^T of
+ * rows [r0, r1) (multiples of 16), out[c * (r1 - r0) + r - r0], each value
+ * the bf16 that exo_dequant_rows_bf16_avx512 gives the row format. */
+void exo_gemv_panels_avx512(const exo_linear *w, int64_t r0, int64_t r1, const exo_qpanel *xp, float *y,
+                            int64_t ldy);
+void exo_dequant_panels_bf16t_avx512(const exo_linear *w, int64_t r0, int64_t r1, uint16_t *out);
+
 /* The f32 scales (MXFP4: 2^(s-128)) and biases of groups [g0, g0 + n) of row
  * r (of ng), zero-padded to a multiple of 16 (gemv_avx512.c). */
 void exo_gemv_row_params(const exo_linear *w, int mx, int64_t r, int64_t ng, int64_t g0, int64_t n, float *sc,

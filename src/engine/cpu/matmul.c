@@ -60,7 +60,7 @@ typedef struct buf {
 typedef struct prim_entry {
     int used;
     unsigned long last;
-    int bf16;
+    int bf16, wt;
     int64_t M, K, N, ldc;
     dnnl_primitive_t prim;
     dnnl_memory_t src, wei, dst;
@@ -81,7 +81,7 @@ struct exo_cpu_matmul_ctx {
     int nth;
     exo_matmul_path force;
     int amx; /* batched GEMV rows on the tile units (exo_gemv_affine_amx) */
-    buf act, thr, xb, tiles;
+    buf act, thr, xb, tiles, panx;
     int dnnl_state; /* 0 untried, 1 ok, -1 failed */
     dnnl_engine_t eng;
     dnnl_slot *slot; /* nth of them */
@@ -153,6 +153,7 @@ void exo_cpu_matmul_ctx_free(exo_cpu_matmul_ctx *ctx)
     exo_free_aligned(ctx->thr.p);
     exo_free_aligned(ctx->xb.p);
     exo_free_aligned(ctx->tiles.p);
+    exo_free_aligned(ctx->panx.p);
     exo_free(ctx);
 }
 
@@ -162,6 +163,12 @@ int exo_cpu_matmul_use_amx(exo_cpu_matmul_ctx *ctx, int on)
 {
     ctx->amx = on && exo_cpu_has_amx() && exo_amx_usable();
     return ctx->amx;
+}
+
+bool exo_cpu_matmul_wants_panels(const exo_cpu_matmul_ctx *ctx)
+{
+    const char *env = getenv("EXO_CPU_PANELS");
+    return exo_cpu_isa() >= EXO_ISA_AVX512 && !ctx->amx && !(env && !strcmp(env, "0"));
 }
 
 /* ---------------------------------------------------------------------- */
@@ -180,6 +187,8 @@ typedef struct rows_job {
     const exo_qact *const *qaw; /* matmul_each: weight i's quantized input (T each) */
     const exo_qact *qa[MAX_QACT]; /* T each */
     const exo_qtile *qt[MAX_QACT]; /* the same as AMX tiles, or NULL */
+    const exo_qpanel *qp[MAX_QACT]; /* the same for affine panels weights, or NULL */
+    const exo_qpanel *const *qpw;   /* matmul_each: weight i's, for a panels weight */
     int group_sums;                /* exo_gemv_scratch.group_sums: the context's tile units */
     int qa_layout[MAX_QACT], qa_group[MAX_QACT], nqa;
     /* work distribution (rows_for_thread): chunk c of thread i covers rows
@@ -302,7 +311,8 @@ static void ref_thread(void *p, int ith, int nth) { rows_for_thread(p, ith, nth,
 /* Which quantized activations a weight's GEMV kernel reads. */
 static int qact_layout(const exo_linear *w)
 {
-    return w->format == EXO_WFORMAT_MXFP4 || w->bits == 4 ? EXO_QLAYOUT_Q4 : EXO_QLAYOUT_Q8;
+    return w->format == EXO_WFORMAT_MXFP4 || (w->format == EXO_WFORMAT_AFFINE && w->bits == 4) ? EXO_QLAYOUT_Q4
+                                                                                              : EXO_QLAYOUT_Q8;
 }
 static int qact_group(const exo_linear *w)
 {
@@ -328,12 +338,18 @@ static void gemv_rows(const rows_job *job, int wi, int64_t r0, int64_t r1, unsig
     }
     const exo_qact *qa = job->qaw ? job->qaw[wi] : NULL;
     const exo_qtile *qt = NULL;
+    const exo_qpanel *qp = job->qpw ? job->qpw[wi] : NULL;
     for (int k = 0; k < job->nqa && !qa; k++)
         if (job->qa_layout[k] == qact_layout(w) && job->qa_group[k] == qact_group(w)) {
             qa = job->qa[k];
             qt = job->qt[k];
+            qp = job->qp[k];
         }
     int64_t cols = job->cols;
+    if (w->format == EXO_WFORMAT_AFFINE_PANELS) {
+        exo_gemv_panels_avx512(w, r0, r1, qp, job->y[wi], w->rows);
+        return;
+    }
     if (qt && exo_qtile_handles(w)) {
         exo_gemv_affine_amx(w, r0, r1, qt, job->y[wi], w->rows, scratch);
         return;
@@ -415,6 +431,32 @@ static void build_tiles(exo_cpu_matmul_ctx *ctx, rows_job *job)
     }
 }
 
+/* The rows of X of every activation set that a panels weight reads,
+ * interleaved for its kernel (exo_qpanel), once per call for all threads. */
+static void build_panels(exo_cpu_matmul_ctx *ctx, rows_job *job)
+{
+    int want[MAX_QACT] = {0};
+    size_t need = 0;
+    for (int k = 0; k < job->nqa; k++) {
+        for (int i = 0; i < job->n; i++)
+            want[k] |= job->w[i]->format == EXO_WFORMAT_AFFINE_PANELS && job->qa_layout[k] == EXO_QLAYOUT_Q8 &&
+                       job->w[i]->group_size == job->qa_group[k];
+        if (want[k])
+            need += 64 + round64(exo_qpanel_bytes(job->T, job->cols, job->qa_group[k]));
+    }
+    if (!need)
+        return;
+    unsigned char *p = buf_get(&ctx->panx, need);
+    for (int k = 0; k < job->nqa; k++) {
+        if (!want[k])
+            continue;
+        exo_qpanel *qp = (exo_qpanel *)p;
+        exo_qpanel_build(job->qa[k], job->T, job->cols, job->qa_group[k], qp, p + 64);
+        job->qp[k] = qp;
+        p += 64 + round64(exo_qpanel_bytes(job->T, job->cols, job->qa_group[k]));
+    }
+}
+
 static void run_gemv(exo_cpu_matmul_ctx *ctx, rows_job *job)
 {
     int64_t cols = job->cols;
@@ -461,6 +503,7 @@ static void run_gemv(exo_cpu_matmul_ctx *ctx, rows_job *job)
             job->qa[k] = qa;
         }
         build_tiles(ctx, job);
+        build_panels(ctx, job);
     }
     setup_thr(ctx, job);
     exo_pool_run(ctx->pool, gemv_thread, job);
@@ -486,14 +529,15 @@ static int dnnl_init(exo_cpu_matmul_ctx *ctx)
 }
 
 /* A cached primitive for y (M x N, dense) = x (M x K) * W^T, W given as
- * N x K rows (a K x N matrix with strides (1, K)). */
-static prim_entry *prim_get(dnnl_engine_t eng, dnnl_slot *sl, int bf16, int64_t M, int64_t K,
+ * N x K rows (a K x N matrix with strides (1, K)) or, wt, as W^T itself
+ * (K x N rows, strides (N, 1): expanded affine panels). */
+static prim_entry *prim_get(dnnl_engine_t eng, dnnl_slot *sl, int bf16, int wt, int64_t M, int64_t K,
                             int64_t N)
 {
     prim_entry *victim = NULL;
     for (int i = 0; i < PRIM_CACHE; i++) {
         prim_entry *e = &sl->cache[i];
-        if (e->used && e->bf16 == bf16 && e->M == M && e->K == K && e->N == N) {
+        if (e->used && e->bf16 == bf16 && e->wt == wt && e->M == M && e->K == K && e->N == N) {
             e->last = ++sl->tick;
             return e;
         }
@@ -504,7 +548,7 @@ static prim_entry *prim_get(dnnl_engine_t eng, dnnl_slot *sl, int bf16, int64_t 
     dnnl_data_type_t in = bf16 ? dnnl_bf16 : dnnl_f32;
     dnnl_memory_desc_t src_md, wei_md, dst_md;
     dnnl_dims_t sd = {M, K}, ss = {K, 1};
-    dnnl_dims_t wd = {K, N}, ws = {1, K};
+    dnnl_dims_t wd = {K, N}, ws = {wt ? N : 1, wt ? 1 : K};
     dnnl_dims_t dd = {M, N}, ds = {N, 1};
     dnnl_matmul_desc_t md;
     dnnl_primitive_desc_t pd = NULL;
@@ -529,6 +573,7 @@ static prim_entry *prim_get(dnnl_engine_t eng, dnnl_slot *sl, int bf16, int64_t 
     victim->used = 1;
     victim->last = ++sl->tick;
     victim->bf16 = bf16;
+    victim->wt = wt;
     victim->M = M;
     victim->K = K;
     victim->N = N;
@@ -553,10 +598,10 @@ static void omp_threads(int n)
         set_fn(n);
 }
 
-static int dnnl_mm(dnnl_engine_t eng, dnnl_slot *sl, int bf16, int64_t M, int64_t K, int64_t N,
+static int dnnl_mm(dnnl_engine_t eng, dnnl_slot *sl, int bf16, int wt, int64_t M, int64_t K, int64_t N,
                    const void *x, const void *w, float *y)
 {
-    prim_entry *e = prim_get(eng, sl, bf16, M, K, N);
+    prim_entry *e = prim_get(eng, sl, bf16, wt, M, K, N);
     if (!e)
         return EXO_EUNSUPPORTED;
     dnnl_memory_set_data_handle(e->src, (void *)x);
@@ -619,7 +664,9 @@ static void gemm_thread(void *p, int ith, int nth)
             if (direct) {
                 wp = (const unsigned char *)w->w + (size_t)p0 * (size_t)K * esz;
             } else {
-                if (bf16) {
+                if (bf16 && w->format == EXO_WFORMAT_AFFINE_PANELS) {
+                    exo_dequant_panels_bf16t_avx512(w, p0, p0 + pn, panel);
+                } else if (bf16) {
                     exo_dequant_rows_bf16_avx512(w, p0, p0 + pn, panel, codes);
                 } else {
                     for (int64_t r = 0; r < pn; r++)
@@ -627,7 +674,8 @@ static void gemm_thread(void *p, int ith, int nth)
                 }
                 wp = panel;
             }
-            sl->rc = dnnl_mm(ctx->eng, sl, bf16, T, K, pn, src, wp, dt);
+            const int wt = bf16 && w->format == EXO_WFORMAT_AFFINE_PANELS;
+            sl->rc = dnnl_mm(ctx->eng, sl, bf16, wt, T, K, pn, src, wp, dt);
             for (int64_t t = 0; t < T && sl->rc == 0; t++)
                 memcpy(job->y[i] + t * N + p0, dt + t * pn, (size_t)pn * sizeof(float));
         }
@@ -669,15 +717,21 @@ static void build_each_qact(exo_cpu_matmul_ctx *ctx, rows_job *job)
     size_t db = round64((size_t)exo_qact_sx_len(cols) * sizeof(float));
     size_t per = 2 * qb + 2 * db;
     size_t hdr = round64(sizeof(exo_qact) * (size_t)T * (size_t)n), ptrs = round64(sizeof(void *) * (size_t)n);
-    unsigned char *mem = buf_get(&ctx->act, hdr + ptrs + 2 * qb + per * (size_t)T * (size_t)n);
+    size_t panx = 0; /* a panels weight's interleaved rows (exo_qpanel) */
+    for (int i = 0; i < n; i++)
+        if (job->w[i]->format == EXO_WFORMAT_AFFINE_PANELS)
+            panx += 64 + round64(exo_qpanel_bytes(T, cols, job->w[i]->group_size));
+    unsigned char *mem = buf_get(&ctx->act, hdr + 2 * ptrs + 2 * qb + per * (size_t)T * (size_t)n + panx);
     exo_qact *hd = (exo_qact *)mem;
     const exo_qact **qaw = (const exo_qact **)(mem + hdr);
-    int8_t *tmp = (int8_t *)(mem + hdr + ptrs);
-    unsigned char *p = mem + hdr + ptrs + 2 * qb;
+    const exo_qpanel **qpw = (const exo_qpanel **)(mem + hdr + ptrs);
+    int8_t *tmp = (int8_t *)(mem + hdr + 2 * ptrs);
+    unsigned char *p = mem + hdr + 2 * ptrs + 2 * qb;
     for (int i = 0; i < n; i++) {
         const exo_linear *w = job->w[i];
         exo_qact *qa = hd + (size_t)i * (size_t)T;
         qaw[i] = NULL;
+        qpw[i] = NULL;
         if (w->format == EXO_WFORMAT_DENSE || !has_gemv_kernel(job->isa, w))
             continue;
         for (int t = 0; t < T; t++) {
@@ -693,8 +747,15 @@ static void build_each_qact(exo_cpu_matmul_ctx *ctx, rows_job *job)
                 exo_qact_build_avx2(x, cols, qact_group(w), qact_layout(w), &qa[t], tmp);
         }
         qaw[i] = qa;
+        if (w->format == EXO_WFORMAT_AFFINE_PANELS) {
+            exo_qpanel *qp = (exo_qpanel *)p;
+            exo_qpanel_build(qa, T, cols, w->group_size, qp, p + 64);
+            qpw[i] = qp;
+            p += 64 + round64(exo_qpanel_bytes(T, cols, w->group_size));
+        }
     }
     job->qaw = qaw;
+    job->qpw = qpw;
 }
 
 void exo_cpu_matmul_each(exo_cpu_matmul_ctx *ctx, int n, const exo_linear *const *w,

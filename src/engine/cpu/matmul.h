@@ -11,7 +11,9 @@
  *     Affine weights use integer dot products (AVX-512 VNNI vpdpbusd) on
  *     int8-quantized activations (per weight group, scale max|x|/127),
  *     using dot(w,x) = s*dot(q,x) + b*sum(x) per group; dense weights use
- *     f32 FMA. Affine results therefore carry the activation rounding:
+ *     f32 FMA. Where the backend loads 4- and 8-bit weights as affine
+ *     panels (exo_cpu_matmul_wants_panels), those run on the panels kernel
+ *     (16 rows in the vector lanes). Affine results carry the activation rounding:
  *     NMSE ~1e-5..1e-4 against f32 (what llama.cpp's Q8 activations do).
  *     MXFP4 weights take the same integer path (each E2M1 code looked up
  *     as 2*value + 12, an affine code with bias -12 * scale/2), on AVX-512
@@ -30,6 +32,8 @@
 
 #include "core/threadpool.h"
 #include "engine/linear.h"
+
+#include <stdbool.h>
 
 typedef struct exo_cpu_matmul_ctx exo_cpu_matmul_ctx;
 
@@ -62,6 +66,12 @@ void exo_cpu_matmul_force_path(exo_cpu_matmul_ctx *ctx, exo_matmul_path path);
  * the same bits at any row count; tests and benchmarks switch it to
  * compare. Returns whether it is on now. */
 int exo_cpu_matmul_use_amx(exo_cpu_matmul_ctx *ctx, int on);
+
+/* Whether this context runs affine 4- and 8-bit weights fastest laid out as
+ * affine panels (linear.h; the backend repacks them at load): CPUs with
+ * AVX-512 VNNI whose batched rows do not go to tile units. EXO_CPU_PANELS=0
+ * says no, to compare the two layouts. */
+bool exo_cpu_matmul_wants_panels(const exo_cpu_matmul_ctx *ctx);
 
 /* Plain AVX2/FMA f32 GEMM (gemm_avx2.c), the benchmark's peer for the
  * oneDNN path: C (M x N) = A (M x K) * B^T, B given as N x K weight rows,
