@@ -1,9 +1,11 @@
 /* Ways of measuring the read bandwidth, side by side: rounds that read one
- * 1 GiB buffer with 1, 2, 4 and 8 streams a thread (membw.c) and copy it
+ * 1 GiB buffer with 1, 2, 4 and 8 streams a thread, with one stream a
+ * thread software-prefetched 4 and 16 KiB ahead (membw.c), and copy it
  * with memcpy (bytes read + written), in turn, so drift in the host's load
  * hits every way alike. Prints each way's best and mean and the ratio of
  * each best to one stream's. What `exo bench` and node info take as the
- * limit is the best of 1, 2 and 4 streams (membw.h says why).
+ * limit is the best of 1, 2 and 4 streams and one prefetched 4 KiB ahead
+ * (membw.h says why).
  *
  * Usage: bench_membw [threads=2] [rounds=15] */
 #include "core/alloc.h"
@@ -41,16 +43,19 @@ int main(int argc, char **argv)
     }
     memset(cj.src, 0x5a, bytes);
     memset(cj.dst, 0xa5, bytes);
-    enum { WAYS = 5 };
+    enum { WAYS = 7 };
     const char *name[WAYS] = {"read, 1 stream a thread", "read, 2 streams a thread", "read, 4 streams a thread",
-                              "read, 8 streams a thread", "memcpy (read + write)"};
+                              "read, 8 streams a thread", "read, 1 prefetched 4 KiB", "read, 1 prefetched 16 KiB",
+                              "memcpy (read + write)"};
     double best[WAYS] = {0}, sum[WAYS] = {0};
     exo_membw_read(probe, pool, 1); /* the first pass after the fill is slow */
     for (int r = 0; r < rounds; r++)
         for (int k = 0; k < WAYS; k++) {
             double bw;
             if (k < 4) {
-                bw = exo_membw_read_streams(probe, pool, 1, 1 << k);
+                bw = exo_membw_read_streams(probe, pool, 1, 1 << k, 0);
+            } else if (k < 6) { /* software prefetch ahead, as the GEMV kernels do */
+                bw = exo_membw_read_streams(probe, pool, 1, 1, k == 4 ? 4096 : 16384);
             } else {
                 double t0 = exo_clock_seconds();
                 exo_pool_run(pool, copy_worker, &cj);
@@ -61,7 +66,7 @@ int main(int argc, char **argv)
         }
     printf("%d threads, 1 GiB, %d rounds of every way in turn\n", exo_pool_size(pool), rounds);
     for (int k = 0; k < WAYS; k++)
-        printf("%-26s best %6.1f GB/s  mean %6.1f GB/s  best x%.2f one stream's\n", name[k], best[k] / 1e9,
+        printf("%-27s best %6.1f GB/s  mean %6.1f GB/s  best x%.2f one stream's\n", name[k], best[k] / 1e9,
                sum[k] / rounds / 1e9, best[k] / best[0]);
     exo_free_aligned(cj.src);
     exo_free_aligned(cj.dst);

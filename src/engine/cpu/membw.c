@@ -11,18 +11,21 @@ typedef struct bw_job {
     const unsigned char *buf;
     size_t bytes;
     int streams;
+    size_t prefetch;
     volatile unsigned long long sink;
 } bw_job;
 
 /* `streams` equal parts of the range side by side, a line of each a step,
  * then what the parts (multiples of 256 bytes) leave as one stream */
-unsigned long long exo_membw_sum_generic(const void *p, size_t bytes, int streams)
+unsigned long long exo_membw_sum_generic(const void *p, size_t bytes, int streams, size_t prefetch)
 {
     const size_t part = bytes / (size_t)streams / 256 * 256;
     unsigned long long a[8] = {0};
     for (size_t off = 0; off < part; off += 64)
         for (int s = 0; s < streams; s++) {
             const unsigned long long *v = (const void *)((const char *)p + (size_t)s * part + off);
+            if (prefetch)
+                __builtin_prefetch((const char *)v + prefetch);
             for (int j = 0; j < 8; j++)
                 a[j] ^= v[j];
         }
@@ -40,8 +43,8 @@ static void bw_worker(void *p, int ith, int nth)
     long b, e;
     exo_split_range((long)j->bytes, 4096, ith, nth, &b, &e);
     unsigned long long s = exo_cpu_isa() >= EXO_ISA_AVX512
-                               ? exo_membw_sum_avx512(j->buf + b, (size_t)(e - b), j->streams)
-                               : exo_membw_sum_generic(j->buf + b, (size_t)(e - b), j->streams);
+                               ? exo_membw_sum_avx512(j->buf + b, (size_t)(e - b), j->streams, j->prefetch)
+                               : exo_membw_sum_generic(j->buf + b, (size_t)(e - b), j->streams, j->prefetch);
     if (s == 42)
         j->sink = s;
 }
@@ -83,9 +86,9 @@ void exo_membw_free(exo_membw *probe)
     exo_free(probe);
 }
 
-double exo_membw_read_streams(exo_membw *probe, exo_pool *pool, int passes, int streams)
+double exo_membw_read_streams(exo_membw *probe, exo_pool *pool, int passes, int streams, size_t prefetch)
 {
-    bw_job j = {probe->buf, probe->bytes, streams < 1 ? 1 : streams, 0};
+    bw_job j = {probe->buf, probe->bytes, streams < 1 ? 1 : streams, prefetch, 0};
     double best = 0;
     for (int p = 0; p < passes; p++) {
         double t0 = exo_clock_seconds();
@@ -101,8 +104,9 @@ double exo_membw_read(exo_membw *probe, exo_pool *pool, int passes)
 {
     double best = 0;
     for (int p = 0; p < passes; p++)
-        for (int streams = 1; streams <= EXO_MEMBW_STREAMS; streams *= 2) {
-            double bw = exo_membw_read_streams(probe, pool, 1, streams);
+        for (int way = 0; way <= 3; way++) { /* 1, 2, EXO_MEMBW_STREAMS streams; 1 prefetched */
+            double bw = way < 3 ? exo_membw_read_streams(probe, pool, 1, 1 << (way == 2 ? 2 : way), 0)
+                                : exo_membw_read_streams(probe, pool, 1, 1, EXO_MEMBW_PREFETCH);
             best = bw > best ? bw : best;
         }
     return best;
