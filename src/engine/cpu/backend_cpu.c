@@ -8,12 +8,14 @@
  * in memory (synthetic models) are used in place. Affine 4- and 8-bit
  * weights are repacked into that arena as affine panels (linear.h) where
  * the matmul context runs them fastest so (exo_cpu_matmul_wants_panels),
- * from a file or from memory alike. Activations and KV cache are
+ * from a file, or from memory while there is room for the second copy.
+ * Activations and KV cache are
  * 64-byte aligned host buffers. Matrix products go to cpu/matmul.c, the rest
  * to cpu/ops.c; both share one thread pool. */
 #include "engine/backend.h"
 #include "core/alloc.h"
 #include "core/arena.h"
+#include "core/meminfo.h"
 #include "core/threadpool.h"
 #include "engine/cpu/linear_attn.h"
 #include "engine/cpu/matmul.h"
@@ -74,12 +76,24 @@ static const void *arena_copy(cpu_backend *c, const void *src, size_t n)
     return p;
 }
 
+/* Whether the machine has room for `bytes` more and still an eighth of its
+ * memory free: a weight held in memory that outlives the model (a synthetic
+ * model's) stays there, so repacking it is a second copy, made only while it
+ * fits (a 17 GB model would otherwise need 34 on a 24 GB machine); a weight
+ * left as it is runs on the row-format kernels. */
+static bool room_for(size_t bytes)
+{
+    uint64_t total, avail;
+    return exo_meminfo(&total, &avail, NULL) == 0 && avail > bytes + total / 8;
+}
+
 static int cpu_load_linear(exo_backend *be, const exo_linear *host, bool from_file, exo_linear *dev,
                            exo_err *err)
 {
     cpu_backend *c = cpu(be);
     *dev = *host;
-    if (exo_linear_panels_ok(host) && exo_cpu_matmul_wants_panels(c->mm)) {
+    if (exo_linear_panels_ok(host) && exo_cpu_matmul_wants_panels(c->mm) &&
+        (from_file || room_for(exo_linear_panels_bytes(host)))) {
         void *p = exo_arena_alloc(c->weights, exo_linear_panels_bytes(host));
         if (p) { /* else as below: the weight as it is */
             exo_linear_to_panels(host, p, dev);
