@@ -66,7 +66,7 @@ static exo_linear as_layout(exo_linear w, int panels)
         exit(1);
     }
     exo_linear out;
-    exo_linear_to_panels(&w, mem, &out);
+    exo_linear_to_panels(&w, mem, &out, NULL);
     free_weight(&w);
     return out;
 }

@@ -301,19 +301,27 @@ static uint32_t q4_lane_word(uint32_t x)
     return lo | hi << 4;
 }
 
-void exo_linear_to_panels(const exo_linear *w, void *dst, exo_linear *out)
+typedef struct panels_job {
+    const exo_linear *w;
+    unsigned char *dst;
+} panels_job;
+
+/* Share ith of nth of the panels. */
+static void panels_share(void *ctx, int ith, int nth)
 {
+    const panels_job *job = ctx;
+    const exo_linear *w = job->w;
     const int64_t ng = w->cols / w->group_size, G = w->group_size;
     const size_t esz = exo_dtype_size(w->dtype);
     const size_t row_bytes = (size_t)(w->cols * w->bits / 8);
-    *out = *w;
-    out->format = EXO_WFORMAT_AFFINE_PANELS;
-    out->w = dst;
-    out->scales = out->biases = NULL;
-    const size_t block = exo_panel_block_bytes(out), codes = block - 32 * esz;
+    exo_linear pw = *w;
+    pw.format = EXO_WFORMAT_AFFINE_PANELS;
+    const size_t block = exo_panel_block_bytes(&pw), codes = block - 32 * esz;
     const int64_t words = G * w->bits / 32; /* 32-bit code words of a row's group: one lane word each */
-    unsigned char *d = dst;
-    for (int64_t p = 0; p < w->rows / 16; p++)
+    long p0, p1;
+    exo_split_range((long)(w->rows / 16), 1, ith, nth, &p0, &p1);
+    unsigned char *d = job->dst + (size_t)p0 * (size_t)ng * block;
+    for (int64_t p = p0; p < p1; p++)
         for (int64_t g = 0; g < ng; g++, d += block)
             for (int64_t i = 0; i < 16; i++) {
                 const int64_t r = 16 * p + i;
@@ -330,4 +338,17 @@ void exo_linear_to_panels(const exo_linear *w, void *dst, exo_linear *out)
                 memcpy(d + codes + (size_t)i * esz, (const unsigned char *)w->scales + at, esz);
                 memcpy(d + codes + (size_t)(16 + i) * esz, (const unsigned char *)w->biases + at, esz);
             }
+}
+
+void exo_linear_to_panels(const exo_linear *w, void *dst, exo_linear *out, exo_pool *pool)
+{
+    panels_job job = {w, dst};
+    if (pool)
+        exo_pool_run(pool, panels_share, &job);
+    else
+        panels_share(&job, 0, 1);
+    *out = *w;
+    out->format = EXO_WFORMAT_AFFINE_PANELS;
+    out->w = dst;
+    out->scales = out->biases = NULL;
 }

@@ -12,6 +12,7 @@
 #define EXO_ENGINE_QUANT_H
 
 #include "core/error.h"
+#include "core/threadpool.h"
 #include "engine/linear.h"
 
 #include <stdbool.h>
@@ -45,9 +46,10 @@ float exo_affine_param_f32(exo_dtype t, const void *p, int64_t i);
 /* Affine panels (linear.h): whether w (an AFFINE weight) can be laid out so
  * (4 or 8 bits, rows a multiple of 16, F32/F16/BF16 parameters), the bytes
  * it then takes, and the repacking itself: `out` becomes the panels weight
- * in dst (exo_linear_panels_bytes, any alignment), the same values. */
+ * in dst (exo_linear_panels_bytes, any alignment), the same values; the
+ * panels are shared among the threads of `pool` (NULL: this thread). */
 bool   exo_linear_panels_ok(const exo_linear *w);
 size_t exo_linear_panels_bytes(const exo_linear *w);
-void   exo_linear_to_panels(const exo_linear *w, void *dst, exo_linear *out);
+void   exo_linear_to_panels(const exo_linear *w, void *dst, exo_linear *out, exo_pool *pool);
 
 #endif

@@ -866,7 +866,7 @@ static exo_linear panels_of(const exo_linear *w, guarded *mem)
     cr_assert(exo_linear_panels_ok(w));
     void *p = guarded_alloc(mem, exo_linear_panels_bytes(w));
     exo_linear out;
-    exo_linear_to_panels(w, p, &out);
+    exo_linear_to_panels(w, p, &out, NULL);
     cr_assert_eq(exo_linear_bytes(&out), exo_linear_panels_bytes(w));
     return out;
 }
@@ -899,6 +899,15 @@ Test(matmul, panels_same_values)
                 tweight_make(&tw, EXO_WFORMAT_AFFINE, dts[di], rows, cols, bits, G);
                 guarded mem = {0};
                 exo_linear p = panels_of(&tw.l, &mem);
+                { /* shared among threads: the same bytes */
+                    exo_pool *pool = exo_pool_create(3);
+                    void *again = exo_malloc(exo_linear_panels_bytes(&tw.l));
+                    exo_linear q;
+                    exo_linear_to_panels(&tw.l, again, &q, pool);
+                    cr_assert(!memcmp(again, p.w, exo_linear_panels_bytes(&tw.l)), "3 threads");
+                    exo_free(again);
+                    exo_pool_free(pool);
+                }
                 float *a = exo_malloc((size_t)cols * sizeof(float)), *b = exo_malloc((size_t)cols * sizeof(float));
                 for (int64_t r = 0; r < rows; r++) {
                     exo_linear_row_f32(&tw.l, r, a);

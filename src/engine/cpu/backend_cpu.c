@@ -96,7 +96,7 @@ static int cpu_load_linear(exo_backend *be, const exo_linear *host, bool from_fi
         (from_file || room_for(exo_linear_panels_bytes(host)))) {
         void *p = exo_arena_alloc(c->weights, exo_linear_panels_bytes(host));
         if (p) { /* else as below: the weight as it is */
-            exo_linear_to_panels(host, p, dev);
+            exo_linear_to_panels(host, p, dev, c->pool);
             return 0;
         }
     }
