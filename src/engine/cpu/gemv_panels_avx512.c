@@ -1,5 +1,6 @@
-/* AVX-512 VNNI kernels for affine panels (linear.h): the decode GEMV and the
- * expansion to bf16 rows for the oneDNN prefill path.
+/* AVX-512 VNNI kernels for affine panels (linear.h): the decode GEMV, the
+ * interleaved rows of X it reads (exo_qpanel), and the expansion to bf16
+ * W^T for the oneDNN prefill path.
  *
  * Why panels: with a row's codes along a vector (gemv_avx512.c), every 64
  * bytes of codes leave 16 lanes of partial sums from two or more groups,
@@ -21,7 +22,11 @@
  * rows of the weight a thread takes, so a row of X gets the same bits at any
  * row count (batched decode). How a lane's integer sum is split across
  * accumulators does not matter either (integer addition is exact), which
- * lets one row of X keep four chains in flight.
+ * lets one row of X keep four chains a level in flight. The rows of X
+ * come interleaved word by word (exo_qpanel, built once a call), so a pass
+ * addresses all of its rows from one pointer: with a pointer per row, 16
+ * of them spilled out of the general registers (16 rows: 820 us against
+ * 681, PERFORMANCE.md).
  *
  * Memory order: a panel is one contiguous run (its groups' blocks in order,
  * parameters inline), so the weight streams front to back; every block is
