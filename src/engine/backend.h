@@ -122,7 +122,8 @@ typedef struct exo_backend_ops {
      * host weight. from_file: host points into a file mapping (page cache),
      * which the CPU backend copies into its own huge-page memory (streaming
      * reads are ~15% faster there, see cpu/backend_cpu.c); other host
-     * memory outlives the model and the CPU backend uses it in place.
+     * memory outlives the model and the CPU backend uses it in place, or
+     * a repacked copy of it (affine panels) where there is room for one.
      * load_vector returns backend memory holding n f32 values converted from
      * a host vector of type t (norm weights, biases). */
     int    (*load_linear)(exo_backend *be, const exo_linear *host, bool from_file, exo_linear *dev,
