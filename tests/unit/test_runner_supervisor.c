@@ -621,7 +621,10 @@ Test(runner_supervisor, long_prompt_reports_prefill_progress_batched)
 
 Test(runner_supervisor, cancel_during_prefill_stops_before_any_token)
 {
-    char *prompt = long_prompt(1500); /* ~2,500 tokens: progress at 512, ..., 2,048 */
+    /* ~6,700 tokens: 52 chunks of 128 (batched), so a loaded machine (ASan,
+     * fuzzers beside it) that runs several chunks while the Cancel crosses
+     * the pipe still stops far from the end */
+    char *prompt = long_prompt(4000);
     rec r = {0};
     exo_supervisor *s = spawn(&r);
     load(s, &r, model, LONG_CTX);
@@ -645,9 +648,13 @@ Test(runner_supervisor, cancel_during_prefill_stops_before_any_token)
         cr_assert_neq(c->kind, EXO_CHUNK_TOKEN, "a TOKEN chunk after the cancel");
         n_prefill += c->kind == EXO_CHUNK_PREFILL;
     }
-    /* stopped at the next chunk boundary, well before the prompt's end */
-    cr_assert_lt(n_prefill, (fin->usage.prompt_tokens + 511) / 512 - 1, "%d PREFILL chunks",
-                 n_prefill);
+    /* stopped at a chunk boundary soon after the Cancel arrived: the chunks
+     * run between the first PREFILL and the Cancel's arrival depend on the
+     * scheduler (9 of 128 tokens seen under load), so the bound is half the
+     * prompt, which a runner that ignored the Cancel until the end fails */
+    int n_chunks = (fin->usage.prompt_tokens + 127) / 128;
+    cr_assert_gt(n_chunks, 40, "the prompt is only %d tokens", fin->usage.prompt_tokens);
+    cr_assert_lt(n_prefill, n_chunks / 2, "%d PREFILL chunks of %d", n_prefill, n_chunks);
     cr_assert_lt(dt, 2.0, "cancel took %.3f s", dt);
     /* the runner is ready for more */
     wait_ready(s);
