@@ -108,6 +108,9 @@ typedef struct exo_moe_router {
     float scale;       /* the weights are finally multiplied by this */
 } exo_moe_router;
 
+/* Bytes that name a device group (group_new_id). */
+#define EXO_GROUP_ID_BYTES 128
+
 typedef struct exo_backend_ops {
     const char *name;
     void (*free)(exo_backend *be);
@@ -243,6 +246,22 @@ typedef struct exo_backend_ops {
      * error. Inside a step no op may read or write host memory. */
     int  (*step_begin)(exo_backend *be, uint64_t key, const int32_t *tokens, int T, int pos0);
     int  (*step_end)(exo_backend *be);
+
+    /* Optional (NULL: a tensor-parallel group's partial sums go through
+     * the host's ring): the sums added among the ranks' devices themselves
+     * (NCCL). EXO_GROUP_ID_BYTES name one group: group_new_id makes a name
+     * (id NULL: only says whether this backend can join groups at all, a
+     * library that loads); one rank's name reaches the others over the
+     * ring.
+     * group_join makes this backend rank `rank` of `world` in it, waiting
+     * at most timeout_ms for the others; then group_allreduce sums n
+     * floats of x in place across the ranks, queued like any op, until
+     * group_leave (or free). */
+    int  (*group_new_id)(exo_backend *be, uint8_t id[EXO_GROUP_ID_BYTES], exo_err *err);
+    int  (*group_join)(exo_backend *be, const uint8_t id[EXO_GROUP_ID_BYTES], int world, int rank,
+                       int timeout_ms, exo_err *err);
+    int  (*group_allreduce)(exo_backend *be, float *x, size_t n);
+    void (*group_leave)(exo_backend *be);
 
     /* Optional (NULL: the caller runs rmsnorm, matmul and add): y[i] =
      * x' W[i]^T for n weights sharing x, x' = x / rms(x) * norm over rows

@@ -172,7 +172,8 @@ struct exo_model {
     exo_allgather_fn allgather;
     void *allreduce_ctx;
     size_t vocab_bounds[EXO_MAX_TP + 1]; /* tensor parallel: each rank's LM-head rows */
-    int tp_rank;
+    int tp_rank, tp_size;
+    int group; /* tensor parallel: 0 undecided, 1 sums among the GPUs (decide_group), -1 on the host */
     exo_linear embed;   /* on the first layer's backend (first shard) */
     exo_linear lm_head; /* on the last layer's backend (last shard) */
     float *final_norm;
@@ -1460,6 +1461,7 @@ int exo_model_build(const exo_model_config *cfg, const exo_weight_source *src,
     m->allgather = tp > 1 ? o.tp_allgather : NULL;
     m->allreduce_ctx = o.tp_ctx;
     m->tp_rank = tr;
+    m->tp_size = tp;
     part phead = {0};
     if (tp > 1) {
         for (int r = 0; r < tp; r++) {
@@ -1801,6 +1803,7 @@ int exo_model_vocab(const exo_model *m) { return m->vocab; }
 size_t exo_model_gpu_reserve(size_t total_bytes) { return total_bytes / 16 + ((size_t)1 << 30); }
 int exo_model_gpu_layers(const exo_model *m) { return m->gpu_layers; }
 int exo_model_gpu_device(const exo_model *m) { return m->gpu_device; }
+bool exo_model_sums_on_gpus(const exo_model *m) { return m->group > 0; }
 long exo_model_replayed_steps(const exo_model *m) { return m->replayed_steps; }
 long exo_model_prefetches(const exo_model *m) { return m->prefetches; }
 
@@ -2615,15 +2618,67 @@ int exo_kv_prefix_len(const exo_kv_prefix *p) { return p->n; }
             return rc_;      \
     } while (0)
 
+/* Whether the group's sums run among its GPUs (backend.h group_*), asked
+ * at the first sum, where every rank is at the same call: each rank says
+ * whether it can (its whole shard on a GPU whose backend joins groups, a
+ * library that loads; EXO_TP_SUMS=host says no), in one sum over the ring
+ * that also carries rank 0's name for the group (bytes as floats, which
+ * add exactly to themselves); if all can, all join, and a second sum says
+ * whether all did. Any no: every rank sums on the host, as before. */
+static int decide_group(exo_model *m, exo_err *err)
+{
+    const char *env = getenv("EXO_TP_SUMS");
+    exo_backend *g = m->gpu;
+    bool able = g && m->gpu_layers == m->n_layers && g->ops->group_join && !(env && !strcmp(env, "host"));
+    float say[1 + EXO_GROUP_ID_BYTES] = {0};
+    uint8_t id[EXO_GROUP_ID_BYTES];
+    exo_err why = {0};
+    if (able && g->ops->group_new_id(g, m->tp_rank == 0 ? id : NULL, &why)) {
+        EXO_LOG_INFO("tensor parallel: partial sums through the host: %s", why.msg);
+        able = false;
+    }
+    say[0] = able;
+    if (able && m->tp_rank == 0)
+        for (int i = 0; i < EXO_GROUP_ID_BYTES; i++)
+            say[1 + i] = id[i];
+    OK(m->allreduce(m->allreduce_ctx, say, 1, 1 + EXO_GROUP_ID_BYTES, err));
+    m->group = -1;
+    if ((int)say[0] != m->tp_size)
+        return 0;
+    for (int i = 0; i < EXO_GROUP_ID_BYTES; i++)
+        id[i] = (uint8_t)say[1 + i];
+    bool joined = !g->ops->group_join(g, id, m->tp_size, m->tp_rank, 60000, &why);
+    if (!joined)
+        EXO_LOG_WARN("tensor parallel: cannot join the GPUs' group: %s", why.msg);
+    float all[1] = {joined};
+    OK(m->allreduce(m->allreduce_ctx, all, 1, 1, err));
+    if ((int)all[0] != m->tp_size) {
+        if (joined)
+            g->ops->group_leave(g);
+        return 0;
+    }
+    EXO_LOG_INFO("tensor parallel: rank %d of %d sums among the GPUs", m->tp_rank, m->tp_size);
+    m->group = 1;
+    return 0;
+}
+
 /* Tensor parallel: sum the ranks' partial products (a no-op otherwise).
- * The collective sums host memory (a TCP ring between nodes), so a GPU
- * rank's rows go through the bounce buffer and back: two copies of T x dim
- * floats, small beside the ring's round trip. */
+ * Among the GPUs where the group can (decide_group), else through the
+ * host's ring (a TCP ring between nodes): a GPU rank's rows go through
+ * the bounce buffer and back, two copies of T x dim floats. */
 static int reduce(exo_model *m, exo_backend *be, float *x, int T, exo_err *err)
 {
     if (!m->allreduce)
         return 0;
     size_t n = (size_t)T * (size_t)m->dim;
+    if (!m->group)
+        OK(decide_group(m, err));
+    if (m->group > 0 && be != m->cpu) {
+        int rc = be->ops->group_allreduce(be, x, n);
+        if (rc)
+            return exo_err_set(err, rc, "tensor parallel: the GPUs' sum failed");
+        return 0;
+    }
     if (be == m->cpu)
         return m->allreduce(m->allreduce_ctx, x, (size_t)T, (size_t)m->dim, err);
     OK(be->ops->to_host(be, m->bounce, x, sizeof(float) * n));

@@ -119,6 +119,10 @@ size_t exo_model_gpu_reserve(size_t total_bytes);
  * (its CUDA index; -1: none). */
 int exo_model_gpu_layers(const exo_model *m);
 int exo_model_gpu_device(const exo_model *m);
+/* Tensor parallel: whether this rank's partial sums run among the group's
+ * GPUs (backend.h group_*; decided at the first sum), not through the
+ * host's ring. */
+bool exo_model_sums_on_gpus(const exo_model *m);
 /* Decode steps run from a recording (backend.h step_begin) so far. */
 long exo_model_replayed_steps(const exo_model *m);
 /* Weights' prefetches the backend started (backend.h prefetch) in the ops

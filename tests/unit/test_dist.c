@@ -40,6 +40,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #define MAX_RANKS 4
@@ -243,12 +244,110 @@ static void split_run_n(const char *dir, const char *device, int world, bool ten
     cr_assert_eq(rc, 0, "%s split %d ways (%s): %s", dir, world, tensor ? "tensor" : "pipeline", err.msg);
 }
 
+/* split_run_n (one request, tensor parallel) with every rank a process of
+ * its own (this one only waits: a process that has touched the GPU cannot
+ * fork ranks that use it), and every rank with a host name of its own for
+ * NCCL (NCCL_HOSTID): NCCL takes two ranks of one host on one GPU for a
+ * mistake, so ranks on one GPU join as if each were on its own machine,
+ * summing over sockets on loopback. Rank 0 sends its samples back through
+ * a pipe. A rank whose sums did not run among the GPUs fails. */
+enum { RANK_OK, RANK_FAILED, RANK_ON_HOST };
+
+static int run_rank(rank_ctx *c, int out_fd)
+{
+    char host[32];
+    snprintf(host, sizeof host, "exo-test-rank-%d", c->rank);
+    setenv("NCCL_HOSTID", host, 1);
+    if ((c->rc = join(c))) {
+        fprintf(stderr, "rank %d: %s\n", c->rank, c->err.msg);
+        return RANK_FAILED;
+    }
+    int rc = 0;
+    if (c->rank == 0) {
+        rec out;
+        int32_t ids[N_PROMPT];
+        prompt_ids(exo_model_vocab(c->m), ids);
+        exo_gen_params p = params();
+        exo_gen_stats st;
+        memset(&out, 0, sizeof out);
+        rc = exo_generate_with(exo_dist_stepper(c->d), ids, N_PROMPT, &p, on_token, &out, &st, &c->err);
+        if (rc)
+            fprintf(stderr, "rank 0: %s\n", c->err.msg);
+        else if (write(out_fd, &out, sizeof out) != (ssize_t)sizeof out)
+            rc = 1;
+    } else {
+        for (;;) {
+            exo_ring_msg m;
+            exo_err e = {0};
+            if (exo_ring_recv(c->ring, &m, -1, &e))
+                break; /* closed: done */
+            if ((rc = exo_dist_serve(c->d, &m, &c->err)))
+                break;
+        }
+    }
+    bool on_gpus = exo_model_sums_on_gpus(c->m);
+    leave(c);
+    return rc ? RANK_FAILED : on_gpus ? RANK_OK : RANK_ON_HOST;
+}
+
+static void split_run_procs(const char *dir, int world, rec *out)
+{
+    rank_ctx ctx[MAX_RANKS];
+    int ports[MAX_RANKS], pipe_fd[2];
+    memset(ctx, 0, sizeof ctx);
+    exo_err err = {0};
+    for (int i = 0; i < world; i++)
+        cr_assert_eq(exo_ring_listen(0, &ctx[i].listen_fd, &ports[i], &err), 0, "%s", err.msg);
+    cr_assert_eq(pipe(pipe_fd), 0);
+    setenv("NCCL_SOCKET_IFNAME", "lo", 0);
+    pid_t pid[MAX_RANKS];
+    for (int i = 0; i < world; i++) {
+        rank_ctx *c = &ctx[i];
+        c->dir = dir;
+        c->device = "cuda";
+        c->rank = i;
+        c->world = world;
+        c->tensor = true;
+        c->next_port = ports[(i + 1) % world];
+        memset(c->key, 0x5a, sizeof c->key);
+        fflush(NULL);
+        pid[i] = fork();
+        cr_assert(pid[i] >= 0, "fork failed");
+        if (pid[i] == 0) {
+            close(pipe_fd[0]);
+            _exit(run_rank(c, pipe_fd[1]));
+        }
+    }
+    close(pipe_fd[1]);
+    for (int i = 0; i < world; i++)
+        close(ctx[i].listen_fd);
+    memset(out, 0, sizeof *out);
+    ssize_t got = read(pipe_fd[0], out, sizeof *out);
+    close(pipe_fd[0]);
+    for (int i = 0; i < world; i++) {
+        int status = 0;
+        cr_assert_eq(waitpid(pid[i], &status, 0), pid[i]);
+        int code = WIFEXITED(status) ? WEXITSTATUS(status) : RANK_FAILED;
+        cr_assert(code != RANK_ON_HOST, "%s rank %d: summed on the host, the GPUs' group did not form", dir, i);
+        cr_assert(code == RANK_OK, "%s rank %d failed", dir, i);
+    }
+    cr_assert_eq(got, (ssize_t)sizeof *out, "%s: rank 0 sent no samples", dir);
+}
+
 /* Generates through the split and alone, both on `device`, and compares. */
+static void compare(const char *dir, int world, bool tensor, float tol, const rec *want_, const rec *got_);
+
 static void check_on(const char *dir, const char *device, int world, bool tensor, float tol)
 {
     rec want, got;
     reference(dir, device, &want);
     split_run_n(dir, device, world, tensor, 0, &got);
+    compare(dir, world, tensor, tol, &want, &got);
+}
+
+static void compare(const char *dir, int world, bool tensor, float tol, const rec *want_, const rec *got_)
+{
+    const rec want = *want_, got = *got_;
     cr_assert_eq(got.n, want.n, "%s: %d tokens, want %d", dir, got.n, want.n);
     for (int t = 0; t < want.n; t++) {
         const exo_sample *a = &want.s[t], *b = &got.s[t];
@@ -522,6 +621,9 @@ Test(dist, tensor_on_the_gpu, .fini = stories_teardown, .timeout = 240)
 {
     if (exo_backend_cuda_devices() <= 0)
         cr_skip_test("needs a GPU"); /* before the scratch model: a skipped test's .fini does not run */
+    /* ranks on threads of one process share one GPU: no NCCL group (see
+     * tensor_on_gpus_through_nccl); their sums go through the host */
+    setenv("EXO_TP_SUMS", "host", 1);
     stories_setup();
     check_on(stories, "cuda", 2, true, 2e-4f);
     check_on(stories, "cuda", 4, true, 2e-4f);
@@ -534,6 +636,37 @@ Test(dist, tensor_on_the_gpu, .fini = stories_teardown, .timeout = 240)
         snprintf(d, sizeof d, "tests/fixtures/%s", cases[i].dir);
         check_on(d, "cuda", 2, true, cases[i].tol);
         check_on(d, "cuda", 2, false, 0);
+    }
+}
+
+/* Whether this machine has a GPU, asked in a child process: a process
+ * that has touched the GPU cannot fork ranks that use it. */
+static bool gpu_in_child(void)
+{
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0)
+        _exit(exo_backend_cuda_devices() > 0 ? 0 : 1);
+    int status = 0;
+    return pid > 0 && waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+}
+
+/* Tensor parallel with the ranks' sums among their GPUs (NCCL): two
+ * processes, as two machines would be (split_run_procs), against the
+ * whole model on the GPU. */
+Test(dist, tensor_on_gpus_through_nccl, .timeout = 240)
+{
+    if (!gpu_in_child())
+        cr_skip_test("needs a GPU");
+    static const struct { const char *dir; float tol; } cases[] = {{"tests/fixtures/llama-bf16", 2e-4f},
+                                                                   {"tests/fixtures/qwen3-q4g64", 2e-2f}};
+    enum { N = sizeof cases / sizeof *cases };
+    rec got[N], want;
+    for (size_t i = 0; i < N; i++) /* every split first: forks must come before this process uses the GPU */
+        split_run_procs(cases[i].dir, 2, &got[i]);
+    for (size_t i = 0; i < N; i++) {
+        reference(cases[i].dir, "cuda", &want);
+        compare(cases[i].dir, 2, true, cases[i].tol, &want, &got[i]);
     }
 }
 

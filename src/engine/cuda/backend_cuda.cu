@@ -17,6 +17,7 @@
  * a KV head's keys as rows. Matrix products are in matmul.cu, Gated
  * DeltaNet in linear_attn.cu, attention in attention.cu. */
 #include "engine/cuda/cuda_internal.h"
+#include "engine/cuda/group.h"
 #include "engine/cuda/matmul.h"
 #include "engine/cuda/plugin.h"
 
@@ -101,6 +102,7 @@ typedef struct cuda_backend {
     size_t up_used;
     int up_half;
     cudaEvent_t up_done[2];
+    void *group; /* a tensor-parallel group's communicator (group.cu), or NULL */
     /* prefetch: weights read into L2 on a stream of their own */
     cudaStream_t side;
     cudaEvent_t side_fork, side_join;
@@ -235,6 +237,7 @@ static void cuda_free_backend(exo_backend *be)
     cuda_backend *c = cu(be);
     cudaSetDevice(c->device);
     cudaStreamSynchronize(c->stream);
+    exo_cuda_group_leave(c->group);
     if (c->side) {
         cudaStreamSynchronize(c->side);
         cudaStreamDestroy(c->side);
@@ -1245,6 +1248,39 @@ __global__ void __launch_bounds__(PICK_THREADS) argmax_kernel(const float *x, in
     }
 }
 
+static int cuda_group_new_id(exo_backend *be, uint8_t id[EXO_GROUP_ID_BYTES], exo_err *err)
+{
+    (void)be;
+    return exo_cuda_group_new_id(id, err);
+}
+
+static int cuda_group_join(exo_backend *be, const uint8_t id[EXO_GROUP_ID_BYTES], int world, int rank, int timeout_ms,
+                           exo_err *err)
+{
+    cuda_backend *c = cu(be);
+    if (c->group)
+        return exo_err_set(err, EXO_EINVAL, "cuda: this backend is in a group already");
+    cudaSetDevice(c->device);
+    return exo_cuda_group_join(&c->group, id, world, rank, timeout_ms, err);
+}
+
+static int cuda_group_allreduce(exo_backend *be, float *x, size_t n)
+{
+    cuda_backend *c = cu(be);
+    prof_scope prof(c, "group_allreduce");
+    if (!c->group)
+        return EXO_EINVAL;
+    return exo_cuda_group_allreduce(c->group, x, n, c->stream);
+}
+
+static void cuda_group_leave(exo_backend *be)
+{
+    cuda_backend *c = cu(be);
+    cudaStreamSynchronize(c->stream);
+    exo_cuda_group_leave(c->group);
+    c->group = NULL;
+}
+
 static int cuda_argmax(exo_backend *be, const float *x, int n, int32_t *id, float *logprob)
 {
     cuda_backend *c = cu(be);
@@ -1666,6 +1702,10 @@ static const exo_backend_ops cuda_ops = {
     .sync = cuda_sync,
     .step_begin = cuda_step_begin,
     .step_end = cuda_step_end,
+    .group_new_id = cuda_group_new_id,
+    .group_join = cuda_group_join,
+    .group_allreduce = cuda_group_allreduce,
+    .group_leave = cuda_group_leave,
     .matmul_fused = cuda_matmul_fused,
     .matmul_glu = cuda_matmul_glu,
     .prefetch = cuda_prefetch,
