@@ -893,7 +893,21 @@ void exo_gemv_dense_avx512(const exo_linear *w, int64_t r0, int64_t r1, int T, c
         for (int t = 0; t < T; t++) {
             float out[EXO_GEMV_ROWS];
             const float *xt = x + (int64_t)t * cols;
-            if (R == EXO_GEMV_ROWS) {
+            if (T == 1) {
+                /* one sequence: a row at a time, one stream read front to back
+                 * with the next row prefetched (llama-3.2-1b bf16 decode on a Zen 5
+                 * guest: 78-81% of the reads paired with its tokens as four rows'
+                 * streams, 83-97% so); a row's sums are the same bits either way */
+                for (int i = 0; i < R; i++) {
+                    const int64_t pf = cols * (int64_t)esz;
+                    if (dt == EXO_DTYPE_BF16)
+                        dense_rows(1, EXO_DTYPE_BF16, &wrow[i], xt, cols, pf, &out[i]);
+                    else if (dt == EXO_DTYPE_F16)
+                        dense_rows(1, EXO_DTYPE_F16, &wrow[i], xt, cols, pf, &out[i]);
+                    else
+                        dense_rows(1, EXO_DTYPE_F32, &wrow[i], xt, cols, pf, &out[i]);
+                }
+            } else if (R == EXO_GEMV_ROWS) {
                 int64_t pf = t == 0 ? EXO_GEMV_ROWS * cols * (int64_t)esz : 0;
                 if (dt == EXO_DTYPE_BF16)
                     dense_rows(EXO_GEMV_ROWS, EXO_DTYPE_BF16, wrow, xt, cols, pf, out);
