@@ -896,8 +896,8 @@ void exo_gemv_dense_avx512(const exo_linear *w, int64_t r0, int64_t r1, int T, c
             if (T == 1) {
                 /* one sequence: a row at a time, one stream read front to back
                  * with the next row prefetched (llama-3.2-1b bf16 decode on a Zen 5
-                 * guest: 78-81% of the reads paired with its tokens as four rows'
-                 * streams, 83-97% so); a row's sums are the same bits either way */
+                 * guest: 74-81% of the reads paired with its tokens as four rows'
+                 * streams, 82-97% so); a row's sums are the same bits either way */
                 for (int i = 0; i < R; i++) {
                     const int64_t pf = cols * (int64_t)esz;
                     if (dt == EXO_DTYPE_BF16)
