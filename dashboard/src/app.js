@@ -797,6 +797,7 @@ function runnerRow(r, modelId) {
     h('span', { class: 'rank', title: r.worldSize !== null ? `rank ${r.deviceRank} of ${r.worldSize}` : 'rank', text: r.deviceRank !== null ? `#${r.deviceRank}` : '#?' }),
     h('span', { class: 'runner-where' },
       h('span', { class: 'runner-node', text: r.nodeName }),
+      r.device ? h('span', { class: 'muted', title: 'the device this rank runs on', text: r.device }) : null,
       r.nodeGone ? h('span', { class: 'pill bad', title: 'this node has left the cluster', text: 'node gone' }) : null,
       h('span', { class: 'muted', text: formatLayers(r.startLayer, r.endLayer, r.nLayers) })),
     h('span', { class: `pill ${PHASE_PILL[r.status.phase] || ''}`, text: status }),

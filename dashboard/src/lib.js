@@ -626,7 +626,7 @@ export function buildNodesView(state, selfId, masterId = null) {
   for (const inst of Object.values(objOf(st.instances))) {
     const [, body] = unwrapTagged(inst);
     const sa = objOf(body.shardAssignments ?? body.shard_assignments);
-    for (const n of Object.keys(objOf(sa.nodeToRunner ?? sa.node_to_runner))) {
+    for (const n of shardNodes(sa).values()) {
       runnersPerNode.set(n, (runnersPerNode.get(n) || 0) + 1);
     }
   }
@@ -1008,19 +1008,34 @@ function taskStatusOf(task) {
 
 /**
  * An instance (tagged, as in the State or a placement preview) as
- * {kind, id, modelId, sharding, shards: [{runnerId, nodeId, nodeName,
+ * {kind, id, modelId, sharding, shards: [{runnerId, nodeId, device, nodeName,
  * nodeGone, shardKind, startLayer, endLayer, nLayers, deviceRank, worldSize,
  * status}]} with the shards by rank. names: nodeNames(); members: the
  * cluster's node ids (a shard on another node is nodeGone); runners: the
  * State's runners (statuses).
  */
+/*
+ * runner id -> node id of an instance's shardAssignments: each shard's own
+ * nodeId (a node with a rank per GPU holds several), else exo's
+ * nodeToRunner (one runner a node).
+ */
+function shardNodes(sa) {
+  const out = new Map();
+  for (const [n, r] of Object.entries(objOf(sa.nodeToRunner ?? sa.node_to_runner)))
+    if (typeof r === 'string') out.set(r, n);
+  for (const [r, tagged] of Object.entries(objOf(sa.runnerToShard ?? sa.runner_to_shard))) {
+    const [, shard] = unwrapTagged(tagged);
+    const n = strOf(shard && (shard.nodeId ?? shard.node_id));
+    if (n) out.set(r, n);
+  }
+  return out;
+}
+
 function parseInstance(inst, key, names, members, runners) {
   const [kind, body] = unwrapTagged(inst);
   const sa = objOf(body.shardAssignments ?? body.shard_assignments);
   const rts = objOf(sa.runnerToShard ?? sa.runner_to_shard);
-  const ntr = objOf(sa.nodeToRunner ?? sa.node_to_runner);
-  const nodeOfRunner = new Map();
-  for (const [n, r] of Object.entries(ntr)) if (typeof r === 'string') nodeOfRunner.set(r, n);
+  const nodeOfRunner = shardNodes(sa);
   const runnerIds = new Set([...Object.keys(rts), ...nodeOfRunner.keys()]);
   const shards = [...runnerIds].map((runnerId) => {
     const [shardTag, shard] = unwrapTagged(own(rts, runnerId));
@@ -1029,6 +1044,7 @@ function parseInstance(inst, key, names, members, runners) {
     return {
       runnerId,
       nodeId,
+      device: strOf(shard.device) || null,
       nodeName: nodeId ? names.get(nodeId) || shortId(nodeId) : '—',
       nodeGone: !!nodeId && !members.has(nodeId),
       shardKind: (shardTag && SHARD_KINDS[shardTag]) || shardTag || null,

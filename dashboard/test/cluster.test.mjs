@@ -500,6 +500,14 @@ test('buildInstancesView: the real instance; a shard on a node that left', () =>
   assert.equal(h.runners[0].runnerId, 'constructor');
   assert.equal(h.runners[0].status.label, 'Pending');
   assert.equal(h.runners[0].nodeName, 'x');
+  // a node with a rank per GPU: nodeToRunner names its first; the shards say where each runs
+  const duo = JSON.parse(`{"instances": {"i": {"MlxRingInstance": {"shardAssignments": {"modelId": "m",
+    "runnerToShard": {"r1": {"TensorShardMetadata": {"deviceRank": 1, "nodeId": "n", "device": "cuda:1"}},
+                      "r0": {"TensorShardMetadata": {"deviceRank": 0, "nodeId": "n", "device": "cuda:0"}}},
+    "nodeToRunner": {"n": "r0"}}}}}, "runners": {}, "nodeIdentities": {"n": {"friendlyName": "x"}}}`);
+  const [d] = buildInstancesView(duo);
+  assert.deepEqual(d.runners.map((r) => [r.runnerId, r.nodeId, r.device]), [['r0', 'n', 'cuda:0'], ['r1', 'n', 'cuda:1']]);
+  assert.equal(buildNodesView(duo, 'n').find((n) => n.id === 'n')?.runnerCount, 2);
 });
 
 // ---- placement previews ----------------------------------------------------------------

@@ -233,6 +233,7 @@ test('buildInstancesView: ready, loading over two nodes, failed; tasks', () => {
   assert.deepEqual(ready.runners, [{
     runnerId: '7f4c0f40-ea6b-4fc5-8f63-939a530654d5',
     nodeId: SELF,
+    device: null,
     nodeName: 'vm',
     nodeGone: false,
     shardKind: 'Pipeline',

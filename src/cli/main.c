@@ -3,6 +3,7 @@
 #include "cli/commands.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 int exo_cmd_run(int argc, char **argv);
@@ -44,6 +45,11 @@ static void usage(FILE *f)
 
 int main(int argc, char **argv)
 {
+    /* GPU numbers (cuda:N, a placement's devices) are nvidia-smi's and
+     * NVML's, the node info's source: PCI bus order, not CUDA's default
+     * fastest-first. Set before anything touches CUDA; a user's own choice
+     * stands. */
+    setenv("CUDA_DEVICE_ORDER", "PCI_BUS_ID", 0);
     if (argc >= 2 && (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help"))) {
         usage(stdout);
         return 0;

@@ -514,6 +514,23 @@ static int addr_validate(const exo_field *f, const void *v, exo_err *err)
 const exo_field_type exo_ft_addr = {"address", NULL, fixstr_pack, addr_unpack, addr_validate, NULL, NULL,
                                     fixstr_equal, fixstr_json, fixstr_empty, NULL, EXO_ADDR_MAX};
 
+/* device names (proto/types.h) */
+static int device_unpack(mobj *o, const exo_field *f, void *v, exo_err *err)
+{
+    int rc = fixstr_unpack(o, f, v, err, EXO_DEVICE_MAX);
+    if (rc == 0 && !exo_device_valid(v))
+        return exo_err_set(err, EXO_EFORMAT, "field %s: not one of auto, cpu, cuda, cuda:N", f->key);
+    return rc;
+}
+static int device_validate(const exo_field *f, const void *v, exo_err *err)
+{
+    if (strnlen(v, EXO_DEVICE_MAX) == EXO_DEVICE_MAX || !exo_device_valid(v))
+        return exo_err_set(err, EXO_EINVAL, "%s: not one of auto, cpu, cuda, cuda:N", f->key);
+    return 0;
+}
+const exo_field_type exo_ft_device = {"device", NULL, fixstr_pack, device_unpack, device_validate, NULL, NULL,
+                                      fixstr_equal, fixstr_json, fixstr_empty, NULL, EXO_DEVICE_MAX};
+
 /* bit sets of an enum, as an array of names */
 static void bitset_pack(msgpack_packer *pk, const exo_field *f, const void *v)
 {

@@ -128,6 +128,7 @@ extern const exo_field_type exo_ft_bool;     /* bool */
 extern const exo_field_type exo_ft_enum;     /* int in [0, en->count) */
 extern const exo_field_type exo_ft_time_ms;  /* int64_t Unix ms; JSON: RFC 3339 */
 extern const exo_field_type exo_ft_addr;     /* char[EXO_ADDR_MAX]: printable ASCII, no spaces */
+extern const exo_field_type exo_ft_device;   /* char[EXO_DEVICE_MAX]: a device name (proto/types.h) */
 extern const exo_field_type exo_ft_bitset;   /* uint32_t set of en's values; wire: array of names */
 extern const exo_field_type exo_ft_record;   /* an embedded struct described by sub */
 extern const exo_field_type exo_ft_array;    /* EXO_ARRAY of sub records, at most hi */

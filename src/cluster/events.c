@@ -58,7 +58,7 @@ static const exo_enum_desc runner_kind_enum = {runner_kind_name_i, exo_runner_st
 
 /* ---- instances ---------------------------------------------------------------
  * {instance_id, model_id, sharding, meta, shards: [{runner_id, node_id,
- *  device_rank, world_size, start_layer, end_layer, n_layers}]} */
+ *  device_rank, world_size, start_layer, end_layer, n_layers, device?}]} */
 
 static const exo_field shard_fields[] = {
     EXO_FIELD(exo_shard, runner_id, "runner_id", "runnerId", exo_ft_id),
@@ -68,6 +68,7 @@ static const exo_field shard_fields[] = {
     EXO_FIELD_RANGE(exo_shard, start_layer, "start_layer", "startLayer", exo_ft_i32, 0, INT32_MAX),
     EXO_FIELD_RANGE(exo_shard, end_layer, "end_layer", "endLayer", exo_ft_i32, 0, INT32_MAX),
     EXO_FIELD_RANGE(exo_shard, n_layers, "n_layers", "nLayers", exo_ft_i32, 0, INT32_MAX),
+    EXO_FIELD_OPT(exo_shard, device, "device", "device", exo_ft_device),
 };
 static const exo_record_desc shard_desc = EXO_RECORD("shard", exo_shard, shard_fields);
 
@@ -677,8 +678,15 @@ json_t *exo_instance_to_json(const exo_instance *inst)
         set_int(sj, "startLayer", s->start_layer);
         set_int(sj, "endLayer", s->end_layer);
         set_int(sj, "nLayers", s->n_layers);
+        /* ours: a node may hold several ranks (a GPU each), which exo's
+         * nodeToRunner, a node's one runner, cannot say; it names the
+         * node's first rank */
+        set_str(sj, "nodeId", s->node_id.s);
+        if (s->device[0])
+            set_str(sj, "device", s->device);
         json_object_set_new(r2s, s->runner_id.s, exo_json_tagged(shard_tag, sj));
-        set_str(n2r, s->node_id.s, s->runner_id.s);
+        if (!json_object_get(n2r, s->node_id.s))
+            set_str(n2r, s->node_id.s, s->runner_id.s);
     }
     json_t *sa = json_object();
     set_str(sa, "modelId", inst->model_id);
@@ -798,10 +806,10 @@ int exo_instance_from_json(const json_t *j, exo_instance *out, exo_err *err)
     if (!model || !exo_model_id_valid(model, strlen(model)))
         return exo_err_set(err, EXO_EINVAL, "instance: shardAssignments.modelId must be a model id");
     snprintf(out->model_id, sizeof out->model_id, "%s", model);
-    if (!json_is_object(r2s) || !json_is_object(n2r) || !json_object_size(r2s) ||
-        json_object_size(r2s) > EXO_MAX_SHARDS || json_object_size(n2r) != json_object_size(r2s))
-        return exo_err_set(err, EXO_EINVAL,
-                           "instance: runnerToShard and nodeToRunner must be non-empty objects of equal size");
+    if (!json_is_object(r2s) || !json_is_object(n2r) || !json_object_size(r2s) || !json_object_size(n2r) ||
+        json_object_size(r2s) > EXO_MAX_SHARDS || json_object_size(n2r) > json_object_size(r2s))
+        return exo_err_set(err, EXO_EINVAL, "instance: runnerToShard and nodeToRunner must be non-empty "
+                           "objects, nodeToRunner no larger");
     out->n_shards = json_object_size(r2s);
     out->shards = exo_calloc(out->n_shards, sizeof *out->shards);
     const char *rid;
@@ -827,14 +835,29 @@ int exo_instance_from_json(const json_t *j, exo_instance *out, exo_err *err)
             (rc = int_member(sb, "endLayer", "end_layer", &s->end_layer, err)) ||
             (rc = int_member(sb, "nLayers", "n_layers", &s->n_layers, err)))
             break;
+        json_t *dev = json_object_get(sb, "device");
+        if (dev && (!json_is_string(dev) || json_string_length(dev) >= sizeof s->device ||
+                    !exo_device_valid(json_string_value(dev)))) {
+            rc = exo_err_set(err, EXO_EINVAL, "instance: shard of runner %.64s: device is not one of auto, "
+                             "cpu, cuda, cuda:N", rid);
+            break;
+        }
+        if (dev)
+            snprintf(s->device, sizeof s->device, "%s", json_string_value(dev));
         const char *nid;
-        json_t *rv;
+        json_t *rv, *own = json_object_get(sb, "nodeId");
         bool found = false;
-        json_object_foreach(n2r, nid, rv) {
-            if (json_is_string(rv) && !strcmp(json_string_value(rv), rid)) {
-                if ((rc = exo_id_set(&s->node_id, nid, err)))
-                    break;
-                found = true;
+        if (own) { /* ours; exo's form has only nodeToRunner */
+            if (!json_is_string(own) || (rc = exo_id_set(&s->node_id, json_string_value(own), err)))
+                rc = rc ? rc : exo_err_set(err, EXO_EINVAL, "instance: shard of runner %.64s: bad nodeId", rid);
+            found = true;
+        } else {
+            json_object_foreach(n2r, nid, rv) {
+                if (json_is_string(rv) && !strcmp(json_string_value(rv), rid)) {
+                    if ((rc = exo_id_set(&s->node_id, nid, err)))
+                        break;
+                    found = true;
+                }
             }
         }
         if (!rc && !found)
@@ -842,6 +865,27 @@ int exo_instance_from_json(const json_t *j, exo_instance *out, exo_err *err)
         if (rc)
             break;
     }
+    /* nodeToRunner names, for every node of the instance, one of its runners */
+    const char *nid;
+    json_t *rv;
+    size_t nodes = 0;
+    for (size_t a = 0; !rc && a < i; a++) {
+        bool first = true;
+        for (size_t b = 0; b < a && first; b++)
+            first = !exo_id_eq(&out->shards[a].node_id, &out->shards[b].node_id);
+        nodes += first;
+    }
+    json_object_foreach(n2r, nid, rv) {
+        if (rc)
+            break;
+        bool ok = false;
+        for (size_t a = 0; a < i && json_is_string(rv); a++)
+            ok |= !strcmp(out->shards[a].node_id.s, nid) && !strcmp(out->shards[a].runner_id.s, json_string_value(rv));
+        if (!ok)
+            rc = exo_err_set(err, EXO_EINVAL, "instance: nodeToRunner: node %.64s is not that runner's node", nid);
+    }
+    if (!rc && nodes != json_object_size(n2r))
+        rc = exo_err_set(err, EXO_EINVAL, "instance: nodeToRunner must name every node of the instance once");
     if (!rc) {
         out->sharding = (exo_sharding)sharding;
         /* shards are ordered by rank, as exo_instance_validate expects */

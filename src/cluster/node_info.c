@@ -179,20 +179,45 @@ static void nvml_probe(void)
     nvml.ok = true;
 }
 
+/* The NVML indices of the GPUs this node's runners can open, in CUDA
+ * ordinal order: CUDA_VISIBLE_DEVICES when it lists indices (PCI bus
+ * order, which main() makes CUDA's), else all of them. Returns the count. */
+static unsigned int visible_gpus(unsigned int n, unsigned int *out)
+{
+    const char *v = getenv("CUDA_VISIBLE_DEVICES");
+    unsigned int k = 0;
+    if (!v)
+        goto all;
+    for (const char *p = v; *p && k < EXO_NODE_MAX_GPUS;) {
+        char *end;
+        long i = strtol(p, &end, 10);
+        if (end == p || (*end && *end != ','))
+            break; /* UUIDs, MIG names: not ours to map; CUDA stops at the first bad entry too */
+        if (i < 0 || (unsigned long)i >= n)
+            return k; /* CUDA ignores the rest of the list */
+        out[k++] = (unsigned int)i;
+        p = *end ? end + 1 : end;
+    }
+    if (k || !*v)
+        return k;
+all:
+    for (k = 0; k < n && k < EXO_NODE_MAX_GPUS; k++)
+        out[k] = k;
+    return k;
+}
+
 static void gather_gpus(exo_node_info *info)
 {
     pthread_once(&nvml_once, nvml_probe);
-    unsigned int n = 0;
-    if (!nvml.ok || nvml.count(&n) != 0 || n == 0)
+    unsigned int n = 0, nvml_index[EXO_NODE_MAX_GPUS];
+    if (!nvml.ok || nvml.count(&n) != 0 || n == 0 || !(n = visible_gpus(n, nvml_index)))
         return;
-    if (n > EXO_NODE_MAX_GPUS)
-        n = EXO_NODE_MAX_GPUS;
     info->gpus.v = exo_calloc(n, sizeof *info->gpus.v);
     for (unsigned int i = 0; i < n; i++) {
         void *dev;
         nvml_memory m = {0};
         exo_gpu_info *g = &info->gpus.v[info->gpus.n];
-        if (nvml.handle(i, &dev) != 0)
+        if (nvml.handle(nvml_index[i], &dev) != 0)
             continue;
         char name[96] = "";
         nvml.name(dev, name, sizeof name);

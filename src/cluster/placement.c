@@ -12,6 +12,11 @@
  * the sharding's rules and fit their layer shares. At most
  * MAX_CANDIDATES nodes take part (2^16 sets; a home cluster has a handful).
  *
+ * A candidate is a place for one rank: a node, or one GPU of a node with
+ * several (NCCL wants a GPU per rank; the node's memory is split evenly
+ * among its GPUs' ranks for the layers that spill to the CPU). Places on
+ * one node are linked by loopback.
+ *
  * When nothing fits, the error names the furthest any set got (memory, then
  * ring, then sharding rules, then per-node fit), which is the most useful
  * thing to tell a user. */
@@ -107,40 +112,67 @@ int exo_placement_pipeline_split(const exo_model_card *card, const uint64_t *wei
 
 /* ---- candidates and rings ------------------------------------------------------ */
 
+/* A place for one rank: a node, or one GPU of a node with several. */
+typedef struct place {
+    const exo_state_node *sn;
+    int                   gpu; /* index into sn->info.gpus, -1: the whole node, its first GPU if any */
+} place;
+
 typedef struct candidates {
-    const exo_state_node *node[MAX_CANDIDATES];
-    int                   n;
-    bool                  adj[MAX_CANDIDATES][MAX_CANDIDATES]; /* an edge i -> j */
-    int                   with_backend, with_model;            /* before the cap */
+    place node[MAX_CANDIDATES];
+    int   n;
+    bool  adj[MAX_CANDIDATES][MAX_CANDIDATES]; /* an edge i -> j */
+    int   with_backend, with_model;            /* nodes, before the cap */
 } candidates;
 
-/* The bytes of weights a node can hold for one rank: its available memory,
- * plus, where it has a GPU the runner uses (the first), that GPU's free
- * memory less what the model keeps back there for caches and activations
- * (exo_model_gpu_reserve): a runner puts the layers that fit on the GPU
- * and the rest on the CPU, whether it holds layers (pipeline) or a share
- * of every layer (tensor parallel). */
-static uint64_t gpu_room(const exo_node_info *info)
+/* A node whose runners can each take a GPU of their own. */
+static bool gpu_per_rank(const exo_node_info *info)
+{
+    return (info->backends & (1u << EXO_BACKEND_CUDA)) && info->gpus.n >= 2;
+}
+
+/* The GPU a rank of this place uses: its own, or the node's first. */
+static const exo_gpu_info *place_gpu(const exo_node_info *info, int gpu)
 {
     if (!(info->backends & (1u << EXO_BACKEND_CUDA)) || !info->gpus.n)
+        return NULL;
+    return &info->gpus.v[gpu >= 0 && (size_t)gpu < info->gpus.n ? (size_t)gpu : 0];
+}
+
+/* The GPU's free memory less what the model keeps back there for caches
+ * and activations (exo_model_gpu_reserve): a runner puts the layers that
+ * fit on the GPU and the rest on the CPU, whether it holds layers
+ * (pipeline) or a share of every layer (tensor parallel). */
+static uint64_t gpu_room(const exo_node_info *info, int gpu)
+{
+    const exo_gpu_info *g = place_gpu(info, gpu);
+    if (!g)
         return 0;
-    const exo_gpu_info *g = &info->gpus.v[0];
     uint64_t free_bytes = g->memory_total > g->memory_used ? g->memory_total - g->memory_used : 0;
     uint64_t keep = exo_model_gpu_reserve(g->memory_total);
     return free_bytes > keep ? free_bytes - keep : 0;
 }
 
-static uint64_t weight_memory(const exo_node_info *info)
+/* The node's memory for the layers a rank keeps on the CPU: all of it, or
+ * a GPU's even share on a node with a rank per GPU. */
+static uint64_t ram_room(const exo_node_info *info, int gpu)
 {
-    return info->memory_available + gpu_room(info);
+    return gpu >= 0 && info->gpus.n ? info->memory_available / info->gpus.n : info->memory_available;
+}
+
+/* The bytes of weights one rank at this place can hold. */
+static uint64_t weight_memory(const place *p)
+{
+    return ram_room(&p->sn->info, p->gpu) + gpu_room(&p->sn->info, p->gpu);
 }
 
 /* Seconds one decode step of a rank spends reading `bytes` of weights:
  * what fits the GPU at the GPU's bandwidth, the rest at the node's memory
  * bandwidth (as the runner splits them); negative when unknown. */
-static double read_seconds(const exo_node_info *info, double bytes)
+static double read_seconds(const exo_node_info *info, int gpu, double bytes)
 {
-    double room = (double)gpu_room(info), gpu_bps = room > 0 ? (double)info->gpus.v[0].memory_read_bps : 0;
+    const exo_gpu_info *g = place_gpu(info, gpu);
+    double room = (double)gpu_room(info, gpu), gpu_bps = room > 0 ? (double)g->memory_read_bps : 0;
     double on_gpu = gpu_bps > 0 ? (bytes < room ? bytes : room) : 0, rest = bytes - on_gpu;
     if (rest > 0 && !info->mem_read_bps)
         return -1;
@@ -148,25 +180,31 @@ static double read_seconds(const exo_node_info *info, double bytes)
 }
 
 /* Ranking of candidates: nodes that already have the model on disk first
- * (no download before the model runs), then by the weights they can hold. */
+ * (no download before the model runs), then by the weights they can hold,
+ * then node id and GPU (deterministic). */
 static int by_memory_desc(const void *a, const void *b, void *model_id)
 {
-    const exo_state_node *x = *(const exo_state_node *const *)a, *y = *(const exo_state_node *const *)b;
-    bool hx = exo_node_info_model(&x->info, model_id) != NULL, hy = exo_node_info_model(&y->info, model_id) != NULL;
+    const place *x = a, *y = b;
+    bool hx = exo_node_info_model(&x->sn->info, model_id) != NULL,
+         hy = exo_node_info_model(&y->sn->info, model_id) != NULL;
     if (hx != hy)
         return hx ? -1 : 1;
-    uint64_t mx = weight_memory(&x->info),
-             my = weight_memory(&y->info);
+    uint64_t mx = weight_memory(x), my = weight_memory(y);
     if (mx != my)
         return mx > my ? -1 : 1;
-    return strcmp(x->node_id.s, y->node_id.s);
+    int c = strcmp(x->sn->node_id.s, y->sn->node_id.s);
+    return c ? c : x->gpu - y->gpu;
 }
 
 static void gather(const exo_state *st, const char *model_id, candidates *c)
 {
     memset(c, 0, sizeof *c);
-    size_t n_all = exo_state_node_count(st);
-    const exo_state_node **all = exo_calloc(n_all ? n_all : 1, sizeof *all);
+    size_t n_all = exo_state_node_count(st), cap = 0;
+    for (size_t i = 0; i < n_all; i++) {
+        const exo_node_info *info = &exo_state_node_at(st, i)->info;
+        cap += gpu_per_rank(info) ? info->gpus.n : 1;
+    }
+    place *all = exo_calloc(cap ? cap : 1, sizeof *all);
     int n = 0;
     for (size_t i = 0; i < n_all; i++) {
         const exo_state_node *sn = exo_state_node_at(st, i);
@@ -174,23 +212,28 @@ static void gather(const exo_state *st, const char *model_id, candidates *c)
             continue;
         c->with_backend++;
         c->with_model += exo_node_info_model(&sn->info, model_id) != NULL;
-        all[n++] = sn; /* nodes without the files download them */
+        /* nodes without the files download them */
+        if (!gpu_per_rank(&sn->info))
+            all[n++] = (place){sn, -1};
+        else
+            for (size_t g = 0; g < sn->info.gpus.n; g++)
+                all[n++] = (place){sn, (int)g};
     }
     qsort_r(all, (size_t)n, sizeof *all, by_memory_desc, (void *)model_id);
     c->n = n < MAX_CANDIDATES ? n : MAX_CANDIDATES;
     memcpy(c->node, all, (size_t)c->n * sizeof *all);
     exo_free(all);
+    for (int a = 0; a < c->n; a++)
+        for (int b = 0; b < c->n; b++)
+            if (a != b && c->node[a].sn == c->node[b].sn)
+                c->adj[a][b] = true; /* loopback */
     for (size_t e = 0; e < exo_state_edge_count(st); e++) {
         const exo_topology_edge *edge = exo_state_edge_at(st, e);
-        int a = -1, b = -1;
-        for (int i = 0; i < c->n; i++) {
-            if (exo_id_eq(&c->node[i]->node_id, &edge->source))
-                a = i;
-            if (exo_id_eq(&c->node[i]->node_id, &edge->sink))
-                b = i;
-        }
-        if (a >= 0 && b >= 0)
-            c->adj[a][b] = true;
+        for (int a = 0; a < c->n; a++)
+            for (int b = 0; b < c->n; b++)
+                if (exo_id_eq(&c->node[a].sn->node_id, &edge->source) &&
+                    exo_id_eq(&c->node[b].sn->node_id, &edge->sink))
+                    c->adj[a][b] = true;
     }
 }
 
@@ -240,8 +283,12 @@ static void node_list(const candidates *c, uint32_t mask, char *buf, size_t cap)
     size_t at = 0;
     buf[0] = 0;
     for (int i = 0; i < c->n && at + 1 < cap; i++)
-        if (mask & (1u << i))
-            at += (size_t)snprintf(buf + at, cap - at, "%s%s", at ? ", " : "", c->node[i]->node_id.s);
+        if (mask & (1u << i)) {
+            const place *p = &c->node[i];
+            at += (size_t)snprintf(buf + at, cap - at, "%s%s", at ? ", " : "", p->sn->node_id.s);
+            if (p->gpu >= 0 && at + 1 < cap)
+                at += (size_t)snprintf(buf + at, cap - at, " (GPU %d)", (int)p->sn->info.gpus.v[p->gpu].index);
+        }
 }
 
 /* Checks one set; on success fills starts (ring order) and returns true. */
@@ -253,7 +300,7 @@ static bool try_set(const candidates *c, const exo_placement_request *req, uint3
     uint64_t mem = 0;
     for (int i = 0; i < c->n; i++)
         if (mask & (1u << i))
-            mem += weight_memory(&c->node[i]->info);
+            mem += weight_memory(&c->node[i]);
     if (mem > a->best_memory)
         a->best_memory = mem;
     if (mem < card->storage_bytes) {
@@ -294,7 +341,7 @@ static bool try_set(const candidates *c, const exo_placement_request *req, uint3
     }
     uint64_t weights[MAX_CANDIDATES];
     for (int i = 0; i < k; i++)
-        weights[i] = weight_memory(&c->node[order[i]]->info);
+        weights[i] = weight_memory(&c->node[order[i]]);
     if (sharding == EXO_SHARDING_PIPELINE) {
         if (exo_placement_pipeline_split(card, weights, k, starts, &why) < 0) {
             note(a, STAGE_RULES, &why);
@@ -309,11 +356,14 @@ static bool try_set(const candidates *c, const exo_placement_request *req, uint3
         uint64_t share = sharding == EXO_SHARDING_PIPELINE
                              ? (uint64_t)((long double)card->storage_bytes * (hi - lo) / card->n_layers)
                              : card->storage_bytes / (uint64_t)k;
-        const exo_state_node *sn = c->node[order[i]];
-        uint64_t room = weight_memory(&sn->info);
+        const place *p = &c->node[order[i]];
+        uint64_t room = weight_memory(p);
         if (share > room) {
-            exo_err_set(&why, EXO_EINVAL, "node %s cannot hold layers %d-%d of %s: needs %.0f MiB, has %.0f MiB",
-                        sn->node_id.s, lo, hi, card->model_id, share / MIB, room / MIB);
+            char where[32] = "";
+            if (p->gpu >= 0)
+                snprintf(where, sizeof where, " (GPU %d)", (int)p->sn->info.gpus.v[p->gpu].index);
+            exo_err_set(&why, EXO_EINVAL, "node %s%s cannot hold layers %d-%d of %s: needs %.0f MiB, has %.0f MiB",
+                        p->sn->node_id.s, where, lo, hi, card->model_id, share / MIB, room / MIB);
             note(a, STAGE_FIT, &why);
             return false;
         }
@@ -323,9 +373,19 @@ static bool try_set(const candidates *c, const exo_placement_request *req, uint3
 
 /* ---- speed --------------------------------------------------------------------------- */
 
+/* What a ring link between two ranks of one node is taken to be: the
+ * host ring's loopback (NCCL between GPUs is faster still). */
+#define LOOPBACK_RTT_S 20e-6
+#define LOOPBACK_BPS   10e9
+
 /* The best measured link from a to b: round trip (s) and bandwidth (bytes/s). */
 static bool link_of(const exo_state *st, const exo_id *a, const exo_id *b, double *rtt, double *bps)
 {
+    if (exo_id_eq(a, b)) {
+        *rtt = LOOPBACK_RTT_S;
+        *bps = LOOPBACK_BPS;
+        return true;
+    }
     bool found = false;
     for (size_t i = 0; i < exo_state_edge_count(st); i++) {
         const exo_topology_edge *e = exo_state_edge_at(st, i);
@@ -341,6 +401,19 @@ static bool link_of(const exo_state *st, const exo_id *a, const exo_id *b, doubl
         }
     }
     return found;
+}
+
+/* The place of a shard: the node's GPU its device names on a node with a
+ * rank per GPU, else the whole node. */
+static int shard_gpu(const exo_node_info *info, const exo_shard *s)
+{
+    int ordinal = exo_device_gpu(s->device);
+    if (!gpu_per_rank(info) || ordinal < 0)
+        return -1;
+    for (size_t g = 0; g < info->gpus.n; g++)
+        if (info->gpus.v[g].index == ordinal)
+            return (int)g;
+    return -1;
 }
 
 double exo_placement_predict(const exo_state *st, const exo_instance *inst, const exo_model_card *card)
@@ -362,7 +435,7 @@ double exo_placement_predict(const exo_state *st, const exo_instance *inst, cons
             double head = head_bytes(card), rest = bytes > head ? bytes - head : bytes;
             share = rest * (s->end_layer - s->start_layer) / card->n_layers + (i + 1 == k ? head : 0);
         }
-        double t = read_seconds(&sn->info, share);
+        double t = read_seconds(&sn->info, shard_gpu(&sn->info, s), share);
         if (t < 0)
             return 0;
         if (inst->sharding == EXO_SHARDING_TENSOR && k > 1)
@@ -400,8 +473,11 @@ static void build(const candidates *c, const exo_placement_request *req, int k, 
     out->shards = exo_calloc((size_t)k, sizeof *out->shards);
     for (int i = 0; i < k; i++) {
         exo_shard *s = &out->shards[i];
+        const place *p = &c->node[order[i]];
         exo_id_new(&s->runner_id);
-        s->node_id = c->node[order[i]]->node_id;
+        s->node_id = p->sn->node_id;
+        if (p->gpu >= 0)
+            snprintf(s->device, sizeof s->device, "cuda:%d", (int)p->sn->info.gpus.v[p->gpu].index);
         s->device_rank = i;
         s->world_size = k;
         s->n_layers = card->n_layers;
@@ -425,9 +501,9 @@ int exo_placement_place(const exo_state *st, const exo_placement_request *req, e
     int lo = req->exact_nodes > 0 ? req->exact_nodes : min_nodes;
     int hi = req->exact_nodes > 0 ? req->exact_nodes : c.n;
     if (lo > c.n)
-        return exo_err_set(err, EXO_EINVAL, "%s %d but the cluster has %d node%s with a compute backend",
+        return exo_err_set(err, EXO_EINVAL, "%s %d but the cluster has %d node%s with a compute backend%s",
                            req->exact_nodes > 0 ? "the node count asked for is" : "min_nodes is", lo, c.n,
-                           c.n == 1 ? "" : "s");
+                           c.n == 1 ? "" : "s", c.n > c.with_backend ? " (counting each GPU of a node with several)" : "");
     attempt a = {0};
     /* with every node's speed known and no node count asked for, the
      * fastest predicted set of any size wins; otherwise the smallest set
@@ -435,7 +511,7 @@ int exo_placement_place(const exo_state *st, const exo_placement_request *req, e
      * more only when fewer cannot hold the model) */
     bool predictable = min_nodes <= 1 && req->exact_nodes <= 0;
     for (int i = 0; i < c.n; i++)
-        predictable &= c.node[i]->info.mem_read_bps > 0;
+        predictable &= c.node[i].sn->info.mem_read_bps > 0;
     exo_instance fastest = {0};
     double fastest_tps = 0;
     for (int k = lo; k <= hi; k++) {
@@ -454,8 +530,8 @@ int exo_placement_place(const exo_state *st, const exo_placement_request *req, e
             int have = 0; /* nodes that need no download */
             for (int i = 0; i < c.n; i++)
                 if (mask & (1u << i)) {
-                    mem += weight_memory(&c.node[i]->info);
-                    have += exo_node_info_model(&c.node[i]->info, card->model_id) != NULL;
+                    mem += weight_memory(&c.node[i]);
+                    have += exo_node_info_model(&c.node[i].sn->info, card->model_id) != NULL;
                 }
             /* among sets of one size: those with the model on disk, then the
              * fastest predicted (a node with a GPU over one without), then
@@ -551,6 +627,8 @@ void exo_placement_previews(const exo_state *st, const exo_model_card *card, jso
                                                     (s->end_layer - s->start_layer) / card->n_layers);
                         if (inst.sharding == EXO_SHARDING_TENSOR)
                             bytes = card->storage_bytes / inst.n_shards;
+                        json_t *had = json_object_get(delta, s->node_id.s); /* a rank per GPU */
+                        bytes += had ? (uint64_t)json_integer_value(had) : 0;
                         json_object_set_new(delta, s->node_id.s, json_integer((json_int_t)bytes));
                     }
                     json_object_set_new(p, "instance", exo_instance_to_json(&inst));

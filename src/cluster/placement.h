@@ -1,7 +1,10 @@
 /* Placement: which nodes run a model, in which ring order, and which
  * layers each one holds (exo-reference §2.5, exo's place_instance).
  *
- *   - candidates are the nodes the State knows that have a compute backend;
+ *   - candidates are the nodes the State knows that have a compute backend,
+ *     a node with several GPUs once per GPU (a rank each, named by the
+ *     shard's device; its places share the node's memory evenly and link
+ *     over loopback); "nodes" below means such places;
  *     among sets of one size, those with more nodes that already have the
  *     model on disk win (the others download their shard first), then
  *     the one with the most available memory;

@@ -107,10 +107,21 @@ bool exo_instance_equal(const exo_instance *a, const exo_instance *b)
         if (!exo_id_eq(&x->runner_id, &y->runner_id) || !exo_id_eq(&x->node_id, &y->node_id) ||
             x->device_rank != y->device_rank || x->world_size != y->world_size ||
             x->start_layer != y->start_layer || x->end_layer != y->end_layer ||
-            x->n_layers != y->n_layers)
+            x->n_layers != y->n_layers || strcmp(x->device, y->device))
             return false;
     }
     return true;
+}
+
+/* Two ranks on one node must say where each runs, and never on one GPU
+ * (NCCL takes a GPU per rank, and two processes on one GPU take turns). */
+static bool shards_can_share_node(const exo_shard *a, const exo_shard *b)
+{
+    const char *x = a->device, *y = b->device;
+    if (!*x || !*y || !strcmp(x, "auto") || !strcmp(y, "auto"))
+        return false;
+    int gx = exo_device_gpu(x), gy = exo_device_gpu(y);
+    return gx < 0 || gy < 0 || gx != gy;
 }
 
 int exo_instance_validate(const exo_instance *inst, exo_err *err)
@@ -138,11 +149,18 @@ int exo_instance_validate(const exo_instance *inst, exo_err *err)
             return exo_err_set(err, EXO_EINVAL, "instance %s: shard %zu layers [%d, %d) of %d",
                                inst->instance_id.s, i, (int)s->start_layer, (int)s->end_layer,
                                (int)s->n_layers);
+        if (strnlen(s->device, sizeof s->device) == sizeof s->device || !exo_device_valid(s->device))
+            return exo_err_set(err, EXO_EINVAL, "instance %s: shard %zu: device is not one of auto, cpu, "
+                               "cuda, cuda:N", inst->instance_id.s, i);
         for (size_t j = 0; j < i; j++) {
-            if (exo_id_eq(&s->runner_id, &inst->shards[j].runner_id) ||
-                exo_id_eq(&s->node_id, &inst->shards[j].node_id))
-                return exo_err_set(err, EXO_EINVAL, "instance %s: shards %zu and %zu share a runner or node",
+            const exo_shard *o = &inst->shards[j];
+            if (exo_id_eq(&s->runner_id, &o->runner_id))
+                return exo_err_set(err, EXO_EINVAL, "instance %s: shards %zu and %zu share a runner",
                                    inst->instance_id.s, j, i);
+            if (exo_id_eq(&s->node_id, &o->node_id) && !shards_can_share_node(o, s))
+                return exo_err_set(err, EXO_EINVAL, "instance %s: shards %zu and %zu share node %s without "
+                                   "a device each (cpu, or a GPU of its own)", inst->instance_id.s, j, i,
+                                   s->node_id.s);
         }
     }
     return 0;

@@ -99,13 +99,16 @@ int exo_backend_parse(const char *s, size_t len);
 /* ---- instances ------------------------------------------------------------
  * One shard per runner; shards[i].device_rank == i, world_size == n_shards,
  * layers are the half-open range [start_layer, end_layer) of n_layers.
- * A runner id and a node id appear at most once per instance, so node ->
- * runner is a function (exo's node_to_runner). */
+ * A runner id appears once per instance; a node holds several of its
+ * shards only when each names its device and no GPU twice (a rank per GPU
+ * of a node with several; "cpu" may repeat), so exo's node_to_runner, a
+ * function, names a node's first rank. */
 typedef struct exo_shard {
     exo_id  runner_id;
     exo_id  node_id;
     int32_t device_rank, world_size;
     int32_t start_layer, end_layer, n_layers;
+    char    device[EXO_DEVICE_MAX]; /* proto/types.h device name; "": the node's default */
 } exo_shard;
 
 typedef struct exo_instance {
@@ -122,7 +125,7 @@ void exo_instance_clear(exo_instance *inst);
 bool exo_instance_equal(const exo_instance *a, const exo_instance *b);
 /* Checks the invariants above; EXO_EINVAL with the reason otherwise. */
 int  exo_instance_validate(const exo_instance *inst, exo_err *err);
-/* The shard of a runner / of a node, or NULL. */
+/* The shard of a runner / a node's first shard (lowest rank), or NULL. */
 const exo_shard *exo_instance_shard_of_runner(const exo_instance *inst, const exo_id *runner_id);
 const exo_shard *exo_instance_shard_of_node(const exo_instance *inst, const exo_id *node_id);
 
@@ -211,7 +214,7 @@ const char *exo_iface_kind_name(exo_iface_kind k);
 int exo_iface_kind_parse(const char *s, size_t len);
 
 typedef struct exo_gpu_info {
-    int32_t  index;                  /* the driver's device index */
+    int32_t  index;                  /* the CUDA ordinal a runner opens (cuda:N) */
     char     name[EXO_NAME_MAX];     /* "NVIDIA H200" */
     uint64_t memory_total;           /* bytes */
     uint64_t memory_used;            /* bytes */

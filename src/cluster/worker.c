@@ -19,6 +19,7 @@
 #include <sodium.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 typedef struct forwarded {
     exo_id            task_id, command_id;
@@ -315,6 +316,14 @@ void exo_worker_ring_key(const uint8_t cluster_key[32], const exo_id *instance_i
     sodium_memzero(key, sizeof key);
 }
 
+static int ranks_on_node(const exo_instance *inst, const exo_id *node_id)
+{
+    int n = 0;
+    for (size_t i = 0; i < inst->n_shards; i++)
+        n += exo_id_eq(&inst->shards[i].node_id, node_id);
+    return n;
+}
+
 static void spawn(wrunner *r, const exo_instance *inst)
 {
     exo_worker *w = r->w;
@@ -346,6 +355,13 @@ static void spawn(wrunner *r, const exo_instance *inst)
     exo_supervisor_callbacks cb = {r, on_status, on_chunk, on_done};
     exo_runner_load load = {.model_dir = model_dir, .n_threads = cfg->runner_threads,
                             .ctx = cfg->runner_ctx, .warmup_tokens = cfg->warmup_tokens, .world = 1};
+    if (sh)
+        snprintf(load.device, sizeof load.device, "%s", sh->device);
+    int here = sh ? ranks_on_node(inst, &cfg->node_id) : 1;
+    if (here > 1 && load.n_threads <= 0) { /* ranks of one node share its cores */
+        long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+        load.n_threads = cpus >= 2 * here ? (int)(cpus / here) : 1;
+    }
     if (sh && inst->n_shards > 1) {
         load.rank = sh->device_rank;
         load.world = sh->world_size;
@@ -449,7 +465,9 @@ static void connect_ring(wrunner *r, const exo_state *st, const exo_instance *in
         return;
     char host[64] = "";
     int64_t best = -1;
-    for (size_t i = 0; i < exo_state_edge_count(st); i++) {
+    if (exo_id_eq(&next->node_id, &r->w->cfg.node_id)) /* another rank of this node (a GPU each) */
+        snprintf(host, sizeof host, "127.0.0.1");
+    for (size_t i = 0; i < exo_state_edge_count(st) && !host[0]; i++) {
         const exo_topology_edge *e = exo_state_edge_at(st, i);
         char h[64];
         if (!exo_id_eq(&e->source, &r->w->cfg.node_id) || !exo_id_eq(&e->sink, &next->node_id) ||
@@ -542,17 +560,19 @@ void exo_worker_plan(exo_worker *w, const exo_state *st)
     /* records for this node's shards that are new */
     for (size_t i = 0; i < exo_state_instance_count(st); i++) {
         const exo_instance *inst = exo_state_instance_at(st, i);
-        const exo_shard *sh = exo_instance_shard_of_node(inst, &w->cfg.node_id);
-        if (!sh || find_runner(w, &sh->runner_id))
-            continue;
-        wrunner *r = exo_calloc(1, sizeof *r);
-        r->w = w;
-        r->runner_id = sh->runner_id;
-        r->instance_id = inst->instance_id;
-        snprintf(r->model_id, sizeof r->model_id, "%s", inst->model_id);
-        r->last = EXO_RUNNER__COUNT;
-        r->next = w->runners;
-        w->runners = r;
+        for (size_t k = 0; k < inst->n_shards; k++) { /* a node may hold several ranks, a GPU each */
+            const exo_shard *sh = &inst->shards[k];
+            if (!exo_id_eq(&sh->node_id, &w->cfg.node_id) || find_runner(w, &sh->runner_id))
+                continue;
+            wrunner *r = exo_calloc(1, sizeof *r);
+            r->w = w;
+            r->runner_id = sh->runner_id;
+            r->instance_id = inst->instance_id;
+            snprintf(r->model_id, sizeof r->model_id, "%s", inst->model_id);
+            r->last = EXO_RUNNER__COUNT;
+            r->next = w->runners;
+            w->runners = r;
+        }
     }
     for (wrunner **p = &w->runners; *p;) {
         wrunner *r = *p;

@@ -52,6 +52,7 @@
 #include "engine/router.h"
 #include "engine/safetensors.h"
 #include "proto/shard.h"
+#include "proto/types.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -1307,8 +1308,8 @@ static const char *device_name(const exo_model_opts *o)
 
 static int device_index(const exo_model_opts *o)
 {
-    const char *d = device_name(o);
-    return !strncmp(d, "cuda:", 5) ? atoi(d + 5) : 0;
+    int gpu = exo_device_gpu(device_name(o));
+    return gpu > 0 ? gpu : 0;
 }
 
 static int gpu_layers_wanted(const exo_model_opts *o)
@@ -1322,11 +1323,11 @@ static int gpu_layers_wanted(const exo_model_opts *o)
 static int open_gpu(exo_model *m, const exo_model_opts *o, exo_err *err)
 {
     const char *d = device_name(o);
-    bool named = !strncmp(d, "cuda", 4) && (!d[4] || d[4] == ':');
+    if (!exo_device_valid(d))
+        return exo_err_set(err, EXO_EINVAL, "device '%s' is not one of auto, cpu, cuda, cuda:N", d);
+    bool named = exo_device_gpu(d) >= 0;
     if (!strcmp(d, "cpu") || gpu_layers_wanted(o) < 0)
         return 0;
-    if (!named && strcmp(d, "auto"))
-        return exo_err_set(err, EXO_EINVAL, "device '%s' is not one of auto, cpu, cuda, cuda:N", d);
     if (!named && exo_backend_cuda_devices() == 0)
         return 0;
     exo_err e = {0};

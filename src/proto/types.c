@@ -76,6 +76,28 @@ bool exo_model_id_valid(const char *s, size_t len)
     return true;
 }
 
+bool exo_device_valid(const char *s)
+{
+    if (!*s || !strcmp(s, "auto") || !strcmp(s, "cpu") || !strcmp(s, "cuda"))
+        return true;
+    if (strncmp(s, "cuda:", 5) || !s[5] || (s[5] == '0' && s[6]) || strlen(s) > 7)
+        return false;
+    int n = 0;
+    for (const char *c = s + 5; *c; c++) {
+        if (*c < '0' || *c > '9')
+            return false;
+        n = n * 10 + (*c - '0');
+    }
+    return n < EXO_DEVICE_GPU_MAX;
+}
+
+int exo_device_gpu(const char *s)
+{
+    if (!strcmp(s, "cuda"))
+        return 0;
+    return exo_device_valid(s) && !strncmp(s, "cuda:", 5) ? atoi(s + 5) : -1;
+}
+
 bool exo_text_utf8_valid(const char *str, size_t len)
 {
     const unsigned char *s = (const unsigned char *)str;

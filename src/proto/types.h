@@ -56,6 +56,18 @@ bool exo_model_id_valid(const char *s, size_t len);
 #define EXO_MESSAGE_MAX ((size_t)64 * 1024)
 #define EXO_PARAMS_MAX  ((size_t)8 * 1024 * 1024)
 
+/* Device names, where a runner puts its layers: "" or "auto" (a GPU when
+ * the node has one, else the CPU), "cpu", "cuda" (the first GPU) or
+ * "cuda:N" (N a CUDA ordinal below EXO_DEVICE_GPU_MAX, no sign or leading
+ * zero). The placement names the GPU of each rank on a node with several;
+ * one rank a GPU, as NCCL wants. */
+#define EXO_DEVICE_MAX     16
+#define EXO_DEVICE_GPU_MAX 64
+bool exo_device_valid(const char *s);
+/* The GPU a valid device name names: N for "cuda:N", 0 for "cuda", -1 for
+ * the others. */
+int  exo_device_gpu(const char *s);
+
 /* True if s[0..len) is well-formed UTF-8 with no NUL byte. */
 bool exo_text_utf8_valid(const char *s, size_t len);
 

@@ -95,6 +95,13 @@ int exo_runner_msg_encode(const exo_runner_msg *m, exo_sbuf *out, exo_err *err)
         json_object_set_new(j, "n_threads", json_integer(m->load.n_threads));
         json_object_set_new(j, "ctx", json_integer(m->load.ctx));
         json_object_set_new(j, "warmup_tokens", json_integer(m->load.warmup_tokens));
+        if (m->load.device[0]) {
+            if (!exo_device_valid(m->load.device)) {
+                rc = exo_err_set(err, EXO_EINVAL, "LoadModel: bad device");
+                break;
+            }
+            json_object_set_new(j, "device", json_string(m->load.device));
+        }
         if (m->load.world > 1) {
             const exo_runner_load *l = &m->load;
             if (l->rank < 0 || l->rank >= l->world || strlen(l->ring_key) != 64) {
@@ -313,7 +320,7 @@ int exo_runner_msg_decode(const char *payload, size_t len, exo_runner_msg *out, 
     switch (out->kind) {
     case EXO_RMSG_LOAD_MODEL: {
         static const char *const k[] = {"type", "model_dir", "n_threads", "ctx", "warmup_tokens",
-                                        "shard", NULL};
+                                        "device", "shard", NULL};
         TRY(exo_ju_only_keys(j, k, "LoadModel", err));
         const char *dir = NULL;
         TRY(exo_ju_str(j, "model_dir", &dir, true, err));
@@ -326,6 +333,16 @@ int exo_runner_msg_decode(const char *payload, size_t len, exo_runner_msg *out, 
         TRY(get_int(j, "n_threads", -1, 4096, &out->load.n_threads, err));
         TRY(get_int(j, "ctx", 0, 1 << 24, &out->load.ctx, err));
         TRY(get_int(j, "warmup_tokens", 0, 4096, &out->load.warmup_tokens, err));
+        const char *device = NULL;
+        TRY(exo_ju_str(j, "device", &device, false, err));
+        if (device) {
+            if (strlen(device) >= sizeof out->load.device || !exo_device_valid(device) ||
+                strlen(device) != json_string_length(json_object_get(j, "device"))) {
+                rc = exo_err_set(err, EXO_EINVAL, "LoadModel: 'device' is not one of auto, cpu, cuda, cuda:N");
+                goto fail;
+            }
+            snprintf(out->load.device, sizeof out->load.device, "%s", device);
+        }
         json_t *sh = NULL;
         TRY(exo_ju_object(j, "shard", &sh, false, err));
         out->load.world = 1;

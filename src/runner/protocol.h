@@ -78,6 +78,7 @@ typedef struct exo_runner_load {
     int   n_threads;      /* <= 0: every online CPU */
     int   ctx;            /* KV capacity in tokens; 0: max_position_embeddings capped at 4096 */
     int   warmup_tokens;  /* greedy tokens generated to warm up; 0: none */
+    char  device[EXO_DEVICE_MAX]; /* proto/types.h device name; "": EXO_DEVICE or auto */
     /* The shard: rank of world; world 1 (or 0) is the whole model. */
     int   rank, world;
     int   start_layer, end_layer; /* pipeline: [start, end) */

@@ -778,7 +778,8 @@ static void do_load(runner *r)
     exo_config_free(&cfg);
     double t0 = exo_clock_seconds();
     load_progress lp = {r, 0};
-    exo_model_opts opts = {.n_threads = r->load.n_threads, .on_layer = on_layer, .on_layer_ctx = &lp};
+    exo_model_opts opts = {.n_threads = r->load.n_threads, .on_layer = on_layer, .on_layer_ctx = &lp,
+                           .device = r->load.device[0] ? r->load.device : NULL};
     bool tensor = split(r) && r->load.tensor;
     if (split(r) && !tensor) {
         opts.start_layer = r->load.start_layer;

@@ -89,7 +89,7 @@ async function readyInstance(node, accept = () => true, timeoutMs = 40000 * C.SL
     for (const id of Object.keys(st.instances)) {
       const inst = instanceOf(st, id);
       if (inst.shardAssignments.modelId !== MODEL || !accept(inst)) continue;
-      const runners = Object.values(inst.shardAssignments.nodeToRunner);
+      const runners = Object.keys(inst.shardAssignments.runnerToShard);
       if (runners.every((rid) => st.runners[rid] && 'RunnerReady' in st.runners[rid])) return { id, inst, st };
     }
     return false;
@@ -206,6 +206,42 @@ test('a model split across 3 nodes (pipeline) and 2 (tensor) answers as on one n
     const cached = again.usage.prompt_tokens_details.cached_tokens;
     assert.ok(cached >= 128, `tensor, prefix cache: reused ${cached} of ${again.usage.prompt_tokens}`);
     assert.equal(again.choices[0].message.content, first.choices[0].message.content, 'tensor, prefix cache');
+  });
+});
+
+// A node with a rank per GPU runs them side by side, each told its device,
+// joined by loopback; CI has no GPU, so the two ranks here name the CPU
+// (placement gives ranks of one node only to nodes with several GPUs;
+// tests/unit/test_cluster_master.c checks that).
+test('two tensor ranks on one node, a device each, answer as the whole model', T, async () => {
+  await withCluster(async (cl) => {
+    const a = await cl.start('a', { models });
+    const nodeId = await a.id();
+    await place(a, 'Pipeline', 1);
+    const single = {};
+    for (const p of PROMPTS) single[p] = await openaiText(a.base, p);
+    await deleteAll(a);
+
+    const shard = (rank, device) => ({ TensorShardMetadata: { modelCard: { modelId: MODEL }, deviceRank: rank,
+      worldSize: 2, startLayer: 0, endLayer: 5, nLayers: 5, nodeId, device } });
+    const instance = (devices) => {
+      const rids = devices.map(() => crypto.randomUUID());
+      return { MlxRingInstance: { instanceId: crypto.randomUUID(), sharding: 'Tensor', shardAssignments: {
+        modelId: MODEL, runnerToShard: Object.fromEntries(rids.map((r, i) => [r, shard(i, devices[i])])),
+        nodeToRunner: { [nodeId]: rids[0] } } } };
+    };
+    const twice = await C.postJson(a.base, '/instance', { instance: instance(['cuda:0', 'cuda:0']) });
+    assert.equal(twice.status, 400, twice.text);
+    assert.match(twice.text, /share node/);
+    const inst = instance(['cpu', 'cpu']);
+    const made = await C.postJson(a.base, '/instance', { instance: inst });
+    assert.equal(made.status, 200, made.text);
+    const id = inst.MlxRingInstance.instanceId;
+    const { inst: ready } = await readyInstance(a, (x) => x.instanceId === id);
+    const shards = Object.values(ready.shardAssignments.runnerToShard).map((x) => x.TensorShardMetadata);
+    assert.deepEqual(shards.map((x) => [x.nodeId, x.device]), [[nodeId, 'cpu'], [nodeId, 'cpu']]);
+    assert.equal((await runnerPids(a.daemon.proc.pid)).length, 2, 'a runner process per rank');
+    for (const p of PROMPTS) assert.equal(await openaiText(a.base, p), single[p], p);
   });
 });
 

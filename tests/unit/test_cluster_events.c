@@ -139,7 +139,64 @@ Test(cluster_events, json_instance_created)
     cr_assert_eq(json_integer_value(json_object_get(shard, "nLayers")), 24);
     cr_assert_str_eq(json_string_value(json_object_get(json_object_get(sa, "nodeToRunner"), "node-1")),
                      "runner-2-1");
+    cr_assert_str_eq(json_string_value(json_object_get(shard, "nodeId")), "node-1");
+    cr_assert_null(json_object_get(shard, "device"), "the node's default device is not written");
     json_decref(j);
+    exo_event_clear(&ev);
+}
+
+/* A node with a rank per GPU: nodeToRunner (exo's, a function) names the
+ * node's first rank; each shard says its node and device, and the JSON
+ * reads back to the same instance. exo's form (no nodeId in the shards)
+ * still reads; a nodeToRunner that disagrees with the shards does not. */
+Test(cluster_events, json_instance_with_ranks_sharing_a_node)
+{
+    exo_event ev;
+    fx_event(&ev, EXO_EVENT_INSTANCE_CREATED, 3); /* 4 tensor ranks on node-0, cuda:0..3 */
+    const exo_instance *want = &ev.u.instance_created.instance;
+    json_t *j = exo_instance_to_json(want);
+    json_t *sa = json_object_get(body_of(j, "MlxRingInstance"), "shardAssignments");
+    json_t *n2r = json_object_get(sa, "nodeToRunner");
+    cr_assert_eq(json_object_size(n2r), 1);
+    cr_assert_str_eq(json_string_value(json_object_get(n2r, "node-0")), "runner-3-0");
+    json_t *shard = body_of(json_object_get(json_object_get(sa, "runnerToShard"), "runner-3-2"), "TensorShardMetadata");
+    cr_assert_str_eq(json_string_value(json_object_get(shard, "device")), "cuda:2");
+    exo_instance back;
+    exo_err err = {0};
+    cr_assert_eq(exo_instance_from_json(j, &back, &err), 0, "%s", err.msg);
+    cr_assert(exo_instance_equal(&back, want));
+    exo_instance_clear(&back);
+
+    json_object_set_new(shard, "device", json_string("cuda:0")); /* GPU 0 twice */
+    cr_assert_eq(exo_instance_from_json(j, &back, &err), EXO_EINVAL);
+    cr_assert(strstr(err.msg, "share node"), "%s", err.msg);
+    json_object_set_new(shard, "device", json_string("cuda:x"));
+    cr_assert_eq(exo_instance_from_json(j, &back, &err), EXO_EINVAL);
+    cr_assert(strstr(err.msg, "device"), "%s", err.msg);
+    json_object_set_new(shard, "device", json_string("cuda:2"));
+    json_object_set_new(n2r, "node-0", json_string("runner-3-1")); /* any of the node's runners */
+    cr_assert_eq(exo_instance_from_json(j, &back, &err), 0, "%s", err.msg);
+    exo_instance_clear(&back);
+    json_object_set_new(n2r, "node-9", json_string("runner-3-1")); /* not that runner's node */
+    cr_assert_eq(exo_instance_from_json(j, &back, &err), EXO_EINVAL);
+    json_decref(j);
+
+    /* exo's form: the nodes only in nodeToRunner, which must name each */
+    exo_event two;
+    fx_event(&two, EXO_EVENT_INSTANCE_CREATED, 2);
+    j = exo_instance_to_json(&two.u.instance_created.instance);
+    sa = json_object_get(body_of(j, "MlxRingInstance"), "shardAssignments");
+    const char *rid;
+    json_t *v;
+    json_object_foreach(json_object_get(sa, "runnerToShard"), rid, v)
+        json_object_del(body_of(v, "PipelineShardMetadata"), "nodeId");
+    cr_assert_eq(exo_instance_from_json(j, &back, &err), 0, "%s", err.msg);
+    cr_assert(exo_instance_equal(&back, &two.u.instance_created.instance));
+    exo_instance_clear(&back);
+    json_object_del(json_object_get(sa, "nodeToRunner"), "node-2");
+    cr_assert_eq(exo_instance_from_json(j, &back, &err), EXO_EINVAL);
+    json_decref(j);
+    exo_event_clear(&two);
     exo_event_clear(&ev);
 }
 

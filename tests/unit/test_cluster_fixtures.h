@@ -32,6 +32,10 @@ static inline void fx_instance(exo_instance *inst, int id, const char *model, si
         exo_shard *s = &inst->shards[i];
         snprintf(s->runner_id.s, sizeof s->runner_id.s, "runner-%d-%zu", id, i);
         snprintf(s->node_id.s, sizeof s->node_id.s, "node-%zu", i);
+        if (id % 4 == 3 && n > 1) { /* every rank on one node, a GPU each */
+            snprintf(s->node_id.s, sizeof s->node_id.s, "node-0");
+            snprintf(s->device, sizeof s->device, "cuda:%d", (int)(i % EXO_DEVICE_GPU_MAX));
+        }
         s->device_rank = (int32_t)i;
         s->world_size = (int32_t)n;
         s->n_layers = 24;

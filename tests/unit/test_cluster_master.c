@@ -730,6 +730,117 @@ Test(placement, predicts_gpu_nodes_from_the_gpu_bandwidth)
     exo_state_free(st);
 }
 
+/* A node with `ram` available at `ram_bps` and n GPUs of `vram` each (1 GiB
+ * used) reading at `gpu_bps`, whose CUDA ordinals start at first_ordinal
+ * (CUDA_VISIBLE_DEVICES may hide the others). */
+static void add_gpus_node(exo_state *st, const char *id, uint64_t ram, uint64_t ram_bps, int n, int first_ordinal,
+                          uint64_t vram, uint64_t gpu_bps)
+{
+    exo_event ev;
+    exo_event_init(&ev, EXO_EVENT_NODE_GATHERED_INFO);
+    cr_assert_eq(exo_id_set(&ev.u.node_gathered_info.node_id, id, NULL), 0);
+    ev.u.node_gathered_info.when_ms = 1;
+    exo_node_info *in = &ev.u.node_gathered_info.info;
+    in->memory_total = 2 * ram;
+    in->memory_available = ram;
+    in->cpu_count = 16;
+    in->mem_read_bps = ram_bps;
+    snprintf(in->friendly_name, sizeof in->friendly_name, "%s", id);
+    in->backends = (1u << EXO_BACKEND_CPU) | (1u << EXO_BACKEND_CUDA);
+    in->gpus.n = (size_t)n;
+    in->gpus.v = exo_calloc((size_t)n, sizeof *in->gpus.v);
+    for (int i = 0; i < n; i++) {
+        in->gpus.v[i].index = first_ordinal + i;
+        in->gpus.v[i].memory_total = vram;
+        in->gpus.v[i].memory_used = GIB;
+        in->gpus.v[i].memory_read_bps = gpu_bps;
+    }
+    apply(st, &ev);
+    exo_event_clear(&ev);
+}
+
+/* A node with several GPUs is a place for a rank per GPU (NCCL wants one
+ * GPU a rank): its ranks need no edges between them (loopback), name their
+ * GPU by its CUDA ordinal, and share the node's memory evenly. A node with
+ * one GPU keeps the node's default device. */
+Test(placement, a_node_with_several_gpus_takes_a_rank_per_gpu)
+{
+    exo_state *st = exo_state_new();
+    /* 8 GiB of memory, two GPUs of 32 GiB at CUDA ordinals 2 and 3: a rank
+     * holds 28 GiB on its GPU (32 - 1 used - 2 kept back - 1) + 4 GiB */
+    add_gpus_node(st, "box", 8 * GIB, 50000000000ull, 2, 2, 32 * GIB, 4000000000000ull);
+    exo_model_card card = model(16, 40 * GIB); /* more than one GPU and all the memory hold */
+    exo_placement_request req = {&card, EXO_SHARDING_PIPELINE, EXO_INSTANCE_META_MLX_RING, 1, 0};
+    exo_instance inst;
+    exo_err err = {0};
+    cr_assert_eq(exo_placement_place(st, &req, &inst, &err), 0, "%s", err.msg);
+    cr_assert_eq(inst.n_shards, 2);
+    cr_assert_str_eq(inst.shards[0].node_id.s, "box");
+    cr_assert_str_eq(inst.shards[1].node_id.s, "box");
+    cr_assert(!strcmp(inst.shards[0].device, "cuda:2") || !strcmp(inst.shards[0].device, "cuda:3"),
+              "%s", inst.shards[0].device);
+    cr_assert_str_neq(inst.shards[0].device, inst.shards[1].device);
+    cr_assert_eq(exo_instance_validate(&inst, &err), 0, "%s", err.msg);
+    cr_assert_gt(exo_placement_predict(st, &inst, &card), 0, "loopback counts as a link");
+    exo_instance_clear(&inst);
+    /* 2 x 32 GiB is all it holds */
+    card.storage_bytes = 65 * GIB;
+    cr_assert_eq(exo_placement_place(st, &req, &inst, &err), EXO_EINVAL);
+
+    /* a model one GPU holds: a pipeline stays on one GPU; tensor parallel
+     * over both reads half each and is predicted faster, so it takes both */
+    card.storage_bytes = 16 * GIB;
+    cr_assert_eq(exo_placement_place(st, &req, &inst, &err), 0, "%s", err.msg);
+    cr_assert_eq(inst.n_shards, 1);
+    cr_assert_str_eq(inst.shards[0].device, "cuda:2");
+    double one = exo_placement_predict(st, &inst, &card);
+    cr_assert_float_eq(one, 4e12 / (16.0 * GIB), 1e-3);
+    exo_instance_clear(&inst);
+    req.sharding = EXO_SHARDING_TENSOR;
+    cr_assert_eq(exo_placement_place(st, &req, &inst, &err), 0, "%s", err.msg);
+    cr_assert_eq(inst.n_shards, 2);
+    cr_assert_eq(inst.sharding, EXO_SHARDING_TENSOR);
+    cr_assert_str_eq(inst.shards[0].device, "cuda:2");
+    cr_assert_str_eq(inst.shards[1].device, "cuda:3");
+    double two = exo_placement_predict(st, &inst, &card);
+    cr_assert(two > 1.2 * one && two < 2 * one, "%g vs %g", two, one);
+    exo_instance_clear(&inst);
+
+    /* min_nodes counts places: the two GPUs of one node are two */
+    req.min_nodes = 3;
+    cr_assert_eq(exo_placement_place(st, &req, &inst, &err), EXO_EINVAL);
+    cr_assert(strstr(err.msg, "counting each GPU"), "%s", err.msg);
+    exo_state_free(st);
+
+    /* one GPU: the node's default device, as before */
+    st = exo_state_new();
+    add_gpus_node(st, "one", 8 * GIB, 50000000000ull, 1, 0, 32 * GIB, 4000000000000ull);
+    req = (exo_placement_request){&card, EXO_SHARDING_PIPELINE, EXO_INSTANCE_META_MLX_RING, 1, 0};
+    cr_assert_eq(exo_placement_place(st, &req, &inst, &err), 0, "%s", err.msg);
+    cr_assert_eq(inst.n_shards, 1);
+    cr_assert_str_eq(inst.shards[0].device, "");
+    exo_instance_clear(&inst);
+
+    /* with another node: a ring through both GPUs of one node and the other
+     * node needs edges only between the nodes */
+    add_gpus_node(st, "duo", 8 * GIB, 50000000000ull, 2, 0, 32 * GIB, 4000000000000ull);
+    static const char *const ids[] = {"one", "duo"};
+    full_mesh(st, ids, 2);
+    card.storage_bytes = 80 * GIB; /* needs all three GPUs */
+    cr_assert_eq(exo_placement_place(st, &req, &inst, &err), 0, "%s", err.msg);
+    cr_assert_eq(inst.n_shards, 3);
+    int on_duo = 0;
+    for (size_t i = 0; i < inst.n_shards; i++) {
+        bool duo = !strcmp(inst.shards[i].node_id.s, "duo");
+        on_duo += duo;
+        cr_assert_str_eq(inst.shards[i].device, duo ? (strcmp(inst.shards[i].device, "cuda:0") ? "cuda:1" : "cuda:0") : "");
+    }
+    cr_assert_eq(on_duo, 2);
+    cr_assert_eq(exo_instance_validate(&inst, &err), 0, "%s", err.msg);
+    exo_instance_clear(&inst);
+    exo_state_free(st);
+}
+
 Test(placement, pipeline_split_counts_the_head_on_the_last_rank)
 {
     /* llama-3.2-1b q4: 16 layers, a 128256 x 2048 head (~148 MB of 695 MB,

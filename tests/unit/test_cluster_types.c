@@ -102,6 +102,23 @@ Test(cluster_types, instance_invariants)
     c.shards[1].device_rank = 1;
     c.shards[1].node_id = c.shards[0].node_id;  /* two runners on one node */
     cr_assert_eq(exo_instance_validate(&c, &err), EXO_EINVAL);
+    /* ... which may share it with a device each, never one GPU twice */
+    static const struct { const char *a, *b; bool ok; } pairs[] = {
+        {"cuda:0", "cuda:1", true}, {"cpu", "cpu", true},       {"cpu", "cuda:3", true},
+        {"cuda:0", "cuda:0", false}, {"cuda", "cuda:0", false}, {"", "cuda:1", false},
+        {"auto", "cuda:1", false},   {"", "", false},
+    };
+    for (size_t i = 0; i < sizeof pairs / sizeof *pairs; i++) {
+        snprintf(c.shards[0].device, sizeof c.shards[0].device, "%s", pairs[i].a);
+        snprintf(c.shards[1].device, sizeof c.shards[1].device, "%s", pairs[i].b);
+        cr_assert_eq(exo_instance_validate(&c, &err), pairs[i].ok ? 0 : EXO_EINVAL, "%s + %s: %s", pairs[i].a,
+                     pairs[i].b, err.msg);
+    }
+    cr_assert_eq(exo_instance_shard_of_node(&c, &c.shards[0].node_id), &c.shards[0], "a node's first rank");
+    snprintf(c.shards[1].device, sizeof c.shards[1].device, "gpu1");
+    cr_assert_eq(exo_instance_validate(&c, &err), EXO_EINVAL);
+    cr_assert(strstr(err.msg, "device"), "%s", err.msg);
+    c.shards[0].device[0] = c.shards[1].device[0] = 0;
     c.shards[1].node_id = node1;
     c.shards[1].start_layer = c.shards[1].end_layer;  /* empty range */
     cr_assert_eq(exo_instance_validate(&c, &err), EXO_EINVAL);
@@ -161,4 +178,20 @@ Test(cluster_types, runner_status_invariants)
     cr_assert_eq(exo_runner_status_validate(&st, &err), 0);
     st.prefill_server_port = 70000;
     cr_assert_eq(exo_runner_status_validate(&st, &err), EXO_EINVAL);
+}
+
+Test(cluster_types, device_names)
+{
+    static const char *const good[] = {"", "auto", "cpu", "cuda", "cuda:0", "cuda:7", "cuda:63"};
+    static const char *const bad[] = {"gpu", "CPU", "cuda:", "cuda:-1", "cuda:+1", "cuda:01", "cuda:64",
+                                      "cuda:1x", "cuda:99999999999", "cuda0", " cpu", "cuda:1 "};
+    for (size_t i = 0; i < sizeof good / sizeof *good; i++)
+        cr_assert(exo_device_valid(good[i]), "%s", good[i]);
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
+        cr_assert(!exo_device_valid(bad[i]), "%s", bad[i]);
+    cr_assert_eq(exo_device_gpu("cuda"), 0);
+    cr_assert_eq(exo_device_gpu("cuda:12"), 12);
+    cr_assert_eq(exo_device_gpu("cpu"), -1);
+    cr_assert_eq(exo_device_gpu(""), -1);
+    cr_assert_eq(exo_device_gpu("cuda:64"), -1);
 }

@@ -47,6 +47,11 @@ Test(runner_protocol, load_model_roundtrip)
     cr_assert_eq(o.load.n_threads, 2);
     cr_assert_eq(o.load.ctx, 8192);
     cr_assert_eq(o.load.warmup_tokens, 16);
+    cr_assert_str_eq(o.load.device, "");
+    exo_runner_msg_free(&o);
+    snprintf(m.load.device, sizeof m.load.device, "cuda:3");
+    roundtrip(&m, &o);
+    cr_assert_str_eq(o.load.device, "cuda:3");
     exo_runner_msg_free(&m);
     exo_runner_msg_free(&o);
 }
@@ -229,6 +234,9 @@ Test(runner_protocol, decode_rejects_malformed)
         "{\"type\":\"LoadModel\",\"model_dir\":\"\",\"n_threads\":1,\"ctx\":0,\"warmup_tokens\":0}",
         "{\"type\":\"LoadModel\",\"model_dir\":\"/m\",\"n_threads\":1,\"ctx\":0}",
         "{\"type\":\"LoadModel\",\"model_dir\":\"/m\",\"n_threads\":1.5,\"ctx\":0,\"warmup_tokens\":0}",
+        "{\"type\":\"LoadModel\",\"model_dir\":\"/m\",\"n_threads\":1,\"ctx\":0,\"warmup_tokens\":0,\"device\":\"gpu\"}",
+        "{\"type\":\"LoadModel\",\"model_dir\":\"/m\",\"n_threads\":1,\"ctx\":0,\"warmup_tokens\":0,\"device\":\"cuda:1\\u0000\"}",
+        "{\"type\":\"LoadModel\",\"model_dir\":\"/m\",\"n_threads\":1,\"ctx\":0,\"warmup_tokens\":0,\"device\":7}",
         "{\"type\":\"Generate\",\"command_id\":\"c\"}",
         "{\"type\":\"Generate\",\"command_id\":\"c\",\"request\":{\"model\":\"m\"}}",
         "{\"type\":\"Generate\",\"command_id\":\"c\",\"request\":{\"model\":\"m\",\"messages\":[],\"temperature\":-1}}",
