@@ -878,6 +878,19 @@ INLINE void dense_rows(int R, exo_dtype dt, const void *const *wrow, const float
         out[i] = _mm512_reduce_add_ps(_mm512_add_ps(acc[i], acc2[i]));
 }
 
+/* dense_rows with the type a constant in each branch, so every (rows,
+ * type) pair the callers name is compiled as its own kernel. */
+INLINE void dense_rows_typed(int R, exo_dtype dt, const void *const *wrow, const float *x, int64_t cols,
+                             int64_t pf_dist, float *out)
+{
+    if (dt == EXO_DTYPE_BF16)
+        dense_rows(R, EXO_DTYPE_BF16, wrow, x, cols, pf_dist, out);
+    else if (dt == EXO_DTYPE_F16)
+        dense_rows(R, EXO_DTYPE_F16, wrow, x, cols, pf_dist, out);
+    else
+        dense_rows(R, EXO_DTYPE_F32, wrow, x, cols, pf_dist, out);
+}
+
 void exo_gemv_dense_avx512(const exo_linear *w, int64_t r0, int64_t r1, int T, const float *x,
                            float *y, int64_t ldy)
 {
@@ -898,32 +911,14 @@ void exo_gemv_dense_avx512(const exo_linear *w, int64_t r0, int64_t r1, int T, c
                  * with the next row prefetched (llama-3.2-1b bf16 decode on a Zen 5
                  * guest: 74-81% of the reads paired with its tokens as four rows'
                  * streams, 82-97% so); a row's sums are the same bits either way */
-                for (int i = 0; i < R; i++) {
-                    const int64_t pf = cols * (int64_t)esz;
-                    if (dt == EXO_DTYPE_BF16)
-                        dense_rows(1, EXO_DTYPE_BF16, &wrow[i], xt, cols, pf, &out[i]);
-                    else if (dt == EXO_DTYPE_F16)
-                        dense_rows(1, EXO_DTYPE_F16, &wrow[i], xt, cols, pf, &out[i]);
-                    else
-                        dense_rows(1, EXO_DTYPE_F32, &wrow[i], xt, cols, pf, &out[i]);
-                }
+                for (int i = 0; i < R; i++)
+                    dense_rows_typed(1, dt, &wrow[i], xt, cols, cols * (int64_t)esz, &out[i]);
             } else if (R == EXO_GEMV_ROWS) {
                 int64_t pf = t == 0 ? EXO_GEMV_ROWS * cols * (int64_t)esz : 0;
-                if (dt == EXO_DTYPE_BF16)
-                    dense_rows(EXO_GEMV_ROWS, EXO_DTYPE_BF16, wrow, xt, cols, pf, out);
-                else if (dt == EXO_DTYPE_F16)
-                    dense_rows(EXO_GEMV_ROWS, EXO_DTYPE_F16, wrow, xt, cols, pf, out);
-                else
-                    dense_rows(EXO_GEMV_ROWS, EXO_DTYPE_F32, wrow, xt, cols, pf, out);
+                dense_rows_typed(EXO_GEMV_ROWS, dt, wrow, xt, cols, pf, out);
             } else {
-                for (int i = 0; i < R; i++) {
-                    if (dt == EXO_DTYPE_BF16)
-                        dense_rows(1, EXO_DTYPE_BF16, &wrow[i], xt, cols, 0, &out[i]);
-                    else if (dt == EXO_DTYPE_F16)
-                        dense_rows(1, EXO_DTYPE_F16, &wrow[i], xt, cols, 0, &out[i]);
-                    else
-                        dense_rows(1, EXO_DTYPE_F32, &wrow[i], xt, cols, 0, &out[i]);
-                }
+                for (int i = 0; i < R; i++)
+                    dense_rows_typed(1, dt, &wrow[i], xt, cols, 0, &out[i]);
             }
             for (int i = 0; i < R; i++)
                 y[(int64_t)t * ldy + r + i] = out[i];
