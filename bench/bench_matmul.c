@@ -235,15 +235,23 @@ static void run_avx2(void *p)
     exo_gemm_f32_avx2(a->M, a->N, a->K, a->x, a->wf, a->y, a->pool);
 }
 
+static void bench_rows(exo_cpu_matmul_ctx *ctx, int bits, int64_t rows, int64_t cols, int rounds, double peak,
+                       int panels);
+
 /* gpt-oss-20b experts: GEMV of both shapes, MXFP4 against affine q4 g32,
- * and the 512-token prefill GEMM through gate_up. */
-static void bench_mxfp4(exo_cpu_matmul_ctx *ctx, exo_pool *pool, exo_membw *probe, int rounds)
+ * in both layouts where the backend would load panels; batched rows of
+ * gate_up; and the 512-token prefill GEMM through gate_up. */
+static void bench_mxfp4(exo_cpu_matmul_ctx *ctx, exo_pool *pool, exo_membw *probe, int rounds, double peak,
+                        int panels)
 {
     static const int64_t shp[2][2] = {{5760, 2880}, {2880, 2880}};
-    for (int s = 0; s < 2; s++) {
-        bench_gemv(ctx, pool, probe, MXFP4, 32, shp[s][0], shp[s][1], rounds, 0);
-        bench_gemv(ctx, pool, probe, 4, 32, shp[s][0], shp[s][1], rounds, 0);
-    }
+    for (int s = 0; s < 2; s++)
+        for (int pl = 0; pl <= panels; pl++) {
+            bench_gemv(ctx, pool, probe, MXFP4, 32, shp[s][0], shp[s][1], rounds, pl);
+            bench_gemv(ctx, pool, probe, 4, 32, shp[s][0], shp[s][1], rounds, pl);
+        }
+    for (int pl = 0; pl <= panels; pl++)
+        bench_rows(ctx, MXFP4, shp[0][0], shp[0][1], rounds, peak, pl);
     const int M = 512, K = 2880, N = 5760;
     double flop = 2.0 * M * N * K;
     float *x = exo_malloc((size_t)M * K * sizeof(float)), *y = exo_malloc((size_t)M * N * sizeof(float));
@@ -348,7 +356,7 @@ int main(int argc, char **argv)
         rounds = 3;
     if (only_mxfp4 || only_rows) {
         if (only_mxfp4)
-            bench_mxfp4(ctx, pool, probe, rounds);
+            bench_mxfp4(ctx, pool, probe, rounds, peak, panels);
         for (int bits = 4; only_rows && bits <= 16; bits *= 2)
             for (int pl = 0; pl <= (bits <= 8 && panels); pl++)
                 bench_rows(ctx, bits, 2048, 8192, rounds, peak, pl);
@@ -366,7 +374,7 @@ int main(int argc, char **argv)
         bench_layers(ctx, pool, probe, 4, rounds, pl);
     for (int pl = 0; pl <= panels; pl++)
         bench_layers(ctx, pool, probe, 8, rounds, pl);
-    bench_mxfp4(ctx, pool, probe, rounds);
+    bench_mxfp4(ctx, pool, probe, rounds, peak, panels);
     exo_membw_free(probe);
     for (int bits = 4; bits <= 16; bits *= 2)
         for (int pl = 0; pl <= (bits <= 8 && panels); pl++)

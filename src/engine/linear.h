@@ -25,6 +25,7 @@
 
 #include "engine/dtype.h"
 
+#include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -46,6 +47,9 @@ typedef enum exo_wformat {
  *     8 bits: byte j = column oL + j; 4 bits: byte j = column oL + j in its
  *     low nibble and column oL + 4 + j in its high nibble;
  *   then the 16 rows' scales of group g (`dtype`), then their 16 biases.
+ * MXFP4 weights take the same layout with `dtype` EXO_DTYPE_U8 (G 32): the
+ * 4-bit codes are E2M1 values and the parameters are the 16 rows' E8M0
+ * scale bytes, no biases (exo_panels_mx).
  * scales and biases are NULL. A backend makes it at load time (quant.h,
  * exo_linear_to_panels) and never slices it: rows are not equal slices. */
 
@@ -55,6 +59,7 @@ typedef enum exo_wformat {
  *   AFFINE  scales/biases type (rows, cols*bits/32) u32   (rows, cols/G)     same    2-8   32/64/128
  *   MXFP4   EXO_DTYPE_U8       (rows, cols/2) bytes       (rows, cols/32) u8 NULL    4     32
  *   AFFINE_PANELS  as AFFINE   panels (above)             NULL               NULL    4, 8  32/64/128
+ *          (from MXFP4: U8)                                                      4     32
  * MXFP4 needs cols % 32 == 0; w and scales may have any alignment. */
 typedef struct exo_linear {
     exo_wformat format;
@@ -108,11 +113,15 @@ void exo_linear_part_bytes(const exo_linear *w, size_t *w_bytes, size_t *scales_
 /* Dequantizes/converts row r to f32 (cols values). */
 void exo_linear_row_f32(const exo_linear *w, int64_t r, float *out);
 
-/* Bytes of one group's block of an affine-panels weight (codes of 16 rows,
- * then their scales and biases). */
+/* Whether a panels weight holds MXFP4 codes and E8M0 scales (linear.h). */
+static inline bool exo_panels_mx(const exo_linear *w) { return w->dtype == EXO_DTYPE_U8; }
+
+/* Bytes of one group's block of a panels weight (codes of 16 rows, then
+ * their scales and biases, or their E8M0 scale bytes). */
 static inline size_t exo_panel_block_bytes(const exo_linear *w)
 {
-    return (size_t)w->group_size * 16u * (size_t)w->bits / 8u + 32u * exo_dtype_size(w->dtype);
+    return (size_t)w->group_size * 16u * (size_t)w->bits / 8u +
+           (exo_panels_mx(w) ? 16u : 32u * exo_dtype_size(w->dtype));
 }
 
 #endif

@@ -243,18 +243,19 @@ void exo_linear_row_f32(const exo_linear *w, int64_t r, float *out)
     int bits = w->bits, G = w->group_size;
     int64_t ng = cols / G;
     if (w->format == EXO_WFORMAT_AFFINE_PANELS) {
-        const size_t block = exo_panel_block_bytes(w), codes = block - 32 * exo_dtype_size(w->dtype);
+        const size_t block = exo_panel_block_bytes(w), codes = (size_t)(G * 16 * bits / 8);
         const int64_t lane = r % 16, per_word = 32 / bits;
+        const int mx = exo_panels_mx(w);
         const unsigned char *panel = (const unsigned char *)w->w + (size_t)(r / 16) * (size_t)ng * block;
         for (int64_t g = 0; g < ng; g++) {
             const unsigned char *b = panel + (size_t)g * block;
-            float s = exo_affine_param_f32(w->dtype, b + codes, lane);
-            float bi = exo_affine_param_f32(w->dtype, b + codes, 16 + lane);
+            float s = mx ? exo_e8m0_to_f32(b[codes + (size_t)lane]) : exo_affine_param_f32(w->dtype, b + codes, lane);
+            float bi = mx ? 0 : exo_affine_param_f32(w->dtype, b + codes, 16 + lane);
             for (int j = 0; j < G; j++) {
                 int64_t o = j / per_word, k = j % per_word;
                 unsigned byte = b[o * 64 + lane * 4 + (bits == 8 ? k : k % 4)];
                 unsigned q = bits == 8 ? byte : k < 4 ? byte & 15u : byte >> 4;
-                out[g * G + j] = s * (float)q + bi;
+                out[g * G + j] = mx ? exo_fp4_e2m1[q] * s : s * (float)q + bi;
             }
         }
         return;
@@ -275,17 +276,31 @@ void exo_linear_row_f32(const exo_linear *w, int64_t r, float *out)
 
 bool exo_linear_panels_ok(const exo_linear *w)
 {
-    return w->format == EXO_WFORMAT_AFFINE && (w->bits == 4 || w->bits == 8) && w->rows > 0 &&
-           w->rows % 16 == 0 && (w->group_size == 32 || w->group_size == 64 || w->group_size == 128) &&
-           w->cols > 0 && w->cols % w->group_size == 0 &&
-           (w->dtype == EXO_DTYPE_F32 || w->dtype == EXO_DTYPE_F16 || w->dtype == EXO_DTYPE_BF16) &&
-           w->pick_table == NULL;
+    if (w->rows <= 0 || w->rows % 16 || w->cols <= 0 || w->pick_table)
+        return false;
+    if (w->format == EXO_WFORMAT_MXFP4)
+        return w->cols % 32 == 0;
+    return w->format == EXO_WFORMAT_AFFINE && (w->bits == 4 || w->bits == 8) &&
+           (w->group_size == 32 || w->group_size == 64 || w->group_size == 128) && w->cols % w->group_size == 0 &&
+           (w->dtype == EXO_DTYPE_F32 || w->dtype == EXO_DTYPE_F16 || w->dtype == EXO_DTYPE_BF16);
+}
+
+/* The panels form of w (linear.h): MXFP4 keeps its U8 dtype, 4 bits, G 32. */
+static exo_linear panels_of(const exo_linear *w)
+{
+    exo_linear p = *w;
+    p.format = EXO_WFORMAT_AFFINE_PANELS;
+    if (w->format == EXO_WFORMAT_MXFP4) {
+        p.dtype = EXO_DTYPE_U8;
+        p.bits = 4;
+        p.group_size = 32;
+    }
+    return p;
 }
 
 size_t exo_linear_panels_bytes(const exo_linear *w)
 {
-    exo_linear p = *w;
-    p.format = EXO_WFORMAT_AFFINE_PANELS;
+    exo_linear p = panels_of(w);
     return exo_linear_bytes(&p);
 }
 
@@ -311,13 +326,13 @@ static void panels_share(void *ctx, int ith, int nth)
 {
     const panels_job *job = ctx;
     const exo_linear *w = job->w;
-    const int64_t ng = w->cols / w->group_size, G = w->group_size;
-    const size_t esz = exo_dtype_size(w->dtype);
-    const size_t row_bytes = (size_t)(w->cols * w->bits / 8);
-    exo_linear pw = *w;
-    pw.format = EXO_WFORMAT_AFFINE_PANELS;
-    const size_t block = exo_panel_block_bytes(&pw), codes = block - 32 * esz;
-    const int64_t words = G * w->bits / 32; /* 32-bit code words of a row's group: one lane word each */
+    const exo_linear pw = panels_of(w);
+    const int mx = exo_panels_mx(&pw);
+    const int64_t ng = pw.cols / pw.group_size, G = pw.group_size;
+    const size_t esz = exo_dtype_size(pw.dtype);
+    const size_t row_bytes = (size_t)(pw.cols * pw.bits / 8);
+    const size_t block = exo_panel_block_bytes(&pw), codes = (size_t)(G * 16 * pw.bits / 8);
+    const int64_t words = G * pw.bits / 32; /* 32-bit code words of a row's group: one lane word each */
     long p0, p1;
     exo_split_range((long)(w->rows / 16), 1, ith, nth, &p0, &p1);
     unsigned char *d = job->dst + (size_t)p0 * (size_t)ng * block;
@@ -329,10 +344,14 @@ static void panels_share(void *ctx, int ith, int nth)
                                            (size_t)(g * G * w->bits / 8);
                 for (int64_t o = 0; o < words; o++) {
                     uint32_t x;
-                    memcpy(&x, src + 4 * o, 4);
-                    if (w->bits == 4)
+                    memcpy(&x, src + 4 * o, 4); /* MXFP4's bytes pack two codes as 4-bit words do */
+                    if (pw.bits == 4)
                         x = q4_lane_word(x);
                     memcpy(d + o * 64 + i * 4, &x, 4);
+                }
+                if (mx) {
+                    d[codes + (size_t)i] = ((const uint8_t *)w->scales)[r * ng + g];
+                    continue;
                 }
                 const size_t at = (size_t)(r * ng + g) * esz;
                 memcpy(d + codes + (size_t)i * esz, (const unsigned char *)w->scales + at, esz);
@@ -347,8 +366,7 @@ void exo_linear_to_panels(const exo_linear *w, void *dst, exo_linear *out, exo_p
         exo_pool_run(pool, panels_share, &job);
     else
         panels_share(&job, 0, 1);
-    *out = *w;
-    out->format = EXO_WFORMAT_AFFINE_PANELS;
+    *out = panels_of(w);
     out->w = dst;
     out->scales = out->biases = NULL;
 }

@@ -886,17 +886,22 @@ Test(matmul, panels_same_values)
     cr_expect(!exo_linear_panels_ok(&tw.l), "3 bits");
     tweight_free(&tw);
     tweight_make(&tw, EXO_WFORMAT_MXFP4, EXO_DTYPE_U8, 16, 64, 4, 32);
-    cr_expect(!exo_linear_panels_ok(&tw.l), "MXFP4");
+    cr_expect(exo_linear_panels_ok(&tw.l), "MXFP4");
+    tw.l.rows = 8;
+    cr_expect(!exo_linear_panels_ok(&tw.l), "MXFP4, 8 rows");
     tweight_free(&tw);
 
     static const int Gs[] = {32, 64, 128};
     static const exo_dtype dts[] = {EXO_DTYPE_BF16, EXO_DTYPE_F16, EXO_DTYPE_F32};
-    for (int bits = 4; bits <= 8; bits += 4)
-        for (int gi = 0; gi < 3; gi++)
-            for (int di = 0; di < 3; di++) {
+    for (int bits = 4; bits <= 12; bits += 4) /* 12: MXFP4 (4-bit codes, G 32) */
+        for (int gi = 0; gi < (bits == 12 ? 1 : 3); gi++)
+            for (int di = 0; di < (bits == 12 ? 2 : 3); di++) {
                 const int G = Gs[gi];
                 const int64_t rows = 48, cols = di == 0 ? 2048 : 3 * G;
-                tweight_make(&tw, EXO_WFORMAT_AFFINE, dts[di], rows, cols, bits, G);
+                if (bits == 12)
+                    tweight_make(&tw, EXO_WFORMAT_MXFP4, EXO_DTYPE_U8, rows, cols, 4, 32);
+                else
+                    tweight_make(&tw, EXO_WFORMAT_AFFINE, dts[di], rows, cols, bits, G);
                 guarded mem = {0};
                 exo_linear p = panels_of(&tw.l, &mem);
                 { /* shared among threads: the same bytes */
@@ -923,8 +928,8 @@ Test(matmul, panels_same_values)
                     exo_dequant_panels_bf16t_avx512(&p, r0, r1, t);
                     for (int64_t r = 0; r < n; r++)
                         for (int64_t c = 0; c < cols; c++)
-                            cr_assert_eq(t[c * n + r], rowwise[r * cols + c], "bits %d G %d %s: bf16 row %lld col %lld",
-                                         bits, G, exo_dtype_name(dts[di]), (long long)(r0 + r), (long long)c);
+                            cr_assert_eq(t[c * n + r], rowwise[r * cols + c], "bits %d G %d %s: bf16 row %lld col %lld: %04x %04x",
+                                         bits, G, exo_dtype_name(dts[di]), (long long)(r0 + r), (long long)c, t[c*n+r], rowwise[r*cols+c]);
                     exo_free(rowwise);
                     exo_free(t);
                     exo_free(codes);
@@ -945,14 +950,17 @@ Test(matmul, panels_all_paths, .timeout = 120)
     for (int nth = 1; nth <= 2; nth++) {
         exo_pool *pool = exo_pool_create(nth);
         exo_cpu_matmul_ctx *ctx = exo_cpu_matmul_ctx_create(pool);
-        for (int bits = 4; bits <= 8; bits += 4)
-            for (int gi = 0; gi < 3; gi++)
+        for (int bits = 4; bits <= 12; bits += 4) /* 12: MXFP4 */
+            for (int gi = 0; gi < (bits == 12 ? 1 : 3); gi++)
                 for (int shape = 0; shape < 3; shape++) {
                     const int G = Gs[gi];
                     const int64_t rows = shape == 0 ? 16 : 80, cols = shape == 0 ? G : shape == 1 ? 3 * G : 2048;
                     tweight tw;
-                    tweight_make(&tw, EXO_WFORMAT_AFFINE, shape == 1 ? EXO_DTYPE_F16 : EXO_DTYPE_BF16, rows, cols,
-                                 bits, G);
+                    if (bits == 12)
+                        tweight_make(&tw, EXO_WFORMAT_MXFP4, EXO_DTYPE_U8, rows, cols, 4, 32);
+                    else
+                        tweight_make(&tw, EXO_WFORMAT_AFFINE, shape == 1 ? EXO_DTYPE_F16 : EXO_DTYPE_BF16, rows,
+                                     cols, bits, G);
                     guarded mem = {0};
                     exo_linear p = panels_of(&tw.l, &mem);
                     const exo_linear *pw = &p;
@@ -994,11 +1002,15 @@ Test(matmul, panels_row_ranges_and_batched_bits)
         return;
     static const struct { int bits, G; int64_t rows, cols; } cases[] = {
         {4, 64, 80, 2048}, {4, 32, 32, 512}, {4, 128, 16, 768}, {8, 64, 48, 1024}, {8, 32, 16, 256}, {8, 128, 32, 1280},
+        {0, 32, 48, 2880}, {0, 32, 16, 96}, /* bits 0: MXFP4 */
     };
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
         tweight tw;
-        tweight_make(&tw, EXO_WFORMAT_AFFINE, EXO_DTYPE_BF16, cases[ci].rows, cases[ci].cols, cases[ci].bits,
-                     cases[ci].G);
+        if (!cases[ci].bits)
+            tweight_make(&tw, EXO_WFORMAT_MXFP4, EXO_DTYPE_U8, cases[ci].rows, cases[ci].cols, 4, 32);
+        else
+            tweight_make(&tw, EXO_WFORMAT_AFFINE, EXO_DTYPE_BF16, cases[ci].rows, cases[ci].cols, cases[ci].bits,
+                         cases[ci].G);
         guarded mem = {0};
         exo_linear p = panels_of(&tw.l, &mem);
         const int64_t rows = p.rows, cols = p.cols;

@@ -5,8 +5,8 @@
  * load order: 4 KiB page-cache pages cost a nested page walk per page on a
  * VM and stop the hardware prefetchers at every page, and streaming reads
  * of page-cache memory ran ~15% below huge-page memory here. Weights built
- * in memory (synthetic models) are used in place. Affine 4- and 8-bit
- * weights are repacked into that arena as affine panels (linear.h) where
+ * in memory (synthetic models) are used in place. Affine 4- and 8-bit and
+ * MXFP4 weights are repacked into that arena as panels (linear.h) where
  * the matmul context runs them fastest so (exo_cpu_matmul_wants_panels),
  * from a file, or from memory while there is room for the second copy.
  * Activations and KV cache are

@@ -28,4 +28,15 @@ static inline __attribute__((always_inline)) void exo_split_nibbles(__m512i v, i
     }
 }
 
+/* E8M0 bytes (16, zero-extended to lanes) -> 2^(s - 128) = exo_e8m0_to_f32 / 2
+ * exactly (s = 0 -> 2^-128 via the subnormal 2^-127). */
+static inline __attribute__((always_inline)) __m512 exo_e8m0_half16(__m128i bytes)
+{
+    __m512i s = _mm512_cvtepu8_epi32(bytes);
+    __m512i bits = _mm512_slli_epi32(s, 23);
+    bits = _mm512_mask_mov_epi32(bits, _mm512_cmpeq_epi32_mask(s, _mm512_setzero_si512()),
+                                 _mm512_set1_epi32(0x00400000));
+    return _mm512_mul_ps(_mm512_castsi512_ps(bits), _mm512_set1_ps(0.5f));
+}
+
 #endif

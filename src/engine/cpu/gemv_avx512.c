@@ -47,7 +47,8 @@
  * boundaries).
  * Weight reads never go past the end of a row (masked tail loads), so a
  * weight at the very end of a mmapped file is safe.
- * MXFP4 weights take the q4 kernel with one more step: each nibble goes
+ * MXFP4 weights not in panels (AVX-512 with AMX tiles; the panels kernel
+ * takes the same table) take the q4 kernel with one more step: each nibble goes
  * through a vpshufb table to u = 2*e2m1 + 12 in 0..24 (an unsigned code,
  * what vpdpbusd wants), so that w = 2^(s-128) * (u - 12): an affine group
  * with scale 2^(s-128) and bias -12 * 2^(s-128), whose E8M0 scale bytes
@@ -198,17 +199,6 @@ static __m512 prep_row(const exo_linear *w, int64_t r, int64_t ng, const exo_qac
     return bacc;
 }
 
-/* E8M0 bytes (16, zero-extended to lanes) -> 2^(s - 128) = exo_e8m0_to_f32 / 2
- * exactly (s = 0 -> 2^-128 via the subnormal 2^-127). */
-INLINE __m512 e8m0_half16(__m128i bytes)
-{
-    __m512i s = _mm512_cvtepu8_epi32(bytes);
-    __m512i bits = _mm512_slli_epi32(s, 23);
-    bits = _mm512_mask_mov_epi32(bits, _mm512_cmpeq_epi32_mask(s, _mm512_setzero_si512()),
-                                 _mm512_set1_epi32(0x00400000));
-    return _mm512_mul_ps(_mm512_castsi512_ps(bits), _mm512_set1_ps(0.5f));
-}
-
 /* prep_row for MXFP4: scale 2^(s-128) and bias -12 * 2^(s-128) per group
  * (see the top). */
 static __m512 prep_row_mx(const exo_linear *w, int64_t r, int64_t ng, const exo_qact *qa, float *sd)
@@ -218,7 +208,7 @@ static __m512 prep_row_mx(const exo_linear *w, int64_t r, int64_t ng, const exo_
     int64_t g = 0;
     for (; g < ng; g += 16) {
         __mmask16 m = mask16(ng - g);
-        __m512 s = _mm512_maskz_mov_ps(m, e8m0_half16(_mm_maskz_loadu_epi8(m, sc + g)));
+        __m512 s = _mm512_maskz_mov_ps(m, exo_e8m0_half16(_mm_maskz_loadu_epi8(m, sc + g)));
         _mm512_storeu_ps(sd + g, _mm512_mul_ps(s, _mm512_loadu_ps(qa->dx + g)));
         bacc = _mm512_fmadd_ps(s, _mm512_loadu_ps(qa->sx + g), bacc);
     }
@@ -242,7 +232,7 @@ void exo_gemv_row_params(const exo_linear *w, int mx, int64_t r, int64_t ng, int
         __mmask16 m = mask16(n - g);
         if (mx) {
             const uint8_t *e = (const uint8_t *)w->scales + base;
-            _mm512_storeu_ps(sc + g, _mm512_maskz_mov_ps(m, e8m0_half16(_mm_maskz_loadu_epi8(m, e + g))));
+            _mm512_storeu_ps(sc + g, _mm512_maskz_mov_ps(m, exo_e8m0_half16(_mm_maskz_loadu_epi8(m, e + g))));
         } else {
             _mm512_storeu_ps(sc + g, load16_param(w->dtype, w->scales, base + g, m));
             _mm512_storeu_ps(bi + g, load16_param(w->dtype, w->biases, base + g, m));

@@ -1,4 +1,4 @@
-/* AVX-512 VNNI kernels for affine panels (linear.h): the decode GEMV, the
+/* AVX-512 VNNI kernels for panels (linear.h: affine 4/8-bit, MXFP4): the decode GEMV, the
  * interleaved rows of X it reads (exo_qpanel), and the expansion to bf16
  * W^T for the oneDNN prefill path.
  *
@@ -13,6 +13,11 @@
  * is the products. Cache-resident, one Zen 5 core, 16 rows of X: 0.68 ns
  * per 128 products of one row against 1.16 for the row kernel (its floor
  * on the two vpdpbusd pipes: 0.58); docs/PERFORMANCE.md.
+ *
+ * MXFP4 panels (linear.h) take the 4-bit path with each nibble through
+ * exo_mx_table (u = 2 * e2m1 + 12, unsigned as vpdpbusd wants) and the
+ * group's E8M0 byte as an affine group of scale 2^(s-128) and bias -12
+ * times it: two vpshufb more per 64 bytes of codes, the rest as q4 g32.
  *
  * Numerics: per (row, X row), group g's integer sum S_g of the codes times
  * the two-level activations (kernels.h, 256*q + q2: the Q8 layout with the
@@ -32,6 +37,7 @@
  * parameters inline), so the weight streams front to back; every block is
  * also software-prefetched PANEL_PREFETCH bytes ahead (the hardware
  * prefetchers stop at 4 KiB pages). */
+#include "engine/cpu/codes_avx512.h"
 #include "engine/cpu/kernels.h"
 #include "engine/quant.h"
 
@@ -89,7 +95,7 @@ void exo_qpanel_build(const exo_qact *qa, int T, int64_t cols, int G, exo_qpanel
  * level), so that a pass keeps at least 8 vpdpbusd chains in flight. The
  * activations of the TR rows are 8 bytes apart (exo_qpanel), so the loop
  * addresses them all from one pointer. */
-INLINE void panel_rows(int q4, int TR, const unsigned char *panel, int64_t ng, size_t block, int G,
+INLINE void panel_rows(int q4, int mx, int TR, const unsigned char *panel, int64_t ng, size_t block, int G,
                        exo_dtype dt, const exo_qpanel *xp, int t0, __m512 *out)
 {
     enum { NSMAX = 4 };
@@ -98,7 +104,6 @@ INLINE void panel_rows(int q4, int TR, const unsigned char *panel, int64_t ng, s
     const int nvec = q4 ? G / 8 : G / 4;
     const size_t codes = (size_t)nvec * 64, esz = dt == EXO_DTYPE_F32 ? 4 : 2;
     const int64_t T = xp->T, wstride = 8 * T; /* bytes from one activation word to the next */
-    const __m512i nib = _mm512_set1_epi8(0x0f);
     #pragma GCC unroll 8
     for (int t = 0; t < TR; t++)
         f[t] = _mm512_setzero_ps();
@@ -123,7 +128,8 @@ INLINE void panel_rows(int q4, int TR, const unsigned char *panel, int64_t ng, s
                 __m512i v = _mm512_loadu_si512(vp);
                 if (q4) { /* columns 8o..8o+3 in the low nibbles (word 2o), 8o+4.. in the high (2o+1) */
                     const int8_t *xl = xg + 2 * o * wstride, *xh = xl + wstride;
-                    __m512i lo = _mm512_and_si512(v, nib), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
+                    __m512i lo, hi;
+                    exo_split_nibbles(v, mx, &lo, &hi); /* mx: u = 2 * e2m1 + 12 */
                     #pragma GCC unroll 8
                     for (int t = 0; t < TR; t++) {
                         a1[t][s] = _mm512_dpbusd_epi32(a1[t][s], lo, bcast_word(xl + 8 * t));
@@ -141,7 +147,9 @@ INLINE void panel_rows(int q4, int TR, const unsigned char *panel, int64_t ng, s
                 }
             }
         }
-        const __m512 sc = load_params(dt, b + codes), bi = load_params(dt, b + codes + 16 * esz);
+        /* mx: w = 2^(s-128) * (u - 12), an affine group of scale 2^(s-128) and bias -12 times it */
+        const __m512 sc = mx ? exo_e8m0_half16(_mm_loadu_si128((const __m128i *)(b + codes))) : load_params(dt, b + codes);
+        const __m512 bi = mx ? _mm512_mul_ps(sc, _mm512_set1_ps(-12.0f)) : load_params(dt, b + codes + 16 * esz);
         const float *dx = xp->dxs + g * 2 * T + t0, *sx = dx + T;
         #pragma GCC unroll 8
         for (int t = 0; t < TR; t++) {
@@ -164,13 +172,15 @@ INLINE void panel_rows(int q4, int TR, const unsigned char *panel, int64_t ng, s
 
 /* Constant-argument instances, one loop each. */
 #define PANEL_ROWS_FN(TR)                                                                                   \
-    static void panel_rows_##TR(int q4, const unsigned char *panel, int64_t ng, size_t block, int G,      \
-                                exo_dtype dt, const exo_qpanel *xp, int t0, __m512 *f)                     \
+    static void panel_rows_##TR(int q4, int mx, const unsigned char *panel, int64_t ng, size_t block,     \
+                                int G, exo_dtype dt, const exo_qpanel *xp, int t0, __m512 *f)              \
     {                                                                                                       \
-        if (q4)                                                                                             \
-            panel_rows(1, TR, panel, ng, block, G, dt, xp, t0, f);                                          \
+        if (mx)                                                                                             \
+            panel_rows(1, 1, TR, panel, ng, block, G, dt, xp, t0, f);                                       \
+        else if (q4)                                                                                        \
+            panel_rows(1, 0, TR, panel, ng, block, G, dt, xp, t0, f);                                       \
         else                                                                                                \
-            panel_rows(0, TR, panel, ng, block, G, dt, xp, t0, f);                                          \
+            panel_rows(0, 0, TR, panel, ng, block, G, dt, xp, t0, f);                                       \
     }
 PANEL_ROWS_FN(1)
 PANEL_ROWS_FN(2)
@@ -180,7 +190,7 @@ PANEL_ROWS_FN(8)
 void exo_gemv_panels_avx512(const exo_linear *w, int64_t r0, int64_t r1, const exo_qpanel *xp, float *y,
                             int64_t ldy)
 {
-    const int q4 = w->bits == 4, G = w->group_size, T = xp->T;
+    const int q4 = w->bits == 4, mx = exo_panels_mx(w), G = w->group_size, T = xp->T;
     const int64_t ng = w->cols / G;
     const size_t block = exo_panel_block_bytes(w);
     for (int64_t p = r0 / 16; p * 16 < r1; p++) {
@@ -192,10 +202,10 @@ void exo_gemv_panels_avx512(const exo_linear *w, int64_t r0, int64_t r1, const e
             __m512 f[8];
             const int left = T - t0, TR = left >= 8 ? 8 : left >= 4 ? 4 : left >= 2 ? 2 : 1;
             switch (TR) {
-            case 8:  panel_rows_8(q4, panel, ng, block, G, w->dtype, xp, t0, f); break;
-            case 4:  panel_rows_4(q4, panel, ng, block, G, w->dtype, xp, t0, f); break;
-            case 2:  panel_rows_2(q4, panel, ng, block, G, w->dtype, xp, t0, f); break;
-            default: panel_rows_1(q4, panel, ng, block, G, w->dtype, xp, t0, f); break;
+            case 8:  panel_rows_8(q4, mx, panel, ng, block, G, w->dtype, xp, t0, f); break;
+            case 4:  panel_rows_4(q4, mx, panel, ng, block, G, w->dtype, xp, t0, f); break;
+            case 2:  panel_rows_2(q4, mx, panel, ng, block, G, w->dtype, xp, t0, f); break;
+            default: panel_rows_1(q4, mx, panel, ng, block, G, w->dtype, xp, t0, f); break;
             }
             for (int t = 0; t < TR; t++)
                 _mm512_mask_storeu_ps(y + (int64_t)(t0 + t) * ldy + 16 * p, m, f[t]);
@@ -212,11 +222,13 @@ void exo_gemv_panels_avx512(const exo_linear *w, int64_t r0, int64_t r1, const e
  * the same bf16 weights either way. */
 void exo_dequant_panels_bf16t_avx512(const exo_linear *w, int64_t r0, int64_t r1, uint16_t *out)
 {
-    const int q4 = w->bits == 4, G = w->group_size, nvec = q4 ? G / 8 : G / 4, L = q4 ? 8 : 4;
+    const int q4 = w->bits == 4, mx = exo_panels_mx(w), G = w->group_size, nvec = q4 ? G / 8 : G / 4, L = q4 ? 8 : 4;
     const int64_t cols = w->cols, ng = cols / G, n = r1 - r0;
     const size_t block = exo_panel_block_bytes(w), codes = (size_t)nvec * 64;
     const size_t esz = exo_dtype_size(w->dtype);
     const __m512i mask = _mm512_set1_epi32(q4 ? 0x0f : 0xff);
+    /* mx: code -> 2 * e2m1 as f32 (code 8 is -0, as the row format's expansion has it) */
+    const __m512 mx_v = _mm512_setr_ps(0, 1, 2, 3, 4, 6, 8, 12, -0.0f, -1, -2, -3, -4, -6, -8, -12);
     /* four panels at a time, group by group: each column's 64 rows of the
      * four are two whole lines of out, written together, while each panel
      * is still read front to back (panel by panel, a group's 32-byte
@@ -232,8 +244,13 @@ void exo_dequant_panels_bf16t_avx512(const exo_linear *w, int64_t r0, int64_t r1
             __m512 sc[PC], bi[PC];
             for (int j = 0; j < pc; j++) {
                 b[j] = (const unsigned char *)w->w + ((size_t)(p0 + j) * (size_t)ng + (size_t)g) * block;
-                sc[j] = load_params(w->dtype, b[j] + codes);
-                bi[j] = load_params(w->dtype, b[j] + codes + 16 * esz);
+                if (mx) { /* 2 * e2m1 * 2^(s-128): exact in f32, and in bf16 but for subnormals */
+                    sc[j] = exo_e8m0_half16(_mm_loadu_si128((const __m128i *)(b[j] + codes)));
+                    bi[j] = _mm512_setzero_ps();
+                } else {
+                    sc[j] = load_params(w->dtype, b[j] + codes);
+                    bi[j] = load_params(w->dtype, b[j] + codes + 16 * esz);
+                }
             }
             for (int v = 0; v < nvec; v++) {
                 __m512i x[PC];
@@ -247,8 +264,10 @@ void exo_dequant_panels_bf16t_avx512(const exo_linear *w, int64_t r0, int64_t r1
                     const unsigned shift = q4 ? 8u * (unsigned)(k % 4) + (k < 4 ? 0u : 4u) : 8u * (unsigned)k;
                     uint16_t *row = o + (g * G + (int64_t)v * L + k) * n;
                     for (int j = 0; j < pc; j++) {
-                        __m512 q = _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(x[j], shift), mask));
-                        __m256i h = (__m256i)_mm512_cvtneps_pbh(_mm512_fmadd_ps(q, sc[j], bi[j]));
+                        __m512i c = _mm512_and_si512(_mm512_srli_epi32(x[j], shift), mask);
+                        __m512 val = mx ? _mm512_mul_ps(_mm512_permutexvar_ps(c, mx_v), sc[j])
+                                        : _mm512_fmadd_ps(_mm512_cvtepi32_ps(c), sc[j], bi[j]);
+                        __m256i h = (__m256i)_mm512_cvtneps_pbh(val);
                         _mm256_storeu_si256((__m256i *)(row + 16 * j), h);
                     }
                 }
