@@ -1084,7 +1084,8 @@ function placementOption(m, o, p, busy) {
           h('span', { class: 'rank', text: s && s.deviceRank !== null ? `#${s.deviceRank}` : '' }),
           h('span', { class: 'runner-node', text: n.name }),
           h('span', { class: 'muted', text: s ? formatLayers(s.startLayer, s.endLayer, s.nLayers) : '' }),
-          h('span', { class: n.fits ? 'muted num' : 'warn-text num', text: `+${formatBytes(n.deltaBytes)}${n.ramAvailable !== null ? ` of ${formatBytes(n.ramAvailable)} free` : ''}` }));
+          h('span', { class: n.fits ? 'muted num' : 'warn-text num', text: `+${formatBytes(n.deltaBytes)}${n.room !== null ? ` of ${formatBytes(n.room)} free` : ''}`,
+            title: n.room !== null && n.room !== n.ramAvailable ? 'free memory and GPU memory' : undefined }));
       })),
     err !== undefined ? h('div', { class: 'error-text', text: err }) : null);
 }

@@ -612,13 +612,20 @@ function namesOf(list) {
  * [{id, shortId, name, displayName, isSelf, isMaster, cpuCount, cpuModel, os,
  *   backends, ramTotal, ramAvailable, ramUsed, usedFraction,
  *   diskTotal, diskAvailable, diskUsed, diskFraction,
- *   gpus: [{index, name, memoryTotal, memoryUsed, usedFraction}],
+ *   gpus: [{index, name, memoryTotal, memoryUsed, usedFraction}], weightRoom
+ *   (free memory plus the GPUs' free memory: where placement puts weights),
  *   models, interfaces: [{name, ip, kind}], apiPort, clusterPort, lastSeen,
  *   runnerCount}].
  * name is the friendly name (or the short id); displayName tells apart
  * nodes with the same name. masterId comes from GET /cluster (the State does
  * not say who the master is).
  */
+function weightRoom(ramAvailable, gpus) {
+  const free = gpus.reduce((sum, g) => sum + (g.memoryTotal !== null && g.memoryUsed !== null
+    ? Math.max(0, g.memoryTotal - g.memoryUsed) : 0), 0);
+  return ramAvailable === null && !free ? null : (ramAvailable || 0) + free;
+}
+
 export function buildNodesView(state, selfId, masterId = null) {
   const st = objOf(state);
   const names = nodeNames(st);
@@ -674,6 +681,8 @@ export function buildNodesView(state, selfId, masterId = null) {
       diskUsed: dsk.used,
       diskFraction: dsk.fraction,
       gpus,
+      // what placement may fill with weights: free memory and the GPUs' free memory
+      weightRoom: weightRoom(ram.available, gpus),
       models: Array.isArray(models) ? models.filter((m) => typeof m === 'string' && m).sort() : [],
       interfaces: (Array.isArray(net.interfaces) ? net.interfaces : []).filter(isObj).map((f) => ({
         name: strOf(f.name) || '',
@@ -1184,14 +1193,15 @@ export function placementLabel(p) {
 /**
  * GET /instance/previews?model_id=X as
  * {modelId, valid: [{key, modelId, sharding, instanceMeta, nodeCount, label,
- *   nodes: [{id, name, deltaBytes, ramAvailable, fits}], totalBytes, fits,
+ *   nodes: [{id, name, deltaBytes, ramAvailable, room, fits}], totalBytes, fits,
  *   predictedTps, shards, request}],
  *  invalid: [{error, options: [{key, sharding, instanceMeta, nodeCount, label}]}]}.
  * Valid options come by node count, then sharding and instance meta; invalid
  * ones are grouped by their error (one message often rules out several).
  * request is the body of POST /place_instance that launches the option.
  * nodes (of buildNodesView) give names and free memory; fits is false when
- * a node would need more than it has free.
+ * a node would need more than it has free, its GPUs' free memory counted
+ * (room). nodeCount counts ranks: a node with several GPUs is a rank per GPU.
  */
 export function buildPreviewsView(response, nodes, modelId = null) {
   const list = Array.isArray(response) ? response : objOf(response).previews;
@@ -1211,6 +1221,7 @@ export function buildPreviewsView(response, nodes, modelId = null) {
     const error = p.error === null || p.error === undefined ? null : errorMessageFromJson(p.error) || String(p.error);
     const base = { key, sharding, instanceMeta, nodeCount };
     base.label = placementLabel(base);
+    const ranksOn = (inst) => new Set(inst.shards.map((s) => s.nodeId).filter(Boolean)).size;
     if (error !== null || !isObj(p.instance)) {
       const msg = error || 'no placement';
       if (!groups.has(msg)) groups.set(msg, []);
@@ -1226,12 +1237,14 @@ export function buildPreviewsView(response, nodes, modelId = null) {
       const d = own(delta, id);
       const deltaBytes = typeof d === 'number' && Number.isFinite(d) ? d : inBytes(d);
       const ramAvailable = byId.has(id) ? byId.get(id).ramAvailable : null;
+      const room = byId.has(id) ? byId.get(id).weightRoom ?? ramAvailable : null;
       return {
         id,
         name: names.get(id) || shortId(id),
         deltaBytes,
         ramAvailable,
-        fits: deltaBytes === null || ramAvailable === null || deltaBytes <= ramAvailable,
+        room,
+        fits: deltaBytes === null || room === null || deltaBytes <= room,
       };
     });
     const rank = new Map(inst.shards.map((s, i) => [s.nodeId, i]));
@@ -1240,6 +1253,11 @@ export function buildPreviewsView(response, nodes, modelId = null) {
     if (sharding) request.sharding = sharding;
     if (instanceMeta) request.instance_meta = instanceMeta;
     if (nodeCount !== null) request.min_nodes = nodeCount;
+    // a node with several GPUs takes a rank per GPU: say so where ranks outnumber nodes
+    const nodesUsed = ranksOn(inst);
+    if (nodesUsed && nodesUsed < inst.shards.length)
+      base.label = placementLabel({ ...base, nodeCount: null }) +
+        ` · ${inst.shards.length} ranks on ${nodesUsed} node${nodesUsed === 1 ? '' : 's'}`;
     valid.push({
       ...base,
       modelId: mid,
@@ -1320,7 +1338,7 @@ export function pickChatModel(options, current) {
  *   then those downloading, then the downloadable ones, each by name.
  * local: this node lists it; onNodes: the names of the nodes that have it on
  * disk; fits is false when the model is larger than all nodes' available
- * memory together. status, downloadFraction, downloadFailed, downloadingOn:
+ * memory together (GPUs' free memory counted). status, downloadFraction, downloadFailed, downloadingOn:
  * modelDownloadState of its card's status and its rows of `downloads`
  * (buildDownloadsView: the State is fresher than the list, reloaded less
  * often).
@@ -1331,8 +1349,8 @@ export function buildModelsView(modelsResponse, instances, nodes, downloads = []
     : modelsResponse && Array.isArray(modelsResponse.data)
       ? modelsResponse.data
       : [];
-  const available = (nodes || []).reduce((s, n) => s + (n.ramAvailable || 0), 0);
-  const haveMemory = (nodes || []).some((n) => n.ramAvailable !== null && n.ramAvailable !== undefined);
+  const available = (nodes || []).reduce((s, n) => s + (n.weightRoom ?? n.ramAvailable ?? 0), 0);
+  const haveMemory = (nodes || []).some((n) => (n.weightRoom ?? n.ramAvailable ?? null) !== null);
   const where = new Map(); // model id -> names of the nodes with it on disk
   for (const n of nodes || []) {
     for (const id of Array.isArray(n.models) ? n.models : []) {

@@ -473,7 +473,7 @@ test('the page, end to end on a fake DOM and a fake daemon', async (t) => {
     assert.ok(opts[0].textContent.includes('#0vmlayers 0–4 of 5+1.0 MiB of 22.5 GiB free'));
     assert.ok(opts[1].textContent.includes('Pipeline · MLX Ring · 2 nodes'));
     assert.ok(opts[1].textContent.includes('#0vmlayers 0–2 of 5'));
-    assert.ok(opts[1].textContent.includes('#1gpu-box <b>layers 3–4 of 5+410 KiB of 32.0 GiB free'));
+    assert.ok(opts[1].textContent.includes('#1gpu-box <b>layers 3–4 of 5+410 KiB of 171 GiB free'), opts[1].textContent); // its GPU's free memory counted
     // the invalid ones, grouped by their reason
     const invalid = byClass(modelRow('karpathy/stories260K'), 'placement-invalid')[0];
     assert.ok(invalid.textContent.startsWith('3 options not possible'));

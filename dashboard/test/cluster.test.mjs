@@ -508,6 +508,17 @@ test('buildInstancesView: the real instance; a shard on a node that left', () =>
   const [d] = buildInstancesView(duo);
   assert.deepEqual(d.runners.map((r) => [r.runnerId, r.nodeId, r.device]), [['r0', 'n', 'cuda:0'], ['r1', 'n', 'cuda:1']]);
   assert.equal(buildNodesView(duo, 'n').find((n) => n.id === 'n')?.runnerCount, 2);
+  // its GPUs' free memory counts where weights go; a preview of its two ranks says so
+  duo.nodeMemory = { n: { ramTotal: 64, ramAvailable: 40 } };
+  duo.nodeGpus = { n: [{ index: 0, memoryTotal: 100, memoryUsed: 10 }, { index: 1, memoryTotal: 100, memoryUsed: 30 }] };
+  const nodes = buildNodesView(duo, 'n');
+  assert.equal(nodes[0].weightRoom, 40 + 90 + 70);
+  const tp = duo.instances.i;
+  tp.MlxRingInstance.sharding = 'Tensor';
+  const pv = buildPreviewsView([{ sharding: 'Tensor', instance_meta: 'MlxRing', node_count: 2, instance: tp, error: null,
+    memory_delta_by_node: { n: 180 } }], nodes, 'm');
+  assert.equal(pv.valid[0].label, 'Tensor · MLX Ring · 2 ranks on 1 node');
+  assert.deepEqual(pv.valid[0].nodes.map((n) => [n.id, n.room, n.fits]), [['n', 200, true]]);
 });
 
 // ---- placement previews ----------------------------------------------------------------
@@ -567,8 +578,8 @@ test('buildPreviewsView: memory that does not fit, odd and partial replies', () 
     ],
   }, nodes, 'm');
   assert.deepEqual(v.valid.map((o) => [o.label, o.fits]), [['Pipeline · MLX Ring · 1 node', false], ['Tensor · MLX Ring · 1 node', true]]);
-  assert.deepEqual(v.valid[0].nodes, [{ id: 'a', name: 'alpha', deltaBytes: 150, ramAvailable: 100, fits: false }]);
-  assert.deepEqual(v.valid[1].nodes, [{ id: 'ghost', name: 'ghost', deltaBytes: 10, ramAvailable: null, fits: true }]);
+  assert.deepEqual(v.valid[0].nodes, [{ id: 'a', name: 'alpha', deltaBytes: 150, ramAvailable: 100, room: 100, fits: false }]);
+  assert.deepEqual(v.valid[1].nodes, [{ id: 'ghost', name: 'ghost', deltaBytes: 10, ramAvailable: null, room: null, fits: true }]);
   assert.equal(v.valid[1].shards[0].nodeGone, true);
   assert.equal(v.valid[0].predictedTps, 12.5, 'the daemon\'s prediction');
   assert.equal(v.valid[1].predictedTps, null, 'none: not measured');

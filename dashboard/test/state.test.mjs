@@ -180,6 +180,7 @@ test('buildNodesView: this node first, memory and backends', () => {
     diskUsed: null,
     diskFraction: null,
     gpus: [],
+    weightRoom: 24192163840,
     models: [],
     interfaces: [],
     apiPort: null,
