@@ -393,7 +393,10 @@ int exo_node_info_gather(const exo_node_info_opts *opts, exo_node_info *info, ex
     pthread_once(&cuda_once, cuda_probe);
     pthread_once(&membw_once, membw_probe);
     info->mem_read_bps = membw_bps;
-    if (cuda_devices > 0)
+    /* EXO_DEVICE=cpu keeps this node's runners off its GPUs: placement must
+     * not count them either (it names a GPU per rank where there are several) */
+    const char *device = getenv("EXO_DEVICE");
+    if (cuda_devices > 0 && !(device && !strcmp(device, "cpu")))
         info->backends |= 1u << EXO_BACKEND_CUDA;
     cpu_model(info->cpu_model, sizeof info->cpu_model);
     os_name(info->os, sizeof info->os);
