@@ -158,10 +158,11 @@ Test(placement, fewest_nodes_that_fit_most_memory_first)
     exo_state_free(st);
 }
 
-/* A node's info with `ram` available at `ram_bps`, and a GPU of `vram`
- * (1 GiB of it used) reading at `gpu_bps` when vram > 0. */
-static void add_speed_node(exo_state *st, const char *id, uint64_t ram, uint64_t ram_bps, uint64_t vram,
-                           uint64_t gpu_bps)
+/* A node with `ram` available at `ram_bps` and n GPUs of `vram` each (1 GiB
+ * used) reading at `gpu_bps`, whose CUDA ordinals start at first_ordinal
+ * (CUDA_VISIBLE_DEVICES may hide the others). */
+static void add_gpus_node(exo_state *st, const char *id, uint64_t ram, uint64_t ram_bps, int n, int first_ordinal,
+                          uint64_t vram, uint64_t gpu_bps)
 {
     exo_event ev;
     exo_event_init(&ev, EXO_EVENT_NODE_GATHERED_INFO);
@@ -173,17 +174,25 @@ static void add_speed_node(exo_state *st, const char *id, uint64_t ram, uint64_t
     in->cpu_count = 8;
     in->mem_read_bps = ram_bps;
     snprintf(in->friendly_name, sizeof in->friendly_name, "%s", id);
-    in->backends = 1u << EXO_BACKEND_CPU;
-    if (vram) {
-        in->backends |= 1u << EXO_BACKEND_CUDA;
-        in->gpus.n = 1;
-        in->gpus.v = exo_calloc(1, sizeof *in->gpus.v);
-        in->gpus.v[0].memory_total = vram;
-        in->gpus.v[0].memory_used = GIB;
-        in->gpus.v[0].memory_read_bps = gpu_bps;
+    in->backends = (1u << EXO_BACKEND_CPU) | (n ? 1u << EXO_BACKEND_CUDA : 0);
+    in->gpus.n = (size_t)n;
+    in->gpus.v = n ? exo_calloc((size_t)n, sizeof *in->gpus.v) : NULL;
+    for (int i = 0; i < n; i++) {
+        in->gpus.v[i].index = first_ordinal + i;
+        in->gpus.v[i].memory_total = vram;
+        in->gpus.v[i].memory_used = GIB;
+        in->gpus.v[i].memory_read_bps = gpu_bps;
     }
     apply(st, &ev);
     exo_event_clear(&ev);
+}
+
+/* A node's info with `ram` available at `ram_bps`, and a GPU of `vram`
+ * (1 GiB of it used) reading at `gpu_bps` when vram > 0. */
+static void add_speed_node(exo_state *st, const char *id, uint64_t ram, uint64_t ram_bps, uint64_t vram,
+                           uint64_t gpu_bps)
+{
+    add_gpus_node(st, id, ram, ram_bps, vram ? 1 : 0, 0, vram, gpu_bps);
 }
 
 /* A one-request pipeline placement of card, which must go wholly to node want. */
@@ -728,35 +737,6 @@ Test(placement, predicts_gpu_nodes_from_the_gpu_bandwidth)
     cr_assert_float_eq(exo_placement_predict(st, &inst, &card), want, want * 1e-6);
     exo_instance_clear(&inst);
     exo_state_free(st);
-}
-
-/* A node with `ram` available at `ram_bps` and n GPUs of `vram` each (1 GiB
- * used) reading at `gpu_bps`, whose CUDA ordinals start at first_ordinal
- * (CUDA_VISIBLE_DEVICES may hide the others). */
-static void add_gpus_node(exo_state *st, const char *id, uint64_t ram, uint64_t ram_bps, int n, int first_ordinal,
-                          uint64_t vram, uint64_t gpu_bps)
-{
-    exo_event ev;
-    exo_event_init(&ev, EXO_EVENT_NODE_GATHERED_INFO);
-    cr_assert_eq(exo_id_set(&ev.u.node_gathered_info.node_id, id, NULL), 0);
-    ev.u.node_gathered_info.when_ms = 1;
-    exo_node_info *in = &ev.u.node_gathered_info.info;
-    in->memory_total = 2 * ram;
-    in->memory_available = ram;
-    in->cpu_count = 16;
-    in->mem_read_bps = ram_bps;
-    snprintf(in->friendly_name, sizeof in->friendly_name, "%s", id);
-    in->backends = (1u << EXO_BACKEND_CPU) | (1u << EXO_BACKEND_CUDA);
-    in->gpus.n = (size_t)n;
-    in->gpus.v = exo_calloc((size_t)n, sizeof *in->gpus.v);
-    for (int i = 0; i < n; i++) {
-        in->gpus.v[i].index = first_ordinal + i;
-        in->gpus.v[i].memory_total = vram;
-        in->gpus.v[i].memory_used = GIB;
-        in->gpus.v[i].memory_read_bps = gpu_bps;
-    }
-    apply(st, &ev);
-    exo_event_clear(&ev);
 }
 
 /* A node with several GPUs is a place for a rank per GPU (NCCL wants one
