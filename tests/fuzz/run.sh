@@ -36,17 +36,19 @@ fi
 mkdir -p "$OUT"
 
 if [ $# -gt 0 ]; then targets=("$@"); else targets=(tests/fuzz/fuzz_*.c); fi
-failed=()
-for src in "${targets[@]}"; do
-    [ -f "$src" ] || { echo "fuzz: no such target $src" >&2; failed+=("$src"); continue; }
+# One target: build, then fuzz; its output goes to $OUT/<name>.out and a
+# failure leaves $OUT/<name>.failed. Targets run $FUZZ_JOBS at a time (the
+# machine's cores by default): each build and each libFuzzer process uses
+# one core, so on a 2-core CI runner this halves the wall time.
+fuzz_one() {
+    local src=$1 bin name line libs sources work seeds opts what
     bin=$(basename "$src" .c)
     name=${bin#fuzz_}
     line=$(grep -m1 '^// FUZZ_SOURCES:' "$src" | sed 's|^// FUZZ_SOURCES:||')
     libs=$(grep -m1 '^// FUZZ_LIBS:' "$src" | sed 's|^// FUZZ_LIBS:||')
     if [ -z "$line" ]; then
         echo "fuzz: $src has no '// FUZZ_SOURCES:' line" >&2
-        failed+=("$name")
-        continue
+        return 1
     fi
     # shellcheck disable=SC2086  # word splitting and globbing are wanted here
     sources=$(ls -1 $line 2>/dev/null | grep -v '^src/cli/main\.c$' | sort -u)
@@ -54,8 +56,7 @@ for src in "${targets[@]}"; do
     # shellcheck disable=SC2086
     if ! $CC $CFLAGS $PKG_CFLAGS "$src" $sources -o "$OUT/$bin" $PKG_LIBS $libs -lm; then
         echo "fuzz: $name: build failed" >&2
-        failed+=("$name")
-        continue
+        return 1
     fi
     work="$OUT/corpus/$name"
     mkdir -p "$work"
@@ -65,18 +66,41 @@ for src in "${targets[@]}"; do
     [ -f "tests/fuzz/$name.dict" ] && opts+=("-dict=tests/fuzz/$name.dict")
     if [ -n "${FUZZ_BUILD_ONLY:-}" ]; then
         opts+=(-runs=0)
+        what="seeds only"
     else
         opts+=("-max_total_time=$SECS")
+        what="${SECS}s"
     fi
-    if [ -n "${FUZZ_BUILD_ONLY:-}" ]; then what="seeds only"; else what="${SECS}s"; fi
     echo "== fuzz $name: running $what"
     if ! "$OUT/$bin" "${opts[@]}" "$work" "${seeds[@]}" >"$OUT/$name.log" 2>&1; then
         tail -60 "$OUT/$name.log" >&2
         echo "fuzz: $name FAILED (log: $OUT/$name.log)" >&2
-        failed+=("$name")
-        continue
+        return 1
     fi
     grep -aE 'stat::number_of_executed_units|Done [0-9]+ runs' "$OUT/$name.log" | tail -1
+}
+
+JOBS=${FUZZ_JOBS:-$(nproc)}
+names=()
+for src in "${targets[@]}"; do
+    if [ ! -f "$src" ]; then
+        echo "fuzz: no such target $src" >&2
+        names+=("$src")
+        echo > "$OUT/$(basename "$src" .c).failed"
+        continue
+    fi
+    name=$(basename "$src" .c)
+    names+=("$name")
+    rm -f "$OUT/$name.failed"
+    ( fuzz_one "$src" || echo > "$OUT/$name.failed" ) > "$OUT/$name.out" 2>&1 &
+    while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do wait -n; done
+done
+wait
+failed=()
+for name in "${names[@]}"; do
+    n=$(basename "$name" .c)
+    [ -f "$OUT/$n.out" ] && cat "$OUT/$n.out"
+    [ -f "$OUT/$n.failed" ] && failed+=("${n#fuzz_}")
 done
 
 if [ ${#failed[@]} -gt 0 ]; then

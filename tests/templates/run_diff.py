@@ -15,6 +15,7 @@ separately (jinja2 wins; see tests/templates/README.md).
 usage: run_diff.py EXO_BIN SHARED_TEMPLATES_DIR CONFIGS_DIR WORK_DIR [--no-node] [-v]
 Prints "N passed, N failed" last; exit 0 iff nothing failed.
 """
+import concurrent.futures
 import copy
 import json
 import os
@@ -190,6 +191,28 @@ def setup_models(shared, configs, work):
     return models
 
 
+def exo_command(exo, c, cdir):
+    """The `exo chat-template` call of one case."""
+    if "template_file" in c:
+        cmd = [exo, "chat-template", c["dir"], "--template", c["template_file"],
+               "--messages", c["messages_file"], "--kwargs", c["kwargs_file"]]
+    else:
+        cmd = [exo, "chat-template", c["dir"], "--messages", os.path.join(cdir, c["conv"] + ".json")]
+    # the Jinja engine against jinja2 with the same inputs: earlier calls'
+    # arguments as given (the API's adaptation for templates that cannot
+    # take an object is checked in test_api_parser.c and the e2e suite)
+    cmd.append("--raw-arguments")
+    if c["tools"]:
+        cmd += ["--tools", os.path.join(cdir, "tools.json")]
+    if c["agp"]:
+        cmd.append("--add-generation-prompt")
+    if c["think"] is not None:
+        cmd += ["--enable-thinking", "true" if c["think"] else "false"]
+    if "kwargs_only" in c:
+        cmd += ["--kwargs", c["kwargs_only"]]
+    return cmd
+
+
 def main():
     args = [a for a in sys.argv[1:] if not a.startswith("-")]
     use_node = "--no-node" not in sys.argv
@@ -258,42 +281,35 @@ def main():
     batch = os.path.join(work, "batch.json")
     json.dump([{"id": c["id"], "source": c["source"], "context": c["context"]} for c in cases],
               open(batch, "w"), ensure_ascii=False)
+    # the oracles (one process each) and exo (a process per case, ~30 ms of
+    # start-up apiece) run side by side, exo's cases on every core
     py_out = os.path.join(work, "py.json")
-    subprocess.run(["/usr/bin/python3", os.path.join(HERE, "oracle_jinja2.py"), batch, py_out], check=True)
-    ref = json.load(open(py_out, encoding="utf-8"))
-    node = None
+    py = subprocess.Popen(["/usr/bin/python3", os.path.join(HERE, "oracle_jinja2.py"), batch, py_out])
+    js = None
     if use_node:
         js_out = os.path.join(work, "js.json")
-        r = subprocess.run(["node", os.path.join(HERE, "oracle_hfjinja.mjs"), batch, js_out],
-                           env=dict(os.environ, TZ="UTC"))
-        if r.returncode == 0:
+        js = subprocess.Popen(["node", os.path.join(HERE, "oracle_hfjinja.mjs"), batch, js_out],
+                              env=dict(os.environ, TZ="UTC"))
+    env = dict(os.environ, EXO_CHAT_TEMPLATE_NOW=NOW_ENV)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+        runs = list(pool.map(lambda c: subprocess.run(exo_command(exo, c, cdir), env=env, capture_output=True),
+                             cases))
+    if py.wait() != 0:
+        print("the jinja2 oracle failed")
+        print("0 passed, 1 failed")
+        return 1
+    ref = json.load(open(py_out, encoding="utf-8"))
+    node = None
+    if js is not None:
+        if js.wait() == 0:
             node = json.load(open(js_out, encoding="utf-8"))
         else:
             print("warning: @huggingface/jinja oracle failed to run; comparing with jinja2 only")
-    env = dict(os.environ, EXO_CHAT_TEMPLATE_NOW=NOW_ENV)
     passed = failed = both_err = 0
     node_disagree = []
     per_model = {}
     fails = []
-    for c in cases:
-        if "template_file" in c:
-            cmd = [exo, "chat-template", c["dir"], "--template", c["template_file"],
-                   "--messages", c["messages_file"], "--kwargs", c["kwargs_file"]]
-        else:
-            cmd = [exo, "chat-template", c["dir"], "--messages", os.path.join(cdir, c["conv"] + ".json")]
-        # the Jinja engine against jinja2 with the same inputs: earlier calls'
-        # arguments as given (the API's adaptation for templates that cannot
-        # take an object is checked in test_api_parser.c and the e2e suite)
-        cmd.append("--raw-arguments")
-        if c["tools"]:
-            cmd += ["--tools", os.path.join(cdir, "tools.json")]
-        if c["agp"]:
-            cmd.append("--add-generation-prompt")
-        if c["think"] is not None:
-            cmd += ["--enable-thinking", "true" if c["think"] else "false"]
-        if "kwargs_only" in c:
-            cmd += ["--kwargs", c["kwargs_only"]]
-        r = subprocess.run(cmd, env=env, capture_output=True)
+    for c, r in zip(cases, runs):
         exp = ref[c["id"]]
         if exp["ok"]:
             ok = r.returncode == 0 and r.stdout == exp["out"].encode("utf-8")
