@@ -119,7 +119,7 @@ typedef struct place {
 } place;
 
 typedef struct candidates {
-    place node[MAX_CANDIDATES];
+    place places[MAX_CANDIDATES];
     int   n;
     bool  adj[MAX_CANDIDATES][MAX_CANDIDATES]; /* an edge i -> j */
     int   with_backend, with_model;            /* nodes, before the cap */
@@ -221,18 +221,18 @@ static void gather(const exo_state *st, const char *model_id, candidates *c)
     }
     qsort_r(all, (size_t)n, sizeof *all, by_memory_desc, (void *)model_id);
     c->n = n < MAX_CANDIDATES ? n : MAX_CANDIDATES;
-    memcpy(c->node, all, (size_t)c->n * sizeof *all);
+    memcpy(c->places, all, (size_t)c->n * sizeof *all);
     exo_free(all);
     for (int a = 0; a < c->n; a++)
         for (int b = 0; b < c->n; b++)
-            if (a != b && c->node[a].sn == c->node[b].sn)
+            if (a != b && c->places[a].sn == c->places[b].sn)
                 c->adj[a][b] = true; /* loopback */
     for (size_t e = 0; e < exo_state_edge_count(st); e++) {
         const exo_topology_edge *edge = exo_state_edge_at(st, e);
         for (int a = 0; a < c->n; a++)
             for (int b = 0; b < c->n; b++)
-                if (exo_id_eq(&c->node[a].sn->node_id, &edge->source) &&
-                    exo_id_eq(&c->node[b].sn->node_id, &edge->sink))
+                if (exo_id_eq(&c->places[a].sn->node_id, &edge->source) &&
+                    exo_id_eq(&c->places[b].sn->node_id, &edge->sink))
                     c->adj[a][b] = true;
     }
 }
@@ -284,7 +284,7 @@ static void node_list(const candidates *c, uint32_t mask, char *buf, size_t cap)
     buf[0] = 0;
     for (int i = 0; i < c->n && at + 1 < cap; i++)
         if (mask & (1u << i)) {
-            const place *p = &c->node[i];
+            const place *p = &c->places[i];
             at += (size_t)snprintf(buf + at, cap - at, "%s%s", at ? ", " : "", p->sn->node_id.s);
             if (p->gpu >= 0 && at + 1 < cap)
                 at += (size_t)snprintf(buf + at, cap - at, " (GPU %d)", (int)p->sn->info.gpus.v[p->gpu].index);
@@ -300,7 +300,7 @@ static bool try_set(const candidates *c, const exo_placement_request *req, uint3
     uint64_t mem = 0;
     for (int i = 0; i < c->n; i++)
         if (mask & (1u << i))
-            mem += weight_memory(&c->node[i]);
+            mem += weight_memory(&c->places[i]);
     if (mem > a->best_memory)
         a->best_memory = mem;
     if (mem < card->storage_bytes) {
@@ -341,7 +341,7 @@ static bool try_set(const candidates *c, const exo_placement_request *req, uint3
     }
     uint64_t weights[MAX_CANDIDATES];
     for (int i = 0; i < k; i++)
-        weights[i] = weight_memory(&c->node[order[i]]);
+        weights[i] = weight_memory(&c->places[order[i]]);
     if (sharding == EXO_SHARDING_PIPELINE) {
         if (exo_placement_pipeline_split(card, weights, k, starts, &why) < 0) {
             note(a, STAGE_RULES, &why);
@@ -356,7 +356,7 @@ static bool try_set(const candidates *c, const exo_placement_request *req, uint3
         uint64_t share = sharding == EXO_SHARDING_PIPELINE
                              ? (uint64_t)((long double)card->storage_bytes * (hi - lo) / card->n_layers)
                              : card->storage_bytes / (uint64_t)k;
-        const place *p = &c->node[order[i]];
+        const place *p = &c->places[order[i]];
         uint64_t room = weight_memory(p);
         if (share > room) {
             char where[32] = "";
@@ -473,7 +473,7 @@ static void build(const candidates *c, const exo_placement_request *req, int k, 
     out->shards = exo_calloc((size_t)k, sizeof *out->shards);
     for (int i = 0; i < k; i++) {
         exo_shard *s = &out->shards[i];
-        const place *p = &c->node[order[i]];
+        const place *p = &c->places[order[i]];
         exo_id_new(&s->runner_id);
         s->node_id = p->sn->node_id;
         if (p->gpu >= 0)
@@ -511,7 +511,7 @@ int exo_placement_place(const exo_state *st, const exo_placement_request *req, e
      * more only when fewer cannot hold the model) */
     bool predictable = min_nodes <= 1 && req->exact_nodes <= 0;
     for (int i = 0; i < c.n; i++)
-        predictable &= c.node[i].sn->info.mem_read_bps > 0;
+        predictable &= c.places[i].sn->info.mem_read_bps > 0;
     exo_instance fastest = {0};
     double fastest_tps = 0;
     for (int k = lo; k <= hi; k++) {
@@ -530,8 +530,8 @@ int exo_placement_place(const exo_state *st, const exo_placement_request *req, e
             int have = 0; /* nodes that need no download */
             for (int i = 0; i < c.n; i++)
                 if (mask & (1u << i)) {
-                    mem += weight_memory(&c.node[i]);
-                    have += exo_node_info_model(&c.node[i].sn->info, card->model_id) != NULL;
+                    mem += weight_memory(&c.places[i]);
+                    have += exo_node_info_model(&c.places[i].sn->info, card->model_id) != NULL;
                 }
             /* among sets of one size: those with the model on disk, then the
              * fastest predicted (a node with a GPU over one without), then
