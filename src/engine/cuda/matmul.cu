@@ -618,9 +618,13 @@ template <int K, int SDT> static void launch_k(gemv_batch &b, int T, int blocks,
     }
 }
 
+/* Only affine weights have scales of their own type: the other kinds are
+ * built once (a kernel per scale type would be three copies of one). */
 template <int K> static void launch_sdt(gemv_batch &b, int sdt, int T, int blocks, cudaStream_t s)
 {
-    if (sdt == EXO_DTYPE_BF16)
+    if constexpr (K != GEMV_Q4 && K != GEMV_Q8)
+        launch_k<K, EXO_DTYPE_F32>(b, T, blocks, s);
+    else if (sdt == EXO_DTYPE_BF16)
         launch_k<K, EXO_DTYPE_BF16>(b, T, blocks, s);
     else if (sdt == EXO_DTYPE_F16)
         launch_k<K, EXO_DTYPE_F16>(b, T, blocks, s);
