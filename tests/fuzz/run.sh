@@ -39,7 +39,7 @@ if [ $# -gt 0 ]; then targets=("$@"); else targets=(tests/fuzz/fuzz_*.c); fi
 # One target: build, then fuzz; its output goes to $OUT/<name>.out and a
 # failure leaves $OUT/<name>.failed. Targets run $FUZZ_JOBS at a time (the
 # machine's cores by default): each build and each libFuzzer process uses
-# one core, so on a 2-core CI runner this halves the wall time.
+# one core, so on two cores this halves the fuzzing's wall time.
 fuzz_one() {
     local src=$1 bin name line libs sources work seeds opts what
     bin=$(basename "$src" .c)
@@ -86,6 +86,7 @@ for src in "${targets[@]}"; do
     if [ ! -f "$src" ]; then
         echo "fuzz: no such target $src" >&2
         names+=("$src")
+        rm -f "$OUT/$(basename "$src" .c).out"
         echo > "$OUT/$(basename "$src" .c).failed"
         continue
     fi
