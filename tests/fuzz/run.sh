@@ -37,9 +37,10 @@ mkdir -p "$OUT"
 
 if [ $# -gt 0 ]; then targets=("$@"); else targets=(tests/fuzz/fuzz_*.c); fi
 # One target: build, then fuzz; its output goes to $OUT/<name>.out and a
-# failure leaves $OUT/<name>.failed. Targets run $FUZZ_JOBS at a time (the
-# machine's cores by default): each build and each libFuzzer process uses
-# one core, so on two cores this halves the fuzzing's wall time.
+# failure leaves $OUT/<name>.failed. Targets run FUZZ_JOBS at a time, one
+# by default: two at once beside the rest of `make -j2 test` once made
+# fuzz_event_log's reopen find its log still locked (no run alone
+# reproduced it); until that is understood, they take turns.
 fuzz_one() {
     local src=$1 bin name line libs sources work seeds opts what
     bin=$(basename "$src" .c)
@@ -80,7 +81,7 @@ fuzz_one() {
     grep -aE 'stat::number_of_executed_units|Done [0-9]+ runs' "$OUT/$name.log" | tail -1
 }
 
-JOBS=${FUZZ_JOBS:-$(nproc)}
+JOBS=${FUZZ_JOBS:-1}
 names=()
 for src in "${targets[@]}"; do
     if [ ! -f "$src" ]; then
