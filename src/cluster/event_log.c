@@ -22,6 +22,7 @@
 #include "core/alloc.h"
 #include "core/bytes.h"
 #include "core/log.h"
+#include "core/paths.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -161,7 +162,7 @@ int exo_event_log_open(const char *path, exo_event_log **out, exo_event_log_reco
     int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     if (fd < 0)
         return exo_err_set(err, errno == ENOENT ? EXO_ENOENT : EXO_EIO, "%s: open: %s", path, strerror(errno));
-    if (flock(fd, LOCK_EX | LOCK_NB) < 0) {
+    if (exo_flock_exclusive(fd) < 0) {
         int e = errno;
         close(fd);
         return exo_err_set(err, e == EWOULDBLOCK ? EXO_EBUSY : EXO_EIO, "%s: lock: %s", path,

@@ -33,6 +33,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
+#include <time.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -318,6 +319,17 @@ static long read_pid(int fd)
     return end != buf && pid > 0 ? pid : 0;
 }
 
+int exo_flock_exclusive(int fd)
+{
+    for (int waited_ms = 0;; waited_ms++) {
+        if (flock(fd, LOCK_EX | LOCK_NB) == 0)
+            return 0;
+        if ((errno != EWOULDBLOCK && errno != EINTR) || waited_ms >= EXO_FLOCK_WAIT_MS)
+            return -1;
+        nanosleep(&(struct timespec){.tv_nsec = 1000000}, NULL);
+    }
+}
+
 int exo_pidfile_acquire(const char *path, int *fd_out, exo_err *err)
 {
     *fd_out = -1;
@@ -325,7 +337,7 @@ int exo_pidfile_acquire(const char *path, int *fd_out, exo_err *err)
         int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
         if (fd < 0)
             return exo_err_set(err, EXO_EIO, "pid file %s: open: %s", path, strerror(errno));
-        if (flock(fd, LOCK_EX | LOCK_NB) < 0) {
+        if (exo_flock_exclusive(fd) < 0) {
             int e = errno;
             if (e == EWOULDBLOCK) {
                 long pid = read_pid(fd);

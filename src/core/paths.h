@@ -48,6 +48,18 @@ int  exo_paths_resolve(const char *data_dir_flag, const char *const *models_dir_
                        int n_models_dir_flags, exo_paths *out, exo_err *err);
 void exo_paths_free(exo_paths *p);
 
+/* An exclusive flock on fd without blocking on a real holder. A flock
+ * belongs to an open file description and goes when its last reference
+ * does, and the last one is not always its owner's: a process resolving
+ * /proc/PID/fd or reading fdinfo (lsof, a monitor) holds one for
+ * microseconds, so a file closed and at once reopened (a log, a restarted
+ * daemon's pid file) can find the old lock still there. A holder that
+ * means it holds the lock for its lifetime, so a short bounded wait
+ * (EXO_FLOCK_WAIT_MS) tells the two apart. Returns 0, or -1 with errno
+ * (EWOULDBLOCK: held). */
+#define EXO_FLOCK_WAIT_MS 250
+int  exo_flock_exclusive(int fd);
+
 /* Takes an exclusive lock on the pid file (flock, created 0644) and writes
  * our pid into it. *fd_out keeps the lock until exo_pidfile_release.
  * EXO_EBUSY when another live process holds it (the message says which pid

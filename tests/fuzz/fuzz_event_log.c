@@ -13,7 +13,7 @@
  *   8: bytes -> exo_snapshot_decode (a State snapshot file); an accepted
  *      one re-encodes and decodes to an equal State
  * Invariants are checked with abort(), which libFuzzer reports as a crash. */
-// FUZZ_SOURCES: src/proto/types.c src/cluster/types.c src/cluster/codec.c src/cluster/events.c src/cluster/state.c src/cluster/event_log.c src/cluster/snapshot.c src/cluster/crc32c.c src/core/bytes.c src/core/alloc.c src/core/error.c src/core/log.c src/core/clock.c src/core/json_util.c src/core/budget.c
+// FUZZ_SOURCES: src/proto/types.c src/cluster/types.c src/cluster/codec.c src/cluster/events.c src/cluster/state.c src/cluster/event_log.c src/cluster/snapshot.c src/cluster/crc32c.c src/core/bytes.c src/core/alloc.c src/core/error.c src/core/log.c src/core/clock.c src/core/json_util.c src/core/budget.c src/core/paths.c
 // FUZZ_LIBS: -lmsgpackc -lzstd
 #include "core/json_util.h"
 #include "cluster/crc32c.h"

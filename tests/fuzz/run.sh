@@ -38,9 +38,7 @@ mkdir -p "$OUT"
 if [ $# -gt 0 ]; then targets=("$@"); else targets=(tests/fuzz/fuzz_*.c); fi
 # One target: build, then fuzz; its output goes to $OUT/<name>.out and a
 # failure leaves $OUT/<name>.failed. Targets run FUZZ_JOBS at a time, one
-# by default: two at once beside the rest of `make -j2 test` once made
-# fuzz_event_log's reopen find its log still locked (no run alone
-# reproduced it); until that is understood, they take turns.
+# by default: `make -j2 test` already runs the fuzzers beside other parts.
 fuzz_one() {
     local src=$1 bin name line libs sources work seeds opts what
     bin=$(basename "$src" .c)

@@ -6,6 +6,7 @@
 #include "cluster/crc32c.h"
 #include "cluster/event_log.h"
 #include "core/alloc.h"
+#include "core/clock.h"
 #include "core/log.h"
 #include "test_cluster_fixtures.h"
 
@@ -18,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include <zstd.h>
 
@@ -241,6 +243,43 @@ Test(cluster_event_log, raw_append_limits_and_lock)
     char missing[200];
     snprintf(missing, sizeof missing, "%s/no/such/dir/events.bin", tmpdir);
     cr_assert_eq(exo_event_log_open(missing, &second, NULL, &err), EXO_ENOENT);
+}
+
+/* A forked child shares the log's open file description, so the writer's
+ * lock outlives our close until the child exits: the way a process reading
+ * /proc/PID/fd briefly keeps a closed log locked. A brief hold is waited
+ * out; a writer that keeps it is refused after the bounded wait. */
+static void reopen_while_child_holds(int hold_ms, int want_rc)
+{
+    exo_err err = {0};
+    exo_event_log *log = open_log(NULL);
+    pid_t child = fork();
+    cr_assert_neq(child, -1);
+    if (child == 0) {
+        usleep((useconds_t)hold_ms * 1000);
+        _exit(0);
+    }
+    cr_assert_eq(exo_event_log_close(log, false, &err), 0);
+    double t0 = exo_clock_seconds();
+    int rc = exo_event_log_open(logpath, &log, NULL, &err);
+    double waited = exo_clock_seconds() - t0;
+    cr_assert_eq(rc, want_rc, "hold %d ms: rc %d (%s) after %.3f s", hold_ms, rc, err.msg, waited);
+    if (rc == EXO_EBUSY) {
+        cr_assert(strstr(err.msg, "held by another writer"), "%s", err.msg);
+        cr_assert(waited >= 0.2 && waited < 2.0, "gave up after %.3f s", waited);
+    }
+    int status;
+    cr_assert_eq(waitpid(child, &status, 0), child);
+    if (rc == 0)
+        close_log(log);
+    else
+        close_log(open_log(NULL)); /* free once the child is gone */
+}
+
+Test(cluster_event_log, lock_survives_a_brief_extra_reference)
+{
+    reopen_while_child_holds(40, 0);
+    reopen_while_child_holds(1500, EXO_EBUSY);
 }
 
 Test(cluster_event_log, truncate_at_every_byte_of_last_record)
