@@ -46,7 +46,7 @@ fi
 CORPORA=()
 CORPORA+=(tests/fixtures/corpora/tinyshakespeare.txt)
 if tests/tokenizer/fetch.sh corpora >/dev/null 2>&1; then
-  CORPORA+=(tests/.cache/corpora/moby-dick.txt tests/.cache/corpora/state-of-the-union.txt)
+  CORPORA+=(tests/.cache/corpora/moby-dick.txt tests/.cache/corpora/state-of-the-union-4th.txt)
 fi
 
 for name in $FAMILIES; do
