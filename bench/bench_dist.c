@@ -13,7 +13,11 @@
  *          every rank running them together: the weights read once a step);
  *   pipeline  the same, each holding a layer range; one request, then
  *          2 x N requests at once (rank 0 keeps one in flight per slot)
- *          against one process serving them one after another.
+ *          against one process serving them one after another;
+ *   pipeline, batched: 4 and 16 streams decoding side by side as the
+ *          runner batches them (each step's rows one ROWS frame through
+ *          every rank, sampled on the last: each rank reads its weights
+ *          once a step for all of them).
  * Decode is bound by the bandwidth one core can pull, so N processes on N
  * cores can go up to N times one (tensor) or stay at one (pipeline, one
  * request: the ranks take turns). Prints tokens/s and the ratio to `one`.
@@ -160,6 +164,51 @@ static double tensor_batched(exo_model *m, exo_dist *d, int n_req)
     return rc ? 0 : tps;
 }
 
+/* Rank 0 of a pipeline: n_req greedy streams decoding side by side as the
+ * runner batches them (dist.h ROWS frames; the last rank samples each with
+ * its batch slot's sampler): decode tokens/s of all of them together. */
+static double pipeline_batched(exo_model *m, exo_dist *d, int n_req)
+{
+    exo_err err = {0};
+    exo_seq *s[EXO_DIST_BATCH_ROWS] = {0};
+    int32_t ids[256], tok[EXO_DIST_BATCH_ROWS];
+    int slots[EXO_DIST_BATCH_ROWS];
+    bool want[EXO_DIST_BATCH_ROWS];
+    exo_batch_item items[EXO_DIST_BATCH_ROWS];
+    exo_sample smp[EXO_DIST_BATCH_ROWS];
+    exo_gen_params p = params();
+    prompt(exo_model_vocab(m), ids);
+    double t0 = 0;
+    int rc = 0;
+    for (int k = 0; k < n_req && !rc; k++) {
+        slots[k] = k + 1; /* slot 0 is the stepper's */
+        want[k] = true;
+        items[k] = (exo_batch_item){NULL, ids, n_prompt};
+        rc = exo_seq_create(m, 1024, &s[k], &err) || exo_dist_seq_resize(d, slots[k], 0, 1024, &err) ||
+             exo_dist_begin(d, slots[k], &p.sampling, ids, n_prompt, n_gen + 1, &err);
+        items[k].seq = s[k];
+        rc = rc || exo_dist_pipe_rows(d, 1, &items[k], &slots[k], &want[k], &smp[k], &err);
+        tok[k] = smp[k].id;
+    }
+    for (int step = 0; step < n_gen && !rc; step++) {
+        if (step == 1)
+            t0 = exo_clock_seconds(); /* after one step: the first builds its scratch */
+        for (int k = 0; k < n_req; k++)
+            items[k] = (exo_batch_item){s[k], &tok[k], 1};
+        rc = exo_dist_pipe_rows(d, n_req, items, slots, want, smp, &err);
+        for (int k = 0; k < n_req; k++)
+            tok[k] = smp[k].id;
+    }
+    if (rc)
+        fprintf(stderr, "bench_dist: %s\n", err.msg);
+    double tps = n_req * (n_gen - 1) / (exo_clock_seconds() - t0);
+    for (int k = 0; k < n_req; k++)
+        exo_seq_free(s[k]);
+    return rc ? 0 : tps;
+}
+
+static bool pipe_batched; /* run_split of a pipeline: n_req streams batched, not in flight */
+
 /* One rank of a split run, in its own process; rank 0 writes tokens/s to *out. */
 static void rank_main(const char *dir, int rank, int world, bool tensor, int n_req, int listen_fd,
                       int next_port, double *out)
@@ -191,7 +240,7 @@ static void rank_main(const char *dir, int rank, int world, bool tensor, int n_r
     }
     exo_model *m;
     exo_seq *seqs[EXO_DIST_MAX_SLOTS] = {0};
-    int n_slots = n_req > 1 && !tensor ? n_req : 1;
+    int n_slots = n_req > 1 && !tensor && !pipe_batched ? n_req : 1;
     if (exo_model_load(dir, &o, &m, &err)) {
         fprintf(stderr, "bench_dist: rank %d: %s\n", rank, err.msg);
         _exit(1);
@@ -203,6 +252,8 @@ static void rank_main(const char *dir, int rank, int world, bool tensor, int n_r
     exo_dist *d = exo_dist_new(ring, tensor, m, seqs, n_slots);
     if (rank == 0 && n_req > 1 && tensor) {
         *out = tensor_batched(m, d, n_req);
+    } else if (rank == 0 && n_req > 1 && pipe_batched) {
+        *out = pipeline_batched(m, d, n_req);
     } else if (rank == 0 && n_req > 1) {
         int32_t ids[256];
         prompt(exo_model_vocab(m), ids);
@@ -432,6 +483,12 @@ int main(int argc, char **argv)
     printf("  one process, one after another: %6.2f tok/s\n", one_n);
     printf("  pipeline, %d processes, all in flight: %6.2f tok/s = %.2fx (goal >= 1.8x)\n", world, pp_n,
            pp_n / one_n);
+    pipe_batched = true;
+    for (int streams = 4; streams <= EXO_DIST_BATCH_ROWS; streams *= 4) {
+        double pb = run_split(dir, world, false, streams);
+        printf("  pipeline, %d processes, %d streams batched: %6.2f tok/s together = %.2fx pipeline's one stream, "
+               "%.2fx %d in flight\n", world, streams, pb, pb / pp, pb / pp_n, n_req);
+    }
     char cmd[256];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     if (system(cmd))

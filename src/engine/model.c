@@ -3409,22 +3409,27 @@ int exo_model_step(exo_model *m, exo_seq *s, exo_step *st, exo_err *err)
 
 int exo_model_max_batch_rows(const exo_model *m) { return m->max_chunk; }
 
-int exo_model_step_batch(exo_model *m, const exo_batch_item *items, int n, float *logits, exo_err *err)
+int exo_model_step_batch_shard(exo_model *m, const exo_batch_item *items, int n, const float *hidden_in,
+                               float *hidden_out, float *logits, exo_err *err)
 {
     if (n <= 0)
         return exo_err_set(err, EXO_EINVAL, "batch: no sequences");
-    if (!m->embeds || !m->has_head)
-        return exo_err_set(err, EXO_EUNSUPPORTED, "batch: a batched step needs the whole model (tokens in, "
-                           "logits out)");
+    if (m->embeds == (hidden_in != NULL))
+        return exo_err_set(err, EXO_EINVAL, "batch: this shard takes %s", m->embeds ? "token ids" : "hidden states");
+    if (logits && !m->has_head)
+        return exo_err_set(err, EXO_EINVAL, "batch: this shard has no LM head");
+    if (m->allreduce && (!m->embeds || !m->has_head))
+        return exo_err_set(err, EXO_EUNSUPPORTED, "batch: a tensor-parallel rank holds every layer");
     if (n == 1) { /* the single-sequence step (chunked prompts, recorded decode) */
-        exo_step st = {.T = items[0].T, .tokens = items[0].tokens, .logits = logits};
+        exo_step st = {.T = items[0].T, .tokens = items[0].tokens, .hidden_in = hidden_in,
+                       .hidden_out = hidden_out, .logits = logits};
         return exo_model_step(m, items[0].seq, &st, err);
     }
     int T = 0;
     for (int i = 0; i < n; i++) {
         const exo_batch_item *it = &items[i];
         exo_seq *s = it->seq;
-        if (!s || s->m != m || it->T <= 0 || !it->tokens)
+        if (!s || s->m != m || it->T <= 0 || (m->embeds && !it->tokens))
             return exo_err_set(err, EXO_EINVAL, "batch: item %d has no tokens or another model's sequence", i);
         for (int j = 0; j < i; j++)
             if (items[j].seq == s)
@@ -3432,7 +3437,7 @@ int exo_model_step_batch(exo_model *m, const exo_batch_item *items, int n, float
         if (it->T > s->capacity - s->len)
             return exo_err_set(err, EXO_ERANGE, "batch: item %d: context full: %d + %d tokens > capacity %d", i,
                                s->len, it->T, s->capacity);
-        for (int t = 0; t < it->T; t++)
+        for (int t = 0; m->embeds && t < it->T; t++)
             if (it->tokens[t] < 0 || it->tokens[t] >= m->vocab)
                 return exo_err_set(err, EXO_ERANGE, "batch: item %d: token id %d out of range [0, %d)", i,
                                    it->tokens[t], m->vocab);
@@ -3450,16 +3455,21 @@ int exo_model_step_batch(exo_model *m, const exo_batch_item *items, int n, float
                                s->len + items[i].T - 1, exo_strerror(rc));
     }
     span *sp = exo_malloc(sizeof *sp * (size_t)n);
-    int32_t *tokens = exo_malloc(sizeof *tokens * (size_t)T);
+    int32_t *tokens = m->embeds ? exo_malloc(sizeof *tokens * (size_t)T) : NULL;
     int rc = 0;
     for (int i = 0, r0 = 0; i < n; r0 += items[i++].T) {
         sp[i] = (span){items[i].seq, r0, items[i].T, items[i].seq->len};
-        memcpy(tokens + r0, items[i].tokens, sizeof *tokens * (size_t)items[i].T);
+        if (tokens)
+            memcpy(tokens + r0, items[i].tokens, sizeof *tokens * (size_t)items[i].T);
         if (m->n_linear && items[i].T > 1 && !rc && seq_keep_start(items[i].seq))
             rc = exo_err_set(err, EXO_ENOMEM, "batch: cannot snapshot the recurrent state");
     }
     if (!rc)
-        rc = step_layers(m, tokens, NULL, sp, n, T, err);
+        rc = step_layers(m, tokens, hidden_in, sp, n, T, err);
+    if (!rc && hidden_out) {
+        exo_backend *last = m->layers[m->n_layers - 1].be;
+        rc = last->ops->to_host(last, hidden_out, acts_of(m, last)->x, sizeof(float) * (size_t)T * (size_t)m->dim);
+    }
     bool decode = T == n; /* one row each: their logits are consecutive rows */
     size_t V = (size_t)m->vocab;
     for (int i = 0; !rc && logits && i < n; i += decode ? MAX_LOGIT_ROWS : 1) {
@@ -3477,6 +3487,14 @@ int exo_model_step_batch(exo_model *m, const exo_batch_item *items, int n, float
     if (rc && (!err || !err->msg[0] || err->code != rc))
         exo_err_set(err, rc, "batch: %s", exo_strerror(rc));
     return rc;
+}
+
+int exo_model_step_batch(exo_model *m, const exo_batch_item *items, int n, float *logits, exo_err *err)
+{
+    if (!m->embeds || !m->has_head)
+        return exo_err_set(err, EXO_EUNSUPPORTED, "batch: a batched step needs the whole model (tokens in, "
+                           "logits out)");
+    return exo_model_step_batch_shard(m, items, n, NULL, NULL, logits, err);
 }
 
 int exo_model_forward(exo_model *m, exo_seq *s, const int32_t *tokens, int T, float *logits,

@@ -284,6 +284,13 @@ typedef struct exo_batch_item {
  * item's logits are those exo_model_step would give it alone up to the
  * rounding of products that take another kernel at more rows. */
 int exo_model_step_batch(exo_model *m, const exo_batch_item *items, int n, float *logits, exo_err *err);
+/* The same through a pipeline shard: its input is the items' tokens where
+ * it embeds, else hidden_in (their rows in item order, each hidden_size
+ * f32; items' tokens unused); hidden_out (NULL: not wanted) gets the rows'
+ * output in the same order, for the next shard; logits only on the last
+ * shard. A row gets the bits exo_model_step gives it alone, as above. */
+int exo_model_step_batch_shard(exo_model *m, const exo_batch_item *items, int n, const float *hidden_in,
+                               float *hidden_out, float *logits, exo_err *err);
 int exo_model_max_batch_rows(const exo_model *m);
 
 /* A whole model's step: tokens in, logits out (see exo_model_step).

@@ -2,7 +2,10 @@
  *
  * The frames are dist_frames.h's. Slots let several requests be in flight
  * through a pipeline: each rank keeps a sequence (and the last rank a
- * sampler) per slot, and frames of different slots interleave. */
+ * sampler) per slot, and frames of different slots interleave. A group
+ * that batches (rank 0's continuous batching) has batch slots instead,
+ * whose sequences SEQ frames make on every rank; in a pipeline the last
+ * rank keeps their samplers, indexed as the slots are. */
 #include "runner/dist.h"
 
 #include "runner/dist_frames.h"
@@ -12,11 +15,9 @@
 
 #include <string.h>
 
-/* What a rank keeps per sequence: its cache and, on the rank that samples,
- * the sampler (which keeps the history its penalties look at). */
+/* What a rank keeps per pipeline slot: its cache. */
 typedef struct slot {
-    exo_seq     *seq;
-    exo_sampler *smp;
+    exo_seq *seq;
 } slot;
 
 struct exo_dist {
@@ -30,9 +31,13 @@ struct exo_dist {
     float          *hidden; /* a chunk's hidden states (max chunk x dim) */
     size_t          hidden_cap;
     float          *logits;
-    /* ranks > 0 of a tensor-parallel group that batches: the batch slots'
-     * sequences ([0] is slot 0's), made by rank 0's SEQ frames, and the
-     * logits of a batched step (which only rank 0 samples from) */
+    /* on the rank that samples, a sampler per slot (pipeline or batch
+     * slot), which keeps the history its penalties look at */
+    exo_sampler    *smp[EXO_DIST_MAX_BATCH];
+    /* ranks > 0 of a group that batches: the batch slots' sequences ([0]
+     * is slot 0's), made by rank 0's SEQ frames, and the logits of a
+     * batched step (which rank 0 of a tensor group samples from, the last
+     * rank of a pipeline) */
     exo_seq        *bseqs[EXO_DIST_MAX_BATCH];
     float          *blogits;
     /* ranks > 0: the prefix-cache entries rank 0's KEEP frames made */
@@ -45,29 +50,30 @@ struct exo_dist {
 
 /* ---- the sampler (on the rank with the head) ------------------------------------- */
 
-static void sampler_drop(slot *sl)
+static void sampler_drop(exo_dist *d, int i)
 {
-    exo_sampler_free(sl->smp);
-    sl->smp = NULL;
+    exo_sampler_free(d->smp[i]);
+    d->smp[i] = NULL;
 }
 
-static int sampler_begin(exo_dist *d, slot *sl, const exo_sampler_params *sp, const int32_t *prompt,
-                         int n, int max_tokens, exo_err *err)
+static int sampler_begin(exo_dist *d, int i, const exo_sampler_params *sp, const int32_t *prompt, int n,
+                         int max_tokens, exo_err *err)
 {
-    sampler_drop(sl);
+    sampler_drop(d, i);
     if (!d->logits)
         return exo_err_set(err, EXO_EFORMAT, "ring: a sampler on a rank without the head");
-    sl->smp = exo_sampler_create(sp, exo_model_vocab(d->m));
-    if (exo_sampler_begin(sl->smp, prompt, n, max_tokens))
+    d->smp[i] = exo_sampler_create(sp, exo_model_vocab(d->m));
+    if (exo_sampler_begin(d->smp[i], prompt, n, max_tokens))
         return exo_err_set(err, EXO_ENOMEM, "generate: out of memory");
     return 0;
 }
 
-static int sample_here(exo_dist *d, slot *sl, exo_sample *s, exo_err *err)
+/* Slot i's next sample from logits (one row of the vocabulary). */
+static int sample_here(exo_dist *d, int i, float *logits, exo_sample *s, exo_err *err)
 {
-    if (!sl->smp)
+    if (!d->smp[i])
         return exo_err_set(err, EXO_EFORMAT, "ring: a sample asked for before BEGIN");
-    exo_sampler_next(sl->smp, d->logits, s);
+    exo_sampler_next(d->smp[i], logits, s);
     return 0;
 }
 
@@ -142,12 +148,10 @@ static bool is_last(const exo_dist *d) { return exo_ring_rank(d->ring) == exo_ri
 int exo_dist_begin(exo_dist *d, int slot_i, const exo_sampler_params *sp, const int32_t *prompt,
                    int n_prompt, int max_tokens, exo_err *err)
 {
-    slot *sl = NULL;
-    int rc = slot_of(d, (uint32_t)slot_i, &sl, err);
-    if (rc)
-        return rc;
+    if (slot_i < 0 || slot_i >= EXO_DIST_MAX_BATCH)
+        return exo_err_set(err, EXO_EINVAL, "dist: slot %d", slot_i);
     if (d->tensor) /* rank 0 samples */
-        return sampler_begin(d, sl, sp, prompt, n_prompt, max_tokens, err);
+        return sampler_begin(d, slot_i, sp, prompt, n_prompt, max_tokens, err);
     unsigned char params[EXO_DIST_SAMPLING_BYTES];
     exo_dist_encode_sampling(sp, slot_i, params);
     return exo_ring_send(d->ring, EXO_DIST_BEGIN, (uint32_t)n_prompt, (uint32_t)max_tokens, params,
@@ -177,7 +181,7 @@ int exo_dist_send_step(exo_dist *d, int slot_i, const int32_t *tokens, int T, bo
 int exo_dist_seq_resize(exo_dist *d, int bslot, int keep, int capacity, exo_err *err)
 {
     unsigned char p[8];
-    if (!d->tensor || bslot < 0 || bslot >= EXO_DIST_MAX_BATCH)
+    if (bslot < 0 || bslot >= EXO_DIST_MAX_BATCH)
         return exo_err_set(err, EXO_EINVAL, "dist: batch slot %d", bslot);
     exo_dist_encode_seq(capacity, keep, p);
     return exo_ring_send(d->ring, EXO_DIST_SEQ, (uint32_t)bslot, EXO_DIST_SEQ_RESIZE, p, sizeof p, NULL, 0, err);
@@ -186,7 +190,7 @@ int exo_dist_seq_resize(exo_dist *d, int bslot, int keep, int capacity, exo_err 
 int exo_dist_seq_copy(exo_dist *d, int bslot, int from, int n, exo_err *err)
 {
     unsigned char p[8];
-    if (!d->tensor || bslot < 0 || bslot >= EXO_DIST_MAX_BATCH || from < 0 || from >= EXO_DIST_MAX_BATCH)
+    if (bslot < 0 || bslot >= EXO_DIST_MAX_BATCH || from < 0 || from >= EXO_DIST_MAX_BATCH)
         return exo_err_set(err, EXO_EINVAL, "dist: batch slots %d, %d", bslot, from);
     exo_dist_encode_seq(from, n, p);
     return exo_ring_send(d->ring, EXO_DIST_SEQ, (uint32_t)bslot, EXO_DIST_SEQ_COPY, p, sizeof p, NULL, 0, err);
@@ -195,7 +199,7 @@ int exo_dist_seq_copy(exo_dist *d, int bslot, int from, int n, exo_err *err)
 static int send_prefix_op(exo_dist *d, int op, int bslot, int id, int n, exo_err *err)
 {
     unsigned char p[8];
-    if (!d->tensor || bslot < 0 || bslot >= EXO_DIST_MAX_BATCH || id < 0)
+    if (bslot < 0 || bslot >= EXO_DIST_MAX_BATCH || id < 0)
         return exo_err_set(err, EXO_EINVAL, "dist: prefix entry %d of batch slot %d", id, bslot);
     exo_dist_encode_seq(id, n, p);
     return exo_ring_send(d->ring, EXO_DIST_SEQ, (uint32_t)bslot, (uint32_t)op, p, sizeof p, NULL, 0, err);
@@ -229,6 +233,41 @@ int exo_dist_send_batch(exo_dist *d, int n, const int *slots, const int *pos0, c
     int rc = exo_ring_send(d->ring, EXO_DIST_BATCH, (uint32_t)n, logits ? 1 : 0, p, len, NULL, 0, err);
     exo_free(p);
     return rc;
+}
+
+int exo_dist_pipe_rows(exo_dist *d, int n, const exo_batch_item *items, const int *bslot, const bool *want,
+                       exo_sample *samples, exo_err *err)
+{
+    if (d->tensor || n < 1 || n > EXO_DIST_BATCH_ROWS)
+        return exo_err_set(err, EXO_EINVAL, "dist: a pipeline's batch of %d rows", n);
+    int pos0[EXO_DIST_BATCH_ROWS], T[EXO_DIST_BATCH_ROWS], rows = 0, wanted = 0;
+    for (int k = 0; k < n; k++) {
+        if (bslot[k] < 0 || bslot[k] >= EXO_DIST_MAX_BATCH)
+            return exo_err_set(err, EXO_EINVAL, "dist: batch slot %d", bslot[k]);
+        pos0[k] = exo_seq_len(items[k].seq);
+        T[k] = items[k].T;
+        rows += T[k];
+        wanted += want[k];
+    }
+    int rc = ensure_hidden(d, rows, err);
+    if (rc || (rc = exo_model_step_batch_shard(d->m, items, n, NULL, d->hidden, NULL, err)))
+        return rc;
+    unsigned char head[16 * EXO_DIST_BATCH_ROWS];
+    exo_dist_encode_rows(n, bslot, pos0, T, want, head);
+    if ((rc = exo_ring_send(d->ring, EXO_DIST_ROWS, (uint32_t)n, 0, head, 16 * (size_t)n, d->hidden,
+                            sizeof(float) * (size_t)rows * (size_t)d->shard.hidden_size, err)))
+        return rc;
+    /* the samples come back in row order */
+    for (int k = 0; k < n && wanted; k++) {
+        if (!want[k])
+            continue;
+        int got;
+        if ((rc = exo_dist_recv_sample(d, &got, &samples[k], err)))
+            return rc;
+        if (got != bslot[k])
+            return exo_err_set(err, EXO_EFORMAT, "ring: a sample for slot %d, row %d is slot %d's", got, k, bslot[k]);
+    }
+    return 0;
 }
 
 int exo_dist_generate_batch(exo_dist *d, int n, const int32_t *const *prompts, const int *n_prompts,
@@ -309,14 +348,14 @@ static int d_step(void *ctx, const int32_t *tokens, int T, exo_sample *sample, e
     exo_step st = {.T = T, .tokens = tokens, .logits = sample ? d->logits : NULL};
     if ((rc = exo_model_step(d->m, sl->seq, &st, err)))
         return rc;
-    return sample ? sample_here(d, sl, sample, err) : 0;
+    return sample ? sample_here(d, 0, d->logits, sample, err) : 0;
 }
 
 static int d_len(void *ctx) { return exo_seq_len(((exo_dist *)ctx)->slots[0].seq); }
 static int d_capacity(void *ctx) { return exo_seq_capacity(((exo_dist *)ctx)->slots[0].seq); }
 /* the other ranks follow at the next frame's position */
 static void d_truncate(void *ctx, int n) { exo_seq_truncate(((exo_dist *)ctx)->slots[0].seq, n); }
-static void d_finish(void *ctx) { sampler_drop(&((exo_dist *)ctx)->slots[0]); }
+static void d_finish(void *ctx) { sampler_drop(ctx, 0); }
 
 /* ---- ranks > 0 ------------------------------------------------------------------------ */
 
@@ -328,7 +367,7 @@ static int serve_begin(exo_dist *d, const exo_ring_msg *m, const exo_dist_frame 
     if (!prompt)
         return exo_err_set(err, EXO_ENOMEM, "generate: out of memory");
     exo_dist_frame_prompt(f, prompt);
-    int rc = sampler_begin(d, &d->slots[f->slot], &f->sampling, prompt, f->n_prompt, f->max_tokens, err);
+    int rc = sampler_begin(d, f->slot, &f->sampling, prompt, f->n_prompt, f->max_tokens, err);
     exo_free(prompt);
     return rc;
 }
@@ -375,7 +414,7 @@ static int serve_step(exo_dist *d, const exo_ring_msg *m, const exo_dist_frame *
     if (!f->want_sample)
         return 0;
     exo_sample s;
-    if ((rc = sample_here(d, sl, &s, err)))
+    if ((rc = sample_here(d, f->slot, d->logits, &s, err)))
         return rc;
     return send_sample(d, f->slot, &s, err);
 }
@@ -484,6 +523,53 @@ static int serve_batch(exo_dist *d, const exo_ring_msg *m, const exo_dist_frame 
     return rc;
 }
 
+/* A pipeline's batched step: each row's sequence moves to the row's
+ * position, the rows run through this rank's layers together, and go on
+ * to the next rank, or, on the last, are sampled (a pipeline step has no
+ * collective inside: the frame's payload stays valid through it). */
+static int serve_rows(exo_dist *d, const exo_ring_msg *m, const exo_dist_frame *f, exo_err *err)
+{
+    exo_batch_item items[EXO_DIST_BATCH_ROWS];
+    int bslot[EXO_DIST_BATCH_ROWS];
+    bool want[EXO_DIST_BATCH_ROWS], any = false;
+    int rc;
+    for (int i = 0; i < f->n_rows; i++) {
+        int pos0, T;
+        exo_dist_frame_rows_row(f, i, &bslot[i], &pos0, &T, &want[i]);
+        exo_seq *s = *bseq_at(d, bslot[i]);
+        if (!s)
+            return exo_err_set(err, EXO_EFORMAT, "ring: ROWS row %d on slot %d, which has no sequence", i, bslot[i]);
+        if ((rc = seek(s, (uint32_t)pos0, err)))
+            return rc;
+        items[i] = (exo_batch_item){s, NULL, T};
+        any |= want[i];
+    }
+    if (!is_last(d)) {
+        if ((rc = ensure_hidden(d, f->T_total, err)) ||
+            (rc = exo_model_step_batch_shard(d->m, items, f->n_rows, f->data, d->hidden, NULL, err)))
+            return rc;
+        return exo_ring_send(d->ring, EXO_DIST_ROWS, m->a, m->b, m->payload, 16 * (size_t)f->n_rows, d->hidden,
+                             sizeof(float) * (size_t)f->T_total * (size_t)d->shard.hidden_size, err);
+    }
+    if (any && !d->logits)
+        return exo_err_set(err, EXO_EFORMAT, "ring: a sample asked of a rank without the head");
+    size_t V = (size_t)exo_model_vocab(d->m);
+    if (any && !d->blogits && !(d->blogits = exo_try_malloc(sizeof(float) * V * EXO_DIST_BATCH_ROWS)))
+        return exo_err_set(err, EXO_ENOMEM, "out of memory");
+    float *logits = any ? d->blogits : NULL;
+    if ((rc = exo_model_step_batch_shard(d->m, items, f->n_rows, f->data, NULL, logits, err)))
+        return rc;
+    for (int i = 0; i < f->n_rows && any; i++) {
+        if (!want[i])
+            continue;
+        exo_sample s;
+        if ((rc = sample_here(d, bslot[i], logits + (size_t)i * V, &s, err)) ||
+            (rc = send_sample(d, bslot[i], &s, err)))
+            return rc;
+    }
+    return 0;
+}
+
 int exo_dist_serve(exo_dist *d, const exo_ring_msg *m, exo_err *err)
 {
     exo_dist_frame f;
@@ -501,6 +587,8 @@ int exo_dist_serve(exo_dist *d, const exo_ring_msg *m, exo_err *err)
         return serve_seq(d, m, &f, err);
     case EXO_DIST_BATCH:
         return serve_batch(d, m, &f, err);
+    case EXO_DIST_ROWS:
+        return serve_rows(d, m, &f, err);
     default:
         return exo_err_set(err, EXO_EFORMAT, "ring: unexpected frame %u at rank %d", m->type,
                            exo_ring_rank(d->ring));
@@ -529,8 +617,8 @@ void exo_dist_free(exo_dist *d)
 {
     if (!d)
         return;
-    for (int i = 0; i < d->n_slots; i++)
-        sampler_drop(&d->slots[i]);
+    for (int i = 0; i < EXO_DIST_MAX_BATCH; i++)
+        sampler_drop(d, i);
     for (int i = 0; i < d->n_kept; i++)
         exo_kv_prefix_free(d->kept[i].p);
     for (int i = 1; i < EXO_DIST_MAX_BATCH; i++)

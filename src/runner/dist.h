@@ -58,9 +58,9 @@ int exo_dist_generate_batch(exo_dist *d, int n, const int32_t *const *prompts, c
                             const exo_gen_params *p, exo_gen_token_fn on_token, void *const *ctx,
                             exo_gen_stats *stats, exo_err *err);
 
-/* Rank 0 of a tensor-parallel group, continuous batching (the runner's
- * batch slots, slot 0 being the stepper's): every rank keeps a sequence per
- * batch slot, which follows rank 0's. seq_resize: slot's sequence keeps
+/* Rank 0 of a group that batches, tensor-parallel or pipeline (the
+ * runner's batch slots, slot 0 being the stepper's): every rank keeps a
+ * sequence per batch slot, which follows rank 0's. seq_resize: slot's sequence keeps
  * its first `keep` positions and holds `capacity` (made where the slot has
  * none); seq_copy: the first n positions of slot `from`'s sequence into
  * slot's; send_batch: a batched step of n rows (slot, pos0, T, tokens), as
@@ -72,6 +72,16 @@ int exo_dist_seq_resize(exo_dist *d, int slot, int keep, int capacity, exo_err *
 int exo_dist_seq_copy(exo_dist *d, int slot, int from, int n, exo_err *err);
 int exo_dist_send_batch(exo_dist *d, int n, const int *slots, const int *pos0, const int *T,
                         const int32_t *const *tokens, bool logits, exo_err *err);
+/* Rank 0 of a pipeline that batches (the runner's continuous batching;
+ * the batch slots' sequences made on every rank with seq_resize, their
+ * samplers with exo_dist_begin on the batch slot): a batched step of n
+ * rows, row k being items[k] (rank 0's own sequence of batch slot
+ * bslot[k] and its tokens) run through this rank's layers and sent round
+ * (ROWS); the last rank samples the rows that want it, and their samples
+ * come back into samples[k] before this returns. A row gets the bits it
+ * gets stepped alone. */
+int exo_dist_pipe_rows(exo_dist *d, int n, const exo_batch_item *items, const int *bslot, const bool *want,
+                       exo_sample *samples, exo_err *err);
 /* The runner's prefix cache on every rank: keep the first n positions of
  * slot's sequence apart as entry `id` (0 .. INT32_MAX, unique while kept;
  * at most EXO_DIST_MAX_KEPT at once), take n positions of entry id into

@@ -107,6 +107,8 @@ int exo_dist_frame_parse(const exo_ring_msg *m, const exo_dist_shape *sh, exo_di
         if ((rc = parse_sampling(p, &f->sampling, err)))
             return rc;
         f->slot = (int)get32(p + 44);
+        if (get32(p + 44) >= EXO_DIST_MAX_BATCH) /* a batch slot at most (the pipeline's slots are fewer) */
+            return exo_err_set(err, EXO_EFORMAT, "ring: BEGIN of slot %u", get32(p + 44));
         f->n_prompt = (int)m->a;
         f->max_tokens = (int)m->b;
         f->prompt = p + EXO_DIST_SAMPLING_BYTES;
@@ -115,7 +117,7 @@ int exo_dist_frame_parse(const exo_ring_msg *m, const exo_dist_shape *sh, exo_di
             if (id >= (uint32_t)sh->vocab)
                 return exo_err_set(err, EXO_EFORMAT, "ring: BEGIN: token id %u out of range", id);
         }
-        break;
+        return 0;
     case EXO_DIST_HIDDEN:
     case EXO_DIST_TOKENS:
         f->T = (int)(m->a <= EXO_DIST_MAX_STEP ? m->a : 0);
@@ -135,7 +137,9 @@ int exo_dist_frame_parse(const exo_ring_msg *m, const exo_dist_shape *sh, exo_di
         exo_sample *s = &f->sample;
         if (m->len < 8)
             return exo_err_set(err, EXO_EFORMAT, "ring: a malformed sample");
-        f->slot = (int)(m->b < (uint32_t)EXO_DIST_MAX_SLOTS ? m->b : EXO_DIST_MAX_SLOTS);
+        if (m->b >= EXO_DIST_MAX_BATCH)
+            return exo_err_set(err, EXO_EFORMAT, "ring: a sample for slot %u", m->b);
+        f->slot = (int)m->b;
         s->id = (int32_t)m->a;
         s->logprob = getf(p);
         uint32_t n_top = get32(p + 4);
@@ -150,10 +154,10 @@ int exo_dist_frame_parse(const exo_ring_msg *m, const exo_dist_shape *sh, exo_di
             s->top_ids[i] = (int32_t)id;
             s->top_logprobs[i] = getf(p + 12 + 8 * i);
         }
-        break;
+        return 0; /* a pipeline's slot or a batch slot: the receiver checks it is one it waits for */
     }
     case EXO_DIST_SEQ:
-        if (!sh->tensor || m->len != 8 || m->a >= EXO_DIST_MAX_BATCH || m->b < EXO_DIST_SEQ_RESIZE ||
+        if (m->len != 8 || m->a >= EXO_DIST_MAX_BATCH || m->b < EXO_DIST_SEQ_RESIZE ||
             m->b > EXO_DIST_SEQ_DROP)
             return exo_err_set(err, EXO_EFORMAT, "ring: a malformed SEQ frame");
         f->seq_op = (int)m->b;
@@ -197,6 +201,29 @@ int exo_dist_frame_parse(const exo_ring_msg *m, const exo_dist_shape *sh, exo_di
         }
         return 0;
     }
+    case EXO_DIST_ROWS: {
+        if (sh->tensor || m->a < 1 || m->a > EXO_DIST_BATCH_ROWS || m->b != 0 || m->len < 16 * (size_t)m->a)
+            return exo_err_set(err, EXO_EFORMAT, "ring: a malformed ROWS frame");
+        f->n_rows = (int)m->a;
+        f->items = p;
+        size_t rows = 0;
+        bool taken[EXO_DIST_MAX_BATCH] = {0};
+        for (int i = 0; i < f->n_rows; i++) {
+            uint32_t slot = get32(p + 16 * i), pos0 = get32(p + 16 * i + 4), T = get32(p + 16 * i + 8),
+                     want = get32(p + 16 * i + 12);
+            if (slot >= EXO_DIST_MAX_BATCH || taken[slot] || pos0 > EXO_DIST_MAX_POS || T < 1 ||
+                T > EXO_DIST_MAX_STEP || want > 1)
+                return exo_err_set(err, EXO_EFORMAT, "ring: ROWS row %d: slot %u, %u rows at %u", i, slot, T, pos0);
+            taken[slot] = true;
+            rows += T;
+        }
+        if (rows > EXO_DIST_MAX_STEP ||
+            m->len != 16 * (size_t)f->n_rows + sizeof(float) * rows * (size_t)sh->hidden_size)
+            return exo_err_set(err, EXO_EFORMAT, "ring: a malformed ROWS frame");
+        f->T_total = (int)rows;
+        f->data = p + 16 * (size_t)f->n_rows;
+        return 0;
+    }
     default:
         return exo_err_set(err, EXO_EFORMAT, "ring: unknown frame %u", m->type);
     }
@@ -222,6 +249,25 @@ void exo_dist_frame_batch_row(const exo_dist_frame *f, int i, int *slot, int *po
     const unsigned char *p = f->items + 12 * (size_t)f->n_rows + 4 * before;
     for (int t = 0; t < *T; t++)
         ids[t] = (int32_t)get32(p + 4 * t);
+}
+
+void exo_dist_frame_rows_row(const exo_dist_frame *f, int i, int *slot, int *pos0, int *T, bool *want)
+{
+    *slot = (int)get32(f->items + 16 * i);
+    *pos0 = (int)get32(f->items + 16 * i + 4);
+    *T = (int)get32(f->items + 16 * i + 8);
+    *want = get32(f->items + 16 * i + 12) != 0;
+}
+
+void exo_dist_encode_rows(int n, const int *slots, const int *pos0, const int *T, const bool *want,
+                          unsigned char *out)
+{
+    for (int i = 0; i < n; i++) {
+        put32(out + 16 * i, (uint32_t)slots[i]);
+        put32(out + 16 * i + 4, (uint32_t)pos0[i]);
+        put32(out + 16 * i + 8, (uint32_t)T[i]);
+        put32(out + 16 * i + 12, want[i] ? 1u : 0u);
+    }
 }
 
 void exo_dist_encode_seq(int x, int y, unsigned char out[8])

@@ -11,8 +11,9 @@
  *   TOKENS  a = T, b as HIDDEN; payload: T int32 token ids
  *   SAMPLE  a = token id, b = slot; payload: f32 logprob, u32 n_top, then
  *           n_top (u32 id, f32 logprob) alternatives
- * and, in a tensor-parallel group that batches (continuous batching on rank
- * 0: the other ranks' batch slots follow rank 0's), for batch slots:
+ * and, in a group that batches (continuous batching on rank 0: the other
+ * ranks' batch slots follow rank 0's; BEGIN and SAMPLE then name batch
+ * slots, up to EXO_DIST_MAX_BATCH), for batch slots:
  *   SEQ     a = batch slot, b = EXO_DIST_SEQ_RESIZE, _COPY, _KEEP, _TAKE or
  *           _DROP; payload u32 x, u32 y: RESIZE keeps the first y positions
  *           and gives the slot's sequence x (made if the slot has none);
@@ -21,9 +22,14 @@
  *           sequence apart as prefix-cache entry x (model.h
  *           exo_seq_keep_prefix); TAKE gives the slot's sequence the first
  *           y positions of entry x; DROP (y 0) gives entry x up
- *   BATCH   a = n rows, b = 1 when rank 0 makes logits (every rank's share
- *           of the head joins); payload: n x (u32 slot, u32 pos0, u32 T),
- *           then the rows' token ids (the sum of their T, int32)
+ *   BATCH   (tensor) a = n rows, b = 1 when rank 0 makes logits (every
+ *           rank's share of the head joins); payload: n x (u32 slot, u32
+ *           pos0, u32 T), then the rows' token ids (the sum of their T, int32)
+ *   ROWS    (pipeline) a = n rows, b = 0; payload: n x (u32 slot, u32 pos0,
+ *           u32 T, u32 want_sample), then the rows' hidden states (the sum
+ *           of their T, x hidden_size f32); the last rank samples each row
+ *           that wants it with its slot's sampler and sends the SAMPLEs
+ *           back in row order
  * All little-endian; floats are IEEE-754 bits.
  *
  * A peer that passed the ring's handshake is trusted to be a rank of this
@@ -52,7 +58,8 @@
 #define EXO_DIST_MAX_KEPT       64 /* prefix-cache entries a rank holds (the runner's STORE_MAX) */
 #define EXO_DIST_BATCH_ROWS     16 /* sequences in one batched step */
 
-enum { EXO_DIST_BEGIN = 1, EXO_DIST_HIDDEN, EXO_DIST_TOKENS, EXO_DIST_SAMPLE, EXO_DIST_SEQ, EXO_DIST_BATCH };
+enum { EXO_DIST_BEGIN = 1, EXO_DIST_HIDDEN, EXO_DIST_TOKENS, EXO_DIST_SAMPLE, EXO_DIST_SEQ, EXO_DIST_BATCH,
+       EXO_DIST_ROWS };
 enum { EXO_DIST_SEQ_RESIZE = 1, EXO_DIST_SEQ_COPY, EXO_DIST_SEQ_KEEP, EXO_DIST_SEQ_TAKE, EXO_DIST_SEQ_DROP };
 
 /* What a rank checks frames against. */
@@ -81,6 +88,9 @@ typedef struct exo_dist_frame {
     int         n_rows;
     bool        want_logits;
     const unsigned char *items;
+    /* ROWS: n_rows rows at items (exo_dist_frame_rows_row), their hidden
+     * states at data, T_total rows of them */
+    int         T_total;
 } exo_dist_frame;
 
 /* Parses and checks m. EXO_EFORMAT naming the problem otherwise. */
@@ -90,6 +100,8 @@ int exo_dist_frame_parse(const exo_ring_msg *m, const exo_dist_shape *sh, exo_di
 void exo_dist_frame_prompt(const exo_dist_frame *f, int32_t *ids);
 /* BATCH: row i's slot, pos0 and T; its ids (T of them) copied to ids. */
 void exo_dist_frame_batch_row(const exo_dist_frame *f, int i, int *slot, int *pos0, int *T, int32_t *ids);
+/* ROWS: row i's slot, pos0, T and whether it wants a sample. */
+void exo_dist_frame_rows_row(const exo_dist_frame *f, int i, int *slot, int *pos0, int *T, bool *want);
 
 /* Encoders: BEGIN's parameter block, the b field of a step, a SAMPLE's
  * payload (returns its length). */
@@ -102,5 +114,8 @@ void     exo_dist_encode_seq(int x, int y, unsigned char out[8]);
 size_t   exo_dist_batch_bytes(int n, const int *T);
 void     exo_dist_encode_batch(int n, const int *slots, const int *pos0, const int *T,
                                const int32_t *const *tokens, unsigned char *out);
+/* ROWS's row headers (16 n bytes; the hidden states follow them). */
+void     exo_dist_encode_rows(int n, const int *slots, const int *pos0, const int *T, const bool *want,
+                              unsigned char *out);
 
 #endif

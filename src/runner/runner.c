@@ -637,6 +637,8 @@ static void warm_up(runner *r, int n_tokens)
 }
 
 static bool split(const runner *r) { return r->load.world > 1; }
+/* Rank 0 of a pipeline (layer ranges; the last rank samples). */
+static bool pipelined(const runner *r) { return r->dist && !r->load.tensor; }
 
 static int hex_key(const char *hex, uint8_t *key)
 {
@@ -811,10 +813,18 @@ static void do_load(runner *r)
     r->ctx = r->load.ctx > 0 ? r->load.ctx : (max_pos && max_pos < DEFAULT_CTX ? max_pos : DEFAULT_CTX);
     if (!kv_budget_holds_a_context(r, &err))
         goto fail;
-    /* a pipeline keeps one sequence per request in flight, so every rank
-     * can work on a different one: as many as there are ranks */
-    r->n_slots = split(r) && !tensor ? (r->load.world < EXO_DIST_MAX_SLOTS ? r->load.world
-                                                                           : EXO_DIST_MAX_SLOTS) : 1;
+    /* continuous batching: a whole model, or rank 0 of a tensor-parallel
+     * group or a pipeline (the other ranks' batch slots follow its, dist.h) */
+    if (leads) {
+        const char *b = getenv("EXO_BATCH");
+        long n = b && *b ? strtol(b, NULL, 10) : BATCH_DEFAULT;
+        r->n_batch = n < 1 ? 1 : n > BATCH_MAX ? BATCH_MAX : (int)n;
+    }
+    /* a pipeline that does not batch keeps one sequence per request in
+     * flight, so every rank can work on a different one: as many as there
+     * are ranks (the other ranks keep them whether rank 0 batches or not) */
+    r->n_slots = split(r) && !tensor && !(leads && r->n_batch > 1)
+                     ? (r->load.world < EXO_DIST_MAX_SLOTS ? r->load.world : EXO_DIST_MAX_SLOTS) : 1;
     for (int i = 0; i < r->n_slots; i++)
         if (exo_seq_create(r->model, r->ctx, &r->seqs[i], &err))
             goto fail;
@@ -825,12 +835,9 @@ static void do_load(runner *r)
     } else {
         r->stepper = exo_gen_stepper_local(r->model, r->seq);
     }
-    /* continuous batching: a whole model, or rank 0 of a tensor-parallel
-     * group (the other ranks' batch slots follow its, dist.h) */
-    if (!split(r) || (tensor && leads)) {
-        const char *b = getenv("EXO_BATCH");
-        long n = b && *b ? strtol(b, NULL, 10) : BATCH_DEFAULT;
-        r->n_batch = n < 1 ? 1 : n > BATCH_MAX ? BATCH_MAX : (int)n;
+    if (leads) {
+        /* a pipeline's other ranks hold shares of the caches alike (placement
+         * splits the layers by memory): rank 0's share stands for them */
         if (r->n_batch > 1)
             r->kv_limit = batch_memory(r);
         r->bseqs[0] = r->seqs[0]; /* one context's caches fewer; warm-up is done before a batch */
@@ -1290,7 +1297,7 @@ static void run_pipeline(runner *r)
         exo_sample s;
         if ((rc = exo_dist_recv_sample(r->dist, &i, &s, &err)))
             break;
-        if (!slots[i] || !slots[i]->waiting) {
+        if (i >= n || !slots[i] || !slots[i]->waiting) {
             rc = exo_err_set(&err, EXO_EFORMAT, "ring: a sample for slot %d, which waits for none", i);
             break;
         }
@@ -1600,11 +1607,18 @@ static bool slot_open(runner *r, batch_slot *slots)
     r->used[i] = ++r->clock;
     g->reused = reuse;
     g->gp.prefill_chunk = BATCH_PREFILL;
-    b->smp = exo_sampler_create(&g->gp.sampling, exo_model_vocab(r->model));
-    if (exo_sampler_begin(b->smp, g->ids, (int)g->n_ids, g->gp.max_tokens)) {
-        exo_err_set(&err, EXO_ENOMEM, "out of memory for the sampler's history");
-        slot_close(r, b, EXO_ENOMEM, &err);
-        return true;
+    if (pipelined(r)) { /* the last rank samples: its sampler for the slot */
+        if ((rc = exo_dist_begin(r->dist, i, &g->gp.sampling, g->ids, (int)g->n_ids, g->gp.max_tokens, &err))) {
+            slot_close(r, b, rc, &err);
+            return true;
+        }
+    } else {
+        b->smp = exo_sampler_create(&g->gp.sampling, exo_model_vocab(r->model));
+        if (exo_sampler_begin(b->smp, g->ids, (int)g->n_ids, g->gp.max_tokens)) {
+            exo_err_set(&err, EXO_ENOMEM, "out of memory for the sampler's history");
+            slot_close(r, b, EXO_ENOMEM, &err);
+            return true;
+        }
     }
     g->seq = exo_gen_seq_new(g->ids + reuse, (int)g->n_ids - reuse, reuse, exo_seq_capacity(r->bseqs[i]), &g->gp,
                              on_token, g);
@@ -1638,9 +1652,10 @@ static bool slot_share_late(runner *r, batch_slot *slots, int i)
 }
 
 /* One model call of the n slots at[]: their steps (tokens, T) run, and
- * those that want a sample are sampled with their own sampler. A single
- * slot takes the single-sequence step (recorded on a GPU, a greedy pick
- * made there). A failed call ends its requests with the error. */
+ * those that want a sample are sampled with their own sampler (on a
+ * pipeline's last rank, which sends the samples back). A single slot takes
+ * the single-sequence step (recorded on a GPU, a greedy pick made there).
+ * A failed call ends its requests with the error. */
 static void step_slots(runner *r, batch_slot *slots, const int *at, int n, const int32_t *const *tokens,
                        const int *T, const bool *want, float *logits)
 {
@@ -1652,7 +1667,13 @@ static void step_slots(runner *r, batch_slot *slots, const int *at, int n, const
     exo_err err = {0};
     int rc = 0;
     bool with_logits = n > 1 || want[at[0]];
-    if (r->dist) { /* the other ranks of a tensor-parallel group run the same step */
+    exo_sample sampled[BATCH_ROWS];
+    if (pipelined(r)) {
+        bool wants[BATCH_ROWS];
+        for (int k = 0; k < n; k++)
+            wants[k] = want[at[k]];
+        rc = exo_dist_pipe_rows(r->dist, n, items, at, wants, sampled, &err);
+    } else if (r->dist) { /* the other ranks of a tensor-parallel group run the same step */
         int bslot[BATCH_ROWS], pos0[BATCH_ROWS], rows[BATCH_ROWS];
         const int32_t *ids[BATCH_ROWS];
         for (int k = 0; k < n; k++) {
@@ -1663,13 +1684,15 @@ static void step_slots(runner *r, batch_slot *slots, const int *at, int n, const
         }
         rc = exo_dist_send_batch(r->dist, n, bslot, pos0, rows, ids, with_logits, &err);
     }
-    if (!rc && n == 1) {
+    if (rc || pipelined(r)) {
+        /* stepped and sampled (or failed) */
+    } else if (n == 1) {
         /* greedy picks on the device only alone: in a group every rank's
          * share of the head joins the logits' gather */
         st = (exo_step){.T = items[0].T, .tokens = items[0].tokens, .logits = with_logits ? logits : NULL,
                         .greedy = with_logits && !r->dist && exo_sampler_plain_greedy(slots[at[0]].smp)};
         rc = exo_model_step(r->model, items[0].seq, &st, &err);
-    } else if (!rc) {
+    } else {
         rc = exo_model_step_batch(r->model, items, n, logits, &err);
     }
     for (int k = 0; k < n; k++) {
@@ -1683,7 +1706,9 @@ static void step_slots(runner *r, batch_slot *slots, const int *at, int n, const
         if (!want[at[k]])
             continue;
         exo_sample smp;
-        if (st.picked)
+        if (pipelined(r))
+            smp = sampled[k];
+        else if (st.picked)
             exo_sampler_take(b->smp, st.pick_id, st.pick_logprob, &smp);
         else
             exo_sampler_next(b->smp, logits + (size_t)k * V, &smp);

@@ -138,6 +138,29 @@ async function answers(nodes) {
   return out;
 }
 
+// A long prompt, then more long prompts than the 8 batch slots, then the
+// first again: its prefix comes from the prefix cache (on every rank) and
+// its answer is the same.
+async function prefixCacheHolds(node, what) {
+  const WORDS = 'the cat dog sun park ball tree little big red happy ran jumped saw found girl boy mom'.split(' ');
+  const story = (k) => Array.from({ length: 70 }, (_, i) => WORDS[(i * 5 + k * 7) % WORDS.length]).join(' ');
+  const ask = async (content) => {
+    const r = await fetch(`${node.base}/v1/chat/completions`, { method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ model: MODEL, messages: chat(content), max_tokens: 12, temperature: 0 }) });
+    assert.equal(r.status, 200, await r.clone().text());
+    return r.json();
+  };
+  const first = await ask(story(0));
+  assert.ok(first.usage.prompt_tokens >= 140, `a prompt of ${first.usage.prompt_tokens} tokens`);
+  for (let k = 1; k <= 9; k++)
+    await ask(story(k));
+  const again = await ask(story(0));
+  const cached = again.usage.prompt_tokens_details.cached_tokens;
+  assert.ok(cached >= 128, `${what}, prefix cache: reused ${cached} of ${again.usage.prompt_tokens}`);
+  assert.equal(again.choices[0].message.content, first.choices[0].message.content, `${what}, prefix cache`);
+}
+
 test('a model split across 3 nodes (pipeline) and 2 (tensor) answers as on one node', T, async () => {
   await withCluster(async (cl) => {
     const nodes = [await cl.start('a', { models }), await cl.start('b', { models }), await cl.start('c', { models })];
@@ -157,11 +180,12 @@ test('a model split across 3 nodes (pipeline) and 2 (tensor) answers as on one n
     assert.equal(layers[2][1], 5);
     assert.deepEqual(await answers(nodes), single, 'pipeline over 3 nodes = one node');
 
-    // concurrent streams, more than the pipeline has slots (3): the rest wait
-    // their turn; and a cancel in the middle of one
+    // concurrent streams: rank 0 batches them, each batched step going
+    // through every rank (dist.h ROWS frames) and sampled on the last; and
+    // a cancel in the middle of one
     const burst = [...PROMPTS, ...PROMPTS];
     const many = await Promise.all(burst.map((p, i) => openaiText(nodes[i % 3].base, p)));
-    assert.deepEqual(many, burst.map((p) => single[p]));
+    assert.deepEqual(many, burst.map((p) => single[p]), 'pipeline, requests batched');
     // a client that goes away mid-stream (the bench route ignores EOS: a long stream)
     const ac = new AbortController();
     const long = { model: MODEL, messages: chat('Once'), max_tokens: 1500, stream: true };
@@ -174,6 +198,8 @@ test('a model split across 3 nodes (pipeline) and 2 (tensor) answers as on one n
     await until('the abandoned request to be cancelled everywhere', async () =>
       (await Promise.all(nodes.map((n) => n.state()))).every((s) => Object.keys(s.tasks).length === 0));
     assert.equal(await openaiText(nodes[0].base, PROMPTS[2]), single[PROMPTS[2]], 'after a cancel');
+    // the prefix cache through the pipeline: each rank keeps its layers' share
+    await prefixCacheHolds(nodes[0], 'pipeline');
     await deleteAll(nodes[0]);
 
     await place(nodes[2], 'Tensor', 2);
@@ -186,26 +212,8 @@ test('a model split across 3 nodes (pipeline) and 2 (tensor) answers as on one n
     assert.deepEqual(together, burst.map((p) => single[p]), 'tensor, requests batched');
 
     // the prefix cache on a tensor group: every rank keeps, takes and gives
-    // up the same entries (dist.h KEEP/TAKE/DROP). A long prompt, then more
-    // long prompts than the 8 batch slots, then the first again: its prefix
-    // comes from the cache (on both ranks) and its answer is the same.
-    const WORDS = 'the cat dog sun park ball tree little big red happy ran jumped saw found girl boy mom'.split(' ');
-    const story = (k) => Array.from({ length: 70 }, (_, i) => WORDS[(i * 5 + k * 7) % WORDS.length]).join(' ');
-    const ask = async (content) => {
-      const r = await fetch(`${nodes[0].base}/v1/chat/completions`, { method: 'POST',
-        headers: { 'content-type': 'application/json' },
-        body: JSON.stringify({ model: MODEL, messages: chat(content), max_tokens: 12, temperature: 0 }) });
-      assert.equal(r.status, 200, await r.clone().text());
-      return r.json();
-    };
-    const first = await ask(story(0));
-    assert.ok(first.usage.prompt_tokens >= 140, `a prompt of ${first.usage.prompt_tokens} tokens`);
-    for (let k = 1; k <= 9; k++)
-      await ask(story(k));
-    const again = await ask(story(0));
-    const cached = again.usage.prompt_tokens_details.cached_tokens;
-    assert.ok(cached >= 128, `tensor, prefix cache: reused ${cached} of ${again.usage.prompt_tokens}`);
-    assert.equal(again.choices[0].message.content, first.choices[0].message.content, 'tensor, prefix cache');
+    // up the same entries (dist.h KEEP/TAKE/DROP)
+    await prefixCacheHolds(nodes[0], 'tensor');
   });
 });
 

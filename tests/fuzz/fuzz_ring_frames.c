@@ -26,7 +26,9 @@ static void check(const exo_ring_msg *m, const exo_dist_shape *sh)
             abort(); /* every rejection names its reason */
         return;
     }
-    if (f.slot < 0 || f.slot >= (f.type == EXO_DIST_SEQ ? EXO_DIST_MAX_BATCH : sh->n_slots))
+    /* a step names a pipeline slot; BEGIN, SAMPLE and SEQ a batch slot */
+    bool pipeline_slot = f.type == EXO_DIST_HIDDEN || f.type == EXO_DIST_TOKENS;
+    if (f.slot < 0 || f.slot >= (pipeline_slot ? sh->n_slots : EXO_DIST_MAX_BATCH))
         abort();
     switch (f.type) {
     case EXO_DIST_BEGIN: {
@@ -55,7 +57,7 @@ static void check(const exo_ring_msg *m, const exo_dist_shape *sh)
         break;
     }
     case EXO_DIST_SEQ: {
-        bool ok = sh->tensor && f.x >= 0 && f.y >= 0 && f.y <= EXO_DIST_MAX_POS;
+        bool ok = f.x >= 0 && f.y >= 0 && f.y <= EXO_DIST_MAX_POS;
         switch (f.seq_op) {
         case EXO_DIST_SEQ_RESIZE: ok = ok && f.x >= 1 && f.x <= EXO_DIST_MAX_POS && f.y <= f.x; break;
         case EXO_DIST_SEQ_COPY: ok = ok && f.x < EXO_DIST_MAX_BATCH && f.x != f.slot; break;
@@ -91,6 +93,33 @@ static void check(const exo_ring_msg *m, const exo_dist_shape *sh)
             abort();
         free(buf);
         free(all);
+        break;
+    }
+    case EXO_DIST_ROWS: {
+        /* every row in range, the hidden states exactly the rows' worth, and
+         * the row headers re-encode to the bytes they came from */
+        if (sh->tensor || f.n_rows < 1 || f.n_rows > EXO_DIST_BATCH_ROWS)
+            abort();
+        int slots[EXO_DIST_BATCH_ROWS], pos0[EXO_DIST_BATCH_ROWS], T[EXO_DIST_BATCH_ROWS];
+        bool want[EXO_DIST_BATCH_ROWS];
+        int64_t rows = 0;
+        for (int i = 0; i < f.n_rows; i++) {
+            exo_dist_frame_rows_row(&f, i, &slots[i], &pos0[i], &T[i], &want[i]);
+            if (slots[i] < 0 || slots[i] >= EXO_DIST_MAX_BATCH || T[i] < 1 || pos0[i] < 0 ||
+                pos0[i] > EXO_DIST_MAX_POS)
+                abort();
+            for (int k = 0; k < i; k++)
+                if (slots[k] == slots[i])
+                    abort();
+            rows += T[i];
+        }
+        if (rows != f.T_total || m->len != 16 * (size_t)f.n_rows + 4 * (size_t)rows * (size_t)sh->hidden_size ||
+            (const unsigned char *)f.data != (const unsigned char *)m->payload + 16 * (size_t)f.n_rows)
+            abort();
+        unsigned char head[16 * EXO_DIST_BATCH_ROWS];
+        exo_dist_encode_rows(f.n_rows, slots, pos0, T, want, head);
+        if (memcmp(head, m->payload, 16 * (size_t)f.n_rows))
+            abort();
         break;
     }
     default:

@@ -21,7 +21,8 @@
  * checks the pipelined prefill; several requests in flight through one
  * pipeline (one per slot) each give what they give alone; batched steps on
  * a tensor group (runner continuous batching) give each row the bits it
- * gets alone, at 2 and 3 ranks; a shard loads
+ * gets alone, at 2 and 3 ranks, and so do batched steps through a pipeline
+ * (ROWS frames, sampled on the last rank); a shard loads
  * from its own files of a multi-file checkpoint; the ring itself is
  * checked for its all-reduce, its key, a closed peer and a silent one. */
 #include "core/alloc.h"
@@ -542,6 +543,120 @@ static void tensor_batch_check(const char *dir, int world)
         pthread_join(th[i], NULL);
         cr_assert_eq(ctx[i].rc, 0, "rank %d: %s", i, ctx[i].err.msg);
     }
+}
+
+/* Continuous batching on a pipeline (dist.h: seq_resize, begin on a batch
+ * slot, pipe_rows), as the runner drives it: NB requests in batch slots,
+ * each prompt in chunks of its own, then every decoding request's next
+ * token in one batched step through all the ranks, sampled on the last
+ * rank with the slot's sampler. Each request gets exactly what it gets
+ * alone on one process (ids and log probabilities, bit for bit). */
+static void pipeline_batch_check(const char *dir, int world)
+{
+    rank_ctx ctx[MAX_RANKS];
+    int ports[MAX_RANKS];
+    memset(ctx, 0, sizeof ctx);
+    exo_err err = {0};
+    exo_model_config cfg;
+    cr_assert_eq(exo_config_load(dir, &cfg, &err), 0, "%s", err.msg);
+    const int n_layers = (int)cfg.num_hidden_layers;
+    exo_config_free(&cfg);
+    for (int i = 0; i < world; i++)
+        cr_assert_eq(exo_ring_listen(0, &ctx[i].listen_fd, &ports[i], &err), 0, "%s", err.msg);
+    for (int i = 0; i < world; i++) {
+        ctx[i] = (rank_ctx){.dir = dir, .rank = i, .world = world, .start = n_layers * i / world,
+                            .end = n_layers * (i + 1) / world, .listen_fd = ctx[i].listen_fd,
+                            .next_port = ports[(i + 1) % world], .n_slots = 1};
+        memset(ctx[i].key, 0x5a, sizeof ctx[i].key);
+    }
+    pthread_t th[MAX_RANKS];
+    for (int i = 1; i < world; i++)
+        pthread_create(&th[i], NULL, follower, &ctx[i]);
+    rank_ctx *c0 = &ctx[0];
+    cr_assert_eq(join(c0), 0, "rank 0: %s", c0->err.msg);
+    enum { NB = 3 };
+    const int V = exo_model_vocab(c0->m);
+    exo_gen_params p = params();
+    exo_seq *bs[NB] = {c0->s[0]};
+    int32_t ids[NB][N_PROMPT];
+    exo_gen_seq *g[NB];
+    rec got[NB];
+    memset(got, 0, sizeof got);
+    for (int k = 0; k < NB; k++) {
+        if (k) /* slot 0 is the stepper's sequence */
+            cr_assert_eq(exo_seq_create(c0->m, 128, &bs[k], &err), 0, "%s", err.msg);
+        cr_assert_eq(exo_dist_seq_resize(c0->d, k, 0, 128, &err), 0, "%s", err.msg);
+        prompt_ids_k(V, k, ids[k]);
+        cr_assert_eq(exo_dist_begin(c0->d, k, &p.sampling, ids[k], N_PROMPT, p.max_tokens, &err), 0, "%s",
+                     err.msg);
+        g[k] = exo_gen_seq_new(ids[k], N_PROMPT, 0, 128, &p, on_token, &got[k]);
+    }
+    int batched = 0;
+    for (bool live = true; live;) {
+        live = false;
+        exo_batch_item dec[NB];
+        int at[NB], n = 0;
+        bool want[NB];
+        exo_sample smp[NB];
+        for (int k = 0; k < NB; k++) {
+            const int32_t *tokens;
+            int T;
+            bool w;
+            if (!exo_gen_seq_next(g[k], &tokens, &T, &w))
+                continue;
+            live = true;
+            exo_batch_item it = {bs[k], tokens, T};
+            if (exo_gen_seq_in_prefill(g[k])) { /* a prompt chunk goes alone */
+                cr_assert_eq(exo_dist_pipe_rows(c0->d, 1, &it, &k, &w, smp, &err), 0, "%s", err.msg);
+                exo_gen_seq_stepped(g[k]);
+                if (w)
+                    exo_gen_seq_sampled(g[k], &smp[0]);
+                continue;
+            }
+            dec[n] = it;
+            at[n] = k;
+            want[n++] = w;
+        }
+        if (!n)
+            continue;
+        cr_assert_eq(exo_dist_pipe_rows(c0->d, n, dec, at, want, smp, &err), 0, "%s", err.msg);
+        batched += n > 1;
+        for (int j = 0; j < n; j++) {
+            exo_gen_seq_stepped(g[at[j]]);
+            if (want[j])
+                exo_gen_seq_sampled(g[at[j]], &smp[j]);
+        }
+    }
+    cr_assert_gt(batched, 0, "no step ran more than one row");
+    for (int k = 0; k < NB; k++) {
+        exo_gen_seq_free(g[k]);
+        if (k)
+            exo_seq_free(bs[k]);
+    }
+    leave(c0);
+    for (int i = 1; i < world; i++) {
+        pthread_join(th[i], NULL);
+        cr_assert_eq(ctx[i].rc, 0, "rank %d: %s", i, ctx[i].err.msg);
+    }
+    for (int k = 0; k < NB; k++) {
+        rec want;
+        reference_k(dir, NULL, k, &want);
+        cr_assert_eq(got[k].n, want.n, "pipeline/%d batch slot %d: %d tokens, want %d", world, k, got[k].n, want.n);
+        for (int t = 0; t < want.n; t++) {
+            const exo_sample *a = &want.s[t], *b = &got[k].s[t];
+            cr_assert_eq(b->id, a->id, "pipeline/%d batch slot %d step %d", world, k, t);
+            cr_assert(b->logprob == a->logprob && b->n_top == a->n_top &&
+                          !memcmp(b->top_logprobs, a->top_logprobs, sizeof(float) * (size_t)a->n_top) &&
+                          !memcmp(b->top_ids, a->top_ids, sizeof(int32_t) * (size_t)a->n_top),
+                      "pipeline/%d batch slot %d step %d: log probabilities differ", world, k, t);
+        }
+    }
+}
+
+Test(dist, stories_pipeline_batch, .init = stories_setup, .fini = stories_teardown, .timeout = 60)
+{
+    pipeline_batch_check(stories, 2);
+    pipeline_batch_check(stories, 3);
 }
 
 Test(dist, stories_tensor_batch, .init = stories_setup, .fini = stories_teardown, .timeout = 60)
