@@ -659,6 +659,19 @@ Test(dist, stories_pipeline_batch, .init = stories_setup, .fini = stories_teardo
     pipeline_batch_check(stories, 3);
 }
 
+/* Every kind of layer through a batched pipeline: sliding windows and their
+ * rings, Gated DeltaNet states, latent attention, experts, sinks. */
+Test(dist, fixtures_pipeline_batch, .timeout = 120)
+{
+    static const char *const dirs[] = {"qwen3-q4g64", "gemma3-bf16", "qwen3_5-bf16", "qwen3_5_moe-q4g64",
+                                       "deepseek_v3-q4g64", "gpt_oss-mxfp4", "qwen3_moe-q4g64"};
+    for (size_t i = 0; i < sizeof dirs / sizeof *dirs; i++) {
+        char d[256];
+        snprintf(d, sizeof d, "tests/fixtures/%s", dirs[i]);
+        pipeline_batch_check(d, 2);
+    }
+}
+
 Test(dist, stories_tensor_batch, .init = stories_setup, .fini = stories_teardown, .timeout = 60)
 {
     tensor_batch_check(stories, 2);
