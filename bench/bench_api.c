@@ -38,6 +38,7 @@
  * Exit status: 0 when every check passed, 1 when a target or check failed,
  * 2 on a usage or setup error. */
 #include "core/clock.h"
+#include "core/json_util.h"
 
 #include <arpa/inet.h>
 #include <dirent.h>
@@ -382,7 +383,7 @@ static char *chat_body(const char *prompt, int max_tokens, bool stream)
     json_t *j = json_pack("{s:s, s:[{s:s, s:s}], s:i, s:f, s:b}", "model", g_model, "messages",
                           "role", "user", "content", prompt, "max_tokens", max_tokens,
                           "temperature", 0.0, "stream", stream);
-    char *s = json_dumps(j, JSON_COMPACT);
+    char *s = exo_json_dumps(j, JSON_COMPACT); /* jansson allocates through json_util.c's blocks */
     json_decref(j);
     return s;
 }

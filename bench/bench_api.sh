@@ -75,6 +75,11 @@ fail() { echo "bench_api: $*" >&2; echo "--- daemon log:" >&2; tail -20 "$LOG" >
 start_daemon() {
   LOG=$T/$1.log
   mkdir -p "$T/data-$1"
+  # 1000 idle streams from one address: past the per-client cap a daemon keeps by default;
+  # and one request at a time (EXO_BATCH=1), so that they wait behind one stream (a
+  # batching runner would run eight of them at once) and the stream is timed on the
+  # path `exo run` takes
+  EXO_HTTP_MAX_PER_CLIENT=${EXO_HTTP_MAX_PER_CLIENT:-1100} EXO_BATCH=${EXO_BATCH:-1} \
   "$EXO" serve --api-port 0 --host 127.0.0.1 --data-dir "$T/data-$1" --models-dir "$2" \
     --threads "$3" --ctx "$4" --no-discovery --cluster-port 0 2> "$LOG" &
   DPID=$!

@@ -615,3 +615,29 @@ Test(api_http, trickled_headers_meet_the_deadline)
     close(h);
     close(b);
 }
+
+/* A client that sends its bytes and shuts its side (what `nc -N` and some
+ * HTTP/1.0 tools do) is answered if there is a whole request and closed at
+ * once either way, not held to the header timeout (20 s by default): with
+ * epoll, MHD missed the end of stream that came with the last bytes. */
+Test(api_http, a_half_closed_client_is_answered_and_closed_at_once)
+{
+    static const char *const sends[] = {"GET /items/7 HTTP/1.1\r\nHost: x\r\n\r\n", "garbage",
+                                        "GET /items/7 HTTP/1.1\r\nHost: x\r\n"};
+    for (size_t i = 0; i < sizeof sends / sizeof *sends; i++) {
+        int fd = dial();
+        send_all(fd, sends[i], strlen(sends[i]));
+        shutdown(fd, SHUT_WR);
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        size_t n;
+        char *got = read_until(fd, NULL, 5000, &n); /* to the end of stream */
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        double s = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
+        cr_assert_lt(s, 2.0, "'%.20s' then a half close: closed after %.2f s", sends[i], s);
+        if (i == 0)
+            cr_assert(n > 12 && !memcmp(got, "HTTP/1.1 200", 12), "a whole request is answered: %.40s", got);
+        free(got);
+        close(fd);
+    }
+}
