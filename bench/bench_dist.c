@@ -17,7 +17,8 @@
  *   pipeline, batched: 4 and 16 streams decoding side by side as the
  *          runner batches them (each step's rows one ROWS frame through
  *          every rank, sampled on the last: each rank reads its weights
- *          once a step for all of them).
+ *          once a step for all of them); then each step as two halves in
+ *          flight (rank 0 runs the second while the others run the first).
  * Decode is bound by the bandwidth one core can pull, so N processes on N
  * cores can go up to N times one (tensor) or stay at one (pipeline, one
  * request: the ranks take turns). Prints tokens/s and the ratio to `one`.
@@ -167,6 +168,8 @@ static double tensor_batched(exo_model *m, exo_dist *d, int n_req)
 /* Rank 0 of a pipeline: n_req greedy streams decoding side by side as the
  * runner batches them (dist.h ROWS frames; the last rank samples each with
  * its batch slot's sampler): decode tokens/s of all of them together. */
+static bool pipe_halves; /* pipeline_batched: each step as two halves in flight */
+
 static double pipeline_batched(exo_model *m, exo_dist *d, int n_req)
 {
     exo_err err = {0};
@@ -195,7 +198,15 @@ static double pipeline_batched(exo_model *m, exo_dist *d, int n_req)
             t0 = exo_clock_seconds(); /* after one step: the first builds its scratch */
         for (int k = 0; k < n_req; k++)
             items[k] = (exo_batch_item){s[k], &tok[k], 1};
-        rc = exo_dist_pipe_rows(d, n_req, items, slots, want, smp, &err);
+        if (pipe_halves && n_req > 1) { /* two halves in flight: rank 0 runs the second while the next ranks run the first */
+            int h = n_req / 2;
+            rc = exo_dist_pipe_send(d, h, items, slots, want, &err) ||
+                 exo_dist_pipe_send(d, n_req - h, items + h, slots + h, want + h, &err) ||
+                 exo_dist_pipe_recv(d, h, slots, want, smp, &err) ||
+                 exo_dist_pipe_recv(d, n_req - h, slots + h, want + h, smp + h, &err);
+        } else {
+            rc = exo_dist_pipe_rows(d, n_req, items, slots, want, smp, &err);
+        }
         for (int k = 0; k < n_req; k++)
             tok[k] = smp[k].id;
     }
@@ -485,9 +496,14 @@ int main(int argc, char **argv)
            pp_n / one_n);
     pipe_batched = true;
     for (int streams = 4; streams <= EXO_DIST_BATCH_ROWS; streams *= 4) {
+        pipe_halves = false;
         double pb = run_split(dir, world, false, streams);
         printf("  pipeline, %d processes, %d streams batched: %6.2f tok/s together = %.2fx pipeline's one stream, "
                "%.2fx %d in flight\n", world, streams, pb, pb / pp, pb / pp_n, n_req);
+        pipe_halves = true;
+        double ph = run_split(dir, world, false, streams);
+        printf("  pipeline, %d processes, %d streams batched, each step two halves in flight: %6.2f tok/s = "
+               "%.2fx one batch\n", world, streams, ph, ph / pb);
     }
     char cmd[256];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);

@@ -235,39 +235,47 @@ int exo_dist_send_batch(exo_dist *d, int n, const int *slots, const int *pos0, c
     return rc;
 }
 
-int exo_dist_pipe_rows(exo_dist *d, int n, const exo_batch_item *items, const int *bslot, const bool *want,
-                       exo_sample *samples, exo_err *err)
+int exo_dist_pipe_send(exo_dist *d, int n, const exo_batch_item *items, const int *bslot, const bool *want,
+                       exo_err *err)
 {
     if (d->tensor || n < 1 || n > EXO_DIST_BATCH_ROWS)
         return exo_err_set(err, EXO_EINVAL, "dist: a pipeline's batch of %d rows", n);
-    int pos0[EXO_DIST_BATCH_ROWS], T[EXO_DIST_BATCH_ROWS], rows = 0, wanted = 0;
+    int pos0[EXO_DIST_BATCH_ROWS], T[EXO_DIST_BATCH_ROWS], rows = 0;
     for (int k = 0; k < n; k++) {
         if (bslot[k] < 0 || bslot[k] >= EXO_DIST_MAX_BATCH)
             return exo_err_set(err, EXO_EINVAL, "dist: batch slot %d", bslot[k]);
         pos0[k] = exo_seq_len(items[k].seq);
         T[k] = items[k].T;
         rows += T[k];
-        wanted += want[k];
     }
     int rc = ensure_hidden(d, rows, err);
     if (rc || (rc = exo_model_step_batch_shard(d->m, items, n, NULL, d->hidden, NULL, err)))
         return rc;
     unsigned char head[16 * EXO_DIST_BATCH_ROWS];
     exo_dist_encode_rows(n, bslot, pos0, T, want, head);
-    if ((rc = exo_ring_send(d->ring, EXO_DIST_ROWS, (uint32_t)n, 0, head, 16 * (size_t)n, d->hidden,
-                            sizeof(float) * (size_t)rows * (size_t)d->shard.hidden_size, err)))
-        return rc;
-    /* the samples come back in row order */
-    for (int k = 0; k < n && wanted; k++) {
+    return exo_ring_send(d->ring, EXO_DIST_ROWS, (uint32_t)n, 0, head, 16 * (size_t)n, d->hidden,
+                         sizeof(float) * (size_t)rows * (size_t)d->shard.hidden_size, err);
+}
+
+int exo_dist_pipe_recv(exo_dist *d, int n, const int *bslot, const bool *want, exo_sample *samples, exo_err *err)
+{
+    for (int k = 0; k < n; k++) { /* they come back in row order */
         if (!want[k])
             continue;
-        int got;
-        if ((rc = exo_dist_recv_sample(d, &got, &samples[k], err)))
+        int got, rc = exo_dist_recv_sample(d, &got, &samples[k], err);
+        if (rc)
             return rc;
         if (got != bslot[k])
             return exo_err_set(err, EXO_EFORMAT, "ring: a sample for slot %d, row %d is slot %d's", got, k, bslot[k]);
     }
     return 0;
+}
+
+int exo_dist_pipe_rows(exo_dist *d, int n, const exo_batch_item *items, const int *bslot, const bool *want,
+                       exo_sample *samples, exo_err *err)
+{
+    int rc = exo_dist_pipe_send(d, n, items, bslot, want, err);
+    return rc ? rc : exo_dist_pipe_recv(d, n, bslot, want, samples, err);
 }
 
 int exo_dist_generate_batch(exo_dist *d, int n, const int32_t *const *prompts, const int *n_prompts,

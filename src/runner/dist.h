@@ -40,10 +40,12 @@ void      exo_dist_free(exo_dist *d);
 exo_gen_stepper *exo_dist_stepper(exo_dist *d);
 
 /* Rank 0 of a pipeline, several requests in flight: a new generation in a
- * slot (its sampling and prompt go to the last rank); a step of a slot's
- * sequence, run through this rank's layers and sent on (returns at once;
- * with want_sample the last rank's sample comes back later); the next
- * sample that came back, of whichever slot. */
+ * slot (its sampling and prompt go to the last rank; a batch slot, up to
+ * EXO_DIST_MAX_BATCH, where rank 0 batches: exo_dist_pipe_rows); a step of
+ * a slot's sequence, run through this rank's layers and sent on (returns
+ * at once; with want_sample the last rank's sample comes back later); the
+ * next sample that came back, of whichever slot (the caller checks it is
+ * one it waits for). */
 int exo_dist_begin(exo_dist *d, int slot, const exo_sampler_params *sp, const int32_t *prompt,
                    int n_prompt, int max_tokens, exo_err *err);
 int exo_dist_send_step(exo_dist *d, int slot, const int32_t *tokens, int T, bool want_sample,
@@ -82,6 +84,13 @@ int exo_dist_send_batch(exo_dist *d, int n, const int *slots, const int *pos0, c
  * gets stepped alone. */
 int exo_dist_pipe_rows(exo_dist *d, int n, const exo_batch_item *items, const int *bslot, const bool *want,
                        exo_sample *samples, exo_err *err);
+/* exo_dist_pipe_rows in two halves: the step sent (returns once this rank
+ * has run it), then its samples taken; steps sent one after another come
+ * back in the order they were sent, so the next one can be computed here
+ * while the ranks after this one work on the last. */
+int exo_dist_pipe_send(exo_dist *d, int n, const exo_batch_item *items, const int *bslot, const bool *want,
+                       exo_err *err);
+int exo_dist_pipe_recv(exo_dist *d, int n, const int *bslot, const bool *want, exo_sample *samples, exo_err *err);
 /* The runner's prefix cache on every rank: keep the first n positions of
  * slot's sequence apart as entry `id` (0 .. INT32_MAX, unique while kept;
  * at most EXO_DIST_MAX_KEPT at once), take n positions of entry id into

@@ -548,9 +548,10 @@ static void tensor_batch_check(const char *dir, int world)
 /* Continuous batching on a pipeline (dist.h: seq_resize, begin on a batch
  * slot, pipe_rows), as the runner drives it: NB requests in batch slots,
  * each prompt in chunks of its own, then every decoding request's next
- * token in one batched step through all the ranks, sampled on the last
- * rank with the slot's sampler. Each request gets exactly what it gets
- * alone on one process (ids and log probabilities, bit for bit). */
+ * token in one batched step through all the ranks (every other step as two
+ * halves in flight), sampled on the last rank with the slot's sampler. Each
+ * request gets exactly what it gets alone on one process (ids and log
+ * probabilities, bit for bit). */
 static void pipeline_batch_check(const char *dir, int world)
 {
     rank_ctx ctx[MAX_RANKS];
@@ -619,7 +620,15 @@ static void pipeline_batch_check(const char *dir, int world)
         }
         if (!n)
             continue;
-        cr_assert_eq(exo_dist_pipe_rows(c0->d, n, dec, at, want, smp, &err), 0, "%s", err.msg);
+        if (n > 1 && batched % 2) { /* every other step as two halves in flight (pipe_send twice, then recv) */
+            int h = n / 2;
+            cr_assert_eq(exo_dist_pipe_send(c0->d, h, dec, at, want, &err), 0, "%s", err.msg);
+            cr_assert_eq(exo_dist_pipe_send(c0->d, n - h, dec + h, at + h, want + h, &err), 0, "%s", err.msg);
+            cr_assert_eq(exo_dist_pipe_recv(c0->d, h, at, want, smp, &err), 0, "%s", err.msg);
+            cr_assert_eq(exo_dist_pipe_recv(c0->d, n - h, at + h, want + h, smp + h, &err), 0, "%s", err.msg);
+        } else {
+            cr_assert_eq(exo_dist_pipe_rows(c0->d, n, dec, at, want, smp, &err), 0, "%s", err.msg);
+        }
         batched += n > 1;
         for (int j = 0; j < n; j++) {
             exo_gen_seq_stepped(g[at[j]]);
