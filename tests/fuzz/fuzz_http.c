@@ -14,8 +14,10 @@
 #include "fuzz_check.h"
 
 #include <arpa/inet.h>
+#include <errno.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -53,6 +55,27 @@ static void start(void)
     port = exo_http_port(srv);
 }
 
+/* libFuzzer's timer (SIGALRM, -timeout) interrupts blocking calls: an
+ * interrupted connect goes on by itself (wait until writable, then ask how
+ * it ended), the others are tried again. */
+static int connect_to(int fd, const struct sockaddr_in *a)
+{
+    if (connect(fd, (const struct sockaddr *)a, sizeof *a) == 0)
+        return 0;
+    if (errno != EINTR)
+        return -1;
+    struct pollfd p = {fd, POLLOUT, 0};
+    int soerr = 0;
+    socklen_t len = sizeof soerr;
+    while (poll(&p, 1, 5000) < 0 && errno == EINTR)
+        ;
+    if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &len) != 0 || soerr != 0) {
+        errno = soerr ? soerr : errno;
+        return -1;
+    }
+    return 0;
+}
+
 /* Sends bytes, ends the upload, reads until the server closes (or 1 s). */
 static size_t exchange(const void *data, size_t size, char *out, size_t cap)
 {
@@ -67,10 +90,15 @@ static size_t exchange(const void *data, size_t size, char *out, size_t cap)
     CHECK(bind(fd, (struct sockaddr *)&from, sizeof from) == 0);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
     inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
-    CHECK(connect(fd, (struct sockaddr *)&a, sizeof a) == 0);
+    if (connect_to(fd, &a) != 0) {
+        fprintf(stderr, "connect from 127.0.0.%u: %s\n", 2 + (n - 1) % 200, strerror(errno));
+        abort();
+    }
     size_t off = 0;
     while (off < size) {
         ssize_t w = send(fd, (const char *)data + off, size - off, MSG_NOSIGNAL);
+        if (w < 0 && errno == EINTR)
+            continue;
         if (w <= 0)
             break; /* the server may close first (a refusal) */
         off += (size_t)w;
@@ -78,8 +106,15 @@ static size_t exchange(const void *data, size_t size, char *out, size_t cap)
     shutdown(fd, SHUT_WR);
     size_t got = 0;
     struct pollfd p = {fd, POLLIN, 0};
-    while (got < cap && poll(&p, 1, 1000) == 1) {
+    for (;;) {
+        int ready = poll(&p, 1, 1000);
+        if (ready < 0 && errno == EINTR)
+            continue;
+        if (ready != 1 || got == cap)
+            break;
         ssize_t r = recv(fd, out + got, cap - got, 0);
+        if (r < 0 && errno == EINTR)
+            continue;
         if (r <= 0)
             break;
         got += (size_t)r;
