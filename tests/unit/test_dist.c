@@ -178,42 +178,58 @@ static void reference_k(const char *dir, const char *device, int k, rec *out)
 
 static void reference(const char *dir, const char *device, rec *out) { reference_k(dir, device, 0, out); }
 
+/* A split of dir over `world` ranks on threads of this process, joined by
+ * a ring on loopback: ranks > 0 serve (follower), rank 0 (ctx[0]) is
+ * joined and left to the caller; pipeline ranks get even layer ranges. */
+typedef struct group {
+    rank_ctx  ctx[MAX_RANKS];
+    pthread_t th[MAX_RANKS];
+    int       world;
+} group;
+
+static rank_ctx *group_start(group *gr, const char *dir, const char *device, int world, bool tensor, int n_slots)
+{
+    int ports[MAX_RANKS];
+    exo_err err = {0};
+    exo_model_config cfg;
+    cr_assert_eq(exo_config_load(dir, &cfg, &err), 0, "%s", err.msg);
+    const int n_layers = (int)cfg.num_hidden_layers;
+    exo_config_free(&cfg);
+    memset(gr, 0, sizeof *gr);
+    gr->world = world;
+    for (int i = 0; i < world; i++)
+        cr_assert_eq(exo_ring_listen(0, &gr->ctx[i].listen_fd, &ports[i], &err), 0, "%s", err.msg);
+    for (int i = 0; i < world; i++) {
+        gr->ctx[i] = (rank_ctx){.dir = dir, .device = device, .rank = i, .world = world, .tensor = tensor,
+                                .start = n_layers * i / world, .end = n_layers * (i + 1) / world,
+                                .listen_fd = gr->ctx[i].listen_fd, .next_port = ports[(i + 1) % world],
+                                .n_slots = n_slots};
+        memset(gr->ctx[i].key, 0x5a, sizeof gr->ctx[i].key);
+    }
+    for (int i = 1; i < world; i++)
+        pthread_create(&gr->th[i], NULL, follower, &gr->ctx[i]);
+    cr_assert_eq(join(&gr->ctx[0]), 0, "rank 0: %s", gr->ctx[0].err.msg);
+    return &gr->ctx[0];
+}
+
+/* Rank 0 leaves (closing the ring), the followers finish, without error. */
+static void group_end(group *gr)
+{
+    leave(&gr->ctx[0]);
+    for (int i = 1; i < gr->world; i++) {
+        pthread_join(gr->th[i], NULL);
+        cr_assert_eq(gr->ctx[i].rc, 0, "rank %d: %s", i, gr->ctx[i].err.msg);
+    }
+}
+
 /* Splits dir `world` ways and generates through the ring: one request
  * (n_req 0) on the stepper, or n_req requests in flight at once, one per
  * slot, with prompts 0..n_req-1. */
 static void split_run_n(const char *dir, const char *device, int world, bool tensor, int n_req, rec *out)
 {
-    rank_ctx ctx[MAX_RANKS];
-    int ports[MAX_RANKS];
-    memset(ctx, 0, sizeof ctx);
+    group gr;
+    rank_ctx *c0 = group_start(&gr, dir, device, world, tensor, n_req > 1 ? n_req : 1);
     exo_err err = {0};
-    int n_layers = 0;
-    {
-        exo_model_config cfg;
-        cr_assert_eq(exo_config_load(dir, &cfg, &err), 0, "%s", err.msg);
-        n_layers = (int)cfg.num_hidden_layers;
-        exo_config_free(&cfg);
-    }
-    for (int i = 0; i < world; i++)
-        cr_assert_eq(exo_ring_listen(0, &ctx[i].listen_fd, &ports[i], &err), 0, "%s", err.msg);
-    for (int i = 0; i < world; i++) {
-        rank_ctx *c = &ctx[i];
-        c->dir = dir;
-        c->device = device;
-        c->rank = i;
-        c->world = world;
-        c->tensor = tensor;
-        c->start = n_layers * i / world;
-        c->end = n_layers * (i + 1) / world;
-        c->next_port = ports[(i + 1) % world];
-        c->n_slots = n_req > 1 ? n_req : 1;
-        memset(c->key, 0x5a, sizeof c->key);
-    }
-    pthread_t th[MAX_RANKS];
-    for (int i = 1; i < world; i++)
-        pthread_create(&th[i], NULL, follower, &ctx[i]);
-    rank_ctx *c0 = &ctx[0];
-    cr_assert_eq(join(c0), 0, "rank 0: %s", c0->err.msg);
     exo_gen_params p = params();
     int rc;
     if (n_req <= 1) {
@@ -237,11 +253,7 @@ static void split_run_n(const char *dir, const char *device, int world, bool ten
         }
         rc = exo_dist_generate_batch(c0->d, n_req, prompts, lens, &p, on_token, ctxs, st, &err);
     }
-    leave(c0); /* closes the ring: the followers finish */
-    for (int i = 1; i < world; i++) {
-        pthread_join(th[i], NULL);
-        cr_assert_eq(ctx[i].rc, 0, "rank %d: %s", i, ctx[i].err.msg);
-    }
+    group_end(&gr);
     cr_assert_eq(rc, 0, "%s split %d ways (%s): %s", dir, world, tensor ? "tensor" : "pipeline", err.msg);
 }
 
@@ -356,7 +368,8 @@ static void compare(const char *dir, int world, bool tensor, float tol, const re
             cr_assert_eq(b->id, a->id, "%s %s/%d step %d: id %d, want %d", dir,
                          tensor ? "tensor" : "pipeline", world, t, b->id, a->id);
             cr_assert(b->logprob == a->logprob && b->n_top == a->n_top &&
-                          !memcmp(b->top_logprobs, a->top_logprobs, sizeof(float) * (size_t)a->n_top),
+                          !memcmp(b->top_logprobs, a->top_logprobs, sizeof(float) * (size_t)a->n_top) &&
+                          !memcmp(b->top_ids, a->top_ids, sizeof(int32_t) * (size_t)a->n_top),
                       "%s pipeline/%d step %d: log probabilities differ", dir, world, t);
             continue;
         }
@@ -451,22 +464,9 @@ static void tensor_step_alone(rank_ctx *c0, exo_seq *s, int k, const int32_t *id
  * slot 0's positions through the prefix cache (keep, take, drop). */
 static void tensor_batch_check(const char *dir, int world)
 {
-    rank_ctx ctx[MAX_RANKS];
-    int ports[MAX_RANKS];
-    memset(ctx, 0, sizeof ctx);
+    group gr;
+    rank_ctx *c0 = group_start(&gr, dir, NULL, world, true, 1);
     exo_err err = {0};
-    for (int i = 0; i < world; i++)
-        cr_assert_eq(exo_ring_listen(0, &ctx[i].listen_fd, &ports[i], &err), 0, "%s", err.msg);
-    for (int i = 0; i < world; i++) {
-        ctx[i] = (rank_ctx){.dir = dir, .rank = i, .world = world, .tensor = true, .listen_fd = ctx[i].listen_fd,
-                            .next_port = ports[(i + 1) % world], .n_slots = 1};
-        memset(ctx[i].key, 0x5a, sizeof ctx[i].key);
-    }
-    pthread_t th[MAX_RANKS];
-    for (int i = 1; i < world; i++)
-        pthread_create(&th[i], NULL, follower, &ctx[i]);
-    rank_ctx *c0 = &ctx[0];
-    cr_assert_eq(join(c0), 0, "rank 0: %s", c0->err.msg);
     enum { NB = 3, STEPS = 6 };
     const int V = exo_model_vocab(c0->m);
     float *lb = exo_malloc(sizeof(float) * (size_t)V * NB), *la = exo_malloc(sizeof(float) * (size_t)V);
@@ -538,11 +538,7 @@ static void tensor_batch_check(const char *dir, int world)
     exo_free(lb);
     exo_free(la);
     exo_free(lc);
-    leave(c0);
-    for (int i = 1; i < world; i++) {
-        pthread_join(th[i], NULL);
-        cr_assert_eq(ctx[i].rc, 0, "rank %d: %s", i, ctx[i].err.msg);
-    }
+    group_end(&gr);
 }
 
 /* Continuous batching on a pipeline (dist.h: seq_resize, begin on a batch
@@ -554,27 +550,9 @@ static void tensor_batch_check(const char *dir, int world)
  * probabilities, bit for bit). */
 static void pipeline_batch_check(const char *dir, int world)
 {
-    rank_ctx ctx[MAX_RANKS];
-    int ports[MAX_RANKS];
-    memset(ctx, 0, sizeof ctx);
+    group gr;
+    rank_ctx *c0 = group_start(&gr, dir, NULL, world, false, 1);
     exo_err err = {0};
-    exo_model_config cfg;
-    cr_assert_eq(exo_config_load(dir, &cfg, &err), 0, "%s", err.msg);
-    const int n_layers = (int)cfg.num_hidden_layers;
-    exo_config_free(&cfg);
-    for (int i = 0; i < world; i++)
-        cr_assert_eq(exo_ring_listen(0, &ctx[i].listen_fd, &ports[i], &err), 0, "%s", err.msg);
-    for (int i = 0; i < world; i++) {
-        ctx[i] = (rank_ctx){.dir = dir, .rank = i, .world = world, .start = n_layers * i / world,
-                            .end = n_layers * (i + 1) / world, .listen_fd = ctx[i].listen_fd,
-                            .next_port = ports[(i + 1) % world], .n_slots = 1};
-        memset(ctx[i].key, 0x5a, sizeof ctx[i].key);
-    }
-    pthread_t th[MAX_RANKS];
-    for (int i = 1; i < world; i++)
-        pthread_create(&th[i], NULL, follower, &ctx[i]);
-    rank_ctx *c0 = &ctx[0];
-    cr_assert_eq(join(c0), 0, "rank 0: %s", c0->err.msg);
     enum { NB = 3 };
     const int V = exo_model_vocab(c0->m);
     exo_gen_params p = params();
@@ -642,23 +620,11 @@ static void pipeline_batch_check(const char *dir, int world)
         if (k)
             exo_seq_free(bs[k]);
     }
-    leave(c0);
-    for (int i = 1; i < world; i++) {
-        pthread_join(th[i], NULL);
-        cr_assert_eq(ctx[i].rc, 0, "rank %d: %s", i, ctx[i].err.msg);
-    }
+    group_end(&gr);
     for (int k = 0; k < NB; k++) {
         rec want;
         reference_k(dir, NULL, k, &want);
-        cr_assert_eq(got[k].n, want.n, "pipeline/%d batch slot %d: %d tokens, want %d", world, k, got[k].n, want.n);
-        for (int t = 0; t < want.n; t++) {
-            const exo_sample *a = &want.s[t], *b = &got[k].s[t];
-            cr_assert_eq(b->id, a->id, "pipeline/%d batch slot %d step %d", world, k, t);
-            cr_assert(b->logprob == a->logprob && b->n_top == a->n_top &&
-                          !memcmp(b->top_logprobs, a->top_logprobs, sizeof(float) * (size_t)a->n_top) &&
-                          !memcmp(b->top_ids, a->top_ids, sizeof(int32_t) * (size_t)a->n_top),
-                      "pipeline/%d batch slot %d step %d: log probabilities differ", world, k, t);
-        }
+        compare(dir, world, false, 0, &want, &got[k]); /* tolerance 0: bit for bit */
     }
 }
 
