@@ -279,7 +279,8 @@ typedef struct exo_batch_item {
  * sequence's weight traffic, not B. Each item's last position's logits go
  * to logits + i * vocab (NULL: none wanted). The items' rows together are
  * at most exo_model_max_batch_rows; each sequence appears once. Errors as
- * exo_model_step's (and EXO_EUNSUPPORTED for a pipeline or tensor shard);
+ * exo_model_step's (and EXO_EUNSUPPORTED for a pipeline shard, which
+ * exo_model_step_batch_shard takes);
  * after one, every sequence is back at its length before the call. An
  * item's logits are those exo_model_step would give it alone up to the
  * rounding of products that take another kernel at more rows. */

@@ -1723,7 +1723,8 @@ static void step_slots(runner *r, batch_slot *slots, const int *at, int n, const
 static void run_batch(runner *r)
 {
     batch_slot slots[BATCH_MAX] = {{0}};
-    float *logits = exo_malloc(sizeof(float) * (size_t)exo_model_vocab(r->model) * BATCH_ROWS);
+    /* a pipeline's rank 0 has no head: its last rank samples */
+    float *logits = pipelined(r) ? NULL : exo_malloc(sizeof(float) * (size_t)exo_model_vocab(r->model) * BATCH_ROWS);
     for (;;) {
         while ((r->head || r->waiting) && slot_open(r, slots))
             ;
