@@ -31,6 +31,7 @@
 #include "tokenizer/tokenizer.h"
 
 #include <errno.h>
+#include <float.h>
 #include <math.h>
 #include <poll.h>
 #include <signal.h>
@@ -703,15 +704,15 @@ static bool join_ring(runner *r, exo_err *err)
     return true;
 }
 
-/* How much cache memory the batch slots may hold together: at most
- * BATCH_MEMORY_SHARE of what is free once the model is loaded (on the GPU
- * for the layers there), and at most the KV budget (EXO_KV_BUDGET, `exo
+/* How much cache memory this rank's batch slots may hold together: at
+ * most BATCH_MEMORY_SHARE of what is free once the model is loaded (on the
+ * GPU for the layers there), and at most the KV budget (EXO_KV_BUDGET, `exo
  * serve --kv-budget`) where one is set; at least one context's, so a
  * request of any length can run. A request is admitted by what its
  * sequence needs (its prompt and max_tokens, up to the context), so short
  * requests run many at once where long ones would queue. */
 #define BATCH_MEMORY_SHARE 0.5
-static double batch_memory(runner *r)
+static double cache_room(runner *r, const char **bound)
 {
     double per = (double)exo_model_seq_bytes(r->model, r->ctx);
     int layers = exo_model_shard(r->model).n_layers, on_gpu = exo_model_gpu_layers(r->model);
@@ -719,26 +720,70 @@ static double batch_memory(runner *r)
     uint64_t total, avail;
     exo_err err = {0};
     double limit = r->kv_budget ? (double)r->kv_budget : INFINITY;
-    const char *bound = r->kv_budget ? "the KV budget" : NULL;
+    *bound = r->kv_budget ? "the KV budget" : "no limit";
     if (exo_meminfo(&total, &avail, &err) == 0 && gpu_share < 1 &&
         BATCH_MEMORY_SHARE * (double)avail / (1 - gpu_share) < limit) {
         limit = BATCH_MEMORY_SHARE * (double)avail / (1 - gpu_share);
-        bound = "half the free memory";
+        *bound = "half the free memory";
     }
     size_t gfree, gtotal;
     if (on_gpu && exo_backend_cuda_memory(exo_model_gpu_device(r->model), &gfree, &gtotal, &err) == 0 &&
         BATCH_MEMORY_SHARE * (double)gfree / gpu_share < limit) {
         limit = BATCH_MEMORY_SHARE * (double)gfree / gpu_share;
-        bound = "half the GPU's free memory";
+        *bound = "half the GPU's free memory";
     }
     if (!(limit >= per)) {
         limit = per;
-        bound = "one context (the least a slot may take)";
+        *bound = "one context (the least a slot may take)";
     }
-    EXO_LOG_INFO("runner: up to %d requests at once, their caches within %.0f MB (%s; a whole context of %d "
-                 "tokens takes %.0f MB, a request the share of it its prompt and max_tokens need)",
-                 r->n_batch, limit / 1e6, bound ? bound : "no limit", r->ctx, per / 1e6);
     return limit;
+}
+
+/* The batch slots' room on rank 0 (r->kv_limit, in rank 0's bytes). The
+ * other ranks of a split instance keep a sequence per slot that follows
+ * rank 0's (dist.h), each the size of its own share of the caches (its
+ * layers, or its heads), in memory of its own (a smaller GPU, a node with
+ * less free memory, its own KV budget): every rank says how many contexts
+ * of its share its room holds, and rank 0 admits by the least of them.
+ * Every rank of a split instance calls this at the same point of its load
+ * (an all-gather over the ring, before rank 0's first frame). */
+static int batch_memory(runner *r, bool leads, exo_err *err)
+{
+    const char *bound;
+    double per = (double)exo_model_seq_bytes(r->model, r->ctx), room = cache_room(r, &bound);
+    double contexts = per > 0 ? room / per : INFINITY;
+    int tightest = r->load.rank;
+    if (split(r)) {
+        int W = r->load.world;
+        float *each = exo_calloc((size_t)W, sizeof *each);
+        size_t *bounds = exo_calloc((size_t)W + 1, sizeof *bounds);
+        for (int i = 0; i <= W; i++)
+            bounds[i] = (size_t)i;
+        each[r->load.rank] = contexts < FLT_MAX ? (float)contexts : FLT_MAX;
+        int rc = exo_ring_allgather(r->ring, each, bounds, err);
+        for (int i = 0; !rc && i < W; i++)
+            if (i != r->load.rank && (double)each[i] < contexts) {
+                contexts = each[i];
+                tightest = i;
+            }
+        exo_free(each);
+        exo_free(bounds);
+        if (rc)
+            return exo_err_wrap(err, "exchanging the ranks' cache room");
+    }
+    if (!leads)
+        return 0;
+    r->kv_limit = per > 0 ? contexts * per : room; /* no caches of its own here: its room */
+    char why[96];
+    if (tightest != r->load.rank)
+        snprintf(why, sizeof why, "rank %d's room: its free memory or KV budget", tightest);
+    else
+        snprintf(why, sizeof why, "%s", bound);
+    if (r->n_batch > 1)
+        EXO_LOG_INFO("runner: up to %d requests at once, their caches within %.1f MB (%s; a whole context of %d "
+                     "tokens takes %.1f MB, a request the share of it its prompt and max_tokens need)",
+                     r->n_batch, r->kv_limit / 1e6, why, r->ctx, per / 1e6);
+    return 0;
 }
 
 /* The KV budget, where one is set, must hold one context's caches: the
@@ -835,13 +880,10 @@ static void do_load(runner *r)
     } else {
         r->stepper = exo_gen_stepper_local(r->model, r->seq);
     }
-    if (leads) {
-        /* a pipeline's other ranks hold shares of the caches alike (placement
-         * splits the layers by memory): rank 0's share stands for them */
-        if (r->n_batch > 1)
-            r->kv_limit = batch_memory(r);
+    if (batch_memory(r, leads, &err))
+        goto fail;
+    if (leads)
         r->bseqs[0] = r->seqs[0]; /* one context's caches fewer; warm-up is done before a batch */
-    }
     exo_shard_info sh = exo_model_shard(r->model);
     EXO_LOG_INFO("runner: loaded %s (layers %d-%d of %d%s, ctx %d) in %.2f s", dir, sh.start_layer,
                  sh.end_layer, sh.n_layers, tensor ? ", a tensor-parallel share" : "", r->ctx,

@@ -253,6 +253,39 @@ test('two tensor ranks on one node, a device each, answer as the whole model', T
   });
 });
 
+// Rank 0 admits a pipeline's requests for every rank (the others' batch
+// slots follow its): each rank's room for its share of the caches counts,
+// so a node with less (here its own --kv-budget) bounds how many requests
+// run at once. Rank 0 on a, which has no budget; rank 1 on b, 4 MB.
+test('a pipeline admits requests by the rank with the least room for its caches', T, async () => {
+  await withCluster(async (cl) => {
+    // -v: a's runners log at info, where rank 0 says what bounds its batch
+    const a = await cl.start('a', { models, extra: ['-v'] });
+    const b = await cl.start('b', { models, extra: ['--kv-budget', '4M'] });
+    await cl.converged([a, b]);
+    await meshed([a, b]);
+    const ids = [await a.id(), await b.id()], rids = ids.map(() => crypto.randomUUID());
+    const layers = [[0, 2], [2, 5]];
+    const inst = { MlxRingInstance: { instanceId: crypto.randomUUID(), sharding: 'Pipeline', shardAssignments: {
+      modelId: MODEL, nodeToRunner: Object.fromEntries(ids.map((id, i) => [id, rids[i]])),
+      runnerToShard: Object.fromEntries(rids.map((r, i) => [r, { PipelineShardMetadata: {
+        modelCard: { modelId: MODEL }, deviceRank: i, worldSize: 2, startLayer: layers[i][0],
+        endLayer: layers[i][1], nLayers: 5, nodeId: ids[i] } }])) } } };
+    const made = await C.postJson(a.base, '/instance', { instance: inst });
+    assert.equal(made.status, 200, made.text);
+    await readyInstance(a, (x) => x.instanceId === inst.MlxRingInstance.instanceId);
+    const log = await fsp.readFile(path.join(a.dataDir, 'cache/exo_log/runner_log', `runner-${rids[0]}.log`), 'utf8');
+    const m = /their caches within ([0-9.]+) MB \(([^;]*);/.exec(log);
+    assert.ok(m, `rank 0's log says its caches' room:\n${log}`);
+    assert.equal(m[2], "rank 1's room: its free memory or KV budget");
+    // rank 1 keeps 3 layers to rank 0's 2: 4 MB of its share is 2.7-2.8 MB of rank 0's
+    assert.ok(+m[1] > 2.5 && +m[1] < 3, `rank 0's room ${m[1]} MB`);
+    const single = [];
+    for (const p of PROMPTS) single.push(await openaiText(a.base, p));
+    assert.deepEqual(await Promise.all(PROMPTS.map((p) => openaiText(b.base, p))), single);
+  });
+});
+
 // The pids of `exo runner` children of a daemon.
 async function runnerPids(daemonPid) {
   try {
