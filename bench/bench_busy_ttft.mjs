@@ -101,8 +101,10 @@ try {
   console.log(`time to first token, ${String(nStreams).padStart(2)} streams busy ${b.toFixed(0).padStart(7)} ms (median of 3): ` +
     `x${(b / a).toFixed(2)} alone`);
   console.log(`streams' tokens/s before           ${(before / 2.5).toFixed(1).padStart(7)}`);
+  // a model this fast finishes its streams before the window: no ratio to print
   console.log(`streams' tokens/s during prefills  ${(during / (durMs / 1000)).toFixed(1).padStart(7)} ` +
-    `(x${((during / (durMs / 1000)) / (before / 2.5)).toFixed(2)} of before)`);
+    (before ? `(x${((during / (durMs / 1000)) / (before / 2.5)).toFixed(2)} of before)`
+      : '(no ratio: no stream decoded in the 2.5 s before; the streams ended first)'));
   console.log(`longest gap between a stream's tokens: ${gapOut} ms in the 2.5 s before, ${gapIn} ms during a prefill`);
 } finally {
   for (const s of streams) s.abort();
