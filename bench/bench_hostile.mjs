@@ -4,7 +4,8 @@
 // time) while thousands of slowloris connections are held, against 50 ms;
 // and the daemon's peak RSS growth under a body flood, against its request
 // memory budget (256 MiB). Not a test: run by hand,
-//   node bench/bench_hostile.mjs        (EXO_BIN: default build/exo)
+//   node bench/bench_hostile.mjs        (EXO_BIN: default build/exo; BENCH_SECONDS
+//   per measurement, 10; BENCH_FLOOD_CONNS bodies in the flood, 400)
 // Needs a high descriptor limit (`ulimit -n 20000`).
 import path from 'node:path';
 import fsp from 'node:fs/promises';
@@ -12,6 +13,7 @@ import * as D from '../tests/e2e/daemon.mjs';
 import * as A from '../tests/reliability/attacks.mjs';
 
 const SECONDS = +(process.env.BENCH_SECONDS || 10);
+const FLOOD_CONNS = +(process.env.BENCH_FLOOD_CONNS || 400); // bodies of 16 MiB at once
 const BUDGET = 256 << 20;
 
 async function probe(base, ms) {
@@ -44,14 +46,14 @@ try {
 
   A.resetPeak(d.pid);
   const before = A.memOf(d.pid);
-  const flood = await A.bodyFlood({ port: d.port, sources: A.sourceAddrs(32, 100), conns: 400,
+  const flood = await A.bodyFlood({ port: d.port, sources: A.sourceAddrs(32, 100), conns: FLOOD_CONNS,
     contentLength: 16 * 1024 * 1024 - 1, chunkBytes: 512 * 1024, intervalMs: 20 });
   const fl = await probe(d.base, SECONDS * 1000);
   await flood.finish(20000);
   const peak = A.memOf(d.pid).hwm;
   flood.stop();
   const grew = peak - before.rss;
-  console.log(`body flood: 400 x 16 MiB bodies from 32 addresses, ${(flood.bytesSent() / 2 ** 20).toFixed(0)} MiB sent, statuses ${JSON.stringify(flood.statuses())}`);
+  console.log(`body flood: ${FLOOD_CONNS} x 16 MiB bodies from 32 addresses, ${(flood.bytesSent() / 2 ** 20).toFixed(0)} MiB sent, statuses ${JSON.stringify(flood.statuses())}`);
   console.log(`            peak RSS growth ${(grew / 2 ** 20).toFixed(1)} MiB / budget ${BUDGET / 2 ** 20} MiB = ${(grew / BUDGET).toFixed(2)} (<= 1 meets it)`);
   console.log(`            meanwhile: ${fmt(fl)}`);
   await d.stop();
