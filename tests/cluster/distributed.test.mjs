@@ -8,7 +8,8 @@
 // Faults: a rank's runner killed mid-generation gives the open request an
 // error (no hang) and the instance comes back Ready by itself; a node that
 // dies takes its instance with it and the master places the model again on
-// the nodes that are left. In network namespaces (root): the same parity
+// the nodes that are left. A pipeline admits requests by the rank with the
+// least room for its share of the caches. In network namespaces (root): the same parity
 // over a bridge, and a link that goes dark mid-generation.
 //
 // Run: tests/integration/test_cluster.sh, or
