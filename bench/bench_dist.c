@@ -165,11 +165,11 @@ static double tensor_batched(exo_model *m, exo_dist *d, int n_req)
     return rc ? 0 : tps;
 }
 
+static bool pipe_halves; /* pipeline_batched: each step as two halves in flight */
+
 /* Rank 0 of a pipeline: n_req greedy streams decoding side by side as the
  * runner batches them (dist.h ROWS frames; the last rank samples each with
  * its batch slot's sampler): decode tokens/s of all of them together. */
-static bool pipe_halves; /* pipeline_batched: each step as two halves in flight */
-
 static double pipeline_batched(exo_model *m, exo_dist *d, int n_req)
 {
     exo_err err = {0};
