@@ -3294,14 +3294,18 @@ static bool pick_in_place(exo_model *m, exo_step *st)
 
 /* A decode step of a model wholly on one GPU goes as one recorded unit
  * (backend.h step_begin): its hundreds of kernel launches cost the host
- * more than the GPU takes to run them. A step that needs the host inside
- * it (mixture-of-experts routing on the host, tensor-parallel
- * collectives, hidden states coming in) launches its ops one by one. */
+ * more than the GPU takes to run them. A tensor-parallel rank records its
+ * layers too once its partial sums go among the GPUs (decide_group: NCCL's
+ * all-reduces are recorded with the kernels, and every rank runs its
+ * step's sums in the same order whether it replays or launches; the
+ * head's gather through the ring runs after). A step that needs the host
+ * inside it (mixture-of-experts routing on the host, sums through the
+ * host's ring, hidden states coming in) launches its ops one by one. */
 static bool step_recordable(const exo_model *m, const exo_step *st, int n)
 {
     return n == 1 && st->T == 1 && st->tokens && m->gpu && m->gpu_layers == m->n_layers &&
            m->gpu->ops->step_begin && (!m->n_experts || (m->moe_picked && !m->moe_host_route && !m->moe_per_expert)) &&
-           !m->allreduce && !m->allgather;
+           (!m->allreduce || m->group > 0);
 }
 
 static int step_recorded(exo_model *m, exo_seq *s, const exo_step *st, int t0, int pos0, exo_err *err)
@@ -3315,7 +3319,7 @@ static int step_recorded(exo_model *m, exo_seq *s, const exo_step *st, int t0, i
         return r < 0 ? r : 0;
     for (int eager = 0; eager < 2; eager++) {
         int rc = step_one(m, s, st, t0, 1, pos0, err);
-        if (!rc && st->logits)
+        if (!rc && st->logits && !m->allgather)
             rc = head_logits(m, 0, 1);
         if (eager)
             return rc;
@@ -3335,6 +3339,8 @@ static int step_chunk(exo_model *m, exo_seq *s, exo_step *st, int t0, int n, exo
         OK(step_recorded(m, s, st, t0, pos0, err));
         if (st->hidden_out)
             OK(last->ops->to_host(last, st->hidden_out + (size_t)t0 * D, acts_of(m, last)->x, bytes));
+        if (st->logits && m->allgather) /* a tensor-parallel head: this rank's share, then the gather */
+            return head_forward(m, 0, 1, st->logits, err);
         if (st->logits && t0 + n == st->T && !pick_in_place(m, st))
             OK(last->ops->to_host(last, st->all_logits ? st->logits + (size_t)t0 * (size_t)m->vocab : st->logits,
                                   acts_of(m, last)->logits, sizeof(float) * (size_t)m->vocab));

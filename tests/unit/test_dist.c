@@ -263,14 +263,19 @@ static void split_run_n(const char *dir, const char *device, int world, bool ten
  * NCCL (NCCL_HOSTID): NCCL takes two ranks of one host on one GPU for a
  * mistake, so ranks on one GPU join as if each were on its own machine,
  * summing over sockets on loopback. Rank 0 sends its samples back through
- * a pipe. A rank whose sums did not run among the GPUs fails. */
-enum { RANK_OK, RANK_FAILED, RANK_ON_HOST };
+ * a pipe. A rank whose sums did not run among the GPUs fails, and so does
+ * one that replayed no recorded decode step, but rank `eager`, which
+ * records none (EXO_CUDA_GRAPH=0): its launches meet the others' replays
+ * in every sum. */
+enum { RANK_OK, RANK_FAILED, RANK_ON_HOST, RANK_UNRECORDED };
 
-static int run_rank(rank_ctx *c, int out_fd)
+static int run_rank(rank_ctx *c, int out_fd, bool eager)
 {
     char host[32];
     snprintf(host, sizeof host, "exo-test-rank-%d", c->rank);
     setenv("NCCL_HOSTID", host, 1);
+    if (eager)
+        setenv("EXO_CUDA_GRAPH", "0", 1);
     if ((c->rc = join(c))) {
         fprintf(stderr, "rank %d: %s\n", c->rank, c->err.msg);
         return RANK_FAILED;
@@ -299,11 +304,12 @@ static int run_rank(rank_ctx *c, int out_fd)
         }
     }
     bool on_gpus = exo_model_sums_on_gpus(c->m);
+    long replayed = exo_model_replayed_steps(c->m);
     leave(c);
-    return rc ? RANK_FAILED : on_gpus ? RANK_OK : RANK_ON_HOST;
+    return rc ? RANK_FAILED : !on_gpus ? RANK_ON_HOST : !eager && replayed < 1 ? RANK_UNRECORDED : RANK_OK;
 }
 
-static void split_run_procs(const char *dir, int world, rec *out)
+static void split_run_procs(const char *dir, int world, int eager, rec *out)
 {
     rank_ctx ctx[MAX_RANKS];
     int ports[MAX_RANKS], pipe_fd[2];
@@ -328,7 +334,7 @@ static void split_run_procs(const char *dir, int world, rec *out)
         cr_assert(pid[i] >= 0, "fork failed");
         if (pid[i] == 0) {
             close(pipe_fd[0]);
-            _exit(run_rank(c, pipe_fd[1]));
+            _exit(run_rank(c, pipe_fd[1], i == eager));
         }
     }
     close(pipe_fd[1]);
@@ -342,6 +348,7 @@ static void split_run_procs(const char *dir, int world, rec *out)
         cr_assert_eq(waitpid(pid[i], &status, 0), pid[i]);
         int code = WIFEXITED(status) ? WEXITSTATUS(status) : RANK_FAILED;
         cr_assert(code != RANK_ON_HOST, "%s rank %d: summed on the host, the GPUs' group did not form", dir, i);
+        cr_assert(code != RANK_UNRECORDED, "%s rank %d: no decode step was replayed from a recording", dir, i);
         cr_assert(code == RANK_OK, "%s rank %d failed", dir, i);
     }
     cr_assert_eq(got, (ssize_t)sizeof *out, "%s: rank 0 sent no samples", dir);
@@ -756,20 +763,25 @@ static bool gpu_in_child(void)
 
 /* Tensor parallel with the ranks' sums among their GPUs (NCCL): two
  * processes, as two machines would be (split_run_procs), against the
- * whole model on the GPU. */
-Test(dist, tensor_on_gpus_through_nccl, .timeout = 240)
+ * whole model on the GPU. Both ranks replay recorded decode steps, sums
+ * and all; then again with rank 1 launching every op (its sums meet rank
+ * 0's recorded ones), which must give the same bits. */
+Test(dist, tensor_on_gpus_through_nccl, .timeout = 300)
 {
     if (!gpu_in_child())
         cr_skip_test("needs a GPU");
     static const struct { const char *dir; float tol; } cases[] = {{"tests/fixtures/llama-bf16", 2e-4f},
                                                                    {"tests/fixtures/qwen3-q4g64", 2e-2f}};
     enum { N = sizeof cases / sizeof *cases };
-    rec got[N], want;
-    for (size_t i = 0; i < N; i++) /* every split first: forks must come before this process uses the GPU */
-        split_run_procs(cases[i].dir, 2, &got[i]);
+    rec got[N], mixed[N], want;
+    for (size_t i = 0; i < N; i++) { /* every split first: forks must come before this process uses the GPU */
+        split_run_procs(cases[i].dir, 2, -1, &got[i]);
+        split_run_procs(cases[i].dir, 2, 1, &mixed[i]);
+    }
     for (size_t i = 0; i < N; i++) {
         reference(cases[i].dir, "cuda", &want);
         compare(cases[i].dir, 2, true, cases[i].tol, &want, &got[i]);
+        compare(cases[i].dir, 2, true, 0, &got[i], &mixed[i]);
     }
 }
 

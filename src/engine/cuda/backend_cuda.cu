@@ -232,12 +232,29 @@ static void *scratch(cuda_backend *c, int which, size_t bytes)
 
 /* ---- memory -------------------------------------------------------------- */
 
+/* A recorded step with a group's all-reduces in it holds NCCL's resources
+ * for them until it is destroyed, and the communicator's destruction waits
+ * for those: the recordings go first (after the stream has run them). */
+static void leave_group(cuda_backend *c)
+{
+    if (!c->group)
+        return;
+    cudaStreamSynchronize(c->stream);
+    for (int i = 0; i < STEP_GRAPHS; i++)
+        if (c->graphs[i].exec) {
+            cudaGraphExecDestroy(c->graphs[i].exec);
+            c->graphs[i].exec = NULL;
+        }
+    exo_cuda_group_leave(c->group);
+    c->group = NULL;
+}
+
 static void cuda_free_backend(exo_backend *be)
 {
     cuda_backend *c = cu(be);
     cudaSetDevice(c->device);
     cudaStreamSynchronize(c->stream);
-    exo_cuda_group_leave(c->group);
+    leave_group(c);
     if (c->side) {
         cudaStreamSynchronize(c->side);
         cudaStreamDestroy(c->side);
@@ -1273,13 +1290,7 @@ static int cuda_group_allreduce(exo_backend *be, float *x, size_t n)
     return exo_cuda_group_allreduce(c->group, x, n, c->stream);
 }
 
-static void cuda_group_leave(exo_backend *be)
-{
-    cuda_backend *c = cu(be);
-    cudaStreamSynchronize(c->stream);
-    exo_cuda_group_leave(c->group);
-    c->group = NULL;
-}
+static void cuda_group_leave(exo_backend *be) { leave_group(cu(be)); }
 
 static int cuda_argmax(exo_backend *be, const float *x, int n, int32_t *id, float *logprob)
 {
