@@ -100,7 +100,8 @@ void exo_gen_stepper_local_free(exo_gen_stepper *st)
 
 /* ---- one generation, step by step -------------------------------------- */
 
-typedef enum { GS_PREFILL, GS_WAIT, GS_DECODE, GS_DONE } gs_state;
+/* GS_REPLAY: a restarted generation runs the tokens it had decoded again */
+typedef enum { GS_PREFILL, GS_WAIT, GS_DECODE, GS_REPLAY, GS_DONE } gs_state;
 
 struct exo_gen_seq {
     exo_gen_params   p;
@@ -108,6 +109,9 @@ struct exo_gen_seq {
     int              n_prompt, done, chunk;
     int              pos, capacity;
     int32_t          last;   /* the token the next decode step runs */
+    int32_t         *ran;    /* the tokens decode steps have run, in order (a restart runs them again) */
+    int              n_ran, cap_ran, replayed;
+    bool             restarted; /* its prompt's last chunk wants no sample: that was taken before */
     bool             stepped_last_chunk;
     gs_state         state;
     exo_gen_stats    stats;
@@ -137,7 +141,12 @@ exo_gen_seq *exo_gen_seq_new(const int32_t *prompt, int n_prompt, int pos, int c
     return g;
 }
 
-void exo_gen_seq_free(exo_gen_seq *g) { exo_free(g); }
+void exo_gen_seq_free(exo_gen_seq *g)
+{
+    if (g)
+        exo_free(g->ran);
+    exo_free(g);
+}
 
 bool exo_gen_seq_next(exo_gen_seq *g, const int32_t **tokens, int *T, bool *want_sample)
 {
@@ -145,7 +154,13 @@ bool exo_gen_seq_next(exo_gen_seq *g, const int32_t **tokens, int *T, bool *want
         int n = g->n_prompt - g->done < g->chunk ? g->n_prompt - g->done : g->chunk;
         *tokens = g->prompt + g->done;
         *T = n;
-        *want_sample = g->done + n == g->n_prompt;
+        *want_sample = g->done + n == g->n_prompt && !g->restarted;
+        return true;
+    }
+    if (g->state == GS_REPLAY) {
+        *tokens = &g->ran[g->replayed];
+        *T = 1;
+        *want_sample = false;
         return true;
     }
     if (g->state == GS_DECODE) {
@@ -162,15 +177,27 @@ void exo_gen_seq_stepped(exo_gen_seq *g)
     int T = g->state == GS_PREFILL ? (g->n_prompt - g->done < g->chunk ? g->n_prompt - g->done : g->chunk)
                                    : 1;
     g->pos += T;
+    if (g->state == GS_REPLAY) {
+        if (++g->replayed == g->n_ran)
+            g->state = GS_DECODE;
+        return;
+    }
     if (g->state == GS_DECODE) {
+        if (g->n_ran == g->cap_ran) {
+            g->cap_ran = g->cap_ran ? 2 * g->cap_ran : 64;
+            g->ran = exo_realloc(g->ran, sizeof *g->ran * (size_t)g->cap_ran);
+        }
+        g->ran[g->n_ran++] = g->last;
         g->state = GS_WAIT;
         return;
     }
     g->done += T;
     if (g->done == g->n_prompt) {
-        g->state = GS_WAIT;
+        g->state = !g->restarted ? GS_WAIT : g->n_ran ? GS_REPLAY : GS_DECODE;
         return;
     }
+    if (g->restarted)
+        return;
     if (g->p.on_prefill && g->p.on_prefill(g->ctx, g->done, g->n_prompt)) {
         g->stats.finish = EXO_FINISH_CANCEL;
         g->state = GS_DONE;
@@ -206,6 +233,32 @@ bool exo_gen_seq_sampled(exo_gen_seq *g, const exo_sample *s)
 }
 
 bool exo_gen_seq_done(const exo_gen_seq *g) { return g->state == GS_DONE; }
+
+void exo_gen_seq_restart(exo_gen_seq *g, const int32_t *prompt, int n_prompt, int pos)
+{
+    if (g->state != GS_PREFILL && g->state != GS_DECODE && g->state != GS_REPLAY)
+        return; /* done, or a sample is out */
+    if (!g->t1) { /* its prompt was not through: it starts again */
+        g->prompt = prompt;
+        g->n_prompt = n_prompt;
+        g->done = 0;
+        g->pos = pos;
+        g->chunk = g->p.prefill_chunk > 0 && g->p.prefill_chunk < n_prompt && n_prompt <= g->capacity - pos
+                       ? g->p.prefill_chunk : n_prompt;
+        g->state = GS_PREFILL;
+        return;
+    }
+    g->prompt = prompt;
+    g->n_prompt = n_prompt;
+    g->done = 0;
+    g->pos = pos;
+    g->chunk = g->p.prefill_chunk > 0 && g->p.prefill_chunk < n_prompt ? g->p.prefill_chunk : n_prompt;
+    g->replayed = 0;
+    g->restarted = true;
+    g->state = n_prompt > 0 ? GS_PREFILL : g->n_ran ? GS_REPLAY : GS_DECODE;
+}
+
+int exo_gen_seq_decoded(const exo_gen_seq *g) { return g->n_ran; }
 bool exo_gen_seq_in_prefill(const exo_gen_seq *g) { return g->state == GS_PREFILL || !g->t1; }
 void exo_gen_seq_stats(const exo_gen_seq *g, exo_gen_stats *out) { *out = g->stats; }
 

@@ -102,6 +102,18 @@ bool exo_gen_seq_next(exo_gen_seq *g, const int32_t **tokens, int *T, bool *want
 void exo_gen_seq_stepped(exo_gen_seq *g);
 bool exo_gen_seq_sampled(exo_gen_seq *g, const exo_sample *s);
 bool exo_gen_seq_done(const exo_gen_seq *g);
+
+/* A generation whose caches were given up (a batch preempts a request when
+ * cache memory runs out) computes them again on a sequence that holds the
+ * first `pos` positions of its prompt: the rest of the prompt (its last
+ * `n_prompt` tokens, in chunks as before, no sample), then every token its
+ * decode steps ran, one decode step each (no sample: the same rows it ran
+ * then, so the same bits), then it goes on from the token it sampled last,
+ * its stats and stop conditions as they were. Only between steps (not
+ * while a sample is out); on_prefill is not called again. */
+void exo_gen_seq_restart(exo_gen_seq *g, const int32_t *prompt, int n_prompt, int pos);
+/* Positions a restart needs beyond the prompt: the tokens its decode steps ran. */
+int exo_gen_seq_decoded(const exo_gen_seq *g);
 bool exo_gen_seq_in_prefill(const exo_gen_seq *g); /* no sample yet */
 void exo_gen_seq_stats(const exo_gen_seq *g, exo_gen_stats *out);
 

@@ -110,6 +110,7 @@ typedef struct runner {
     uint64_t               kv_budget;         /* bytes of caches at most (0: half the free memory) */
     double                 kv_limit;          /* the slots' caches together at most (batch_memory) */
     struct gen_ctx        *waiting;           /* taken from the queue, waiting for cache memory */
+    struct gen_ctx        *preempted;         /* gave their caches back, to compute them again (oldest first) */
     exo_seq               *bseqs[BATCH_MAX];  /* [0] is seqs[0], the sequential path's */
     int32_t               *kept[BATCH_MAX];   /* the slot's last prompt, for prefix reuse */
     int                    n_kept[BATCH_MAX]; /* its positions the sequence holds from whole chunks */
@@ -943,6 +944,12 @@ typedef struct gen_ctx {
     bool               waiting; /* a step that wants a sample is out */
     bool               stepped; /* a batch's request: its first step has run */
     bool               prompt_kept; /* its prompt went into the prefix cache when its prefill ended */
+    /* a batch's request that gave its caches back (slot_preempt): its
+     * sampler kept for when it computes them again, and its place in
+     * r->preempted, which is in order of first admission */
+    exo_sampler       *smp;
+    uint64_t           admitted;
+    struct gen_ctx    *next;
 } gen_ctx;
 
 /* The text an alternative token would have added after prev: decoding it
@@ -1439,10 +1446,26 @@ static void slot_close(runner *r, batch_slot *b, int rc, const exo_err *err)
         slot_keep(r, g->slot, g, rc != 0);
     job_free_ctx(g);
     job_free(g->j);
+    exo_sampler_free(g->smp);
     exo_free(g);
     exo_sampler_free(b->smp);
     b->g = NULL;
     b->smp = NULL;
+}
+
+/* A preempted request's end before it ran again (a cancel): its finish
+ * chunk (CANCEL) and Done. */
+static void preempted_close(runner *r, gen_ctx *g)
+{
+    deactivate(r, g);
+    exo_gen_stats st;
+    exo_gen_seq_stats(g->seq, &st);
+    st.finish = EXO_FINISH_CANCEL;
+    job_close(r, g, &st);
+    job_free_ctx(g);
+    job_free(g->j);
+    exo_sampler_free(g->smp);
+    exo_free(g);
 }
 
 /* Prompt positions slot i's sequence can give a request for ids (n
@@ -1510,6 +1533,22 @@ static int slot_need(const runner *r, const gen_ctx *g)
 {
     int64_t need = (int64_t)g->n_ids + g->gp.max_tokens;
     return need < r->ctx ? (int)need : r->ctx;
+}
+
+/* Positions request g's sequence holds when it is admitted: its prompt,
+ * the tokens a preempted request runs again, and RESERVE_AHEAD more (up to
+ * what it needs), not its whole max_tokens, which most answers never
+ * reach; slots_grow adds more as it decodes. A pipeline's rank 0 holds
+ * what a request needs from the start (its sampler is the last rank's, so
+ * it is never preempted). */
+#define RESERVE_AHEAD 256
+static int slot_reserve(const runner *r, const gen_ctx *g)
+{
+    int need = slot_need(r, g);
+    if (pipelined(r))
+        return need;
+    int64_t hold = (int64_t)g->n_ids + (g->seq ? exo_gen_seq_decoded(g->seq) : 0) + RESERVE_AHEAD;
+    return hold < need ? (int)hold : need;
 }
 
 /* Batch slot i's sequence keeps its first `keep` positions and holds
@@ -1584,8 +1623,19 @@ static bool slot_open(runner *r, batch_slot *slots)
     if (!free_slots)
         return false;
     int running = r->n_batch - free_slots;
-    gen_ctx *g = r->waiting;
-    r->waiting = NULL;
+    gen_ctx *g = r->preempted; /* they were admitted before any other waiting */
+    bool resumed = g != NULL;
+    if (resumed) {
+        r->preempted = g->next;
+        g->next = NULL;
+    } else {
+        g = r->waiting;
+        r->waiting = NULL;
+    }
+    if (g && g->cancel && resumed) {
+        preempted_close(r, g);
+        return true;
+    }
     if (g && g->cancel) {
         deactivate(r, g);
         finish_cancelled(r, g->j->id, NULL);
@@ -1603,7 +1653,7 @@ static bool slot_open(runner *r, batch_slot *slots)
     int i = slot_for(r, slots, g, &reuse);
     batch_slot *b = &slots[i];
     exo_err err = {0};
-    int need = slot_need(r, g);
+    int need = slot_reserve(r, g);
     /* a longer prefix a running request or the prefix cache holds is
      * shared, not held twice */
     int copy, from = busy_prefix(r, slots, g, reuse, &copy);
@@ -1613,8 +1663,13 @@ static bool slot_open(runner *r, batch_slot *slots)
                   (double)exo_model_shared_prefix_bytes(r->model, shared);
     exo_kv_prefix *take = kept >= 0 ? r->store[kept].pages : NULL;
     if (!slot_make_room(r, slots, i, take, grow)) {
-        if (running) {
-            r->waiting = g; /* until a running request gives its caches back */
+        if (running) { /* until a running request gives its caches back */
+            if (resumed) {
+                g->next = r->preempted;
+                r->preempted = g;
+            } else {
+                r->waiting = g;
+            }
             return false;
         }
         EXO_LOG_WARN("runner: request %s needs %d positions, more than the cache memory holds", g->j->id, need);
@@ -1647,6 +1702,13 @@ static bool slot_open(runner *r, batch_slot *slots)
         return true;
     }
     r->used[i] = ++r->clock;
+    if (resumed) { /* its caches again, then on from where it was */
+        exo_gen_seq_restart(g->seq, g->ids + reuse, (int)g->n_ids - reuse, reuse);
+        b->smp = g->smp;
+        g->smp = NULL;
+        return true;
+    }
+    g->admitted = r->clock;
     g->reused = reuse;
     g->gp.prefill_chunk = BATCH_PREFILL;
     if (pipelined(r)) { /* the last rank samples: its sampler for the slot */
@@ -1662,8 +1724,7 @@ static bool slot_open(runner *r, batch_slot *slots)
             return true;
         }
     }
-    g->seq = exo_gen_seq_new(g->ids + reuse, (int)g->n_ids - reuse, reuse, exo_seq_capacity(r->bseqs[i]), &g->gp,
-                             on_token, g);
+    g->seq = exo_gen_seq_new(g->ids + reuse, (int)g->n_ids - reuse, reuse, slot_need(r, g), &g->gp, on_token, g);
     return true;
 }
 
@@ -1688,9 +1749,75 @@ static bool slot_share_late(runner *r, batch_slot *slots, int i)
     }
     exo_gen_seq_free(g->seq);
     g->reused = copy;
-    g->seq = exo_gen_seq_new(g->ids + copy, (int)g->n_ids - copy, copy, exo_seq_capacity(r->bseqs[i]), &g->gp,
-                             on_token, g);
+    g->seq = exo_gen_seq_new(g->ids + copy, (int)g->n_ids - copy, copy, slot_need(r, g), &g->gp, on_token, g);
     return true;
+}
+
+/* Slot v's request gives its caches back: it waits in r->preempted, its
+ * sampler and generation kept, to compute them again when memory allows
+ * (exo_gen_seq_restart: the same bits, so the same tokens); its prompt's
+ * whole chunks stay in the slot and the prefix cache, for its return,
+ * while nothing else needs that memory. */
+static void slot_preempt(runner *r, batch_slot *slots, int v)
+{
+    batch_slot *b = &slots[v];
+    gen_ctx *g = b->g;
+    EXO_LOG_INFO("runner: request %s preempted after %d decoded tokens: its caches go back until memory frees",
+                 g->j->id, exo_gen_seq_decoded(g->seq));
+    slot_keep(r, v, g, false);
+    exo_err err = {0};
+    if (bseq_resize(r, v, r->n_kept[v], r->n_kept[v] > 0 ? r->n_kept[v] : 1, &err))
+        EXO_LOG_WARN("runner: cannot shrink slot %d's caches: %s", v, err.msg);
+    g->smp = b->smp;
+    b->smp = NULL;
+    b->g = NULL;
+    gen_ctx **at = &r->preempted;
+    while (*at && (*at)->admitted < g->admitted)
+        at = &(*at)->next;
+    g->next = *at;
+    *at = g;
+}
+
+/* Before a round: each request's sequence holds the positions its next
+ * step writes, grown RESERVE_AHEAD at a time up to what it needs, oldest
+ * request first. Where memory is short (after the prefix cache and idle
+ * slots gave theirs up) the youngest running request is preempted, which
+ * may be the one growing; the oldest always goes on, and a request alone
+ * always fits (the memory holds a whole context: batch_memory). */
+static void slots_grow(runner *r, batch_slot *slots)
+{
+    for (;;) {
+        int i = -1, youngest = -1, running = 0, target = 0;
+        for (int k = 0; k < r->n_batch; k++) {
+            gen_ctx *g = slots[k].g;
+            if (!g)
+                continue;
+            running++;
+            if (youngest < 0 || g->admitted > slots[youngest].g->admitted)
+                youngest = k;
+            const int32_t *tokens;
+            int T, len = exo_seq_len(r->bseqs[k]), cap = exo_seq_capacity(r->bseqs[k]);
+            bool want;
+            if (!exo_gen_seq_next(g->seq, &tokens, &T, &want) || len + T <= cap || cap >= slot_need(r, g))
+                continue;
+            if (i < 0 || g->admitted < slots[i].g->admitted) {
+                i = k;
+                int need = slot_need(r, g), more = len + T + RESERVE_AHEAD;
+                target = more < need ? more : need;
+            }
+        }
+        if (i < 0)
+            return;
+        double bytes = (double)exo_model_seq_bytes(r->model, target) - (double)exo_seq_bytes(r->bseqs[i]);
+        if (!slot_make_room(r, slots, i, NULL, bytes) && running > 1) {
+            slot_preempt(r, slots, youngest);
+            continue;
+        }
+        exo_err err = {0};
+        int rc = bseq_resize(r, i, exo_seq_len(r->bseqs[i]), target, &err);
+        if (rc)
+            slot_close(r, &slots[i], rc, &err);
+    }
 }
 
 /* One model call of the n slots at[]: their steps (tokens, T) run, and
@@ -1768,8 +1895,9 @@ static void run_batch(runner *r)
     /* a pipeline's rank 0 has no head: its last rank samples */
     float *logits = pipelined(r) ? NULL : exo_malloc(sizeof(float) * (size_t)exo_model_vocab(r->model) * BATCH_ROWS);
     for (;;) {
-        while ((r->head || r->waiting) && slot_open(r, slots))
+        while ((r->head || r->waiting || r->preempted) && slot_open(r, slots))
             ;
+        slots_grow(r, slots);
         int decoding[BATCH_MAX], n_dec = 0, prompt = -1;
         const int32_t *tokens[BATCH_MAX];
         int T[BATCH_MAX];
@@ -1797,7 +1925,7 @@ static void run_batch(runner *r)
             }
         }
         if (!n_dec && prompt < 0) {
-            if (!r->head && !r->waiting)
+            if (!r->head && !r->waiting && !r->preempted)
                 break;
             continue;
         }

@@ -19,6 +19,7 @@
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import path from 'node:path';
+import fsp from 'node:fs/promises';
 import * as D from './daemon.mjs';
 
 const { STORIES_ID, QWEN_ID, sleep } = D;
@@ -341,3 +342,42 @@ test('--kv-budget: too small fails the load, saying so; a bad size is refused', 
     await d.stop('SIGKILL');
   }
 });
+
+// Admission by what a request holds, not its whole max_tokens: with a
+// context of 1024 and a KV budget of about 1.6 contexts (stories260K keeps
+// 1280 bytes a position), four 900-token answers start side by side,
+// their sequences grow as they decode, and when the budget runs out the
+// youngest gives its caches back and computes them again once memory
+// frees (its prompt in chunks, then each token it had decoded as the
+// decode row it was). Every answer is what it is alone, and the runner
+// says it preempted.
+test('over-committed admission: requests preempted when the caches run short answer as they do alone',
+  { timeout: 180000 }, async () => {
+    const dir = path.join(tmp, 'data-preempt');
+    const d = await D.startDaemon({ dataDir: dir, modelsDir: path.join(tmp, 'models'),
+      extra: ['-v', '--ctx', '1024', '--kv-budget', '2M'] });
+    try {
+      await D.placeInstance(d.base, STORIES_ID);
+      const reqs = [0, 1, 2, 3].map((k) => ({
+        model: STORIES_ID, messages: [{ role: 'user', content: `${WORDS[k]} ${WORDS[k + 5]} ${WORDS[k + 9]}` }],
+        max_tokens: 900, ...(k % 2 ? { temperature: 0.9, seed: 11 + k, repetition_penalty: 1.2 } : { temperature: 0 }),
+      }));
+      const together = await Promise.all(reqs.map((q) => D.postJson(d.base, '/bench/chat/completions', q)));
+      const logDir = path.join(dir, 'cache/exo_log/runner_log');
+      let log = '';
+      for (const f of await fsp.readdir(logDir))
+        log += await fsp.readFile(path.join(logDir, f), 'utf8');
+      const preempted = (log.match(/preempted after \d+ decoded tokens/g) || []).length;
+      assert.ok(preempted >= 1, `no request was preempted:\n${log.slice(-3000)}`);
+      for (const [k, q] of reqs.entries()) {
+        const alone = await D.postJson(d.base, '/bench/chat/completions', q);
+        assert.equal(together[k].status, 200, together[k].text);
+        assert.equal(alone.status, 200, alone.text);
+        assert.equal(together[k].json.usage.completion_tokens, 900);
+        assert.equal(together[k].json.choices[0].message.content, alone.json.choices[0].message.content,
+          `request ${k} (${preempted} preemptions)`);
+      }
+    } finally {
+      await d.stop('SIGKILL');
+    }
+  });

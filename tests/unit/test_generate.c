@@ -193,3 +193,89 @@ Test(generate, failing_chunk_leaves_the_sequence_as_it_was)
     exo_seq_free(s);
     exo_model_free(m);
 }
+
+/* ---- a generation that gives its caches back and computes them again ---- */
+
+/* One generation driven step by step (as the runner's batch does), with
+ * seeded sampling: at each step index in `preempt` (once each) the
+ * sequence goes back to `keep` positions and the generation restarts
+ * there (exo_gen_seq_restart); rec gets the tokens. */
+static void drive(exo_model *m, int chunk, const int *preempt, int n_preempt, int keep, rec *r,
+                  exo_gen_stats *st)
+{
+    int32_t ids[N_PROMPT];
+    prompt_ids(m, ids, N_PROMPT);
+    exo_seq *s;
+    exo_err err = {0};
+    cr_assert_eq(exo_seq_create(m, 128, &s, &err), 0, "%s", err.msg);
+    exo_gen_params p = params(chunk, on_prefill);
+    p.sampling.temperature = 0.9f;
+    p.sampling.seed = 1234;
+    p.sampling.repetition_penalty = 1.3f; /* the sampler's history counts: it must go on as it was */
+    const int V = exo_model_vocab(m);
+    exo_sampler *smp = exo_sampler_create(&p.sampling, V);
+    cr_assert_eq(exo_sampler_begin(smp, ids, N_PROMPT, N_GEN), 0);
+    float *logits = exo_malloc(sizeof(float) * (size_t)V);
+    exo_gen_seq *g = exo_gen_seq_new(ids, N_PROMPT, 0, 128, &p, on_token, r);
+    const int32_t *tokens;
+    int T, step = 0, next = 0;
+    bool want;
+    while (exo_gen_seq_next(g, &tokens, &T, &want)) {
+        if (next < n_preempt && step == preempt[next]) {
+            next++;
+            int back = exo_seq_len(s) < keep ? 0 : keep;
+            exo_seq_truncate(s, back);
+            exo_gen_seq_restart(g, ids + back, N_PROMPT - back, back);
+            continue;
+        }
+        step++;
+        exo_step one = {.T = T, .tokens = tokens, .logits = want ? logits : NULL};
+        cr_assert_eq(exo_model_step(m, s, &one, &err), 0, "%s", err.msg);
+        exo_gen_seq_stepped(g);
+        if (want) {
+            exo_sample smp_out;
+            exo_sampler_next(smp, logits, &smp_out);
+            exo_gen_seq_sampled(g, &smp_out);
+        }
+    }
+    cr_assert_eq(next, n_preempt, "every preemption point was reached");
+    exo_gen_seq_stats(g, st);
+    exo_gen_seq_free(g);
+    exo_sampler_free(smp);
+    exo_free(logits);
+    exo_seq_free(s);
+}
+
+/* Preempted during the prefill, right after the first token, and twice
+ * while decoding (once in the middle of a replay), going back to nothing
+ * or to the first whole chunk: the same tokens and log probabilities, bit
+ * for bit, the same stats, and no progress call after the first token. */
+static void restart_same_tokens(const char *fixture)
+{
+    exo_model *m = load(fixture);
+    rec want = {0};
+    exo_gen_stats sw;
+    drive(m, 8, NULL, 0, 0, &want, &sw);
+    cr_assert_eq(want.n_tok, N_GEN);
+    /* steps: 0-2 the prompt's chunks (8, 8, 4), then one a token */
+    static const int points[][3] = {{1, 3, 9}, {3, 4, 8}, {2, 10, 12}};
+    for (int keep = 0; keep <= 8; keep += 8)
+        for (size_t c = 0; c < sizeof points / sizeof *points; c++) {
+            rec got = {0};
+            exo_gen_stats sg;
+            drive(m, 8, points[c], 3, keep, &got, &sg);
+            cr_assert_eq(got.n_tok, N_GEN, "%s case %zu keep %d", fixture, c, keep);
+            for (int i = 0; i < N_GEN; i++) {
+                cr_assert_eq(got.ids[i], want.ids[i], "%s case %zu keep %d token %d", fixture, c, keep, i);
+                cr_assert(got.logprobs[i] == want.logprobs[i], "%s case %zu keep %d token %d: lp %g vs %g",
+                          fixture, c, keep, i, got.logprobs[i], want.logprobs[i]);
+            }
+            cr_assert_eq(sg.generated_tokens, sw.generated_tokens);
+            cr_assert_eq(sg.finish, sw.finish);
+            cr_assert_eq(sg.prompt_tokens, sw.prompt_tokens);
+        }
+    exo_model_free(m);
+}
+
+Test(generate, a_restarted_generation_gives_the_same_tokens_llama) { restart_same_tokens("llama-f32"); }
+Test(generate, a_restarted_generation_gives_the_same_tokens_qwen3_q4) { restart_same_tokens("qwen3-q4g64"); }
