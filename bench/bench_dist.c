@@ -14,11 +14,12 @@
  *   pipeline  the same, each holding a layer range; one request, then
  *          2 x N requests at once (rank 0 keeps one in flight per slot)
  *          against one process serving them one after another;
- *   pipeline, batched: 4 and 16 streams decoding side by side as the
+ *   pipeline, batched: 2, 4, 8 and 16 streams decoding side by side as the
  *          runner batches them (each step's rows one ROWS frame through
  *          every rank, sampled on the last: each rank reads its weights
- *          once a step for all of them); then each step as two halves in
- *          flight (rank 0 runs the second while the others run the first).
+ *          once a step for all of them); then as two groups taking turns,
+ *          as the runner sends them from EXO_PIPE_SPLIT rows (rank 0 runs
+ *          one group's step while the other ranks run the other's).
  * With --device cuda (a GPU build), only tensor parallel on the GPUs: one
  * process on GPU 0 against N rank processes, rank i on GPU i, their
  * partial sums NCCL all-reduces, each decode step replayed from a
@@ -180,7 +181,7 @@ static double tensor_batched(exo_model *m, exo_dist *d, int n_req)
     return rc ? 0 : tps;
 }
 
-static bool pipe_halves; /* pipeline_batched: each step as two halves in flight */
+static bool pipe_halves; /* pipeline_batched: two groups taking turns (runner.c pipe_round) */
 
 /* Rank 0 of a pipeline: n_req greedy streams decoding side by side as the
  * runner batches them (dist.h ROWS frames; the last rank samples each with
@@ -208,23 +209,29 @@ static double pipeline_batched(exo_model *m, exo_dist *d, int n_req)
         rc = rc || exo_dist_pipe_rows(d, 1, &items[k], &slots[k], &want[k], &smp[k], &err);
         tok[k] = smp[k].id;
     }
+    /* two groups take turns, as the runner's pipe_round keeps them: a
+     * group is sent again as soon as its samples are back, so rank 0
+     * computes one while the ranks after it work on the other */
+    int groups = pipe_halves && n_req > 1 ? 2 : 1, h = groups == 2 ? n_req / 2 : n_req;
+    int first[2] = {0, h}, size[2] = {h, n_req - h};
     for (int step = 0; step < n_gen && !rc; step++) {
         if (step == 1)
             t0 = exo_clock_seconds(); /* after one step: the first builds its scratch */
-        for (int k = 0; k < n_req; k++)
-            items[k] = (exo_batch_item){s[k], &tok[k], 1};
-        if (pipe_halves && n_req > 1) { /* two halves in flight: rank 0 runs the second while the next ranks run the first */
-            int h = n_req / 2;
-            rc = exo_dist_pipe_send(d, h, items, slots, want, &err) ||
-                 exo_dist_pipe_send(d, n_req - h, items + h, slots + h, want + h, &err) ||
-                 exo_dist_pipe_recv(d, h, slots, want, smp, &err) ||
-                 exo_dist_pipe_recv(d, n_req - h, slots + h, want + h, smp + h, &err);
-        } else {
-            rc = exo_dist_pipe_rows(d, n_req, items, slots, want, smp, &err);
+        for (int g = 0; g < groups && !rc; g++) {
+            int a = first[g], n = size[g];
+            if (step > 0 && groups == 2) /* its previous step lands (the other group's is out) */
+                rc = exo_dist_pipe_recv(d, n, slots + a, want + a, smp + a, &err);
+            for (int k = a; k < a + n; k++) {
+                tok[k] = smp[k].id;
+                items[k] = (exo_batch_item){s[k], &tok[k], 1};
+            }
+            rc = rc || exo_dist_pipe_send(d, n, items + a, slots + a, want + a, &err);
+            if (groups == 1)
+                rc = rc || exo_dist_pipe_recv(d, n, slots + a, want + a, smp + a, &err);
         }
-        for (int k = 0; k < n_req; k++)
-            tok[k] = smp[k].id;
     }
+    for (int g = 0; g < groups && groups == 2 && !rc; g++) /* the last steps land */
+        rc = exo_dist_pipe_recv(d, size[g], slots + first[g], want + first[g], smp + first[g], &err);
     if (rc)
         fprintf(stderr, "bench_dist: %s\n", err.msg);
     double tps = n_req * (n_gen - 1) / (exo_clock_seconds() - t0);
@@ -618,14 +625,14 @@ int main(int argc, char **argv)
     printf("  pipeline, %d processes, all in flight: %6.2f tok/s = %.2fx (goal >= 1.8x)\n", world, pp_n,
            pp_n / one_n);
     pipe_batched = true;
-    for (int streams = 4; streams <= EXO_DIST_BATCH_ROWS; streams *= 4) {
+    for (int streams = 2; streams <= EXO_DIST_BATCH_ROWS; streams *= 2) {
         pipe_halves = false;
         double pb = run_split(dir, world, false, streams);
         printf("  pipeline, %d processes, %d streams batched: %6.2f tok/s together = %.2fx pipeline's one stream, "
                "%.2fx %d in flight\n", world, streams, pb, pb / pp, pb / pp_n, n_req);
         pipe_halves = true;
         double ph = run_split(dir, world, false, streams);
-        printf("  pipeline, %d processes, %d streams batched, each step two halves in flight: %6.2f tok/s = "
+        printf("  pipeline, %d processes, %d streams batched as two groups taking turns: %6.2f tok/s = "
                "%.2fx one batch\n", world, streams, ph, ph / pb);
     }
     char cmd[256];

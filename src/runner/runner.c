@@ -62,6 +62,9 @@
 #define BATCH_DEFAULT      8
 #define BATCH_ROWS         16
 #define BATCH_PREFILL      128
+/* A pipeline's decoding requests go round as two groups taking turns from
+ * this many ($EXO_PIPE_SPLIT; 0: never), as one below it (pipe_round) */
+#define PIPE_SPLIT_DEFAULT 2
 _Static_assert(BATCH_MAX <= EXO_DIST_MAX_BATCH && BATCH_ROWS <= EXO_DIST_BATCH_ROWS,
                "a tensor group's ranks keep the batch slots and rows rank 0 uses");
 /* Prefix reuse: a slot's sequence keeps its last prompt's keys and values
@@ -107,6 +110,7 @@ typedef struct runner {
     /* continuous batching: how many at once, and their sequences (made as
      * the slots are first taken) */
     int                    n_batch;
+    int                    pipe_split;        /* decode rows from which a pipeline keeps two groups out (0: never) */
     uint64_t               kv_budget;         /* bytes of caches at most (0: half the free memory) */
     double                 kv_limit;          /* the slots' caches together at most (batch_memory) */
     struct gen_ctx        *waiting;           /* taken from the queue, waiting for cache memory */
@@ -865,6 +869,9 @@ static void do_load(runner *r)
         const char *b = getenv("EXO_BATCH");
         long n = b && *b ? strtol(b, NULL, 10) : BATCH_DEFAULT;
         r->n_batch = n < 1 ? 1 : n > BATCH_MAX ? BATCH_MAX : (int)n;
+        const char *p = getenv("EXO_PIPE_SPLIT");
+        n = p && *p ? strtol(p, NULL, 10) : PIPE_SPLIT_DEFAULT;
+        r->pipe_split = n < 0 ? 0 : n > BATCH_MAX ? BATCH_MAX : (int)n;
     }
     /* a pipeline that does not batch keeps one sequence per request in
      * flight, so every rank can work on a different one: as many as there
@@ -1821,10 +1828,9 @@ static void slots_grow(runner *r, batch_slot *slots)
 }
 
 /* One model call of the n slots at[]: their steps (tokens, T) run, and
- * those that want a sample are sampled with their own sampler (on a
- * pipeline's last rank, which sends the samples back). A single slot takes
- * the single-sequence step (recorded on a GPU, a greedy pick made there).
- * A failed call ends its requests with the error. */
+ * those that want a sample are sampled with their own sampler. A single
+ * slot takes the single-sequence step (recorded on a GPU, a greedy pick
+ * made there). A failed call ends its requests with the error. */
 static void step_slots(runner *r, batch_slot *slots, const int *at, int n, const int32_t *const *tokens,
                        const int *T, const bool *want, float *logits)
 {
@@ -1836,13 +1842,7 @@ static void step_slots(runner *r, batch_slot *slots, const int *at, int n, const
     exo_err err = {0};
     int rc = 0;
     bool with_logits = n > 1 || want[at[0]];
-    exo_sample sampled[BATCH_ROWS];
-    if (pipelined(r)) {
-        bool wants[BATCH_ROWS];
-        for (int k = 0; k < n; k++)
-            wants[k] = want[at[k]];
-        rc = exo_dist_pipe_rows(r->dist, n, items, at, wants, sampled, &err);
-    } else if (r->dist) { /* the other ranks of a tensor-parallel group run the same step */
+    if (r->dist) { /* the other ranks of a tensor-parallel group run the same step */
         int bslot[BATCH_ROWS], pos0[BATCH_ROWS], rows[BATCH_ROWS];
         const int32_t *ids[BATCH_ROWS];
         for (int k = 0; k < n; k++) {
@@ -1853,8 +1853,8 @@ static void step_slots(runner *r, batch_slot *slots, const int *at, int n, const
         }
         rc = exo_dist_send_batch(r->dist, n, bslot, pos0, rows, ids, with_logits, &err);
     }
-    if (rc || pipelined(r)) {
-        /* stepped and sampled (or failed) */
+    if (rc) {
+        /* failed */
     } else if (n == 1) {
         /* greedy picks on the device only alone: in a group every rank's
          * share of the head joins the logits' gather */
@@ -1875,14 +1875,136 @@ static void step_slots(runner *r, batch_slot *slots, const int *at, int n, const
         if (!want[at[k]])
             continue;
         exo_sample smp;
-        if (pipelined(r))
-            smp = sampled[k];
-        else if (st.picked)
+        if (st.picked)
             exo_sampler_take(b->smp, st.pick_id, st.pick_logprob, &smp);
         else
             exo_sampler_next(b->smp, logits + (size_t)k * V, &smp);
         exo_gen_seq_sampled(b->g->seq, &smp);
     }
+}
+
+/* ---- a pipeline's steps in flight (rank 0) -------------------------------
+ *
+ * Rank 0 runs a step through its layers and sends it on
+ * (exo_dist_pipe_send) without waiting for its samples: while the ranks
+ * after it work on one step, it computes the next. A flight is a sent
+ * step's rows that want a sample, whose requests wait (g->waiting) until
+ * it lands; rows that want none (a prompt's chunks but its last) step
+ * again at once, so a long prompt's chunks follow each other round the
+ * ring, every rank on a different one. Decoding requests go as one group
+ * (BATCH_ROWS rows a step at most), or from r->pipe_split rows as two
+ * groups taking turns, so that every rank has a step to work on while the
+ * other group's is elsewhere in the ring; a group landing while both are
+ * out waits for the other and joins it, so groups do not multiply as
+ * requests come and go. Two groups read each weight twice a round, but
+ * where one group's ranks would take turns, idle while the others work,
+ * here each works all the time: where weight reads set a step's time a
+ * round takes about what one group's step did, and where arithmetic does,
+ * about half (bench_dist, 2 CPU ranks: 1.09x at 2 streams, 1.8-1.9x at 16;
+ * docs/DISTRIBUTED.md). Frames of one kind or another reach every rank in
+ * the order rank 0 sends them, so the sequence operations between steps
+ * (resize, prefix keep and take) need no waiting either. */
+typedef struct flight {
+    int  n;  /* its rows that want a sample, in row order */
+    int  at[BATCH_ROWS];
+    bool decode; /* decoding rows, not a prompt's last chunk */
+} flight;
+
+typedef struct flights {
+    flight f[BATCH_MAX]; /* a waiting request is in one flight */
+    int    head, count;
+} flights;
+
+static void pipe_send(runner *r, batch_slot *slots, flights *fl, const int *at, int n, const int32_t *const *tokens,
+                      const int *T, const bool *want, bool decode)
+{
+    exo_batch_item items[BATCH_ROWS] = {{0}}; /* set to n, which gcc cannot tell is >= 1 */
+    bool w[BATCH_ROWS] = {0};
+    for (int k = 0; k < n; k++) {
+        items[k] = (exo_batch_item){r->bseqs[at[k]], tokens[at[k]], T[at[k]]};
+        w[k] = want[at[k]];
+    }
+    exo_err err = {0};
+    int rc = exo_dist_pipe_send(r->dist, n, items, at, w, &err);
+    flight *f = &fl->f[(fl->head + fl->count) % BATCH_MAX];
+    f->n = 0;
+    f->decode = decode;
+    for (int k = 0; k < n; k++) {
+        batch_slot *b = &slots[at[k]];
+        if (rc) {
+            slot_close(r, b, rc, &err);
+            continue;
+        }
+        b->g->stepped = true;
+        exo_gen_seq_stepped(b->g->seq);
+        if (!exo_gen_seq_in_prefill(b->g->seq))
+            slot_prompt_done(r, at[k], b->g);
+        if (w[k]) {
+            b->g->waiting = true;
+            f->at[f->n++] = at[k];
+        }
+    }
+    if (f->n)
+        fl->count++;
+}
+
+/* The oldest flight's samples, which come back in the order sent. */
+static void pipe_land(runner *r, batch_slot *slots, flights *fl)
+{
+    flight *f = &fl->f[fl->head];
+    fl->head = (fl->head + 1) % BATCH_MAX;
+    fl->count--;
+    bool want[BATCH_ROWS];
+    exo_sample smp[BATCH_ROWS];
+    for (int k = 0; k < f->n; k++)
+        want[k] = true;
+    exo_err err = {0};
+    int rc = exo_dist_pipe_recv(r->dist, f->n, f->at, want, smp, &err);
+    for (int k = 0; k < f->n; k++) {
+        batch_slot *b = &slots[f->at[k]];
+        b->g->waiting = false;
+        if (rc)
+            slot_close(r, b, rc, &err);
+        else
+            exo_gen_seq_sampled(b->g->seq, &smp[k]);
+    }
+}
+
+/* A pipeline's round: the n_dec decoding requests that are not waiting
+ * (decoding[]) and a chunk of prompt `prompt` (or -1) are sent, and then
+ * the oldest flight lands; or, where the decoding ones would make one
+ * group too many, the oldest flight lands first, for its rows to join
+ * them next round. */
+static void pipe_round(runner *r, batch_slot *slots, flights *fl, const int *decoding, int n_dec, int prompt,
+                       const int32_t *const *tokens, const int *T, const bool *want)
+{
+    int groups = 0, out = 0;
+    for (int k = 0; k < fl->count; k++) {
+        const flight *f = &fl->f[(fl->head + k) % BATCH_MAX];
+        groups += f->decode;
+        out += f->decode ? f->n : 0;
+    }
+    if (n_dec) {
+        int total = n_dec + out;
+        int target = (total + BATCH_ROWS - 1) / BATCH_ROWS;
+        if (r->pipe_split && total >= r->pipe_split && target < 2)
+            target = 2;
+        if (groups && groups + 1 > target) {
+            pipe_land(r, slots, fl);
+            return;
+        }
+        int sends = target - groups, least = (n_dec + BATCH_ROWS - 1) / BATCH_ROWS;
+        sends = sends < least ? least : sends > n_dec ? n_dec : sends;
+        for (int s = 0, d0 = 0; s < sends; s++) {
+            int n = (n_dec - d0) / (sends - s);
+            pipe_send(r, slots, fl, decoding + d0, n, tokens, T, want, true);
+            d0 += n;
+        }
+    }
+    if (prompt >= 0)
+        pipe_send(r, slots, fl, &prompt, 1, tokens, T, want, false);
+    if (fl->count)
+        pipe_land(r, slots, fl);
 }
 
 /* Requests generate side by side until none is left: each round admits
@@ -1892,6 +2014,7 @@ static void step_slots(runner *r, batch_slot *slots, const int *at, int n, const
 static void run_batch(runner *r)
 {
     batch_slot slots[BATCH_MAX] = {{0}};
+    flights fl = {0};
     /* a pipeline's rank 0 has no head: its last rank samples */
     float *logits = pipelined(r) ? NULL : exo_malloc(sizeof(float) * (size_t)exo_model_vocab(r->model) * BATCH_ROWS);
     for (;;) {
@@ -1904,7 +2027,7 @@ static void run_batch(runner *r)
         bool want[BATCH_MAX];
         for (int i = 0; i < r->n_batch; i++) {
             batch_slot *b = &slots[i];
-            if (!b->g)
+            if (!b->g || b->g->waiting) /* none, or its sample is still out round a pipeline */
                 continue;
             if ((b->g->cancel && !exo_gen_seq_done(b->g->seq)) ||
                 !exo_gen_seq_next(b->g->seq, &tokens[i], &T[i], &want[i])) {
@@ -1924,18 +2047,22 @@ static void run_batch(runner *r)
                 continue;
             }
         }
-        if (!n_dec && prompt < 0) {
+        if (!n_dec && prompt < 0 && !fl.count) {
             if (!r->head && !r->waiting && !r->preempted)
                 break;
             continue;
         }
-        for (int d0 = 0; d0 < n_dec; d0 += BATCH_ROWS)
-            step_slots(r, slots, decoding + d0, n_dec - d0 < BATCH_ROWS ? n_dec - d0 : BATCH_ROWS, tokens, T,
-                       want, logits);
-        if (prompt >= 0) {
-            step_slots(r, slots, &prompt, 1, tokens, T, want, logits);
-            if (slots[prompt].g && !exo_gen_seq_in_prefill(slots[prompt].g->seq))
-                slot_prompt_done(r, prompt, slots[prompt].g);
+        if (pipelined(r)) {
+            pipe_round(r, slots, &fl, decoding, n_dec, prompt, tokens, T, want);
+        } else {
+            for (int d0 = 0; d0 < n_dec; d0 += BATCH_ROWS)
+                step_slots(r, slots, decoding + d0, n_dec - d0 < BATCH_ROWS ? n_dec - d0 : BATCH_ROWS, tokens, T,
+                           want, logits);
+            if (prompt >= 0) {
+                step_slots(r, slots, &prompt, 1, tokens, T, want, logits);
+                if (slots[prompt].g && !exo_gen_seq_in_prefill(slots[prompt].g->seq))
+                    slot_prompt_done(r, prompt, slots[prompt].g);
+            }
         }
         drain(r, false);
         if (r->peer_gone)

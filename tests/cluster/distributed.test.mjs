@@ -182,9 +182,10 @@ test('a model split across 3 nodes (pipeline) and 2 (tensor) answers as on one n
     assert.deepEqual(await answers(nodes), single, 'pipeline over 3 nodes = one node');
 
     // concurrent streams: rank 0 batches them, each batched step going
-    // through every rank (dist.h ROWS frames) and sampled on the last; and
-    // a cancel in the middle of one
-    const burst = [...PROMPTS, ...PROMPTS];
+    // through every rank (dist.h ROWS frames) and sampled on the last, as
+    // two groups of requests taking turns (runner.c pipe_round); and a
+    // cancel in the middle of one
+    const burst = [...PROMPTS, ...PROMPTS, ...PROMPTS];
     const many = await Promise.all(burst.map((p, i) => openaiText(nodes[i % 3].base, p)));
     assert.deepEqual(many, burst.map((p) => single[p]), 'pipeline, requests batched');
     // a client that goes away mid-stream (the bench route ignores EOS: a long stream)
