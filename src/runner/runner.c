@@ -1387,6 +1387,9 @@ static void run_pipeline(runner *r)
 typedef struct batch_slot {
     gen_ctx     *g;
     exo_sampler *smp;
+    /* a pipeline's preempted request, whose sampler the last rank keeps in
+     * this slot: the slot is its, for when it runs again */
+    gen_ctx     *parked;
 } batch_slot;
 
 /* The positions of g's prompt that slot i's sequence holds, computed in
@@ -1462,8 +1465,10 @@ static void slot_close(runner *r, batch_slot *b, int rc, const exo_err *err)
 
 /* A preempted request's end before it ran again (a cancel): its finish
  * chunk (CANCEL) and Done. */
-static void preempted_close(runner *r, gen_ctx *g)
+static void preempted_close(runner *r, batch_slot *slots, gen_ctx *g)
 {
+    if (slots[g->slot].parked == g)
+        slots[g->slot].parked = NULL;
     deactivate(r, g);
     exo_gen_stats st;
     exo_gen_seq_stats(g->seq, &st);
@@ -1519,7 +1524,7 @@ static int slot_for(const runner *r, const batch_slot *slots, const gen_ctx *g, 
 {
     int best = -1, best_reuse = 0;
     for (int i = 0; i < r->n_batch; i++) {
-        if (slots[i].g)
+        if (slots[i].g || slots[i].parked)
             continue;
         int k = r->bseqs[i] ? slot_reuse(r, i, g->ids, (int)g->n_ids) : 0;
         bool better = best < 0 || k > best_reuse ||
@@ -1545,15 +1550,11 @@ static int slot_need(const runner *r, const gen_ctx *g)
 /* Positions request g's sequence holds when it is admitted: its prompt,
  * the tokens a preempted request runs again, and RESERVE_AHEAD more (up to
  * what it needs), not its whole max_tokens, which most answers never
- * reach; slots_grow adds more as it decodes. A pipeline's rank 0 holds
- * what a request needs from the start (its sampler is the last rank's, so
- * it is never preempted). */
+ * reach; slots_grow adds more as it decodes. */
 #define RESERVE_AHEAD 256
 static int slot_reserve(const runner *r, const gen_ctx *g)
 {
     int need = slot_need(r, g);
-    if (pipelined(r))
-        return need;
     int64_t hold = (int64_t)g->n_ids + (g->seq ? exo_gen_seq_decoded(g->seq) : 0) + RESERVE_AHEAD;
     return hold < need ? (int)hold : need;
 }
@@ -1624,14 +1625,16 @@ static bool slot_make_room(runner *r, const batch_slot *slots, int keep, const e
  * was answered). */
 static bool slot_open(runner *r, batch_slot *slots)
 {
-    int free_slots = 0, reuse;
-    for (int k = 0; k < r->n_batch; k++)
-        free_slots += !slots[k].g;
-    if (!free_slots)
-        return false;
-    int running = r->n_batch - free_slots;
+    int free_slots = 0, running = 0, reuse = 0;
+    for (int k = 0; k < r->n_batch; k++) {
+        free_slots += !slots[k].g && !slots[k].parked;
+        running += slots[k].g != NULL;
+    }
     gen_ctx *g = r->preempted; /* they were admitted before any other waiting */
     bool resumed = g != NULL;
+    bool own_slot = resumed && slots[g->slot].parked == g; /* a pipeline's: its sampler is there */
+    if (!free_slots && !own_slot)
+        return false;
     if (resumed) {
         r->preempted = g->next;
         g->next = NULL;
@@ -1640,7 +1643,7 @@ static bool slot_open(runner *r, batch_slot *slots)
         r->waiting = NULL;
     }
     if (g && g->cancel && resumed) {
-        preempted_close(r, g);
+        preempted_close(r, slots, g);
         return true;
     }
     if (g && g->cancel) {
@@ -1657,7 +1660,9 @@ static bool slot_open(runner *r, batch_slot *slots)
             return true; /* answered; the slot stays free for the next */
         activate(r, g);
     }
-    int i = slot_for(r, slots, g, &reuse);
+    int i = own_slot ? g->slot : slot_for(r, slots, g, &reuse);
+    if (own_slot && r->bseqs[i])
+        reuse = slot_reuse(r, i, g->ids, (int)g->n_ids);
     batch_slot *b = &slots[i];
     exo_err err = {0};
     int need = slot_reserve(r, g);
@@ -1682,6 +1687,7 @@ static bool slot_open(runner *r, batch_slot *slots)
         EXO_LOG_WARN("runner: request %s needs %d positions, more than the cache memory holds", g->j->id, need);
     }
     b->g = g;
+    b->parked = NULL;
     g->slot = i;
     int rc = bseq_resize(r, i, reuse, need, &err); /* need > reuse: the prompt's last token is computed */
     if (rc) {
@@ -1764,7 +1770,9 @@ static bool slot_share_late(runner *r, batch_slot *slots, int i)
  * sampler and generation kept, to compute them again when memory allows
  * (exo_gen_seq_restart: the same bits, so the same tokens); its prompt's
  * whole chunks stay in the slot and the prefix cache, for its return,
- * while nothing else needs that memory. */
+ * while nothing else needs that memory. A pipeline's sampler is the last
+ * rank's, in the slot: the request keeps the slot (parked), and its
+ * restart's steps want no sample until it decodes again. */
 static void slot_preempt(runner *r, batch_slot *slots, int v)
 {
     batch_slot *b = &slots[v];
@@ -1778,11 +1786,29 @@ static void slot_preempt(runner *r, batch_slot *slots, int v)
     g->smp = b->smp;
     b->smp = NULL;
     b->g = NULL;
+    if (pipelined(r))
+        b->parked = g;
     gen_ctx **at = &r->preempted;
     while (*at && (*at)->admitted < g->admitted)
         at = &(*at)->next;
     g->next = *at;
     *at = g;
+}
+
+/* Positions slot k's sequence must hold, with RESERVE_AHEAD to come, for
+ * its request's next step, where it holds too few now (else 0; 0 for a
+ * request whose sample is still out round a pipeline, whose next step is
+ * not known yet). */
+static int slot_short(runner *r, const batch_slot *slots, int k)
+{
+    gen_ctx *g = slots[k].g;
+    const int32_t *tokens;
+    int T;
+    bool want;
+    if (!g || !exo_gen_seq_next(g->seq, &tokens, &T, &want))
+        return 0;
+    int len = exo_seq_len(r->bseqs[k]), cap = exo_seq_capacity(r->bseqs[k]);
+    return len + T <= cap || cap >= slot_need(r, g) ? 0 : len + T + RESERVE_AHEAD;
 }
 
 /* Before a round: each request's sequence holds the positions its next
@@ -1802,14 +1828,10 @@ static void slots_grow(runner *r, batch_slot *slots)
             running++;
             if (youngest < 0 || g->admitted > slots[youngest].g->admitted)
                 youngest = k;
-            const int32_t *tokens;
-            int T, len = exo_seq_len(r->bseqs[k]), cap = exo_seq_capacity(r->bseqs[k]);
-            bool want;
-            if (!exo_gen_seq_next(g->seq, &tokens, &T, &want) || len + T <= cap || cap >= slot_need(r, g))
-                continue;
-            if (i < 0 || g->admitted < slots[i].g->admitted) {
+            int more = slot_short(r, slots, k);
+            if (more && (i < 0 || g->admitted < slots[i].g->admitted)) {
                 i = k;
-                int need = slot_need(r, g), more = len + T + RESERVE_AHEAD;
+                int need = slot_need(r, g);
                 target = more < need ? more : need;
             }
         }
@@ -1948,26 +1970,32 @@ static void pipe_send(runner *r, batch_slot *slots, flights *fl, const int *at, 
         fl->count++;
 }
 
-/* The oldest flight's samples, which come back in the order sent. */
+/* The oldest flight's samples, which come back in the order sent. Where
+ * they do not (a link closed or silent), every flight fails at once: the
+ * later ones would only wait out the ring's timeout again each. */
 static void pipe_land(runner *r, batch_slot *slots, flights *fl)
 {
-    flight *f = &fl->f[fl->head];
-    fl->head = (fl->head + 1) % BATCH_MAX;
-    fl->count--;
     bool want[BATCH_ROWS];
     exo_sample smp[BATCH_ROWS];
-    for (int k = 0; k < f->n; k++)
+    for (int k = 0; k < BATCH_ROWS; k++)
         want[k] = true;
     exo_err err = {0};
-    int rc = exo_dist_pipe_recv(r->dist, f->n, f->at, want, smp, &err);
-    for (int k = 0; k < f->n; k++) {
-        batch_slot *b = &slots[f->at[k]];
-        b->g->waiting = false;
-        if (rc)
-            slot_close(r, b, rc, &err);
-        else
-            exo_gen_seq_sampled(b->g->seq, &smp[k]);
-    }
+    int rc = 0;
+    do {
+        flight *f = &fl->f[fl->head];
+        fl->head = (fl->head + 1) % BATCH_MAX;
+        fl->count--;
+        if (!rc)
+            rc = exo_dist_pipe_recv(r->dist, f->n, f->at, want, smp, &err);
+        for (int k = 0; k < f->n; k++) {
+            batch_slot *b = &slots[f->at[k]];
+            b->g->waiting = false;
+            if (rc)
+                slot_close(r, b, rc, &err);
+            else
+                exo_gen_seq_sampled(b->g->seq, &smp[k]);
+        }
+    } while (rc && fl->count);
 }
 
 /* A pipeline's round: the n_dec decoding requests that are not waiting
@@ -2018,8 +2046,25 @@ static void run_batch(runner *r)
     /* a pipeline's rank 0 has no head: its last rank samples */
     float *logits = pipelined(r) ? NULL : exo_malloc(sizeof(float) * (size_t)exo_model_vocab(r->model) * BATCH_ROWS);
     for (;;) {
+        /* the finished and cancelled go first, their caches free for the rest */
+        for (int i = 0; i < r->n_batch; i++) {
+            batch_slot *b = &slots[i];
+            const int32_t *ids;
+            int n;
+            bool w;
+            if (b->g && !b->g->waiting &&
+                ((b->g->cancel && !exo_gen_seq_done(b->g->seq)) || !exo_gen_seq_next(b->g->seq, &ids, &n, &w)))
+                slot_close(r, b, 0, NULL);
+        }
         while ((r->head || r->waiting || r->preempted) && slot_open(r, slots))
             ;
+        /* a pipeline's requests grow (or give way) with none of their
+         * samples out, so that one preempted is between steps */
+        bool short_of_room = false;
+        for (int i = 0; i < r->n_batch && pipelined(r) && fl.count && !short_of_room; i++)
+            short_of_room = slot_short(r, slots, i) > 0;
+        while (short_of_room && fl.count)
+            pipe_land(r, slots, &fl);
         slots_grow(r, slots);
         int decoding[BATCH_MAX], n_dec = 0, prompt = -1;
         const int32_t *tokens[BATCH_MAX];

@@ -9,7 +9,8 @@
 // error (no hang) and the instance comes back Ready by itself; a node that
 // dies takes its instance with it and the master places the model again on
 // the nodes that are left. A pipeline admits requests by the rank with the
-// least room for its share of the caches. In network namespaces (root): the same parity
+// least room for its share of the caches, and preempts the youngest when
+// a rank runs short (each answer as alone). In network namespaces (root): the same parity
 // over a bridge, and a link that goes dark mid-generation.
 //
 // Run: tests/integration/test_cluster.sh, or
@@ -285,6 +286,46 @@ test('a pipeline admits requests by the rank with the least room for its caches'
     const single = [];
     for (const p of PROMPTS) single.push(await openaiText(a.base, p));
     assert.deepEqual(await Promise.all(PROMPTS.map((p) => openaiText(b.base, p))), single);
+  });
+});
+
+// Admission over-commits on a pipeline too: four requests that each grow to
+// most of a context start together under rank 1's budget of 1.6 contexts of
+// its share; as they grow, the youngest are preempted (their caches given
+// back on every rank, their samplers kept in their slots on the last rank)
+// and compute their caches again later: each answers as it does alone.
+test('a pipeline preempts requests when a rank runs short of cache memory; each answers as alone', T, async () => {
+  await withCluster(async (cl) => {
+    const a = await cl.start('a', { models, extra: ['-v', '--ctx', '1024'] });
+    // stories260K keeps 768 bytes a position on rank 1's 3 layers: 1.2M is 1.6 contexts of 1024
+    const b = await cl.start('b', { models, extra: ['--ctx', '1024', '--kv-budget', '1.2M'] });
+    await cl.converged([a, b]);
+    await meshed([a, b]);
+    const ids = [await a.id(), await b.id()], rids = ids.map(() => crypto.randomUUID());
+    const layers = [[0, 2], [2, 5]];
+    const inst = { MlxRingInstance: { instanceId: crypto.randomUUID(), sharding: 'Pipeline', shardAssignments: {
+      modelId: MODEL, nodeToRunner: Object.fromEntries(ids.map((id, i) => [id, rids[i]])),
+      runnerToShard: Object.fromEntries(rids.map((r, i) => [r, { PipelineShardMetadata: {
+        modelCard: { modelId: MODEL }, deviceRank: i, worldSize: 2, startLayer: layers[i][0],
+        endLayer: layers[i][1], nLayers: 5, nodeId: ids[i] } }])) } } };
+    const made = await C.postJson(a.base, '/instance', { instance: inst });
+    assert.equal(made.status, 200, made.text);
+    await readyInstance(a, (x) => x.instanceId === inst.MlxRingInstance.instanceId);
+    const reqs = PROMPTS.concat(['Tom had a red ball']).map((p, k) => ({ model: MODEL, messages: chat(p),
+      max_tokens: 900, ...(k % 2 ? { temperature: 0.9, seed: 5 + k, repetition_penalty: 1.2 } : { temperature: 0 }) }));
+    const bench = (q) => D.postJson(a.base, '/bench/chat/completions', q);
+    const together = await Promise.all(reqs.map(bench));
+    const log = await fsp.readFile(path.join(a.dataDir, 'cache/exo_log/runner_log', `runner-${rids[0]}.log`), 'utf8');
+    const preempted = (log.match(/preempted after \d+ decoded tokens/g) || []).length;
+    assert.ok(preempted >= 1, `no request was preempted:\n${log.slice(-3000)}`);
+    for (const [k, q] of reqs.entries()) {
+      const alone = await bench(q);
+      assert.equal(together[k].status, 200, together[k].text);
+      assert.equal(alone.status, 200, alone.text);
+      assert.equal(together[k].json.usage.completion_tokens, 900);
+      assert.equal(together[k].json.choices[0].message.content, alone.json.choices[0].message.content,
+        `request ${k} (${preempted} preemptions)`);
+    }
   });
 });
 
