@@ -49,6 +49,7 @@ smoke "0 1" bench_download.sh env BENCH_DOWNLOAD_MB=32 BENCH_DOWNLOAD_FILES=2 be
 smoke 0 bench_busy_ttft.mjs node bench/bench_busy_ttft.mjs tiny-llama 4 64
 smoke 0 bench_kv_budget.mjs node bench/bench_kv_budget.mjs tiny-llama 6 1.5
 smoke 0 bench_prefix_reuse.mjs node bench/bench_prefix_reuse.mjs tiny-llama 300
+smoke 0 bench_pipeline.mjs node bench/bench_pipeline.mjs tiny-llama 8
 smoke 0 bench_events.mjs node bench/bench_events.mjs 2000
 smoke 0 bench_cluster.mjs node bench/bench_cluster.mjs --events 500 --requests 20
 smoke 0 bench_hostile.mjs bash -c 'ulimit -n 20000 2>/dev/null; BENCH_SECONDS=1 BENCH_FLOOD_CONNS=40 exec node bench/bench_hostile.mjs'
