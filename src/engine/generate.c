@@ -120,6 +120,14 @@ struct exo_gen_seq {
     void            *ctx;
 };
 
+/* Prompt tokens a prefill call takes: one call when it must fail anyway
+ * (no room), so the error is the model's, found before any work. */
+static int prefill_chunk(const exo_gen_seq *g)
+{
+    int c = g->p.prefill_chunk;
+    return c > 0 && c < g->n_prompt && g->n_prompt <= g->capacity - g->pos ? c : g->n_prompt;
+}
+
 exo_gen_seq *exo_gen_seq_new(const int32_t *prompt, int n_prompt, int pos, int capacity,
                              const exo_gen_params *p, exo_gen_token_fn on_token, void *ctx)
 {
@@ -129,10 +137,7 @@ exo_gen_seq *exo_gen_seq_new(const int32_t *prompt, int n_prompt, int pos, int c
     g->n_prompt = n_prompt;
     g->pos = pos;
     g->capacity = capacity;
-    /* one call when it must fail anyway (no room): the error is then the
-     * model's, found before any work */
-    g->chunk = p->prefill_chunk > 0 && p->prefill_chunk < n_prompt && n_prompt <= capacity - pos
-                   ? p->prefill_chunk : n_prompt;
+    g->chunk = prefill_chunk(g);
     g->on_token = on_token;
     g->ctx = ctx;
     g->stats.prompt_tokens = n_prompt;
@@ -238,21 +243,15 @@ void exo_gen_seq_restart(exo_gen_seq *g, const int32_t *prompt, int n_prompt, in
 {
     if (g->state != GS_PREFILL && g->state != GS_DECODE && g->state != GS_REPLAY)
         return; /* done, or a sample is out */
-    if (!g->t1) { /* its prompt was not through: it starts again */
-        g->prompt = prompt;
-        g->n_prompt = n_prompt;
-        g->done = 0;
-        g->pos = pos;
-        g->chunk = g->p.prefill_chunk > 0 && g->p.prefill_chunk < n_prompt && n_prompt <= g->capacity - pos
-                       ? g->p.prefill_chunk : n_prompt;
-        g->state = GS_PREFILL;
-        return;
-    }
     g->prompt = prompt;
     g->n_prompt = n_prompt;
     g->done = 0;
     g->pos = pos;
-    g->chunk = g->p.prefill_chunk > 0 && g->p.prefill_chunk < n_prompt ? g->p.prefill_chunk : n_prompt;
+    g->chunk = prefill_chunk(g);
+    if (!g->t1) { /* its prompt was not through: it starts again */
+        g->state = GS_PREFILL;
+        return;
+    }
     g->replayed = 0;
     g->restarted = true;
     g->state = n_prompt > 0 ? GS_PREFILL : g->n_ran ? GS_REPLAY : GS_DECODE;

@@ -1849,6 +1849,22 @@ static void slots_grow(runner *r, batch_slot *slots)
     }
 }
 
+/* Slot b's step ran (rc 0: its request moves past it, and its prompt
+ * goes into the prefix cache once its prefill is over) or failed (its
+ * request ends with the error); true while the request goes on. */
+static bool slot_stepped(runner *r, batch_slot *b, int rc, const exo_err *err)
+{
+    if (rc) {
+        slot_close(r, b, rc, err);
+        return false;
+    }
+    b->g->stepped = true;
+    exo_gen_seq_stepped(b->g->seq);
+    if (!exo_gen_seq_in_prefill(b->g->seq))
+        slot_prompt_done(r, b->g->slot, b->g);
+    return true;
+}
+
 /* One model call of the n slots at[]: their steps (tokens, T) run, and
  * those that want a sample are sampled with their own sampler. A single
  * slot takes the single-sequence step (recorded on a GPU, a greedy pick
@@ -1888,13 +1904,7 @@ static void step_slots(runner *r, batch_slot *slots, const int *at, int n, const
     }
     for (int k = 0; k < n; k++) {
         batch_slot *b = &slots[at[k]];
-        if (rc) {
-            slot_close(r, b, rc, &err);
-            continue;
-        }
-        b->g->stepped = true;
-        exo_gen_seq_stepped(b->g->seq);
-        if (!want[at[k]])
+        if (!slot_stepped(r, b, rc, &err) || !want[at[k]])
             continue;
         exo_sample smp;
         if (st.picked)
@@ -1953,14 +1963,8 @@ static void pipe_send(runner *r, batch_slot *slots, flights *fl, const int *at, 
     f->decode = decode;
     for (int k = 0; k < n; k++) {
         batch_slot *b = &slots[at[k]];
-        if (rc) {
-            slot_close(r, b, rc, &err);
+        if (!slot_stepped(r, b, rc, &err))
             continue;
-        }
-        b->g->stepped = true;
-        exo_gen_seq_stepped(b->g->seq);
-        if (!exo_gen_seq_in_prefill(b->g->seq))
-            slot_prompt_done(r, at[k], b->g);
         if (w[k]) {
             b->g->waiting = true;
             f->at[f->n++] = at[k];
@@ -2103,11 +2107,8 @@ static void run_batch(runner *r)
             for (int d0 = 0; d0 < n_dec; d0 += BATCH_ROWS)
                 step_slots(r, slots, decoding + d0, n_dec - d0 < BATCH_ROWS ? n_dec - d0 : BATCH_ROWS, tokens, T,
                            want, logits);
-            if (prompt >= 0) {
+            if (prompt >= 0)
                 step_slots(r, slots, &prompt, 1, tokens, T, want, logits);
-                if (slots[prompt].g && !exo_gen_seq_in_prefill(slots[prompt].g->seq))
-                    slot_prompt_done(r, prompt, slots[prompt].g);
-            }
         }
         drain(r, false);
         if (r->peer_gone)

@@ -98,6 +98,25 @@ async function readyInstance(node, accept = () => true, timeoutMs = 40000 * C.SL
   }, timeoutMs, 200);
 }
 
+// Once cl's nodes a and b agree and see each other: a Pipeline instance of
+// MODEL over a (rank 0, layers 0-2) and b (rank 1, layers 2-5), made
+// through a's API; returns its runners' ids once it is Ready.
+async function pipelineOnTwo(cl, a, b) {
+  await cl.converged([a, b]);
+  await meshed([a, b]);
+  const ids = [await a.id(), await b.id()], rids = ids.map(() => crypto.randomUUID());
+  const layers = [[0, 2], [2, 5]];
+  const inst = { MlxRingInstance: { instanceId: crypto.randomUUID(), sharding: 'Pipeline', shardAssignments: {
+    modelId: MODEL, nodeToRunner: Object.fromEntries(ids.map((id, i) => [id, rids[i]])),
+    runnerToShard: Object.fromEntries(rids.map((r, i) => [r, { PipelineShardMetadata: {
+      modelCard: { modelId: MODEL }, deviceRank: i, worldSize: 2, startLayer: layers[i][0],
+      endLayer: layers[i][1], nLayers: 5, nodeId: ids[i] } }])) } } };
+  const made = await C.postJson(a.base, '/instance', { instance: inst });
+  assert.equal(made.status, 200, made.text);
+  await readyInstance(a, (x) => x.instanceId === inst.MlxRingInstance.instanceId);
+  return rids;
+}
+
 async function deleteAll(node) {
   const st = await node.state();
   for (const id of Object.keys(st.instances)) {
@@ -265,18 +284,7 @@ test('a pipeline admits requests by the rank with the least room for its caches'
     // -v: a's runners log at info, where rank 0 says what bounds its batch
     const a = await cl.start('a', { models, extra: ['-v'] });
     const b = await cl.start('b', { models, extra: ['--kv-budget', '4M'] });
-    await cl.converged([a, b]);
-    await meshed([a, b]);
-    const ids = [await a.id(), await b.id()], rids = ids.map(() => crypto.randomUUID());
-    const layers = [[0, 2], [2, 5]];
-    const inst = { MlxRingInstance: { instanceId: crypto.randomUUID(), sharding: 'Pipeline', shardAssignments: {
-      modelId: MODEL, nodeToRunner: Object.fromEntries(ids.map((id, i) => [id, rids[i]])),
-      runnerToShard: Object.fromEntries(rids.map((r, i) => [r, { PipelineShardMetadata: {
-        modelCard: { modelId: MODEL }, deviceRank: i, worldSize: 2, startLayer: layers[i][0],
-        endLayer: layers[i][1], nLayers: 5, nodeId: ids[i] } }])) } } };
-    const made = await C.postJson(a.base, '/instance', { instance: inst });
-    assert.equal(made.status, 200, made.text);
-    await readyInstance(a, (x) => x.instanceId === inst.MlxRingInstance.instanceId);
+    const rids = await pipelineOnTwo(cl, a, b);
     const log = await fsp.readFile(path.join(a.dataDir, 'cache/exo_log/runner_log', `runner-${rids[0]}.log`), 'utf8');
     const m = /their caches within ([0-9.]+) MB \(([^;]*);/.exec(log);
     assert.ok(m, `rank 0's log says its caches' room:\n${log}`);
@@ -299,18 +307,7 @@ test('a pipeline preempts requests when a rank runs short of cache memory; each 
     const a = await cl.start('a', { models, extra: ['-v', '--ctx', '1024'] });
     // stories260K keeps 768 bytes a position on rank 1's 3 layers: 1.2M is 1.6 contexts of 1024
     const b = await cl.start('b', { models, extra: ['--ctx', '1024', '--kv-budget', '1.2M'] });
-    await cl.converged([a, b]);
-    await meshed([a, b]);
-    const ids = [await a.id(), await b.id()], rids = ids.map(() => crypto.randomUUID());
-    const layers = [[0, 2], [2, 5]];
-    const inst = { MlxRingInstance: { instanceId: crypto.randomUUID(), sharding: 'Pipeline', shardAssignments: {
-      modelId: MODEL, nodeToRunner: Object.fromEntries(ids.map((id, i) => [id, rids[i]])),
-      runnerToShard: Object.fromEntries(rids.map((r, i) => [r, { PipelineShardMetadata: {
-        modelCard: { modelId: MODEL }, deviceRank: i, worldSize: 2, startLayer: layers[i][0],
-        endLayer: layers[i][1], nLayers: 5, nodeId: ids[i] } }])) } } };
-    const made = await C.postJson(a.base, '/instance', { instance: inst });
-    assert.equal(made.status, 200, made.text);
-    await readyInstance(a, (x) => x.instanceId === inst.MlxRingInstance.instanceId);
+    const rids = await pipelineOnTwo(cl, a, b);
     const reqs = PROMPTS.concat(['Tom had a red ball']).map((p, k) => ({ model: MODEL, messages: chat(p),
       max_tokens: 900, ...(k % 2 ? { temperature: 0.9, seed: 5 + k, repetition_penalty: 1.2 } : { temperature: 0 }) }));
     const bench = (q) => D.postJson(a.base, '/bench/chat/completions', q);
