@@ -326,6 +326,48 @@ test('a pipeline preempts requests when a rank runs short of cache memory; each 
   });
 });
 
+// A pipeline keeps two groups of requests in the ring. When the last rank
+// goes silent (stopped, its sockets open), rank 0 fails every request at
+// once when the ring times out, not one group per timeout: the streams end
+// together, within the ring timeout.
+test('a pipeline whose last rank goes silent fails every request in flight at once', T, async () => {
+  await withCluster(async (cl) => {
+    const a = await cl.start('a', { models });
+    const b = await cl.start('b', { models });
+    await pipelineOnTwo(cl, a, b);
+    const streams = await Promise.all(PROMPTS.concat(['Tom had a red ball']).map(async (p) => {
+      const r = await fetch(`${a.base}/bench/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' },
+        body: JSON.stringify({ model: MODEL, messages: chat(p), max_tokens: 3000, stream: true }) });
+      const reader = r.body.getReader();
+      let text = '';
+      while ((text.match(/"content"/g) ?? []).length < 5) text += new TextDecoder().decode((await reader.read()).value);
+      return { reader, text };
+    }));
+    const [runner] = await runnerPids(b.daemon.proc.pid);
+    assert.ok(runner, 'a runner on b');
+    const t0 = Date.now();
+    process.kill(runner, 'SIGSTOP');
+    let ends;
+    try {
+      ends = await Promise.all(streams.map(async (s) => {
+        for (;;) {
+          const { value, done } = await s.reader.read();
+          if (done) break;
+          s.text += new TextDecoder().decode(value);
+        }
+        assert.match(s.text, /"error"|finish_reason":"error/, 'the stream ends with an error');
+        return Date.now() - t0;
+      }));
+    } finally {
+      process.kill(runner, 'SIGCONT');
+    }
+    const spread = Math.max(...ends) - Math.min(...ends);
+    assert.ok(Math.max(...ends) < RING_TIMEOUT_MS + 10000 * C.SLOW, `ended ${ends} ms after the rank stopped`);
+    // one timeout for all: two groups failing one after another would be a ring timeout apart
+    assert.ok(spread < RING_TIMEOUT_MS / 2, `the streams ended ${spread} ms apart (${ends})`);
+  });
+});
+
 // The pids of `exo runner` children of a daemon.
 async function runnerPids(daemonPid) {
   try {
