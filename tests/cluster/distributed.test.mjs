@@ -340,7 +340,11 @@ test('a pipeline whose last rank goes silent fails every request in flight at on
         body: JSON.stringify({ model: MODEL, messages: chat(p), max_tokens: 3000, stream: true }) });
       const reader = r.body.getReader();
       let text = '';
-      while ((text.match(/"content"/g) ?? []).length < 5) text += new TextDecoder().decode((await reader.read()).value);
+      while ((text.match(/"content"/g) ?? []).length < 5) {
+        const { value, done } = await reader.read();
+        assert.ok(!done, `the stream ended before the rank stopped: ${text}`);
+        text += new TextDecoder().decode(value);
+      }
       return { reader, text };
     }));
     const [runner] = await runnerPids(b.daemon.proc.pid);
