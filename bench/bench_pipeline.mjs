@@ -9,13 +9,13 @@
 //   node bench/bench_pipeline.mjs [PRESET [TOKENS]]
 //
 // PRESET (default llama-3.2-1b) is built with `exo synth-model --quant q4`
-// and the byte-level tokenizer of the end-to-end tests; its layers are
-// split in halves. Each stream asks TOKENS (default 64) tokens from the
+// and the byte-level tokenizer of the end-to-end tests; the daemons place
+// it (/place_instance, a pipeline over both), so the last rank, which also
+// reads the head, keeps fewer layers. Each stream asks TOKENS (default 64) tokens from the
 // /bench route (which ignores EOS). EXO_BIN selects the binary.
 import os from 'node:os';
 import path from 'node:path';
 import fsp from 'node:fs/promises';
-import crypto from 'node:crypto';
 import { execFile } from 'node:child_process';
 import { promisify } from 'node:util';
 import * as C from '../tests/cluster/cluster.mjs';
@@ -26,13 +26,24 @@ const preset = process.argv[2] || 'llama-3.2-1b';
 const tokens = Number(process.argv[3] || 64);
 const STREAMS = [1, 4, 16];
 
-async function ready(node, instanceId) {
+// the layer ranges of a Ready pipeline of `id` over both nodes
+async function placed(node, id) {
+  let ranges = null;
   await C.until('the pipeline Ready', async () => {
     const st = await node.state();
-    const inst = st.instances[instanceId] && Object.values(st.instances[instanceId])[0];
-    return inst && Object.keys(inst.shardAssignments.runnerToShard)
-      .every((rid) => st.runners[rid] && 'RunnerReady' in st.runners[rid]);
+    for (const wrapped of Object.values(st.instances)) {
+      const inst = Object.values(wrapped)[0];
+      const shards = Object.values(inst.shardAssignments.runnerToShard || {});
+      if (inst.shardAssignments.modelId !== id || shards.length !== 2) continue;
+      if (!Object.keys(inst.shardAssignments.runnerToShard)
+        .every((rid) => st.runners[rid] && 'RunnerReady' in st.runners[rid])) return false;
+      ranges = shards.map((s) => Object.values(s)[0]).sort((a, b) => a.deviceRank - b.deviceRank)
+        .map((s) => s.endLayer - s.startLayer);
+      return true;
+    }
+    return false;
   }, 300000, 200);
+  return ranges;
 }
 
 // tokens/s of n streams decoding together, their prompts short and apart
@@ -49,7 +60,7 @@ async function streams(base, model, n) {
   return made / seconds;
 }
 
-async function measure(models, id, layers, split) {
+async function measure(models, id, split) {
   process.env.EXO_PIPE_SPLIT = split;
   process.env.EXO_BATCH = String(Math.max(...STREAMS));
   const cl = new C.Cluster();
@@ -61,22 +72,15 @@ async function measure(models, id, layers, split) {
       const have = new Set((await nodes[0].state()).topology.connections.map((e) => `${e.source}>${e.sink}`));
       return have.has(`${ids[0]}>${ids[1]}`) && have.has(`${ids[1]}>${ids[0]}`);
     }, 20000);
-    const rids = ids.map(() => crypto.randomUUID()), half = Math.floor(layers / 2);
-    const range = [[0, half], [half, layers]];
-    const instanceId = crypto.randomUUID();
-    const inst = { MlxRingInstance: { instanceId, sharding: 'Pipeline', shardAssignments: {
-      modelId: id, nodeToRunner: Object.fromEntries(ids.map((x, i) => [x, rids[i]])),
-      runnerToShard: Object.fromEntries(rids.map((r, i) => [r, { PipelineShardMetadata: {
-        modelCard: { modelId: id }, deviceRank: i, worldSize: 2, startLayer: range[i][0],
-        endLayer: range[i][1], nLayers: layers, nodeId: ids[i] } }])) } } };
-    const made = await C.postJson(nodes[0].base, '/instance', { instance: inst });
-    if (made.status !== 200) throw new Error(`instance: ${made.status} ${made.text}`);
-    await ready(nodes[0], instanceId);
+    const made = await C.postJson(nodes[0].base, '/place_instance',
+      { model_id: id, sharding: 'Pipeline', min_nodes: 2 });
+    if (made.status !== 200) throw new Error(`place_instance: ${made.status} ${made.text}`);
+    const layers = await placed(nodes[0], id);
     await streams(nodes[0].base, id, 2); // warm: scratch and caches made
     const out = {};
     for (const n of STREAMS)
       out[n] = await streams(nodes[0].base, id, n);
-    return out;
+    return { out, layers };
   } finally {
     await cl.stopAll();
   }
@@ -89,20 +93,19 @@ try {
   const id = `exo-bench/${preset}`;
   const dir = path.join(models, id.replace('/', '--'));
   await run(C.EXO_BIN, ['synth-model', preset, dir, '--quant', 'q4', '--tokenizer', qwen]);
-  const layers = JSON.parse(await fsp.readFile(path.join(dir, 'config.json'), 'utf8')).num_hidden_layers;
-  console.log(`${preset} q4 (random weights), a pipeline of 2 daemons on loopback, layers split ` +
-    `${Math.floor(layers / 2)} + ${layers - Math.floor(layers / 2)}, 1 thread each, ${tokens} tokens a stream, ` +
-    `${os.cpus().length} CPUs:`);
   // one, two, two, one: this host's memory speed drifts over minutes, and
   // the order cancels a steady drift
   const runs = [];
   for (const split of ['0', '', '', '0'])
-    runs.push(await measure(models, id, layers, split));
+    runs.push(await measure(models, id, split));
+  console.log(`${preset} q4 (random weights), a pipeline of 2 daemons on loopback, layers split ` +
+    `${runs.map((r) => r.layers.join(' + ')).join(', ')} (as placed), 1 thread each, ${tokens} tokens a stream, ` +
+    `${os.cpus().length} CPUs:`);
   const f = (x) => x.toFixed(1).padStart(6);
   for (const n of STREAMS) {
-    const one = (runs[0][n] + runs[3][n]) / 2, two = (runs[1][n] + runs[2][n]) / 2;
-    console.log(`  ${String(n).padStart(2)} streams: one group ${f(runs[0][n])} ${f(runs[3][n])} tok/s, ` +
-      `two groups taking turns ${f(runs[1][n])} ${f(runs[2][n])} tok/s = ${(two / one).toFixed(2)}x`);
+    const [a, b, c, d] = runs.map((r) => r.out[n]);
+    console.log(`  ${String(n).padStart(2)} streams: one group ${f(a)} ${f(d)} tok/s, ` +
+      `two groups taking turns ${f(b)} ${f(c)} tok/s = ${((b + c) / (a + d)).toFixed(2)}x`);
   }
 } finally {
   await fsp.rm(tmp, { recursive: true, force: true });
