@@ -2,7 +2,8 @@
 // decoding requests going round as one group (EXO_PIPE_SPLIT=0) against two
 // groups taking turns (the default), in this run (one, two, two, one):
 // aggregate tokens/s at 1, 4 and 16 streams (wall clock, prefill of their
-// short prompts included) and the ratio of the means. A benchmark, not a test (issue 16;
+// short prompts included) and the ratio of the means; and how soon 8 new
+// one-token requests are answered while 8 streams decode. A benchmark, not a test (issue 16;
 // bench_dist times the same schedule through the dist API alone, this the
 // runner's, requests and all).
 //
@@ -60,6 +61,25 @@ async function streams(base, model, n) {
   return made / seconds;
 }
 
+// seconds until each of 8 new one-token requests is answered while 8
+// streams decode (their prompts' chunks against the decoding groups)
+async function busyFirstTokens(base, model) {
+  const busy = Array.from({ length: 8 }, (_, k) => C.D.postJson(base, '/bench/chat/completions', {
+    model, messages: [{ role: 'user', content: text(24, 100 + k) }], max_tokens: 4 * tokens, temperature: 0 }));
+  await new Promise((resolve) => setTimeout(resolve, 3000)); // all 8 decoding
+  const t0 = Date.now();
+  const firsts = await Promise.all(Array.from({ length: 8 }, async (_, k) => {
+    const r = await C.D.postJson(base, '/bench/chat/completions', {
+      model, messages: [{ role: 'user', content: text(200, 200 + k) }], max_tokens: 1, temperature: 0 });
+    if (r.status !== 200) throw new Error(`bench: ${r.status} ${r.text}`);
+    return (Date.now() - t0) / 1000;
+  }));
+  for (const r of await Promise.all(busy))
+    if (r.status !== 200) throw new Error(`bench: ${r.status} ${r.text}`);
+  firsts.sort((a, b) => a - b);
+  return { median: firsts[4], last: firsts[7] };
+}
+
 async function measure(models, id, split) {
   process.env.EXO_PIPE_SPLIT = split;
   process.env.EXO_BATCH = String(Math.max(...STREAMS));
@@ -80,7 +100,8 @@ async function measure(models, id, split) {
     const out = {};
     for (const n of STREAMS)
       out[n] = await streams(nodes[0].base, id, n);
-    return { out, layers };
+    const firsts = await busyFirstTokens(nodes[0].base, id);
+    return { out, layers, firsts };
   } finally {
     await cl.stopAll();
   }
@@ -107,6 +128,11 @@ try {
     console.log(`  ${String(n).padStart(2)} streams: one group ${f(a)} ${f(d)} tok/s, ` +
       `two groups taking turns ${f(b)} ${f(c)} tok/s = ${((b + c) / (a + d)).toFixed(2)}x`);
   }
+  const [a, b, c, d] = runs.map((r) => r.firsts);
+  const g = (x) => `${x.median.toFixed(2)}/${x.last.toFixed(2)}`;
+  console.log(`  8 new requests of 200 characters while 8 streams decode, seconds to each's one token, ` +
+    `median/last: one group ${g(a)} ${g(d)}, two groups ${g(b)} ${g(c)} = ` +
+    `${((b.median + c.median) / (a.median + d.median)).toFixed(2)}x the median`);
 } finally {
   await fsp.rm(tmp, { recursive: true, force: true });
 }
