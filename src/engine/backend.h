@@ -18,8 +18,8 @@
  * Shapes: activations are row-major (T, dim) f32 with T tokens per call.
  * q is (T, n_heads, head_dim), k and v are (T, n_kv_heads, head_dim). The KV
  * cache of one layer is an exo_kv_view: runs of slots, each run of `page`
- * slots holding page * n_kv_heads * head_dim f32 for K and as many for V,
- * laid out as the backend likes (the CPU keeps each KV head's keys in
+ * slots holding page * n_kv_heads * head_dim values for K and as many for
+ * V (f32, or bf16 where the shape says so), laid out as the backend likes (the CPU keeps each KV head's keys in
  * blocks of EXO_KV_BLOCK positions stored transposed, so decode scores 16
  * keys per vector instruction, and its values as rows; see cpu/ops.h; the
  * GPU keeps rows by position). */
@@ -68,20 +68,25 @@ typedef struct exo_attn_shape {
      * themselves are left as they are; the cache gets the rotated key).
      * NULL: q and k come rotated. */
     const exo_attn_rope *rope;
+    /* The cache's values: EXO_DTYPE_F32 (0), or EXO_DTYPE_BF16 on a backend
+     * with bf16_cache (keys and values rounded to nearest even as they are
+     * written; the scores and sums stay f32). */
+    exo_dtype cache;
 } exo_attn_shape;
 
 /* One layer's KV cache of one sequence as the attention ops address it:
- * `capacity` slots in runs of `page` slots (multiples of EXO_KV_BLOCK).
- * pages NULL: one run (page == capacity) at k and v, a ring or a cache a
- * sequence holds whole. Else a paged cache (engine/kv_pool.h): slot s is
- * slot s % page of run s / page, whose K starts at pages[s / page] + k_off
- * and V at pages[s / page] + v_off; page is a power of two and `pages` is
+ * `capacity` slots in runs of `page` slots (multiples of EXO_KV_BLOCK), of
+ * values of the shape's cache type. pages NULL: one run (page == capacity)
+ * at k and v, a ring or a cache a sequence holds whole. Else a paged cache
+ * (engine/kv_pool.h): slot s is slot s % page of run s / page, whose K
+ * starts k_off values into pages[s / page] and V v_off values into it; page
+ * is a power of two and `pages` is
  * backend memory (on a GPU the device's copy of the sequence's page table),
  * read when the op runs, so a recorded step follows the pages a sequence
  * gains. The runs a call reads or writes exist. */
 typedef struct exo_kv_view {
-    float *k, *v;
-    float *const *pages;
+    void *k, *v;
+    void *const *pages;
     size_t k_off, v_off;
     int capacity, page;
 } exo_kv_view;
@@ -114,6 +119,9 @@ typedef struct exo_moe_router {
 typedef struct exo_backend_ops {
     const char *name;
     void (*free)(exo_backend *be);
+    /* Whether attention, attention_rows and kv_copy take caches of bf16
+     * (exo_attn_shape's cache); without it every cache is f32. */
+    bool bf16_cache;
 
     /* Memory. alloc returns zeroed memory or NULL. */
     void *(*alloc)(exo_backend *be, size_t bytes);
@@ -173,11 +181,11 @@ typedef struct exo_backend_ops {
      * which it stands in for. */
     bool (*attention_rotates)(exo_backend *be, const exo_attn_shape *shape, int T);
     /* Copies the positions one run of a layer's cache holds in slots [0, n)
-     * (K and V of shape's KV heads) from a run of src_capacity slots into
-     * one of dst_capacity slots (n <= both): a sequence's caches changing
-     * size, a page copied before it is written. */
-    int  (*kv_copy)(exo_backend *be, const exo_attn_shape *shape, float *dst_k, float *dst_v, int dst_capacity,
-                    const float *src_k, const float *src_v, int src_capacity, int n);
+     * (K and V of shape's KV heads, values of its cache type) from a run of
+     * src_capacity slots into one of dst_capacity slots (n <= both): a
+     * sequence's caches changing size, a page copied before it is written. */
+    int  (*kv_copy)(exo_backend *be, const exo_attn_shape *shape, void *dst_k, void *dst_v, int dst_capacity,
+                    const void *src_k, const void *src_v, int src_capacity, int n);
     /* g = act(g) * u (limit: EXO_GLU_OAI's clamp) */
     int  (*glu)(exo_backend *be, exo_glu_kind kind, float *g, const float *u, size_t n, float limit);
     /* x[r][j] *= sigmoid(gate[r][j]) over rows of dim; gate_dim 1: one gate

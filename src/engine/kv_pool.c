@@ -14,17 +14,17 @@
 struct exo_kv_pool {
     int n_be;
     exo_backend *be[2];
-    size_t page_floats[2];
+    size_t page_bytes[2];
     int per_segment;
     int n_seg, seg_cap;
-    float **seg[2];     /* per backend, per segment: its memory */
+    char **seg[2];      /* per backend, per segment: its memory */
     int made, in_use;
     int *refs;          /* per id */
     int32_t *free_ids;  /* a stack */
     int n_free;
 };
 
-exo_kv_pool *exo_kv_pool_new(int n_be, exo_backend *const *be, const size_t *page_floats)
+exo_kv_pool *exo_kv_pool_new(int n_be, exo_backend *const *be, const size_t *page_bytes)
 {
     if (n_be < 1 || n_be > 2)
         return NULL;
@@ -33,8 +33,8 @@ exo_kv_pool *exo_kv_pool_new(int n_be, exo_backend *const *be, const size_t *pag
     size_t bytes = 0;
     for (int b = 0; b < n_be; b++) {
         p->be[b] = be[b];
-        p->page_floats[b] = page_floats[b];
-        bytes += page_floats[b] * sizeof(float);
+        p->page_bytes[b] = page_bytes[b];
+        bytes += page_bytes[b];
     }
     p->per_segment = bytes && bytes < SEGMENT_BYTES ? (int)(SEGMENT_BYTES / bytes) : 1;
     return p;
@@ -57,9 +57,9 @@ void exo_kv_pool_free(exo_kv_pool *p)
 /* One more segment's pages onto the free stack. */
 static int grow(exo_kv_pool *p)
 {
-    float *mem[2] = {NULL, NULL};
+    char *mem[2] = {NULL, NULL};
     for (int b = 0; b < p->n_be; b++) {
-        size_t bytes = p->page_floats[b] * sizeof(float) * (size_t)p->per_segment;
+        size_t bytes = p->page_bytes[b] * (size_t)p->per_segment;
         mem[b] = p->be[b]->ops->alloc(p->be[b], bytes ? bytes : 1);
         if (!mem[b]) {
             for (int i = 0; i < b; i++)
@@ -70,7 +70,7 @@ static int grow(exo_kv_pool *p)
     if (p->n_seg == p->seg_cap) {
         p->seg_cap = p->seg_cap ? 2 * p->seg_cap : 8;
         for (int b = 0; b < p->n_be; b++)
-            p->seg[b] = exo_realloc(p->seg[b], sizeof(float *) * (size_t)p->seg_cap);
+            p->seg[b] = exo_realloc(p->seg[b], sizeof(char *) * (size_t)p->seg_cap);
         p->refs = exo_realloc(p->refs, sizeof(int) * (size_t)p->seg_cap * (size_t)p->per_segment);
         p->free_ids = exo_realloc(p->free_ids, sizeof(int32_t) * (size_t)p->seg_cap * (size_t)p->per_segment);
     }
@@ -112,9 +112,9 @@ void exo_kv_pool_drop(exo_kv_pool *p, int32_t id)
 
 int exo_kv_pool_refs(const exo_kv_pool *p, int32_t id) { return p->refs[id]; }
 
-float *exo_kv_pool_page(const exo_kv_pool *p, int b, int32_t id)
+void *exo_kv_pool_page(const exo_kv_pool *p, int b, int32_t id)
 {
-    return p->seg[b][id / p->per_segment] + (size_t)(id % p->per_segment) * p->page_floats[b];
+    return p->seg[b][id / p->per_segment] + (size_t)(id % p->per_segment) * p->page_bytes[b];
 }
 
 int exo_kv_pool_in_use(const exo_kv_pool *p) { return p->in_use; }
@@ -124,6 +124,6 @@ size_t exo_kv_pool_page_bytes(const exo_kv_pool *p)
 {
     size_t bytes = 0;
     for (int b = 0; b < p->n_be; b++)
-        bytes += p->page_floats[b] * sizeof(float);
+        bytes += p->page_bytes[b];
     return bytes;
 }

@@ -2,7 +2,8 @@
  *
  * A page is EXO_KV_PAGE positions of every paged layer's K and V: one piece
  * on each backend that holds such layers (a CPU+GPU split has two), of
- * page_floats[b] floats there. Pages are named by an id; a sequence's page
+ * page_bytes[b] bytes there (each backend's caches in its own element
+ * type, backend.h exo_attn_shape's cache). Pages are named by an id; a sequence's page
  * table lists the ids of its runs of positions (model.c), and a page a
  * prompt prefix filled can sit in several tables at once: it is counted
  * (refs) and goes back to the free list when the last table drops it.
@@ -25,9 +26,9 @@
 
 typedef struct exo_kv_pool exo_kv_pool;
 
-/* A pool of pages of page_floats[b] floats on backend be[b], b < n_be (at
+/* A pool of pages of page_bytes[b] bytes on backend be[b], b < n_be (at
  * most 2). */
-exo_kv_pool *exo_kv_pool_new(int n_be, exo_backend *const *be, const size_t *page_floats);
+exo_kv_pool *exo_kv_pool_new(int n_be, exo_backend *const *be, const size_t *page_bytes);
 void exo_kv_pool_free(exo_kv_pool *p);
 
 /* A free page (refs 1) into *id, its memory as the last holder left it;
@@ -37,7 +38,7 @@ void exo_kv_pool_hold(exo_kv_pool *p, int32_t id);
 void exo_kv_pool_drop(exo_kv_pool *p, int32_t id);
 int  exo_kv_pool_refs(const exo_kv_pool *p, int32_t id);
 /* Page id's memory on backend b. */
-float *exo_kv_pool_page(const exo_kv_pool *p, int b, int32_t id);
+void *exo_kv_pool_page(const exo_kv_pool *p, int b, int32_t id);
 /* Pages held by some table, and pages the pool has memory for. */
 int    exo_kv_pool_in_use(const exo_kv_pool *p);
 int    exo_kv_pool_made(const exo_kv_pool *p);

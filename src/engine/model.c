@@ -187,15 +187,16 @@ struct exo_model {
     long prefetches;     /* backend prefetches started (issued ops; a replay issues none) */
     /* The paged KV cache (kv_pool.h): full-attention layers keep their
      * caches in pages, on page_be[b] for the layers there; layer l's K and
-     * V start page_k_off[l] and page_v_off[l] floats into its backend's
-     * piece of a page. NULL pool: no such layer. kv_own_floats: the
+     * V start page_k_off[l] and page_v_off[l] values (of the layer's cache
+     * type) into its backend's piece of a page. NULL pool: no such layer.
+     * kv_own_bytes: the
      * sequences' own caches (rings, states) together; kv_empty_runs: runs
      * of their page tables without a page yet, which they may still take. */
     exo_kv_pool *kv_pool;
     exo_backend *page_be[2];
     int n_page_be;
     size_t *page_k_off, *page_v_off;
-    int64_t kv_own_floats, kv_empty_runs;
+    int64_t kv_own_bytes, kv_empty_runs;
 };
 
 static acts *acts_of(exo_model *m, const exo_backend *be) { return be == m->gpu ? &m->gpu_act : &m->act; }
@@ -206,7 +207,7 @@ struct exo_seq {
     uint64_t id;                /* unique in the process: names its recorded decode steps */
     int capacity, len;
     int alloc_capacity;         /* capacity rounded up to EXO_KV_BLOCK */
-    float **k_cache, **v_cache; /* per attention layer, on that layer's backend (backend.h) */
+    void **k_cache, **v_cache;  /* per attention layer, on that layer's backend (backend.h) */
     int *slots;                 /* per attention layer: positions its cache holds; less than
                                    alloc_capacity for a sliding layer's ring (backend.h) */
     /* Per linear-attention layer: its conv inputs (K-1, conv_dim) then its
@@ -228,7 +229,7 @@ struct exo_seq {
      * the ops read (backend.h exo_kv_view), stale until pushed. */
     int n_runs;
     int32_t *page_id;
-    float **table[2], **table_dev[2];
+    void **table[2], **table_dev[2];
     bool table_stale;
 };
 
@@ -1361,6 +1362,16 @@ static bool layer_on_gpu(exo_model *m, const exo_model_opts *o, int i, int devic
     return free_now > per_layer + reserve;
 }
 
+/* The type of a layer's KV cache on backend be: bf16 where EXO_KV_CACHE=bf16
+ * asks for it and the backend's attention takes it (half the bytes a decode
+ * step reads from the caches, and half their memory; keys and values
+ * rounded as transformers' and MLX's bf16 runs keep them), else f32. */
+static exo_dtype cache_type(const exo_backend *be)
+{
+    const char *e = getenv("EXO_KV_CACHE");
+    return e && !strcmp(e, "bf16") && be->ops->bf16_cache ? EXO_DTYPE_BF16 : EXO_DTYPE_F32;
+}
+
 int exo_model_build(const exo_model_config *cfg, const exo_weight_source *src,
                     const exo_model_opts *opts, exo_model **out, exo_err *err)
 {
@@ -1368,6 +1379,9 @@ int exo_model_build(const exo_model_config *cfg, const exo_weight_source *src,
     int rc = check_config(cfg, err);
     if (rc)
         return rc;
+    const char *kv_env = getenv("EXO_KV_CACHE");
+    if (kv_env && *kv_env && strcmp(kv_env, "f32") && strcmp(kv_env, "bf16"))
+        return exo_err_set(err, EXO_EINVAL, "EXO_KV_CACHE is '%s': f32 or bf16", kv_env);
     const family *fam = family_of(cfg->model_type);
     exo_model_opts o = opts ? *opts : (exo_model_opts){0};
     int total = (int)cfg->num_hidden_layers;
@@ -1480,7 +1494,8 @@ int exo_model_build(const exo_model_config *cfg, const exo_weight_source *src,
         double ms = 0.1 * cfg->rope.mscale_all_dim * log(cfg->rope.factor) + 1.0;
         attn_scale *= ms * ms;
     }
-    m->attn = (exo_attn_shape){m->n_heads, m->n_kv, m->hd, 0, (float)attn_scale, NULL, 0, NULL};
+    m->attn = (exo_attn_shape){.n_heads = m->n_heads, .n_kv_heads = m->n_kv, .head_dim = m->hd,
+                               .scale = (float)attn_scale};
     m->cpu = exo_backend_cpu_create(o.n_threads, err);
     if (!m->cpu) {
         exo_free(m);
@@ -1562,10 +1577,12 @@ int exo_model_build(const exo_model_config *cfg, const exo_weight_source *src,
             TRY(bind_linear_attn(&b, l, L, g0, g1));
         } else if (m->mla) {
             L->attn = m->attn;
+            L->attn.cache = cache_type(L->be);
             part pmo = {0, 0, kv0 * cfg->v_head_dim, kv1 * cfg->v_head_dim};
             TRY(bind_mla(&b, l, L, kv0, kv1, tp > 1 ? pmo : (part){0}));
         } else {
             L->attn = m->attn;
+            L->attn.cache = cache_type(L->be);
             L->attn.sliding_window = L->kind == EXO_LAYER_SLIDING ? (int)cfg->sliding_window : 0;
             if (m->attn_gated) {
                 TRY(bind_linear_rows(&b, P("self_attn.q_proj"), 2 * QD, D, qpick, m->n_heads * hd, (part){0},
@@ -1862,7 +1879,7 @@ void exo_model_decode_cost(const exo_model *m, int ctx, exo_decode_cost *c)
             continue;
         }
         int seen = L->attn.sliding_window > 0 && L->attn.sliding_window < ctx ? L->attn.sliding_window : ctx;
-        c->cache_bytes += 2.0 * sizeof(float) * m->n_kv * m->hd * seen;
+        c->cache_bytes += 2.0 * (double)exo_dtype_size(L->attn.cache) * m->n_kv * m->hd * seen;
         c->prompt_attn_dims += (double)m->n_heads * m->hd;
     }
 }
@@ -1885,14 +1902,14 @@ static size_t linear_state_floats(const exo_model *m)
     return (size_t)(m->lin_k - 1) * (size_t)m->conv_dim + (size_t)m->lin_hv * (size_t)m->lin_dk * (size_t)m->lin_dv;
 }
 
-/* Floats of layer l's per-sequence memory at `slots` positions (layer_slots):
- * K and V for attention, the conv inputs and recurrent state for linear
- * attention. */
-static size_t layer_floats(const exo_model *m, int l, int slots)
+/* Bytes of layer l's per-sequence memory at `slots` positions (layer_slots):
+ * K and V for attention (values of the layer's cache type), the conv
+ * inputs and recurrent state (f32) for linear attention. */
+static size_t layer_bytes(const exo_model *m, int l, int slots)
 {
     if (m->layers[l].kind == EXO_LAYER_LINEAR)
-        return linear_state_floats(m);
-    return 2 * (size_t)slots * (size_t)m->n_kv * (size_t)m->hd;
+        return linear_state_floats(m) * sizeof(float);
+    return 2 * (size_t)slots * (size_t)m->n_kv * (size_t)m->hd * exo_dtype_size(m->layers[l].attn.cache);
 }
 
 /* Whether layer l's caches live in pages (full attention, latent
@@ -1904,11 +1921,11 @@ static bool layer_paged(const exo_model *m, int l)
     return L->kind != EXO_LAYER_LINEAR && !(L->kind == EXO_LAYER_SLIDING && L->attn.sliding_window > 0);
 }
 
-/* Floats of layer l's caches a sequence holds itself (none for a paged
+/* Bytes of layer l's caches a sequence holds itself (none for a paged
  * layer). */
-static size_t seq_floats(const exo_model *m, const exo_seq *s, int l)
+static size_t seq_own_bytes(const exo_model *m, const exo_seq *s, int l)
 {
-    return layer_paged(m, l) ? 0 : layer_floats(m, l, s->slots[l]);
+    return layer_paged(m, l) ? 0 : layer_bytes(m, l, s->slots[l]);
 }
 
 static int runs_of(int alloc_capacity) { return (alloc_capacity + EXO_KV_PAGE - 1) / EXO_KV_PAGE; }
@@ -1919,7 +1936,7 @@ static int page_backend(const exo_model *m, const exo_backend *be) { return be =
  * in its backend's piece. */
 static int kv_pages_plan(exo_model *m)
 {
-    size_t floats[2] = {0, 0};
+    size_t bytes[2] = {0, 0};
     m->page_k_off = exo_calloc((size_t)m->n_layers, sizeof(size_t));
     m->page_v_off = exo_calloc((size_t)m->n_layers, sizeof(size_t));
     for (int l = 0; l < m->n_layers; l++) {
@@ -1929,14 +1946,16 @@ static int kv_pages_plan(exo_model *m)
         if (!m->n_page_be || (m->n_page_be == 1 && be != m->page_be[0]))
             m->page_be[m->n_page_be++] = be;
         int b = page_backend(m, be);
-        size_t run = (size_t)EXO_KV_PAGE * (size_t)m->n_kv * (size_t)m->hd;
-        m->page_k_off[l] = floats[b];
-        m->page_v_off[l] = floats[b] + run;
-        floats[b] += 2 * run;
+        /* a backend's layers share one cache type (cache_type), so every
+         * offset is a whole number of its values */
+        size_t value = exo_dtype_size(m->layers[l].attn.cache), run = (size_t)EXO_KV_PAGE * (size_t)m->n_kv * (size_t)m->hd;
+        m->page_k_off[l] = bytes[b] / value;
+        m->page_v_off[l] = bytes[b] / value + run;
+        bytes[b] += 2 * run * value;
     }
     if (!m->n_page_be)
         return 0;
-    m->kv_pool = exo_kv_pool_new(m->n_page_be, m->page_be, floats);
+    m->kv_pool = exo_kv_pool_new(m->n_page_be, m->page_be, bytes);
     return m->kv_pool ? 0 : EXO_EINVAL;
 }
 
@@ -1962,8 +1981,7 @@ size_t exo_model_seq_bytes(const exo_model *m, int capacity)
     size_t n = 0;
     for (int l = 0; l < m->n_layers; l++)
         if (!layer_paged(m, l))
-            n += layer_floats(m, l, layer_slots(m, alloc, l));
-    n *= sizeof(float);
+            n += layer_bytes(m, l, layer_slots(m, alloc, l));
     return m->kv_pool ? n + (size_t)runs_of(alloc) * exo_kv_pool_page_bytes(m->kv_pool) : n;
 }
 
@@ -1971,7 +1989,7 @@ size_t exo_seq_bytes(const exo_seq *s) { return exo_model_seq_bytes(s->m, s->all
 
 size_t exo_model_kv_bytes(const exo_model *m)
 {
-    size_t n = (size_t)m->kv_own_floats * sizeof(float);
+    size_t n = (size_t)m->kv_own_bytes;
     if (m->kv_pool)
         n += ((size_t)exo_kv_pool_in_use(m->kv_pool) + (size_t)m->kv_empty_runs) * exo_kv_pool_page_bytes(m->kv_pool);
     return n;
@@ -2033,15 +2051,18 @@ static void seq_restart_on(exo_seq *s, const int32_t *ids, int count)
  * layer's. */
 static int page_copy(exo_model *m, int32_t dst, int32_t src, int n)
 {
-    exo_attn_shape shape = {.n_heads = m->n_kv, .n_kv_heads = m->n_kv, .head_dim = m->hd};
     for (int l = 0; l < m->n_layers; l++) {
         if (!layer_paged(m, l))
             continue;
         exo_backend *be = m->layers[l].be;
         int b = page_backend(m, be);
-        float *d = exo_kv_pool_page(m->kv_pool, b, dst), *sp = exo_kv_pool_page(m->kv_pool, b, src);
-        int rc = be->ops->kv_copy(be, &shape, d + m->page_k_off[l], d + m->page_v_off[l], EXO_KV_PAGE,
-                                  sp + m->page_k_off[l], sp + m->page_v_off[l], EXO_KV_PAGE, n);
+        exo_attn_shape shape = {.n_heads = m->n_kv, .n_kv_heads = m->n_kv, .head_dim = m->hd,
+                                .cache = m->layers[l].attn.cache};
+        size_t value = exo_dtype_size(shape.cache);
+        char *d = exo_kv_pool_page(m->kv_pool, b, dst), *sp = exo_kv_pool_page(m->kv_pool, b, src);
+        int rc = be->ops->kv_copy(be, &shape, d + m->page_k_off[l] * value, d + m->page_v_off[l] * value,
+                                  EXO_KV_PAGE, sp + m->page_k_off[l] * value, sp + m->page_v_off[l] * value,
+                                  EXO_KV_PAGE, n);
         if (rc)
             return rc;
     }
@@ -2076,7 +2097,7 @@ static int seq_own_pages(exo_seq *s, int from, int T)
         return 0;
     for (int b = 0; b < m->n_page_be; b++) {
         int rc = m->page_be[b]->ops->to_device(m->page_be[b], s->table_dev[b], s->table[b],
-                                               sizeof(float *) * (size_t)s->n_runs);
+                                               sizeof(void *) * (size_t)s->n_runs);
         if (rc)
             return rc;
     }
@@ -2111,8 +2132,8 @@ int exo_seq_create(exo_model *m, int capacity, exo_seq **out, exo_err *err)
     s->alloc_capacity = round_to_block(capacity);
     s->snap_len = -1;
     s->state_floats = linear_state_floats(m);
-    s->k_cache = exo_calloc((size_t)m->n_layers, sizeof(float *));
-    s->v_cache = exo_calloc((size_t)m->n_layers, sizeof(float *));
+    s->k_cache = exo_calloc((size_t)m->n_layers, sizeof(void *));
+    s->v_cache = exo_calloc((size_t)m->n_layers, sizeof(void *));
     s->state = exo_calloc((size_t)m->n_layers, sizeof(float *));
     s->kv_block = exo_calloc((size_t)m->n_layers, sizeof(void *));
     s->slots = exo_calloc((size_t)m->n_layers, sizeof(int));
@@ -2125,8 +2146,8 @@ int exo_seq_create(exo_model *m, int capacity, exo_seq **out, exo_err *err)
             s->page_id[i] = -1;
         m->kv_empty_runs += s->n_runs;
         for (int b = 0; b < m->n_page_be; b++) {
-            s->table[b] = exo_calloc((size_t)s->n_runs, sizeof(float *));
-            s->table_dev[b] = m->page_be[b]->ops->alloc(m->page_be[b], sizeof(float *) * (size_t)s->n_runs);
+            s->table[b] = exo_calloc((size_t)s->n_runs, sizeof(void *));
+            s->table_dev[b] = m->page_be[b]->ops->alloc(m->page_be[b], sizeof(void *) * (size_t)s->n_runs);
             if (!s->table_dev[b]) {
                 exo_seq_free(s);
                 return exo_err_set(err, EXO_ENOMEM, "cannot allocate a page table for %d tokens", capacity);
@@ -2144,23 +2165,23 @@ int exo_seq_create(exo_model *m, int capacity, exo_seq **out, exo_err *err)
         size_t n = 0;
         for (int i = l; i < m->n_layers; i++)
             if (m->layers[i].be == be)
-                n += seq_floats(m, s, i);
-        float *block = be->ops->alloc(be, n * sizeof(float));
+                n += seq_own_bytes(m, s, i);
+        char *block = be->ops->alloc(be, n);
         if (!block) {
             exo_seq_free(s);
             return exo_err_set(err, EXO_ENOMEM, "cannot allocate KV cache for %d tokens", capacity);
         }
         s->kv_block[l] = block;
-        m->kv_own_floats += (int64_t)n;
+        m->kv_own_bytes += (int64_t)n;
         for (int i = l; i < m->n_layers; i++)
             if (m->layers[i].be == be && !layer_paged(m, i)) {
                 if (m->layers[i].kind == EXO_LAYER_LINEAR) {
-                    s->state[i] = block;
+                    s->state[i] = (float *)block;
                 } else {
                     s->k_cache[i] = block;
-                    s->v_cache[i] = block + seq_floats(m, s, i) / 2;
+                    s->v_cache[i] = block + seq_own_bytes(m, s, i) / 2;
                 }
-                block += seq_floats(m, s, i);
+                block += seq_own_bytes(m, s, i);
             }
     }
     *out = s;
@@ -2178,7 +2199,7 @@ void exo_seq_free(exo_seq *s)
             be->ops->release(be, s->kv_block[l]);
             for (int i = l; i < m->n_layers; i++)
                 if (m->layers[i].be == be)
-                    m->kv_own_floats -= (int64_t)seq_floats(m, s, i);
+                    m->kv_own_bytes -= (int64_t)seq_own_bytes(m, s, i);
         }
     if (s->page_id) {
         seq_drop_runs(s, 0);
@@ -2224,7 +2245,8 @@ int exo_seq_resize(exo_seq *s, int capacity, exo_err *err)
         /* the positions s holds: all of them, or a ring's worth, which
          * both then have (n's capacity is at least s's length) */
         int held = s->len <= s->slots[l] && s->len <= n->slots[l] ? s->len : s->slots[l];
-        exo_attn_shape shape = {.n_heads = m->n_kv, .n_kv_heads = m->n_kv, .head_dim = m->hd};
+        exo_attn_shape shape = {.n_heads = m->n_kv, .n_kv_heads = m->n_kv, .head_dim = m->hd,
+                                .cache = m->layers[l].attn.cache};
         rc = be->ops->kv_copy(be, &shape, n->k_cache[l], n->v_cache[l], n->slots[l], s->k_cache[l], s->v_cache[l],
                               s->slots[l], held);
     }
@@ -2388,7 +2410,7 @@ static bool ring_holds(int window, int len, int slots, int n)
  * every slot where both rings have as many (a position keeps its slot);
  * else EXO_EUNSUPPORTED. The caller checked that the ring still holds
  * them (ring_holds). */
-static int ring_copy(exo_model *m, int l, float *dk, float *dv, int dst_slots, const float *sk, const float *sv,
+static int ring_copy(exo_model *m, int l, void *dk, void *dv, int dst_slots, const void *sk, const void *sv,
                      int src_slots, int n, bool dry_run)
 {
     int count = n <= src_slots && n <= dst_slots ? n : src_slots == dst_slots ? src_slots : -1;
@@ -2397,7 +2419,8 @@ static int ring_copy(exo_model *m, int l, float *dk, float *dv, int dst_slots, c
     if (dry_run)
         return 0;
     exo_backend *be = m->layers[l].be;
-    exo_attn_shape shape = {.n_heads = m->n_kv, .n_kv_heads = m->n_kv, .head_dim = m->hd};
+    exo_attn_shape shape = {.n_heads = m->n_kv, .n_kv_heads = m->n_kv, .head_dim = m->hd,
+                            .cache = m->layers[l].attn.cache};
     return be->ops->kv_copy(be, &shape, dk, dv, dst_slots, sk, sv, src_slots, count);
 }
 
@@ -2423,7 +2446,7 @@ static int ring_misfit(const exo_model *m, const int *dst_slots, const int *src_
  * a sequence's or a kept prefix's at n (per layer: rings k, v of slots;
  * the linear layers' states one after another), and is then n long and
  * can go back to n; on failure it starts over empty. */
-static int seq_own_from(exo_seq *dst, int n, float *const *k, float *const *v, const int *slots,
+static int seq_own_from(exo_seq *dst, int n, void *const *k, void *const *v, const int *slots,
                         const float *states, size_t state_floats)
 {
     exo_model *m = dst->m;
@@ -2491,11 +2514,11 @@ struct exo_kv_prefix {
     int n;          /* positions: n / EXO_KV_PAGE whole pages */
     int len;        /* the sequence's length when kept */
     int32_t *pages;
-    float **k, **v; /* per layer: a ring layer's ring as it was (k[l] the allocation), else NULL */
+    void **k, **v;  /* per layer: a ring layer's ring as it was (k[l] the allocation), else NULL */
     int *slots;
     float *states;  /* host: n_linear * state_floats */
     size_t state_floats;
-    int64_t own_floats; /* counted in the model's kv_own_floats while kept */
+    int64_t own_bytes;  /* counted in the model's kv_own_bytes while kept */
 };
 
 void exo_kv_prefix_free(exo_kv_prefix *p)
@@ -2508,7 +2531,7 @@ void exo_kv_prefix_free(exo_kv_prefix *p)
     for (int l = 0; p->k && l < m->n_layers; l++)
         if (p->k[l])
             m->layers[l].be->ops->release(m->layers[l].be, p->k[l]);
-    m->kv_own_floats -= p->own_floats;
+    m->kv_own_bytes -= p->own_bytes;
     exo_free(p->pages);
     exo_free(p->k);
     exo_free(p->v);
@@ -2545,16 +2568,16 @@ int exo_seq_keep_prefix(exo_seq *s, int n, exo_kv_prefix **out, exo_err *err)
         if (!layer_ring(m, l))
             continue;
         exo_backend *be = m->layers[l].be;
-        size_t floats = layer_floats(m, l, s->slots[l]);
-        p->k[l] = be->ops->alloc(be, floats * sizeof(float));
+        size_t bytes = layer_bytes(m, l, s->slots[l]);
+        p->k[l] = be->ops->alloc(be, bytes);
         if (!p->k[l]) {
             rc = EXO_ENOMEM;
             break;
         }
-        p->v[l] = p->k[l] + floats / 2;
+        p->v[l] = (char *)p->k[l] + bytes / 2;
         p->slots[l] = s->slots[l];
-        p->own_floats += (int64_t)floats;
-        m->kv_own_floats += (int64_t)floats;
+        p->own_bytes += (int64_t)bytes;
+        m->kv_own_bytes += (int64_t)bytes;
         rc = ring_copy(m, l, p->k[l], p->v[l], p->slots[l], s->k_cache[l], s->v_cache[l], s->slots[l], s->slots[l],
                        false);
     }
@@ -2564,8 +2587,8 @@ int exo_seq_keep_prefix(exo_seq *s, int n, exo_kv_prefix **out, exo_err *err)
         p->states = exo_try_malloc(floats * sizeof(float));
         if (p->states) {
             memcpy(p->states, s->snap, floats * sizeof(float));
-            p->own_floats += (int64_t)floats;
-            m->kv_own_floats += (int64_t)floats;
+            p->own_bytes += (int64_t)(floats * sizeof(float));
+            m->kv_own_bytes += (int64_t)(floats * sizeof(float));
         } else {
             rc = EXO_ENOMEM;
         }

@@ -4,10 +4,13 @@
  * form), with grouped-query heads, a sliding window, a capacity that is not
  * a multiple of the kernel's 16-key block, and head sizes 8 and 64; each
  * case again over a paged cache (pages of 16 and 32 slots, in scrambled
- * order), which must give the same bits. */
+ * order), which must give the same bits; and every case again over a bf16
+ * cache, against the naive attention of keys and values rounded to bf16
+ * (what such a cache holds) to the same tolerance. */
 #include "core/alloc.h"
 #include "engine/backend.h"
 #include "engine/cpu/ops.h"
+#include "engine/dtype.h"
 
 #include <criterion/criterion.h>
 #include <math.h>
@@ -50,29 +53,31 @@ static void naive(int T, int H, int KV, int hd, int window, const float *q, cons
 
 static bool with_sinks; /* check() with a sink logit per query head */
 static bool with_ring;  /* check() with a sliding window's cache kept as a ring */
+static bool with_bf16;  /* check() with a bf16 cache */
 
 /* The cache of `capacity` slots for run_attention: one run, or pages of
  * `page` slots (0: one run) scattered in reverse order through one
  * allocation, as a pool hands them out. */
 typedef struct test_cache {
     exo_kv_view view;
-    float *mem;
-    float **table;
+    char *mem;
+    void **table;
 } test_cache;
 
-static void cache_make(exo_backend *be, test_cache *c, int capacity, int KV, int hd, int page)
+/* values of `bytes` each (the shape's cache type) */
+static void cache_make(exo_backend *be, test_cache *c, int capacity, int KV, int hd, int page, size_t bytes)
 {
     memset(c, 0, sizeof *c);
     if (!page) {
-        c->mem = be->ops->alloc(be, 2 * (size_t)capacity * KV * hd * 4);
-        c->view = (exo_kv_view){.k = c->mem, .v = c->mem + (size_t)capacity * KV * hd, .capacity = capacity,
-                                .page = capacity};
+        c->mem = be->ops->alloc(be, 2 * (size_t)capacity * KV * hd * bytes);
+        c->view = (exo_kv_view){.k = c->mem, .v = c->mem + (size_t)capacity * KV * hd * bytes,
+                                .capacity = capacity, .page = capacity};
         return;
     }
     int runs = (capacity + page - 1) / page;
-    size_t run = 2 * (size_t)page * KV * hd;
-    c->mem = be->ops->alloc(be, (size_t)runs * run * 4);
-    c->table = exo_calloc((size_t)runs, sizeof(float *));
+    size_t run = 2 * (size_t)page * KV * hd * bytes;
+    c->mem = be->ops->alloc(be, (size_t)runs * run);
+    c->table = exo_calloc((size_t)runs, sizeof(void *));
     for (int i = 0; i < runs; i++)
         c->table[i] = c->mem + (size_t)(runs - 1 - i) * run;
     c->view = (exo_kv_view){.pages = c->table, .k_off = 0, .v_off = (size_t)page * KV * hd, .capacity = capacity,
@@ -117,7 +122,18 @@ static void check(int T, int H, int KV, int hd, int window, int prefill_chunk)
     float sinks[64];
     for (int h = 0; h < H && h < 64; h++) /* around the scores, and one far above them */
         sinks[h] = h == 1 ? 6.0f : 2 * frand(&seed);
-    naive(T, H, KV, hd, window, q, k, v, with_sinks ? sinks : NULL, want);
+    if (with_bf16) { /* the reference reads what the cache holds */
+        float *kr = exo_malloc(nk * 4), *vr = exo_malloc(nk * 4);
+        for (size_t i = 0; i < nk; i++) {
+            kr[i] = exo_bf16_to_f32(exo_f32_to_bf16(k[i]));
+            vr[i] = exo_bf16_to_f32(exo_f32_to_bf16(v[i]));
+        }
+        naive(T, H, KV, hd, window, q, kr, vr, with_sinks ? sinks : NULL, want);
+        exo_free(kr);
+        exo_free(vr);
+    } else {
+        naive(T, H, KV, hd, window, q, k, v, with_sinks ? sinks : NULL, want);
+    }
     int capacity = (T + 15) / 16 * 16 + 16; /* what model.c allocates for T + a few */
     int ring = 0;
     if (with_ring) { /* the window plus a call's tokens, rounded up to a block: model.c's rule */
@@ -125,20 +141,23 @@ static void check(int T, int H, int KV, int hd, int window, int prefill_chunk)
         cr_assert(window > 0 && ring < T, "a ring test needs a window and positions that wrap around");
         capacity = ring;
     }
-    exo_attn_shape sh = {H, KV, hd, window, 1.0f / sqrtf((float)hd), with_sinks ? sinks : NULL, ring, NULL};
+    exo_attn_shape sh = {.n_heads = H, .n_kv_heads = KV, .head_dim = hd, .sliding_window = window,
+                         .scale = 1.0f / sqrtf((float)hd), .sinks = with_sinks ? sinks : NULL, .ring = ring,
+                         .cache = with_bf16 ? EXO_DTYPE_BF16 : EXO_DTYPE_F32};
+    const size_t bytes = with_bf16 ? 2 : 4;
     test_cache whole;
-    cache_make(be, &whole, capacity, KV, hd, 0);
+    cache_make(be, &whole, capacity, KV, hd, 0, bytes);
     run_attention(be, &sh, T, prefill_chunk, q, k, v, &whole.view, out);
     double max_err = 0;
     for (size_t i = 0; i < nq; i++)
         max_err = fmax(max_err, fabs(out[i] - want[i]));
-    cr_expect(max_err < 2e-5, "T %d H %d KV %d hd %d window %d chunk %d: max err %g", T, H, KV, hd,
-              window, prefill_chunk, max_err);
+    cr_expect(max_err < 2e-5, "T %d H %d KV %d hd %d window %d chunk %d%s: max err %g", T, H, KV, hd,
+              window, prefill_chunk, with_bf16 ? " bf16" : "", max_err);
     /* the same cache in pages of 16 and 32 slots (a ring stays one run):
      * the same bits */
     for (int page = 16; page <= 32 && !ring; page *= 2) {
         test_cache pc;
-        cache_make(be, &pc, capacity, KV, hd, page);
+        cache_make(be, &pc, capacity, KV, hd, page, bytes);
         run_attention(be, &sh, T, prefill_chunk, q, k, v, &pc.view, paged);
         cr_expect(!memcmp(paged, out, nq * 4), "T %d H %d KV %d hd %d window %d chunk %d: pages of %d differ from "
                   "one run", T, H, KV, hd, window, prefill_chunk, page);
@@ -154,7 +173,7 @@ static void check(int T, int H, int KV, int hd, int window, int prefill_chunk)
     exo_free(want);
 }
 
-Test(attention, decode_token_by_token)
+static void decode_token_by_token_cases(void)
 {
     check(37, 8, 2, 64, 0, 1);
     check(21, 4, 4, 8, 0, 1);
@@ -176,30 +195,38 @@ Test(attention, decode_token_by_token)
     check(27, 2, 1, 192, 0, 1);
 }
 
+Test(attention, decode_token_by_token) { decode_token_by_token_cases(); }
+
 /* Short prompts (2..7 tokens a call) take the decode kernel with T > 1:
  * later tokens of a call attend to keys appended in the same call. */
-Test(attention, decode_several_tokens_per_call)
+static void decode_several_tokens_per_call_cases(void)
 {
     check(37, 8, 2, 64, 0, 3);
     check(30, 5, 1, 24, 0, 7);
     check(41, 8, 4, 32, 9, 5);
 }
 
-Test(attention, prefill_batched)
+Test(attention, decode_several_tokens_per_call) { decode_several_tokens_per_call_cases(); }
+
+static void prefill_batched_cases(void)
 {
     check(37, 8, 2, 64, 0, 37);
     check(40, 4, 1, 8, 0, 16);
 }
 
-Test(attention, sliding_window)
+Test(attention, prefill_batched) { prefill_batched_cases(); }
+
+static void sliding_window_cases(void)
 {
     check(45, 8, 2, 64, 7, 1);
     check(45, 8, 2, 64, 7, 45);
     check(45, 4, 2, 16, 16, 9);
 }
 
+Test(attention, sliding_window) { sliding_window_cases(); }
+
 /* Sinks (gpt-oss) on both kernels, with a window, GQA groups of 1 to 8. */
-Test(attention, sinks)
+static void sinks_cases(void)
 {
     with_sinks = true;
     check(37, 8, 2, 64, 0, 1);
@@ -210,10 +237,12 @@ Test(attention, sinks)
     with_sinks = false;
 }
 
+Test(attention, sinks) { sinks_cases(); }
+
 /* A sliding window's cache as a ring of window + chunk positions (rounded
  * to 16): positions wrap around it several times, on the decode kernel, the
  * several-tokens-per-call one and the batched prefill; with sinks too. */
-Test(attention, sliding_window_ring)
+static void sliding_window_ring_cases(void)
 {
     with_ring = true;
     check(100, 8, 2, 64, 7, 1);
@@ -225,6 +254,21 @@ Test(attention, sliding_window_ring)
     check(130, 8, 2, 32, 24, 32);
     with_sinks = false;
     with_ring = false;
+}
+
+Test(attention, sliding_window_ring) { sliding_window_ring_cases(); }
+
+/* Every case above again over a bf16 cache. */
+Test(attention, bf16_cache)
+{
+    with_bf16 = true;
+    decode_token_by_token_cases();
+    decode_several_tokens_per_call_cases();
+    prefill_batched_cases();
+    sliding_window_cases();
+    sinks_cases();
+    sliding_window_ring_cases();
+    with_bf16 = false;
 }
 
 /* The vectorisable expf of the softmax and SiLU against libm: relative

@@ -1219,7 +1219,7 @@ static void cpu_rotate(both *b, const attn_cfg *cfg, const attn_rot *r, float *q
 typedef struct test_kv {
     exo_kv_view view;
     float *mem;
-    float **table;
+    void **table;
 } test_kv;
 
 static test_kv kv_make(exo_backend *be, int capacity, int KV, int hd, int page)
@@ -1234,12 +1234,12 @@ static test_kv kv_make(exo_backend *be, int capacity, int KV, int hd, int page)
     int runs = (capacity + page - 1) / page;
     size_t run = 2 * (size_t)page * (size_t)KV * (size_t)hd;
     c.mem = be_alloc(be, (size_t)runs * run);
-    float **host = exo_calloc((size_t)runs, sizeof(float *));
+    void **host = exo_calloc((size_t)runs, sizeof(void *));
     for (int i = 0; i < runs; i++)
         host[i] = c.mem + (size_t)(runs - 1 - i) * run;
-    c.table = be->ops->alloc(be, sizeof(float *) * (size_t)runs);
+    c.table = be->ops->alloc(be, sizeof(void *) * (size_t)runs);
     cr_assert(c.table);
-    ok(be, be->ops->to_device(be, c.table, host, sizeof(float *) * (size_t)runs), "to_device");
+    ok(be, be->ops->to_device(be, c.table, host, sizeof(void *) * (size_t)runs), "to_device");
     exo_free(host);
     c.view = (exo_kv_view){.pages = c.table, .v_off = (size_t)page * KV * hd, .capacity = capacity, .page = page};
     return c;
@@ -1277,8 +1277,10 @@ static void attn_sequence(both *b, const attn_cfg *cfg, const int *calls, int n_
         sinks = vec_load(b, EXO_DTYPE_F32, s, (size_t)H);
     }
     float scale = cfg->scale > 0 ? cfg->scale : 1.0f / sqrtf((float)hd);
-    exo_attn_shape sc = {H, KV, hd, cfg->window, scale, sinks.cpu, ring, NULL};
-    exo_attn_shape sg = {H, KV, hd, cfg->window, scale, sinks.gpu, ring, NULL};
+    exo_attn_shape sc = {.n_heads = H, .n_kv_heads = KV, .head_dim = hd, .sliding_window = cfg->window,
+                         .scale = scale, .sinks = sinks.cpu, .ring = ring};
+    exo_attn_shape sg = sc;
+    sg.sinks = sinks.gpu;
     test_kv kc = kv_make(b->cpu, capacity, KV, hd, ring ? 0 : cfg->page);
     test_kv kg = kv_make(b->gpu, capacity, KV, hd, ring ? 0 : cfg->page);
     attn_rot rot = {0};
@@ -1484,7 +1486,7 @@ Test(backend_ops, attention_rows_same_bits_as_single)
     cr_assert(g->ops->attention_rows, "the CUDA backend batches decode attention");
     enum { N = 20, H = 32, KV = 8, HD = 64, ROUNDS = 4 };
     const size_t qrow = (size_t)H * HD, kvrow = (size_t)KV * HD;
-    exo_attn_shape shape = {H, KV, HD, 0, 0.125f, NULL, 0, NULL};
+    exo_attn_shape shape = {.n_heads = H, .n_kv_heads = KV, .head_dim = HD, .scale = 0.125f};
     test_kv rows_kv[N], one_kv[N];
     exo_kv_view views[N];
     int pos[N], rings[N] = {0};

@@ -298,15 +298,17 @@ static int cpu_attention(exo_backend *be, const exo_attn_shape *shape, float *ou
 /* The layout is per KV head (cpu/ops.h): a head's slots lie at the start of
  * its region whatever the capacity, so each head's first n moves as one
  * run (keys in whole blocks of EXO_KV_BLOCK). */
-static int cpu_kv_copy(exo_backend *be, const exo_attn_shape *shape, float *dst_k, float *dst_v, int dst_capacity,
-                       const float *src_k, const float *src_v, int src_capacity, int n)
+static int cpu_kv_copy(exo_backend *be, const exo_attn_shape *shape, void *dst_k, void *dst_v, int dst_capacity,
+                       const void *src_k, const void *src_v, int src_capacity, int n)
 {
     (void)be;
-    const size_t hd = (size_t)shape->head_dim;
+    const size_t hd = (size_t)shape->head_dim, bytes = exo_dtype_size(shape->cache);
     const size_t k_run = (size_t)(n + EXO_KV_BLOCK - 1) / EXO_KV_BLOCK * EXO_KV_BLOCK * hd, v_run = (size_t)n * hd;
     for (int h = 0; h < shape->n_kv_heads; h++) {
-        memcpy(dst_k + (size_t)h * dst_capacity * hd, src_k + (size_t)h * src_capacity * hd, sizeof(float) * k_run);
-        memcpy(dst_v + (size_t)h * dst_capacity * hd, src_v + (size_t)h * src_capacity * hd, sizeof(float) * v_run);
+        memcpy((char *)dst_k + (size_t)h * dst_capacity * hd * bytes,
+               (const char *)src_k + (size_t)h * src_capacity * hd * bytes, bytes * k_run);
+        memcpy((char *)dst_v + (size_t)h * dst_capacity * hd * bytes,
+               (const char *)src_v + (size_t)h * src_capacity * hd * bytes, bytes * v_run);
     }
     return 0;
 }
@@ -456,6 +458,7 @@ static int cpu_scatter_add_rows(exo_backend *be, float *dst, const float *src, c
 static const exo_backend_ops cpu_ops = {
     .name = "cpu",
     .free = cpu_free,
+    .bf16_cache = true,
     .alloc = cpu_alloc,
     .release = cpu_release,
     .to_device = cpu_copy,

@@ -179,12 +179,39 @@ void exo_cpu_rope(exo_pool *pool, float *x, int T, int n_heads, int head_dim, in
  * whole capacity, (kv, d, capacity), read each 16-key block as head_dim
  * lines a cache row apart: attention took ~14% of a llama-3.2-1b q4 token
  * at 576 positions, KV append another 4%.) The scores of a 16-key block are
- * the 16 lanes of one vector: plain FMAs over d, no horizontal sums. */
+ * the 16 lanes of one vector: plain FMAs over d, no horizontal sums.
+ *
+ * A bf16 cache (shape's cache) holds the same layout in half the bytes:
+ * a value is rounded to nearest even as it is written and widened (a
+ * shift) as it is read, so decode's dominant read halves while scores,
+ * softmax and sums stay f32. */
 
 /* 16 floats, 4-byte aligned: GCC lowers it to one AVX-512 register, or two
  * AVX2 ones, per clone. Only used inside functions, never passed by value
  * (that would change the ABI between clones). */
 typedef float v16 __attribute__((vector_size(64), aligned(4)));
+typedef uint16_t u16x16 __attribute__((vector_size(32), aligned(2)));
+typedef uint32_t u32x16 __attribute__((vector_size(64), aligned(4)));
+
+/* 16 consecutive cache values from element i of p, as f32 (bf: the
+ * cache is bf16; a compile-time constant where it matters). A macro: a
+ * function returning a v16 would change the ABI between clones. */
+#define KV_LOAD16(p, i, bf)                                                                            \
+    ((bf) ? (v16)(__builtin_convertvector(*(const u16x16 *)((const uint16_t *)(p) + (i)), u32x16) << 16) \
+          : *(const v16 *)((const float *)(p) + (i)))
+
+static inline float kv_get(const void *p, size_t i, bool bf)
+{
+    return bf ? exo_bf16_to_f32(((const uint16_t *)p)[i]) : ((const float *)p)[i];
+}
+
+static inline void kv_put(void *p, size_t i, float x, bool bf)
+{
+    if (bf)
+        ((uint16_t *)p)[i] = exo_f32_to_bf16(x);
+    else
+        ((float *)p)[i] = x;
+}
 
 /* Both regions are read with a software prefetch this far ahead, into L2
  * (a decode-shaped benchmark, llama-3.2-1b's 16 layers at 576 positions
@@ -193,7 +220,7 @@ typedef float v16 __attribute__((vector_size(64), aligned(4)));
  * read of the same bytes with the same prefetch). Past a region's end it
  * fetches the start of the next head's keys or values, which this thread
  * usually reads next. */
-#define ATT_PREFETCH(p) __builtin_prefetch((p) + 2048, 0, 2)
+#define ATT_PREFETCH(p) __builtin_prefetch((const char *)(p) + 8192, 0, 2)
 
 static inline size_t kblock_index(int pos, int d, int hd)
 {
@@ -202,19 +229,22 @@ static inline size_t kblock_index(int pos, int d, int hd)
 }
 
 /* KV head h's keys (value 0) or values (1) in the run holding slot s; *at:
- * s's index in that run. A run is laid out as a cache of `page` slots. */
-static inline float *kv_head_run(const exo_kv_view *c, int value, int s, long h, int hd, int *at)
+ * s's index in that run. A run is laid out as a cache of `page` slots of
+ * values of `bytes` each. */
+static inline void *kv_head_run(const exo_kv_view *c, int value, int s, long h, int hd, size_t bytes, int *at)
 {
-    float *base;
+    char *base;
     if (c->pages) {
-        base = c->pages[s / c->page] + (value ? c->v_off : c->k_off);
+        base = (char *)c->pages[s / c->page] + (value ? c->v_off : c->k_off) * bytes;
         *at = s % c->page;
     } else {
         base = value ? c->v : c->k;
         *at = s;
     }
-    return base + (size_t)h * (size_t)c->page * (size_t)hd;
+    return base + (size_t)h * (size_t)c->page * (size_t)hd * bytes;
 }
+
+static inline bool cache_bf16(const exo_attn_shape *sh) { return sh->cache == EXO_DTYPE_BF16; }
 
 /* Writes T new positions at pos0 for KV heads [h0, h1). */
 static void kv_append_heads(const exo_attn_shape *sh, const float *k, const float *v, const exo_kv_view *c, int T,
@@ -222,27 +252,33 @@ static void kv_append_heads(const exo_attn_shape *sh, const float *k, const floa
 {
     const int hd = sh->head_dim;
     const size_t row = (size_t)sh->n_kv_heads * (size_t)hd;
+    const bool bf = cache_bf16(sh);
+    const size_t bytes = bf ? 2 : 4;
     for (long h = h0; h < h1; h++)
         for (int t = 0; t < T; t++) {
             const float *kt = k + (size_t)t * row + (size_t)h * hd;
+            const float *vt = v + (size_t)t * row + (size_t)h * hd;
             int slot = sh->ring ? (pos0 + t) % sh->ring : pos0 + t, at;
-            float *kc = kv_head_run(c, 0, slot, h, hd, &at);
+            void *kc = kv_head_run(c, 0, slot, h, hd, bytes, &at);
             for (int d = 0; d < hd; d++)
-                kc[kblock_index(at, d, hd)] = kt[d];
-            float *vc = kv_head_run(c, 1, slot, h, hd, &at);
-            memcpy(vc + (size_t)at * hd, v + (size_t)t * row + (size_t)h * hd, sizeof(float) * (size_t)hd);
+                kv_put(kc, kblock_index(at, d, hd), kt[d], bf);
+            void *vc = kv_head_run(c, 1, slot, h, hd, bytes, &at);
+            for (int d = 0; d < hd; d++)
+                kv_put(vc, (size_t)at * hd + d, vt[d], bf);
         }
 }
 
 /* Scores of G query heads (q: G rows of hd) against 16-key block kb,
  * scaled, into sc[g * ld]. */
-static inline __attribute__((always_inline)) void qk_block(int G, const float *q, const float *kb,
-                                                           int hd, float scale, float *sc, long ld)
+static inline __attribute__((always_inline)) void qk_block(int G, bool bf, const float *q, const void *kh,
+                                                           size_t at, int hd, float scale, float *sc, long ld)
 {
     v16 acc[4] = {{0}};
+    const size_t bytes = bf ? 2 : 4;
     for (int d = 0; d < hd; d++) {
-        ATT_PREFETCH(kb + (size_t)d * EXO_KV_BLOCK);
-        v16 kv = *(const v16 *)(kb + (size_t)d * EXO_KV_BLOCK);
+        size_t i = at + (size_t)d * EXO_KV_BLOCK;
+        ATT_PREFETCH((const char *)kh + i * bytes);
+        v16 kv = KV_LOAD16(kh, i, bf);
 #pragma GCC unroll 4
         for (int g = 0; g < G; g++)
             acc[g] += q[(size_t)g * hd + d] * kv;
@@ -254,24 +290,25 @@ static inline __attribute__((always_inline)) void qk_block(int G, const float *q
 /* out[g][c .. c+16W) = sum_sp p[g][sp] * V[sp][c ..] for G heads, W
  * vectors of 16 values: G*W accumulators stay in registers while V streams
  * once. */
-static inline __attribute__((always_inline)) void pv_block(int G, int W, const float *p, long ld,
+static inline __attribute__((always_inline)) void pv_block(int G, int W, bool bf, const float *p, long ld,
                                                            const exo_kv_view *kv, long h, int hd, int c,
                                                            int n, int s0, int ring, float *out)
 {
     /* p: the scores of n consecutive positions, the first in slot s0; the
      * slots go on run by run, and past a ring's last slot from 0 */
     v16 acc[4][8] = {{{0}}};
+    const size_t bytes = bf ? 2 : 4;
     for (int i0 = 0, s = s0; i0 < n;) {
         int at;
-        const float *vb = kv_head_run(kv, 1, s, h, hd, &at) + (size_t)at * hd + c;
+        const void *vh = kv_head_run(kv, 1, s, h, hd, bytes, &at);
         int len = n - i0 < kv->page - at ? n - i0 : kv->page - at;
         const float *pp = p + i0;
         for (int i = 0; i < len; i++) {
-            const float *vr = vb + (size_t)i * hd;
+            const size_t vr = ((size_t)at + (size_t)i) * hd + c;
 #pragma GCC unroll 8
             for (int w = 0; w < W; w++) {
-                ATT_PREFETCH(vr + 16 * w);
-                v16 vv = *(const v16 *)(vr + 16 * w);
+                ATT_PREFETCH((const char *)vh + (vr + 16 * w) * bytes);
+                v16 vv = KV_LOAD16(vh, vr + 16 * w, bf);
 #pragma GCC unroll 4
                 for (int g = 0; g < G; g++)
                     acc[g][w] += pp[g * ld + i] * vv;
@@ -289,7 +326,7 @@ static inline __attribute__((always_inline)) void pv_block(int G, int W, const f
 
 /* G query heads (1 to 4, a compile-time constant) of KV head h.
  * sc: G rows of ld scores; o: G rows of hd outputs. */
-static inline __attribute__((always_inline)) void attend_heads(int G, const float *q, const exo_kv_view *kv,
+static inline __attribute__((always_inline)) void attend_heads(int G, bool bf, const float *q, const exo_kv_view *kv,
                                                                long h, int hd, float scale, int lo,
                                                                int qpos, int ring, float *sc, long ld,
                                                                const float *sinks, float *o)
@@ -297,10 +334,11 @@ static inline __attribute__((always_inline)) void attend_heads(int G, const floa
     /* scores are kept from the first block's start on (sc[0] is position
      * base); a ring cache (ring > 0) keeps position p in slot p % ring */
     const int base = lo / EXO_KV_BLOCK * EXO_KV_BLOCK, off = lo - base, n = qpos + 1 - lo;
+    const size_t bytes = bf ? 2 : 4;
     for (int b = base; b <= qpos; b += EXO_KV_BLOCK) {
         int at;
-        const float *kh = kv_head_run(kv, 0, ring ? b % ring : b, h, hd, &at);
-        qk_block(G, q, kh + (size_t)at * hd, hd, scale, sc + (b - base), ld);
+        const void *kh = kv_head_run(kv, 0, ring ? b % ring : b, h, hd, bytes, &at);
+        qk_block(G, bf, q, kh, (size_t)at * hd, hd, scale, sc + (b - base), ld);
     }
     /* a plain float max or sum over the scores is a serial chain GCC may
      * not reorder (no -ffast-math): ~0.7 ms of a 576-position token */
@@ -320,18 +358,18 @@ static inline __attribute__((always_inline)) void attend_heads(int G, const floa
      * half of it each time (qwen3-0.6b q4 at 1024-1152 positions, Zen 5:
      * 47.0 -> 50.7 tok/s, six alternating pairs; the sums are the same) */
     for (; G <= 2 && c + 128 <= hd; c += 128)
-        pv_block(G, 8, sc + off, ld, kv, h, hd, c, n, s0, ring, o);
+        pv_block(G, 8, bf, sc + off, ld, kv, h, hd, c, n, s0, ring, o);
     for (; c + 64 <= hd; c += 64)
-        pv_block(G, 4, sc + off, ld, kv, h, hd, c, n, s0, ring, o);
+        pv_block(G, 4, bf, sc + off, ld, kv, h, hd, c, n, s0, ring, o);
     for (; c + 16 <= hd; c += 16)
-        pv_block(G, 1, sc + off, ld, kv, h, hd, c, n, s0, ring, o);
+        pv_block(G, 1, bf, sc + off, ld, kv, h, hd, c, n, s0, ring, o);
     for (; c < hd; c++)
         for (int g = 0; g < G; g++) {
             float a = 0;
             for (int i = 0, sp = s0; i < n; i++, sp = sp + 1 == ring ? 0 : sp + 1) {
                 int at;
-                const float *vh = kv_head_run(kv, 1, sp, h, hd, &at);
-                a += sc[g * ld + off + i] * vh[(size_t)at * hd + c];
+                const void *vh = kv_head_run(kv, 1, sp, h, hd, bytes, &at);
+                a += sc[g * ld + off + i] * kv_get(vh, (size_t)at * hd + c, bf);
             }
             o[(size_t)g * hd + c] = a;
         }
@@ -361,6 +399,7 @@ static void attn_worker(void *p, int ith, int nth)
     const exo_kv_view *kv = j->cache;
     const int hd = s->head_dim, group = s->n_heads / s->n_kv_heads, cap = kv->capacity;
     const float scale = s->scale;
+    const bool bf = cache_bf16(s);
     long h0, h1;
     exo_split_range(s->n_kv_heads, 1, ith, nth, &h0, &h1);
     kv_append_heads(s, j->k, j->v, kv, j->T, j->pos0, h0, h1);
@@ -381,12 +420,21 @@ static void attn_worker(void *p, int ith, int nth)
                 float *og = j->out + first + (size_t)g * hd;
                 const float *sk = s->sinks ? s->sinks + h * group + g : NULL;
                 const int ring = s->ring;
-                switch (group - g < 4 ? group - g : 4) {
-                case 4: attend_heads(4, qg, kv, h, hd, scale, lo, qpos, ring, scores, cap, sk, og); break;
-                case 3: attend_heads(3, qg, kv, h, hd, scale, lo, qpos, ring, scores, cap, sk, og); break;
-                case 2: attend_heads(2, qg, kv, h, hd, scale, lo, qpos, ring, scores, cap, sk, og); break;
-                default: attend_heads(1, qg, kv, h, hd, scale, lo, qpos, ring, scores, cap, sk, og); break;
+                /* the head count and the cache's type as constants:
+                 * each case its own register allocation and loads */
+#define ATTEND(G, bf) attend_heads(G, bf, qg, kv, h, hd, scale, lo, qpos, ring, scores, cap, sk, og)
+                int heads = group - g < 4 ? group - g : 4;
+                switch (heads * 2 + bf) {
+                case 8: ATTEND(4, false); break;
+                case 9: ATTEND(4, true); break;
+                case 6: ATTEND(3, false); break;
+                case 7: ATTEND(3, true); break;
+                case 4: ATTEND(2, false); break;
+                case 5: ATTEND(2, true); break;
+                case 3: ATTEND(1, true); break;
+                default: ATTEND(1, false); break;
                 }
+#undef ATTEND
             }
         }
     }
@@ -418,14 +466,16 @@ void exo_cpu_kv_read(const exo_attn_shape *shape, const exo_kv_view *cache, int 
                      float *k_rows, float *v_cols)
 {
     const int hd = shape->head_dim, ring = shape->ring;
+    const bool bf = cache_bf16(shape);
+    const size_t bytes = bf ? 2 : 4;
     for (int i = 0; i < n; i++) {
         int slot = ring ? (first + i) % ring : first + i, at;
-        const float *kh = kv_head_run(cache, 0, slot, kv_head, hd, &at);
+        const void *kh = kv_head_run(cache, 0, slot, kv_head, hd, bytes, &at);
         for (int d = 0; d < hd; d++)
-            k_rows[(size_t)i * hd + d] = kh[kblock_index(at, d, hd)];
-        const float *vh = kv_head_run(cache, 1, slot, kv_head, hd, &at);
+            k_rows[(size_t)i * hd + d] = kv_get(kh, kblock_index(at, d, hd), bf);
+        const void *vh = kv_head_run(cache, 1, slot, kv_head, hd, bytes, &at);
         for (int d = 0; d < hd; d++)
-            v_cols[(size_t)d * n + i] = vh[(size_t)at * hd + d];
+            v_cols[(size_t)d * n + i] = kv_get(vh, (size_t)at * hd + d, bf);
     }
 }
 

@@ -953,9 +953,10 @@ static att_args args_for(const exo_attn_shape *sh, float *out, const float *q, c
     a.q = q;
     a.kin = k;
     a.vin = v;
-    a.kc = cache->k;
-    a.vc = cache->v;
-    a.pages = cache->pages;
+    /* f32 caches only (no bf16_cache in the backend's ops) */
+    a.kc = (float *)cache->k;
+    a.vc = (float *)cache->v;
+    a.pages = (float *const *)cache->pages;
     a.koff = cache->k_off;
     a.voff = cache->v_off;
     a.page_shift = 0;

@@ -797,11 +797,13 @@ static int cuda_copy2d(exo_backend *be, float *dst, size_t dst_ld, const float *
 
 /* The layout is by position (attention.cu), so slot n starts at the same
  * offset whatever the capacity: one run each for K and V. */
-static int cuda_kv_copy(exo_backend *be, const exo_attn_shape *shape, float *dst_k, float *dst_v, int dst_capacity,
-                        const float *src_k, const float *src_v, int src_capacity, int n)
+static int cuda_kv_copy(exo_backend *be, const exo_attn_shape *shape, void *dst_k, void *dst_v, int dst_capacity,
+                        const void *src_k, const void *src_v, int src_capacity, int n)
 {
     (void)dst_capacity;
     (void)src_capacity;
+    if (shape->cache != EXO_DTYPE_F32)
+        return EXO_EUNSUPPORTED;
     prof_scope prof(cu(be), "kv_copy");
     size_t bytes = (size_t)n * (size_t)shape->n_kv_heads * (size_t)shape->head_dim * sizeof(float);
     int rc = check(cudaMemcpyAsync(dst_k, src_k, bytes, cudaMemcpyDeviceToDevice, cu(be)->stream), "kv_copy");
@@ -1623,6 +1625,8 @@ static int cuda_scatter_add_rows(exo_backend *be, float *dst, const float *src, 
 static int cuda_attention(exo_backend *be, const exo_attn_shape *shape, float *out, const float *q, const float *k,
                           const float *v, const exo_kv_view *cache, int T, int pos0)
 {
+    if (shape->cache != EXO_DTYPE_F32) /* no bf16_cache here */
+        return EXO_EUNSUPPORTED;
     prof_scope prof(cu(be), "attention");
     cuda_backend *c = cu(be);
     const int *pos_dev = step_pos(c, T, pos0);
@@ -1643,6 +1647,8 @@ static int cuda_attention_rows(exo_backend *be, const exo_attn_shape *shape, int
                                const float *k, const float *v, const exo_kv_view *caches, const int *rings,
                                const int *pos)
 {
+    if (shape->cache != EXO_DTYPE_F32)
+        return EXO_EUNSUPPORTED;
     prof_scope prof(cu(be), "attention_rows");
     cuda_backend *c = cu(be);
     size_t bytes = exo_cuda_attention_rows_scratch(shape, n, caches, pos);
@@ -1681,6 +1687,7 @@ static int cuda_rmsnorm_gated(exo_backend *be, float *x, const float *z, int z_s
 static const exo_backend_ops cuda_ops = {
     .name = "cuda",
     .free = cuda_free_backend,
+    .bf16_cache = false, /* the kernels read f32 caches (model.c then keeps them f32) */
     .alloc = cuda_alloc,
     .release = cuda_release,
     .to_device = cuda_to_device,

@@ -12,7 +12,7 @@
 
 #include "engine/backend.h"
 
-#define EXO_CUDA_PLUGIN_ABI 8
+#define EXO_CUDA_PLUGIN_ABI 9
 #define EXO_CUDA_PLUGIN_SYMBOL "exo_cuda_plugin_entry"
 
 typedef struct exo_cuda_plugin {
