@@ -49,6 +49,8 @@ static void usage(FILE *f)
             "  --kv-budget SIZE    memory a runner's KV caches may take, as 512M or 4G (default:\n"
             "                      half of what is free once the model is loaded); requests past\n"
             "                      it queue\n"
+            "  --kv-cache f32|bf16 the KV caches' values on the CPU (default f32; also EXO_KV_CACHE):\n"
+            "                      bf16 takes half the memory and reads, rounding keys and values\n"
             "  --offline           never download: use only models on disk (also HF_HUB_OFFLINE=1)\n"
             "  --place MODEL_ID    place MODEL_ID at start, unless an instance of it runs already\n"
             "                      (scripts/run.sh does, for the model that ships with exo)\n"
@@ -237,6 +239,15 @@ int exo_cmd_serve(int argc, char **argv)
                 return 2;
             }
             setenv("EXO_KV_BUDGET", size, 1); /* read by the runners, as EXO_BATCH */
+        } else if (!strcmp(a, "--kv-cache")) {
+            const char *type = exo_arg_value("serve", argc, argv, &i);
+            if (!type)
+                return 2;
+            if (strcmp(type, "f32") && strcmp(type, "bf16")) {
+                fprintf(stderr, "exo serve: --kv-cache: '%s' is not f32 or bf16\n", type);
+                return 2;
+            }
+            setenv("EXO_KV_CACHE", type, 1); /* read where the runners load their models */
         } else if (!strcmp(a, "--no-worker")) {
             worker = false;
         } else if (!strcmp(a, "--no-api")) {

@@ -890,6 +890,36 @@ Test(runner_supervisor, a_kv_budget_below_one_context_fails_the_load)
     rec_free(&r);
 }
 
+/* EXO_KV_CACHE=bf16 (exo serve --kv-cache bf16): a context's caches take
+ * half the bytes, so a budget of 0.6 of an f32 context holds one, the load
+ * succeeds and a request gets the text `exo run` gives with the same
+ * cache. */
+Test(runner_supervisor, a_bf16_kv_cache_holds_a_context_in_half_the_bytes)
+{
+    double f32 = context_bytes(512);
+    setenv("EXO_KV_CACHE", "bf16", 1);
+    double bf16 = context_bytes(512);
+    cr_assert(bf16 < 0.51 * f32 && bf16 > 0.49 * f32, "a bf16 context %.0f bytes, an f32 one %.0f", bf16, f32);
+    char budget[32];
+    snprintf(budget, sizeof budget, "%.0f", 0.6 * f32);
+    setenv("EXO_KV_BUDGET", budget, 1);
+    char *want = cli_text(model, "Once upon a time", 60);
+    rec r = {0};
+    exo_supervisor *s = spawn(&r);
+    load(s, &r, model, 512);
+    exo_gen_request q;
+    request(&q, "Once upon a time", 60);
+    generate(s, "x", &q);
+    wait_done(s, &r, "x");
+    char *t = text_of(&r, "x");
+    cr_assert_str_eq(t, want);
+    exo_free(t);
+    exo_free(want);
+    exo_gen_request_free(&q);
+    exo_supervisor_free(s);
+    rec_free(&r);
+}
+
 /* One at a time (EXO_BATCH=1): B waits behind A and a cancel answers it
  * at once, with no token. */
 Test(runner_supervisor, cancel_queued_request)
