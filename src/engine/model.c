@@ -1366,10 +1366,11 @@ static bool layer_on_gpu(exo_model *m, const exo_model_opts *o, int i, int devic
  * asks for it and the backend's attention takes it (half the bytes a decode
  * step reads from the caches, and half their memory; keys and values
  * rounded as transformers' and MLX's bf16 runs keep them), else f32. */
-static exo_dtype cache_type(const exo_backend *be)
+static exo_dtype cache_type(const exo_backend *be, int head_dim)
 {
     const char *e = getenv("EXO_KV_CACHE");
-    return e && !strcmp(e, "bf16") && be->ops->bf16_cache ? EXO_DTYPE_BF16 : EXO_DTYPE_F32;
+    bool bf16 = e && !strcmp(e, "bf16") && be->ops->bf16_cache && head_dim % 2 == 0; /* bf16 keys go in dim pairs */
+    return bf16 ? EXO_DTYPE_BF16 : EXO_DTYPE_F32;
 }
 
 int exo_model_build(const exo_model_config *cfg, const exo_weight_source *src,
@@ -1577,12 +1578,12 @@ int exo_model_build(const exo_model_config *cfg, const exo_weight_source *src,
             TRY(bind_linear_attn(&b, l, L, g0, g1));
         } else if (m->mla) {
             L->attn = m->attn;
-            L->attn.cache = cache_type(L->be);
+            L->attn.cache = cache_type(L->be, m->hd);
             part pmo = {0, 0, kv0 * cfg->v_head_dim, kv1 * cfg->v_head_dim};
             TRY(bind_mla(&b, l, L, kv0, kv1, tp > 1 ? pmo : (part){0}));
         } else {
             L->attn = m->attn;
-            L->attn.cache = cache_type(L->be);
+            L->attn.cache = cache_type(L->be, m->hd);
             L->attn.sliding_window = L->kind == EXO_LAYER_SLIDING ? (int)cfg->sliding_window : 0;
             if (m->attn_gated) {
                 TRY(bind_linear_rows(&b, P("self_attn.q_proj"), 2 * QD, D, qpick, m->n_heads * hd, (part){0},

@@ -38,6 +38,7 @@ smoke 0 bench_membw "$B/bench_membw" 2 1
 smoke 0 bench_sampler "$B/bench_sampler" 5
 smoke 0 bench_threadpool "$B/bench_threadpool" --rounds 1 --gen 4
 smoke 0 bench_linear_attn "$B/bench_linear_attn" 2
+smoke 0 bench_attention "$B/bench_attention" 2 512 2   # one context, 2 layers' caches
 smoke 0 bench_matmul "$B/bench_matmul" 2 0.01 rows   # the batched GEMV; all sections take 25 s
 smoke 0 bench_cuda_matmul "$B/bench_cuda_matmul" 0 1   # one line and status 0 without a GPU
 # bf16: tiny-llama's q4 columns cannot split two ways on a 64-wide group edge

@@ -273,6 +273,8 @@ static int cpu_attention(exo_backend *be, const exo_attn_shape *shape, float *ou
                           const float *k, const float *v, const exo_kv_view *cache, int T, int pos0)
 {
     cpu_backend *c = cpu(be);
+    if (shape->cache == EXO_DTYPE_BF16 && shape->head_dim % 2) /* a bf16 block pairs dims (ops.c) */
+        return EXO_EUNSUPPORTED;
     if (T >= BATCHED_ATTENTION_MIN_T) {
         exo_cpu_kv_append(c->pool, shape, k, v, cache, T, pos0);
         return attention_batched(c, shape, out, q, cache, T, pos0);

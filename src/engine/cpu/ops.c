@@ -222,10 +222,16 @@ static inline void kv_put(void *p, size_t i, float x, bool bf)
  * usually reads next. */
 #define ATT_PREFETCH(p) __builtin_prefetch((const char *)(p) + 8192, 0, 2)
 
-static inline size_t kblock_index(int pos, int d, int hd)
+/* A bf16 block holds dims in pairs, (d, d + 1) of a position side by
+ * side (Kb[pos/16][d/2][pos%16][d%2]), so a 64-byte load is two dims of 16
+ * keys that a shift and a mask widen in place (no lane-crossing
+ * conversion); head_dim is even there (attention refuses odd). */
+static inline size_t kblock_index(int pos, int d, int hd, bool bf)
 {
-    return (size_t)(pos / EXO_KV_BLOCK) * EXO_KV_BLOCK * (size_t)hd + (size_t)d * EXO_KV_BLOCK +
-           (size_t)(pos % EXO_KV_BLOCK);
+    size_t block = (size_t)(pos / EXO_KV_BLOCK) * EXO_KV_BLOCK * (size_t)hd;
+    if (bf)
+        return block + (size_t)(d / 2) * 2 * EXO_KV_BLOCK + (size_t)(pos % EXO_KV_BLOCK) * 2 + (size_t)(d % 2);
+    return block + (size_t)d * EXO_KV_BLOCK + (size_t)(pos % EXO_KV_BLOCK);
 }
 
 /* KV head h's keys (value 0) or values (1) in the run holding slot s; *at:
@@ -261,7 +267,7 @@ static void kv_append_heads(const exo_attn_shape *sh, const float *k, const floa
             int slot = sh->ring ? (pos0 + t) % sh->ring : pos0 + t, at;
             void *kc = kv_head_run(c, 0, slot, h, hd, bytes, &at);
             for (int d = 0; d < hd; d++)
-                kv_put(kc, kblock_index(at, d, hd), kt[d], bf);
+                kv_put(kc, kblock_index(at, d, hd, bf), kt[d], bf);
             void *vc = kv_head_run(c, 1, slot, h, hd, bytes, &at);
             for (int d = 0; d < hd; d++)
                 kv_put(vc, (size_t)at * hd + d, vt[d], bf);
@@ -274,14 +280,27 @@ static inline __attribute__((always_inline)) void qk_block(int G, bool bf, const
                                                            size_t at, int hd, float scale, float *sc, long ld)
 {
     v16 acc[4] = {{0}};
-    const size_t bytes = bf ? 2 : 4;
-    for (int d = 0; d < hd; d++) {
-        size_t i = at + (size_t)d * EXO_KV_BLOCK;
-        ATT_PREFETCH((const char *)kh + i * bytes);
-        v16 kv = KV_LOAD16(kh, i, bf);
+    if (bf) { /* dims in pairs (kblock_index) */
+        const uint16_t *kb = (const uint16_t *)kh + at;
+        for (int d = 0; d < hd; d += 2) {
+            ATT_PREFETCH(kb + (size_t)d * EXO_KV_BLOCK);
+            u32x16 w = *(const u32x16 *)(kb + (size_t)d * EXO_KV_BLOCK);
+            v16 k0 = (v16)(w << 16), k1 = (v16)(w & 0xffff0000u);
 #pragma GCC unroll 4
-        for (int g = 0; g < G; g++)
-            acc[g] += q[(size_t)g * hd + d] * kv;
+            for (int g = 0; g < G; g++) {
+                acc[g] += q[(size_t)g * hd + d] * k0;
+                acc[g] += q[(size_t)g * hd + d + 1] * k1;
+            }
+        }
+    } else {
+        const float *kb = (const float *)kh + at;
+        for (int d = 0; d < hd; d++) {
+            ATT_PREFETCH(kb + (size_t)d * EXO_KV_BLOCK);
+            v16 kv = *(const v16 *)(kb + (size_t)d * EXO_KV_BLOCK);
+#pragma GCC unroll 4
+            for (int g = 0; g < G; g++)
+                acc[g] += q[(size_t)g * hd + d] * kv;
+        }
     }
     for (int g = 0; g < G; g++)
         *(v16 *)(sc + g * ld) = acc[g] * scale;
@@ -295,9 +314,13 @@ static inline __attribute__((always_inline)) void pv_block(int G, int W, bool bf
                                                            int n, int s0, int ring, float *out)
 {
     /* p: the scores of n consecutive positions, the first in slot s0; the
-     * slots go on run by run, and past a ring's last slot from 0 */
+     * slots go on run by run, and past a ring's last slot from 0. A bf16
+     * cache with W even: a 64-byte load is 32 dims, widened in place by a
+     * shift (the even dims) and a mask (the odd ones) into acc[w] and
+     * acc[w + 1], which the stores put back in order. */
     v16 acc[4][8] = {{{0}}};
     const size_t bytes = bf ? 2 : 4;
+    const bool pairs = bf && W % 2 == 0;
     for (int i0 = 0, s = s0; i0 < n;) {
         int at;
         const void *vh = kv_head_run(kv, 1, s, h, hd, bytes, &at);
@@ -305,6 +328,20 @@ static inline __attribute__((always_inline)) void pv_block(int G, int W, bool bf
         const float *pp = p + i0;
         for (int i = 0; i < len; i++) {
             const size_t vr = ((size_t)at + (size_t)i) * hd + c;
+            if (pairs) {
+#pragma GCC unroll 4
+                for (int w = 0; w < W; w += 2) {
+                    ATT_PREFETCH((const char *)vh + (vr + 16 * w) * 2);
+                    u32x16 x = *(const u32x16 *)((const uint16_t *)vh + vr + 16 * w);
+                    v16 even = (v16)(x << 16), odd = (v16)(x & 0xffff0000u);
+#pragma GCC unroll 4
+                    for (int g = 0; g < G; g++) {
+                        acc[g][w] += pp[g * ld + i] * even;
+                        acc[g][w + 1] += pp[g * ld + i] * odd;
+                    }
+                }
+                continue;
+            }
 #pragma GCC unroll 8
             for (int w = 0; w < W; w++) {
                 ATT_PREFETCH((const char *)vh + (vr + 16 * w) * bytes);
@@ -319,9 +356,18 @@ static inline __attribute__((always_inline)) void pv_block(int G, int W, bool bf
         if (s == ring)
             s = 0;
     }
-    for (int g = 0; g < G; g++)
-        for (int w = 0; w < W; w++)
-            *(v16 *)(out + (size_t)g * hd + c + 16 * w) = acc[g][w];
+    for (int g = 0; g < G; g++) {
+        float *o = out + (size_t)g * hd + c;
+        if (pairs)
+            for (int w = 0; w < W; w += 2)
+                for (int l = 0; l < 16; l++) {
+                    o[16 * w + 2 * l] = acc[g][w][l];
+                    o[16 * w + 2 * l + 1] = acc[g][w + 1][l];
+                }
+        else
+            for (int w = 0; w < W; w++)
+                *(v16 *)(o + 16 * w) = acc[g][w];
+    }
 }
 
 /* G query heads (1 to 4, a compile-time constant) of KV head h.
@@ -472,7 +518,7 @@ void exo_cpu_kv_read(const exo_attn_shape *shape, const exo_kv_view *cache, int 
         int slot = ring ? (first + i) % ring : first + i, at;
         const void *kh = kv_head_run(cache, 0, slot, kv_head, hd, bytes, &at);
         for (int d = 0; d < hd; d++)
-            k_rows[(size_t)i * hd + d] = kv_get(kh, kblock_index(at, d, hd), bf);
+            k_rows[(size_t)i * hd + d] = kv_get(kh, kblock_index(at, d, hd, bf), bf);
         const void *vh = kv_head_run(cache, 1, slot, kv_head, hd, bytes, &at);
         for (int d = 0; d < hd; d++)
             v_cols[(size_t)d * n + i] = kv_get(vh, (size_t)at * hd + d, bf);
