@@ -181,10 +181,11 @@ void exo_cpu_rope(exo_pool *pool, float *x, int T, int n_heads, int head_dim, in
  * at 576 positions, KV append another 4%.) The scores of a 16-key block are
  * the 16 lanes of one vector: plain FMAs over d, no horizontal sums.
  *
- * A bf16 cache (shape's cache) holds the same layout in half the bytes:
- * a value is rounded to nearest even as it is written and widened (a
- * shift) as it is read, so decode's dominant read halves while scores,
- * softmax and sums stay f32. */
+ * A bf16 cache (shape's cache) holds the same regions in half the bytes,
+ * a key block's dims in pairs (kblock_index): a value is rounded to
+ * nearest even as it is written and widened (a shift or a mask) as it is
+ * read, so decode's dominant read halves while scores, softmax and sums
+ * stay f32. */
 
 /* 16 floats, 4-byte aligned: GCC lowers it to one AVX-512 register, or two
  * AVX2 ones, per clone. Only used inside functions, never passed by value

@@ -69,8 +69,9 @@ void exo_cpu_rope(exo_pool *pool, float *x, int T, int n_heads, int head_dim, in
                   const float *inv_freq, float mscale);
 /* KV cache layout (see backend.h and ops.c): a run of `page` slots holds,
  * per KV head, K in blocks of EXO_KV_BLOCK positions, each head_dim rows of
- * EXO_KV_BLOCK keys ((n_kv, page/16, head_dim, 16)), and V as rows ((n_kv,
- * page, head_dim)). kv_append writes T new positions at pos0. */
+ * EXO_KV_BLOCK keys ((n_kv, page/16, head_dim, 16); a bf16 cache's in dim
+ * pairs, (n_kv, page/16, head_dim/2, 16, 2)), and V as rows ((n_kv, page,
+ * head_dim)). kv_append writes T new positions at pos0. */
 void exo_cpu_kv_append(exo_pool *pool, const exo_attn_shape *shape, const float *k, const float *v,
                        const exo_kv_view *cache, int T, int pos0);
 /* Positions [first, first + n) of one KV head: k_rows (n, head_dim) and V
