@@ -1,5 +1,5 @@
-/* Decode attention on the CPU (the backend's attention op, one token a
- * call) over f32 and bf16 caches, against the read bandwidth probed in the
+/* Decode attention on the CPU (exo_cpu_attention, the CPU backend's kernel
+ * for a token a call) over f32 and bf16 caches, against the read bandwidth probed in the
  * same run with the same threads.
  *
  * A qwen3-0.6b layer's shape (16 query heads, 8 KV heads of 128), one
@@ -23,7 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { H = 16, KV = 8, HD = 128, PAGE = 64, ROUNDS = 3 };
+enum { H = 16, KV = 8, HD = 128, PAGE = 64, ROUNDS = 3, FILL = 256 };
 
 static unsigned seed = 12345;
 static float frand(void)
@@ -32,18 +32,21 @@ static float frand(void)
     return (float)((seed >> 8) & 0xffff) / 32768.0f - 1.0f;
 }
 
-/* One layer's cache of ctx positions in pages, filled through the op. */
+/* One layer's cache of ctx positions in pages. */
 typedef struct layer_cache {
     char *mem;
     void **table;
     exo_kv_view view;
 } layer_cache;
 
-static int fill(exo_backend *be, const exo_attn_shape *sh, layer_cache *c, int ctx, size_t value)
+/* The cache's first ctx - 1 positions appended (the timed call writes the
+ * last); random keys and values, the same for every layer. */
+static int fill(exo_pool *pool, const exo_attn_shape *sh, layer_cache *c, int ctx, size_t value, const float *k,
+                const float *v)
 {
     int runs = (ctx + PAGE - 1) / PAGE;
     size_t run = 2 * (size_t)PAGE * KV * HD * value;
-    c->mem = be->ops->alloc(be, (size_t)runs * run);
+    c->mem = exo_alloc_aligned((size_t)runs * run);
     c->table = exo_calloc((size_t)runs, sizeof(void *));
     if (!c->mem)
         return -1;
@@ -51,26 +54,9 @@ static int fill(exo_backend *be, const exo_attn_shape *sh, layer_cache *c, int c
         c->table[i] = c->mem + (size_t)i * run;
     c->view = (exo_kv_view){.pages = c->table, .v_off = (size_t)PAGE * KV * HD, .capacity = runs * PAGE,
                             .page = PAGE};
-    /* the positions before the timed one, in calls of 256 */
-    enum { CHUNK = 256 };
-    float *q = exo_malloc(sizeof(float) * CHUNK * H * HD), *k = exo_malloc(sizeof(float) * CHUNK * KV * HD);
-    float *v = exo_malloc(sizeof(float) * CHUNK * KV * HD), *o = exo_malloc(sizeof(float) * CHUNK * H * HD);
-    for (size_t i = 0; i < (size_t)CHUNK * KV * HD; i++) {
-        k[i] = frand();
-        v[i] = frand();
-    }
-    for (size_t i = 0; i < (size_t)CHUNK * H * HD; i++)
-        q[i] = frand();
-    int rc = 0;
-    for (int p = 0; p < ctx - 1 && !rc; p += CHUNK) {
-        int T = ctx - 1 - p < CHUNK ? ctx - 1 - p : CHUNK;
-        rc = be->ops->attention(be, sh, o, q, k, v, &c->view, T, p);
-    }
-    exo_free(q);
-    exo_free(k);
-    exo_free(v);
-    exo_free(o);
-    return rc;
+    for (int p = 0; p < ctx - 1; p += FILL)
+        exo_cpu_kv_append(pool, sh, k, v, &c->view, ctx - 1 - p < FILL ? ctx - 1 - p : FILL, p);
+    return 0;
 }
 
 int main(int argc, char **argv)
@@ -82,13 +68,16 @@ int main(int argc, char **argv)
         fprintf(stderr, "usage: bench_attention [threads] [ctx,ctx,...] [layers]\n");
         return 2;
     }
-    exo_err err = {0};
-    exo_backend *be = exo_backend_cpu_create(threads, &err);
     exo_pool *pool = exo_pool_create(threads);
     exo_membw *probe = exo_membw_create((size_t)256 << 20);
-    if (!be || !pool || !probe) {
-        fprintf(stderr, "bench_attention: setup failed: %s\n", err.msg);
+    float *fk = exo_malloc(sizeof(float) * FILL * KV * HD), *fv = exo_malloc(sizeof(float) * FILL * KV * HD);
+    if (!pool || !probe) {
+        fprintf(stderr, "bench_attention: setup failed\n");
         return 1;
+    }
+    for (size_t i = 0; i < (size_t)FILL * KV * HD; i++) {
+        fk[i] = frand();
+        fv[i] = frand();
     }
     printf("decode attention, %d query heads, %d KV heads of %d, %d layers' caches in turn, %d threads\n", H, KV, HD,
            layers, threads);
@@ -109,43 +98,51 @@ int main(int argc, char **argv)
         exo_attn_shape sh[2];
         double best[2] = {1e9, 1e9}, bw = 0;
         int rc = 0;
+        /* the kernel's scores: 4 rows of the capacity a thread */
+        float **scratch = exo_calloc((size_t)threads, sizeof(float *));
+        for (int i = 0; i < threads; i++)
+            scratch[i] = exo_alloc_aligned(sizeof(float) * 4 * (size_t)(ctx + PAGE));
         for (int t = 0; t < 2 && !rc; t++) {
             sh[t] = (exo_attn_shape){.n_heads = H, .n_kv_heads = KV, .head_dim = HD, .scale = 0.088f,
                                      .cache = types[t]};
             caches[t] = exo_calloc((size_t)layers, sizeof(layer_cache));
             for (int l = 0; l < layers && !rc; l++)
-                rc = fill(be, &sh[t], &caches[t][l], ctx, exo_dtype_size(types[t]));
+                rc = fill(pool, &sh[t], &caches[t][l], ctx, exo_dtype_size(types[t]), fk, fv);
         }
-        for (int r = 0; r < ROUNDS && !rc; r++) {
+        if (rc) {
+            fprintf(stderr, "bench_attention: out of memory for %d layers' caches of %d positions\n", layers, ctx);
+            return 1;
+        }
+        for (int r = 0; r < ROUNDS; r++) {
             double b = exo_membw_read(probe, pool, 1);
             bw = b > bw ? b : bw;
-            for (int t = 0; t < 2 && !rc; t++) {
+            for (int t = 0; t < 2; t++) {
                 double t0 = exo_clock_seconds();
-                for (int l = 0; l < layers && !rc; l++) /* position ctx - 1, written again each round */
-                    rc = be->ops->attention(be, &sh[t], o, q, k, v, &caches[t][l].view, 1, ctx - 1);
+                for (int l = 0; l < layers; l++) /* position ctx - 1, written again each round */
+                    exo_cpu_attention(pool, &sh[t], o, q, k, v, &caches[t][l].view, 1, ctx - 1, scratch);
                 double dt = (exo_clock_seconds() - t0) / layers;
                 best[t] = dt < best[t] ? dt : best[t];
             }
         }
-        if (rc) {
-            fprintf(stderr, "bench_attention: attention failed (%d)\n", rc);
-            return 1;
-        }
+        for (int i = 0; i < threads; i++)
+            exo_free_aligned(scratch[i]);
+        exo_free(scratch);
         for (int t = 0; t < 2; t++) {
             double bytes = 2.0 * ctx * KV * HD * (double)exo_dtype_size(types[t]);
             printf("  ctx %5d %-4s %8.1f us a layer  %6.2f MB  %6.1f GB/s = %5.1f%% of the read probe (%.1f GB/s)\n",
                    ctx, t ? "bf16" : "f32", best[t] * 1e6, bytes / 1e6, bytes / best[t] / 1e9,
                    100 * bytes / best[t] / bw, bw / 1e9);
             for (int l = 0; l < layers; l++) {
-                be->ops->release(be, caches[t][l].mem);
+                exo_free_aligned(caches[t][l].mem);
                 exo_free(caches[t][l].table);
             }
             exo_free(caches[t]);
         }
         printf("  ctx %5d bf16 a layer in %.2fx the f32 time\n", ctx, best[1] / best[0]);
     }
+    exo_free(fk);
+    exo_free(fv);
     exo_membw_free(probe);
     exo_pool_free(pool);
-    be->ops->free(be);
     return 0;
 }
