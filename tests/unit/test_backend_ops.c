@@ -1165,6 +1165,7 @@ typedef struct attn_cfg {
                     set): the GPU rotates one-token calls in the attention call, prompts with
                     qk_norm_rope first; the CPU with rmsnorm and rope first */
     bool norms;
+    bool bf16; /* both backends' caches in bf16 (exo_attn_shape's cache) */
 } attn_cfg;
 
 /* The rotation of an attn_cfg on each backend (attn_cfg's rot). */
@@ -1218,25 +1219,29 @@ static void cpu_rotate(both *b, const attn_cfg *cfg, const attn_rot *r, float *q
  * table in be's memory (as model.c keeps a sequence's). */
 typedef struct test_kv {
     exo_kv_view view;
-    float *mem;
+    char *mem;
     void **table;
 } test_kv;
 
-static test_kv kv_make(exo_backend *be, int capacity, int KV, int hd, int page)
+/* values of `type` (f32 or bf16) */
+static test_kv kv_make(exo_backend *be, int capacity, int KV, int hd, int page, exo_dtype type)
 {
     test_kv c = {0};
+    const size_t vb = exo_dtype_size(type);
     if (!page) {
         size_t run = (size_t)capacity * (size_t)KV * (size_t)hd;
-        c.mem = be_alloc(be, 2 * run);
-        c.view = (exo_kv_view){.k = c.mem, .v = c.mem + run, .capacity = capacity, .page = capacity};
+        c.mem = be->ops->alloc(be, 2 * run * vb);
+        cr_assert(c.mem);
+        c.view = (exo_kv_view){.k = c.mem, .v = c.mem + run * vb, .capacity = capacity, .page = capacity};
         return c;
     }
     int runs = (capacity + page - 1) / page;
     size_t run = 2 * (size_t)page * (size_t)KV * (size_t)hd;
-    c.mem = be_alloc(be, (size_t)runs * run);
+    c.mem = be->ops->alloc(be, (size_t)runs * run * vb);
+    cr_assert(c.mem);
     void **host = exo_calloc((size_t)runs, sizeof(void *));
     for (int i = 0; i < runs; i++)
-        host[i] = c.mem + (size_t)(runs - 1 - i) * run;
+        host[i] = c.mem + (size_t)(runs - 1 - i) * run * vb;
     c.table = be->ops->alloc(be, sizeof(void *) * (size_t)runs);
     cr_assert(c.table);
     ok(be, be->ops->to_device(be, c.table, host, sizeof(void *) * (size_t)runs), "to_device");
@@ -1277,12 +1282,13 @@ static void attn_sequence(both *b, const attn_cfg *cfg, const int *calls, int n_
         sinks = vec_load(b, EXO_DTYPE_F32, s, (size_t)H);
     }
     float scale = cfg->scale > 0 ? cfg->scale : 1.0f / sqrtf((float)hd);
+    const exo_dtype type = cfg->bf16 ? EXO_DTYPE_BF16 : EXO_DTYPE_F32;
     exo_attn_shape sc = {.n_heads = H, .n_kv_heads = KV, .head_dim = hd, .sliding_window = cfg->window,
-                         .scale = scale, .sinks = sinks.cpu, .ring = ring};
+                         .scale = scale, .sinks = sinks.cpu, .ring = ring, .cache = type};
     exo_attn_shape sg = sc;
     sg.sinks = sinks.gpu;
-    test_kv kc = kv_make(b->cpu, capacity, KV, hd, ring ? 0 : cfg->page);
-    test_kv kg = kv_make(b->gpu, capacity, KV, hd, ring ? 0 : cfg->page);
+    test_kv kc = kv_make(b->cpu, capacity, KV, hd, ring ? 0 : cfg->page, type);
+    test_kv kg = kv_make(b->gpu, capacity, KV, hd, ring ? 0 : cfg->page, type);
     attn_rot rot = {0};
     if (cfg->rot)
         rot = attn_rot_make(b, cfg);
@@ -1308,9 +1314,10 @@ static void attn_sequence(both *b, const attn_cfg *cfg, const int *calls, int n_
         ON(b->cpu, attention, &sc, out.cpu, q.cpu, k.cpu, v.cpu, &kc.view, T, pos);
         ON(b->gpu, attention, &call, out.gpu, q.gpu, k.gpu, v.gpu, &kg.view, T, pos);
         dual_check(b, &out, "attention", NMSE_ATTENTION,
-                   "H %d KV %d hd %d window %d ring %d sinks %d latent %d page %d rot %d norms %d: call %d, T %d at %d",
-                   H, KV, hd, cfg->window, ring, cfg->sinks, cfg->latent, cfg->page, cfg->rot, cfg->norms, i, T,
-                   pos);
+                   "H %d KV %d hd %d window %d ring %d sinks %d latent %d page %d rot %d norms %d bf16 %d: call %d, "
+                   "T %d at %d",
+                   H, KV, hd, cfg->window, ring, cfg->sinks, cfg->latent, cfg->page, cfg->rot, cfg->norms, cfg->bf16,
+                   i, T, pos);
         dual_free(b, &q);
         dual_free(b, &k);
         if (!cfg->latent)
@@ -1475,26 +1482,59 @@ Test(backend_ops, attention_long_decode)
     both_close(&b);
 }
 
+/* bf16 caches (exo_attn_shape's cache): both backends round keys and
+ * values to nearest even as they are appended and score the rounded ones,
+ * the call's own too, so they agree as closely as over f32 caches. Every
+ * GPU kernel: the decode kernel (head sizes 64, 128 and 256, groups of 1
+ * to 16, its rotation, pages, a ring with sinks, contexts of many
+ * splits), the prompt tiles (calls of 32 tokens or more), and the general
+ * kernel (head size 96, latent rows). */
+Test(backend_ops, attention_bf16_cache)
+{
+    both b = both_open("attention_bf16_cache");
+    static const int ring_seq[] = {64, 64, 64, 1, 1, 1, 40, 64, 1, 1, 1};
+    static const int long_seq[] = {1200, 1, 1, 1, 40, 1, 1, 700, 1, 1};
+    static const int mla_seq[] = {37, 1, 1, 20, 1, 3, 1};
+    static const struct {
+        attn_cfg cfg;
+        const int *seq;
+        int n;
+    } cases[] = {
+        {{.heads = 8, .kv = 2, .hd = 128, .bf16 = true}, SEQ, N_SEQ},
+        {{.heads = 16, .kv = 1, .hd = 64, .bf16 = true}, SEQ, N_SEQ},
+        {{.heads = 8, .kv = 2, .hd = 256, .bf16 = true}, SEQ, N_SEQ},
+        {{.heads = 6, .kv = 2, .hd = 96, .page = 16, .bf16 = true}, SEQ, N_SEQ},
+        {{.heads = 32, .kv = 8, .hd = 128, .rot = 128, .norms = true, .page = 64, .bf16 = true}, SEQ, N_SEQ},
+        {{.heads = 16, .kv = 2, .hd = 64, .window = 128, .ring = true, .sinks = true, .rot = 64, .bf16 = true},
+         ring_seq, 11},
+        {{.heads = 32, .kv = 8, .hd = 64, .page = 64, .bf16 = true}, long_seq, 10},
+        {{.heads = 8, .kv = 1, .hd = 576, .latent = true, .scale = 0.0722f, .page = 16, .bf16 = true}, mla_seq, 7},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        attn_sequence(&b, &cases[i].cfg, cases[i].seq, cases[i].n);
+    both_close(&b);
+}
+
 /* attention_rows against one attention call a sequence on the GPU: the
  * same bits (backend.h), for sequences of many lengths (one split to
  * many), more of them than one launch takes, four times over, with q and
- * k rotated in the calls (exo_attn_rope) every other time. */
-Test(backend_ops, attention_rows_same_bits_as_single)
+ * k rotated in the calls (exo_attn_rope) every other time; caches of
+ * `type`. */
+static void rows_against_single(both *b, exo_dtype type)
 {
-    both b = both_open("attention_rows_same_bits_as_single");
-    exo_backend *g = b.gpu;
+    exo_backend *g = b->gpu;
     cr_assert(g->ops->attention_rows, "the CUDA backend batches decode attention");
     enum { N = 20, H = 32, KV = 8, HD = 64, ROUNDS = 4 };
     const size_t qrow = (size_t)H * HD, kvrow = (size_t)KV * HD;
-    exo_attn_shape shape = {.n_heads = H, .n_kv_heads = KV, .head_dim = HD, .scale = 0.125f};
+    exo_attn_shape shape = {.n_heads = H, .n_kv_heads = KV, .head_dim = HD, .scale = 0.125f, .cache = type};
     test_kv rows_kv[N], one_kv[N];
     exo_kv_view views[N];
     int pos[N], rings[N] = {0};
     for (int i = 0; i < N; i++) {
         pos[i] = 1 + (i * 97) % 1300;
         int capacity = (pos[i] + ROUNDS + EXO_KV_BLOCK - 1) / EXO_KV_BLOCK * EXO_KV_BLOCK;
-        rows_kv[i] = kv_make(g, capacity, KV, HD, 0);
-        one_kv[i] = kv_make(g, capacity, KV, HD, 0);
+        rows_kv[i] = kv_make(g, capacity, KV, HD, 0, type);
+        one_kv[i] = kv_make(g, capacity, KV, HD, 0, type);
         views[i] = rows_kv[i].view;
         /* the same prompt into both caches */
         size_t n = (size_t)pos[i];
@@ -1513,7 +1553,7 @@ Test(backend_ops, attention_rows_same_bits_as_single)
     float *host = exo_malloc(sizeof(float) * all), *dev = be_alloc(g, all + (size_t)N * qrow);
     float *got = exo_malloc(sizeof(float) * N * qrow), *want = exo_malloc(sizeof(float) * N * qrow);
     const attn_cfg rot_cfg = {.heads = H, .kv = KV, .hd = HD, .rot = HD, .norms = true};
-    attn_rot rot = attn_rot_make(&b, &rot_cfg);
+    attn_rot rot = attn_rot_make(b, &rot_cfg);
     for (int round = 0; round < ROUNDS; round++) {
         for (size_t j = 0; j < all; j++)
             host[j] = rng_gauss();
@@ -1534,12 +1574,12 @@ Test(backend_ops, attention_rows_same_bits_as_single)
         download(g, want, out_one, N * qrow);
         for (int i = 0; i < N; i++)
             cr_expect(!memcmp(got + i * qrow, want + i * qrow, sizeof(float) * qrow),
-                      "round %d, sequence %d at position %d: attention_rows differs from attention", round, i,
-                      pos[i]);
+                      "%s cache, round %d, sequence %d at position %d: attention_rows differs from attention",
+                      exo_dtype_name(type), round, i, pos[i]);
         for (int i = 0; i < N; i++)
             pos[i]++;
     }
-    attn_rot_free(&b, &rot);
+    attn_rot_free(b, &rot);
     g->ops->release(g, dev);
     exo_free(host);
     exo_free(got);
@@ -1548,6 +1588,13 @@ Test(backend_ops, attention_rows_same_bits_as_single)
         kv_free(g, &rows_kv[i]);
         kv_free(g, &one_kv[i]);
     }
+}
+
+Test(backend_ops, attention_rows_same_bits_as_single)
+{
+    both b = both_open("attention_rows_same_bits_as_single");
+    rows_against_single(&b, EXO_DTYPE_F32);
+    rows_against_single(&b, EXO_DTYPE_BF16);
     both_close(&b);
 }
 

@@ -1,14 +1,20 @@
 /* Causal softmax attention over the KV cache on the GPU.
  *
- * The cache of a layer is (slots, n_kv_heads, head_dim) f32 for K and V
- * (backend_cuda.cu), in one run or in pages of 2^k slots through the
+ * The cache of a layer is (slots, n_kv_heads, head_dim) f32 or bf16 for K
+ * and V (backend_cuda.cu), in one run or in pages of 2^k slots through the
  * sequence's page table (backend.h exo_kv_view: a slot's row is then one
  * table load away); a sliding layer's is a ring, position p in slot
  * p % ring. The call's own keys and values are read from its inputs, not
  * the cache, while one block per (KV head, token) writes them into it: no
  * second kernel, and no block reads a slot another is writing (a ring
  * holds the window plus a call's tokens, so the slots written hold
- * positions no query of the call can see).
+ * positions no query of the call can see). A bf16 cache holds keys and
+ * values rounded to nearest even as they are written, and a call rounds
+ * its own keys and values the same way as it reads them from its inputs,
+ * so a position scores alike whichever call reads it (and as the CPU's
+ * bf16 cache, which attends to what it has just appended); the scores,
+ * softmax and sums stay f32, and a kv_row says which of the three a row
+ * is, so one kernel reads either cache.
  *
  * One block of 128 threads per (query head, token, split): a thread scores
  * one key of each run of 128 (q from shared memory, the key row from L2),
@@ -50,6 +56,7 @@
  * and on the combine's 3 x 33 loads in turn. */
 #include "engine/cuda/cuda_internal.h"
 
+#include <cuda_bf16.h>
 #include <type_traits>
 
 #define ATT_THREADS 128
@@ -59,9 +66,10 @@
 
 struct att_args {
     const float *q, *kin, *vin, *sinks;
-    float *kc, *vc;               /* one run of slots (pages NULL) */
-    float *const *pages;          /* else the page table: run i at pages[i] + koff, + voff */
+    char *kc, *vc;                /* one run of slots (pages NULL) */
+    char *const *pages;           /* else the page table: run i at pages[i] + koff, + voff values */
     size_t koff, voff;
+    bool half;                    /* the cache is bf16 (else f32) */
     int page_shift;               /* a run is 1 << page_shift slots */
     float *out, *partial;
     const int *pos_dev; /* a recorded step's position, read at run time; else pos0 */
@@ -116,25 +124,107 @@ __device__ __forceinline__ float exp2_ftz(float x)
     return y;
 }
 
-/* Slot s's row of keys (value false) or values, every KV head's. */
-__device__ __forceinline__ float *cache_row(const att_args &a, int s, bool value, size_t row_stride)
+/* Where a row of keys or values is read from: the cache (f32 or bf16), or
+ * the call's own input (f32), rounded to bf16 on the way where the cache
+ * is bf16. */
+enum { KV_F32, KV_BF16, KV_ROUNDED };
+struct kv_row {
+    const char *p;
+    int kind;
+    __device__ __forceinline__ kv_row at(int elems) const
+    {
+        return {p + (size_t)elems * (kind == KV_BF16 ? 2 : 4), kind};
+    }
+};
+
+__device__ __forceinline__ float bf16_round(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
+__device__ __forceinline__ float bf16_lo(uint32_t w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float bf16_hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
+
+/* N consecutive values of a row from element i (N of 1, 2 or 4, i a
+ * multiple of N), through the read-only path unless GENERIC (a row in
+ * shared memory), of bf16 where BF16 says so at compile time. */
+template <int N, bool GENERIC = false, bool BF16 = false>
+__device__ __forceinline__ void kv_load(const kv_row &r, int i, float *out)
 {
+    if (BF16 || r.kind == KV_BF16) {
+        const uint16_t *h = (const uint16_t *)r.p + i;
+        if constexpr (N == 1) {
+            out[0] = bf16_lo(GENERIC ? *h : __ldg(h));
+        } else if constexpr (N == 2) {
+            const uint32_t w = GENERIC ? *(const uint32_t *)h : __ldg((const uint32_t *)h);
+            out[0] = bf16_lo(w);
+            out[1] = bf16_hi(w);
+        } else {
+            const uint2 w = GENERIC ? *(const uint2 *)h : __ldg((const uint2 *)h);
+            out[0] = bf16_lo(w.x);
+            out[1] = bf16_hi(w.x);
+            out[2] = bf16_lo(w.y);
+            out[3] = bf16_hi(w.y);
+        }
+        return;
+    }
+    const float *f = (const float *)r.p + i;
+    if constexpr (N == 1) {
+        out[0] = GENERIC ? *f : __ldg(f);
+    } else if constexpr (N == 2) {
+        const float2 v = GENERIC ? *(const float2 *)f : __ldg((const float2 *)f);
+        out[0] = v.x;
+        out[1] = v.y;
+    } else {
+        const float4 v = GENERIC ? *(const float4 *)f : __ldg((const float4 *)f);
+        out[0] = v.x;
+        out[1] = v.y;
+        out[2] = v.z;
+        out[3] = v.w;
+    }
+    if (r.kind == KV_ROUNDED)
+#pragma unroll
+        for (int n = 0; n < N; n++)
+            out[n] = bf16_round(out[n]);
+}
+
+/* Element d of a cache row (f32, or bf16 rounded to nearest even). */
+__device__ __forceinline__ void kv_store(char *row, int d, float v, bool half)
+{
+    if (half)
+        ((__nv_bfloat16 *)row)[d] = __float2bfloat16_rn(v);
+    else
+        ((float *)row)[d] = v;
+}
+
+/* Slot s's row of keys (value false) or values, every KV head's, in a
+ * cache of bf16 (HALF: the kernels are built for each type, so an f32
+ * cache's loads are what they were before bf16 caches) or f32. */
+template <bool HALF>
+__device__ __forceinline__ char *cache_row(const att_args &a, int s, bool value, size_t row_stride)
+{
+    const int shift = HALF ? 1 : 2; /* log2 of a value's bytes */
     if (!a.pages)
-        return (value ? a.vc : a.kc) + (size_t)s * row_stride;
+        return (value ? a.vc : a.kc) + ((size_t)s * row_stride << shift);
     const int mask = (1 << a.page_shift) - 1;
-    return a.pages[s >> a.page_shift] + (value ? a.voff : a.koff) + (size_t)(s & mask) * row_stride;
+    return a.pages[s >> a.page_shift] + (((value ? a.voff : a.koff) + (size_t)(s & mask) * row_stride) << shift);
+}
+
+/* KV head kvh's part of slot s's row. */
+template <bool HALF>
+__device__ __forceinline__ char *cache_head(const att_args &a, int s, bool value, size_t row_stride, int kvh)
+{
+    return cache_row<HALF>(a, s, value, row_stride) + ((size_t)kvh * a.hd << (HALF ? 1 : 2));
 }
 
 /* Position j's key (or value) row of KV head kvh: from the call's input
  * when the call appends it, else from the cache. */
-__device__ __forceinline__ const float *key_row(const att_args &a, int pos0, int j, int kvh, size_t row_stride,
-                                                const float *in, bool value)
+template <bool HALF>
+__device__ __forceinline__ kv_row key_row(const att_args &a, int pos0, int j, int kvh, size_t row_stride,
+                                          const float *in, bool value)
 {
     if (j >= pos0)
-        return in + ((size_t)(j - pos0) * a.n_kv + kvh) * a.hd;
-    return cache_row(a, a.ring ? j % a.ring : j, value, row_stride) + (size_t)kvh * a.hd;
+        return {(const char *)(in + ((size_t)(j - pos0) * a.n_kv + kvh) * a.hd), HALF ? KV_ROUNDED : KV_F32};
+    return {cache_head<HALF>(a, a.ring ? j % a.ring : j, value, row_stride, kvh), HALF ? KV_BF16 : KV_F32};
 }
 
+template <bool HALF>
 __global__ void __launch_bounds__(ATT_THREADS) attention_kernel(const __grid_constant__ att_args a)
 {
     exo_cuda_wait_inputs();
@@ -155,11 +245,10 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_kernel(const __grid_con
     if (sp == 0 && h % (a.n_heads / a.n_kv) == 0) { /* this token's key and value into the cache */
         int slot = a.ring ? qpos % a.ring : qpos;
         const size_t in = ((size_t)t * a.n_kv + kvh) * a.hd, rs = (size_t)a.n_kv * a.hd;
-        float *kc = cache_row(a, slot, false, rs) + (size_t)kvh * a.hd;
-        float *vc = cache_row(a, slot, true, rs) + (size_t)kvh * a.hd;
+        char *kc = cache_head<HALF>(a, slot, false, rs, kvh), *vc = cache_head<HALF>(a, slot, true, rs, kvh);
         for (int d = tid; d < a.hd; d += ATT_THREADS) {
-            kc[d] = a.kin[in + d];
-            vc[d] = a.vin[in + d];
+            kv_store(kc, d, a.kin[in + d], HALF);
+            kv_store(vc, d, a.vin[in + d], HALF);
         }
     }
     __syncthreads();
@@ -172,13 +261,15 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_kernel(const __grid_con
         int j = base + tid;
         float s = -INFINITY;
         if (j < end) {
-            const float4 *kr = (const float4 *)key_row(a, pos0, j, kvh, row_stride, a.kin, false);
+            const kv_row kr = key_row<HALF>(a, pos0, j, kvh, row_stride, a.kin, false);
             const float4 *q4 = (const float4 *)qs;
             float dot = 0.0f;
 #pragma unroll 8
             for (int d = 0; d < a.hd / 4; d++) {
-                float4 kv = __ldg(kr + d), qv = q4[d];
-                dot += kv.x * qv.x + kv.y * qv.y + kv.z * qv.z + kv.w * qv.w;
+                float kv[4];
+                kv_load<4>(kr, 4 * d, kv);
+                const float4 qv = q4[d];
+                dot += kv[0] * qv.x + kv[1] * qv.y + kv[2] * qv.z + kv[3] * qv.w;
             }
             s = dot;
         }
@@ -208,12 +299,15 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_kernel(const __grid_con
 #pragma unroll 2
         for (int jj = warp; jj < n; jj += ATT_WARPS) {
             const float pj = ps[jj];
-            const float *vr = key_row(a, pos0, base + jj, kvh, row_stride, a.vin, true);
+            const kv_row vr = key_row<HALF>(a, pos0, base + jj, kvh, row_stride, a.vin, true);
 #pragma unroll
             for (int i = 0; i < ATT_MAX_DIMS; i++) {
                 int d = lane + i * 32;
-                if (d < a.hd)
-                    acc[i] += pj * __ldg(vr + d);
+                if (d < a.hd) {
+                    float v;
+                    kv_load<1>(vr, d, &v);
+                    acc[i] += pj * v;
+                }
             }
         }
         __syncthreads(); /* ps and red are rewritten by the next run */
@@ -429,7 +523,7 @@ static size_t decode_smem(const exo_attn_shape *sh)
  * output directly; otherwise each split writes its (max, sum, output) and
  * the last of the KV head's splits to arrive (`arrival`, a counter it sets
  * back to 0) combines them: no second kernel. */
-template <int DPL, int GMAX, bool ROPE>
+template <int DPL, int GMAX, bool ROPE, bool HALF>
 __device__ __forceinline__ void decode_attend(const att_args &a, int kvh, int sp, int *arrival)
 {
     constexpr int DEC_UNROLL = DPL >= 8 ? 2 : 4;
@@ -478,15 +572,36 @@ __device__ __forceinline__ void decode_attend(const att_args &a, int kvh, int sp
     if (sp == 0 && warp == 0) { /* this token's key and value into the cache */
         int slot = a.ring ? pos0 % a.ring : pos0;
         const size_t in = (size_t)kvh * hd;
-        float *kc = cache_row(a, slot, false, row_stride) + in, *vc = cache_row(a, slot, true, row_stride) + in;
+        char *kc = cache_head<HALF>(a, slot, false, row_stride, kvh);
+        char *vc = cache_head<HALF>(a, slot, true, row_stride, kvh);
 #pragma unroll
         for (int i = 0; i < DPL; i++) {
-            kc[d0 + i] = knew[d0 + i];
-            vc[d0 + i] = a.vin[in + d0 + i];
+            kv_store(kc, d0 + i, knew[d0 + i], HALF);
+            kv_store(vc, d0 + i, a.vin[in + d0 + i], HALF);
         }
     }
-    for (int j0 = start + warp; j0 < end; j0 += DEC_UNROLL * DEC_WARPS) {
-        float k[DEC_UNROLL][DPL], v[DEC_UNROLL][DPL];
+    /* A bf16 cache: the new key and value, rounded, in shared memory, so
+     * every row a round loads is bf16 and takes one kind of load (rows
+     * whose kind was known only at run time made llama-3.2-1b q4 decode
+     * 6.5% slower after 512 tokens than with an f32 cache, 4.5% with this,
+     * 1.4% with the next round's loads issued early, below). */
+    __shared__ __align__(16) __nv_bfloat16 own_kv[HALF ? 2 : 1][HALF ? 32 * DPL : 1];
+    if constexpr (HALF) {
+        if (warp == 0)
+#pragma unroll
+            for (int i = 0; i < DPL; i++) {
+                own_kv[0][d0 + i] = __float2bfloat16_rn(knew[d0 + i]);
+                own_kv[1][d0 + i] = __float2bfloat16_rn(a.vin[(size_t)kvh * hd + d0 + i]);
+            }
+        __syncthreads();
+    }
+    /* A round's rows, loaded into k and v; the next round's are loaded
+     * before this one's are used. With an f32 cache that changes nothing
+     * measurable (an H100, llama-3.1-8b and llama-3.2-1b q4 after 512 to
+     * 16384 tokens), with a bf16 one, whose rows are widened after they
+     * arrive, it does: llama-3.1-8b q4 after 16384 tokens 236 -> 273
+     * tok/s (f32: 268). */
+    auto load_round = [&](int j0, float (&k)[DEC_UNROLL][DPL], float (&v)[DEC_UNROLL][DPL]) {
 #pragma unroll
         for (int u = 0; u < DEC_UNROLL; u++) {
             const int j = j0 + u * DEC_WARPS;
@@ -496,22 +611,43 @@ __device__ __forceinline__ void decode_attend(const att_args &a, int kvh, int sp
                     k[u][i] = v[u][i] = 0.0f;
                 continue;
             }
-            /* the new key, rotated here, is in shared memory, so the rotating
-             * kernel loads keys with generic loads (as measured; only the new
-             * key needs one) */
-            const bool own = ROPE && j >= pos0;
-            const float *kr = (own ? knew : key_row(a, pos0, j, kvh, row_stride, a.kin, false)) + d0;
-            const float *vr = key_row(a, pos0, j, kvh, row_stride, a.vin, true) + d0;
+            if constexpr (HALF) { /* generic loads: a row may be own_kv's */
+                const bool own = j >= pos0;
+                const int slot = a.ring ? j % a.ring : j;
+                const kv_row kr = {own ? (const char *)own_kv[0] : cache_head<true>(a, slot, false, row_stride, kvh),
+                                   KV_BF16};
+                const kv_row vr = {own ? (const char *)own_kv[1] : cache_head<true>(a, slot, true, row_stride, kvh),
+                                   KV_BF16};
+                /* a lane's dims in one load where they are 8 bytes or more */
+                constexpr int STEP = DPL % 4 == 0 ? 4 : 2;
 #pragma unroll
-            for (int i = 0; i < DPL; i += 2) {
-                float2 kk = ROPE ? *(const float2 *)(kr + i) : __ldg((const float2 *)(kr + i)),
-                       vv = __ldg((const float2 *)(vr + i));
-                k[u][i] = kk.x;
-                k[u][i + 1] = kk.y;
-                v[u][i] = vv.x;
-                v[u][i + 1] = vv.y;
+                for (int i = 0; i < DPL; i += STEP) {
+                    kv_load<STEP, true, true>(kr, d0 + i, &k[u][i]);
+                    kv_load<STEP, true, true>(vr, d0 + i, &v[u][i]);
+                }
+            } else {
+                /* the new key, rotated here, is in shared memory, so the
+                 * rotating kernel loads keys with generic loads (as
+                 * measured; only the new key needs one) */
+                const bool own = ROPE && j >= pos0;
+                const kv_row kr = (own ? kv_row{(const char *)knew, KV_F32}
+                                       : key_row<false>(a, pos0, j, kvh, row_stride, a.kin, false)).at(d0);
+                const kv_row vr = key_row<false>(a, pos0, j, kvh, row_stride, a.vin, true).at(d0);
+#pragma unroll
+                for (int i = 0; i < DPL; i += 2) {
+                    kv_load<2, ROPE>(kr, i, &k[u][i]);
+                    kv_load<2>(vr, i, &v[u][i]);
+                }
             }
         }
+    };
+    float k[DEC_UNROLL][DPL], v[DEC_UNROLL][DPL];
+    if (start + warp < end)
+        load_round(start + warp, k, v);
+    for (int j0 = start + warp; j0 < end; j0 += DEC_UNROLL * DEC_WARPS) {
+        float kn[DEC_UNROLL][DPL], vn[DEC_UNROLL][DPL];
+        if (j0 + DEC_UNROLL * DEC_WARPS < end)
+            load_round(j0 + DEC_UNROLL * DEC_WARPS, kn, vn);
         /* The round's max and sum over positions are a few shuffles after
          * the butterfly, an exponential a lane, and the weights go to every
          * lane by shuffles: 40 shuffles and 2 exponentials a round of 4
@@ -565,6 +701,13 @@ __device__ __forceinline__ void decode_attend(const att_args &a, int kvh, int sp
                 }
             }
         }
+#pragma unroll
+        for (int u = 0; u < DEC_UNROLL; u++)
+#pragma unroll
+            for (int i = 0; i < DPL; i++) {
+                k[u][i] = kn[u][i];
+                v[u][i] = vn[u][i];
+            }
     }
     /* each head's running max and sum, from the lanes that kept them */
 #pragma unroll
@@ -649,16 +792,16 @@ __device__ __forceinline__ void decode_attend(const att_args &a, int kvh, int sp
     combine_group<GMAX>(a, kvh, live);
 }
 
-template <int DPL, int GMAX, bool ROPE>
+template <int DPL, int GMAX, bool ROPE, bool HALF>
 __global__ void __launch_bounds__(DEC_WARPS * 32)
 attention_decode_kernel(const __grid_constant__ att_args a, int *arrivals)
 {
     exo_cuda_wait_inputs();
     exo_cuda_start_next();
-    decode_attend<DPL, GMAX, ROPE>(a, blockIdx.x, blockIdx.y, arrivals + blockIdx.x);
+    decode_attend<DPL, GMAX, ROPE, HALF>(a, blockIdx.x, blockIdx.y, arrivals + blockIdx.x);
 }
 
-template <int DPL, int GMAX, bool ROPE>
+template <int DPL, int GMAX, bool ROPE, bool HALF>
 __global__ void __launch_bounds__(DEC_WARPS * 32)
 attention_decode_rows_kernel(const __grid_constant__ att_rows b, int *arrivals)
 {
@@ -666,8 +809,8 @@ attention_decode_rows_kernel(const __grid_constant__ att_rows b, int *arrivals)
     exo_cuda_start_next();
     const att_args &a = b.a[blockIdx.z];
     if ((int)blockIdx.y < a.n_split) /* the sequences' split counts differ; the grid has the most */
-        decode_attend<DPL, GMAX, ROPE>(a, blockIdx.x, blockIdx.y,
-                                       arrivals + (size_t)blockIdx.z * a.n_kv + blockIdx.x);
+        decode_attend<DPL, GMAX, ROPE, HALF>(a, blockIdx.x, blockIdx.y,
+                                             arrivals + (size_t)blockIdx.z * a.n_kv + blockIdx.x);
 }
 
 /* The prompt kernel: flash attention in tiles, for head_dim 64, 128 or 256
@@ -701,7 +844,7 @@ static size_t tile_smem(int hd)
                             (size_t)TILE_Q * TILE_PS);
 }
 
-template <int HD>
+template <int HD, bool HALF>
 __global__ void __launch_bounds__(TILE_THREADS) attention_tile_kernel(const __grid_constant__ att_args a)
 {
     exo_cuda_wait_inputs();
@@ -735,11 +878,11 @@ __global__ void __launch_bounds__(TILE_THREADS) attention_tile_kernel(const __gr
         if (t * g < r0)
             continue;
         const int j = pos0 + t, slot = a.ring ? j % a.ring : j;
-        float *kc = cache_row(a, slot, false, rs) + (size_t)kvh * HD, *vc = cache_row(a, slot, true, rs) + (size_t)kvh * HD;
+        char *kc = cache_head<HALF>(a, slot, false, rs, kvh), *vc = cache_head<HALF>(a, slot, true, rs, kvh);
         const float *ki = a.kin + ((size_t)t * a.n_kv + kvh) * HD, *vi = a.vin + ((size_t)t * a.n_kv + kvh) * HD;
         for (int d = tid; d < HD; d += TILE_THREADS) {
-            kc[d] = ki[d];
-            vc[d] = vi[d];
+            kv_store(kc, d, ki[d], HALF);
+            kv_store(vc, d, vi[d], HALF);
         }
     }
     float m[4], l[4], acc[4][DPT];
@@ -760,13 +903,13 @@ __global__ void __launch_bounds__(TILE_THREADS) attention_tile_kernel(const __gr
         __syncthreads(); /* Qs written; the last tile's Ks, Vs and Ps read */
         for (int i = tid; i < TILE_K * C4; i += TILE_THREADS) {
             const int kr = i / C4, c = i % C4, j = k0 + kr;
-            float4 kv = make_float4(0.0f, 0.0f, 0.0f, 0.0f), vv = kv;
+            float kv[4] = {0.0f, 0.0f, 0.0f, 0.0f}, vv[4] = {0.0f, 0.0f, 0.0f, 0.0f};
             if (j <= hi) {
-                kv = ((const float4 *)key_row(a, pos0, j, kvh, rs, a.kin, false))[c];
-                vv = ((const float4 *)key_row(a, pos0, j, kvh, rs, a.vin, true))[c];
+                kv_load<4>(key_row<HALF>(a, pos0, j, kvh, rs, a.kin, false), 4 * c, kv);
+                kv_load<4>(key_row<HALF>(a, pos0, j, kvh, rs, a.vin, true), 4 * c, vv);
             }
-            ((float4 *)(Ks + kr * KS))[c] = kv;
-            ((float4 *)(Vs + kr * HD))[c] = vv;
+            ((float4 *)(Ks + kr * KS))[c] = make_float4(kv[0], kv[1], kv[2], kv[3]);
+            ((float4 *)(Vs + kr * HD))[c] = make_float4(vv[0], vv[1], vv[2], vv[3]);
         }
         __syncthreads();
         float sc[4][4];
@@ -852,19 +995,24 @@ __global__ void __launch_bounds__(TILE_THREADS) attention_tile_kernel(const __gr
     }
 }
 
-template <int HD>
-static int launch_tile(const att_args &a, cudaStream_t stream)
+template <int HD, bool HALF>
+static int launch_tile_as(const att_args &a, cudaStream_t stream)
 {
     static bool opted_in; /* the shared memory past 48 KiB, asked for once */
     const size_t smem = tile_smem(HD);
     if (!opted_in &&
-        cudaFuncSetAttribute(attention_tile_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem))
+        cudaFuncSetAttribute(attention_tile_kernel<HD, HALF>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem))
         return exo_cuda_launched("attention tile shared memory");
     opted_in = true;
     const int rows = a.n_tokens * (a.n_heads / a.n_kv);
-    exo_cuda_launch(attention_tile_kernel<HD>, dim3((unsigned)a.n_kv, (unsigned)((rows + TILE_Q - 1) / TILE_Q)),
+    exo_cuda_launch(attention_tile_kernel<HD, HALF>, dim3((unsigned)a.n_kv, (unsigned)((rows + TILE_Q - 1) / TILE_Q)),
                     dim3(TILE_THREADS), smem, stream, a);
     return exo_cuda_launched("attention tile");
+}
+
+template <int HD> static int launch_tile(const att_args &a, cudaStream_t stream)
+{
+    return a.half ? launch_tile_as<HD, true>(a, stream) : launch_tile_as<HD, false>(a, stream);
 }
 
 /* The decode kernel for a shape: DPL = head_dim / 32 dims a lane, GMAX
@@ -872,24 +1020,35 @@ static int launch_tile(const att_args &a, cudaStream_t stream)
  * hold GMAX heads' queries and sums), ROPE whether it rotates q and the
  * new key: attention_decode_rows_kernel for an att_rows, else
  * attention_decode_kernel for an att_args. */
-template <int DPL, int GMAX, bool ROPE, typename Args>
-static void launch_decode_rope(dim3 grid, size_t smem, cudaStream_t stream, const Args &args, int *arrivals)
+template <int DPL, int GMAX, bool ROPE, bool HALF, typename Args>
+static void launch_decode_half(dim3 grid, size_t smem, cudaStream_t stream, const Args &args, int *arrivals)
 {
     if constexpr (std::is_same<Args, att_rows>::value)
-        exo_cuda_launch(attention_decode_rows_kernel<DPL, GMAX, ROPE>, grid, dim3(DEC_WARPS * 32), smem, stream,
-                        args, arrivals);
+        exo_cuda_launch(attention_decode_rows_kernel<DPL, GMAX, ROPE, HALF>, grid, dim3(DEC_WARPS * 32), smem,
+                        stream, args, arrivals);
     else
-        exo_cuda_launch(attention_decode_kernel<DPL, GMAX, ROPE>, grid, dim3(DEC_WARPS * 32), smem, stream, args,
-                        arrivals);
+        exo_cuda_launch(attention_decode_kernel<DPL, GMAX, ROPE, HALF>, grid, dim3(DEC_WARPS * 32), smem, stream,
+                        args, arrivals);
+}
+
+template <int DPL, int GMAX, bool ROPE, typename Args>
+static void launch_decode_rope(dim3 grid, size_t smem, cudaStream_t stream, const Args &args, int *arrivals,
+                               bool half)
+{
+    if (half)
+        launch_decode_half<DPL, GMAX, ROPE, true>(grid, smem, stream, args, arrivals);
+    else
+        launch_decode_half<DPL, GMAX, ROPE, false>(grid, smem, stream, args, arrivals);
 }
 
 template <int DPL, int GMAX, typename Args>
-static void launch_decode_as(dim3 grid, size_t smem, cudaStream_t stream, const Args &args, int *arrivals, bool rope)
+static void launch_decode_as(dim3 grid, size_t smem, cudaStream_t stream, const Args &args, int *arrivals, bool rope,
+                             bool half)
 {
     if (rope)
-        launch_decode_rope<DPL, GMAX, true>(grid, smem, stream, args, arrivals);
+        launch_decode_rope<DPL, GMAX, true>(grid, smem, stream, args, arrivals, half);
     else
-        launch_decode_rope<DPL, GMAX, false>(grid, smem, stream, args, arrivals);
+        launch_decode_rope<DPL, GMAX, false>(grid, smem, stream, args, arrivals, half);
 }
 
 template <typename Args>
@@ -897,19 +1056,19 @@ static void launch_decode(const exo_attn_shape *sh, dim3 grid, size_t smem, cuda
                           int *arrivals)
 {
     const int g = sh->n_heads / sh->n_kv_heads;
-    const bool rope = sh->rope != NULL;
+    const bool rope = sh->rope != NULL, half = sh->cache == EXO_DTYPE_BF16;
     if (sh->head_dim == 256)
-        launch_decode_as<8, 4>(grid, smem, stream, args, arrivals, rope);
+        launch_decode_as<8, 4>(grid, smem, stream, args, arrivals, rope, half);
     else if (sh->head_dim == 128 && g <= 4)
-        launch_decode_as<4, 4>(grid, smem, stream, args, arrivals, rope);
+        launch_decode_as<4, 4>(grid, smem, stream, args, arrivals, rope, half);
     else if (sh->head_dim == 128)
-        launch_decode_as<4, 8>(grid, smem, stream, args, arrivals, rope);
+        launch_decode_as<4, 8>(grid, smem, stream, args, arrivals, rope, half);
     else if (g <= 4)
-        launch_decode_as<2, 4>(grid, smem, stream, args, arrivals, rope);
+        launch_decode_as<2, 4>(grid, smem, stream, args, arrivals, rope, half);
     else if (g <= 8)
-        launch_decode_as<2, 8>(grid, smem, stream, args, arrivals, rope);
+        launch_decode_as<2, 8>(grid, smem, stream, args, arrivals, rope, half);
     else
-        launch_decode_as<2, 16>(grid, smem, stream, args, arrivals, rope);
+        launch_decode_as<2, 16>(grid, smem, stream, args, arrivals, rope, half);
 }
 
 /* How a call is split: per_split positions a block (a multiple of the
@@ -953,10 +1112,10 @@ static att_args args_for(const exo_attn_shape *sh, float *out, const float *q, c
     a.q = q;
     a.kin = k;
     a.vin = v;
-    /* f32 caches only (no bf16_cache in the backend's ops) */
-    a.kc = (float *)cache->k;
-    a.vc = (float *)cache->v;
-    a.pages = (float *const *)cache->pages;
+    a.kc = (char *)cache->k;
+    a.vc = (char *)cache->v;
+    a.pages = (char *const *)cache->pages;
+    a.half = sh->cache == EXO_DTYPE_BF16;
     a.koff = cache->k_off;
     a.voff = cache->v_off;
     a.page_shift = 0;
@@ -1014,10 +1173,10 @@ int exo_cuda_attention(cudaStream_t stream, const exo_attn_shape *sh, float *out
         return exo_cuda_launched("attention decode"); /* its splits combine themselves */
     }
     size_t smem = sizeof(float) * (size_t)(sh->head_dim + ATT_THREADS + ATT_WARPS * sh->head_dim);
-    if (smem > 48 * 1024 &&
-        cudaFuncSetAttribute(attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem))
+    auto kernel = a.half ? attention_kernel<true> : attention_kernel<false>;
+    if (smem > 48 * 1024 && cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem))
         return exo_cuda_launched("attention shared memory");
-    exo_cuda_launch(attention_kernel, dim3((unsigned)sh->n_heads, (unsigned)T, (unsigned)a.n_split), dim3(ATT_THREADS), smem,
+    exo_cuda_launch(kernel, dim3((unsigned)sh->n_heads, (unsigned)T, (unsigned)a.n_split), dim3(ATT_THREADS), smem,
                     stream, a);
     int rc = exo_cuda_launched("attention");
     if (rc || a.n_split == 1)

@@ -12,9 +12,9 @@
  * up from a pinned staging ring (stage_upload), so the caller may reuse
  * them at once.
  *
- * The KV cache of a layer is (slots, n_kv_heads, head_dim) f32 for K and
- * for V: appending a token writes one contiguous row, and attention reads
- * a KV head's keys as rows. Matrix products are in matmul.cu, Gated
+ * The KV cache of a layer is (slots, n_kv_heads, head_dim) f32 or bf16
+ * for K and for V: appending a token writes one contiguous row, and
+ * attention reads a KV head's keys as rows. Matrix products are in matmul.cu, Gated
  * DeltaNet in linear_attn.cu, attention in attention.cu. */
 #include "engine/cuda/cuda_internal.h"
 #include "engine/cuda/group.h"
@@ -802,10 +802,10 @@ static int cuda_kv_copy(exo_backend *be, const exo_attn_shape *shape, void *dst_
 {
     (void)dst_capacity;
     (void)src_capacity;
-    if (shape->cache != EXO_DTYPE_F32)
+    if (shape->cache != EXO_DTYPE_F32 && shape->cache != EXO_DTYPE_BF16)
         return EXO_EUNSUPPORTED;
     prof_scope prof(cu(be), "kv_copy");
-    size_t bytes = (size_t)n * (size_t)shape->n_kv_heads * (size_t)shape->head_dim * sizeof(float);
+    size_t bytes = (size_t)n * (size_t)shape->n_kv_heads * (size_t)shape->head_dim * exo_dtype_size(shape->cache);
     int rc = check(cudaMemcpyAsync(dst_k, src_k, bytes, cudaMemcpyDeviceToDevice, cu(be)->stream), "kv_copy");
     return rc ? rc : check(cudaMemcpyAsync(dst_v, src_v, bytes, cudaMemcpyDeviceToDevice, cu(be)->stream), "kv_copy");
 }
@@ -1625,7 +1625,7 @@ static int cuda_scatter_add_rows(exo_backend *be, float *dst, const float *src, 
 static int cuda_attention(exo_backend *be, const exo_attn_shape *shape, float *out, const float *q, const float *k,
                           const float *v, const exo_kv_view *cache, int T, int pos0)
 {
-    if (shape->cache != EXO_DTYPE_F32) /* no bf16_cache here */
+    if (shape->cache != EXO_DTYPE_F32 && shape->cache != EXO_DTYPE_BF16)
         return EXO_EUNSUPPORTED;
     prof_scope prof(cu(be), "attention");
     cuda_backend *c = cu(be);
@@ -1647,7 +1647,7 @@ static int cuda_attention_rows(exo_backend *be, const exo_attn_shape *shape, int
                                const float *k, const float *v, const exo_kv_view *caches, const int *rings,
                                const int *pos)
 {
-    if (shape->cache != EXO_DTYPE_F32)
+    if (shape->cache != EXO_DTYPE_F32 && shape->cache != EXO_DTYPE_BF16)
         return EXO_EUNSUPPORTED;
     prof_scope prof(cu(be), "attention_rows");
     cuda_backend *c = cu(be);
@@ -1687,7 +1687,7 @@ static int cuda_rmsnorm_gated(exo_backend *be, float *x, const float *z, int z_s
 static const exo_backend_ops cuda_ops = {
     .name = "cuda",
     .free = cuda_free_backend,
-    .bf16_cache = false, /* the kernels read f32 caches (model.c then keeps them f32) */
+    .bf16_cache = true,
     .alloc = cuda_alloc,
     .release = cuda_release,
     .to_device = cuda_to_device,
