@@ -13,8 +13,11 @@
  * its own keys and values the same way as it reads them from its inputs,
  * so a position scores alike whichever call reads it (and as the CPU's
  * bf16 cache, which attends to what it has just appended); the scores,
- * softmax and sums stay f32, and a kv_row says which of the three a row
- * is, so one kernel reads either cache.
+ * softmax and sums stay f32. Every kernel is built for each cache type
+ * (HALF), so an f32 cache's code is what it was before bf16 ones; a
+ * kv_row says what a row is (f32 or bf16 in the cache, or the call's
+ * input, rounded or not), and the decode kernel keeps the call's own row,
+ * rounded, in shared memory, so its rounds load one kind of row.
  *
  * One block of 128 threads per (query head, token, split): a thread scores
  * one key of each run of 128 (q from shared memory, the key row from L2),
