@@ -2171,11 +2171,10 @@ Test(backend_ops, gpu_and_cpu_layers_agree)
  * with its own recording and cache. The recorded attention is split for
  * the whole cache rather than the positions so far, so the sums may
  * round differently: NMSE, not equality. */
-Test(backend_ops, recorded_decode_steps_match_eager)
+static void recorded_against_eager(const char *cache)
 {
     exo_err err = {0};
-    if (exo_backend_cuda_devices() <= 0)
-        cr_skip_test("needs a GPU");
+    setenv("EXO_KV_CACHE", cache, 1);
     enum { STEPS = 12 };
     int32_t prompt[2][9] = {{1, 5, 9, 200, 17, 33, 8, 100, 250}, {4, 4, 61, 2, 90, 13, 7, 21, 230}};
     float *out[2][2];
@@ -2200,7 +2199,8 @@ Test(backend_ops, recorded_decode_steps_match_eager)
                              "%s", err.msg);
             }
         long replayed = exo_model_replayed_steps(m);
-        cr_log_info("graphs %s: %ld of %d decode steps replayed", rec ? "on" : "off", replayed, 2 * STEPS);
+        cr_log_info("%s cache, graphs %s: %ld of %d decode steps replayed", cache, rec ? "on" : "off", replayed,
+                    2 * STEPS);
         /* a sequence's first step is eager, its second recorded; a recording
          * that had to grow a scratch buffer is thrown away and made again */
         if (rec)
@@ -2213,6 +2213,7 @@ Test(backend_ops, recorded_decode_steps_match_eager)
         exo_synth_free(syn);
     }
     unsetenv("EXO_CUDA_GRAPH");
+    unsetenv("EXO_KV_CACHE");
     for (int q = 0; q < 2; q++) {
         double num = 0, den = 0;
         for (size_t i = 0; i < (size_t)V * STEPS; i++) {
@@ -2220,11 +2221,20 @@ Test(backend_ops, recorded_decode_steps_match_eager)
             num += d * d;
             den += (double)out[0][q][i] * out[0][q][i];
         }
-        cr_log_info("sequence %d: recorded against op-by-op NMSE %.3e", q, num / den);
-        cr_expect(num / den < 1e-10, "sequence %d: NMSE %.3e", q, num / den);
+        cr_log_info("%s cache, sequence %d: recorded against op-by-op NMSE %.3e", cache, q, num / den);
+        cr_expect(num / den < 1e-10, "%s cache, sequence %d: NMSE %.3e", cache, q, num / den);
         free(out[0][q]);
         free(out[1][q]);
     }
+}
+
+/* ... with the caches in f32 and in bf16 (EXO_KV_CACHE) */
+Test(backend_ops, recorded_decode_steps_match_eager)
+{
+    if (exo_backend_cuda_devices() <= 0)
+        cr_skip_test("needs a GPU");
+    recorded_against_eager("f32");
+    recorded_against_eager("bf16");
 }
 
 /* Decode on the GPU reads a layer's o, gate and up weights into L2 while
