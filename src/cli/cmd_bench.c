@@ -476,8 +476,13 @@ int exo_cmd_bench(int argc, char **argv)
         if (n_host)
             printf("                 %.2f tok/s with every logit copied to the host (%ld tokens; a "
                    "sampler's path, greedy takes the id alone)\n", (double)n_host / host_logits_s, n_host);
-        printf("bytes/token      %.1f MB (weights %.1f MB + caches %.1f MB)\n", bytes_per_token / 1e6,
-               weight_bytes / 1e6, kv_bytes / 1e6);
+        char kv_type[64] = ""; /* the caches' values where some are bf16 (EXO_KV_CACHE) */
+        if (cost.kv_bf16_layers == cost.kv_layers && cost.kv_layers)
+            snprintf(kv_type, sizeof kv_type, ", bf16");
+        else if (cost.kv_bf16_layers)
+            snprintf(kv_type, sizeof kv_type, ", bf16 in %d of %d layers", cost.kv_bf16_layers, cost.kv_layers);
+        printf("bytes/token      %.1f MB (weights %.1f MB + caches %.1f MB%s)\n", bytes_per_token / 1e6,
+               weight_bytes / 1e6, kv_bytes / 1e6, kv_type);
         printf("per layer        %.1f MB of weights, %.1f M parameters a token (%d layers; LM head "
                "%.1f MB)\n", (weight_bytes - cost.head_bytes) / cost.layers / 1e6,
                (cost.params - cost.head_params) / cost.layers / 1e6, cost.layers, cost.head_bytes / 1e6);

@@ -1882,6 +1882,8 @@ void exo_model_decode_cost(const exo_model *m, int ctx, exo_decode_cost *c)
         int seen = L->attn.sliding_window > 0 && L->attn.sliding_window < ctx ? L->attn.sliding_window : ctx;
         c->cache_bytes += 2.0 * (double)exo_dtype_size(L->attn.cache) * m->n_kv * m->hd * seen;
         c->prompt_attn_dims += (double)m->n_heads * m->hd;
+        c->kv_layers++;
+        c->kv_bf16_layers += L->attn.cache == EXO_DTYPE_BF16;
     }
 }
 

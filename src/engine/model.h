@@ -94,13 +94,16 @@ int     exo_model_vocab(const exo_model *m);
  * head's part of them, and the caches' bytes (K and V of every position a
  * layer attends to; a linear-attention layer's state, read and written).
  * prompt_attn_dims: the sum over softmax-attention layers of the query
- * dims scoring each key (for prefill's quadratic FLOPs). */
+ * dims scoring each key (for prefill's quadratic FLOPs). kv_layers: the
+ * softmax-attention layers, kv_bf16_layers: those whose KV cache is bf16
+ * (EXO_KV_CACHE). */
 typedef struct exo_decode_cost {
     double weight_bytes, head_bytes;
     double params, head_params;
     double cache_bytes;
     double prompt_attn_dims;
     int    layers;
+    int    kv_layers, kv_bf16_layers;
 } exo_decode_cost;
 
 void exo_model_decode_cost(const exo_model *m, int ctx, exo_decode_cost *out);

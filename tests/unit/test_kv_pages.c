@@ -10,6 +10,7 @@
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 
 static exo_model *load(const char *name)
 {
@@ -253,5 +254,35 @@ Test(kv_pages, a_kept_prefix_carries_rings_and_states, .timeout = 240)
         exo_free(la);
         exo_free(lb);
         exo_model_free(m);
+    }
+}
+
+/* What a decode step reads from the caches (exo_model_decode_cost) counts
+ * each softmax-attention layer's cache in its own type: with EXO_KV_CACHE=
+ * bf16 every such layer's is bf16 and half the bytes, a linear-attention
+ * layer's state stays f32 (qwen3_5: three linear layers to one full). */
+Test(kv_pages, the_decode_cost_counts_bf16_caches)
+{
+    static const char *models[] = {"llama-q4g64", "qwen3_5-q4g64"};
+    for (int i = 0; i < 2; i++) {
+        exo_decode_cost c[2];
+        for (int bf16 = 0; bf16 < 2; bf16++) {
+            if (bf16)
+                setenv("EXO_KV_CACHE", "bf16", 1);
+            exo_model *m = load(models[i]);
+            exo_model_decode_cost(m, 1000, &c[bf16]);
+            exo_model_free(m);
+            unsetenv("EXO_KV_CACHE");
+        }
+        cr_expect(c[0].kv_layers > 0 && c[0].kv_bf16_layers == 0, "%s: %d layers, %d bf16", models[i],
+                  c[0].kv_layers, c[0].kv_bf16_layers);
+        cr_expect(c[1].kv_layers == c[0].kv_layers && c[1].kv_bf16_layers == c[1].kv_layers, "%s: %d of %d bf16",
+                  models[i], c[1].kv_bf16_layers, c[1].kv_layers);
+        if (c[0].kv_layers == c[0].layers) /* attention only: the caches' bytes halve */
+            cr_expect(fabs(c[1].cache_bytes * 2 - c[0].cache_bytes) < 1e-6 * c[0].cache_bytes, "%s: %.0f against %.0f",
+                      models[i], c[1].cache_bytes, c[0].cache_bytes);
+        else /* linear layers' states are as they were */
+            cr_expect(c[1].cache_bytes > c[0].cache_bytes / 2 && c[1].cache_bytes < c[0].cache_bytes,
+                      "%s: %.0f against %.0f", models[i], c[1].cache_bytes, c[0].cache_bytes);
     }
 }
