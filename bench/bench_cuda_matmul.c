@@ -1,4 +1,5 @@
-/* Microbenchmark of the CUDA backend's decode products (one token).
+/* Microbenchmark of the CUDA backend's decode products (one token, or a
+ * batched step of T tokens).
  *
  * The calls of one decoder layer, as the model makes them (q, k and v in
  * one call; gate and up in one; o; down), at Llama-3.1-8B's and
@@ -10,8 +11,12 @@
  * measured in the same run (exo_backend_cuda_copy_bandwidth): the
  * physical limit of a memory-bound kernel. Times are wall clock over many
  * queued calls, so launch costs count, as they do in a decode step.
+ * With several widths (rows of x a call: a step of that many sequences),
+ * each width's layer also prints its time against the one-row layer's in
+ * the same run: a step of T sequences reads the weights once, so the ideal
+ * is x1.00 until the arithmetic, not the weights, sets the pace.
  *
- * Usage: bench_cuda_matmul [device=0] [rounds=10]
+ * Usage: bench_cuda_matmul [device=0] [rounds=10] [widths=1, e.g. 1,4,8,16]
  * Prints one line saying why and exits 0 where there is no GPU. */
 #include "core/clock.h"
 #include "core/error.h"
@@ -39,7 +44,7 @@ typedef struct layer_set {
 } layer_set;
 
 static int run(exo_backend *be, const char *model, const call *calls, int dim, int ffn, const quant *q,
-               int rounds, double copy_bw)
+               int rounds, const int *widths, int nwidths, double copy_bw)
 {
     const exo_backend_ops *o = be->ops;
     exo_err err = {0};
@@ -68,39 +73,57 @@ static int run(exo_backend *be, const char *model, const call *calls, int dim, i
                 }
             free_weight(&h);
         }
-    int big = ffn > dim ? ffn : dim;
-    float *x = o->alloc(be, sizeof(float) * (size_t)big), *y[3];
+    int big = ffn > dim ? ffn : dim, most = 1;
+    for (int i = 0; i < nwidths; i++)
+        most = widths[i] > most ? widths[i] : most;
+    size_t xn = (size_t)big * (size_t)most;
+    float *x = o->alloc(be, sizeof(float) * xn), *y[3];
     for (int j = 0; j < 3; j++)
-        y[j] = o->alloc(be, sizeof(float) * (size_t)big);
-    float *xh = malloc(sizeof(float) * (size_t)big);
-    for (int i = 0; i < big; i++)
+        y[j] = o->alloc(be, sizeof(float) * xn);
+    float *xh = malloc(sizeof(float) * xn);
+    for (size_t i = 0; i < xn; i++)
         xh[i] = (float)((int)(next_u64() % 2001) - 1000) / 1000.0f;
-    o->to_device(be, x, xh, sizeof(float) * (size_t)big);
+    o->to_device(be, x, xh, sizeof(float) * xn);
     free(xh);
-    /* per call kind: every copy in turn, `rounds` times; then the layer */
-    for (int c = 0; c < 5; c++) {
-        for (int warm = 0; warm < 2; warm++) {
-            int reps = warm ? rounds : 1;
-            double t0 = exo_clock_seconds();
-            for (int r = 0; r < reps; r++)
-                for (int k = 0; k < set.copies; k++)
-                    for (int cc = c == 4 ? 0 : c; cc <= (c == 4 ? 3 : c); cc++) {
-                        const exo_linear *ws[3] = {&set.w[cc][k][0], &set.w[cc][k][1], &set.w[cc][k][2]};
-                        if (o->matmul(be, calls[cc].n, ws, x, 1, y)) {
-                            fprintf(stderr, "matmul failed\n");
-                            return 1;
+    double one_row_us = 0;
+    for (int wi = 0; wi < nwidths; wi++) {
+        const int T = widths[wi];
+        /* per call kind: every copy in turn, `rounds` times; then the layer
+         * (at T > 1 only the layer) */
+        for (int c = T > 1 ? 4 : 0; c < 5; c++) {
+            for (int warm = 0; warm < 2; warm++) {
+                int reps = warm ? rounds : 1;
+                double t0 = exo_clock_seconds();
+                for (int r = 0; r < reps; r++)
+                    for (int k = 0; k < set.copies; k++)
+                        for (int cc = c == 4 ? 0 : c; cc <= (c == 4 ? 3 : c); cc++) {
+                            const exo_linear *ws[3] = {&set.w[cc][k][0], &set.w[cc][k][1], &set.w[cc][k][2]};
+                            if (o->matmul(be, calls[cc].n, ws, x, T, y)) {
+                                fprintf(stderr, "matmul failed\n");
+                                return 1;
+                            }
                         }
-                    }
-            o->sync(be);
-            double dt = exo_clock_seconds() - t0;
-            if (!warm)
-                continue;
-            size_t bytes = (c == 4 ? layer_bytes : set.bytes[c]) * (size_t)set.copies * (size_t)rounds;
-            double gbs = (double)bytes / dt / 1e9, us = dt / ((double)set.copies * rounds) * 1e6;
-            printf("%-13s %-4s %-8s %6.2f MB  %7.1f us  %7.1f GB/s  %5.1f%% of copy\n", model, q->name,
-                   c == 4 ? "layer" : calls[c].name,
-                   (double)(c == 4 ? layer_bytes : set.bytes[c]) / 1e6, us, gbs,
-                   100.0 * (double)bytes / dt / copy_bw);
+                o->sync(be);
+                double dt = exo_clock_seconds() - t0;
+                if (!warm)
+                    continue;
+                size_t bytes = (c == 4 ? layer_bytes : set.bytes[c]) * (size_t)set.copies * (size_t)rounds;
+                double gbs = (double)bytes / dt / 1e9, us = dt / ((double)set.copies * rounds) * 1e6;
+                if (T == 1) {
+                    printf("%-13s %-4s %-8s %6.2f MB  %7.1f us  %7.1f GB/s  %5.1f%% of copy\n", model, q->name,
+                           c == 4 ? "layer" : calls[c].name,
+                           (double)(c == 4 ? layer_bytes : set.bytes[c]) / 1e6, us, gbs,
+                           100.0 * (double)bytes / dt / copy_bw);
+                    if (c == 4)
+                        one_row_us = us;
+                } else {
+                    printf("%-13s %-4s layer x%-2d %6.2f MB  %7.1f us  %7.1f GB/s  %5.1f%% of copy", model, q->name, T,
+                           (double)layer_bytes / 1e6, us, gbs, 100.0 * (double)bytes / dt / copy_bw);
+                    if (one_row_us > 0)
+                        printf("  x%.2f of one row's time (ideal x1.00)", us / one_row_us);
+                    printf("\n");
+                }
+            }
         }
     }
     o->release(be, x);
@@ -113,6 +136,24 @@ int main(int argc, char **argv)
 {
     int device = argc > 1 ? atoi(argv[1]) : 0;
     int rounds = argc > 2 ? atoi(argv[2]) : 10;
+    int widths[8] = {1}, nwidths = 1;
+    if (argc > 3) {
+        nwidths = 0;
+        for (char *p = argv[3]; *p && nwidths < 8;) {
+            long v = strtol(p, &p, 10);
+            if (v < 1 || v > 16) {
+                fprintf(stderr, "bench_cuda_matmul: widths are 1 to 16 rows of x\n");
+                return 2;
+            }
+            widths[nwidths++] = (int)v;
+            if (*p == ',')
+                p++;
+            else if (*p) {
+                fprintf(stderr, "bench_cuda_matmul: widths: a comma-separated list\n");
+                return 2;
+            }
+        }
+    }
     exo_err err = {0};
     exo_backend *probe = exo_backend_cuda_create(device, &err);
     if (!probe) {
@@ -140,7 +181,7 @@ int main(int argc, char **argv)
                              {"o", 1, {d, 0}, d},
                              {"gate_up", 2, {f, f}, d},
                              {"down", 1, {d, 0}, f}};
-            int rc = run(be, models[m].name, calls, d, f, &quants[qi], rounds, copy_bw);
+            int rc = run(be, models[m].name, calls, d, f, &quants[qi], rounds, widths, nwidths, copy_bw);
             be->ops->free(be);
             if (rc)
                 return 1;

@@ -40,7 +40,7 @@ smoke 0 bench_threadpool "$B/bench_threadpool" --rounds 1 --gen 4
 smoke 0 bench_linear_attn "$B/bench_linear_attn" 2
 smoke 0 bench_attention "$B/bench_attention" 2 512 2   # one context, 2 layers' caches
 smoke 0 bench_matmul "$B/bench_matmul" 2 0.01 rows   # the batched GEMV; all sections take 25 s
-smoke 0 bench_cuda_matmul "$B/bench_cuda_matmul" 0 1   # one line and status 0 without a GPU
+smoke 0 bench_cuda_matmul "$B/bench_cuda_matmul" 0 1 1,8,16   # one line and status 0 without a GPU
 smoke 0 bench_cuda_attention "$B/bench_cuda_attention" 0 512 2   # likewise
 # bf16: tiny-llama's q4 columns cannot split two ways on a 64-wide group edge
 smoke 0 bench_dist "$B/bench_dist" --synthetic tiny-llama --quant bf16 --gen-tokens 8 --prompt-tokens 8

@@ -840,17 +840,21 @@ Test(backend_ops, matmul_few_rows)
 }
 
 /* On the GPU, a row's product is the same bits at every launch width
- * (batched decode gives each sequence what it gets alone): 16, 8, 3 and 2
- * rows of x in one call against each row alone, at shapes where the
- * staged kernel (Hopper) takes the quantized weights and where it does
- * not, and for the other GEMV formats. */
+ * (batched decode gives each sequence what it gets alone): 16, 8, 4, 3 and
+ * 2 rows of x in one call against each row alone. Launches of 8 and 16
+ * rows of affine 4-bit weights, and of 16 of 8-bit, take the tensor-core
+ * kernel, which must add its sums in the one-row dp4a kernel's order: rows
+ * split over 1, 2 and 4 warps (k_split), a row's last chunk of steps
+ * partial (320 columns), a last block of rows partial (1000, 300, 200
+ * rows), groups of 32 and 64, scales in bf16, f16 and f32; and the other
+ * formats. */
 Test(backend_ops, matmul_rows_same_bits_at_every_width)
 {
     both b = both_open("matmul_rows_same_bits_at_every_width");
     const wfmt fmts[] = {F_AFFINE(4, 64, BF16), F_AFFINE(8, 64, BF16), F_AFFINE(8, 32, F16), F_AFFINE(4, 32, F32),
                          F_MXFP4, F_DENSE(BF16)};
-    static const int shapes[][2] = {{1000, 1024}, {96, 128}, {300, 4096}, {64, 14336}};
-    static const int widths[] = {16, 8, 3, 2};
+    static const int shapes[][2] = {{1000, 1024}, {96, 128}, {300, 4096}, {64, 14336}, {200, 320}};
+    static const int widths[] = {16, 8, 4, 3, 2};
     const int T = 16;
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
         for (size_t f = 0; f < sizeof fmts / sizeof fmts[0]; f++) {

@@ -14,6 +14,10 @@
  * 32-wide block with one E8M0 scale and no bias. One launch runs up to EXO_CUDA_JOBS
  * weights of one format (q, k and v; gate and up; a token's experts), each
  * with its own x and y, blocks dealt to weights by their row counts.
+ * Launches of 8 or 16 rows of x (a step of several sequences) of affine
+ * weights do their integer dot products on the tensor cores instead
+ * (gemv_tc_kernel), adding up in the same order, so a sequence gets the
+ * same bits batched or alone.
  *
  * Prompts go to cuBLAS on the tensor cores: x is rounded to bf16, a
  * quantized weight is dequantized to bf16 into scratch first (one read of
@@ -26,6 +30,8 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <stdlib.h>
+#include <string.h>
 
 /* ---- element decoding ---------------------------------------------------- */
 
@@ -163,13 +169,28 @@ __device__ __forceinline__ void x_slice(const float *x, int n, float *out)
     }
 }
 
+/* A step's contribution to a row's sum, spelled out operation by operation
+ * (no contraction left to the compiler): the tensor-core kernel below
+ * forms the same sums from the same integer dot products and must round
+ * them alike. */
+template <int K>
+__device__ __forceinline__ float integer_step(float acc, float sc, float bi, float2 xs, int dot, int dot2)
+{
+    const float d = __int2float_rn(dot * 256 + dot2);
+    if (K == GEMV_MXFP4)
+        return __fmaf_rn(__fmul_rn(sc, xs.x), d, acc);
+    return __fmaf_rn(__fmul_rn(sc, xs.x), d, __fmaf_rn(bi, xs.y, acc));
+}
+
 struct gemv_job_dev {
     const void *w, *scales, *biases;
     const void *const *pick_table; /* set: w, scales, biases are read there, at entry 3 * *pick */
     const int32_t *pick;
     const float *x;      /* float kinds */
-    const int8_t *xq;    /* integer kinds: T rows of cols int8, level 1, then level 2 */
-    const float2 *xs;    /* and per block {dl, dl * sum(256 q1 + q2)} */
+    const int8_t *xq;    /* integer kinds: T rows of cols int8, level 1, then level 2
+                          * (or quantize_32's tensor-core layout) */
+    const float2 *xs;    /* and per block {dl, dl * sum(256 q1 + q2)}: [row of x][block], or
+                          * [block][x_rows_alloc(T)] for the tensor-core kernel */
     float *y;
     const float *bias; /* the weight's out_bias, added before y's accumulation */
     int64_t rows, cols;
@@ -458,10 +479,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_kernel(const __grid_cons
                             dot2 = dp4a_us(wd[i], xv2[i], dot2);
                         }
                     }
-                    if (K == GEMV_MXFP4)
-                        acc[r][t] += sc[u][r] * xs.x * (float)(dot * 256 + dot2);
-                    else
-                        acc[r][t] += sc[u][r] * xs.x * (float)(dot * 256 + dot2) + bi[u][r] * xs.y;
+                    acc[r][t] = integer_step<K>(acc[r][t], sc[u][r], bi[u][r], xs, dot, dot2);
                 }
             }
         } else {
@@ -481,10 +499,14 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_kernel(const __grid_cons
 
 /* One warp quantizes 32 columns of row t from c0, v being its lane's
  * value: xq in the order the kind reads it, xs[block] = {dx, dx * sum(xq)}
- * where a q8 "block" is 16 columns (one step). */
+ * where a q8 "block" is 16 columns (one step). With xs_rows (the
+ * tensor-core kernel's layout, rows of x padded to xs_rows) a block's rows
+ * of x sit side by side, each as four pieces of its two levels, level 1
+ * then level 2 (8 bytes each for 4-bit, 4 for 8-bit): the piece a lane of
+ * a quad feeds to B, one load for both levels. */
 template <bool Q4>
 __device__ __forceinline__ void quantize_32(float v, int lane, int64_t t, int64_t c0, int64_t T, int64_t cols,
-                                            int8_t *xq, float2 *xs)
+                                            int64_t xs_rows, int8_t *xq, float2 *xs)
 {
     float amax = fabsf(v);
 #pragma unroll
@@ -503,9 +525,17 @@ __device__ __forceinline__ void quantize_32(float v, int lane, int64_t t, int64_
         int w = lane / 8, e = lane % 8;
         pos = w * 8 + (e & 1) * 4 + (e >> 1);
     }
-    xq[t * cols + c0 + pos] = (int8_t)q;
-    xq[T * cols + t * cols + c0 + pos] = (int8_t)q2;
-    int64_t sblk = Q4 ? (t * cols + c0) / 32 : (t * cols + c0 + lane) / 16;
+    const int64_t blk = Q4 ? c0 / 32 : (c0 + lane) / 16;
+    if (xs_rows) {
+        const int bytes = Q4 ? 32 : 16, piece = bytes / 4, at = Q4 ? pos : lane & 15;
+        int8_t *row = xq + (blk * xs_rows + t) * 2 * bytes + (at / piece) * 2 * piece + at % piece;
+        row[0] = (int8_t)q;
+        row[piece] = (int8_t)q2;
+    } else {
+        xq[t * cols + c0 + pos] = (int8_t)q;
+        xq[T * cols + t * cols + c0 + pos] = (int8_t)q2;
+    }
+    const int64_t sblk = xs_rows ? blk * xs_rows + t : t * (cols / (Q4 ? 32 : 16)) + blk;
     float dl = dx * (1.0f / 256.0f);
     if (Q4 ? lane == 0 : (lane & 15) == 0)
         xs[sblk] = make_float2(dl, dl * (float)sum);
@@ -524,6 +554,7 @@ struct quant_batch {
     float2 *xs[EXO_CUDA_JOBS];
     int n;
     int64_t T, cols;
+    int64_t xs_rows; /* 0: the dp4a kernel's layout; else the tensor-core one, rows of x padded to this (quantize_32) */
 };
 
 /* Input blockIdx.y (T rows of cols at stride ldx, through the gated MLP's
@@ -544,7 +575,7 @@ __global__ void quantize_x_kernel(const __grid_constant__ quant_batch q)
     float v = q.x[i][at];
     if (q.u[i])
         v = exo_cuda_glu(q.glu_kind[i], v, q.u[i][at], q.glu_limit[i]);
-    quantize_32<Q4>(v, lane, t, c0, q.T, q.cols, q.xq[i], q.xs[i]);
+    quantize_32<Q4>(v, lane, t, c0, q.T, q.cols, q.xs_rows, q.xq[i], q.xs[i]);
 }
 
 /* The same of x / rms(x) * norm: the RMSNorm a product's input would
@@ -561,7 +592,7 @@ __global__ void quantize_x_kernel(const __grid_constant__ quant_batch q)
 template <bool Q4>
 __global__ void __launch_bounds__(NORM_Q_THREADS)
 norm_quantize_x_kernel(const float *x, const float *norm, float eps, int64_t T, int64_t cols, int64_t ldx,
-                       int8_t *xq, float2 *xs)
+                       int64_t xs_rows, int8_t *xq, float2 *xs)
 {
     const int64_t t = blockIdx.x, c = (int64_t)blockIdx.y * NORM_Q_THREADS + threadIdx.x;
     const float nv = c < cols ? norm[c] : 0.0f; /* a weight: no kernel writes it */
@@ -589,7 +620,269 @@ norm_quantize_x_kernel(const float *x, const float *norm, float eps, int64_t T, 
     const float inv = 1.0f / sqrtf(ss / (float)cols + eps);
     const int64_t c0 = c - lane; /* cols is a multiple of 32: the warp's block is all in or all out */
     if (c0 < cols)
-        quantize_32<Q4>(nv * (mine * inv), lane, t, c0, T, cols, xq, xs);
+        quantize_32<Q4>(nv * (mine * inv), lane, t, c0, T, cols, xs_rows, xq, xs);
+}
+
+/* ---- several rows of x on the tensor cores -------------------------------- */
+
+/* Batched decode (8 or 16 rows of x: a step of several sequences) of
+ * affine 4- and 8-bit weights. The dp4a kernel's arithmetic grows with T
+ * (each row of x is its own dp4a chain over every code), so at 8-16 rows
+ * it is bound by issue, not by the weights (16 streams of llama-3.1-8b q4
+ * ran at 2.4x one stream). Here a warp's integer dot products are mma.sync: 16 weight rows
+ * (M) by 8 rows of x (N) by one activation block (K: m16n8k32 for 4-bit,
+ * m16n8k16 for 8-bit), exact in s32 like dp4a's.
+ *
+ * The bits are those of each row of x alone in the dp4a kernel, so a
+ * sequence decodes alike batched or not. That kernel's lane L sums the
+ * steps s = L (mod 32) of its slice of the row (k_split warps take
+ * interleaved runs of 32 * GEMV_UNROLL steps) with integer_step, in order;
+ * the 32 lanes' sums meet in a butterfly (level 16 first), then the slices
+ * in order. Here warp w of a block takes, for its 16 rows, the chunks of
+ * four steps 32m + 4w .. 32m + 4w + 3 (lanes L = 4w .. 4w + 3) in the same
+ * order, each with integer_step on the same integers, keeping a sum per
+ * (L, row, row of x); a slice's sums go to shared memory, and a thread per
+ * (row, row of x) adds them up in the butterfly's order, then the slices.
+ *
+ * Fragments: lane (g, q) loads 16 bytes (one step) of rows g and g + 8 of
+ * the chunk's step q, so a row's chunk is 64 contiguous bytes; a 4 x 4
+ * transpose within the quad (two rounds of shuffles) leaves it word q of
+ * every step of the chunk; a step's scale and bias come from the quad's
+ * lane that read them, by shuffles. mma's A then takes, for step j, word
+ * q's low nibbles at K slots 4q .. 4q + 3 and its high nibbles at 16 + 4q ..
+ * (rows g and g + 8); x's int8 order (evens, then odds, per word) puts
+ * exactly those codes' activations at bytes 8q .. 8q + 7 of the block, B's
+ * slots for column g. 8-bit: word q at slots 4q .. 4q + 3, activation
+ * bytes 4q .. 4q + 3. Each level of x is its own mma; the lane gets C for
+ * rows g, g + 8 and rows of x 2q, 2q + 1. x is quantized for this kernel
+ * in a layout of its own (quantize_32's xs_rows): a lane's piece of both
+ * levels is one load, a warp's B loads of a step 512 contiguous bytes
+ * (read as x was for dp4a, B's loads were most of what held L1 busy), and
+ * a step's scales of rows of x 2q and 2q + 1 are one 16-byte load. Rows of
+ * x are computed in columns of 8; the padding's sums are never written.
+ *
+ * Tried on the way (bench_cuda_matmul, H100): the 8-byte B loads from x's
+ * dp4a layout and every lane loading all four steps' scales: at 16 rows
+ * 330 us a llama-3.1-8b q4 layer, slower than dp4a's 283 (L1 81% busy);
+ * each warp's chunks prefetched into L2 up front: 162 against 149 us. */
+
+#define TC_WARPS 8 /* a block: 16 weight rows, warp w the lanes 4w .. 4w + 3 of the dp4a kernel */
+
+__device__ __forceinline__ void mma_k32(int (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint2 bx)
+{
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(bx.x), "r"(bx.y));
+}
+
+__device__ __forceinline__ void mma_k16(int (&c)[4], uint32_t a0, uint32_t a1, uint32_t bx)
+{
+    asm("mma.sync.aligned.m16n8k16.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};"
+        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+        : "r"(a0), "r"(a1), "r"(bx));
+}
+
+/* Lane q of a quad holds words 0..3 of step q; afterwards word q of steps 0..3. */
+__device__ __forceinline__ void quad_transpose(uint4 &v, int q)
+{
+    uint32_t w[4] = {v.x, v.y, v.z, v.w};
+    const bool hi = q & 2, lo = q & 1;
+    uint32_t s0 = hi ? w[0] : w[2], s1 = hi ? w[1] : w[3];
+    uint32_t r0 = __shfl_xor_sync(0xffffffffu, s0, 2), r1 = __shfl_xor_sync(0xffffffffu, s1, 2);
+    if (hi) {
+        w[0] = r0;
+        w[1] = r1;
+    } else {
+        w[2] = r0;
+        w[3] = r1;
+    }
+    s0 = lo ? w[0] : w[1];
+    s1 = lo ? w[2] : w[3];
+    r0 = __shfl_xor_sync(0xffffffffu, s0, 1);
+    r1 = __shfl_xor_sync(0xffffffffu, s1, 1);
+    if (lo) {
+        w[0] = r0;
+        w[2] = r1;
+    } else {
+        w[1] = r0;
+        w[3] = r1;
+    }
+    v = make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+/* One chunk's loads: 16 bytes of rows g and g + 8 (step q of the chunk),
+ * and that step's scales and biases of both rows (the quad's other lanes
+ * read the chunk's other steps'). */
+struct tc_chunk {
+    uint4 a, b;
+    float sa, ba, sb, bb;
+};
+
+template <int K, int SDT, int NT>
+__global__ void __launch_bounds__(TC_WARPS * 32, 2) gemv_tc_kernel(const __grid_constant__ gemv_batch b)
+{
+    constexpr bool Q8 = K == GEMV_Q8; /* else 4-bit */
+    constexpr int SHIFT = Q8 ? 4 : 5; /* columns a step: 16 or 32 */
+    constexpr int TP = 8 * NT;        /* rows of x a launch computes (T rounded up: x_rows_alloc) */
+    exo_cuda_start_next();
+    int j = 0;
+    while (j + 1 < b.n && (int)blockIdx.x >= b.first_block[j + 1])
+        j++;
+    const gemv_job_dev &job = b.job[j];
+    const void *wbase = job.w, *sbase = job.scales, *bbase = job.biases;
+    if (job.pick) {
+        exo_cuda_wait_inputs();
+        const void *const *e = job.pick_table + 3 * (int64_t)*job.pick;
+        wbase = e[0];
+        sbase = e[1];
+        bbase = e[2];
+    }
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, q = lane & 3;
+    const int ks = b.k_split;
+    const int64_t row0 = (int64_t)(blockIdx.x - b.first_block[j]) * 16;
+    const int cols = (int)job.cols, steps = cols >> SHIFT;
+    const int64_t row_bytes = Q8 ? cols : cols >> 1;
+    const int groups = cols >> b.group_shift, ms = (steps + 31) >> 5;
+    const int64_t ra = row0 + g < job.rows ? row0 + g : job.rows - 1;
+    const int64_t rb = row0 + g + 8 < job.rows ? row0 + g + 8 : job.rows - 1;
+    const uint4 *wa = (const uint4 *)((const char *)wbase + ra * row_bytes);
+    const uint4 *wb = (const uint4 *)((const char *)wbase + rb * row_bytes);
+    const int fga = (int)(ra * groups), fgb = (int)(rb * groups);
+    const int gshift = b.group_shift - SHIFT; /* a step's group: a shift away */
+    const int first = 4 * warp;               /* this warp's first step of each 32 */
+
+    /* the i-th chunk of slice sig: m = GEMV_UNROLL (sig + ks k) + u, i = GEMV_UNROLL k + u */
+    auto m_of = [&](int sig, int i) { return GEMV_UNROLL * (sig + ks * (i / GEMV_UNROLL)) + i % GEMV_UNROLL; };
+    auto has = [&](int m) { return m < ms && 32 * m + first < steps; };
+    auto fetch = [&](tc_chunk &c, int m) {
+        const int s = 32 * m + first + q;
+        const bool in = s < steps;
+        c.a = in ? __ldcs(wa + s) : make_uint4(0, 0, 0, 0);
+        c.b = in ? __ldcs(wb + s) : make_uint4(0, 0, 0, 0);
+        const int grp = (in ? s : 0) >> gshift;
+        c.sa = scalar_at<SDT>(sbase, fga + grp);
+        c.ba = scalar_at<SDT>(bbase, fga + grp);
+        c.sb = scalar_at<SDT>(sbase, fgb + grp);
+        c.bb = scalar_at<SDT>(bbase, fgb + grp);
+    };
+
+    int nsig = 0, ni = 0; /* the next chunk to take */
+    while (nsig < ks && !has(m_of(nsig, 0)))
+        nsig++;
+    tc_chunk nxt;
+    if (nsig < ks)
+        fetch(nxt, m_of(nsig, 0));
+    exo_cuda_wait_inputs();
+    exo_cuda_start_next();
+
+    /* B's bytes for this lane: row of x g (+ 8 n), the piece of its slots, both levels (quantize_32) */
+    constexpr int XB = Q8 ? 32 : 64; /* bytes of a block's row of x, both levels */
+    const int8_t *xb = job.xq + g * XB + (XB / 4) * q;
+    const float4 *xsl = (const float4 *)(job.xs + 2 * q); /* rows of x 2q, 2q + 1 of a step */
+    __shared__ float part[32][16][TP];
+    float total = 0.0f; /* thread (row, row of x)'s sum over the slices so far */
+    for (int sig = 0; sig < ks; sig++) {
+        float acc[4][NT][4];
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+#pragma unroll
+            for (int n = 0; n < NT; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    acc[i][n][e] = 0.0f;
+        while (nsig == sig) {
+            tc_chunk cur = nxt;
+            const int m = m_of(nsig, ni);
+            ni++; /* the next chunk: this slice's next, or the first of a later slice */
+            while (nsig < ks && !has(m_of(nsig, ni))) {
+                nsig++;
+                ni = 0;
+            }
+            if (nsig < ks)
+                fetch(nxt, m_of(nsig, ni));
+            quad_transpose(cur.a, q);
+            quad_transpose(cur.b, q);
+            const uint32_t wa4[4] = {cur.a.x, cur.a.y, cur.a.z, cur.a.w};
+            const uint32_t wb4[4] = {cur.b.x, cur.b.y, cur.b.z, cur.b.w};
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int s = 32 * m + first + i;
+                if (s >= steps)
+                    break;
+                const int src = (lane & ~3) | i; /* the quad's lane that read step i's scales */
+                const float sa = __shfl_sync(0xffffffffu, cur.sa, src), sb = __shfl_sync(0xffffffffu, cur.sb, src);
+                const float ba = __shfl_sync(0xffffffffu, cur.ba, src), bb = __shfl_sync(0xffffffffu, cur.bb, src);
+                uint32_t a0, a1, a2 = 0, a3 = 0;
+                if (!Q8) {
+                    a0 = wa4[i] & 0x0f0f0f0fu;
+                    a1 = wb4[i] & 0x0f0f0f0fu;
+                    a2 = (wa4[i] >> 4) & 0x0f0f0f0fu;
+                    a3 = (wb4[i] >> 4) & 0x0f0f0f0fu;
+                } else {
+                    a0 = wa4[i];
+                    a1 = wb4[i];
+                }
+                const int8_t *xbs = xb + (int64_t)s * TP * XB;
+#pragma unroll
+                for (int n = 0; n < NT; n++) {
+                    const int8_t *xp = xbs + 8 * n * XB;
+                    int c1[4] = {0, 0, 0, 0}, c2[4] = {0, 0, 0, 0};
+                    if (Q8) {
+                        const uint2 v = __ldg((const uint2 *)xp);
+                        mma_k16(c1, a0, a1, v.x);
+                        mma_k16(c2, a0, a1, v.y);
+                    } else {
+                        const uint4 v = __ldg((const uint4 *)xp);
+                        mma_k32(c1, a0, a1, a2, a3, make_uint2(v.x, v.y));
+                        mma_k32(c2, a0, a1, a2, a3, make_uint2(v.z, v.w));
+                    }
+                    const float4 xs = __ldg(xsl + (s * TP + 8 * n) / 2);
+                    const float2 x0 = make_float2(xs.x, xs.y), x1 = make_float2(xs.z, xs.w);
+                    acc[i][n][0] = integer_step<K>(acc[i][n][0], sa, ba, x0, c1[0], c2[0]);
+                    acc[i][n][1] = integer_step<K>(acc[i][n][1], sa, ba, x1, c1[1], c2[1]);
+                    acc[i][n][2] = integer_step<K>(acc[i][n][2], sb, bb, x0, c1[2], c2[2]);
+                    acc[i][n][3] = integer_step<K>(acc[i][n][3], sb, bb, x1, c1[3], c2[3]);
+                }
+            }
+        }
+        /* this slice's sums per dp4a lane, then the butterfly's order over the lanes */
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+#pragma unroll
+            for (int n = 0; n < NT; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    part[first + i][g + 8 * (e >> 1)][8 * n + 2 * q + (e & 1)] = acc[i][n][e];
+        __syncthreads();
+        if (threadIdx.x < 16 * TP) {
+            const int r = threadIdx.x / TP, t = threadIdx.x % TP;
+            float v[16];
+#pragma unroll
+            for (int l = 0; l < 16; l++)
+                v[l] = part[l][r][t] + part[l + 16][r][t];
+#pragma unroll
+            for (int l = 0; l < 8; l++)
+                v[l] += v[l + 8];
+#pragma unroll
+            for (int l = 0; l < 4; l++)
+                v[l] += v[l + 4];
+            v[0] += v[2];
+            v[1] += v[3];
+            v[0] += v[1];
+            total = sig ? total + v[0] : v[0];
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x < 16 * TP) {
+        const int r = threadIdx.x / TP, t = threadIdx.x % TP;
+        const int64_t row = row0 + r;
+        if (t < job.rows_x && row < job.rows) {
+            float *y = job.y + (int64_t)t * job.ldy + row, s = total;
+            if (job.bias) /* as add_bias would add it to the product */
+                s += job.bias[row];
+            *y = job.accumulate ? *y + s : s;
+        }
+    }
 }
 
 template <int K, int SDT, int T> static void launch_t(gemv_batch &b, int blocks, cudaStream_t s)
@@ -597,11 +890,15 @@ template <int K, int SDT, int T> static void launch_t(gemv_batch &b, int blocks,
     exo_cuda_launch(gemv_kernel<K, SDT, rows_per_warp<K>::n, T>, blocks, GEMV_WARPS * 32, 0, s, b);
 }
 
-/* Widest launch of each kind (exo_cuda_gemv_width): the 4-bit kernels run
- * out of registers first (Q4 and MXFP4: 255 and spills at 16 rows, where
- * 16 streams of llama-3.1-8b q4 went from 1.81x one stream to 1.26x, at 8
- * rows 1.88x). */
-static int max_width_of(int kind) { return kind == GEMV_MXFP4 || kind == GEMV_Q4 ? 8 : 16; }
+/* Widest launch of each kind (exo_cuda_gemv_width): the 4-bit dp4a kernels
+ * run out of registers first (Q4 and MXFP4: 255 and spills at 16 rows,
+ * where 16 streams of llama-3.1-8b q4 went from 1.81x one stream to 1.26x,
+ * at 8 rows 1.88x); Q4 takes 16 rows on the tensor cores. */
+static bool takes_tc(int kind, int T);
+static int max_width_of(int kind)
+{
+    return kind == GEMV_MXFP4 || kind == GEMV_Q4 ? (takes_tc(kind, 16) ? 16 : 8) : 16;
+}
 
 template <int K, int SDT> static void launch_k(gemv_batch &b, int T, int blocks, cudaStream_t s)
 {
@@ -630,6 +927,42 @@ template <int K> static void launch_sdt(gemv_batch &b, int sdt, int T, int block
         launch_k<K, EXO_DTYPE_F16>(b, T, blocks, s);
     else
         launch_k<K, EXO_DTYPE_F32>(b, T, blocks, s);
+}
+
+/* Launches of 8 and 16 rows of x of affine 4-bit weights, and of 16 of
+ * 8-bit, take the tensor-core kernel: where it was faster than dp4a's
+ * chains on an H100 (bench_cuda_matmul, a llama-3.1-8b layer: q4 x8 123
+ * against 144 us, x16 149 against 283; q8 x16 250 against 270; at 4 rows,
+ * and q8 at 8, its fixed cost a chunk loses; MXFP4's gpt-oss-20b decoded
+ * 16 streams 4-7% slower with it, its experts' launches being few rows).
+ * EXO_CUDA_GEMV_TC=0 keeps every launch on dp4a, the peer it is measured
+ * against. Decided once a process. */
+static bool takes_tc(int kind, int T)
+{
+    static int on = -1;
+    if (on < 0) {
+        const char *env = getenv("EXO_CUDA_GEMV_TC");
+        on = !(env && !strcmp(env, "0"));
+    }
+    return on && (kind == GEMV_Q8 ? T == 16 : kind == GEMV_Q4 && (T == 8 || T == 16));
+}
+
+template <int K, int SDT> static void launch_tc_t(gemv_batch &b, int T, int blocks, cudaStream_t s)
+{
+    if (T > 8)
+        exo_cuda_launch(gemv_tc_kernel<K, SDT, 2>, blocks, TC_WARPS * 32, 0, s, b);
+    else
+        exo_cuda_launch(gemv_tc_kernel<K, SDT, 1>, blocks, TC_WARPS * 32, 0, s, b);
+}
+
+template <int K> static void launch_tc(gemv_batch &b, int sdt, int T, int blocks, cudaStream_t s)
+{
+    if (sdt == EXO_DTYPE_BF16)
+        launch_tc_t<K, EXO_DTYPE_BF16>(b, T, blocks, s);
+    else if (sdt == EXO_DTYPE_F16)
+        launch_tc_t<K, EXO_DTYPE_F16>(b, T, blocks, s);
+    else
+        launch_tc_t<K, EXO_DTYPE_F32>(b, T, blocks, s);
 }
 
 static int kind_of(const exo_linear *w)
@@ -685,12 +1018,20 @@ bool exo_cuda_gemv_takes(const exo_linear *w, const float *x, int ldx, int T)
     return (uintptr_t)x % 16 == 0 && (T == 1 || ldx % 4 == 0);
 }
 
+/* Rows of x a quantized activation has room for: the tensor-core kernel
+ * reads whole columns of 8 (rows past T hold whatever the scratch held:
+ * their sums are never written). */
+static int64_t x_rows_alloc(int64_t T) { return (T + 7) & ~(int64_t)7; }
+
 /* Bytes of one quantized activation: T rows of int8, then per 16 columns
  * its {dx, dx sum} (q4 uses every other slot's worth). */
-static size_t xq_codes_bytes(int64_t T, int64_t cols) { return ((size_t)(2 * T * cols) + 255) / 256 * 256; }
+static size_t xq_codes_bytes(int64_t T, int64_t cols)
+{
+    return ((size_t)(2 * x_rows_alloc(T) * cols) + 255) / 256 * 256;
+}
 static size_t xq_bytes(int64_t T, int64_t cols)
 {
-    return xq_codes_bytes(T, cols) + (size_t)(T * cols / 16) * sizeof(float2) + 256;
+    return xq_codes_bytes(T, cols) + (size_t)(x_rows_alloc(T) * cols / 16) * sizeof(float2) + 256;
 }
 
 size_t exo_cuda_gemv_scratch(int n, const exo_cuda_gemv_job *jobs, int T)
@@ -707,7 +1048,7 @@ int exo_cuda_gemv(cudaStream_t stream, int n, const exo_cuda_gemv_job *jobs, int
     /* each distinct (x, layout) is quantized once: the weights sharing an
      * x (q, k, v; gate, up) share its int8 copy */
     const float *qx[EXO_CUDA_JOBS * 4], *qnorm[EXO_CUDA_JOBS * 4], *qglu[EXO_CUDA_JOBS * 4];
-    bool qlayout[EXO_CUDA_JOBS * 4];
+    bool qlayout[EXO_CUDA_JOBS * 4], qtc[EXO_CUDA_JOBS * 4];
     char *qmem[EXO_CUDA_JOBS * 4];
     int nq = 0;
     char *free_at = (char *)scratch;
@@ -721,11 +1062,15 @@ int exo_cuda_gemv(cudaStream_t stream, int n, const exo_cuda_gemv_job *jobs, int
         pend.n = 0;
         pend.T = T;
         pend.cols = w0.cols;
+        pend.xs_rows = 0;
         b.group_size = w0.format == EXO_WFORMAT_AFFINE ? w0.group_size : 32;
         b.group_shift = __builtin_ctz((unsigned)b.group_size);
         b.k_split = k_split_of(kind, w0.cols);
         b.k_shift = __builtin_ctz((unsigned)b.k_split);
-        const int block_rows = rows_per_warp_of(kind) * GEMV_WARPS / b.k_split;
+        const bool tc = takes_tc(kind, T);
+        if (tc)
+            pend.xs_rows = x_rows_alloc(T);
+        const int block_rows = tc ? 16 : rows_per_warp_of(kind) * GEMV_WARPS / b.k_split;
         int blocks = 0, i = i0;
         for (; i < n && b.n < EXO_CUDA_JOBS && nq < EXO_CUDA_JOBS * 4; i++) {
             const exo_cuda_gemv_job &src = jobs[i];
@@ -753,11 +1098,13 @@ int exo_cuda_gemv(cudaStream_t stream, int n, const exo_cuda_gemv_job *jobs, int
             if (integer_kind(kind)) {
                 bool q4 = kind != GEMV_Q8; /* MXFP4 takes the 4-bit activation layout */
                 int k = 0;
-                while (k < nq && !(qx[k] == src.x && qlayout[k] == q4 && qnorm[k] == src.fold.norm && qglu[k] == src.fold.glu_u))
+                while (k < nq && !(qx[k] == src.x && qlayout[k] == q4 && qtc[k] == tc && qnorm[k] == src.fold.norm &&
+                                   qglu[k] == src.fold.glu_u))
                     k++;
                 if (k == nq) {
                     qx[nq] = src.x;
                     qlayout[nq] = q4;
+                    qtc[nq] = tc;
                     qnorm[nq] = src.fold.norm;
                     qglu[nq] = src.fold.glu_u;
                     qmem[nq++] = free_at;
@@ -768,7 +1115,7 @@ int exo_cuda_gemv(cudaStream_t stream, int n, const exo_cuda_gemv_job *jobs, int
                         exo_cuda_launch(q4 ? norm_quantize_x_kernel<true> : norm_quantize_x_kernel<false>,
                                         dim3((unsigned)T, (unsigned)((w.cols + NORM_Q_THREADS - 1) / NORM_Q_THREADS)),
                                         dim3(NORM_Q_THREADS), 0, stream, src.x, src.fold.norm, src.fold.eps,
-                                        (int64_t)T, (int64_t)w.cols, (int64_t)src.ldx, xq, xs);
+                                        (int64_t)T, (int64_t)w.cols, (int64_t)src.ldx, pend.xs_rows, xq, xs);
                     } else {
                         pend.x[pend.n] = src.x;
                         pend.u[pend.n] = src.fold.glu_u;
@@ -795,8 +1142,18 @@ int exo_cuda_gemv(cudaStream_t stream, int n, const exo_cuda_gemv_job *jobs, int
         case GEMV_F32: launch_sdt<GEMV_F32>(b, EXO_DTYPE_F32, T, blocks, stream); break;
         case GEMV_F16: launch_sdt<GEMV_F16>(b, EXO_DTYPE_F32, T, blocks, stream); break;
         case GEMV_BF16: launch_sdt<GEMV_BF16>(b, EXO_DTYPE_F32, T, blocks, stream); break;
-        case GEMV_Q4: launch_sdt<GEMV_Q4>(b, w0.dtype, T, blocks, stream); break;
-        case GEMV_Q8: launch_sdt<GEMV_Q8>(b, w0.dtype, T, blocks, stream); break;
+        case GEMV_Q4:
+            if (tc)
+                launch_tc<GEMV_Q4>(b, w0.dtype, T, blocks, stream);
+            else
+                launch_sdt<GEMV_Q4>(b, w0.dtype, T, blocks, stream);
+            break;
+        case GEMV_Q8:
+            if (tc)
+                launch_tc<GEMV_Q8>(b, w0.dtype, T, blocks, stream);
+            else
+                launch_sdt<GEMV_Q8>(b, w0.dtype, T, blocks, stream);
+            break;
         default: launch_sdt<GEMV_MXFP4>(b, EXO_DTYPE_F32, T, blocks, stream); break;
         }
         int rc = exo_cuda_launched("gemv");
