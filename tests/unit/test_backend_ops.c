@@ -1519,6 +1519,53 @@ Test(backend_ops, attention_bf16_cache)
     both_close(&b);
 }
 
+/* With a bf16 cache a call's own keys and values count as the cache will
+ * hold them: the first position of a sequence attends only to itself, so
+ * its output is its value rounded to bf16, to the bit, on both backends
+ * and in every kernel that takes it (one token: the decode kernel; five:
+ * a prompt's tiles; head size 96: the general kernel). A kernel that read
+ * its own rows unrounded would be 2^-9 off here, which the NMSE checks
+ * above cannot see among hundreds of positions. */
+Test(backend_ops, attention_bf16_cache_rounds_own_rows)
+{
+    both b = both_open("attention_bf16_cache_rounds_own_rows");
+    enum { H = 8, KV = 2, T_MAX = 5 };
+    static const int hds[] = {64, 128, 256, 96}, lens[] = {1, T_MAX};
+    exo_backend *const bes[] = {b.cpu, b.gpu};
+    for (size_t h = 0; h < sizeof hds / sizeof hds[0]; h++)
+        for (size_t l = 0; l < sizeof lens / sizeof lens[0]; l++)
+            for (size_t e = 0; e < 2; e++) {
+                exo_backend *be = bes[e];
+                const int hd = hds[h], T = lens[l];
+                const size_t qrow = (size_t)H * hd, kvrow = (size_t)KV * hd, n = (size_t)T * (2 * qrow + 2 * kvrow);
+                exo_attn_shape shape = {.n_heads = H, .n_kv_heads = KV, .head_dim = hd, .scale = 0.125f,
+                                        .cache = EXO_DTYPE_BF16};
+                test_kv kv = kv_make(be, EXO_KV_BLOCK, KV, hd, 0, EXO_DTYPE_BF16);
+                float *host = exo_malloc(sizeof(float) * n), *got = exo_malloc(sizeof(float) * qrow);
+                for (size_t j = 0; j < n; j++)
+                    host[j] = rng_gauss();
+                float *dev = be_alloc(be, n);
+                upload(be, dev, host, n);
+                float *q = dev, *k = q + T * qrow, *v = k + T * kvrow, *out = v + T * kvrow;
+                ON(be, attention, &shape, out, q, k, v, &kv.view, T, 0);
+                download(be, got, out, qrow);
+                const float *v0 = host + (size_t)T * (qrow + kvrow);
+                int wrong = 0;
+                for (int hh = 0; hh < H; hh++)
+                    for (int d = 0; d < hd; d++) {
+                        float want = exo_bf16_to_f32(exo_f32_to_bf16(v0[(size_t)(hh / (H / KV)) * hd + d]));
+                        wrong += memcmp(&want, &got[(size_t)hh * hd + d], sizeof want) != 0;
+                    }
+                cr_expect_eq(wrong, 0, "%s, head size %d, %d tokens: %d of %zu outputs of position 0 are not its "
+                             "value rounded to bf16", e ? "gpu" : "cpu", hd, T, wrong, qrow);
+                be->ops->release(be, dev);
+                kv_free(be, &kv);
+                exo_free(host);
+                exo_free(got);
+            }
+    both_close(&b);
+}
+
 /* attention_rows against one attention call a sequence on the GPU: the
  * same bits (backend.h), for sequences of many lengths (one split to
  * many), more of them than one launch takes, four times over, with q and
