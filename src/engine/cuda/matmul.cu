@@ -718,8 +718,10 @@ struct tc_chunk {
     float sa, ba, sb, bb;
 };
 
+/* Three blocks an SM at 8 rows of x (80 registers; 8b q4 layer 122 -> 118
+ * us), two at 16, whose sums take another 16 registers. */
 template <int K, int SDT, int NT>
-__global__ void __launch_bounds__(TC_WARPS * 32, 2) gemv_tc_kernel(const __grid_constant__ gemv_batch b)
+__global__ void __launch_bounds__(TC_WARPS * 32, NT == 1 ? 3 : 2) gemv_tc_kernel(const __grid_constant__ gemv_batch b)
 {
     constexpr bool Q8 = K == GEMV_Q8; /* else 4-bit */
     constexpr int SHIFT = Q8 ? 4 : 5; /* columns a step: 16 or 32 */
