@@ -682,30 +682,24 @@ __device__ __forceinline__ void mma_k16(int (&c)[4], uint32_t a0, uint32_t a1, u
         : "r"(a0), "r"(a1), "r"(bx));
 }
 
-/* Lane q of a quad holds words 0..3 of step q; afterwards word q of steps 0..3. */
+/* Lane q of a quad holds words 0..3 of step q; afterwards word q of steps
+ * 0..3. Two rounds: lanes d apart (2, then 1) swap the words whose index
+ * differs from theirs in bit d. */
 __device__ __forceinline__ void quad_transpose(uint4 &v, int q)
 {
     uint32_t w[4] = {v.x, v.y, v.z, v.w};
-    const bool hi = q & 2, lo = q & 1;
-    uint32_t s0 = hi ? w[0] : w[2], s1 = hi ? w[1] : w[3];
-    uint32_t r0 = __shfl_xor_sync(0xffffffffu, s0, 2), r1 = __shfl_xor_sync(0xffffffffu, s1, 2);
-    if (hi) {
-        w[0] = r0;
-        w[1] = r1;
-    } else {
-        w[2] = r0;
-        w[3] = r1;
-    }
-    s0 = lo ? w[0] : w[1];
-    s1 = lo ? w[2] : w[3];
-    r0 = __shfl_xor_sync(0xffffffffu, s0, 1);
-    r1 = __shfl_xor_sync(0xffffffffu, s1, 1);
-    if (lo) {
-        w[0] = r0;
-        w[2] = r1;
-    } else {
-        w[1] = r0;
-        w[3] = r1;
+#pragma unroll
+    for (int d = 2; d; d >>= 1) {
+        const bool up = q & d;
+#pragma unroll
+        for (int p = 0; p < 2; p++) {
+            const int low = d == 2 ? p : 2 * p; /* the pair's word without bit d */
+            const uint32_t r = __shfl_xor_sync(0xffffffffu, up ? w[low] : w[low + d], d);
+            if (up)
+                w[low] = r;
+            else
+                w[low + d] = r;
+        }
     }
     v = make_uint4(w[0], w[1], w[2], w[3]);
 }
