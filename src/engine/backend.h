@@ -314,20 +314,23 @@ typedef struct exo_backend_ops {
      * products cannot take such weights; release frees it. moe_pick is
      * moe_route with idx and w (T * k each) left in backend memory, each
      * token's k in increasing expert order (the order decode sums them).
-     * add_weighted_rows: dst += src rows 0 .. n_plain - 1 unweighted, then
-     * w[i] * src row n_plain + i for i < n, added in that order (w:
-     * backend memory). */
+     * Decode of T tokens keeps the rows of slot j (or of a plain output)
+     * together: slot j's row for token t is row j * T + t ("slot-major").
+     * add_weighted_rows: dst row t (T rows of dim) += src rows p * T + t
+     * for p < n_plain unweighted, then w[t * n + i] * src row
+     * (n_plain + i) * T + t for i < n, added in that order (w: backend
+     * memory). */
     void *(*moe_pick_table)(exo_backend *be, const exo_linear *experts, int n_experts, exo_err *err);
     int  (*moe_pick)(exo_backend *be, const exo_moe_router *r, const float *logits, int T, int32_t *idx,
                      float *w);
-    int  (*add_weighted_rows)(exo_backend *be, float *dst, const float *src, const float *w, int n, int n_plain,
-                              int dim);
+    int  (*add_weighted_rows)(exo_backend *be, float *dst, const float *src, const float *w, int T, int n,
+                              int n_plain, int dim);
     /* Optional with the three above (NULL: experts with biases route on the
-     * host): row j of y (k rows of dim) += bias + idx[j] * stride, the
-     * bias of the expert moe_pick chose for slot j (idx, bias: backend
-     * memory), as add_bias adds it. */
-    int  (*add_picked_bias)(exo_backend *be, float *y, const float *bias, size_t stride, const int32_t *idx, int k,
-                            int dim);
+     * host): row j * T + t of y (k * T rows of dim, slot-major) += bias +
+     * idx[t * k + j] * stride, the bias of the expert moe_pick chose for
+     * token t's slot j (idx, bias: backend memory), as add_bias adds it. */
+    int  (*add_picked_bias)(exo_backend *be, float *y, const float *bias, size_t stride, const int32_t *idx, int T,
+                            int k, int dim);
 
     /* Optional (NULL: the caller runs rmsnorm and rope on each): q's
      * n_q heads and k's n_k heads, T tokens each, through their per-head

@@ -75,9 +75,12 @@ typedef struct exo_linear {
      * backend.h moe_pick): this struct gives the shape and format every
      * choice shares, and choice c's w, scales and biases are entries 3c,
      * 3c + 1 and 3c + 2 of pick_table, c = *pick (both backend memory,
-     * read when the product runs). NULL in every weight a host reads. */
+     * read when the product runs), and row t of x takes choice
+     * pick[t * pick_stride] (0: every row *pick). NULL in every weight a
+     * host reads. */
     const void *const *pick_table;
     const int32_t     *pick;
+    int                pick_stride;
     /* Added to every output row (rows floats, memory of the weight's
      * backend), as a layer's bias: every product of the weight adds it,
      * so a backend can do so in its last write. NULL: none. */

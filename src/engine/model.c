@@ -995,6 +995,11 @@ static void free_acts(acts *a)
     exo_free(a->sel_y);
 }
 
+/* Decode rows one moe_decode takes: the GEMV's widest launch (the CUDA
+ * backend quantizes and norms x in its products up to 16 rows; past that
+ * it norms apart, and a row's bits would differ from its own alone). */
+static int moe_decode_rows(const exo_model *m) { return m->max_chunk < 16 ? m->max_chunk : 16; }
+
 static int alloc_acts(exo_model *m, acts *a, exo_backend *be, exo_err *err)
 {
     a->be = be;
@@ -1003,10 +1008,12 @@ static int alloc_acts(exo_model *m, acts *a, exo_backend *be, exo_err *err)
     size_t E = (size_t)m->n_experts;
     size_t QD = (size_t)m->n_heads * (size_t)m->hd, VD = (size_t)m->lin_hv * (size_t)m->lin_dv;
     size_t L = m->n_linear ? 1 : 0, CV = (size_t)m->conv_dim;
-    /* decode runs a token's k experts and the shared ones side by side in these */
-    size_t KF = (size_t)m->topk * (size_t)m->moe_ffn + (size_t)m->sh_ffn, K1 = (size_t)m->topk + 1;
+    /* decode runs its tokens' k experts and the shared ones side by side
+     * in these (moe_decode: up to moe_decode_rows tokens) */
+    size_t R = (size_t)moe_decode_rows(m);
+    size_t KF = R * ((size_t)m->topk * (size_t)m->moe_ffn + (size_t)m->sh_ffn), K1 = (size_t)m->topk + 1;
     size_t CF = C * F > KF ? C * F : KF;
-    size_t CD = (C > K1 ? C : K1) * (size_t)m->dim;
+    size_t CD = (C > R * K1 ? C : R * K1) * (size_t)m->dim;
     struct {
         float **p;
         size_t n;
@@ -2765,16 +2772,19 @@ static bool decodes_picked(const exo_model *m, const layer *L)
 /* moe_decode's second half with the router's choice left on the device:
  * each chosen expert's weights are an exo_linear naming its slot of
  * pick_idx (increasing expert order, backend.h moe_pick), which the
- * products read when they run. The same dispatches as the host route, and
- * the same order of the sum. */
-static int moe_decode_picked(exo_model *m, layer *L, const exo_moe_router *rt, float *sum, const float *x,
+ * products read when they run, each of the T rows its own. The same
+ * dispatches as the host route, and the same order of the sum; T rows
+ * take them once for all (slot-major, backend.h add_weighted_rows), each
+ * row's arithmetic that of the row alone. */
+static int moe_decode_picked(exo_model *m, layer *L, const exo_moe_router *rt, int T, float *sum, const float *x,
                              const float *norm)
 {
     exo_backend *be = L->be;
     const exo_backend_ops *o = be->ops;
     acts *a = acts_of(m, be);
-    int k = m->topk, I = m->moe_ffn, D = m->dim, sh = L->has_shared;
-    OK(o->moe_pick(be, rt, a->router, 1, a->pick_idx, a->pick_w));
+    int k = m->topk, I = m->moe_ffn, D = m->dim, sh = L->has_shared, S = sh ? m->sh_ffn : 0;
+    size_t TI = (size_t)T * (size_t)I, TD = (size_t)T * (size_t)D;
+    OK(o->moe_pick(be, rt, a->router, T, a->pick_idx, a->pick_w));
     exo_linear *chosen = a->picked;
     const void *const *table = (const void *const *)L->pick_table;
     for (int j = 0; j < k; j++)
@@ -2784,36 +2794,47 @@ static int moe_decode_picked(exo_model *m, layer *L, const exo_moe_router *rt, f
             c->w = c->scales = c->biases = NULL;
             c->pick_table = table + (size_t)3 * (size_t)L->n_experts * (size_t)p;
             c->pick = a->pick_idx + j;
+            c->pick_stride = k;
         }
     for (int j = 0; j < k; j++) {
         a->sel_w[2 * j] = &chosen[3 * j];
         a->sel_w[2 * j + 1] = &chosen[3 * j + 1];
-        a->sel_y[2 * j] = a->g + (size_t)j * (size_t)I;
-        a->sel_y[2 * j + 1] = a->u + (size_t)j * (size_t)I;
+        a->sel_y[2 * j] = a->g + (size_t)j * TI;
+        a->sel_y[2 * j + 1] = a->u + (size_t)j * TI;
     }
-    OK(normed_products(m, be, 2 * k, a->sel_w, x, norm, 1, a->sel_y));
+    OK(normed_products(m, be, 2 * k, a->sel_w, x, norm, T, a->sel_y));
     size_t per = (size_t)(2 * I + D); /* an expert's biases: gate, up, down (expert_bias) */
     if (L->expert_bias) {
-        OK(o->add_picked_bias(be, a->g, L->expert_bias, per, a->pick_idx, k, I));
-        OK(o->add_picked_bias(be, a->u, L->expert_bias + I, per, a->pick_idx, k, I));
+        OK(o->add_picked_bias(be, a->g, L->expert_bias, per, a->pick_idx, T, k, I));
+        OK(o->add_picked_bias(be, a->u, L->expert_bias + I, per, a->pick_idx, T, k, I));
     }
-    OK(o->glu(be, m->glu, a->g, a->u, (size_t)k * (size_t)I + (size_t)(sh ? m->sh_ffn : 0), m->glu_limit));
-    for (int j = 0; j < k; j++) { /* output rows: the shared expert's first */
+    OK(o->glu(be, m->glu, a->g, a->u, (size_t)k * TI + (size_t)T * (size_t)S, m->glu_limit));
+    /* output rows: the shared expert's first; its input rows are S apart,
+     * so it joins the routed ones' call only where that is their stride */
+    int n = k;
+    for (int j = 0; j < k; j++) {
         a->sel_w[j] = &chosen[3 * j + 2];
-        a->sel_x[j] = a->g + (size_t)j * (size_t)I;
-        a->sel_y[j] = a->ye + (size_t)(sh + j) * (size_t)D;
+        a->sel_x[j] = a->g + (size_t)j * TI;
+        a->sel_y[j] = a->ye + (size_t)(sh + j) * TD;
     }
-    if (sh) {
+    bool shared_apart = sh && T > 1 && S != I;
+    if (sh && !shared_apart) {
         a->sel_w[k] = &L->sh_down;
-        a->sel_x[k] = a->g + (size_t)k * (size_t)I;
+        a->sel_x[k] = a->g + (size_t)k * TI;
         a->sel_y[k] = a->ye;
+        n++;
     }
-    OK(o->matmul_each(be, k + sh, a->sel_w, a->sel_x, 1, a->sel_y));
+    OK(o->matmul_each(be, n, a->sel_w, a->sel_x, T, a->sel_y));
+    if (shared_apart) {
+        const exo_linear *w[1] = {&L->sh_down};
+        float *const y[1] = {a->ye};
+        OK(o->matmul(be, 1, w, a->g + (size_t)k * TI, T, y));
+    }
     if (L->expert_bias)
-        OK(o->add_picked_bias(be, a->ye + (size_t)sh * (size_t)D, L->expert_bias + 2 * I, per, a->pick_idx, k, D));
+        OK(o->add_picked_bias(be, a->ye + (size_t)sh * TD, L->expert_bias + 2 * I, per, a->pick_idx, T, k, D));
     if (L->sh_router.rows)
-        OK(o->sigmoid_mul(be, a->ye, a->sg, 1, D, 1));
-    return o->add_weighted_rows(be, sum, a->ye, a->pick_w, k, sh, D);
+        OK(o->sigmoid_mul(be, a->ye, a->sg, T, D, 1));
+    return o->add_weighted_rows(be, sum, a->ye, a->pick_w, T, k, sh, D);
 }
 
 /* Decode (one token) through a mixture-of-experts MLP in six dispatches,
@@ -2831,21 +2852,26 @@ static int moe_decode_picked(exo_model *m, layer *L, const exo_moe_router *rt, f
  * expert first and then the chosen ones in increasing expert order, as a
  * prompt's rows take them (moe_forward), so a token decoded alone and in a
  * batch of rows adds the same numbers in the same order. x' is x through
- * norm when it is set, else x (the normed rows in a->h); sum is added to. */
-static int moe_decode(exo_model *m, layer *L, float *sum, const float *x, const float *norm, exo_err *err)
+ * norm when it is set, else x (the normed rows in a->h); sum is added to.
+ * T tokens at once (rows of x and sum, at most moe_decode_rows) where the
+ * experts are picked on the device (decodes_picked), else one. */
+static int moe_decode(exo_model *m, layer *L, int T, float *sum, const float *x, const float *norm, exo_err *err)
 {
     exo_backend *be = L->be;
     const exo_backend_ops *o = be->ops;
     acts *a = acts_of(m, be);
     int k = m->topk, I = m->moe_ffn, D = m->dim, S = L->has_shared ? m->sh_ffn : 0, sh = L->has_shared;
+    size_t kTI = (size_t)k * (size_t)T * (size_t)I;
     const exo_linear *first[4] = {&L->router, &L->sh_gate, &L->sh_up, &L->sh_router};
-    float *const first_out[4] = {a->router, a->g + (size_t)k * I, a->u + (size_t)k * I, a->sg};
+    float *const first_out[4] = {a->router, a->g + kTI, a->u + kTI, a->sg};
     int nfirst = !L->has_shared ? 1 : L->sh_router.rows ? 4 : 3;
-    OK(normed_products(m, be, nfirst, first, x, norm, 1, first_out));
+    if (T > 1 && !decodes_picked(m, L))
+        return exo_err_set(err, EXO_EINTERNAL, "moe_decode: %d rows on the host route", T);
+    OK(normed_products(m, be, nfirst, first, x, norm, T, first_out));
     exo_moe_router rt = m->router;
     rt.bias = L->e_score_bias;
     if (decodes_picked(m, L))
-        return moe_decode_picked(m, L, &rt, sum, x, norm);
+        return moe_decode_picked(m, L, &rt, T, sum, x, norm);
     OK(o->moe_route(be, &rt, a->router, 1, a->top_idx, a->top_w));
     exo_moe_by_expert(a->top_idx, a->top_w, k);
     for (int j = 0; j < k; j++) {
@@ -2901,7 +2927,7 @@ static int moe_forward(exo_model *m, layer *L, int T, exo_err *err)
         float *sum = m->allreduce ? a->moe_out : a->x;
         if (m->allreduce)
             OK(o->zero(be, sum, (size_t)m->dim));
-        return moe_decode(m, L, sum, a->h, NULL, err);
+        return moe_decode(m, L, 1, sum, a->h, NULL, err);
     }
     const exo_linear *r[1] = {&L->router};
     float *const ro[1] = {a->router};
@@ -3205,16 +3231,18 @@ static int layer_forward(exo_model *m, const span *sp, int nsp, int l, int T, ex
     const exo_linear *gu[2] = {&L->gate, &L->up};
     float *const gu_out[2] = {a->g, a->u};
     if (L->n_experts && nsp == T && decodes_picked(m, L)) {
-        /* decode rows (one a sequence) each take decode's picked experts,
-         * the norm folded into their products: a row's own dispatches,
-         * none waiting for the host, where grouping the rows by expert
-         * would copy the choice to the host and launch a gather, two
-         * products and a scatter for every expert some row chose (a
+        /* decode rows (one a sequence) take decode's picked experts
+         * together, the norm folded into their products, each row's
+         * products its own (the GEMV runs a row a product where rows
+         * pick apart), none waiting for the host: grouping the rows by
+         * expert would copy the choice to the host and launch a gather,
+         * two products and a scatter for every expert some row chose (a
          * step of 8 gpt-oss-20b streams took longer than 8 steps of
-         * one). Every row gets the bits it gets alone, trivially. */
-        for (int t = 0; t < T; t++) {
-            float *row = a->x + (size_t)t * (size_t)m->dim;
-            OK(moe_decode(m, L, row, row, L->mlp_norm, err));
+         * one). Every row gets the bits it gets alone (test_batch). */
+        for (int t = 0, n; t < T; t += n) {
+            float *rows = a->x + (size_t)t * (size_t)m->dim;
+            n = T - t < moe_decode_rows(m) ? T - t : moe_decode_rows(m);
+            OK(moe_decode(m, L, n, rows, rows, L->mlp_norm, err));
         }
         return 0;
     }

@@ -1787,6 +1787,23 @@ Test(backend_ops, moe_route)
     both_close(&b);
 }
 
+/* Weights standing for slot j's choice of k (its gate, up and down at
+ * 3j .. 3j + 2), as the model builds them: E experts' table (moe_pick_table),
+ * row t of x taking idx[t * stride + j]. */
+static void pick_slots(exo_linear *picked, int k, const exo_linear *experts, int E, void *table, const int32_t *idx,
+                       int stride)
+{
+    for (int j = 0; j < k; j++)
+        for (int p = 0; p < 3; p++) {
+            exo_linear *l = &picked[3 * j + p];
+            *l = experts[p];
+            l->w = l->scales = l->biases = NULL;
+            l->pick_table = (const void *const *)table + 3 * E * p;
+            l->pick = idx + j;
+            l->pick_stride = stride;
+        }
+}
+
 /* Decode's experts chosen on the device: moe_pick against the host
  * router (the same experts, weights to rounding), products of weights
  * that name a slot of the choice (moe_pick_table) against the CPU's
@@ -1828,14 +1845,7 @@ Test(backend_ops, moe_pick)
 
         exo_linear picked[3 * K];
         const exo_linear *pg[2 * K], *pc[2 * K];
-        for (int j = 0; j < K; j++)
-            for (int p = 0; p < 3; p++) {
-                exo_linear *l = &picked[3 * j + p];
-                *l = gpu_experts[p];
-                l->w = l->scales = l->biases = NULL;
-                l->pick_table = (const void *const *)table + 3 * E * p;
-                l->pick = idx_dev + j;
-            }
+        pick_slots(picked, K, gpu_experts, E, table, idx_dev, 0);
         /* gate and up of the chosen experts, one x */
         dual x = dual_rand(&b, D, 1.0f), gu[2 * K];
         float *yc[2 * K], *yg[2 * K];
@@ -1877,7 +1887,7 @@ Test(backend_ops, moe_pick)
         for (int j = 0; j <= K; j++)
             scale[j] = j ? wts[j - 1] : 1.0f;
         ON(b.cpu, scatter_add_rows, sum.cpu, rows.cpu, zero, scale, K + 1, D);
-        ON(b.gpu, add_weighted_rows, sum.gpu, rows.gpu, w_dev, K, 1, D);
+        ON(b.gpu, add_weighted_rows, sum.gpu, rows.gpu, w_dev, 1, K, 1, D);
         dual_check(&b, &sum, "add_weighted_rows", NMSE_ELEMENTWISE, "%s", w[0].name);
         /* the chosen experts' biases (gpt-oss), as add_bias adds each one's */
         if (f == 0) {
@@ -1885,7 +1895,7 @@ Test(backend_ops, moe_pick)
             dual bias = dual_rand(&b, (size_t)E * STRIDE, 1.0f), yb = dual_rand(&b, (size_t)K * D, 1.0f);
             for (int j = 0; j < K; j++)
                 ON(b.cpu, add_bias, yb.cpu + (size_t)j * D, bias.cpu + (size_t)idx[j] * STRIDE + 2 * I, 1, D);
-            ON(b.gpu, add_picked_bias, yb.gpu, bias.gpu + 2 * I, STRIDE, idx_dev, K, D);
+            ON(b.gpu, add_picked_bias, yb.gpu, bias.gpu + 2 * I, STRIDE, idx_dev, 1, K, D);
             dual_check(&b, &yb, "add_picked_bias", NMSE_EXACT, "k %d, dim %d", K, D);
             dual_free(&b, &bias);
             dual_free(&b, &yb);
@@ -1931,6 +1941,156 @@ Test(backend_ops, moe_pick)
     cr_expect_eq(err.code, EXO_EUNSUPPORTED);
     for (int p = 0; p < 3; p++)
         weight_free(&three[p]);
+    both_close(&b);
+}
+
+/* Decode of T tokens whose experts were picked on the device, all at
+ * once (each weight's rows of x picking their own experts, pick_stride;
+ * outputs slot-major): every token's products, sums and biases the bits
+ * the same calls give that token alone, whatever T (batched decode gives
+ * each sequence what it gets alone; rows that pick apart are products of
+ * their own in the GEMV, never the widths' shared launches). */
+Test(backend_ops, moe_pick_rows)
+{
+    both b = both_open("moe_pick_rows");
+    if (!b.gpu->ops->moe_pick) {
+        both_close(&b);
+        cr_skip_test("the CUDA backend has no moe_pick");
+    }
+    exo_backend *g = b.gpu;
+    enum { E = 12, K = 4, D = 512, I = 256, MAXT = 16 };
+    const wfmt fmts[] = {F_AFFINE(4, 64, BF16), F_AFFINE(8, 32, F16), F_DENSE(BF16), F_MXFP4};
+    const exo_moe_router router = {E, K, false, true, NULL, 1, 1, 1.0f};
+    static const int Ts[] = {16, 8, 5, 2};
+    for (size_t f = 0; f < sizeof fmts / sizeof fmts[0]; f++) {
+        weight *w = exo_calloc(3 * E, sizeof *w), shared;
+        exo_linear experts[3 * E];
+        for (int e = 0; e < 3 * E; e++) {
+            weight_rand(&b, &w[e], fmts[f], e % 3 == 2 ? D : I, e % 3 == 2 ? I : D);
+            experts[e] = w[e].gpu;
+        }
+        weight_rand(&b, &shared, fmts[f], D, I);
+        exo_err err = {0};
+        void *table = g->ops->moe_pick_table(g, experts, E, &err);
+        cr_assert(table, "%s: moe_pick_table: %s", w[0].name, err.msg);
+        for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++) {
+            const int T = Ts[ti];
+            const size_t TI = (size_t)T * I, TD = (size_t)T * D;
+            dual logits = dual_rand(&b, (size_t)T * E, 2.0f), x = dual_rand(&b, TD, 1.0f);
+            dual norm = dual_rand(&b, D, 1.0f);
+            int32_t *idx = (int32_t *)be_alloc(g, (size_t)T * K);
+            float *wts = be_alloc(g, (size_t)T * K);
+            ON(g, moe_pick, &router, logits.gpu, T, idx, wts);
+            exo_linear picked[3 * K], alone[3 * K];
+            pick_slots(picked, K, experts, E, table, idx, K);
+            memcpy(alone, picked, sizeof alone);
+            /* gate and up of every token, x normed in the products */
+            float *gu = be_alloc(g, 2 * K * TI), *gu1 = be_alloc(g, 2 * K * I);
+            float *gate_up_host = exo_malloc(2 * K * TI * sizeof(float)), *one = exo_malloc(2 * K * I * sizeof(float));
+            const exo_linear *pw[2 * K + 1];
+            float *py[2 * K + 1];
+            const float *px[K + 1];
+            for (int j = 0; j < 2 * K; j++) {
+                pw[j] = &picked[3 * (j / 2) + j % 2];
+                py[j] = gu + (size_t)j * TI;
+            }
+            ON(g, matmul_fused, 2 * K, pw, x.gpu, norm.gpu, 1e-5f, false, T, py);
+            download(g, gate_up_host, gu, 2 * K * TI);
+            for (int t = 0; t < T; t++) {
+                for (int j = 0; j < 2 * K; j++) {
+                    alone[3 * (j / 2) + j % 2].pick = idx + (size_t)t * K + j / 2;
+                    pw[j] = &alone[3 * (j / 2) + j % 2];
+                    py[j] = gu1 + (size_t)j * I;
+                }
+                ON(g, matmul_fused, 2 * K, pw, x.gpu + (size_t)t * D, norm.gpu, 1e-5f, false, 1, py);
+                download(g, one, gu1, 2 * K * I);
+                for (int j = 0; j < 2 * K; j++)
+                    cr_expect(!memcmp(gate_up_host + (size_t)j * TI + (size_t)t * I, one + (size_t)j * I,
+                                      I * sizeof(float)),
+                              "%s T %d: gate/up slot %d part %d of token %d not its bits alone", w[0].name, T, j / 2,
+                              j % 2, t);
+            }
+            /* down: each slot's rows its own x, the shared expert beside them */
+            float *dn = be_alloc(g, (K + 1) * TD), *dn1 = be_alloc(g, (K + 1) * (size_t)D);
+            float *down_host = exo_malloc((K + 1) * TD * sizeof(float)), *down1 = exo_malloc((K + 1) * D * sizeof(float));
+            for (int j = 0; j <= K; j++) {
+                pw[j] = j < K ? &picked[3 * j + 2] : &shared.gpu;
+                px[j] = gu + (size_t)(2 * (j % K)) * TI;
+                py[j] = dn + (size_t)j * TD;
+            }
+            ON(g, matmul_each, K + 1, pw, px, T, py);
+            download(g, down_host, dn, (K + 1) * TD);
+            for (int t = 0; t < T; t++) {
+                for (int j = 0; j <= K; j++) {
+                    if (j < K) {
+                        alone[3 * j + 2].pick = idx + (size_t)t * K + j;
+                        pw[j] = &alone[3 * j + 2];
+                    }
+                    px[j] = gu + (size_t)(2 * (j % K)) * TI + (size_t)t * I;
+                    py[j] = dn1 + (size_t)j * D;
+                }
+                ON(g, matmul_each, K + 1, pw, px, 1, py);
+                download(g, down1, dn1, (K + 1) * (size_t)D);
+                for (int j = 0; j <= K; j++)
+                    cr_expect(!memcmp(down_host + (size_t)j * TD + (size_t)t * D, down1 + (size_t)j * D,
+                                      D * sizeof(float)),
+                              "%s T %d: down %d of token %d not its bits alone", w[0].name, T, j, t);
+            }
+            /* the weighted sums (the shared row first) and the picked biases */
+            if (f == 0) {
+                enum { STRIDE = 2 * I + D };
+                dual bias = dual_rand(&b, (size_t)E * STRIDE, 1.0f), sum = dual_rand(&b, TD, 1.0f);
+                float *src1 = be_alloc(g, (K + 1) * (size_t)D), *row = exo_malloc(D * sizeof(float));
+                float *sum_host = exo_malloc(TD * sizeof(float));
+                float *biased = exo_malloc(K * TD * sizeof(float));
+                ON(g, add_picked_bias, dn + TD, bias.gpu + 2 * I, STRIDE, idx, T, K, D);
+                download(g, biased, dn + TD, K * TD);
+                ON(g, add_weighted_rows, sum.gpu, dn, wts, T, K, 1, D);
+                download(g, sum_host, sum.gpu, TD);
+                for (int t = 0; t < T; t++) {
+                    for (int j = 0; j <= K; j++) /* token t's rows side by side, unbiased */
+                        upload(g, src1 + (size_t)j * D, down_host + (size_t)j * TD + (size_t)t * D, D);
+                    ON(g, add_picked_bias, src1 + D, bias.gpu + 2 * I, STRIDE, idx + (size_t)t * K, 1, K, D);
+                    download(g, down1, src1, (K + 1) * (size_t)D);
+                    for (int j = 0; j < K; j++)
+                        cr_expect(!memcmp(biased + (size_t)j * TD + (size_t)t * D, down1 + (size_t)(j + 1) * D,
+                                          D * sizeof(float)),
+                                  "T %d: the bias of slot %d of token %d not as alone", T, j, t);
+                    float *s1 = be_alloc(g, D);
+                    upload(g, s1, sum.init + (size_t)t * D, D);
+                    ON(g, add_weighted_rows, s1, src1, wts + (size_t)t * K, 1, K, 1, D);
+                    download(g, row, s1, D);
+                    cr_expect(!memcmp(sum_host + (size_t)t * D, row, D * sizeof(float)),
+                              "T %d: the weighted sum of token %d not as alone", T, t);
+                    g->ops->release(g, s1);
+                }
+                g->ops->release(g, src1);
+                exo_free(row);
+                exo_free(sum_host);
+                exo_free(biased);
+                dual_free(&b, &bias);
+                dual_free(&b, &sum);
+            }
+            g->ops->release(g, dn);
+            g->ops->release(g, dn1);
+            exo_free(down_host);
+            exo_free(down1);
+            g->ops->release(g, gu);
+            g->ops->release(g, gu1);
+            exo_free(gate_up_host);
+            exo_free(one);
+            g->ops->release(g, idx);
+            g->ops->release(g, wts);
+            dual_free(&b, &logits);
+            dual_free(&b, &x);
+            dual_free(&b, &norm);
+        }
+        g->ops->release(g, table);
+        weight_free(&shared);
+        for (int e = 0; e < 3 * E; e++)
+            weight_free(&w[e]);
+        exo_free(w);
+    }
     both_close(&b);
 }
 

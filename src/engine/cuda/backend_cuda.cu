@@ -1067,16 +1067,24 @@ static int products(cuda_backend *c, int n, const exo_linear *const *w, const fl
     if (T > call_width(n, w, xs, ldx, T) && (c->force_gemv || (T <= 16 && !c->force_gemm))) {
         const float *xt[64];
         float *yt[64];
+        exo_linear row_picked[64]; /* a weight whose rows of x pick their own experts, from row t0 on */
+        const exo_linear *wt[64];
         for (int t0 = 0, Tc; t0 < T; t0 += Tc) {
             for (int i = 0; i < n; i++) {
                 xt[i] = xs[i] + (size_t)t0 * (size_t)ldx;
                 yt[i] = ys[i] + (size_t)t0 * (size_t)(ldy > 0 ? ldy : w[i]->rows);
+                wt[i] = w[i];
+                if (w[i]->pick && w[i]->pick_stride) {
+                    row_picked[i] = *w[i];
+                    row_picked[i].pick += (size_t)t0 * (size_t)w[i]->pick_stride;
+                    wt[i] = &row_picked[i];
+                }
             }
-            Tc = call_width(n, w, xt, ldx, T - t0);
+            Tc = call_width(n, wt, xt, ldx, T - t0);
             exo_cuda_input_fold part = *fold;
             if (part.glu_u)
                 part.glu_u += (size_t)t0 * (size_t)ldx;
-            int rc = products(c, n, w, xt, ldx, Tc, yt, ldy > 0 ? ldy : -1, accumulate, &part);
+            int rc = products(c, n, wt, xt, ldx, Tc, yt, ldy > 0 ? ldy : -1, accumulate, &part);
             if (rc)
                 return rc;
         }
@@ -1527,47 +1535,55 @@ static void *cuda_moe_pick_table(exo_backend *be, const exo_linear *experts, int
     return table;
 }
 
-/* One thread a column; the rows are added in order, as scatter_add_rows
- * adds them, so both decode paths round alike. */
-__global__ void add_weighted_rows_kernel(float *dst, const float *src, const float *w, int n, int n_plain, int dim)
+/* One thread a column of a row (blockIdx.y); the rows are added in order,
+ * as scatter_add_rows adds them, so both decode paths round alike. */
+__global__ void add_weighted_rows_kernel(float *dst, const float *src, const float *w, int T, int n, int n_plain,
+                                         int dim)
 {
     exo_cuda_wait_inputs();
     exo_cuda_start_next();
+    const int t = blockIdx.y;
+    float *d = dst + (size_t)t * dim;
+    const float *s = src + (size_t)t * dim, *wt = w + (size_t)t * n;
+    const size_t slot = (size_t)T * dim;
     for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < dim; j += gridDim.x * blockDim.x) {
-        float acc = dst[j];
+        float acc = d[j];
         for (int i = 0; i < n_plain; i++)
-            acc += src[(size_t)i * dim + j];
+            acc += s[(size_t)i * slot + j];
         for (int i = 0; i < n; i++)
-            acc += w[i] * src[(size_t)(n_plain + i) * dim + j];
-        dst[j] = acc;
+            acc += wt[i] * s[(size_t)(n_plain + i) * slot + j];
+        d[j] = acc;
     }
 }
 
-static int cuda_add_weighted_rows(exo_backend *be, float *dst, const float *src, const float *w, int n, int n_plain,
-                                  int dim)
+static int cuda_add_weighted_rows(exo_backend *be, float *dst, const float *src, const float *w, int T, int n,
+                                  int n_plain, int dim)
 {
     prof_scope prof(cu(be), "add_weighted_rows");
-    exo_cuda_launch(add_weighted_rows_kernel, dim3(blocks_for((size_t)dim)), dim3(256), 0, cu(be)->stream, dst, src,
-                    w, n, n_plain, dim);
+    exo_cuda_launch(add_weighted_rows_kernel, dim3(blocks_for((size_t)dim), (unsigned)T), dim3(256), 0,
+                    cu(be)->stream, dst, src, w, T, n, n_plain, dim);
     return exo_cuda_launched("add_weighted_rows");
 }
 
-__global__ void add_picked_bias_kernel(float *y, const float *bias, size_t stride, const int32_t *idx, int dim)
+/* Block (x, j * T + t): a piece of slot j's row for token t. */
+__global__ void add_picked_bias_kernel(float *y, const float *bias, size_t stride, const int32_t *idx, int T, int k,
+                                       int dim)
 {
     exo_cuda_wait_inputs();
     exo_cuda_start_next();
-    const float *b = bias + (size_t)idx[blockIdx.y] * stride;
-    float *row = y + (size_t)blockIdx.y * dim;
-    for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < dim; j += gridDim.x * blockDim.x)
-        row[j] += b[j];
+    const int r = blockIdx.y, j = r / T, t = r % T;
+    const float *b = bias + (size_t)idx[t * k + j] * stride;
+    float *row = y + (size_t)r * dim;
+    for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < dim; c += gridDim.x * blockDim.x)
+        row[c] += b[c];
 }
 
-static int cuda_add_picked_bias(exo_backend *be, float *y, const float *bias, size_t stride, const int32_t *idx, int k,
-                                int dim)
+static int cuda_add_picked_bias(exo_backend *be, float *y, const float *bias, size_t stride, const int32_t *idx, int T,
+                                int k, int dim)
 {
     prof_scope prof(cu(be), "add_picked_bias");
-    exo_cuda_launch(add_picked_bias_kernel, dim3(blocks_for((size_t)dim), k), dim3(256), 0, cu(be)->stream, y, bias,
-                    stride, idx, dim);
+    exo_cuda_launch(add_picked_bias_kernel, dim3(blocks_for((size_t)dim), (unsigned)(T * k)), dim3(256), 0,
+                    cu(be)->stream, y, bias, stride, idx, T, k, dim);
     return exo_cuda_launched("add_picked_bias");
 }
 

@@ -186,6 +186,7 @@ struct gemv_job_dev {
     const void *w, *scales, *biases;
     const void *const *pick_table; /* set: w, scales, biases are read there, at entry 3 * *pick */
     const int32_t *pick;
+    int64_t pick_stride; /* row t of x takes pick[t * pick_stride] (each row its own launch, gemv_kernel's EACH) */
     const float *x;      /* float kinds */
     const int8_t *xq;    /* integer kinds: T rows of cols int8, level 1, then level 2
                           * (or quantize_32's tensor-core layout) */
@@ -207,6 +208,7 @@ struct gemv_batch {
     int group_shift; /* log2(group_size): affine groups are a power of two wide */
     int k_split; /* warps of a block that share its rows, each a slice of the columns: 1, 2 or 4 */
     int k_shift; /* log2(k_split) */
+    bool each_rows; /* every job's rows of x take experts of their own (pick_stride): gemv_kernel's EACH */
 };
 
 #define GEMV_WARPS 4
@@ -358,13 +360,8 @@ __device__ __forceinline__ void gemv_finish_each(float (&acc)[ROWS][T], int lane
  * loaded before exo_cuda_wait_inputs: weights are never written, so these
  * loads overlap the kernels before this one. */
 template <int K, int SDT, int ROWS, int T>
-__global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_kernel(const __grid_constant__ gemv_batch b)
+__device__ __forceinline__ void gemv_job_run(const gemv_batch &b, int j, const gemv_job_dev &job)
 {
-    exo_cuda_start_next();
-    int j = 0;
-    while (j + 1 < b.n && (int)blockIdx.x >= b.first_block[j + 1])
-        j++;
-    const gemv_job_dev &job = b.job[j];
     const void *wbase = job.w, *sbase = job.scales, *bbase = job.biases;
     if (job.pick) { /* an expert chosen by the kernel before this one */
         exo_cuda_wait_inputs();
@@ -495,6 +492,35 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_kernel(const __grid_cons
         }
     }
     gemv_finish<ROWS, T>(acc, lane, warp, ks, slice, live, row0, job);
+}
+
+/* EACH: the job's rows of x each take their own expert (pick_stride), so
+ * each is a product of its own: blockIdx.y is the row, run as a launch of
+ * that row alone would run it (the same bits), its quantized x read at
+ * row t of the rows quantized together (quantize_32's dp4a layout). */
+template <int K, int SDT, int ROWS, int T, bool EACH>
+__global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_kernel(const __grid_constant__ gemv_batch b)
+{
+    exo_cuda_start_next();
+    int j = 0;
+    while (j + 1 < b.n && (int)blockIdx.x >= b.first_block[j + 1])
+        j++;
+    if constexpr (EACH) {
+        static_assert(T == 1, "a row a product");
+        gemv_job_dev job = b.job[j];
+        const int64_t t = blockIdx.y;
+        job.pick += t * job.pick_stride;
+        job.y += t * job.ldy;
+        if constexpr (K == GEMV_Q4 || K == GEMV_Q8 || K == GEMV_MXFP4) {
+            job.xq += t * job.cols;
+            job.xs += (t * job.cols) >> (K == GEMV_Q8 ? 4 : 5);
+        } else {
+            job.x += t * job.ldx;
+        }
+        gemv_job_run<K, SDT, ROWS, T>(b, j, job);
+    } else {
+        gemv_job_run<K, SDT, ROWS, T>(b, j, b.job[j]);
+    }
 }
 
 /* One warp quantizes 32 columns of row t from c0, v being its lane's
@@ -883,7 +909,7 @@ __global__ void __launch_bounds__(TC_WARPS * 32, NT == 1 ? 3 : 2) gemv_tc_kernel
 
 template <int K, int SDT, int T> static void launch_t(gemv_batch &b, int blocks, cudaStream_t s)
 {
-    exo_cuda_launch(gemv_kernel<K, SDT, rows_per_warp<K>::n, T>, blocks, GEMV_WARPS * 32, 0, s, b);
+    exo_cuda_launch(gemv_kernel<K, SDT, rows_per_warp<K>::n, T, false>, blocks, GEMV_WARPS * 32, 0, s, b);
 }
 
 /* Widest launch of each kind (exo_cuda_gemv_width): the 4-bit dp4a kernels
@@ -898,6 +924,11 @@ static int max_width_of(int kind)
 
 template <int K, int SDT> static void launch_k(gemv_batch &b, int T, int blocks, cudaStream_t s)
 {
+    if (b.each_rows) { /* T rows, each its own expert: a one-row product each (gemv_kernel's EACH) */
+        exo_cuda_launch(gemv_kernel<K, SDT, rows_per_warp<K>::n, 1, true>, dim3((unsigned)blocks, (unsigned)T),
+                        GEMV_WARPS * 32, 0, s, b);
+        return;
+    }
     switch (T) {
     case 1: launch_t<K, SDT, 1>(b, blocks, s); break;
     case 2: launch_t<K, SDT, 2>(b, blocks, s); break;
@@ -995,6 +1026,8 @@ bool exo_cuda_gemv_quantizes(const exo_linear *w) { return integer_kind(kind_of(
 
 int exo_cuda_gemv_width(const exo_linear *w, int T)
 {
+    if (w->pick && w->pick_stride) /* a one-row product a row (gemv_kernel's EACH): any count */
+        return T < 1 ? 1 : T < EXO_CUDA_GEMV_MAX_T ? T : EXO_CUDA_GEMV_MAX_T;
     int kind = kind_of(w), most = kind < 0 ? 1 : max_width_of(kind);
     T = T < most ? T : most;
     return T >= 16 ? 16 : T >= 8 ? 8 : T >= 4 ? 4 : T < 1 ? 1 : T;
@@ -1039,6 +1072,9 @@ size_t exo_cuda_gemv_scratch(int n, const exo_cuda_gemv_job *jobs, int T)
     return bytes;
 }
 
+/* Whether a job's rows of x each take an expert of their own. */
+static bool each_row(const exo_cuda_gemv_job &job, int T) { return T > 1 && job.lin.pick && job.lin.pick_stride; }
+
 int exo_cuda_gemv(cudaStream_t stream, int n, const exo_cuda_gemv_job *jobs, int T, void *scratch)
 {
     /* each distinct (x, layout) is quantized once: the weights sharing an
@@ -1063,7 +1099,8 @@ int exo_cuda_gemv(cudaStream_t stream, int n, const exo_cuda_gemv_job *jobs, int
         b.group_shift = __builtin_ctz((unsigned)b.group_size);
         b.k_split = k_split_of(kind, w0.cols);
         b.k_shift = __builtin_ctz((unsigned)b.k_split);
-        const bool tc = takes_tc(kind, T);
+        b.each_rows = each_row(jobs[i0], T);
+        const bool tc = !b.each_rows && takes_tc(kind, T);
         if (tc)
             pend.xs_rows = x_rows_alloc(T);
         const int block_rows = tc ? 16 : rows_per_warp_of(kind) * GEMV_WARPS / b.k_split;
@@ -1072,7 +1109,7 @@ int exo_cuda_gemv(cudaStream_t stream, int n, const exo_cuda_gemv_job *jobs, int
             const exo_cuda_gemv_job &src = jobs[i];
             const exo_linear &w = src.lin;
             if (kind_of(&w) != kind || w.dtype != w0.dtype || w.cols != w0.cols ||
-                (w.format == EXO_WFORMAT_AFFINE && w.group_size != b.group_size))
+                (w.format == EXO_WFORMAT_AFFINE && w.group_size != b.group_size) || each_row(src, T) != b.each_rows)
                 break;
             gemv_job_dev &d = b.job[b.n];
             d.w = w.w;
@@ -1080,6 +1117,7 @@ int exo_cuda_gemv(cudaStream_t stream, int n, const exo_cuda_gemv_job *jobs, int
             d.biases = w.biases;
             d.pick_table = w.pick_table;
             d.pick = w.pick;
+            d.pick_stride = w.pick_stride;
             d.x = src.x;
             d.ldx = src.ldx;
             d.y = src.y;
