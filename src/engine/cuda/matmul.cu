@@ -804,14 +804,7 @@ __global__ void __launch_bounds__(TC_WARPS * 32, NT == 1 ? 3 : 2) gemv_tc_kernel
     __shared__ float part[32][16][TP];
     float total = 0.0f; /* thread (row, row of x)'s sum over the slices so far */
     for (int sig = 0; sig < ks; sig++) {
-        float acc[4][NT][4];
-#pragma unroll
-        for (int i = 0; i < 4; i++)
-#pragma unroll
-            for (int n = 0; n < NT; n++)
-#pragma unroll
-                for (int e = 0; e < 4; e++)
-                    acc[i][n][e] = 0.0f;
+        float acc[4][NT][4] = {};
         while (nsig == sig) {
             tc_chunk cur = nxt;
             const int m = m_of(nsig, ni);
