@@ -281,13 +281,15 @@ typedef struct exo_backend_ops {
     int  (*matmul_fused)(exo_backend *be, int n, const exo_linear *const *w, const float *x, const float *norm,
                          float eps, bool accumulate, int T, float *const *y);
 
-    /* Optional (NULL: the caller runs glu, then matmul or matmul_fused): y =
-     * (act(g) * u) W^T for one weight, g and u (T, w->cols), as glu's kind
-     * and limit; accumulate adds to y. g may be left as glu leaves it or
-     * untouched. For a backend that can apply the activation as it reads
-     * the product's input: a kernel and a trip through memory fewer. */
-    int  (*matmul_glu)(exo_backend *be, const exo_linear *w, exo_glu_kind kind, float *g, const float *u,
-                       float limit, bool accumulate, int T, float *y);
+    /* Optional (NULL: the caller runs glu, then matmul_each or
+     * matmul_fused): y[i] = (act(g[i]) * u[i]) W[i]^T for n weights of one
+     * width, g[i] and u[i] (T, cols), as glu's kind and limit; accumulate
+     * adds to y. Each g[i] may be left as glu leaves it or untouched. For
+     * a backend that can apply the activation as it reads the product's
+     * input: a kernel and a trip through memory fewer (a dense MLP's down
+     * projection; every expert's of a sparse one, in one call). */
+    int  (*matmul_glu)(exo_backend *be, int n, const exo_linear *const *w, exo_glu_kind kind, float *const *g,
+                       const float *const *u, float limit, bool accumulate, int T, float *const *y);
 
     /* Optional (NULL: nothing to do): a hint that the products queued
      * after the ops to come will read these n weights. A backend with a

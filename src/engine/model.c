@@ -132,7 +132,8 @@ typedef struct acts {
     int32_t *rows;    /* host (chunk): the tokens routed to one expert, and weights */
     float *row_w;
     const exo_linear **sel_w; /* host (2 topk + 1): decode's chosen experts' weights */
-    const float **sel_x;      /* host (topk + 1): their inputs, for the down projections */
+    const float **sel_x;      /* host (topk + 1): the down projections' inputs (host route) or up rows */
+    float **sel_g;            /* host (topk + 1): the gate rows beside those up rows (matmul_glu) */
     float **sel_y;
 } acts;
 
@@ -992,6 +993,7 @@ static void free_acts(acts *a)
     exo_free(a->row_w);
     exo_free(a->sel_w);
     exo_free(a->sel_x);
+    exo_free(a->sel_g);
     exo_free(a->sel_y);
 }
 
@@ -1048,6 +1050,7 @@ static int alloc_acts(exo_model *m, acts *a, exo_backend *be, exo_err *err)
         a->row_w = exo_calloc(C > K1 ? C : K1, sizeof(float));
         a->sel_w = exo_calloc(2 * K1, sizeof *a->sel_w);
         a->sel_x = exo_calloc(2 * K1, sizeof *a->sel_x);
+        a->sel_g = exo_calloc(2 * K1, sizeof *a->sel_g);
         a->sel_y = exo_calloc(2 * K1, sizeof *a->sel_y);
         if (be->ops->moe_pick) {
             a->pick_idx = be->ops->alloc(be, sizeof(int32_t) * C * (size_t)m->topk);
@@ -2762,20 +2765,22 @@ static int normed_products(exo_model *m, exo_backend *be, int n, const exo_linea
 }
 
 /* Whether a decode step of this sparse layer picks its experts on the
- * device (and folds the MLP norm into its products). */
+ * device (and folds the MLP norm and the activation into its products). */
 static bool decodes_picked(const exo_model *m, const layer *L)
 {
     /* (a tensor-parallel rank has no pick_table: pick_on_device) */
-    return L->pick_table && !m->moe_host_route && !m->moe_per_expert && L->be->ops->matmul_fused;
+    return L->pick_table && !m->moe_host_route && !m->moe_per_expert && L->be->ops->matmul_fused &&
+           L->be->ops->matmul_glu;
 }
 
 /* moe_decode's second half with the router's choice left on the device:
  * each chosen expert's weights are an exo_linear naming its slot of
  * pick_idx (increasing expert order, backend.h moe_pick), which the
  * products read when they run, each of the T rows its own. The same
- * dispatches as the host route, and the same order of the sum; T rows
- * take them once for all (slot-major, backend.h add_weighted_rows), each
- * row's arithmetic that of the row alone. */
+ * dispatches as the host route but the activation, which the down
+ * products apply as they read their inputs (matmul_glu), and the same
+ * order of the sum; T rows take them once for all (slot-major, backend.h
+ * add_weighted_rows), each row's arithmetic that of the row alone. */
 static int moe_decode_picked(exo_model *m, layer *L, const exo_moe_router *rt, int T, float *sum, const float *x,
                              const float *norm)
 {
@@ -2808,28 +2813,22 @@ static int moe_decode_picked(exo_model *m, layer *L, const exo_moe_router *rt, i
         OK(o->add_picked_bias(be, a->g, L->expert_bias, per, a->pick_idx, T, k, I));
         OK(o->add_picked_bias(be, a->u, L->expert_bias + I, per, a->pick_idx, T, k, I));
     }
-    OK(o->glu(be, m->glu, a->g, a->u, (size_t)k * TI + (size_t)T * (size_t)S, m->glu_limit));
     /* output rows: the shared expert's first; its input rows are S apart,
-     * so it joins the routed ones' call only where that is their stride */
+     * so it joins the routed ones' call only where that is their stride.
+     * The activation is applied as the products read their inputs. */
     int n = k;
-    for (int j = 0; j < k; j++) {
-        a->sel_w[j] = &chosen[3 * j + 2];
-        a->sel_x[j] = a->g + (size_t)j * TI;
-        a->sel_y[j] = a->ye + (size_t)(sh + j) * TD;
+    for (int j = 0; j < k + sh; j++) {
+        a->sel_w[j] = j < k ? &chosen[3 * j + 2] : &L->sh_down;
+        a->sel_g[j] = a->g + (size_t)j * TI;
+        a->sel_x[j] = a->u + (size_t)j * TI;
+        a->sel_y[j] = j < k ? a->ye + (size_t)(sh + j) * TD : a->ye;
     }
     bool shared_apart = sh && T > 1 && S != I;
-    if (sh && !shared_apart) {
-        a->sel_w[k] = &L->sh_down;
-        a->sel_x[k] = a->g + (size_t)k * TI;
-        a->sel_y[k] = a->ye;
-        n++;
-    }
-    OK(o->matmul_each(be, n, a->sel_w, a->sel_x, T, a->sel_y));
-    if (shared_apart) {
-        const exo_linear *w[1] = {&L->sh_down};
-        float *const y[1] = {a->ye};
-        OK(o->matmul(be, 1, w, a->g + (size_t)k * TI, T, y));
-    }
+    n += sh && !shared_apart;
+    OK(o->matmul_glu(be, n, a->sel_w, m->glu, a->sel_g, a->sel_x, m->glu_limit, false, T, a->sel_y));
+    if (shared_apart)
+        OK(o->matmul_glu(be, 1, a->sel_w + k, m->glu, a->sel_g + k, a->sel_x + k, m->glu_limit, false, T,
+                         a->sel_y + k));
     if (L->expert_bias)
         OK(o->add_picked_bias(be, a->ye + (size_t)sh * TD, L->expert_bias + 2 * I, per, a->pick_idx, T, k, D));
     if (L->sh_router.rows)
@@ -2842,7 +2841,8 @@ static int moe_decode_picked(exo_model *m, layer *L, const exo_moe_router *rt, i
  *   1. the router, and the shared experts' gate and up (and gate logit),
  *      one pass over the normed activations;
  *   2. the k chosen experts' gate and up, one dispatch (2k weights);
- *   3. the activation of all of them, routed and shared, at once;
+ *   3. the activation of all of them, routed and shared, at once (on
+ *      the device route, by the down projections as they read them);
  *   4. every down projection, routed and shared, one dispatch with each
  *      weight reading its own input (matmul_each): both threads work through
  *      all k + 1 experts' rows, however few they are;
@@ -3255,8 +3255,11 @@ static int layer_forward(exo_model *m, const span *sp, int nsp, int l, int T, ex
         OK(o->matmul_fused(be, 2, gu, a->x, L->mlp_norm, m->eps, false, T, gu_out));
     }
     const exo_linear *wd[1] = {&L->down};
-    if (fuses(m, be) && !L->post_mlp_norm && o->matmul_glu)
-        return o->matmul_glu(be, &L->down, m->glu, a->g, a->u, m->glu_limit, true, T, a->x);
+    if (fuses(m, be) && !L->post_mlp_norm && o->matmul_glu) {
+        float *const g[1] = {a->g}, *const xo[1] = {a->x};
+        const float *const u[1] = {a->u};
+        return o->matmul_glu(be, 1, wd, m->glu, g, u, m->glu_limit, true, T, xo);
+    }
     OK(o->glu(be, m->glu, a->g, a->u, (size_t)T * (size_t)m->ffn, m->glu_limit));
     if (fuses(m, be) && !L->post_mlp_norm) {
         float *const xo[1] = {a->x};

@@ -705,8 +705,9 @@ Test(backend_ops, matmul_fused)
 }
 
 /* matmul_glu against glu then matmul on the CPU, added to what y holds,
- * for each activation: q4 and q8 apply it as they quantize x, bf16 (and
- * the prompt sizes) take the glu kernel first. */
+ * for each activation, two weights each with its own g, u and y: q4 and
+ * q8 apply it as they quantize x, bf16 (and the prompt sizes) take the
+ * glu kernel first. */
 Test(backend_ops, matmul_glu)
 {
     both b = both_open("matmul_glu");
@@ -715,30 +716,44 @@ Test(backend_ops, matmul_glu)
     const wfmt fmts[] = {F_AFFINE(4, 64, BF16), F_AFFINE(8, 64, BF16), F_DENSE(BF16)};
     static const int Ts[] = {1, 3, 8, 16, 20};
     static const exo_glu_kind kinds[] = {EXO_GLU_SILU, EXO_GLU_GELU_TANH, EXO_GLU_OAI};
-    const int rows = 256, cols = 1536;
+    enum { N = 2 };
+    const int rows[N] = {256, 96}, cols = 1536;
     for (size_t f = 0; f < sizeof fmts / sizeof fmts[0]; f++)
         for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++)
             for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {
                 int T = Ts[ti];
-                weight w;
-                weight_rand(&b, &w, fmts[f], rows, cols);
-                const exo_linear *wc[1] = {&w.cpu};
-                dual g = dual_rand(&b, (size_t)T * cols, 3.0f), u = dual_rand(&b, (size_t)T * cols, 3.0f);
-                dual y = dual_rand(&b, (size_t)T * rows, 1.0f);
-                float *p = b.cpu->ops->alloc(b.cpu, sizeof(float) * (size_t)T * rows);
-                float *pc[1] = {p};
-                ON(b.cpu, glu, kinds[k], g.cpu, u.cpu, (size_t)T * cols, 1.5f);
-                ON(b.cpu, matmul, 1, wc, g.cpu, T, pc);
-                ON(b.cpu, add, y.cpu, p, (size_t)T * rows);
-                ON(b.gpu, matmul_glu, &w.gpu, kinds[k], g.gpu, u.gpu, 1.5f, true, T, y.gpu);
-                char op[48];
-                dual_check(&b, &y, matmul_op("glu + matmul + add", T, op, sizeof op), matmul_limit(T),
-                           "%s T %d kind %d", w.name, T, (int)kinds[k]);
-                b.cpu->ops->release(b.cpu, p);
-                dual_free(&b, &y);
-                dual_free(&b, &u);
-                dual_free(&b, &g);
-                weight_free(&w);
+                weight w[N];
+                dual g[N], u[N], y[N];
+                const exo_linear *wg[N];
+                float *gg[N], *yg[N];
+                const float *ug[N];
+                for (int i = 0; i < N; i++) {
+                    weight_rand(&b, &w[i], fmts[f], rows[i], cols);
+                    g[i] = dual_rand(&b, (size_t)T * cols, 3.0f);
+                    u[i] = dual_rand(&b, (size_t)T * cols, 3.0f);
+                    y[i] = dual_rand(&b, (size_t)T * rows[i], 1.0f);
+                    wg[i] = &w[i].gpu;
+                    gg[i] = g[i].gpu;
+                    ug[i] = u[i].gpu;
+                    yg[i] = y[i].gpu;
+                    const exo_linear *wc[1] = {&w[i].cpu};
+                    float *p = b.cpu->ops->alloc(b.cpu, sizeof(float) * (size_t)T * rows[i]);
+                    float *pc[1] = {p};
+                    ON(b.cpu, glu, kinds[k], g[i].cpu, u[i].cpu, (size_t)T * cols, 1.5f);
+                    ON(b.cpu, matmul, 1, wc, g[i].cpu, T, pc);
+                    ON(b.cpu, add, y[i].cpu, p, (size_t)T * rows[i]);
+                    b.cpu->ops->release(b.cpu, p);
+                }
+                ON(b.gpu, matmul_glu, N, wg, kinds[k], gg, ug, 1.5f, true, T, yg);
+                for (int i = 0; i < N; i++) {
+                    char op[48];
+                    dual_check(&b, &y[i], matmul_op("glu + matmul + add", T, op, sizeof op), matmul_limit(T),
+                               "%s weight %d T %d kind %d", w[i].name, i, T, (int)kinds[k]);
+                    dual_free(&b, &y[i]);
+                    dual_free(&b, &u[i]);
+                    dual_free(&b, &g[i]);
+                    weight_free(&w[i]);
+                }
             }
     both_close(&b);
 }
@@ -923,9 +938,10 @@ Test(backend_ops, fused_rows_same_bits_at_every_width)
                     upload(b.gpu, x.gpu, x.init, x.n); /* matmul_glu may leave act(g) * u in g */
                     for (int t0 = 0; t0 + wd <= T; t0 += wd) {
                         float *xt = x.gpu + (size_t)t0 * (size_t)cols, *yt = y + (size_t)t0 * (size_t)rows;
+                        float *const xg[1] = {xt};
+                        const float *const ut[1] = {u.gpu + (size_t)t0 * (size_t)cols};
                         if (glu)
-                            ON(b.gpu, matmul_glu, &w.gpu, EXO_GLU_SILU, xt, u.gpu + (size_t)t0 * (size_t)cols, 0.0f,
-                               false, wd, yt);
+                            ON(b.gpu, matmul_glu, 1, wg, EXO_GLU_SILU, xg, ut, 0.0f, false, wd, &yt);
                         else
                             ON(b.gpu, matmul_fused, 1, wg, xt, norm.gpu, 1e-5f, false, wd, &yt);
                     }
@@ -2010,32 +2026,47 @@ Test(backend_ops, moe_pick_rows)
                               "%s T %d: gate/up slot %d part %d of token %d not its bits alone", w[0].name, T, j / 2,
                               j % 2, t);
             }
-            /* down: each slot's rows its own x, the shared expert beside them */
+            /* down: each slot's rows its own x, the shared expert beside
+             * them; first with the activation applied as the products read
+             * their inputs (matmul_glu: each slot's gate rows a copy of
+             * their own, which the formats it does not fold activate in
+             * place, restored before each call), then plain (matmul_each),
+             * whose outputs the weighted sums below take */
             float *dn = be_alloc(g, (K + 1) * TD), *dn1 = be_alloc(g, (K + 1) * (size_t)D);
-            float *down_host = exo_malloc((K + 1) * TD * sizeof(float)), *down1 = exo_malloc((K + 1) * D * sizeof(float));
-            for (int j = 0; j <= K; j++) {
-                pw[j] = j < K ? &picked[3 * j + 2] : &shared.gpu;
-                px[j] = gu + (size_t)(2 * (j % K)) * TI;
-                py[j] = dn + (size_t)j * TD;
-            }
-            ON(g, matmul_each, K + 1, pw, px, T, py);
-            download(g, down_host, dn, (K + 1) * TD);
-            for (int t = 0; t < T; t++) {
-                for (int j = 0; j <= K; j++) {
-                    if (j < K) {
-                        alone[3 * j + 2].pick = idx + (size_t)t * K + j;
-                        pw[j] = &alone[3 * j + 2];
+            float *down_host = exo_malloc((K + 1) * TD * sizeof(float));
+            float *down1 = exo_malloc((K + 1) * D * sizeof(float));
+            float *ga = be_alloc(g, (K + 1) * TI), *gs[K + 1];
+            const float *us[K + 1];
+            for (int act = g->ops->matmul_glu ? 1 : 0; act >= 0; act--) {
+                const char *what = act ? "activated down" : "down";
+                for (int t = -1; t < T; t++) { /* -1: all rows at once */
+                    const size_t at = t < 0 ? 0 : (size_t)t;
+                    for (int j = 0; j <= K; j++) {
+                        pw[j] = j == K ? &shared.gpu : t < 0 ? &picked[3 * j + 2] : &alone[3 * j + 2];
+                        if (j < K && t >= 0)
+                            alone[3 * j + 2].pick = idx + at * K + j;
+                        upload(g, ga + (size_t)j * TI, gate_up_host + (size_t)(2 * (j % K)) * TI, TI);
+                        gs[j] = ga + (size_t)j * TI + at * I;
+                        px[j] = gu + (size_t)(2 * (j % K)) * TI + at * I;
+                        us[j] = gu + (size_t)(2 * (j % K) + 1) * TI + at * I;
+                        py[j] = t < 0 ? dn + (size_t)j * TD : dn1 + (size_t)j * D;
                     }
-                    px[j] = gu + (size_t)(2 * (j % K)) * TI + (size_t)t * I;
-                    py[j] = dn1 + (size_t)j * D;
+                    if (act)
+                        ON(g, matmul_glu, K + 1, pw, EXO_GLU_SILU, gs, us, 0.0f, false, t < 0 ? T : 1, py);
+                    else
+                        ON(g, matmul_each, K + 1, pw, px, t < 0 ? T : 1, py);
+                    if (t < 0) {
+                        download(g, down_host, dn, (K + 1) * TD);
+                        continue;
+                    }
+                    download(g, down1, dn1, (K + 1) * (size_t)D);
+                    for (int j = 0; j <= K; j++)
+                        cr_expect(!memcmp(down_host + (size_t)j * TD + at * D, down1 + (size_t)j * D,
+                                          D * sizeof(float)),
+                                  "%s T %d: %s %d of token %d not its bits alone", w[0].name, T, what, j, t);
                 }
-                ON(g, matmul_each, K + 1, pw, px, 1, py);
-                download(g, down1, dn1, (K + 1) * (size_t)D);
-                for (int j = 0; j <= K; j++)
-                    cr_expect(!memcmp(down_host + (size_t)j * TD + (size_t)t * D, down1 + (size_t)j * D,
-                                      D * sizeof(float)),
-                              "%s T %d: down %d of token %d not its bits alone", w[0].name, T, j, t);
             }
+            g->ops->release(g, ga);
             /* the weighted sums (the shared row first) and the picked biases */
             if (f == 0) {
                 enum { STRIDE = 2 * I + D };

@@ -471,40 +471,58 @@ __device__ __forceinline__ void combine_group(const att_args &a, int kvh, int li
  * and are their own partners. The arithmetic is spelled out (no
  * contraction left to the compiler), so the rows kernel and the
  * one-sequence kernel give the same bits. */
-template <int DPL>
+template <int DPL, int GMAX>
 __device__ __forceinline__ void rotate_heads(const att_args &a, int kvh, int pos0, float *rot)
 {
+    /* a warp's heads, warp + k * DEC_WARPS for k < HPW (the key is head
+     * g): all their loads first, then each head's arithmetic, and the
+     * angles once for all of them (they depend on the dim, not the head):
+     * a group of 8 has 9 heads for 8 warps, and warp 0 took its second
+     * head's loads and angles only after the first's shuffles */
+    constexpr int HPW = (GMAX + DEC_WARPS) / DEC_WARPS;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, d0 = lane * DPL;
     const int g = a.n_heads / a.n_kv, hd = a.hd, half = a.rope_half, P = half / DPL;
     const bool first = d0 < half, rotated = d0 < 2 * half;
     const int partner = !rotated ? lane : first ? lane + P : lane - P;
-    for (int h = warp; h <= g; h += DEC_WARPS) {
+    float x[HPW][DPL], nw[HPW][DPL], cs[DPL], sn[DPL];
+#pragma unroll
+    for (int k = 0; k < HPW; k++) {
+        const int h = warp + k * DEC_WARPS;
         const bool key = h == g;
         const float *src = key ? a.kin + (size_t)kvh * hd : a.q + (size_t)(kvh * g + h) * hd;
         const float *w = key ? a.k_norm : a.q_norm;
-        float x[DPL], cs[DPL], sn[DPL];
 #pragma unroll
         for (int i = 0; i < DPL; i++) {
-            x[i] = src[d0 + i];
-            const float2 c = rotated ? exo_cuda_rope_cs(pos0, a.rope_freq[(first ? d0 : d0 - half) + i], a.mscale)
-                                     : make_float2(1.0f, 0.0f);
-            cs[i] = c.x;
-            sn[i] = first ? -c.y : c.y; /* first half: a cos - b sin; second: b cos + a sin */
+            x[k][i] = h <= g ? src[d0 + i] : 0.0f;
+            nw[k][i] = h <= g && w ? w[d0 + i] : 0.0f;
         }
-        if (w) { /* rmsnorm's arithmetic, the sum in a warp's order */
+    }
+#pragma unroll
+    for (int i = 0; i < DPL; i++) {
+        const float2 c = rotated ? exo_cuda_rope_cs(pos0, a.rope_freq[(first ? d0 : d0 - half) + i], a.mscale)
+                                 : make_float2(1.0f, 0.0f);
+        cs[i] = c.x;
+        sn[i] = first ? -c.y : c.y; /* first half: a cos - b sin; second: b cos + a sin */
+    }
+#pragma unroll
+    for (int k = 0; k < HPW; k++) {
+        const int h = warp + k * DEC_WARPS;
+        if (h > g)
+            break;
+        if (h == g ? a.k_norm : a.q_norm) { /* rmsnorm's arithmetic, the sum in a warp's order */
             float ss = 0.0f;
 #pragma unroll
             for (int i = 0; i < DPL; i++)
-                ss = __fmaf_rn(x[i], x[i], ss);
+                ss = __fmaf_rn(x[k][i], x[k][i], ss);
             const float inv = 1.0f / sqrtf(warp_sum(ss) / (float)hd + a.eps);
 #pragma unroll
             for (int i = 0; i < DPL; i++)
-                x[i] = __fmul_rn(w[d0 + i], __fmul_rn(x[i], inv));
+                x[k][i] = __fmul_rn(nw[k][i], __fmul_rn(x[k][i], inv));
         }
 #pragma unroll
         for (int i = 0; i < DPL; i++) {
-            const float other = __shfl_sync(0xffffffffu, x[i], partner);
-            rot[(size_t)h * hd + d0 + i] = __fmaf_rn(x[i], cs[i], __fmul_rn(other, sn[i]));
+            const float other = __shfl_sync(0xffffffffu, x[k][i], partner);
+            rot[(size_t)h * hd + d0 + i] = __fmaf_rn(x[k][i], cs[i], __fmul_rn(other, sn[i]));
         }
     }
     __syncthreads();
@@ -558,7 +576,7 @@ __device__ __forceinline__ void decode_attend(const att_args &a, int kvh, int sp
     const float *qg = a.q + (size_t)kvh * g * hd, *knew = a.kin + (size_t)kvh * hd;
     if constexpr (ROPE) {
         float *rot = wacc + (size_t)DEC_WARPS * g * hd;
-        rotate_heads<DPL>(a, kvh, pos0, rot);
+        rotate_heads<DPL, GMAX>(a, kvh, pos0, rot);
         qg = rot;
         knew = rot + (size_t)g * hd;
     }
