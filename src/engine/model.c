@@ -2836,8 +2836,9 @@ static int moe_decode_picked(exo_model *m, layer *L, const exo_moe_router *rt, i
     return o->add_weighted_rows(be, sum, a->ye, a->pick_w, T, k, sh, D);
 }
 
-/* Decode (one token) through a mixture-of-experts MLP in six dispatches,
- * whatever k is, the seeds' fusions in CPU form:
+/* Decode (a token; on the device route up to moe_decode_rows) through a
+ * mixture-of-experts MLP in six dispatches, whatever k is, the seeds'
+ * fusions in CPU form:
  *   1. the router, and the shared experts' gate and up (and gate logit),
  *      one pass over the normed activations;
  *   2. the k chosen experts' gate and up, one dispatch (2k weights);
