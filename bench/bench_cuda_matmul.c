@@ -16,7 +16,17 @@
  * the same run: a step of T sequences reads the weights once, so the ideal
  * is x1.00 until the arithmetic, not the weights, sets the pace.
  *
- * Usage: bench_cuda_matmul [device=0] [rounds=10] [widths=1, e.g. 1,4,8,16]
+ * Then a sparse layer's experts as decode runs them (qwen3-30b-a3b: 128
+ * experts of 768 x 2048, 8 a row, 4-bit): the router's choice made on the
+ * device (moe_pick of uniform random logits, a fresh choice each round so
+ * the experts come from HBM), the chosen experts' gate and up in one
+ * call, their downs through the activation in another. T rows choose
+ * T * 8 experts, some the same: the bytes are those of the distinct
+ * experts chosen (each read once however many rows chose it), against
+ * the copy's GB/s, and the time against one row's beside the ratio of
+ * their distinct experts' bytes (the ideal).
+ *
+ * Usage: bench_cuda_matmul [device=0] [rounds=10] [widths=1, e.g. 1,4,8,16] [experts: only those]
  * Prints one line saying why and exits 0 where there is no GPU. */
 #include "core/clock.h"
 #include "core/error.h"
@@ -132,6 +142,138 @@ static int run(exo_backend *be, const char *model, const call *calls, int dim, i
     return 0;
 }
 
+/* Seconds a round of choice and products, the mean of `rounds` (logits:
+ * a round's T rows each), after one round to warm up. */
+static double expert_layer_s(exo_backend *be, const exo_moe_router *router, const float *logits, int32_t *idx,
+                             float *pick_w, const exo_linear *const *gu, const exo_linear *const *down, int k,
+                             const float *x, int T, float **gu_y, float **g, float **u, float **y, int rounds)
+{
+    const exo_backend_ops *o = be->ops;
+    double t0 = 0;
+    for (int r = -1; r < rounds; r++) {
+        if (r == 0) {
+            o->sync(be);
+            t0 = exo_clock_seconds();
+        }
+        const float *round_logits = logits + (size_t)(r < 0 ? 0 : r) * T * router->n_experts;
+        if (o->moe_pick(be, router, round_logits, T, idx, pick_w) || o->matmul(be, 2 * k, gu, x, T, gu_y) ||
+            o->matmul_glu(be, k, down, EXO_GLU_SILU, g, (const float *const *)u, 0, false, T, y))
+            return -1;
+    }
+    o->sync(be);
+    return (exo_clock_seconds() - t0) / rounds;
+}
+
+static int run_experts(int device, int rounds, const int *widths, int nwidths, double copy_bw)
+{
+    enum { E = 128, K = 8, D = 2048, I = 768, MOST = 16 };
+    rounds = rounds < 1 ? 20 : 20 * rounds; /* a round is one layer's experts: some hundred us */
+    exo_err err = {0};
+    exo_backend *be = exo_backend_cuda_create(device, &err);
+    if (!be) {
+        printf("bench_cuda_matmul: %s\n", err.msg);
+        return 0;
+    }
+    const exo_backend_ops *o = be->ops;
+    if (!o->moe_pick || !o->matmul_glu) {
+        printf("experts: this backend picks no experts on the device\n");
+        be->ops->free(be);
+        return 0;
+    }
+    static exo_linear experts[3 * E];
+    exo_linear host[3];
+    for (int p = 0; p < 3; p++)
+        host[p] = make_weight_g(4, 64, p == 2 ? D : I, p == 2 ? I : D);
+    for (int e = 0; e < 3 * E; e++)
+        if (o->load_linear(be, &host[e % 3], false, &experts[e], &err)) {
+            fprintf(stderr, "load: %s\n", err.msg);
+            return 1;
+        }
+    size_t expert_bytes = exo_linear_bytes(&host[0]) + exo_linear_bytes(&host[1]) + exo_linear_bytes(&host[2]);
+    for (int p = 0; p < 3; p++)
+        free_weight(&host[p]);
+    void *table = o->moe_pick_table(be, experts, E, &err);
+    if (!table) {
+        fprintf(stderr, "moe_pick_table: %s\n", err.msg);
+        return 1;
+    }
+    const exo_moe_router router = {E, K, false, true, NULL, 1, 1, 1.0f};
+    float *logits = o->alloc(be, sizeof(float) * (size_t)rounds * MOST * E);
+    float *pick_w = o->alloc(be, sizeof(float) * MOST * K);
+    int32_t *idx = o->alloc(be, sizeof(int32_t) * MOST * K);
+    float *x = o->alloc(be, sizeof(float) * MOST * D), *gu = o->alloc(be, sizeof(float) * 2 * K * MOST * I);
+    float *out = o->alloc(be, sizeof(float) * K * MOST * D);
+    size_t host_n = (size_t)rounds * MOST * E > MOST * D ? (size_t)rounds * MOST * E : MOST * D;
+    float *host_x = malloc(sizeof(float) * host_n);
+    for (size_t i = 0; i < host_n; i++)
+        host_x[i] = (float)((int)(next_u64() % 2001) - 1000) / 1000.0f;
+    o->to_device(be, x, host_x, sizeof(float) * MOST * D);
+    exo_linear picked[3 * K];
+    for (int j = 0; j < K; j++)
+        for (int p = 0; p < 3; p++) {
+            exo_linear *l = &picked[3 * j + p];
+            *l = experts[p];
+            l->w = l->scales = l->biases = NULL;
+            l->pick_table = (const void *const *)table + 3 * E * p;
+            l->pick = idx + j;
+            l->pick_stride = K;
+        }
+    const exo_linear *gu_w[2 * K], *down_w[K];
+    float *gu_y[2 * K], *g[K], *u[K], *y[K];
+    int rc = 0;
+    double one_row_us = 0;
+    for (int wi = 0; wi < nwidths && !rc; wi++) {
+        const int T = widths[wi];
+        const size_t TI = (size_t)T * I;
+        for (int j = 0; j < K; j++) {
+            gu_w[2 * j] = &picked[3 * j];
+            gu_w[2 * j + 1] = &picked[3 * j + 1];
+            down_w[j] = &picked[3 * j + 2];
+            gu_y[2 * j] = g[j] = gu + (size_t)j * TI;
+            gu_y[2 * j + 1] = u[j] = gu + (size_t)(K + j) * TI;
+            y[j] = out + (size_t)j * T * D;
+        }
+        for (size_t i = 0; i < (size_t)rounds * T * E; i++) /* a fresh choice each round and width */
+            host_x[i] = (float)((int)(next_u64() % 2001) - 1000) / 500.0f;
+        if (o->to_device(be, logits, host_x, sizeof(float) * (size_t)rounds * T * E)) {
+            rc = 1;
+            break;
+        }
+        double distinct = 0; /* a round's, on average */
+        for (int r = 0; r < rounds && !rc; r++) {
+            int32_t chosen[MOST * K];
+            bool seen[E] = {0};
+            rc = o->moe_pick(be, &router, logits + (size_t)r * T * E, T, idx, pick_w) ||
+                 o->to_host(be, chosen, idx, sizeof chosen[0] * T * K);
+            for (int i = 0; i < T * K && !rc; i++) {
+                distinct += !seen[chosen[i]];
+                seen[chosen[i]] = true;
+            }
+        }
+        distinct /= rounds;
+        double s = rc ? -1 : expert_layer_s(be, &router, logits, idx, pick_w, gu_w, down_w, K, x, T, gu_y, g, u, y,
+                                            rounds);
+        if (s < 0) {
+            rc = 1;
+            break;
+        }
+        double bytes = distinct * (double)expert_bytes, us = s * 1e6;
+        printf("qwen3-30b-a3b q4  experts x%-2d %5.1f of %3d chosen distinct %6.2f MB %7.1f us %7.1f GB/s %5.1f%% of copy",
+               T, distinct, T * K, bytes / 1e6, us, bytes / s / 1e9, 100.0 * bytes / s / copy_bw);
+        if (T == 1)
+            one_row_us = us;
+        else if (one_row_us > 0)
+            printf("  x%.2f of one row's time (ideal x%.2f)", us / one_row_us, distinct / K);
+        printf("\n");
+    }
+    if (rc)
+        fprintf(stderr, "experts: a call failed\n");
+    free(host_x);
+    o->release(be, table);
+    be->ops->free(be);
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
     int device = argc > 1 ? atoi(argv[1]) : 0;
@@ -168,7 +310,8 @@ int main(int argc, char **argv)
                                    {"bf16", EXO_WFORMAT_DENSE, 16}};
     static const struct { const char *name; int dim, kv, ffn; } models[] = {
         {"llama-3.1-8b", 4096, 1024, 14336}, {"llama-3.2-1b", 2048, 512, 8192}};
-    for (size_t m = 0; m < sizeof models / sizeof *models; m++)
+    bool dense = !(argc > 4 && !strcmp(argv[4], "experts"));
+    for (size_t m = 0; dense && m < sizeof models / sizeof *models; m++)
         for (size_t qi = 0; qi < sizeof quants / sizeof *quants; qi++) {
             /* a fresh backend each time: the weight arena goes with it */
             exo_backend *be = exo_backend_cuda_create(device, &err);
@@ -186,5 +329,5 @@ int main(int argc, char **argv)
             if (rc)
                 return 1;
         }
-    return 0;
+    return run_experts(device, rounds, widths, nwidths, copy_bw);
 }

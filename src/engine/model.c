@@ -132,8 +132,9 @@ typedef struct acts {
     int32_t *rows;    /* host (chunk): the tokens routed to one expert, and weights */
     float *row_w;
     const exo_linear **sel_w; /* host (2 topk + 1): decode's chosen experts' weights */
-    const float **sel_x;      /* host (topk + 1): the down projections' inputs (host route) or up rows */
-    float **sel_g;            /* host (topk + 1): the gate rows beside those up rows (matmul_glu) */
+    const float **sel_x;      /* host (topk + 1): the down projections' inputs (host route) */
+    float **sel_g;            /* host (topk + 1): the down projections' gate rows and */
+    const float **sel_u;      /* their up rows (the device route: matmul_glu) */
     float **sel_y;
 } acts;
 
@@ -994,6 +995,7 @@ static void free_acts(acts *a)
     exo_free(a->sel_w);
     exo_free(a->sel_x);
     exo_free(a->sel_g);
+    exo_free(a->sel_u);
     exo_free(a->sel_y);
 }
 
@@ -1051,6 +1053,7 @@ static int alloc_acts(exo_model *m, acts *a, exo_backend *be, exo_err *err)
         a->sel_w = exo_calloc(2 * K1, sizeof *a->sel_w);
         a->sel_x = exo_calloc(2 * K1, sizeof *a->sel_x);
         a->sel_g = exo_calloc(2 * K1, sizeof *a->sel_g);
+        a->sel_u = exo_calloc(2 * K1, sizeof *a->sel_u);
         a->sel_y = exo_calloc(2 * K1, sizeof *a->sel_y);
         if (be->ops->moe_pick) {
             a->pick_idx = be->ops->alloc(be, sizeof(int32_t) * C * (size_t)m->topk);
@@ -2820,14 +2823,14 @@ static int moe_decode_picked(exo_model *m, layer *L, const exo_moe_router *rt, i
     for (int j = 0; j < k + sh; j++) {
         a->sel_w[j] = j < k ? &chosen[3 * j + 2] : &L->sh_down;
         a->sel_g[j] = a->g + (size_t)j * TI;
-        a->sel_x[j] = a->u + (size_t)j * TI;
+        a->sel_u[j] = a->u + (size_t)j * TI;
         a->sel_y[j] = j < k ? a->ye + (size_t)(sh + j) * TD : a->ye;
     }
     bool shared_apart = sh && T > 1 && S != I;
     n += sh && !shared_apart;
-    OK(o->matmul_glu(be, n, a->sel_w, m->glu, a->sel_g, a->sel_x, m->glu_limit, false, T, a->sel_y));
+    OK(o->matmul_glu(be, n, a->sel_w, m->glu, a->sel_g, a->sel_u, m->glu_limit, false, T, a->sel_y));
     if (shared_apart)
-        OK(o->matmul_glu(be, 1, a->sel_w + k, m->glu, a->sel_g + k, a->sel_x + k, m->glu_limit, false, T,
+        OK(o->matmul_glu(be, 1, a->sel_w + k, m->glu, a->sel_g + k, a->sel_u + k, m->glu_limit, false, T,
                          a->sel_y + k));
     if (L->expert_bias)
         OK(o->add_picked_bias(be, a->ye + (size_t)sh * TD, L->expert_bias + 2 * I, per, a->pick_idx, T, k, D));
