@@ -184,17 +184,16 @@ static int run_experts(int device, int rounds, const int *widths, int nwidths, d
     exo_linear host[3];
     for (int p = 0; p < 3; p++)
         host[p] = make_weight_g(4, 64, p == 2 ? D : I, p == 2 ? I : D);
-    for (int e = 0; e < 3 * E; e++)
-        if (o->load_linear(be, &host[e % 3], false, &experts[e], &err)) {
-            fprintf(stderr, "load: %s\n", err.msg);
-            return 1;
-        }
+    int rc = 0;
+    for (int e = 0; e < 3 * E && !rc; e++)
+        rc = o->load_linear(be, &host[e % 3], false, &experts[e], &err);
     size_t expert_bytes = exo_linear_bytes(&host[0]) + exo_linear_bytes(&host[1]) + exo_linear_bytes(&host[2]);
     for (int p = 0; p < 3; p++)
         free_weight(&host[p]);
-    void *table = o->moe_pick_table(be, experts, E, &err);
+    void *table = rc ? NULL : o->moe_pick_table(be, experts, E, &err);
     if (!table) {
-        fprintf(stderr, "moe_pick_table: %s\n", err.msg);
+        fprintf(stderr, "experts: %s\n", err.msg);
+        be->ops->free(be);
         return 1;
     }
     const exo_moe_router router = {E, K, false, true, NULL, 1, 1, 1.0f};
@@ -204,10 +203,10 @@ static int run_experts(int device, int rounds, const int *widths, int nwidths, d
     float *x = o->alloc(be, sizeof(float) * MOST * D), *gu = o->alloc(be, sizeof(float) * 2 * K * MOST * I);
     float *out = o->alloc(be, sizeof(float) * K * MOST * D);
     size_t host_n = (size_t)rounds * MOST * E > MOST * D ? (size_t)rounds * MOST * E : MOST * D;
-    float *host_x = malloc(sizeof(float) * host_n);
+    float *host_x = exo_malloc(sizeof(float) * host_n);
     for (size_t i = 0; i < host_n; i++)
         host_x[i] = (float)((int)(next_u64() % 2001) - 1000) / 1000.0f;
-    o->to_device(be, x, host_x, sizeof(float) * MOST * D);
+    rc = !logits || !pick_w || !idx || !x || !gu || !out || o->to_device(be, x, host_x, sizeof(float) * MOST * D);
     exo_linear picked[3 * K];
     for (int j = 0; j < K; j++)
         for (int p = 0; p < 3; p++) {
@@ -220,7 +219,6 @@ static int run_experts(int device, int rounds, const int *widths, int nwidths, d
         }
     const exo_linear *gu_w[2 * K], *down_w[K];
     float *gu_y[2 * K], *g[K], *u[K], *y[K];
-    int rc = 0;
     double one_row_us = 0;
     for (int wi = 0; wi < nwidths && !rc; wi++) {
         const int T = widths[wi];
@@ -268,7 +266,7 @@ static int run_experts(int device, int rounds, const int *widths, int nwidths, d
     }
     if (rc)
         fprintf(stderr, "experts: a call failed\n");
-    free(host_x);
+    exo_free(host_x);
     o->release(be, table);
     be->ops->free(be);
     return rc;
