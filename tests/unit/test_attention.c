@@ -1,12 +1,13 @@
 /* CPU attention through the backend op, against a naive double-precision
  * causal softmax attention: token-by-token decode (the per-KV-head kernel
- * over the blocked K cache) and whole-prompt prefill (the batched GEMM
- * form), with grouped-query heads, a sliding window, a capacity that is not
- * a multiple of the kernel's 16-key block, and head sizes 8 and 64; each
- * case again over a paged cache (pages of 16 and 32 slots, in scrambled
- * order), which must give the same bits; and every case again over a bf16
- * cache, against the naive attention of keys and values rounded to bf16
- * (what such a cache holds) to the same tolerance. */
+ * over the blocked K cache) and prompts in tiles of tokens (which must
+ * give the same bits as a token at a time), with grouped-query heads, a
+ * sliding window, a capacity that is not a multiple of the kernel's 16-key
+ * block, and head sizes from 8 to 256; each case again over a paged cache
+ * (pages of 16 and 32 slots, in scrambled order), which must give the same
+ * bits; and every case again over a bf16 cache, against the naive
+ * attention of keys and values rounded to bf16 (what such a cache holds)
+ * to the same tolerance. */
 #include "core/alloc.h"
 #include "engine/backend.h"
 #include "engine/cpu/ops.h"
@@ -153,6 +154,20 @@ static void check(int T, int H, int KV, int hd, int window, int prefill_chunk)
         max_err = fmax(max_err, fabs(out[i] - want[i]));
     cr_expect(max_err < 2e-5, "T %d H %d KV %d hd %d window %d chunk %d%s: max err %g", T, H, KV, hd,
               window, prefill_chunk, with_bf16 ? " bf16" : "", max_err);
+    /* a token a call (the decode kernel): the same bits, whatever kernel
+     * and chunks the prompt took */
+    if (prefill_chunk > 1) {
+        test_cache one;
+        cache_make(be, &one, capacity, KV, hd, 0, bytes);
+        run_attention(be, &sh, T, 1, q, k, v, &one.view, paged);
+        size_t i = 0;
+        while (i < nq && !memcmp(&paged[i], &out[i], 4))
+            i++;
+        cr_expect(i == nq, "T %d H %d KV %d hd %d window %d chunk %d%s: token %zu head %zu column %zu is %a in "
+                  "chunks, %a a token at a time", T, H, KV, hd, window, prefill_chunk, with_bf16 ? " bf16" : "",
+                  i / ((size_t)H * hd), i / hd % H, i % hd, i < nq ? out[i] : 0.0, i < nq ? paged[i] : 0.0);
+        cache_free(be, &one);
+    }
     /* the same cache in pages of 16 and 32 slots (a ring stays one run):
      * the same bits */
     for (int page = 16; page <= 32 && !ring; page *= 2) {
@@ -208,13 +223,24 @@ static void decode_several_tokens_per_call_cases(void)
 
 Test(attention, decode_several_tokens_per_call) { decode_several_tokens_per_call_cases(); }
 
-static void prefill_batched_cases(void)
+/* Prompts of 8 tokens a call and more take tiles of tokens (16 query
+ * rows, or one token's group where that is larger): tiles of 8 tokens of
+ * 2 heads, 4 of 4, 5 of 3 (15 rows), 2 of 6, 1 of 24 (rows past 16); a
+ * last tile cut short; head sizes with 64-wide, 16-wide and scalar parts;
+ * a span of V cut at a page's end (pages of 16 and 32 in check). */
+static void prefill_tiles_cases(void)
 {
     check(37, 8, 2, 64, 0, 37);
     check(40, 4, 1, 8, 0, 16);
+    check(70, 16, 8, 128, 0, 70);
+    check(61, 16, 4, 80, 0, 24);
+    check(45, 9, 3, 24, 0, 13);
+    check(33, 12, 2, 64, 0, 9);
+    check(29, 24, 1, 32, 0, 10);
+    check(100, 4, 2, 192, 0, 100);
 }
 
-Test(attention, prefill_batched) { prefill_batched_cases(); }
+Test(attention, prefill_tiles) { prefill_tiles_cases(); }
 
 static void sliding_window_cases(void)
 {
@@ -241,7 +267,7 @@ Test(attention, sinks) { sinks_cases(); }
 
 /* A sliding window's cache as a ring of window + chunk positions (rounded
  * to 16): positions wrap around it several times, on the decode kernel, the
- * several-tokens-per-call one and the batched prefill; with sinks too. */
+ * several-tokens-per-call one and the tiles; with sinks too. */
 static void sliding_window_ring_cases(void)
 {
     with_ring = true;
@@ -264,7 +290,7 @@ Test(attention, bf16_cache)
     with_bf16 = true;
     decode_token_by_token_cases();
     decode_several_tokens_per_call_cases();
-    prefill_batched_cases();
+    prefill_tiles_cases();
     sliding_window_cases();
     sinks_cases();
     sliding_window_ring_cases();

@@ -32,14 +32,12 @@ typedef struct cpu_backend {
     exo_pool *pool;
     exo_cpu_matmul_ctx *mm;
     exo_arena *weights; /* copies of weights loaded from files, and repacked ones */
-    float **scratch;   /* per-thread attention score rows */
+    float **scratch;   /* per-thread attention scores (and a prompt tile's queries and outputs) */
     size_t scratch_len;
-    float *att_buf;    /* batched attention: K, V^T, Q, scores, output of one KV head */
-    size_t att_len;
 } cpu_backend;
 
-/* Prompts of at least this many tokens take the batched attention path. */
-#define BATCHED_ATTENTION_MIN_T 8
+/* Prompts of at least this many tokens attend in tiles of tokens. */
+#define TILED_ATTENTION_MIN_T 8
 
 static cpu_backend *cpu(exo_backend *be) { return (cpu_backend *)be; }
 
@@ -50,7 +48,6 @@ static void cpu_free(exo_backend *be)
     for (int i = 0; i < n; i++)
         exo_free_aligned(c->scratch ? c->scratch[i] : NULL);
     exo_free(c->scratch);
-    exo_free_aligned(c->att_buf);
     exo_cpu_matmul_ctx_free(c->mm);
     exo_pool_free(c->pool);
     exo_arena_free(c->weights);
@@ -186,114 +183,38 @@ static int cpu_rope(exo_backend *be, float *x, int T, int n_heads, int head_dim,
     return 0;
 }
 
-/* Prefill attention as two matrix products per KV head, so it runs on the
- * same GEMM kernels as the projections instead of one dot product per
- * (query, key): the group's query heads are stacked into one
- * (T*group, hd) matrix Q, S = Q K^T (K: the head's cached keys, L x hd),
- * a causal (and sliding-window) softmax per row, then O = S V. Causality
- * makes half of S wasted work, which costs less than splitting the GEMMs. */
-typedef struct softmax_job {
-    float *scores; /* (T*group, L): positions first.. */
-    int T, group, L, pos0, window, first;
-    float scale;
-    const float *sinks; /* the group's query heads' sinks, or NULL */
-} softmax_job;
-
-static void softmax_rows(void *p, int ith, int nth)
-{
-    softmax_job *j = p;
-    long r0, r1;
-    exo_split_range((long)j->T * j->group, 1, ith, nth, &r0, &r1);
-    for (long r = r0; r < r1; r++) {
-        int qpos = j->pos0 + (int)(r / j->group);
-        int lo = j->window > 0 && qpos - j->window + 1 > 0 ? qpos - j->window + 1 : 0;
-        qpos -= j->first; /* columns start at position first */
-        lo -= j->first;
-        float *row = j->scores + r * j->L;
-        float *live = row + lo;
-        const int n = qpos + 1 - lo;
-        const float scale = j->scale;
-        for (int i = 0; i < n; i++)
-            live[i] *= scale;
-        float mx = exo_cpu_max_f32(live, n);
-        double sum = exo_cpu_exp_sum_f32(live, n, mx, live);
-        if (j->sinks)
-            sum += exp((double)j->sinks[r % j->group] - (double)mx);
-        const float inv = (float)(1.0 / sum);
-        for (int i = 0; i < n; i++)
-            live[i] *= inv;
-        memset(row, 0, sizeof(float) * (size_t)lo);
-        memset(row + qpos + 1, 0, sizeof(float) * (size_t)(j->L - qpos - 1));
-    }
-}
-
-static int attention_batched(cpu_backend *c, const exo_attn_shape *sh, float *out,
-                              const float *q, const exo_kv_view *cache, int T, int pos0)
-{
-    /* only the positions some query of the call can see: a window's start on */
-    int first = sh->sliding_window > 0 && pos0 - sh->sliding_window + 1 > 0 ? pos0 - sh->sliding_window + 1 : 0;
-    int L = pos0 + T - first, hd = sh->head_dim, H = sh->n_heads, KV = sh->n_kv_heads, group = H / KV;
-    size_t rows = (size_t)T * (size_t)group;
-    size_t need = 2 * (size_t)L * hd + 2 * rows * hd + rows * (size_t)L;
-    if (need > c->att_len) {
-        exo_free_aligned(c->att_buf);
-        c->att_len = need + need / 2;
-        c->att_buf = exo_alloc_aligned(c->att_len * sizeof(float));
-        if (!c->att_buf) { /* bounded by max_chunk x capacity, sized like the KV cache */
-            c->att_len = 0;
-            return EXO_ENOMEM;
-        }
-    }
-    float *kh = c->att_buf, *vt = kh + (size_t)L * hd, *qh = vt + (size_t)L * hd;
-    float *oh = qh + rows * hd, *sc = oh + rows * hd;
-    for (int g = 0; g < KV; g++) {
-        exo_cpu_kv_read(sh, cache, g, first, L, kh, vt);
-        for (int t = 0; t < T; t++)
-            memcpy(qh + (size_t)t * group * hd, q + ((size_t)t * H + (size_t)g * group) * hd,
-                   sizeof(float) * (size_t)group * hd);
-        exo_linear wk = {.format = EXO_WFORMAT_DENSE, .dtype = EXO_DTYPE_F32, .rows = L, .cols = hd,
-                         .w = kh};
-        exo_linear wv = {.format = EXO_WFORMAT_DENSE, .dtype = EXO_DTYPE_F32, .rows = hd, .cols = L,
-                         .w = vt};
-        const exo_linear *pk[1] = {&wk}, *pv[1] = {&wv};
-        float *const ys[1] = {sc}, *const yo[1] = {oh};
-        exo_cpu_matmul(c->mm, 1, pk, qh, (int)rows, ys);
-        softmax_job sj = {sc, T, group, L, pos0, sh->sliding_window, first, sh->scale,
-                          sh->sinks ? sh->sinks + (size_t)g * group : NULL};
-        exo_pool_run(c->pool, softmax_rows, &sj);
-        exo_cpu_matmul(c->mm, 1, pv, sc, (int)rows, yo);
-        for (int t = 0; t < T; t++)
-            memcpy(out + ((size_t)t * H + (size_t)g * group) * hd, oh + (size_t)t * group * hd,
-                   sizeof(float) * (size_t)group * hd);
-    }
-    return 0;
-}
-
+/* Decode and short prompts attend a token at a time (each thread owns KV
+ * heads); longer prompts in tiles of tokens sharing the cache's reads
+ * (ops.h). Both give a token the same bits, so where a prompt's chunks
+ * fall changes nothing. The threads' score buffers fit the larger. */
 static int cpu_attention(exo_backend *be, const exo_attn_shape *shape, float *out, const float *q,
                           const float *k, const float *v, const exo_kv_view *cache, int T, int pos0)
 {
     cpu_backend *c = cpu(be);
     if (shape->cache == EXO_DTYPE_BF16 && shape->head_dim % 2) /* a bf16 block pairs dims (ops.c) */
         return EXO_EUNSUPPORTED;
-    if (T >= BATCHED_ATTENTION_MIN_T) {
-        exo_cpu_kv_append(c->pool, shape, k, v, cache, T, pos0);
-        return attention_batched(c, shape, out, q, cache, T, pos0);
-    }
+    const bool tiles = T >= TILED_ATTENTION_MIN_T;
     int group = shape->n_heads / shape->n_kv_heads;
-    size_t need = (size_t)cache->capacity * (size_t)(group < 4 ? group : 4);
+    size_t need = tiles ? exo_cpu_prefill_scratch(shape, cache->capacity)
+                        : (size_t)cache->capacity * (size_t)(group < 4 ? group : 4);
     if (need > c->scratch_len) {
         int n = exo_pool_size(c->pool);
         for (int i = 0; i < n; i++) {
             exo_free_aligned(c->scratch[i]);
             c->scratch[i] = exo_alloc_aligned(need * sizeof(float));
-            if (!c->scratch[i]) { /* the size of one layer's K cache per thread */
+            if (!c->scratch[i]) { /* about a layer's K cache per thread */
                 c->scratch_len = 0;
                 return EXO_ENOMEM;
             }
         }
         c->scratch_len = need;
     }
-    exo_cpu_attention(c->pool, shape, out, q, k, v, cache, T, pos0, c->scratch);
+    if (tiles) {
+        exo_cpu_kv_append(c->pool, shape, k, v, cache, T, pos0);
+        exo_cpu_attention_prefill(c->pool, shape, out, q, cache, T, pos0, c->scratch);
+    } else {
+        exo_cpu_attention(c->pool, shape, out, q, k, v, cache, T, pos0, c->scratch);
+    }
     return 0;
 }
 

@@ -8,6 +8,7 @@
 #include "engine/cpu/ops.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -509,21 +510,288 @@ void exo_cpu_kv_append(exo_pool *pool, const exo_attn_shape *shape, const float 
     exo_pool_run(pool, append_worker, &j);
 }
 
-void exo_cpu_kv_read(const exo_attn_shape *shape, const exo_kv_view *cache, int kv_head, int first, int n,
-                     float *k_rows, float *v_cols)
+/* Prompts: a unit of work is one KV head and a tile of the call's tokens,
+ * whose query rows (token by token, each token's query heads of the KV
+ * head) share every load of the head's keys and values: up to TILE_ROWS
+ * rows (more where one token's group is larger). Each row's arithmetic is
+ * decode's (attend_heads) step for step, scores from its window's first
+ * block, the same lanes for the maximum and the sum, and the values summed
+ * position by position from the tile's first (a later first position's
+ * row has zeros there, and adding +0 changes no sum), so a token's output
+ * is the same bits whether its prompt is taken whole, in chunks, or a
+ * token at a time. */
+#define TILE_ROWS 16
+
+static int tile_tokens(int group) { return group < TILE_ROWS ? TILE_ROWS / group : 1; }
+
+static inline int first_visible(const exo_attn_shape *s, int qpos)
 {
-    const int hd = shape->head_dim, ring = shape->ring;
-    const bool bf = cache_bf16(shape);
-    const size_t bytes = bf ? 2 : 4;
-    for (int i = 0; i < n; i++) {
-        int slot = ring ? (first + i) % ring : first + i, at;
-        const void *kh = kv_head_run(cache, 0, slot, kv_head, hd, bytes, &at);
-        for (int d = 0; d < hd; d++)
-            k_rows[(size_t)i * hd + d] = kv_get(kh, kblock_index(at, d, hd, bf), bf);
-        const void *vh = kv_head_run(cache, 1, slot, kv_head, hd, bytes, &at);
-        for (int d = 0; d < hd; d++)
-            v_cols[(size_t)d * n + i] = kv_get(vh, (size_t)at * hd + d, bf);
+    return s->sliding_window > 0 && qpos - s->sliding_window + 1 > 0 ? qpos - s->sliding_window + 1 : 0;
+}
+
+/* Scores of a tile reach from the first visible position's block to the
+ * last token's position: at most a whole cache (or ring) and a block. */
+static long tile_ld(int capacity) { return ((long)capacity + 2 * EXO_KV_BLOCK) / EXO_KV_BLOCK * EXO_KV_BLOCK; }
+
+size_t exo_cpu_prefill_scratch(const exo_attn_shape *shape, int capacity)
+{
+    int group = shape->n_heads / shape->n_kv_heads;
+    size_t rows = (size_t)tile_tokens(group) * (size_t)group;
+    return rows * (2 * (size_t)shape->head_dim + (size_t)tile_ld(capacity) + 1);
+}
+
+typedef struct prefill_job {
+    const exo_attn_shape *shape;
+    float *out;
+    const float *q;
+    const exo_kv_view *cache;
+    int T, pos0;
+    long tiles;
+    float *const *scratch;
+    _Atomic long next; /* the next unit to take */
+} prefill_job;
+
+/* Scores of G rows of a tile (qt: the tile's queries transposed, a
+ * dimension's rows rs apart; G up to 8) against NB (1 or 2) 16-key blocks
+ * kh[0..NB) at slot offsets at[], scaled, into sc[g * ld + 16 * nb]: each
+ * row's sums as qk_block makes them. With the rows of a dimension side by
+ * side every broadcast is an offset from one pointer (rows hd apart took a
+ * register each, which ran out); two blocks give each pass over the
+ * dimensions twice the products. */
+static inline __attribute__((always_inline)) void tile_qk(int G, int NB, bool bf, const float *qt, int rs,
+                                                          const void *const *kh, const size_t *at, int hd,
+                                                          float scale, float *sc, long ld)
+{
+    v16 acc[2][8] = {{{0}}};
+    if (bf) {
+        const uint16_t *kb[2] = {(const uint16_t *)kh[0] + at[0], (const uint16_t *)kh[NB - 1] + at[NB - 1]};
+        for (int d = 0; d < hd; d += 2) {
+            const float *q0 = qt + (size_t)d * rs, *q1 = q0 + rs;
+#pragma GCC unroll 2
+            for (int nb = 0; nb < NB; nb++) {
+                u32x16 w = *(const u32x16 *)(kb[nb] + (size_t)d * EXO_KV_BLOCK);
+                v16 k0 = (v16)(w << 16), k1 = (v16)(w & 0xffff0000u);
+#pragma GCC unroll 8
+                for (int g = 0; g < G; g++) {
+                    acc[nb][g] += q0[g] * k0;
+                    acc[nb][g] += q1[g] * k1;
+                }
+            }
+        }
+    } else {
+        const float *kb[2] = {(const float *)kh[0] + at[0], (const float *)kh[NB - 1] + at[NB - 1]};
+        for (int d = 0; d < hd; d++) {
+            const float *qd = qt + (size_t)d * rs;
+#pragma GCC unroll 2
+            for (int nb = 0; nb < NB; nb++) {
+                v16 kv = *(const v16 *)(kb[nb] + (size_t)d * EXO_KV_BLOCK);
+#pragma GCC unroll 8
+                for (int g = 0; g < G; g++)
+                    acc[nb][g] += qd[g] * kv;
+            }
+        }
     }
+    for (int nb = 0; nb < NB; nb++)
+        for (int g = 0; g < G; g++)
+            *(v16 *)(sc + g * ld + 16 * nb) = acc[nb][g] * scale;
+}
+
+/* Every row of a tile against NB blocks, 8 rows at a time and then the
+ * rest in 4, 2 and 1 (each a compile-time case). */
+static inline __attribute__((always_inline)) void tile_scores(int rows, int NB, bool bf, const float *qt, int rs,
+                                                              const void *const *kh, const size_t *at, int hd,
+                                                              float scale, float *sc, long ld)
+{
+    for (int m = 0; m < rows;) {
+        int g = rows - m >= 8 ? 8 : rows - m >= 4 ? 4 : rows - m >= 2 ? 2 : 1;
+#define QK(G) tile_qk(G, NB, bf, qt + m, rs, kh, at, hd, scale, sc + m * ld, ld)
+        switch (g) {
+        case 8: QK(8); break;
+        case 4: QK(4); break;
+        case 2: QK(2); break;
+        default: QK(1); break;
+        }
+#undef QK
+        m += g;
+    }
+}
+
+/* Values of `len` positions of one run (vh, from slot `at`) weighted by
+ * rows [m, m + G) of a tile's scores (p, rows ld apart), columns [c, c +
+ * 16W), added into the accumulators kept at acc_mem (rows hd apart; zero
+ * where first): a span of V stays in L1 while every row group takes it.
+ * Each output sums its positions in order, as pv_block does. The
+ * accumulators are kept as the registers hold them: a bf16 cache's pairs
+ * (W even) leave each 32 columns as 16 even then 16 odd ones, which
+ * tile_out puts back in order. */
+static inline __attribute__((always_inline)) void tile_values(int G, int W, bool bf, const float *p, long ld,
+                                                              const void *vh, int at, int hd, int c, int len,
+                                                              float *acc_mem, bool first)
+{
+    v16 acc[4][4];
+    const bool pairs = bf && W % 2 == 0;
+    for (int g = 0; g < G; g++)
+        for (int w = 0; w < W; w++)
+            acc[g][w] = first ? (v16){0} : *(const v16 *)(acc_mem + (size_t)g * hd + c + 16 * w);
+    for (int i = 0; i < len; i++) {
+        const size_t vr = ((size_t)at + (size_t)i) * hd + c;
+        if (pairs) {
+#pragma GCC unroll 4
+            for (int w = 0; w < W; w += 2) {
+                u32x16 x = *(const u32x16 *)((const uint16_t *)vh + vr + 16 * w);
+                v16 even = (v16)(x << 16), odd = (v16)(x & 0xffff0000u);
+#pragma GCC unroll 4
+                for (int g = 0; g < G; g++) {
+                    acc[g][w] += p[g * ld + i] * even;
+                    acc[g][w + 1] += p[g * ld + i] * odd;
+                }
+            }
+            continue;
+        }
+#pragma GCC unroll 4
+        for (int w = 0; w < W; w++) {
+            v16 vv = KV_LOAD16(vh, vr + 16 * w, bf);
+#pragma GCC unroll 4
+            for (int g = 0; g < G; g++)
+                acc[g][w] += p[g * ld + i] * vv;
+        }
+    }
+    for (int g = 0; g < G; g++)
+        for (int w = 0; w < W; w++)
+            *(v16 *)(acc_mem + (size_t)g * hd + c + 16 * w) = acc[g][w];
+}
+
+/* Rows [m, m + G) of a tile through one run of V, every column. */
+static inline __attribute__((always_inline)) void tile_values_run(int G, bool bf, const float *p, long ld,
+                                                                  const void *vh, int at, int hd, int len,
+                                                                  float *acc_mem, bool first)
+{
+    int c = 0;
+    for (; c + 64 <= hd; c += 64)
+        tile_values(G, 4, bf, p, ld, vh, at, hd, c, len, acc_mem, first);
+    for (; c + 16 <= hd; c += 16)
+        tile_values(G, 1, bf, p, ld, vh, at, hd, c, len, acc_mem, first);
+    for (; c < hd; c++)
+        for (int g = 0; g < G; g++) {
+            float a = first ? 0 : acc_mem[(size_t)g * hd + c];
+            for (int i = 0; i < len; i++)
+                a += p[g * ld + i] * kv_get(vh, ((size_t)at + (size_t)i) * hd + c, bf);
+            acc_mem[(size_t)g * hd + c] = a;
+        }
+}
+
+/* A row's accumulators (tile_values' order) times 1/sum, in column order. */
+static void tile_out(const float *acc, bool bf, int hd, float inv, float *o)
+{
+    int pairs = bf ? hd / 64 * 64 : 0; /* the columns taken 64 at a time */
+    for (int c = 0; c < pairs; c += 32)
+        for (int l = 0; l < 16; l++) {
+            o[c + 2 * l] = acc[c + l] * inv;
+            o[c + 2 * l + 1] = acc[c + 16 + l] * inv;
+        }
+    for (int d = pairs; d < hd; d++)
+        o[d] = acc[d] * inv;
+}
+
+/* Positions a span of V: 32 KiB of f32 values of a 128-wide head. */
+#define TILE_SPAN 64
+
+EXO_SIMD_CLONES
+static void prefill_worker(void *p, int ith, int nth)
+{
+    prefill_job *j = p;
+    const exo_attn_shape *s = j->shape;
+    const exo_kv_view *kv = j->cache;
+    const int hd = s->head_dim, H = s->n_heads, group = H / s->n_kv_heads, ring = s->ring;
+    const int tokens = tile_tokens(group), pos0 = j->pos0;
+    const bool bf = cache_bf16(s);
+    const size_t bytes = bf ? 2 : 4;
+    const long ld = tile_ld(kv->capacity);
+    const int rs = tokens * group; /* rows a tile, at most */
+    float *qt = j->scratch[ith], *ot = qt + (size_t)rs * hd, *inv = ot + (size_t)rs * hd;
+    float *sc = inv + rs;
+    (void)nth;
+    /* units taken in turn, not split in ranges: the two vCPUs of a guest
+     * often run at different speeds (another guest on one core), and a
+     * fixed split left the faster one idle */
+    for (long u, units = (long)s->n_kv_heads * j->tiles; (u = atomic_fetch_add(&j->next, 1)) < units;) {
+        const long h = u / j->tiles;
+        const int t0 = (int)(u % j->tiles) * tokens, t1 = t0 + tokens < j->T ? t0 + tokens : j->T;
+        const int rows = (t1 - t0) * group;
+        for (int m = 0; m < rows; m++) {
+            const float *qm = j->q + ((size_t)(t0 + m / group) * H + (size_t)h * group + (size_t)(m % group)) * hd;
+            for (int d = 0; d < hd; d++)
+                qt[(size_t)d * rs + m] = qm[d];
+        }
+        const int lo0 = first_visible(s, pos0 + t0), hi = pos0 + t1 - 1, base = lo0 / EXO_KV_BLOCK * EXO_KV_BLOCK;
+        for (int b = base; b <= hi; b += 2 * EXO_KV_BLOCK) {
+            const void *kh[2];
+            size_t at[2];
+            const int nb = b + EXO_KV_BLOCK <= hi ? 2 : 1;
+            for (int i = 0; i < nb; i++) {
+                int a;
+                int slot = b + i * EXO_KV_BLOCK;
+                kh[i] = kv_head_run(kv, 0, ring ? slot % ring : slot, h, hd, bytes, &a);
+                at[i] = (size_t)a * hd;
+            }
+            float *sb = sc + (b - base);
+            switch (nb * 2 + bf) {
+            case 5: tile_scores(rows, 2, true, qt, rs, kh, at, hd, s->scale, sb, ld); break;
+            case 4: tile_scores(rows, 2, false, qt, rs, kh, at, hd, s->scale, sb, ld); break;
+            case 3: tile_scores(rows, 1, true, qt, rs, kh, at, hd, s->scale, sb, ld); break;
+            default: tile_scores(rows, 1, false, qt, rs, kh, at, hd, s->scale, sb, ld); break;
+            }
+        }
+        const int n = hi + 1 - lo0;
+        for (int m = 0; m < rows; m++) {
+            const int qpos = pos0 + t0 + m / group, lo = first_visible(s, qpos);
+            float *row = sc + m * ld, *live = row + (lo - base);
+            const int nm = qpos + 1 - lo;
+            float mx = max_lanes(live, nm);
+            double sum = exp_sum_lanes(live, nm, mx, live);
+            if (s->sinks)
+                sum += exp((double)s->sinks[h * group + m % group] - (double)mx);
+            inv[m] = (float)(1.0 / sum);
+            memset(row + (lo0 - base), 0, sizeof(float) * (size_t)(lo - lo0));
+            memset(live + nm, 0, sizeof(float) * (size_t)(hi - qpos));
+        }
+        for (int i0 = 0, sp = ring ? lo0 % ring : lo0, len; i0 < n; i0 += len) {
+            int at;
+            const void *vh = kv_head_run(kv, 1, sp, h, hd, bytes, &at);
+            len = n - i0 < kv->page - at ? n - i0 : kv->page - at;
+            len = len < TILE_SPAN ? len : TILE_SPAN;
+            for (int m = 0; m < rows; m += 4) {
+                const float *pm = sc + m * ld + (lo0 - base) + i0;
+                float *am = ot + (size_t)m * hd;
+#define PV(G, bf) tile_values_run(G, bf, pm, ld, vh, at, hd, len, am, i0 == 0)
+                switch ((rows - m < 4 ? rows - m : 4) * 2 + bf) {
+                case 8: PV(4, false); break;
+                case 9: PV(4, true); break;
+                case 6: PV(3, false); break;
+                case 7: PV(3, true); break;
+                case 4: PV(2, false); break;
+                case 5: PV(2, true); break;
+                case 3: PV(1, true); break;
+                default: PV(1, false); break;
+                }
+#undef PV
+            }
+            sp += len;
+            if (sp == ring)
+                sp = 0;
+        }
+        for (int m = 0; m < rows; m++)
+            tile_out(ot + (size_t)m * hd, bf, hd, inv[m],
+                     j->out + ((size_t)(t0 + m / group) * H + (size_t)h * group + (size_t)(m % group)) * hd);
+    }
+}
+
+void exo_cpu_attention_prefill(exo_pool *pool, const exo_attn_shape *shape, float *out, const float *q,
+                               const exo_kv_view *cache, int T, int pos0, float *const *scratch)
+{
+    int tokens = tile_tokens(shape->n_heads / shape->n_kv_heads);
+    prefill_job j = {shape, out, q, cache, T, pos0, (T + tokens - 1) / tokens, scratch, 0};
+    exo_pool_run(pool, prefill_worker, &j);
 }
 
 void exo_cpu_attention(exo_pool *pool, const exo_attn_shape *shape, float *out, const float *q,

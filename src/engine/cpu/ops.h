@@ -74,10 +74,14 @@ void exo_cpu_rope(exo_pool *pool, float *x, int T, int n_heads, int head_dim, in
  * head_dim)). kv_append writes T new positions at pos0. */
 void exo_cpu_kv_append(exo_pool *pool, const exo_attn_shape *shape, const float *k, const float *v,
                        const exo_kv_view *cache, int T, int pos0);
-/* Positions [first, first + n) of one KV head: k_rows (n, head_dim) and V
- * transposed, v_cols (head_dim, n). */
-void exo_cpu_kv_read(const exo_attn_shape *shape, const exo_kv_view *cache, int kv_head, int first, int n,
-                     float *k_rows, float *v_cols);
+/* Attends q (T tokens at pos0, already appended) over positions
+ * [0, pos0+t] for each token t, as exo_cpu_attention does a token at a
+ * time (the same bits), in tiles of tokens that share the cache's reads:
+ * for prompts. scratch: per-thread buffers of exo_cpu_prefill_scratch()
+ * floats each, for a cache of `capacity` slots. */
+void exo_cpu_attention_prefill(exo_pool *pool, const exo_attn_shape *shape, float *out, const float *q,
+                               const exo_kv_view *cache, int T, int pos0, float *const *scratch);
+size_t exo_cpu_prefill_scratch(const exo_attn_shape *shape, int capacity);
 /* Appends k, v (T tokens at pos0) and attends q over positions [0, pos0+t]
  * for each token t. scratch: per-thread buffers of at least
  * min(group, 4) * capacity floats each (n_threads of them),
