@@ -1482,7 +1482,7 @@ int exo_model_build(const exo_model_config *cfg, const exo_weight_source *src,
     m->moe_host_route = moe_path && !strcmp(moe_path, "host-route");
     m->eps = (float)cfg->rms_norm_eps;
     m->max_chunk = o.max_chunk > 0 ? o.max_chunk : 512;
-    if (m->mla && m->max_chunk > 64) /* prefill attention scores are (chunk x heads) x positions */
+    if (m->mla && m->max_chunk > 64) /* absorbed queries and outputs: chunk x heads x (latent + rope) */
         m->max_chunk = 64;
     m->embeds = first == 0;
     m->has_head = last == total;

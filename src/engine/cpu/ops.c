@@ -13,9 +13,11 @@
 #include <string.h>
 
 /* The loops below are plain C; this clones each hot function for AVX-512
- * and lets the loader pick the clone the CPU supports (GCC's ifunc
- * dispatch), so the same source runs 16 lanes wide where it can. */
-#define EXO_SIMD_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+ * and for AVX2 with FMA (x86-64-v3: attention's written-out fused
+ * multiply-adds need the FMA unit) and lets the loader pick the clone the
+ * CPU supports (GCC's ifunc dispatch), so the same source runs 16 lanes
+ * wide where it can. */
+#define EXO_SIMD_CLONES __attribute__((target_clones("avx512f", "arch=x86-64-v3", "default")))
 
 /* Reductions over a logits row (the sampler's per-token work over the
  * whole vocabulary) and over attention scores: 16 independent lanes so GCC
@@ -202,6 +204,20 @@ typedef uint32_t u32x16 __attribute__((vector_size(64), aligned(4)));
     ((bf) ? (v16)(__builtin_convertvector(*(const u16x16 *)((const uint16_t *)(p) + (i)), u32x16) << 16) \
           : *(const v16 *)((const float *)(p) + (i)))
 
+/* acc = a * b + acc (a a scalar, b and acc v16) rounded once a lane. This
+ * file is built without contraction, so every fused multiply-add is
+ * written out, the same in decode's kernel and in a prompt's tiles (their
+ * outputs are the same bits); the clones with FMA units vectorise it
+ * (the portable clone calls fmaf, the same roundings). A macro for
+ * KV_LOAD16's reason. */
+#define FMA16(acc, a, b)                                          \
+    do {                                                          \
+        const float a_ = (a);                                     \
+        const v16 b_ = (b);                                       \
+        for (int l_ = 0; l_ < 16; l_++)                           \
+            (acc)[l_] = __builtin_fmaf(a_, b_[l_], (acc)[l_]);    \
+    } while (0)
+
 static inline float kv_get(const void *p, size_t i, bool bf)
 {
     return bf ? exo_bf16_to_f32(((const uint16_t *)p)[i]) : ((const float *)p)[i];
@@ -290,8 +306,8 @@ static inline __attribute__((always_inline)) void qk_block(int G, bool bf, const
             v16 k0 = (v16)(w << 16), k1 = (v16)(w & 0xffff0000u);
 #pragma GCC unroll 4
             for (int g = 0; g < G; g++) {
-                acc[g] += q[(size_t)g * hd + d] * k0;
-                acc[g] += q[(size_t)g * hd + d + 1] * k1;
+                FMA16(acc[g], q[(size_t)g * hd + d], k0);
+                FMA16(acc[g], q[(size_t)g * hd + d + 1], k1);
             }
         }
     } else {
@@ -301,7 +317,7 @@ static inline __attribute__((always_inline)) void qk_block(int G, bool bf, const
             v16 kv = *(const v16 *)(kb + (size_t)d * EXO_KV_BLOCK);
 #pragma GCC unroll 4
             for (int g = 0; g < G; g++)
-                acc[g] += q[(size_t)g * hd + d] * kv;
+                FMA16(acc[g], q[(size_t)g * hd + d], kv);
         }
     }
     for (int g = 0; g < G; g++)
@@ -338,8 +354,8 @@ static inline __attribute__((always_inline)) void pv_block(int G, int W, bool bf
                     v16 even = (v16)(x << 16), odd = (v16)(x & 0xffff0000u);
 #pragma GCC unroll 4
                     for (int g = 0; g < G; g++) {
-                        acc[g][w] += pp[g * ld + i] * even;
-                        acc[g][w + 1] += pp[g * ld + i] * odd;
+                        FMA16(acc[g][w], pp[g * ld + i], even);
+                        FMA16(acc[g][w + 1], pp[g * ld + i], odd);
                     }
                 }
                 continue;
@@ -350,7 +366,7 @@ static inline __attribute__((always_inline)) void pv_block(int G, int W, bool bf
                 v16 vv = KV_LOAD16(vh, vr + 16 * w, bf);
 #pragma GCC unroll 4
                 for (int g = 0; g < G; g++)
-                    acc[g][w] += pp[g * ld + i] * vv;
+                    FMA16(acc[g][w], pp[g * ld + i], vv);
             }
         }
         i0 += len;
@@ -417,7 +433,7 @@ static inline __attribute__((always_inline)) void attend_heads(int G, bool bf, c
             for (int i = 0, sp = s0; i < n; i++, sp = sp + 1 == ring ? 0 : sp + 1) {
                 int at;
                 const void *vh = kv_head_run(kv, 1, sp, h, hd, bytes, &at);
-                a += sc[g * ld + off + i] * kv_get(vh, (size_t)at * hd + c, bf);
+                a = __builtin_fmaf(sc[g * ld + off + i], kv_get(vh, (size_t)at * hd + c, bf), a);
             }
             o[(size_t)g * hd + c] = a;
         }
@@ -573,8 +589,8 @@ static inline __attribute__((always_inline)) void tile_qk(int G, int NB, bool bf
                 v16 k0 = (v16)(w << 16), k1 = (v16)(w & 0xffff0000u);
 #pragma GCC unroll 8
                 for (int g = 0; g < G; g++) {
-                    acc[nb][g] += q0[g] * k0;
-                    acc[nb][g] += q1[g] * k1;
+                    FMA16(acc[nb][g], q0[g], k0);
+                    FMA16(acc[nb][g], q1[g], k1);
                 }
             }
         }
@@ -587,7 +603,7 @@ static inline __attribute__((always_inline)) void tile_qk(int G, int NB, bool bf
                 v16 kv = *(const v16 *)(kb[nb] + (size_t)d * EXO_KV_BLOCK);
 #pragma GCC unroll 8
                 for (int g = 0; g < G; g++)
-                    acc[nb][g] += qd[g] * kv;
+                    FMA16(acc[nb][g], qd[g], kv);
             }
         }
     }
@@ -642,8 +658,8 @@ static inline __attribute__((always_inline)) void tile_values(int G, int W, bool
                 v16 even = (v16)(x << 16), odd = (v16)(x & 0xffff0000u);
 #pragma GCC unroll 4
                 for (int g = 0; g < G; g++) {
-                    acc[g][w] += p[g * ld + i] * even;
-                    acc[g][w + 1] += p[g * ld + i] * odd;
+                    FMA16(acc[g][w], p[g * ld + i], even);
+                    FMA16(acc[g][w + 1], p[g * ld + i], odd);
                 }
             }
             continue;
@@ -653,7 +669,7 @@ static inline __attribute__((always_inline)) void tile_values(int G, int W, bool
             v16 vv = KV_LOAD16(vh, vr + 16 * w, bf);
 #pragma GCC unroll 4
             for (int g = 0; g < G; g++)
-                acc[g][w] += p[g * ld + i] * vv;
+                FMA16(acc[g][w], p[g * ld + i], vv);
         }
     }
     for (int g = 0; g < G; g++)
@@ -675,7 +691,7 @@ static inline __attribute__((always_inline)) void tile_values_run(int G, bool bf
         for (int g = 0; g < G; g++) {
             float a = first ? 0 : acc_mem[(size_t)g * hd + c];
             for (int i = 0; i < len; i++)
-                a += p[g * ld + i] * kv_get(vh, ((size_t)at + (size_t)i) * hd + c, bf);
+                a = __builtin_fmaf(p[g * ld + i], kv_get(vh, ((size_t)at + (size_t)i) * hd + c, bf), a);
             acc_mem[(size_t)g * hd + c] = a;
         }
 }
