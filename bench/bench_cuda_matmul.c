@@ -208,15 +208,7 @@ static int run_experts(int device, int rounds, const int *widths, int nwidths, d
         host_x[i] = (float)((int)(next_u64() % 2001) - 1000) / 1000.0f;
     rc = !logits || !pick_w || !idx || !x || !gu || !out || o->to_device(be, x, host_x, sizeof(float) * MOST * D);
     exo_linear picked[3 * K];
-    for (int j = 0; j < K; j++)
-        for (int p = 0; p < 3; p++) {
-            exo_linear *l = &picked[3 * j + p];
-            *l = experts[p];
-            l->w = l->scales = l->biases = NULL;
-            l->pick_table = (const void *const *)table + 3 * E * p;
-            l->pick = idx + j;
-            l->pick_stride = K;
-        }
+    exo_linear_pick_slots(picked, K, experts, table, E, idx, K);
     const exo_linear *gu_w[2 * K], *down_w[K];
     float *gu_y[2 * K], *g[K], *u[K], *y[K];
     double one_row_us = 0;

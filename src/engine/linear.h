@@ -116,6 +116,14 @@ void exo_linear_part_bytes(const exo_linear *w, size_t *w_bytes, size_t *scales_
 /* Dequantizes/converts row r to f32 (cols values). */
 void exo_linear_row_f32(const exo_linear *w, int64_t r, float *out);
 
+/* Weights standing for slot j of a choice of k experts (backend.h
+ * moe_pick), as decode builds them: picked[3j + p] has the shape and format
+ * of experts[p] (every expert's part p shares them: 0 gate, 1 up, 2 down)
+ * and reads the entry of table (moe_pick_table of n_experts) that
+ * idx[t * stride + j] names for row t of x (stride 0: every row idx[j]). */
+void exo_linear_pick_slots(exo_linear *picked, int k, const exo_linear *experts, const void *table, int n_experts,
+                           const int32_t *idx, int stride);
+
 /* Whether a panels weight holds MXFP4 codes and E8M0 scales (linear.h). */
 static inline bool exo_panels_mx(const exo_linear *w) { return w->dtype == EXO_DTYPE_U8; }
 

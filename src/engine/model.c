@@ -2794,16 +2794,7 @@ static int moe_decode_picked(exo_model *m, layer *L, const exo_moe_router *rt, i
     size_t TI = (size_t)T * (size_t)I, TD = (size_t)T * (size_t)D;
     OK(o->moe_pick(be, rt, a->router, T, a->pick_idx, a->pick_w));
     exo_linear *chosen = a->picked;
-    const void *const *table = (const void *const *)L->pick_table;
-    for (int j = 0; j < k; j++)
-        for (int p = 0; p < 3; p++) {
-            exo_linear *c = &chosen[3 * j + p];
-            *c = L->experts[p]; /* every expert's part p has this shape and format */
-            c->w = c->scales = c->biases = NULL;
-            c->pick_table = table + (size_t)3 * (size_t)L->n_experts * (size_t)p;
-            c->pick = a->pick_idx + j;
-            c->pick_stride = k;
-        }
+    exo_linear_pick_slots(chosen, k, L->experts, L->pick_table, L->n_experts, a->pick_idx, k);
     for (int j = 0; j < k; j++) {
         a->sel_w[2 * j] = &chosen[3 * j];
         a->sel_w[2 * j + 1] = &chosen[3 * j + 1];

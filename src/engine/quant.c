@@ -214,6 +214,20 @@ void exo_linear_part_bytes(const exo_linear *w, size_t *w_bytes, size_t *scales_
     *biases_bytes = bb;
 }
 
+void exo_linear_pick_slots(exo_linear *picked, int k, const exo_linear *experts, const void *table, int n_experts,
+                           const int32_t *idx, int stride)
+{
+    for (int j = 0; j < k; j++)
+        for (int p = 0; p < 3; p++) {
+            exo_linear *l = &picked[3 * j + p];
+            *l = experts[p];
+            l->w = l->scales = l->biases = NULL;
+            l->pick_table = (const void *const *)table + (size_t)3 * (size_t)n_experts * (size_t)p;
+            l->pick = idx + j;
+            l->pick_stride = stride;
+        }
+}
+
 size_t exo_linear_bytes(const exo_linear *w)
 {
     size_t wb, sb, bb;

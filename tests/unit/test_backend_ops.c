@@ -1803,23 +1803,6 @@ Test(backend_ops, moe_route)
     both_close(&b);
 }
 
-/* Weights standing for slot j's choice of k (its gate, up and down at
- * 3j .. 3j + 2), as the model builds them: E experts' table (moe_pick_table),
- * row t of x taking idx[t * stride + j]. */
-static void pick_slots(exo_linear *picked, int k, const exo_linear *experts, int E, void *table, const int32_t *idx,
-                       int stride)
-{
-    for (int j = 0; j < k; j++)
-        for (int p = 0; p < 3; p++) {
-            exo_linear *l = &picked[3 * j + p];
-            *l = experts[p];
-            l->w = l->scales = l->biases = NULL;
-            l->pick_table = (const void *const *)table + 3 * E * p;
-            l->pick = idx + j;
-            l->pick_stride = stride;
-        }
-}
-
 /* Decode's experts chosen on the device: moe_pick against the host
  * router (the same experts, weights to rounding), products of weights
  * that name a slot of the choice (moe_pick_table) against the CPU's
@@ -1861,7 +1844,7 @@ Test(backend_ops, moe_pick)
 
         exo_linear picked[3 * K];
         const exo_linear *pg[2 * K], *pc[2 * K];
-        pick_slots(picked, K, gpu_experts, E, table, idx_dev, 0);
+        exo_linear_pick_slots(picked, K, gpu_experts, table, E, idx_dev, 0);
         /* gate and up of the chosen experts, one x */
         dual x = dual_rand(&b, D, 1.0f), gu[2 * K];
         float *yc[2 * K], *yg[2 * K];
@@ -1998,7 +1981,7 @@ Test(backend_ops, moe_pick_rows)
             float *wts = be_alloc(g, (size_t)T * K);
             ON(g, moe_pick, &router, logits.gpu, T, idx, wts);
             exo_linear picked[3 * K], alone[3 * K];
-            pick_slots(picked, K, experts, E, table, idx, K);
+            exo_linear_pick_slots(picked, K, experts, table, E, idx, K);
             memcpy(alone, picked, sizeof alone);
             /* gate and up of every token, x normed in the products */
             float *gu = be_alloc(g, 2 * K * TI), *gu1 = be_alloc(g, 2 * K * I);
