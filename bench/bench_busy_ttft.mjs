@@ -11,13 +11,13 @@
 // PRESET (default llama-3.2-1b) is built with `exo synth-model --quant q4`
 // and the byte-level tokenizer and Qwen3 chat template of the end-to-end
 // tests, so a prompt of N ASCII letters is about N tokens. The runner uses
-// every CPU (or the GPU where the build and the machine have one) and
+// every CPU (EXO_BENCH_THREADS: another count; or the GPU where the build
+// and the machine have one) and
 // EXO_BATCH is set to STREAMS + 1 (default 16 + 1). EXO_BIN selects the
 // binary (default build/exo).
-import os from 'node:os';
 import fsp from 'node:fs/promises';
 import * as D from '../tests/e2e/daemon.mjs';
-import { text, startSynthDaemon } from './synth_daemon.mjs';
+import { text, startSynthDaemon, BENCH_THREADS } from './synth_daemon.mjs';
 
 const preset = process.argv[2] || 'llama-3.2-1b';
 const nStreams = Number(process.argv[3] || 16);
@@ -56,8 +56,7 @@ const streams = [];
 try {
   process.env.EXO_BATCH = String(nStreams + 1);
   let id;
-  ({ daemon, id } = await startSynthDaemon(tmp, preset, { ctx: 4096,
-    extra: ['--threads', String(os.availableParallelism())] }));
+  ({ daemon, id } = await startSynthDaemon(tmp, preset, { ctx: 4096 }));
 
   // idle: the new request alone (different prompts each time: no prefix reuse)
   const alone = [];
@@ -95,7 +94,7 @@ try {
     }
   }
   const a = median(alone), b = median(busy.map((x) => x.ms));
-  console.log(`${preset} q4, ${os.availableParallelism()} threads, ${promptTokens}-token prompts, ${nStreams} streams ` +
+  console.log(`${preset} q4, ${BENCH_THREADS} threads, ${promptTokens}-token prompts, ${nStreams} streams ` +
     `(${live} still decoding at the end)`);
   console.log(`time to first token alone          ${a.toFixed(0).padStart(7)} ms (median of 3)`);
   console.log(`time to first token, ${String(nStreams).padStart(2)} streams busy ${b.toFixed(0).padStart(7)} ms (median of 3): ` +

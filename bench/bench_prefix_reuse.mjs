@@ -9,10 +9,11 @@
 // PRESET (default qwen3-0.6b) is built with `exo synth-model --quant q4`
 // and the byte-level tokenizer and Qwen3 chat template of the end-to-end
 // tests, so a prompt of N ASCII letters is about N tokens. EXO_BIN selects
-// the binary (default build/exo).
+// the binary (default build/exo), EXO_BENCH_THREADS the runner's threads
+// (default: every core).
 import fsp from 'node:fs/promises';
 import * as D from '../tests/e2e/daemon.mjs';
-import { text, startSynthDaemon } from './synth_daemon.mjs';
+import { text, startSynthDaemon, BENCH_THREADS } from './synth_daemon.mjs';
 
 const preset = process.argv[2] || 'qwen3-0.6b';
 const prefixTokens = Number(process.argv[3] || 2000);
@@ -42,6 +43,7 @@ try {
   const first = await ttft(daemon.base, id, `${prefix} What comes first?`);
   const shared = await ttft(daemon.base, id, `${prefix} And what comes next?`);
   const other = await ttft(daemon.base, id, `${text(prefixTokens, 2)} What comes first?`);
+  console.log(`${preset} q4, ${BENCH_THREADS} threads, a ${prefixTokens}-token prefix`);
   const line = (name, r) => console.log(`${name.padEnd(28)} ${r.ms.toFixed(0).padStart(7)} ms to the first token ` +
     `(${r.prompt} prompt tokens, ${r.cached ?? 0} cached)`);
   line('first request', first);
