@@ -1748,8 +1748,12 @@ static const struct {
 };
 
 /* Router i on T rows of random logits: the CPU's moe_route against the
- * GPU's, or against its moe_pick (the choice left on the device). */
-static void route_case(both *b, size_t i, int T, bool on_device)
+ * GPU's, or against its moe_pick (the choice left on the device). With
+ * ties (softmax routers, which choose by the logits themselves): a third
+ * of the neighbouring pairs equal and a third one ulp apart, so choices
+ * fall on ties, where both must take the lower index, and on gaps no
+ * rounding may close. */
+static void route_case(both *b, size_t i, int T, bool on_device, bool ties)
 {
     const int E = routers[i].r.n_experts, k = routers[i].r.k;
     exo_moe_router rc = routers[i].r, rg = routers[i].r;
@@ -1760,6 +1764,14 @@ static void route_case(both *b, size_t i, int T, bool on_device)
         rg.bias = bias.gpu;
     }
     dual logits = dual_rand(b, (size_t)T * E, 2.0f);
+    if (ties) {
+        for (int t = 0; t < T; t++)
+            for (int e = 0; e + 1 < E; e += 2) {
+                float *l = logits.init + (size_t)t * E + e;
+                l[1] = e / 2 % 3 == 0 ? l[0] : e / 2 % 3 == 1 ? nextafterf(l[0], INFINITY) : l[1];
+            }
+        dual_upload(b, &logits);
+    }
     int32_t *ic = exo_calloc((size_t)T * k, sizeof(int32_t)), *ig = exo_calloc((size_t)T * k, sizeof(int32_t));
     float *wc = exo_calloc((size_t)T * k, sizeof(float)), *wg = exo_calloc((size_t)T * k, sizeof(float));
     ON(b->cpu, moe_route, &rc, logits.cpu, T, ic, wc);
@@ -1781,9 +1793,9 @@ static void route_case(both *b, size_t i, int T, bool on_device)
     for (int j = 0; j < T * k; j++)
         differ += ic[j] != ig[j];
     record(on_device ? "moe_pick idx (share differing)" : "moe_route idx (share differing)", NMSE_EXACT,
-           (double)differ / (T * k), "%s, T %d", routers[i].name, T);
+           (double)differ / (T * k), "%s, T %d%s", routers[i].name, T, ties ? ", near ties" : "");
     record(on_device ? "moe_pick weights" : "moe_route weights", NMSE_ELEMENTWISE, nmse(wg, wc, (size_t)T * k),
-           "%s, T %d", routers[i].name, T);
+           "%s, T %d%s", routers[i].name, T, ties ? ", near ties" : "");
     exo_free(ic);
     exo_free(ig);
     exo_free(wc);
@@ -1799,7 +1811,8 @@ Test(backend_ops, moe_route)
     static const int Ts[] = {1, 5, 64};
     for (size_t i = 0; i < sizeof routers / sizeof routers[0]; i++)
         for (int t = 0; t < 3; t++)
-            route_case(&b, i, Ts[t], false);
+            for (int ties = 0; ties <= !routers[i].r.sigmoid; ties++)
+                route_case(&b, i, Ts[t], false, ties);
     both_close(&b);
 }
 
@@ -1818,7 +1831,8 @@ Test(backend_ops, moe_pick)
     static const int Ts[] = {1, 3};
     for (size_t i = 0; i < sizeof routers / sizeof routers[0]; i++)
         for (int t = 0; t < 2; t++)
-            route_case(&b, i, Ts[t], true);
+            for (int ties = 0; ties <= !routers[i].r.sigmoid; ties++)
+                route_case(&b, i, Ts[t], true, ties);
 
     /* experts of one format: gate and up (I, D), down (D, I); four chosen */
     enum { E = 12, K = 4, D = 512, I = 256 };
