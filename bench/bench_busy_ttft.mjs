@@ -11,10 +11,9 @@
 // PRESET (default llama-3.2-1b) is built with `exo synth-model --quant q4`
 // and the byte-level tokenizer and Qwen3 chat template of the end-to-end
 // tests, so a prompt of N ASCII letters is about N tokens. The runner uses
-// every CPU (EXO_BENCH_THREADS: another count; or the GPU where the build
-// and the machine have one) and
-// EXO_BATCH is set to STREAMS + 1 (default 16 + 1). EXO_BIN selects the
-// binary (default build/exo).
+// every CPU (EXO_BENCH_THREADS sets another count), or the GPU where the
+// build and the machine have one, and EXO_BATCH is set to STREAMS + 1
+// (default 16 + 1). EXO_BIN selects the binary (default build/exo).
 import fsp from 'node:fs/promises';
 import * as D from '../tests/e2e/daemon.mjs';
 import { text, startSynthDaemon, BENCH_THREADS } from './synth_daemon.mjs';
