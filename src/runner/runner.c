@@ -910,16 +910,22 @@ fail:
     if (!err.msg[0])
         snprintf(err.msg, sizeof err.msg, "%s", exo_strerror(err.code));
     EXO_LOG_ERROR("runner: loading %s failed: %s", dir, err.msg);
-    r->fail_msg = exo_strdup(err.msg);
+    char why[EXO_ERR_LEN + 64];
+    snprintf(why, sizeof why, "the model failed to load: %s", err.msg);
+    r->fail_msg = exo_strdup(why);
     send_status(r, EXO_RUNNER_FAILED, 0, 0, err.msg);
 }
 
-/* The ring broke: this runner can serve nothing more; the node replaces it. */
+/* The ring broke: this runner can serve nothing more; the node replaces it.
+ * Requests still queued are told so (fail_msg), not that the model failed
+ * to load: it had loaded and served. */
 static void ring_failed(runner *r, const char *why)
 {
     EXO_LOG_ERROR("runner: rank %d of %d: %s", r->load.rank, r->load.world, why);
+    char msg[EXO_ERR_LEN + 64];
+    snprintf(msg, sizeof msg, "the model's ranks lost each other: %s", why);
     exo_free(r->fail_msg);
-    r->fail_msg = exo_strdup(why);
+    r->fail_msg = exo_strdup(msg);
     unload(r);
     send_status(r, EXO_RUNNER_FAILED, 0, 0, why);
 }
@@ -2189,9 +2195,7 @@ int exo_runner_main(int fd)
         }
         if (r->head && r->state == EXO_RUNNER_FAILED) {
             job *j = pop(r);
-            char msg[EXO_ERR_LEN + 64];
-            snprintf(msg, sizeof msg, "the model failed to load: %s", r->fail_msg);
-            fail_request(r, j->id, msg);
+            fail_request(r, j->id, r->fail_msg);
             job_free(j);
             continue;
         }
