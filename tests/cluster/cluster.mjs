@@ -295,15 +295,27 @@ export async function placeAndWait(via, nodes, modelId = MODEL_ID) {
 export { D };
 export const exists = (p) => fs.existsSync(p);
 
+// The last lines of a node's daemon log and of each of its runners' logs
+// (a fault between ranks is told in the runners' logs of every node).
+async function logTails(n) {
+  let out = `\n--- ${n.name} (${n.dataDir}):\n${n.stderr.split('\n').slice(-30).join('\n')}`;
+  const dir = path.join(n.dataDir, 'cache/exo_log/runner_log');
+  for (const f of (await fsp.readdir(dir).catch(() => [])).sort()) {
+    const text = await fsp.readFile(path.join(dir, f), 'utf8').catch(() => '');
+    if (text.trim()) out += `\n--- ${n.name} ${f}:\n${text.trimEnd().split('\n').slice(-20).join('\n')}`;
+  }
+  return out;
+}
+
 // Runs fn(cluster) and stops every daemon after; on failure the error says
-// the tail of each daemon's log.
+// the tail of each daemon's and each runner's log.
 export async function withCluster(opts, fn) {
   const cl = new Cluster(opts);
   try {
     await fn(cl);
   } catch (e) {
     if (!(e instanceof Error)) e = new Error(JSON.stringify(e));
-    for (const n of cl.nodes) e.message += `\n--- ${n.name} (${n.dataDir}):\n${n.stderr.split('\n').slice(-30).join('\n')}`;
+    for (const n of cl.nodes) e.message += await logTails(n);
     throw e;
   } finally {
     await cl.stopAll();

@@ -31,7 +31,8 @@ export default async function* reporter(source) {
     } else {
       const err = ev.data.details?.error;
       const cause = err?.cause ?? err;
-      const msg = String(cause?.message ?? cause ?? 'failed').split('\n').slice(0, 12).join(`\n${pad}     `);
+      // long enough for the cluster tests' log tails (every node's and runner's)
+      const msg = String(cause?.message ?? cause ?? 'failed').split('\n').slice(0, 400).join(`\n${pad}     `);
       if (leaf) {
         fail++;
         failures.push(ev.data.name);
