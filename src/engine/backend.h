@@ -122,6 +122,13 @@ typedef struct exo_backend_ops {
     /* Whether attention, attention_rows and kv_copy take caches of bf16
      * (exo_attn_shape's cache); without it every cache is f32. */
     bool bf16_cache;
+    /* From how many rows of X a product (matmul and its fused kinds) may
+     * give every row the bits it gets at any other such row count, called
+     * on any rows of the same input (0: never): a prompt's keys and values
+     * are then the same however its chunks are cut, past a chunk of fewer
+     * rows. Shape-picked library kernels may break it: the model checks it
+     * on its own weights before relying on it (model.h exo_model_exact_rows). */
+    int  exact_rows;
 
     /* Memory. alloc returns zeroed memory or NULL. */
     void *(*alloc)(exo_backend *be, size_t bytes);

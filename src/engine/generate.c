@@ -120,12 +120,22 @@ struct exo_gen_seq {
     void            *ctx;
 };
 
-/* Prompt tokens a prefill call takes: one call when it must fail anyway
- * (no room), so the error is the model's, found before any work. */
+/* The chunk a prompt is cut in, 0: one call (also when it must fail
+ * anyway, no room, so the error is the model's, found before any work). */
 static int prefill_chunk(const exo_gen_seq *g)
 {
     int c = g->p.prefill_chunk;
-    return c > 0 && c < g->n_prompt && g->n_prompt <= g->capacity - g->pos ? c : g->n_prompt;
+    return c > 0 && g->n_prompt <= g->capacity - g->pos ? c : 0;
+}
+
+/* The next prefill call's tokens: up to the next multiple of the chunk
+ * counted from position 0, so a prompt taken up after a reused prefix is
+ * cut where it is when computed from 0. */
+static int prefill_rows(const exo_gen_seq *g)
+{
+    int left = g->n_prompt - g->done;
+    int n = g->chunk ? g->chunk - g->pos % g->chunk : left;
+    return n < left ? n : left;
 }
 
 exo_gen_seq *exo_gen_seq_new(const int32_t *prompt, int n_prompt, int pos, int capacity,
@@ -156,7 +166,7 @@ void exo_gen_seq_free(exo_gen_seq *g)
 bool exo_gen_seq_next(exo_gen_seq *g, const int32_t **tokens, int *T, bool *want_sample)
 {
     if (g->state == GS_PREFILL) {
-        int n = g->n_prompt - g->done < g->chunk ? g->n_prompt - g->done : g->chunk;
+        int n = prefill_rows(g);
         *tokens = g->prompt + g->done;
         *T = n;
         *want_sample = g->done + n == g->n_prompt && !g->restarted;
@@ -179,8 +189,7 @@ bool exo_gen_seq_next(exo_gen_seq *g, const int32_t **tokens, int *T, bool *want
 
 void exo_gen_seq_stepped(exo_gen_seq *g)
 {
-    int T = g->state == GS_PREFILL ? (g->n_prompt - g->done < g->chunk ? g->n_prompt - g->done : g->chunk)
-                                   : 1;
+    int T = g->state == GS_PREFILL ? prefill_rows(g) : 1;
     g->pos += T;
     if (g->state == GS_REPLAY) {
         if (++g->replayed == g->n_ran)

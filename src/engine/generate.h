@@ -28,7 +28,9 @@ typedef struct exo_gen_params {
     const int64_t *eos_ids;     /* generation stops at any of these (not reported) */
     int            n_eos;
     /* Optional (zero = off). prefill_chunk: at most this many prompt tokens
-     * per forward call; <= 0: the whole prompt in one call. on_prefill
+     * per forward call, cut at its multiples counted from position 0 (a
+     * prompt after a reused prefix: a shorter first call); <= 0: the whole
+     * prompt in one call. on_prefill
      * (with the ctx passed to exo_generate): called after every prefill
      * chunk but the last with the prompt tokens processed so far (< total);
      * nonzero stops before any token is sampled (finish = CANCEL,

@@ -185,6 +185,8 @@ struct exo_model {
     size_t n_owned;
     acts act;           /* the CPU's activations */
     acts gpu_act;       /* the GPU's */
+    int exact_rows;      /* exo_model_exact_rows, once exact_checked */
+    bool exact_checked;
     long replayed_steps; /* decode steps run from a recording */
     long prefetches;     /* backend prefetches started (issued ops; a replay issues none) */
     /* The paged KV cache (kv_pool.h): full-attention layers keep their
@@ -1832,6 +1834,66 @@ void exo_model_free(exo_model *m)
 
 const exo_model_config *exo_model_get_config(const exo_model *m) { return &m->cfg; }
 int exo_model_vocab(const exo_model *m) { return m->vocab; }
+
+/* Whether w gives rows of x the same bits at each of a few row counts from
+ * e and offsets as in one call of them all: where a row sits in a call,
+ * and how many rows the call has, must not matter. */
+static bool rows_agree(exo_backend *be, const exo_linear *w, int e)
+{
+    enum { ALL = 152 };
+    const int calls[][2] = {{e, 0}, {e, 37}, {40, 100}, {128, 23}}; /* rows, offset */
+    size_t K = (size_t)w->cols, N = (size_t)w->rows;
+    float *hx = exo_malloc(sizeof(float) * ALL * K), *all = exo_malloc(sizeof(float) * ALL * N);
+    float *some = exo_malloc(sizeof(float) * ALL * N);
+    float *x = be->ops->alloc(be, sizeof(float) * ALL * K), *y = be->ops->alloc(be, sizeof(float) * ALL * N);
+    bool ok = x && y;
+    uint32_t r = 12345;
+    for (size_t i = 0; i < ALL * K; i++) {
+        r = r * 1664525u + 1013904223u;
+        hx[i] = (float)(int32_t)r / 2147483648.0f;
+    }
+    ok = ok && !be->ops->to_device(be, x, hx, sizeof(float) * ALL * K) &&
+         !be->ops->matmul(be, 1, &w, x, ALL, &y) && !be->ops->to_host(be, all, y, sizeof(float) * ALL * N);
+    for (size_t c = 0; ok && c < sizeof calls / sizeof calls[0]; c++) {
+        size_t T = (size_t)calls[c][0], at = (size_t)calls[c][1];
+        float *xo = x + at * K;
+        ok = !be->ops->matmul(be, 1, &w, xo, (int)T, &y) &&
+             !be->ops->to_host(be, some, y, sizeof(float) * T * N) &&
+             !memcmp(some, all + at * N, sizeof(float) * T * N);
+    }
+    be->ops->release(be, x);
+    be->ops->release(be, y);
+    exo_free(hx);
+    exo_free(all);
+    exo_free(some);
+    return ok;
+}
+
+int exo_model_exact_rows(exo_model *m)
+{
+    if (m->exact_checked)
+        return m->exact_rows;
+    m->exact_checked = true;
+    m->exact_rows = 0;
+    int e = m->n_layers ? m->layers[0].be->ops->exact_rows : 0;
+    if (e <= 0 || m->n_experts || m->n_linear || m->mla || m->allreduce || m->max_chunk < 256)
+        return 0;
+    for (int l = 1; l < m->n_layers; l++)
+        if (m->layers[l].be->ops->exact_rows != e)
+            return 0;
+    /* the first layer's products of each width of input (k and gate read
+     * what q reads); every layer's weights have its formats */
+    layer *L = &m->layers[0];
+    const exo_linear *ws[] = {&L->q, &L->o, &L->down};
+    for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++)
+        if (ws[i]->rows > 0 && !rows_agree(L->be, ws[i], e)) {
+            EXO_LOG_INFO("model: products of %d+ rows differ with the row count here: "
+                         "prefixes are taken in whole prompt chunks only", e);
+            return 0;
+        }
+    m->exact_rows = e;
+    return e;
+}
 size_t exo_model_gpu_reserve(size_t total_bytes) { return total_bytes / 16 + ((size_t)1 << 30); }
 int exo_model_gpu_layers(const exo_model *m) { return m->gpu_layers; }
 int exo_model_gpu_device(const exo_model *m) { return m->gpu_device; }

@@ -132,6 +132,17 @@ long exo_model_replayed_steps(const exo_model *m);
  * issued so far (a replayed recording issues none). */
 long exo_model_prefetches(const exo_model *m);
 
+/* The fewest rows from which a prompt chunk's keys, values and logits do
+ * not depend on where chunks begin or end: computing a prompt in chunks of
+ * at least this many rows (each up to 256) gives every position the bits
+ * it gets in any other such chunking, so a computed prefix can be taken
+ * up to any position. 0: no such count (a GPU's library kernels picked by
+ * shape, experts given rows by routing, recurrent states stepped chunk by
+ * chunk, latent attention's small chunks, a tensor-parallel group). Where
+ * the backend promises it (backend.h exact_rows), the first call checks it
+ * on this model's own weights at several row counts and offsets. */
+int exo_model_exact_rows(exo_model *m);
+
 /* Bytes of weights one decode step reads (every layer + LM head). */
 size_t  exo_model_decode_bytes(const exo_model *m);
 

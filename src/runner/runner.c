@@ -22,6 +22,7 @@
 #include "core/meminfo.h"
 #include "engine/backend.h"
 #include "engine/generate.h"
+#include "engine/kv_pool.h"
 #include "engine/model.h"
 #include "engine/safetensors.h"
 #include "runner/dist.h"
@@ -62,6 +63,7 @@
 #define BATCH_DEFAULT      8
 #define BATCH_ROWS         16
 #define BATCH_PREFILL      128
+_Static_assert(BATCH_PREFILL % EXO_KV_PAGE == 0, "store_find: a chunk is whole pages");
 /* A pipeline's decoding requests go round as two groups taking turns from
  * this many ($EXO_PIPE_SPLIT; 0: never), as one below it (pipe_round) */
 #define PIPE_SPLIT_DEFAULT 2
@@ -69,10 +71,15 @@ _Static_assert(BATCH_MAX <= EXO_DIST_MAX_BATCH && BATCH_ROWS <= EXO_DIST_BATCH_R
                "a tensor group's ranks keep the batch slots and rows rank 0 uses");
 /* Prefix reuse: a slot's sequence keeps its last prompt's keys and values
  * after the request; a new prompt that starts with the same tokens takes
- * the slot and computes only the rest. Only whole BATCH_PREFILL chunks from
- * position 0 are reused, so the reused positions are the bits a prefill of
- * the new prompt would compute (the same chunks of the same rows), and a
- * request gets what it gets without reuse. */
+ * the slot and computes only the rest. A prompt is cut in chunks at the
+ * multiples of BATCH_PREFILL from position 0 (generate.h), and the reused
+ * positions must be the bits a prefill of the new prompt from 0 would
+ * compute, so that a request gets what it gets without reuse: on a model
+ * whose chunks of exact_rows or more rows give the same bits however they
+ * are cut (model.h exo_model_exact_rows: dense models on the CPU), a
+ * prefix is taken up to any position where what is left of its chunk,
+ * and every chunk it held, has that many rows (reuse_point); elsewhere in
+ * whole chunks only. */
 
 typedef struct job {
     char            id[EXO_RUNNER_ID_MAX + 1];
@@ -124,10 +131,41 @@ typedef struct runner {
      * one each slot keeps (kept_prefix, below) */
     struct kept_prefix    *store;
     uint32_t               prefix_ids; /* the next entry's id */
+    int                    exact_rows; /* exo_model_exact_rows, 0 in a group of ranks */
     int                    n_store;
     exo_seq               *seqs[EXO_DIST_MAX_SLOTS]; /* seqs[0] == seq; more for a pipeline */
     int                    n_slots;
 } runner;
+
+/* ---- where prefixes are taken --------------------------------------------- */
+
+/* The first positions of an n-token prompt whose bits do not depend on
+ * how its chunks were cut: its whole chunks, and on an exact-rows model
+ * its last chunk too when that has exact_rows or more. */
+static int prompt_exact(const runner *r, int n)
+{
+    int tail = n % BATCH_PREFILL;
+    return r->exact_rows && tail >= r->exact_rows ? n : n - tail;
+}
+
+/* How much of a prefix sharing its first `common` positions (those
+ * prompt_exact of the prefix's own prompt, short of the new prompt's last
+ * token) an n-token prompt takes: the positions a prefill of it from 0
+ * computes with the same bits once the rest is computed after them. The
+ * rest's first call runs to the chunk's end, and must have exact_rows or
+ * more rows; a short last chunk is computed whole. */
+static int reuse_point(const runner *r, int n, int common)
+{
+    const int C = BATCH_PREFILL, E = r->exact_rows;
+    if (!E)
+        return common / C * C;
+    if (common > prompt_exact(r, n))
+        common = prompt_exact(r, n);
+    int start = common / C * C, end = start + C < n ? start + C : n;
+    if (common > start && end - common < E)
+        common = end - E > start ? end - E : start;
+    return common;
+}
 
 /* ---- the prefix cache ------------------------------------------------------- */
 
@@ -188,11 +226,12 @@ static bool store_evict(runner *r, const exo_kv_prefix *spare)
     return true;
 }
 
-/* Keeps the first n of ids (whole pages), which slot i's sequence holds
+/* Keeps the first n of ids, in whole pages, which slot i's sequence holds
  * (on every rank of a tensor-parallel group). */
 static void store_put(runner *r, int slot, const int32_t *ids, int n)
 {
     exo_seq *s = r->bseqs[slot];
+    n = n / EXO_KV_PAGE * EXO_KV_PAGE;
     if (n <= 0)
         return;
     for (int i = 0; i < r->n_store; i++) {
@@ -236,10 +275,10 @@ static void store_put(runner *r, int slot, const int32_t *ids, int n)
         store_drop(r, (int)(store_entry(r, pages) - r->store));
 }
 
-/* The entry sharing the most whole chunks of `chunk` tokens with ids (n
- * tokens), short of the last token, when more than `than`: its index and
- * the count in *common; else -1. */
-static int store_find(const runner *r, const int32_t *ids, int n, int chunk, int than, int *common)
+/* The entry an n-token prompt takes most of (reuse_point, in whole
+ * pages), when more than `than`: its index and the count in *common; else
+ * -1. */
+static int store_find(const runner *r, const int32_t *ids, int n, int than, int *common)
 {
     int best = -1;
     *common = than;
@@ -248,7 +287,9 @@ static int store_find(const runner *r, const int32_t *ids, int n, int chunk, int
         int c = 0;
         while (c < e->n && c < n - 1 && e->ids[c] == ids[c])
             c++;
-        c = c / chunk * chunk;
+        /* reuse_point in whole pages: a page ends at a chunk's end or E or
+         * more rows before it (pages of 64 in chunks of 128) */
+        c = reuse_point(r, n, c) / EXO_KV_PAGE * EXO_KV_PAGE;
         if (c > *common && exo_kv_prefix_can_take(e->pages, c)) {
             best = i;
             *common = c;
@@ -898,6 +939,7 @@ static void do_load(runner *r)
                  exo_clock_seconds() - t0);
     send_status(r, EXO_RUNNER_LOADED, 0, 0, NULL);
     send_status(r, EXO_RUNNER_WARMING_UP, 0, 0, NULL);
+    r->exact_rows = split(r) || tensor ? 0 : exo_model_exact_rows(r->model);
     /* rank 0 warms the whole ring up; the others serve it from their loop */
     if (leads && r->load.warmup_tokens > 0)
         warm_up(r, r->load.warmup_tokens);
@@ -1398,14 +1440,13 @@ typedef struct batch_slot {
     gen_ctx     *parked;
 } batch_slot;
 
-/* The positions of g's prompt that slot i's sequence holds, computed in
- * whole chunks from 0, and can go back to: a recurrent state only to where
- * its last prompt chunk began, a ring only within its window. */
+/* The positions of g's prompt that slot i's sequence holds, computed as
+ * from 0 (prompt_exact), and can go back to: a recurrent state only to
+ * where its last prompt chunk began, a ring only within its window. */
 static int slot_keepable(runner *r, int i, const gen_ctx *g)
 {
-    int n = (int)g->n_ids, reused = g->reused;
-    int whole = reused + (n - reused) / BATCH_PREFILL * BATCH_PREFILL;
-    int held = exo_seq_len(r->bseqs[i]) / BATCH_PREFILL * BATCH_PREFILL; /* a prefill cut short */
+    int whole = prompt_exact(r, (int)g->n_ids);
+    int held = prompt_exact(r, exo_seq_len(r->bseqs[i])); /* a prefill cut short: at a chunk's end */
     int keep = whole < held ? whole : held;
     while (keep > 0 && !exo_seq_can_return(r->bseqs[i], keep))
         keep -= BATCH_PREFILL;
@@ -1427,8 +1468,8 @@ static void slot_prompt_done(runner *r, int i, gen_ctx *g)
 }
 
 /* What slot i's sequence keeps for prefix reuse once g is done with it:
- * g's prompt, and the positions of it computed in whole chunks from 0
- * (after an error, none). */
+ * g's prompt, and the positions of it slot_keepable (after an error,
+ * none). */
 static void slot_keep(runner *r, int i, const gen_ctx *g, bool failed)
 {
     exo_free(r->kept[i]);
@@ -1487,21 +1528,21 @@ static void preempted_close(runner *r, batch_slot *slots, gen_ctx *g)
 }
 
 /* Prompt positions slot i's sequence can give a request for ids (n
- * tokens): the whole chunks both start with, short of the last token (whose
- * logits the request needs), where the sequence can go back to them. */
+ * tokens): of those both start with, short of the last token (whose logits
+ * the request needs), its reuse_point, where the sequence can go back to
+ * it. */
 static int slot_reuse(const runner *r, int i, const int32_t *ids, int n)
 {
     int common = 0;
     while (common < r->n_kept[i] && common < n - 1 && r->kept[i][common] == ids[common])
         common++;
-    common = common / BATCH_PREFILL * BATCH_PREFILL;
+    common = reuse_point(r, n, common);
     return common && exo_seq_can_return(r->bseqs[i], common) ? common : 0;
 }
 
-/* The running request whose prompt shares the most whole chunks with g's
- * (its sequence holds them: past its prefill's progress they are not yet
- * there), when that is more than `than`: its slot, the count in *n; else
- * -1. */
+/* The running request whose prompt g's takes most of (reuse_point; its
+ * sequence holds them: past its prefill's progress they are not yet there),
+ * when that is more than `than`: its slot, the count in *n; else -1. */
 static int busy_prefix(const runner *r, const batch_slot *slots, const gen_ctx *g, int than, int *n)
 {
     int best = -1;
@@ -1511,10 +1552,11 @@ static int busy_prefix(const runner *r, const batch_slot *slots, const gen_ctx *
         if (!o || o == g || !r->bseqs[j])
             continue;
         int held = exo_seq_len(r->bseqs[j]) < (int)o->n_ids ? exo_seq_len(r->bseqs[j]) : (int)o->n_ids;
+        held = prompt_exact(r, held);
         int common = 0;
         while (common < held && common < (int)g->n_ids - 1 && o->ids[common] == g->ids[common])
             common++;
-        common = common / BATCH_PREFILL * BATCH_PREFILL;
+        common = reuse_point(r, (int)g->n_ids, common);
         if (common > *n && exo_seq_can_return(r->bseqs[j], common)) {
             best = j;
             *n = common;
@@ -1675,7 +1717,7 @@ static bool slot_open(runner *r, batch_slot *slots)
     /* a longer prefix a running request or the prefix cache holds is
      * shared, not held twice */
     int copy, from = busy_prefix(r, slots, g, reuse, &copy);
-    int stored, kept = store_find(r, g->ids, (int)g->n_ids, BATCH_PREFILL, from >= 0 ? copy : reuse, &stored);
+    int stored, kept = store_find(r, g->ids, (int)g->n_ids, from >= 0 ? copy : reuse, &stored);
     int shared = kept >= 0 ? stored : from >= 0 ? copy : 0;
     double grow = (double)exo_model_seq_bytes(r->model, need) - (r->bseqs[i] ? (double)exo_seq_bytes(r->bseqs[i]) : 0) -
                   (double)exo_model_shared_prefix_bytes(r->model, shared);

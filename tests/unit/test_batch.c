@@ -350,3 +350,70 @@ Test(batch, a_copied_prefix_goes_on_as_one_computed_in_place, .timeout = 240)
     for (size_t f = 0; f < sizeof FAMILIES / sizeof *FAMILIES; f++)
         copied_prefix(FAMILIES[f]);
 }
+
+/* Where a model promises exact rows (exo_model_exact_rows: the runner
+ * then takes a computed prefix up to any position), a prompt cut in calls
+ * of at least that many rows, wherever the cuts fall, gives the bits of
+ * one cut at the multiples of 128 from 0: at its last position, and in
+ * its caches (the decode steps after it). Models that cannot promise it
+ * say 0. */
+static void cuts_agree(const char *name)
+{
+    enum { N = 250, STEPS_AFTER = 4, MAX_CUTS = 5 };
+    exo_model *m = load(name);
+    int E = exo_model_exact_rows(m);
+    if (!E) {
+        fprintf(stderr, "batch/%s: no exact rows here (on a GPU, or the GEMM's rows differ): skipped\n", name);
+        exo_model_free(m);
+        return;
+    }
+    cr_assert(E <= 28, "%s: exact from %d rows, more than the cuts below allow", name, E);
+    const int cuts[][MAX_CUTS] = {{128, 122}, {E, 128 - E, 122}, {100, 28, 122}, {45, 83, 61, 61}, {250},
+                                  {128, E, 122 - E}};
+    int V = exo_model_vocab(m);
+    float *want = exo_malloc(sizeof(float) * (size_t)V * (STEPS_AFTER + 1)), *got = exo_malloc(sizeof(float) * V);
+    int32_t ids[N], next[STEPS_AFTER];
+    prompt(m, 5, ids, N);
+    exo_err err = {0};
+    for (size_t c = 0; c < sizeof cuts / sizeof cuts[0]; c++) {
+        exo_seq *s = seq(m);
+        int at = 0;
+        for (int k = 0; k < MAX_CUTS && cuts[c][k]; k++) {
+            cr_assert_geq(cuts[c][k], E);
+            float *lg = at + cuts[c][k] == N ? (c ? got : want) : NULL;
+            cr_assert_eq(exo_model_forward(m, s, ids + at, cuts[c][k], lg, false, &err), 0, "%s", err.msg);
+            at += cuts[c][k];
+        }
+        cr_assert_eq(at, N);
+        for (int t = 0; t <= STEPS_AFTER; t++) {
+            float *w = want + (size_t)t * V;
+            if (c == 0 && t < STEPS_AFTER)
+                next[t] = argmax(w, V);
+            if (c > 0)
+                cr_expect_eq(memcmp(got, w, sizeof(float) * V), 0, "%s: cuts %zu, %s: logits differ by %g", name, c,
+                             t ? "a decode step after" : "the prompt's last position", (double)max_diff(got, w, V));
+            if (t < STEPS_AFTER)
+                cr_assert_eq(exo_model_forward(m, s, &next[t], 1, c ? got : w + V, false, &err), 0, "%s", err.msg);
+        }
+        exo_seq_free(s);
+    }
+    fprintf(stderr, "batch/%s: exact from %d rows; %zu cuts of a %d-token prompt agree\n", name, E,
+            sizeof cuts / sizeof cuts[0], N);
+    exo_free(want);
+    exo_free(got);
+    exo_model_free(m);
+}
+
+Test(batch, prompt_cuts_of_exact_rows_agree, .timeout = 240)
+{
+    static const char *const dense[] = {"llama-q4g64", "llama-bf16", "llama-f32", "qwen3-q4g64", "gemma3-q4g64"};
+    for (size_t f = 0; f < sizeof dense / sizeof *dense; f++)
+        cuts_agree(dense[f]);
+    static const char *const other[] = {"qwen3_5-q4g64", "deepseek_v3-q4g64", "qwen3_moe-q4g64", "gpt_oss-mxfp4"};
+    for (size_t f = 0; f < sizeof other / sizeof *other; f++) {
+        exo_model *m = load(other[f]);
+        cr_expect_eq(exo_model_exact_rows(m), 0, "%s: experts, states or latent attention promise no exact rows",
+                     other[f]);
+        exo_model_free(m);
+    }
+}

@@ -522,10 +522,19 @@ static void prefill_progress(int step)
     rec_free(&r);
 }
 
+/* What B (A's prompt and a few more words) takes of A's: on the CPU all
+ * that they share but the chat template's end and what leaves its chunk a
+ * call of 17 rows or more (model.h exo_model_exact_rows), on a GPU the
+ * whole 128-token chunks. */
+static bool reused_enough(int cached, int total)
+{
+    return cached > 1000 && cached < total && (cached % 128 == 0 || cached > total - 40);
+}
+
 /* Prefix reuse: B's prompt starts with A's (a long user message, then
  * more). After A, B takes A's slot and computes only what follows the
- * whole 128-token chunks they share: its usage counts them as cached, its
- * progress starts past them, and its text is the one `exo run` gives B's
+ * prefix they share (reused_enough): its usage counts it as cached, its
+ * progress starts past it, and its text is the one `exo run` gives B's
  * prompt from scratch. */
 Test(runner_supervisor, a_shared_prefix_is_computed_once)
 {
@@ -545,8 +554,7 @@ Test(runner_supervisor, a_shared_prefix_is_computed_once)
     const exo_chunk *fa = terminal_of(&r, "A"), *fb = terminal_of(&r, "B");
     cr_assert_eq(fa->usage.cached_tokens, 0);
     int cached = fb->usage.cached_tokens, total = fb->usage.prompt_tokens;
-    cr_assert(cached > 1000 && cached % 128 == 0 && cached < total, "B reused %d of %d prompt tokens", cached,
-              total);
+    cr_assert(reused_enough(cached, total), "B reused %d of %d prompt tokens", cached, total);
     for (int i = 0; i < r.n; i++) /* B's progress starts past what it reused */
         if (r.evs[i].what == EV_CHUNK && !strcmp(r.evs[i].id, "B") && r.evs[i].chunk.kind == EXO_CHUNK_PREFILL)
             cr_assert_gt(r.evs[i].chunk.processed, cached);
@@ -566,7 +574,7 @@ Test(runner_supervisor, a_shared_prefix_is_computed_once)
 }
 
 /* Prefix reuse from a running request: B arrives while A (whose prompt B
- * extends) still decodes, and takes the whole chunks A's sequence holds by
+ * extends) still decodes, and takes the prefix A's sequence holds by
  * copy, not by computing them: its usage counts them as cached, it is done
  * while A still runs, and its text is the one `exo run` gives B's prompt. */
 Test(runner_supervisor, a_running_requests_prefix_is_copied)
@@ -589,7 +597,7 @@ Test(runner_supervisor, a_running_requests_prefix_is_copied)
     cr_assert(!is_done(&r, "A"), "A should still run when B is done");
     const exo_chunk *fb = terminal_of(&r, "B");
     int cached = fb->usage.cached_tokens, total = fb->usage.prompt_tokens;
-    cr_assert(cached > 1000 && cached % 128 == 0 && cached < total, "B reused %d of %d prompt tokens", cached, total);
+    cr_assert(reused_enough(cached, total), "B reused %d of %d prompt tokens", cached, total);
     char *tb = text_of(&r, "B");
     cr_assert_str_eq(tb, want_b);
     exo_err err;

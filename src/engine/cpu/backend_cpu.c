@@ -382,6 +382,7 @@ static const exo_backend_ops cpu_ops = {
     .name = "cpu",
     .free = cpu_free,
     .bf16_cache = true,
+    .exact_rows = EXO_CPU_GEMV_MAX_ROWS + 1, /* the GEMM's rows (oneDNN, model.c checks it) */
     .alloc = cpu_alloc,
     .release = cpu_release,
     .to_device = cpu_copy,

@@ -46,7 +46,7 @@
  * much as 8-16 GEMV passes (2048x2048 q4: GEMV 0.4-0.8 ms at T = 4..16,
  * GEMM > 1.5 ms); for bf16 and f32 weights the GEMM on AMX would be faster
  * from about 5 rows, which batch invariance is worth. */
-#define GEMV_MAX_T 16
+#define GEMV_MAX_T EXO_CPU_GEMV_MAX_ROWS
 #define PANEL_BYTES (2u << 20) /* target size of one thread's expanded weight panel */
 #define PRIM_CACHE 32
 #define MAX_QACT 6            /* (2 layouts) x (3 group sizes) */

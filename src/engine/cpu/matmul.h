@@ -50,6 +50,9 @@ void exo_cpu_matmul(exo_cpu_matmul_ctx *ctx, int n, const exo_linear *const *w,
 void exo_cpu_matmul_each(exo_cpu_matmul_ctx *ctx, int n, const exo_linear *const *w,
                          const float *const *xs, int T, float *const *y);
 
+/* AUTO's GEMV takes calls of up to this many rows of X, the GEMM more. */
+#define EXO_CPU_GEMV_MAX_ROWS 16
+
 /* Forces a path, for tests and benchmarks. */
 typedef enum exo_matmul_path {
     EXO_MATMUL_AUTO = 0,
