@@ -1730,6 +1730,7 @@ static const exo_backend_ops cuda_ops = {
     .name = "cuda",
     .free = cuda_free_backend,
     .bf16_cache = true,
+    .exact_rows = 0, /* cuBLAS picks its kernels by shape: a row's bits follow the row count */
     .alloc = cuda_alloc,
     .release = cuda_release,
     .to_device = cuda_to_device,
