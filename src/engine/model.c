@@ -2589,7 +2589,7 @@ int exo_seq_copy_prefix(exo_seq *dst, exo_seq *src, int n, exo_err *err)
  * at n. */
 struct exo_kv_prefix {
     exo_model *m;
-    int n;          /* positions: n / EXO_KV_PAGE whole pages */
+    int n;          /* positions, in prefix_pages(n) pages (the last may be part full) */
     int len;        /* the sequence's length when kept */
     int32_t *pages;
     void **k, **v;  /* per layer: a ring layer's ring as it was (k[l] the allocation), else NULL */
@@ -2599,12 +2599,18 @@ struct exo_kv_prefix {
     int64_t own_bytes;  /* counted in the model's kv_own_bytes while kept */
 };
 
+/* The pages holding n positions. A prefix shares a last page it fills
+ * only in part too: a sequence that writes into a shared page copies the
+ * positions before its write first (seq_own_pages), whichever of the
+ * sharers it is. */
+static int prefix_pages(int n) { return (n + EXO_KV_PAGE - 1) / EXO_KV_PAGE; }
+
 void exo_kv_prefix_free(exo_kv_prefix *p)
 {
     if (!p)
         return;
     exo_model *m = p->m;
-    for (int i = 0; p->pages && i < p->n / EXO_KV_PAGE; i++)
+    for (int i = 0; p->pages && i < prefix_pages(p->n); i++)
         exo_kv_pool_drop(m->kv_pool, p->pages[i]);
     for (int l = 0; p->k && l < m->n_layers; l++)
         if (p->k[l])
@@ -2622,9 +2628,8 @@ int exo_seq_keep_prefix(exo_seq *s, int n, exo_kv_prefix **out, exo_err *err)
 {
     exo_model *m = s->m;
     *out = NULL;
-    if (n <= 0 || n % EXO_KV_PAGE || n > s->len)
-        return exo_err_set(err, EXO_EINVAL, "keep_prefix: %d positions of a sequence of %d (whole pages of %d)", n,
-                           s->len, EXO_KV_PAGE);
+    if (n <= 0 || n > s->len)
+        return exo_err_set(err, EXO_EINVAL, "keep_prefix: %d positions of a sequence of %d", n, s->len);
     if ((m->n_linear && n != s->snap_len) || s->state_lost || !exo_seq_can_return(s, n))
         return exo_err_set(err, EXO_EUNSUPPORTED, "keep_prefix: the sequence keeps no state at %d", n);
     exo_kv_prefix *p = exo_calloc(1, sizeof *p);
@@ -2636,8 +2641,8 @@ int exo_seq_keep_prefix(exo_seq *s, int n, exo_kv_prefix **out, exo_err *err)
     p->slots = exo_calloc((size_t)m->n_layers, sizeof *p->slots);
     int rc = 0;
     if (m->kv_pool) {
-        p->pages = exo_malloc(sizeof(int32_t) * (size_t)(n / EXO_KV_PAGE));
-        for (int i = 0; i < n / EXO_KV_PAGE; i++) {
+        p->pages = exo_malloc(sizeof(int32_t) * (size_t)prefix_pages(n));
+        for (int i = 0; i < prefix_pages(n); i++) {
             p->pages[i] = s->page_id[i];
             exo_kv_pool_hold(m->kv_pool, p->pages[i]);
         }
@@ -2682,7 +2687,7 @@ int exo_seq_keep_prefix(exo_seq *s, int n, exo_kv_prefix **out, exo_err *err)
 bool exo_kv_prefix_can_take(const exo_kv_prefix *p, int n)
 {
     const exo_model *m = p->m;
-    if (n <= 0 || n % EXO_KV_PAGE || n > p->n || (m->n_linear && n != p->n))
+    if (n <= 0 || n > p->n || (m->n_linear && n != p->n))
         return false;
     for (int l = 0; l < m->n_layers; l++)
         if (p->k[l] && !ring_holds(m->layers[l].attn.sliding_window, p->len, p->slots[l], n))
@@ -2693,7 +2698,7 @@ bool exo_kv_prefix_can_take(const exo_kv_prefix *p, int n)
 int exo_seq_take_prefix(exo_seq *dst, const exo_kv_prefix *p, int n, exo_err *err)
 {
     exo_model *m = dst->m;
-    if (p->m != m || n <= 0 || n % EXO_KV_PAGE || n > p->n || n > dst->capacity)
+    if (p->m != m || n <= 0 || n > p->n || n > dst->capacity)
         return exo_err_set(err, EXO_EINVAL, "take_prefix: %d positions of a prefix of %d into a sequence of %d", n,
                            p->n, dst->capacity);
     if (!exo_kv_prefix_can_take(p, n))
@@ -2702,7 +2707,7 @@ int exo_seq_take_prefix(exo_seq *dst, const exo_kv_prefix *p, int n, exo_err *er
     if (l >= 0)
         return exo_err_set(err, EXO_EUNSUPPORTED, "take_prefix: a ring of %d slots into one of %d", p->slots[l],
                            dst->slots[l]);
-    seq_restart_on(dst, p->pages, p->pages ? n / EXO_KV_PAGE : 0);
+    seq_restart_on(dst, p->pages, p->pages ? prefix_pages(n) : 0);
     int rc = seq_own_from(dst, n, p->k, p->v, p->slots, p->states, p->state_floats);
     if (rc)
         return exo_err_set(err, rc, "take_prefix: copying %d positions failed: %s", n, exo_strerror(rc));

@@ -186,16 +186,16 @@ int  exo_seq_resize(exo_seq *s, int capacity, exo_err *err);
  * copied; EXO_EINVAL for n past src's length or dst's capacity. */
 int  exo_seq_copy_prefix(exo_seq *dst, exo_seq *src, int n, exo_err *err);
 /* A prompt prefix kept apart from any sequence (a prefix cache): the
- * pages of a sequence's first n positions, shared, held until freed, and
- * copies of what the sequence holds itself there (sliding layers' rings,
- * recurrent states at n), counted in exo_model_kv_bytes. keep: n a
- * multiple of the page (exo_kv_page_stats.page_positions), at most s's
- * length; EXO_EUNSUPPORTED where s cannot go back to n
+ * pages of a sequence's first n positions (the last may be part full:
+ * whichever sharer writes into it copies it first), shared, held until
+ * freed, and copies of what the sequence holds itself there (sliding
+ * layers' rings, recurrent states at n), counted in exo_model_kv_bytes.
+ * keep: n at most s's length; EXO_EUNSUPPORTED where s cannot go back to n
  * (exo_seq_can_return: a ring that no longer holds n's window, a
  * recurrent state without a snapshot at n). can_take: whether n
  * positions of p can be taken (a recurrent state only at p's length).
- * take: dst holds the first n positions of p (n a multiple of the page, at
- * most p's and dst's capacity), as if it had computed them; its own
+ * take: dst holds the first n positions of p (at most p's and dst's
+ * capacity), as if it had computed them; its own
  * positions go; EXO_EUNSUPPORTED (dst unchanged) where p cannot give n or
  * a ring does not fit dst's. */
 typedef struct exo_kv_prefix exo_kv_prefix;

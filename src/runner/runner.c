@@ -22,7 +22,6 @@
 #include "core/meminfo.h"
 #include "engine/backend.h"
 #include "engine/generate.h"
-#include "engine/kv_pool.h"
 #include "engine/model.h"
 #include "engine/safetensors.h"
 #include "runner/dist.h"
@@ -63,7 +62,6 @@
 #define BATCH_DEFAULT      8
 #define BATCH_ROWS         16
 #define BATCH_PREFILL      128
-_Static_assert(BATCH_PREFILL % EXO_KV_PAGE == 0, "store_find: a chunk is whole pages");
 /* A pipeline's decoding requests go round as two groups taking turns from
  * this many ($EXO_PIPE_SPLIT; 0: never), as one below it (pipe_round) */
 #define PIPE_SPLIT_DEFAULT 2
@@ -226,12 +224,11 @@ static bool store_evict(runner *r, const exo_kv_prefix *spare)
     return true;
 }
 
-/* Keeps the first n of ids, in whole pages, which slot i's sequence holds
- * (on every rank of a tensor-parallel group). */
+/* Keeps the first n of ids, which slot i's sequence holds (on every rank
+ * of a tensor-parallel group). */
 static void store_put(runner *r, int slot, const int32_t *ids, int n)
 {
     exo_seq *s = r->bseqs[slot];
-    n = n / EXO_KV_PAGE * EXO_KV_PAGE;
     if (n <= 0)
         return;
     for (int i = 0; i < r->n_store; i++) {
@@ -275,9 +272,8 @@ static void store_put(runner *r, int slot, const int32_t *ids, int n)
         store_drop(r, (int)(store_entry(r, pages) - r->store));
 }
 
-/* The entry an n-token prompt takes most of (reuse_point, in whole
- * pages), when more than `than`: its index and the count in *common; else
- * -1. */
+/* The entry an n-token prompt takes most of (reuse_point), when more
+ * than `than`: its index and the count in *common; else -1. */
 static int store_find(const runner *r, const int32_t *ids, int n, int than, int *common)
 {
     int best = -1;
@@ -287,9 +283,7 @@ static int store_find(const runner *r, const int32_t *ids, int n, int than, int 
         int c = 0;
         while (c < e->n && c < n - 1 && e->ids[c] == ids[c])
             c++;
-        /* reuse_point in whole pages: a page ends at a chunk's end or E or
-         * more rows before it (pages of 64 in chunks of 128) */
-        c = reuse_point(r, n, c) / EXO_KV_PAGE * EXO_KV_PAGE;
+        c = reuse_point(r, n, c);
         if (c > *common && exo_kv_prefix_can_take(e->pages, c)) {
             best = i;
             *common = c;
@@ -1743,7 +1737,7 @@ static bool slot_open(runner *r, batch_slot *slots)
         return true;
     }
     /* a longer prefix the prefix cache or a running request holds: its
-     * whole pages shared, not computed again */
+     * pages shared, not computed again */
     if (take && (rc = exo_seq_take_prefix(r->bseqs[i], take, stored, &err)) == EXO_EUNSUPPORTED)
         take = NULL; /* a ring that does not fit this slot's: as if not found */
     /* slot_make_room may have given entries up, and moved the rest: by pages */

@@ -161,7 +161,10 @@ Test(kv_pages, a_shared_prefix_is_copied_before_it_is_written, .timeout = 240)
 
 /* A prefix kept apart from its sequence (the runner's prefix cache)
  * outlives it: a new sequence takes its pages and goes on as one that
- * computed them. */
+ * computed them. Its last page part full (100 positions): the sequence
+ * that kept it writes there first, so copies it, and the prefix's page
+ * keeps what it held. On the CPU the taker's 58-row call after 100 gives
+ * the bits of a prefill cut at 128 (model.h exo_model_exact_rows). */
 Test(kv_pages, a_kept_prefix_outlives_its_sequence)
 {
     exo_model *m = load("llama-q4g64");
@@ -175,20 +178,32 @@ Test(kv_pages, a_kept_prefix_outlives_its_sequence)
     feed(m, src, a, 150, 64, la);
     exo_kv_prefix *p = NULL;
     exo_err err = {0};
-    cr_expect_eq(exo_seq_keep_prefix(src, 100, &p, &err), EXO_EINVAL, "not whole pages");
     cr_expect_eq(exo_seq_keep_prefix(src, 192, &p, &err), EXO_EINVAL, "past the length");
-    cr_assert_eq(exo_seq_keep_prefix(src, 128, &p, &err), 0, "%s", err.msg);
-    cr_expect_eq(exo_kv_prefix_len(p), 128);
-    exo_seq_free(src);
-    cr_expect_eq(pages(m).in_use, 2, "the prefix holds its two pages");
+    cr_assert_eq(exo_seq_keep_prefix(src, 100, &p, &err), 0, "%s", err.msg);
+    cr_expect_eq(exo_kv_prefix_len(p), 100);
+    exo_seq_truncate(src, 100);
     exo_seq *dst = seq(m, 256), *fresh = seq(m, 256);
     cr_expect_eq(exo_seq_take_prefix(dst, p, 192, &err), EXO_EINVAL, "more than it holds");
-    cr_assert_eq(exo_seq_take_prefix(dst, p, 128, &err), 0, "%s", err.msg);
-    cr_expect_eq(exo_seq_len(dst), 128);
-    feed(m, dst, a + 128, 30, 64, lb);
+    cr_assert_eq(exo_seq_take_prefix(dst, p, 100, &err), 0, "%s", err.msg);
+    cr_expect_eq(exo_seq_len(dst), 100);
+    feed(m, dst, a + 100, 58, 64, lb);
     feed(m, fresh, a, 158, 64, la);
     float d = max_diff(la, lb, V);
     cr_expect_leq(d, tol, "logits differ by %g from a fresh prefill", (double)d);
+    /* the sequence that kept it writes other tokens after 100: into its own
+     * copy of the page, not the taker's positions */
+    int32_t other[40];
+    for (int t = 0; t < 40; t++)
+        other[t] = (int32_t)((t * 31 + 7) % V);
+    feed(m, src, other, 40, 64, NULL);
+    exo_seq_free(src);
+    /* the prefix's two (the first shared with the taker), the taker's two
+     * past it, the fresh one's three */
+    cr_expect_eq(pages(m).in_use, 7, "%d pages in use", pages(m).in_use);
+    feed(m, dst, a + 158, 1, 1, lb);
+    feed(m, fresh, a + 158, 1, 1, la);
+    d = max_diff(la, lb, V);
+    cr_expect_leq(d, tol, "after the other's writes, logits differ by %g from a fresh prefill", (double)d);
     exo_kv_prefix_free(p);
     exo_seq_free(dst);
     exo_seq_free(fresh);
