@@ -157,6 +157,12 @@ typedef struct exo_backend_ops {
     /* y[i] = x W[i]^T for n weights sharing x (see cpu/matmul.h). */
     int  (*matmul)(exo_backend *be, int n, const exo_linear *const *w, const float *x, int T,
                    float *const *y);
+    /* Optional (NULL: matmul): the same, each row of x getting the bits it
+     * gets alone at any T, for the rows a prompt chunk routes to an expert,
+     * whose count depends on the chunk's other rows (a model's exact_rows
+     * then holds for its experts too; model.h exo_model_exact_rows). */
+    int  (*matmul_rows)(exo_backend *be, int n, const exo_linear *const *w, const float *x, int T,
+                        float *const *y);
     /* y[i] = xs[i] W[i]^T: n weights, each with its own input (same cols) */
     int  (*matmul_each)(exo_backend *be, int n, const exo_linear *const *w, const float *const *xs, int T,
                         float *const *y);

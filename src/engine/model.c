@@ -1838,10 +1838,13 @@ int exo_model_vocab(const exo_model *m) { return m->vocab; }
 /* Whether w gives rows of x the same bits at each of a few row counts from
  * e and offsets as in one call of them all: where a row sits in a call,
  * and how many rows the call has, must not matter. */
-static bool rows_agree(exo_backend *be, const exo_linear *w, int e)
+static bool rows_agree(exo_backend *be, const exo_linear *w, int e, bool rows_op)
 {
     enum { ALL = 152 };
-    const int calls[][2] = {{e, 0}, {e, 37}, {40, 100}, {128, 23}}; /* rows, offset */
+    /* rows_op: an expert's products, at any row count */
+    const int calls[][2] = {{e, 0}, {e, 37}, {40, 100}, {128, 23}, {rows_op ? 1 : e, 5}, {rows_op ? 5 : e, 60}};
+    int (*mm)(exo_backend *, int, const exo_linear *const *, const float *, int, float *const *) =
+        rows_op ? be->ops->matmul_rows : be->ops->matmul;
     size_t K = (size_t)w->cols, N = (size_t)w->rows;
     float *hx = exo_malloc(sizeof(float) * ALL * K), *all = exo_malloc(sizeof(float) * ALL * N);
     float *some = exo_malloc(sizeof(float) * ALL * N);
@@ -1853,11 +1856,11 @@ static bool rows_agree(exo_backend *be, const exo_linear *w, int e)
         hx[i] = (float)(int32_t)r / 2147483648.0f;
     }
     ok = ok && !be->ops->to_device(be, x, hx, sizeof(float) * ALL * K) &&
-         !be->ops->matmul(be, 1, &w, x, ALL, &y) && !be->ops->to_host(be, all, y, sizeof(float) * ALL * N);
+         !mm(be, 1, &w, x, ALL, &y) && !be->ops->to_host(be, all, y, sizeof(float) * ALL * N);
     for (size_t c = 0; ok && c < sizeof calls / sizeof calls[0]; c++) {
         size_t T = (size_t)calls[c][0], at = (size_t)calls[c][1];
         float *xo = x + at * K;
-        ok = !be->ops->matmul(be, 1, &w, xo, (int)T, &y) &&
+        ok = !mm(be, 1, &w, xo, (int)T, &y) &&
              !be->ops->to_host(be, some, y, sizeof(float) * T * N) &&
              !memcmp(some, all + at * N, sizeof(float) * T * N);
     }
@@ -1876,17 +1879,25 @@ int exo_model_exact_rows(exo_model *m)
     m->exact_checked = true;
     m->exact_rows = 0;
     int e = m->n_layers ? m->layers[0].be->ops->exact_rows : 0;
-    if (e <= 0 || m->n_experts || m->n_linear || m->mla || m->allreduce || m->max_chunk < 256)
+    if (e <= 0 || m->n_linear || m->mla || m->allreduce || m->max_chunk < 256)
         return 0;
     for (int l = 1; l < m->n_layers; l++)
-        if (m->layers[l].be->ops->exact_rows != e)
+        if (m->layers[l].be->ops->exact_rows != e || (m->n_experts && !m->layers[l].be->ops->matmul_rows))
             return 0;
     /* the first layer's products of each width of input (k and gate read
-     * what q reads); every layer's weights have its formats */
-    layer *L = &m->layers[0];
-    const exo_linear *ws[] = {&L->q, &L->o, &L->down};
+     * what q reads), the first sparse layer's router, shared expert and
+     * experts (each at any row count): every layer's weights have their
+     * formats */
+    layer *L = &m->layers[0], *S = L;
+    for (int l = 1; l < m->n_layers && !S->n_experts; l++)
+        S = &m->layers[l];
+    const exo_linear *ws[] = {&L->q, &L->o, &L->down, &S->router, &S->sh_down, NULL, NULL};
+    if (S->n_experts) {
+        ws[5] = &S->experts[0];
+        ws[6] = &S->experts[2];
+    }
     for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++)
-        if (ws[i]->rows > 0 && !rows_agree(L->be, ws[i], e)) {
+        if (ws[i] && ws[i]->rows > 0 && !rows_agree(L->be, ws[i], e, i >= 5)) {
             EXO_LOG_INFO("model: products of %d+ rows differ with the row count here: "
                          "prefixes are taken in whole prompt chunks only", e);
             return 0;
@@ -3008,6 +3019,10 @@ static int moe_forward(exo_model *m, layer *L, int T, exo_err *err)
         OK(o->zero(be, sum, (size_t)T * (size_t)m->dim));
     if (L->has_shared)
         OK(shared_forward(m, L, T, sum));
+    /* an expert's rows: as many as the call's other rows leave it, so
+     * products that give each row its own bits where the backend has them */
+    int (*rows_mm)(exo_backend *, int, const exo_linear *const *, const float *, int, float *const *) =
+        o->matmul_rows ? o->matmul_rows : o->matmul;
     for (int e = 0; e < E; e++) {
         int n = 0;
         for (int t = 0; t < T; t++)
@@ -3025,7 +3040,7 @@ static int moe_forward(exo_model *m, layer *L, int T, exo_err *err)
         }
         const exo_linear *gu[2] = {&L->experts[3 * e], &L->experts[3 * e + 1]};
         float *const gu_out[2] = {a->g, a->u};
-        OK(o->matmul(be, 2, gu, in, n, gu_out));
+        OK(rows_mm(be, 2, gu, in, n, gu_out));
         if (L->expert_bias) {
             OK(o->add_bias(be, a->g, expert_bias(m, L, e, 0), n, I));
             OK(o->add_bias(be, a->u, expert_bias(m, L, e, 1), n, I));
@@ -3033,7 +3048,7 @@ static int moe_forward(exo_model *m, layer *L, int T, exo_err *err)
         OK(o->glu(be, m->glu, a->g, a->u, (size_t)n * (size_t)I, m->glu_limit));
         const exo_linear *wd[1] = {&L->experts[3 * e + 2]};
         float *const yo[1] = {a->ye};
-        OK(o->matmul(be, 1, wd, a->g, n, yo));
+        OK(rows_mm(be, 1, wd, a->g, n, yo));
         if (L->expert_bias)
             OK(o->add_bias(be, a->ye, expert_bias(m, L, e, 2), n, m->dim));
         OK(o->scatter_add_rows(be, sum, a->ye, a->rows, a->row_w, n, m->dim));

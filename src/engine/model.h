@@ -137,10 +137,12 @@ long exo_model_prefetches(const exo_model *m);
  * at least this many rows (each up to 256) gives every position the bits
  * it gets in any other such chunking, so a computed prefix can be taken
  * up to any position. 0: no such count (a GPU's library kernels picked by
- * shape, experts given rows by routing, recurrent states stepped chunk by
- * chunk, latent attention's small chunks, a tensor-parallel group). Where
- * the backend promises it (backend.h exact_rows), the first call checks it
- * on this model's own weights at several row counts and offsets. */
+ * shape, experts on a backend without products that give a row its bits at
+ * any count (backend.h matmul_rows: an expert's rows depend on the chunk's
+ * other rows), recurrent states stepped chunk by chunk, latent attention's
+ * small chunks, a tensor-parallel group). Where the backend promises it
+ * (backend.h exact_rows), the first call checks it on this model's own
+ * weights at several row counts and offsets. */
 int exo_model_exact_rows(exo_model *m);
 
 /* Bytes of weights one decode step reads (every layer + LM head). */

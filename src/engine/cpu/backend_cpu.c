@@ -160,6 +160,14 @@ static int cpu_matmul(exo_backend *be, int n, const exo_linear *const *w, const 
     return 0;
 }
 
+static int cpu_matmul_rows(exo_backend *be, int n, const exo_linear *const *w, const float *x, int T,
+                           float *const *y)
+{
+    exo_cpu_matmul_rows(cpu(be)->mm, n, w, x, T, y);
+    add_out_biases(n, w, T, y);
+    return 0;
+}
+
 static int cpu_matmul_each(exo_backend *be, int n, const exo_linear *const *w, const float *const *xs,
                            int T, float *const *y)
 {
@@ -392,6 +400,7 @@ static const exo_backend_ops cpu_ops = {
     .embed = cpu_embed,
     .rmsnorm = cpu_rmsnorm,
     .matmul = cpu_matmul,
+    .matmul_rows = cpu_matmul_rows,
     .matmul_each = cpu_matmul_each,
     .add_bias = cpu_add_bias,
     .rope = cpu_rope,

@@ -784,8 +784,8 @@ void exo_cpu_matmul_each(exo_cpu_matmul_ctx *ctx, int n, const exo_linear *const
     exo_pool_run(ctx->pool, path == EXO_MATMUL_GEMV ? gemv_thread : ref_thread, &job);
 }
 
-void exo_cpu_matmul(exo_cpu_matmul_ctx *ctx, int n, const exo_linear *const *w, const float *x,
-                    int T, float *const *y)
+static void matmul_on(exo_cpu_matmul_ctx *ctx, exo_matmul_path path, int n, const exo_linear *const *w,
+                      const float *x, int T, float *const *y)
 {
     if (n <= 0 || T <= 0)
         return;
@@ -793,7 +793,6 @@ void exo_cpu_matmul(exo_cpu_matmul_ctx *ctx, int n, const exo_linear *const *w, 
                     .cols = w[0]->cols, .group_sums = ctx->amx};
     for (int i = 0; i < n; i++)
         job.total += w[i]->rows;
-    exo_matmul_path path = ctx->force;
     int gemv = 0; /* any weight with a GEMV kernel on this CPU */
     for (int i = 0; i < n; i++)
         gemv |= has_gemv_kernel(job.isa, w[i]);
@@ -807,4 +806,16 @@ void exo_cpu_matmul(exo_cpu_matmul_ctx *ctx, int n, const exo_linear *const *w, 
     }
     setup_thr(ctx, &job);
     exo_pool_run(ctx->pool, ref_thread, &job);
+}
+
+void exo_cpu_matmul(exo_cpu_matmul_ctx *ctx, int n, const exo_linear *const *w, const float *x,
+                    int T, float *const *y)
+{
+    matmul_on(ctx, ctx->force, n, w, x, T, y);
+}
+
+void exo_cpu_matmul_rows(exo_cpu_matmul_ctx *ctx, int n, const exo_linear *const *w, const float *x,
+                         int T, float *const *y)
+{
+    matmul_on(ctx, ctx->force != EXO_MATMUL_AUTO ? ctx->force : EXO_MATMUL_GEMV, n, w, x, T, y);
 }

@@ -1740,6 +1740,7 @@ static const exo_backend_ops cuda_ops = {
     .embed = cuda_embed,
     .rmsnorm = cuda_rmsnorm,
     .matmul = cuda_matmul,
+    .matmul_rows = NULL, /* its products of more than 16 rows are cuBLAS's, picked by shape (exact_rows 0) */
     .matmul_each = cuda_matmul_each,
     .add_bias = cuda_add_bias,
     .rope = cuda_rope,
