@@ -817,5 +817,12 @@ void exo_cpu_matmul(exo_cpu_matmul_ctx *ctx, int n, const exo_linear *const *w, 
 void exo_cpu_matmul_rows(exo_cpu_matmul_ctx *ctx, int n, const exo_linear *const *w, const float *x,
                          int T, float *const *y)
 {
-    matmul_on(ctx, ctx->force != EXO_MATMUL_AUTO ? ctx->force : EXO_MATMUL_GEMV, n, w, x, T, y);
+    /* where a weight has no GEMV kernel on this CPU (AVX2 only) the
+     * portable path would be far slower than the GEMM: AUTO, and the
+     * model's exactness check finds the rows' bits differ */
+    exo_matmul_path path = ctx->force != EXO_MATMUL_AUTO ? ctx->force : EXO_MATMUL_GEMV;
+    for (int i = 0; i < n && path == EXO_MATMUL_GEMV && ctx->force == EXO_MATMUL_AUTO; i++)
+        if (!has_gemv_kernel(exo_cpu_isa(), w[i]))
+            path = EXO_MATMUL_AUTO;
+    matmul_on(ctx, path, n, w, x, T, y);
 }

@@ -44,8 +44,9 @@ void exo_cpu_matmul_ctx_free(exo_cpu_matmul_ctx *ctx);
 void exo_cpu_matmul(exo_cpu_matmul_ctx *ctx, int n, const exo_linear *const *w,
                     const float *x, int T, float *const *y);
 
-/* The same through the GEMV at any T (unless a path is forced): each row
- * of X gets the bits it gets alone. */
+/* The same through the GEMV at any T (unless a path is forced, or a
+ * weight has no GEMV kernel on this CPU): each row of X gets the bits it
+ * gets alone. */
 void exo_cpu_matmul_rows(exo_cpu_matmul_ctx *ctx, int n, const exo_linear *const *w, const float *x,
                          int T, float *const *y);
 
