@@ -116,6 +116,10 @@ typedef struct exo_moe_router {
 /* Bytes that name a device group (group_new_id). */
 #define EXO_GROUP_ID_BYTES 128
 
+/* y[i] = x W[i]^T for n weights sharing x, T rows of x (exo_backend_ops). */
+typedef int exo_matmul_fn(exo_backend *be, int n, const exo_linear *const *w, const float *x, int T,
+                          float *const *y);
+
 typedef struct exo_backend_ops {
     const char *name;
     void (*free)(exo_backend *be);
@@ -155,14 +159,12 @@ typedef struct exo_backend_ops {
     int  (*rmsnorm)(exo_backend *be, float *out, const float *x, const float *w, int rows, int dim,
                     float eps);
     /* y[i] = x W[i]^T for n weights sharing x (see cpu/matmul.h). */
-    int  (*matmul)(exo_backend *be, int n, const exo_linear *const *w, const float *x, int T,
-                   float *const *y);
+    exo_matmul_fn *matmul;
     /* Optional (NULL: matmul): the same, each row of x getting the bits it
      * gets alone at any T, for the rows a prompt chunk routes to an expert,
      * whose count depends on the chunk's other rows (a model's exact_rows
      * then holds for its experts too; model.h exo_model_exact_rows). */
-    int  (*matmul_rows)(exo_backend *be, int n, const exo_linear *const *w, const float *x, int T,
-                        float *const *y);
+    exo_matmul_fn *matmul_rows;
     /* y[i] = xs[i] W[i]^T: n weights, each with its own input (same cols) */
     int  (*matmul_each)(exo_backend *be, int n, const exo_linear *const *w, const float *const *xs, int T,
                         float *const *y);

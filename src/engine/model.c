@@ -1843,8 +1843,7 @@ static bool rows_agree(exo_backend *be, const exo_linear *w, int e, bool rows_op
     enum { ALL = 152 };
     /* rows_op: an expert's products, at any row count */
     const int calls[][2] = {{e, 0}, {e, 37}, {40, 100}, {128, 23}, {rows_op ? 1 : e, 5}, {rows_op ? 5 : e, 60}};
-    int (*mm)(exo_backend *, int, const exo_linear *const *, const float *, int, float *const *) =
-        rows_op ? be->ops->matmul_rows : be->ops->matmul;
+    exo_matmul_fn *mm = rows_op ? be->ops->matmul_rows : be->ops->matmul;
     size_t K = (size_t)w->cols, N = (size_t)w->rows;
     float *hx = exo_malloc(sizeof(float) * ALL * K), *all = exo_malloc(sizeof(float) * ALL * N);
     float *some = exo_malloc(sizeof(float) * ALL * N);
@@ -3021,8 +3020,7 @@ static int moe_forward(exo_model *m, layer *L, int T, exo_err *err)
         OK(shared_forward(m, L, T, sum));
     /* an expert's rows: as many as the call's other rows leave it, so
      * products that give each row its own bits where the backend has them */
-    int (*rows_mm)(exo_backend *, int, const exo_linear *const *, const float *, int, float *const *) =
-        o->matmul_rows ? o->matmul_rows : o->matmul;
+    exo_matmul_fn *rows_mm = o->matmul_rows ? o->matmul_rows : o->matmul;
     for (int e = 0; e < E; e++) {
         int n = 0;
         for (int t = 0; t < T; t++)
