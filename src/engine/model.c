@@ -1885,8 +1885,10 @@ int exo_model_exact_rows(exo_model *m)
             return 0;
     /* the first layer's products of each width of input (k and gate read
      * what q reads), the first sparse layer's router, shared expert and
-     * experts (each at any row count): every layer's weights have their
-     * formats */
+     * experts (each at any row count). Other layers' weights of other
+     * affine formats take the same products (the GEMM expands every one
+     * to bf16; the GEMV keeps rows apart by design); attention is ours,
+     * the same bits at any cut by design (tests/unit/test_batch.c) */
     layer *L = &m->layers[0], *S = L;
     for (int l = 1; l < m->n_layers && !S->n_experts; l++)
         S = &m->layers[l];

@@ -74,7 +74,8 @@ _Static_assert(BATCH_MAX <= EXO_DIST_MAX_BATCH && BATCH_ROWS <= EXO_DIST_BATCH_R
  * positions must be the bits a prefill of the new prompt from 0 would
  * compute, so that a request gets what it gets without reuse: on a model
  * whose chunks of exact_rows or more rows give the same bits however they
- * are cut (model.h exo_model_exact_rows: dense models on the CPU), a
+ * are cut (model.h exo_model_exact_rows: on the CPU, all but recurrent
+ * and latent-attention families), a
  * prefix is taken up to any position where what is left of its chunk,
  * and every chunk it held, has that many rows (reuse_point); elsewhere in
  * whole chunks only. */
