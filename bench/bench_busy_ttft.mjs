@@ -13,7 +13,9 @@
 // tests, so a prompt of N ASCII letters is about N tokens. The runner uses
 // every CPU (EXO_BENCH_THREADS sets another count), or the GPU where the
 // build and the machine have one, and EXO_BATCH is set to STREAMS + 1
-// (default 16 + 1). EXO_BIN selects the binary (default build/exo).
+// (default 16 + 1). EXO_BIN selects the binary (default build/exo);
+// EXO_PREFILL_SLICE_MS, how long a slice of a prompt's chunk runs while
+// streams decode (the runner's default when unset; 0: whole chunks).
 import fsp from 'node:fs/promises';
 import * as D from '../tests/e2e/daemon.mjs';
 import { text, startSynthDaemon, BENCH_THREADS } from './synth_daemon.mjs';
@@ -94,7 +96,7 @@ try {
   }
   const a = median(alone), b = median(busy.map((x) => x.ms));
   console.log(`${preset} q4, ${BENCH_THREADS} threads, ${promptTokens}-token prompts, ${nStreams} streams ` +
-    `(${live} still decoding at the end)`);
+    `(${live} still decoding at the end), EXO_PREFILL_SLICE_MS ${process.env.EXO_PREFILL_SLICE_MS ?? 'unset'}`);
   console.log(`time to first token alone          ${a.toFixed(0).padStart(7)} ms (median of 3)`);
   console.log(`time to first token, ${String(nStreams).padStart(2)} streams busy ${b.toFixed(0).padStart(7)} ms (median of 3): ` +
     `x${(b / a).toFixed(2)} alone`);

@@ -107,6 +107,7 @@ struct exo_gen_seq {
     exo_gen_params   p;
     const int32_t   *prompt; /* the caller's, valid until the last step */
     int              n_prompt, done, chunk;
+    int              slice, exact; /* exo_gen_seq_slice */
     int              pos, capacity;
     int32_t          last;   /* the token the next decode step runs */
     int32_t         *ran;    /* the tokens decode steps have run, in order (a restart runs them again) */
@@ -130,12 +131,19 @@ static int prefill_chunk(const exo_gen_seq *g)
 
 /* The next prefill call's tokens: up to the next multiple of the chunk
  * counted from position 0, so a prompt taken up after a reused prefix is
- * cut where it is when computed from 0. */
+ * cut where it is when computed from 0; or a slice of that where the rest
+ * of the chunk keeps exact rows or more (else the rest goes with it). A
+ * short last chunk, under exact rows, is under the slice too: it goes
+ * whole. */
 static int prefill_rows(const exo_gen_seq *g)
 {
     int left = g->n_prompt - g->done;
     int n = g->chunk ? g->chunk - g->pos % g->chunk : left;
-    return n < left ? n : left;
+    n = n < left ? n : left;
+    int S = g->slice, E = g->exact;
+    if (S && E && S >= E && n > S)
+        n = n - S >= E ? S : n;
+    return n;
 }
 
 exo_gen_seq *exo_gen_seq_new(const int32_t *prompt, int n_prompt, int pos, int capacity,
@@ -247,6 +255,12 @@ bool exo_gen_seq_sampled(exo_gen_seq *g, const exo_sample *s)
 }
 
 bool exo_gen_seq_done(const exo_gen_seq *g) { return g->state == GS_DONE; }
+
+void exo_gen_seq_slice(exo_gen_seq *g, int rows, int exact_rows)
+{
+    g->slice = rows > 0 ? rows : 0;
+    g->exact = exact_rows > 0 ? exact_rows : 0;
+}
 
 void exo_gen_seq_restart(exo_gen_seq *g, const int32_t *prompt, int n_prompt, int pos)
 {

@@ -104,6 +104,15 @@ bool exo_gen_seq_next(exo_gen_seq *g, const int32_t **tokens, int *T, bool *want
 void exo_gen_seq_stepped(exo_gen_seq *g);
 bool exo_gen_seq_sampled(exo_gen_seq *g, const exo_sample *s);
 bool exo_gen_seq_done(const exo_gen_seq *g);
+/* The prompt's next calls take about `rows` tokens (0: whole chunks
+ * again), on a model whose calls of exact_rows or more rows give each row
+ * the same bits however a prompt is cut (model.h exo_model_exact_rows;
+ * without that, 0, chunks stay whole): each chunk is cut in slices of
+ * `rows`, where the rest of the chunk after a slice would be fewer than
+ * exact_rows it goes with the slice. A runner whose decoding streams wait
+ * on a prompt's calls cuts them shorter this way without changing any
+ * bits. Only between steps (not between next and stepped). */
+void exo_gen_seq_slice(exo_gen_seq *g, int rows, int exact_rows);
 
 /* A generation whose caches were given up (a batch preempts a request when
  * cache memory runs out) computes them again on a sequence that holds the

@@ -56,12 +56,20 @@
  * of every request together, at most BATCH_ROWS a model call, so a row's
  * products take the kernels they take alone and each request gets the
  * tokens it would get alone; a prompt goes in chunks of BATCH_PREFILL
- * tokens, one chunk a step in a call of its own, so streams already
- * decoding wait one chunk, not a whole prompt. */
+ * tokens, one chunk (or a slice of it: SLICE_MS_DEFAULT) a step in a call
+ * of its own, so streams already decoding wait that, not a whole prompt. */
 #define BATCH_MAX          64
 #define BATCH_DEFAULT      8
 #define BATCH_ROWS         16
 #define BATCH_PREFILL      128
+/* While requests decode, a prompt's chunk on an exact-rows model goes in
+ * slices of about what the last prompt calls ran in this many ms
+ * ($EXO_PREFILL_SLICE_MS; 0: whole chunks), SLICE_MIN rows or more:
+ * the decoding streams wait a slice a step, not a chunk, where a chunk
+ * takes longer (a 2-core CPU: 128 rows of llama-3.2-1b q4 ~0.75 s), and
+ * the bits stay those of whole chunks (generate.h exo_gen_seq_slice). */
+#define SLICE_MS_DEFAULT   500
+#define SLICE_MIN          32
 /* A pipeline's decoding requests go round as two groups taking turns from
  * this many ($EXO_PIPE_SPLIT; 0: never), as one below it (pipe_round) */
 #define PIPE_SPLIT_DEFAULT 2
@@ -131,6 +139,8 @@ typedef struct runner {
     struct kept_prefix    *store;
     uint32_t               prefix_ids; /* the next entry's id */
     int                    exact_rows; /* exo_model_exact_rows, 0 in a group of ranks */
+    int                    slice_ms;   /* $EXO_PREFILL_SLICE_MS (SLICE_MS_DEFAULT) */
+    double                 prompt_rate; /* rows a second of the last prompt call of SLICE_MIN rows or more */
     int                    n_store;
     exo_seq               *seqs[EXO_DIST_MAX_SLOTS]; /* seqs[0] == seq; more for a pipeline */
     int                    n_slots;
@@ -908,6 +918,9 @@ static void do_load(runner *r)
         const char *p = getenv("EXO_PIPE_SPLIT");
         n = p && *p ? strtol(p, NULL, 10) : PIPE_SPLIT_DEFAULT;
         r->pipe_split = n < 0 ? 0 : n > BATCH_MAX ? BATCH_MAX : (int)n;
+        const char *ms = getenv("EXO_PREFILL_SLICE_MS");
+        n = ms && *ms ? strtol(ms, NULL, 10) : SLICE_MS_DEFAULT;
+        r->slice_ms = n < 0 ? 0 : n > 60000 ? 60000 : (int)n;
     }
     /* a pipeline that does not batch keeps one sequence per request in
      * flight, so every rank can work on a different one: as many as there
@@ -2082,6 +2095,17 @@ static void pipe_round(runner *r, batch_slot *slots, flights *fl, const int *dec
         pipe_land(r, slots, fl);
 }
 
+/* The rows of a prompt's next call while n_dec requests decode, 0 for the
+ * rest of its chunk: what the last prompt call's speed runs in slice_ms. */
+static int prompt_slice(const runner *r, int n_dec)
+{
+    if (!n_dec || !r->exact_rows || !r->slice_ms || r->prompt_rate <= 0)
+        return 0;
+    double rows = r->prompt_rate * r->slice_ms / 1000.0;
+    int least = r->exact_rows > SLICE_MIN ? r->exact_rows : SLICE_MIN;
+    return rows >= BATCH_PREFILL ? 0 : rows < least ? least : (int)rows;
+}
+
 /* Requests generate side by side until none is left: each round admits
  * queued requests into free slots, retires the finished and cancelled
  * ones, runs every decoding request's next token (BATCH_ROWS rows a
@@ -2131,9 +2155,10 @@ static void run_batch(runner *r)
             else if (prompt < 0 || r->used[i] < r->used[prompt])
                 prompt = i;
         }
-        if (prompt >= 0 && !slots[prompt].g->stepped) {
-            if (!slot_share_late(r, slots, prompt))
+        if (prompt >= 0) {
+            if (!slots[prompt].g->stepped && !slot_share_late(r, slots, prompt))
                 continue;
+            exo_gen_seq_slice(slots[prompt].g->seq, prompt_slice(r, n_dec), r->exact_rows);
             if (!exo_gen_seq_next(slots[prompt].g->seq, &tokens[prompt], &T[prompt], &want[prompt])) {
                 slot_close(r, &slots[prompt], 0, NULL);
                 continue;
@@ -2150,8 +2175,13 @@ static void run_batch(runner *r)
             for (int d0 = 0; d0 < n_dec; d0 += BATCH_ROWS)
                 step_slots(r, slots, decoding + d0, n_dec - d0 < BATCH_ROWS ? n_dec - d0 : BATCH_ROWS, tokens, T,
                            want, logits);
-            if (prompt >= 0)
+            if (prompt >= 0) {
+                double t0 = exo_clock_seconds();
                 step_slots(r, slots, &prompt, 1, tokens, T, want, logits);
+                double dt = exo_clock_seconds() - t0;
+                if (T[prompt] >= SLICE_MIN && dt > 0)
+                    r->prompt_rate = T[prompt] / dt;
+            }
         }
         drain(r, false);
         if (r->peer_gone)

@@ -1,6 +1,7 @@
 // Continuous batching as a property, through the OpenAI chat API of the
 // real `exo serve`: a random workload of requests (arrival times, prompt
-// lengths from a few tokens to several prefill chunks, greedy or seeded
+// lengths from a few tokens to several prefill chunks, cut in slices
+// while other requests decode, greedy or seeded
 // sampling, max_tokens), some cancelled with POST /v1/cancel/{id} and some
 // disconnected part way, on two fixture models at once. Every request that
 // runs to its end must return exactly what it returns alone (the same
@@ -31,6 +32,10 @@ const WORDS = ('the cat dog sun park ball tree little big red happy ran jumped s
 let tmp, daemon, base;
 
 before(async () => {
+  // A prompt's chunks go in slices of 32 rows (their least) while other
+  // requests decode, however fast the machine: the property below then
+  // also holds that slices give the bits of whole chunks.
+  process.env.EXO_PREFILL_SLICE_MS = '1';
   tmp = await D.tmpDir('exo-batch-');
   const { qwen } = await D.buildModels(path.join(tmp, 'models'));
   served[QWEN_ID] = Promise.resolve(qwen); // placed below, with stories

@@ -289,3 +289,63 @@ static void restart_same_tokens(const char *fixture)
 
 Test(generate, a_restarted_generation_gives_the_same_tokens_llama) { restart_same_tokens("llama-f32"); }
 Test(generate, a_restarted_generation_gives_the_same_tokens_qwen3_q4) { restart_same_tokens("qwen3-q4g64"); }
+
+/* The calls a prompt of n tokens at position pos takes, in chunks of 128,
+ * with `slice` set (exact rows 17) before every call from call `from` on. */
+static int slice_calls(int n, int pos, int slice, int exact, int from, int *T, int max)
+{
+    static int32_t prompt[1024];
+    exo_gen_params p = params(128, NULL);
+    exo_gen_seq *g = exo_gen_seq_new(prompt, n, pos, 2048, &p, NULL, NULL);
+    int calls = 0, done = 0;
+    const int32_t *tokens;
+    bool want;
+    for (;;) {
+        exo_gen_seq_slice(g, calls >= from ? slice : 0, exact);
+        if (!exo_gen_seq_next(g, &tokens, &T[calls], &want) || !exo_gen_seq_in_prefill(g))
+            break;
+        cr_assert_eq(tokens, prompt + done);
+        cr_assert_lt(calls, max);
+        exo_gen_seq_stepped(g);
+        done += T[calls++];
+        if (want)
+            break;
+    }
+    exo_gen_seq_free(g);
+    return calls;
+}
+
+/* Slices of a prompt's chunks (a runner whose streams decode beside it):
+ * every call is of 17 rows or more but a short last chunk, which goes
+ * whole, and none crosses a multiple of 128 from position 0, so the calls
+ * are cuts whose bits equal whole chunks' on an exact-rows model (the
+ * batch test prompt_cuts_of_exact_rows_agree); a rest of a chunk under 17
+ * rows goes with the slice before it; no exact rows, or a slice under
+ * them, leaves chunks whole. */
+Test(generate, slices_keep_exact_rows_and_the_chunk_grid)
+{
+    static const struct {
+        int n, pos, slice, exact, from;
+        int want[16];
+    } cases[] = {
+        {300, 0, 50, 17, 0, {50, 50, 28, 50, 50, 28, 44}},
+        {300, 0, 60, 17, 0, {60, 68, 60, 68, 44}},
+        {260, 0, 50, 17, 0, {50, 50, 28, 50, 50, 28, 4}},  /* a short last chunk: whole */
+        {150, 100, 50, 17, 0, {28, 50, 50, 22}},           /* after a prefix: to the chunk's end first */
+        {150, 100, 20, 17, 0, {28, 20, 20, 20, 20, 20, 22}},
+        {300, 0, 50, 0, 0, {128, 128, 44}},                /* no exact rows: whole chunks */
+        {300, 0, 16, 17, 0, {128, 128, 44}},               /* a slice under exact rows: whole chunks */
+        {300, 0, 50, 17, 2, {128, 128, 44}},               /* from the third call: a 44-row last chunk */
+        {300, 0, 32, 17, 1, {128, 32, 32, 32, 32, 44}},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        int T[64], n = slice_calls(cases[c].n, cases[c].pos, cases[c].slice, cases[c].exact, cases[c].from, T, 64);
+        int sum = 0, k = 0;
+        for (; k < n; k++) {
+            cr_assert_eq(T[k], cases[c].want[k], "case %zu call %d: %d rows, want %d", c, k, T[k], cases[c].want[k]);
+            sum += T[k];
+        }
+        cr_assert_eq(cases[c].want[k], 0, "case %zu: %d calls", c, n);
+        cr_assert_eq(sum, cases[c].n);
+    }
+}
