@@ -613,6 +613,56 @@ Test(runner_supervisor, a_running_requests_prefix_is_copied)
     rec_free(&r);
 }
 
+/* A long prompt beside a decoding request goes in slices of its 128-token
+ * chunks (EXO_PREFILL_SLICE_MS, 1 ms: the least slice, 32 rows), on the
+ * CPU, whose rows keep their bits in calls of 17 rows or more: B's
+ * progress, after a whole first chunk (no prompt call timed yet), comes
+ * 32 tokens at a time while A decodes, and its text is `exo run`'s. */
+Test(runner_supervisor, a_prompt_beside_a_decoding_request_goes_in_slices)
+{
+    setenv("EXO_BATCH", "8", 1);
+    setenv("EXO_DEVICE", "cpu", 1);
+    setenv("EXO_PREFILL_SLICE_MS", "1", 1);
+    char *pb = long_prompt(800);
+    char *want_b = cli_text(model, pb, 10);
+    rec r = {0};
+    exo_supervisor *s = spawn(&r);
+    load(s, &r, model, LONG_CTX);
+    exo_gen_request qa, qb;
+    request(&qa, "Once upon a time", 1500);
+    request(&qb, pb, 10);
+    generate(s, "A", &qa);
+    r.want_chunk_of = "A";
+    cr_assert_eq(exo_supervisor_wait(s, 60000, until_token, &r), 1);
+    generate(s, "B", &qb);
+    wait_done(s, &r, "B");
+    cr_assert(!is_done(&r, "A"), "A should still decode when B is done");
+    int prev = 0, slices = 0, n = 0;
+    for (int i = 0; i < r.n; i++) {
+        const exo_chunk *c = &r.evs[i].chunk;
+        if (r.evs[i].what != EV_CHUNK || strcmp(r.evs[i].id, "B") || c->kind != EXO_CHUNK_PREFILL)
+            continue;
+        int step = c->processed - prev;
+        prev = c->processed;
+        cr_assert(n++ ? step == 32 : step <= 128, "B's progress %d: %d tokens", n, step);
+        slices += step == 32;
+    }
+    const exo_chunk *fb = terminal_of(&r, "B");
+    cr_assert_gt(slices, 20, "B went in %d slices of %d tokens", slices, fb->usage.prompt_tokens);
+    char *tb = text_of(&r, "B");
+    cr_assert_str_eq(tb, want_b);
+    exo_err err;
+    cr_assert_eq(exo_supervisor_cancel(s, "A", &err), 0);
+    wait_done(s, &r, "A");
+    exo_free(tb);
+    exo_free(want_b);
+    exo_free(pb);
+    exo_gen_request_free(&qa);
+    exo_gen_request_free(&qb);
+    exo_supervisor_free(s);
+    rec_free(&r);
+}
+
 /* One request at a time (EXO_BATCH=1, `exo serve --no-batch`): 512-token
  * chunks; batching: 128-token chunks, so streams already decoding wait
  * for one such chunk a step. */
