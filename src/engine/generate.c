@@ -141,7 +141,7 @@ static int prefill_rows(const exo_gen_seq *g)
     int n = g->chunk ? g->chunk - g->pos % g->chunk : left;
     n = n < left ? n : left;
     int S = g->slice, E = g->exact;
-    if (S && E && S >= E && n > S)
+    if (g->chunk && S && E && S >= E && n > S) /* no chunks (one call, or one that must fail): as is */
         n = n - S >= E ? S : n;
     return n;
 }
