@@ -83,8 +83,8 @@ _Static_assert(BATCH_MAX <= EXO_DIST_MAX_BATCH && BATCH_ROWS <= EXO_DIST_BATCH_R
  * compute, so that a request gets what it gets without reuse: on a model
  * whose chunks of exact_rows or more rows give the same bits however they
  * are cut (model.h exo_model_exact_rows: on the CPU, all but recurrent
- * and latent-attention families), a
- * prefix is taken up to any position where what is left of its chunk,
+ * and latent-attention families; a pipeline's ranks each, batch_memory),
+ * a prefix is taken up to any position where what is left of its chunk,
  * and every chunk it held, has that many rows (reuse_point); elsewhere in
  * whole chunks only. */
 
@@ -138,7 +138,7 @@ typedef struct runner {
      * one each slot keeps (kept_prefix, below) */
     struct kept_prefix    *store;
     uint32_t               prefix_ids; /* the next entry's id */
-    int                    exact_rows; /* exo_model_exact_rows, 0 in a group of ranks */
+    int                    exact_rows; /* exo_model_exact_rows (a pipeline: every rank's), 0 in a tensor group */
     int                    slice_ms;   /* $EXO_PREFILL_SLICE_MS (SLICE_MS_DEFAULT) */
     double                 prompt_rate; /* rows a second of the last prompt call of SLICE_MIN rows or more */
     int                    n_store;
@@ -797,26 +797,33 @@ static double cache_room(runner *r, const char **bound)
  * less free memory, its own KV budget): every rank says how many contexts
  * of its share its room holds, and rank 0 admits by the least of them.
  * Every rank of a split instance calls this at the same point of its load
- * (an all-gather over the ring, before rank 0's first frame). */
+ * (an all-gather over the ring, before rank 0's first frame), which also
+ * brings every rank's exact rows together (r->exact_rows). */
 static int batch_memory(runner *r, bool leads, exo_err *err)
 {
     const char *bound;
     double per = (double)exo_model_seq_bytes(r->model, r->ctx), room = cache_room(r, &bound);
     double contexts = per > 0 ? room / per : INFINITY;
     int tightest = r->load.rank;
-    if (split(r)) {
+    if (split(r)) { /* a rank's room in contexts, and its exact rows */
         int W = r->load.world;
-        float *each = exo_calloc((size_t)W, sizeof *each);
+        float *each = exo_calloc(2 * (size_t)W, sizeof *each);
         size_t *bounds = exo_calloc((size_t)W + 1, sizeof *bounds);
         for (int i = 0; i <= W; i++)
-            bounds[i] = (size_t)i;
-        each[r->load.rank] = contexts < FLT_MAX ? (float)contexts : FLT_MAX;
+            bounds[i] = 2 * (size_t)i;
+        each[2 * r->load.rank] = contexts < FLT_MAX ? (float)contexts : FLT_MAX;
+        each[2 * r->load.rank + 1] = (float)r->exact_rows;
         int rc = exo_ring_allgather(r->ring, each, bounds, err);
-        for (int i = 0; !rc && i < W; i++)
-            if (i != r->load.rank && (double)each[i] < contexts) {
-                contexts = each[i];
+        for (int i = 0; !rc && i < W; i++) {
+            if (i != r->load.rank && (double)each[2 * i] < contexts) {
+                contexts = each[2 * i];
                 tightest = i;
             }
+            /* prefixes at any position where every rank's products
+             * promise it, from the most rows any of them needs */
+            int e = (int)each[2 * i + 1];
+            r->exact_rows = !e || !r->exact_rows ? 0 : e > r->exact_rows ? e : r->exact_rows;
+        }
         exo_free(each);
         exo_free(bounds);
         if (rc)
@@ -937,6 +944,8 @@ static void do_load(runner *r)
     } else {
         r->stepper = exo_gen_stepper_local(r->model, r->seq);
     }
+    /* a tensor group's partial sums are not probed: whole chunks there */
+    r->exact_rows = tensor ? 0 : exo_model_exact_rows(r->model);
     if (batch_memory(r, leads, &err))
         goto fail;
     if (leads)
@@ -947,7 +956,6 @@ static void do_load(runner *r)
                  exo_clock_seconds() - t0);
     send_status(r, EXO_RUNNER_LOADED, 0, 0, NULL);
     send_status(r, EXO_RUNNER_WARMING_UP, 0, 0, NULL);
-    r->exact_rows = split(r) || tensor ? 0 : exo_model_exact_rows(r->model);
     /* rank 0 warms the whole ring up; the others serve it from their loop */
     if (leads && r->load.warmup_tokens > 0)
         warm_up(r, r->load.warmup_tokens);
@@ -1454,7 +1462,7 @@ typedef struct batch_slot {
 static int slot_keepable(runner *r, int i, const gen_ctx *g)
 {
     int whole = prompt_exact(r, (int)g->n_ids);
-    int held = prompt_exact(r, exo_seq_len(r->bseqs[i])); /* a prefill cut short: at a chunk's end */
+    int held = prompt_exact(r, exo_seq_len(r->bseqs[i])); /* a prefill cut short: at a chunk's or slice's end */
     int keep = whole < held ? whole : held;
     while (keep > 0 && !exo_seq_can_return(r->bseqs[i], keep))
         keep -= BATCH_PREFILL;
@@ -2099,7 +2107,7 @@ static void pipe_round(runner *r, batch_slot *slots, flights *fl, const int *dec
  * rest of its chunk: what the last prompt call's speed runs in slice_ms. */
 static int prompt_slice(const runner *r, int n_dec)
 {
-    if (!n_dec || !r->exact_rows || !r->slice_ms || r->prompt_rate <= 0)
+    if (!n_dec || !r->exact_rows || !r->slice_ms || r->prompt_rate <= 0 || pipelined(r))
         return 0;
     double rows = r->prompt_rate * r->slice_ms / 1000.0;
     int least = r->exact_rows > SLICE_MIN ? r->exact_rows : SLICE_MIN;
