@@ -176,7 +176,11 @@ for (const seed of SEEDS) {
           for (const k of ['prompt_tokens', 'completion_tokens', 'total_tokens'])
             assert.equal(got.usage?.[k], alone.usage?.[k], `${what}: usage.${k}`);
         } else {
-          assert.ok(alone.text.startsWith(got.text), `${what}: streamed "${got.text}", alone "${alone.text}"`);
+          // a request ended inside a character (a byte-level token of its
+          // first bytes) flushes those bytes as U+FFFD (detok_stream.c),
+          // where alone the character goes on
+          const streamed = got.text.replace(/\uFFFD+$/u, '');
+          assert.ok(alone.text.startsWith(streamed), `${what}: streamed "${got.text}", alone "${alone.text}"`);
         }
       }
     });
