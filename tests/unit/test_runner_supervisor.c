@@ -573,15 +573,12 @@ Test(runner_supervisor, a_shared_prefix_is_computed_once)
     rec_free(&r);
 }
 
-/* Prefix reuse from a running request: B arrives while A (whose prompt B
- * extends) still decodes, and takes the prefix A's sequence holds by
- * copy, not by computing them: its usage counts them as cached, it is done
- * while A still runs, and its text is the one `exo run` gives B's prompt. */
-Test(runner_supervisor, a_running_requests_prefix_is_copied)
+/* B runs to its end while A (a long answer) decodes: B's text is the one
+ * `exo run` gives its prompt, and A still runs when B is done; `check`
+ * then looks at what was recorded, and A is cancelled. */
+static void beside_a_decoding_request(const char *pa, const char *pb, void (*check)(const rec *r))
 {
     setenv("EXO_BATCH", "8", 1);
-    char *pa = long_prompt(800), *pb = exo_malloc(strlen(pa) + 64);
-    sprintf(pb, "%s And then the dog came.", pa);
     char *want_b = cli_text(model, pb, 10);
     rec r = {0};
     exo_supervisor *s = spawn(&r);
@@ -595,72 +592,68 @@ Test(runner_supervisor, a_running_requests_prefix_is_copied)
     generate(s, "B", &qb);
     wait_done(s, &r, "B");
     cr_assert(!is_done(&r, "A"), "A should still run when B is done");
-    const exo_chunk *fb = terminal_of(&r, "B");
-    int cached = fb->usage.cached_tokens, total = fb->usage.prompt_tokens;
-    cr_assert(reused_enough(cached, total), "B reused %d of %d prompt tokens", cached, total);
     char *tb = text_of(&r, "B");
     cr_assert_str_eq(tb, want_b);
+    check(&r);
     exo_err err;
     cr_assert_eq(exo_supervisor_cancel(s, "A", &err), 0);
     wait_done(s, &r, "A");
     exo_free(tb);
     exo_free(want_b);
-    exo_free(pa);
-    exo_free(pb);
     exo_gen_request_free(&qa);
     exo_gen_request_free(&qb);
     exo_supervisor_free(s);
     rec_free(&r);
 }
 
-/* A long prompt beside a decoding request goes in slices of its 128-token
- * chunks (EXO_PREFILL_SLICE_MS, 1 ms: the least slice, 32 rows), on the
- * CPU, whose rows keep their bits in calls of 17 rows or more: B's
- * progress, after a whole first chunk (no prompt call timed yet), comes
- * 32 tokens at a time while A decodes, and its text is `exo run`'s. */
-Test(runner_supervisor, a_prompt_beside_a_decoding_request_goes_in_slices)
+static void b_reused_enough(const rec *r)
 {
-    setenv("EXO_BATCH", "8", 1);
-    setenv("EXO_DEVICE", "cpu", 1);
-    setenv("EXO_PREFILL_SLICE_MS", "1", 1);
-    char *pb = long_prompt(800);
-    char *want_b = cli_text(model, pb, 10);
-    rec r = {0};
-    exo_supervisor *s = spawn(&r);
-    load(s, &r, model, LONG_CTX);
-    exo_gen_request qa, qb;
-    request(&qa, "Once upon a time", 1500);
-    request(&qb, pb, 10);
-    generate(s, "A", &qa);
-    r.want_chunk_of = "A";
-    cr_assert_eq(exo_supervisor_wait(s, 60000, until_token, &r), 1);
-    generate(s, "B", &qb);
-    wait_done(s, &r, "B");
-    cr_assert(!is_done(&r, "A"), "A should still decode when B is done");
+    const exo_chunk *fb = terminal_of(r, "B");
+    int cached = fb->usage.cached_tokens, total = fb->usage.prompt_tokens;
+    cr_assert(reused_enough(cached, total), "B reused %d of %d prompt tokens", cached, total);
+}
+
+/* Prefix reuse from a running request: B arrives while A (whose prompt B
+ * extends) still decodes, and takes the prefix A's sequence holds by
+ * copy, not by computing them: its usage counts them as cached, it is done
+ * while A still runs, and its text is the one `exo run` gives B's prompt. */
+Test(runner_supervisor, a_running_requests_prefix_is_copied)
+{
+    char *pa = long_prompt(800), *pb = exo_malloc(strlen(pa) + 64);
+    sprintf(pb, "%s And then the dog came.", pa);
+    beside_a_decoding_request(pa, pb, b_reused_enough);
+    exo_free(pa);
+    exo_free(pb);
+}
+
+/* B's progress: after a whole first chunk (no prompt call timed yet), 32
+ * tokens at a time. */
+static void b_went_in_slices(const rec *r)
+{
     int prev = 0, slices = 0, n = 0;
-    for (int i = 0; i < r.n; i++) {
-        const exo_chunk *c = &r.evs[i].chunk;
-        if (r.evs[i].what != EV_CHUNK || strcmp(r.evs[i].id, "B") || c->kind != EXO_CHUNK_PREFILL)
+    for (int i = 0; i < r->n; i++) {
+        const exo_chunk *c = &r->evs[i].chunk;
+        if (r->evs[i].what != EV_CHUNK || strcmp(r->evs[i].id, "B") || c->kind != EXO_CHUNK_PREFILL)
             continue;
         int step = c->processed - prev;
         prev = c->processed;
         cr_assert(n++ ? step == 32 : step <= 128, "B's progress %d: %d tokens", n, step);
         slices += step == 32;
     }
-    const exo_chunk *fb = terminal_of(&r, "B");
-    cr_assert_gt(slices, 20, "B went in %d slices of %d tokens", slices, fb->usage.prompt_tokens);
-    char *tb = text_of(&r, "B");
-    cr_assert_str_eq(tb, want_b);
-    exo_err err;
-    cr_assert_eq(exo_supervisor_cancel(s, "A", &err), 0);
-    wait_done(s, &r, "A");
-    exo_free(tb);
-    exo_free(want_b);
+    cr_assert_gt(slices, 20, "B went in %d slices of %d tokens", slices, terminal_of(r, "B")->usage.prompt_tokens);
+}
+
+/* A long prompt beside a decoding request goes in slices of its 128-token
+ * chunks (EXO_PREFILL_SLICE_MS, 1 ms: the least slice, 32 rows), on the
+ * CPU, whose rows keep their bits in calls of 17 rows or more, and
+ * answers as `exo run`. */
+Test(runner_supervisor, a_prompt_beside_a_decoding_request_goes_in_slices)
+{
+    setenv("EXO_DEVICE", "cpu", 1);
+    setenv("EXO_PREFILL_SLICE_MS", "1", 1);
+    char *pb = long_prompt(800);
+    beside_a_decoding_request("Once upon a time", pb, b_went_in_slices);
     exo_free(pb);
-    exo_gen_request_free(&qa);
-    exo_gen_request_free(&qb);
-    exo_supervisor_free(s);
-    rec_free(&r);
 }
 
 /* One request at a time (EXO_BATCH=1, `exo serve --no-batch`): 512-token
