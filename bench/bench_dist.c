@@ -165,10 +165,10 @@ static double tensor_batched(exo_model *m, exo_dist *d, int n_req)
             pos0[k] = exo_seq_len(s[k]);
             T[k] = 1;
             rows[k] = &tok[k];
-            items[k] = (exo_batch_item){s[k], &tok[k], 1};
+            items[k] = (exo_batch_item){.seq = s[k], .tokens = &tok[k], .T = 1};
         }
         rc = exo_dist_send_batch(d, n_req, slots, pos0, T, rows, true, &err) ||
-             exo_model_step_batch(m, items, n_req, logits, &err);
+             exo_model_step_batch(m, items, n_req, logits, NULL, &err);
         for (int k = 0; k < n_req; k++)
             tok[k] = argmax_of(logits + (size_t)k * (size_t)V, V);
     }
@@ -202,7 +202,7 @@ static double pipeline_batched(exo_model *m, exo_dist *d, int n_req)
     for (int k = 0; k < n_req && !rc; k++) {
         slots[k] = k + 1; /* slot 0 is the stepper's */
         want[k] = true;
-        items[k] = (exo_batch_item){NULL, ids, n_prompt};
+        items[k] = (exo_batch_item){.seq = NULL, .tokens = ids, .T = n_prompt};
         rc = exo_seq_create(m, 1024, &s[k], &err) || exo_dist_seq_resize(d, slots[k], 0, 1024, &err) ||
              exo_dist_begin(d, slots[k], &p.sampling, ids, n_prompt, n_gen + 1, &err);
         items[k].seq = s[k];
@@ -223,7 +223,7 @@ static double pipeline_batched(exo_model *m, exo_dist *d, int n_req)
                 rc = exo_dist_pipe_recv(d, n, slots + a, want + a, smp + a, &err);
             for (int k = a; k < a + n; k++) {
                 tok[k] = smp[k].id;
-                items[k] = (exo_batch_item){s[k], &tok[k], 1};
+                items[k] = (exo_batch_item){.seq = s[k], .tokens = &tok[k], .T = 1};
             }
             rc = rc || exo_dist_pipe_send(d, n, items + a, slots + a, want + a, &err);
             if (groups == 1)

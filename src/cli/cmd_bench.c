@@ -103,8 +103,10 @@ static int greedy_token(exo_model *m, exo_seq *seq, int32_t *tok, float *logits,
 }
 
 /* Aggregate decode tokens/s of n sequences stepping together for `steps`
- * batched steps (after one untimed step), each from its own prompt. */
-static int streams_tok_s(exo_model *m, int n, int steps, double *tok_s, exo_err *err)
+ * batched steps (after one untimed step), each from its own prompt,
+ * greedy: where the logits are (exo_pick) when `picks`, else on the host
+ * (a sampler's path). *picked: the ids came alone. */
+static int streams_tok_s(exo_model *m, int n, int steps, bool picks, double *tok_s, bool *picked, exo_err *err)
 {
     int V = exo_model_vocab(m), rc = 0;
     exo_seq **seqs = exo_calloc((size_t)n, sizeof *seqs);
@@ -118,16 +120,21 @@ static int streams_tok_s(exo_model *m, int n, int steps, double *tok_s, exo_err 
         if (!rc)
             rc = exo_model_forward(m, seqs[i], prompt, STREAM_PROMPT, logits, false, err);
         next[i] = exo_cpu_argmax_f32(logits, V);
-        items[i] = (exo_batch_item){seqs[i], &next[i], 1};
+        items[i] = (exo_batch_item){.seq = seqs[i], .tokens = &next[i], .T = 1, .greedy = picks};
     }
+    exo_pick *pick = exo_calloc((size_t)n, sizeof *pick);
     double t0 = 0;
+    *picked = false;
     for (int s = 0; s <= steps && !rc; s++) {
         if (s == 1) /* the first step warms the batch's buffers up */
             t0 = exo_clock_seconds();
-        rc = exo_model_step_batch(m, items, n, logits, err);
-        for (int i = 0; i < n && !rc; i++)
-            next[i] = exo_cpu_argmax_f32(logits + (size_t)i * (size_t)V, V);
+        rc = exo_model_step_batch(m, items, n, logits, pick, err);
+        for (int i = 0; i < n && !rc; i++) {
+            next[i] = pick[i].picked ? pick[i].id : exo_cpu_argmax_f32(logits + (size_t)i * (size_t)V, V);
+            *picked |= pick[i].picked;
+        }
     }
+    exo_free(pick);
     *tok_s = rc ? 0 : (double)n * steps / (exo_clock_seconds() - t0);
     for (int i = 0; i < n; i++)
         exo_seq_free(seqs[i]);
@@ -381,11 +388,14 @@ int exo_cmd_bench(int argc, char **argv)
         exo_free(tu);
     }
     /* Streams side by side: decode tokens of all of them a second. */
-    double stream_tok_s[MAX_STREAM_RUNS] = {0};
+    double stream_tok_s[MAX_STREAM_RUNS] = {0}, stream_host_tok_s[MAX_STREAM_RUNS] = {0};
     int stream_steps = n_gen < MAX_STREAM_STEPS ? (int)n_gen : MAX_STREAM_STEPS;
-    for (int i = 0; i < n_streams; i++)
-        if (streams_tok_s(m, (int)streams[i], stream_steps, &stream_tok_s[i], &err))
+    for (int i = 0; i < n_streams; i++) {
+        bool picked = false, unused;
+        if (streams_tok_s(m, (int)streams[i], stream_steps, true, &stream_tok_s[i], &picked, &err) ||
+            (picked && streams_tok_s(m, (int)streams[i], stream_steps, false, &stream_host_tok_s[i], &unused, &err)))
             goto fail_pool;
+    }
     /* Paired: decode tokens alternating with reads of the probe, each
      * token against the read right after it. The read bandwidth a guest
      * gets drifts with its host's other tenants (a Zen 5 guest read 25 GB/s
@@ -462,8 +472,8 @@ int exo_cmd_bench(int argc, char **argv)
                avx2, avx2 > 0 ? prefill_gflops / avx2 : 0, t_load, fused_ms, unfused_ms, paired, dot_peak / 1e9,
                n_host ? (double)n_host / host_logits_s : 0);
         for (int i = 0; i < n_streams; i++)
-            printf("%s{\"n\":%ld,\"tok_s\":%.3f,\"dot_fraction\":%.4f}", i ? "," : "", streams[i],
-                   stream_tok_s[i], dot_share[i]);
+            printf("%s{\"n\":%ld,\"tok_s\":%.3f,\"host_logits_tok_s\":%.3f,\"dot_fraction\":%.4f}",
+                   i ? "," : "", streams[i], stream_tok_s[i], stream_host_tok_s[i], dot_share[i]);
         printf("]}\n");
     } else {
         printf("model            %s (%s), %d threads, isa %s%s\n", name,
@@ -508,6 +518,9 @@ int exo_cmd_bench(int argc, char **argv)
             if (dot_peak > 0)
                 printf(", %.0f%% of the int8 dot peak", 100.0 * dot_share[i]);
             printf("\n");
+            if (stream_host_tok_s[i] > 0)
+                printf("                 %.2f tok/s with every row's logits copied to the host (a sampler's "
+                       "path)\n", stream_host_tok_s[i]);
         }
         if (dot_peak > 0)
             printf("int8 dot peak    %.0f G products/s on %d threads (vpdpbusd; the compute limit of batched\n"

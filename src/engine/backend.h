@@ -36,6 +36,7 @@
 typedef struct exo_backend exo_backend;
 
 #define EXO_KV_BLOCK 16
+#define EXO_ARGMAX_ROWS 16 /* rows an argmax call takes at most */
 
 /* A layer's rotary embedding as an attention call may apply it itself
  * (attention_rotates): each head of q and k through its RMSNorm (q_norm,
@@ -314,12 +315,13 @@ typedef struct exo_backend_ops {
      * it started reading them, 0 when it did not, or an error. */
     int  (*prefetch)(exo_backend *be, int n, const exo_linear *const *w);
 
-    /* Optional (NULL: the caller copies x to the host and looks there): the
-     * index of the largest of n values (the lowest on ties; NaN never
-     * wins) and its log-softmax, x[id] - log(sum exp x), into host memory.
-     * Greedy decoding then takes a token id, not the vocabulary's logits,
-     * off the device. */
-    int  (*argmax)(exo_backend *be, const float *x, int n, int32_t *id, float *logprob);
+    /* Optional (NULL: the caller copies x to the host and looks there): for
+     * each of rows (1..EXO_ARGMAX_ROWS) consecutive rows of n values, the
+     * index of the largest (the lowest on ties; NaN never wins) and its
+     * log-softmax, x[id] - log(sum exp x), into host memory; a row's answer
+     * is the same whatever rows are beside it. Greedy decoding then takes
+     * token ids, not the vocabulary's logits, off the device. */
+    int  (*argmax)(exo_backend *be, const float *x, int rows, int n, int32_t *id, float *logprob);
 
     /* Optional (NULL: decode routes on the host through moe_route): the
      * router's choice made and used on the device, so a mixture-of-experts

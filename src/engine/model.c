@@ -59,7 +59,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define MAX_LOGIT_ROWS 16 /* LM-head rows computed per step when all logits are wanted */
+#define MAX_LOGIT_ROWS EXO_ARGMAX_ROWS /* LM-head rows computed at once: argmax picks as many */
 #define EXO_MAX_TP     256
 
 typedef struct layer {
@@ -3392,6 +3392,42 @@ static int head_forward(exo_model *m, int r0, int rows, float *out, exo_err *err
     return 0;
 }
 
+/* head_forward for the rows of items[0 .. rows), where the greedy ones
+ * take their token on the device (exo_pick) when the backend finds it
+ * there and only the others' logits come to the host (picks: NULL, or an
+ * answer a row). One argmax launch takes every row: a row's pick does not
+ * depend on the others. */
+static int head_picks(exo_model *m, int r0, int rows, float *out, const exo_batch_item *items, exo_pick *picks,
+                      exo_err *err)
+{
+    exo_backend *be = m->layers[m->n_layers - 1].be;
+    bool any = false;
+    for (int r = 0; picks && r < rows; r++) {
+        picks[r].picked = false;
+        any |= items[r].greedy;
+    }
+    if (!any || m->allgather || !be->ops->argmax)
+        return head_forward(m, r0, rows, out, err);
+    OK(head_logits(m, r0, rows));
+    const float *logits = acts_of(m, be)->logits;
+    int32_t id[EXO_ARGMAX_ROWS];
+    float logprob[EXO_ARGMAX_ROWS];
+    bool found = !be->ops->argmax(be, logits, rows, m->vocab, id, logprob);
+    for (int r = 0; r < rows; r++)
+        if (found && items[r].greedy)
+            picks[r] = (exo_pick){true, id[r], logprob[r]};
+    size_t V = (size_t)m->vocab;
+    for (int r = 0, run; r < rows; r += run) { /* the others' logits, a run of rows a copy */
+        for (run = 0; r + run < rows && !picks[r + run].picked; run++)
+            ;
+        if (run)
+            OK(be->ops->to_host(be, out + (size_t)r * V, logits + (size_t)r * V, sizeof(float) * (size_t)run * V));
+        else
+            run = 1;
+    }
+    return 0;
+}
+
 /* The embedding (or the hidden states coming in) and the layers of n
  * tokens from t0. */
 /* The n rows of the spans through every layer: tokens (host, n) when the
@@ -3434,7 +3470,7 @@ static bool pick_in_place(exo_model *m, exo_step *st)
     exo_backend *be = m->layers[m->n_layers - 1].be;
     if (!st->greedy || st->all_logits || !be->ops->argmax || m->allgather)
         return false;
-    st->picked = !be->ops->argmax(be, acts_of(m, be)->logits, m->vocab, &st->pick_id, &st->pick_logprob);
+    st->picked = !be->ops->argmax(be, acts_of(m, be)->logits, 1, m->vocab, &st->pick_id, &st->pick_logprob);
     return st->picked;
 }
 
@@ -3562,7 +3598,7 @@ int exo_model_step(exo_model *m, exo_seq *s, exo_step *st, exo_err *err)
 int exo_model_max_batch_rows(const exo_model *m) { return m->max_chunk; }
 
 int exo_model_step_batch_shard(exo_model *m, const exo_batch_item *items, int n, const float *hidden_in,
-                               float *hidden_out, float *logits, exo_err *err)
+                               float *hidden_out, float *logits, exo_pick *picks, exo_err *err)
 {
     if (n <= 0)
         return exo_err_set(err, EXO_EINVAL, "batch: no sequences");
@@ -3572,8 +3608,11 @@ int exo_model_step_batch_shard(exo_model *m, const exo_batch_item *items, int n,
         return exo_err_set(err, EXO_EINVAL, "batch: this shard has no LM head");
     if (n == 1) { /* the single-sequence step (chunked prompts, recorded decode) */
         exo_step st = {.T = items[0].T, .tokens = items[0].tokens, .hidden_in = hidden_in,
-                       .hidden_out = hidden_out, .logits = logits};
-        return exo_model_step(m, items[0].seq, &st, err);
+                       .hidden_out = hidden_out, .logits = logits, .greedy = picks && items[0].greedy};
+        int rc = exo_model_step(m, items[0].seq, &st, err);
+        if (picks)
+            picks[0] = (exo_pick){st.picked, st.pick_id, st.pick_logprob};
+        return rc;
     }
     int T = 0;
     for (int i = 0; i < n; i++) {
@@ -3624,7 +3663,8 @@ int exo_model_step_batch_shard(exo_model *m, const exo_batch_item *items, int n,
     size_t V = (size_t)m->vocab;
     for (int i = 0; !rc && logits && i < n; i += decode ? MAX_LOGIT_ROWS : 1) {
         int rows = decode ? (n - i < MAX_LOGIT_ROWS ? n - i : MAX_LOGIT_ROWS) : 1;
-        rc = head_forward(m, decode ? i : sp[i].r0 + sp[i].rows - 1, rows, logits + (size_t)i * V, err);
+        rc = head_picks(m, decode ? i : sp[i].r0 + sp[i].rows - 1, rows, logits + (size_t)i * V, items + i,
+                        picks ? picks + i : NULL, err);
     }
     for (int i = 0; i < n; i++) {
         if (rc)
@@ -3639,12 +3679,13 @@ int exo_model_step_batch_shard(exo_model *m, const exo_batch_item *items, int n,
     return rc;
 }
 
-int exo_model_step_batch(exo_model *m, const exo_batch_item *items, int n, float *logits, exo_err *err)
+int exo_model_step_batch(exo_model *m, const exo_batch_item *items, int n, float *logits, exo_pick *picks,
+                         exo_err *err)
 {
     if (!m->embeds || !m->has_head)
         return exo_err_set(err, EXO_EUNSUPPORTED, "batch: a batched step needs the whole model (tokens in, "
                            "logits out)");
-    return exo_model_step_batch_shard(m, items, n, NULL, NULL, logits, err);
+    return exo_model_step_batch_shard(m, items, n, NULL, NULL, logits, picks, err);
 }
 
 int exo_model_forward(exo_model *m, exo_seq *s, const int32_t *tokens, int T, float *logits,

@@ -283,12 +283,23 @@ exo_shard_info exo_model_shard(const exo_model *m);
 int exo_model_step(exo_model *m, exo_seq *s, exo_step *step, exo_err *err);
 
 /* One sequence's part of a batched step: T tokens (host memory) appended
- * at its end. */
+ * at its end. greedy: the caller will take its largest logit (see
+ * exo_pick). */
 typedef struct exo_batch_item {
     exo_seq       *seq;
     const int32_t *tokens;
     int            T;
+    bool           greedy;
 } exo_batch_item;
+
+/* A greedy item's token found where its logits are (backend.h argmax),
+ * as exo_step's picked, pick_id and pick_logprob: then its logits row is
+ * left alone. Not picked: its logits are written as usual. */
+typedef struct exo_pick {
+    bool    picked;
+    int32_t id;
+    float   logprob;
+} exo_pick;
 
 /* Several sequences through a whole model in one pass: every weight is
  * read once for all their rows, so decoding B sequences costs about one
@@ -296,18 +307,20 @@ typedef struct exo_batch_item {
  * to logits + i * vocab (NULL: none wanted). The items' rows together are
  * at most exo_model_max_batch_rows; each sequence appears once. Errors as
  * exo_model_step's (and EXO_EUNSUPPORTED for a pipeline shard, which
- * exo_model_step_batch_shard takes);
+ * exo_model_step_batch_shard takes); picks (NULL: none) gets n answers
+ * for the greedy items;
  * after one, every sequence is back at its length before the call. An
  * item's logits are those exo_model_step would give it alone up to the
  * rounding of products that take another kernel at more rows. */
-int exo_model_step_batch(exo_model *m, const exo_batch_item *items, int n, float *logits, exo_err *err);
+int exo_model_step_batch(exo_model *m, const exo_batch_item *items, int n, float *logits, exo_pick *picks,
+                         exo_err *err);
 /* The same through a pipeline shard: its input is the items' tokens where
  * it embeds, else hidden_in (their rows in item order, each hidden_size
  * f32; items' tokens unused); hidden_out (NULL: not wanted) gets the rows'
  * output in the same order, for the next shard; logits only on the last
  * shard. A row gets the bits exo_model_step gives it alone, as above. */
 int exo_model_step_batch_shard(exo_model *m, const exo_batch_item *items, int n, const float *hidden_in,
-                               float *hidden_out, float *logits, exo_err *err);
+                               float *hidden_out, float *logits, exo_pick *picks, exo_err *err);
 int exo_model_max_batch_rows(const exo_model *m);
 
 /* A whole model's step: tokens in, logits out (see exo_model_step).

@@ -249,7 +249,7 @@ int exo_dist_pipe_send(exo_dist *d, int n, const exo_batch_item *items, const in
         rows += T[k];
     }
     int rc = ensure_hidden(d, rows, err);
-    if (rc || (rc = exo_model_step_batch_shard(d->m, items, n, NULL, d->hidden, NULL, err)))
+    if (rc || (rc = exo_model_step_batch_shard(d->m, items, n, NULL, d->hidden, NULL, NULL, err)))
         return rc;
     unsigned char head[16 * EXO_DIST_BATCH_ROWS];
     exo_dist_encode_rows(n, bslot, pos0, T, want, head);
@@ -515,7 +515,7 @@ static int serve_batch(exo_dist *d, const exo_ring_msg *m, const exo_dist_frame 
         }
         if ((rc = seek(s, (uint32_t)pos0, err)))
             break;
-        items[i] = (exo_batch_item){s, ids + at, T};
+        items[i] = (exo_batch_item){.seq = s, .tokens = ids + at, .T = T};
         at += (size_t)T;
     }
     if (!rc) {
@@ -524,7 +524,7 @@ static int serve_batch(exo_dist *d, const exo_ring_msg *m, const exo_dist_frame 
             exo_step st = {.T = items[0].T, .tokens = items[0].tokens, .logits = logits};
             rc = exo_model_step(d->m, items[0].seq, &st, err);
         } else {
-            rc = exo_model_step_batch(d->m, items, f->n_rows, logits, err);
+            rc = exo_model_step_batch(d->m, items, f->n_rows, logits, NULL, err);
         }
     }
     exo_free(ids);
@@ -549,12 +549,12 @@ static int serve_rows(exo_dist *d, const exo_ring_msg *m, const exo_dist_frame *
             return exo_err_set(err, EXO_EFORMAT, "ring: ROWS row %d on slot %d, which has no sequence", i, bslot[i]);
         if ((rc = seek(s, (uint32_t)pos0, err)))
             return rc;
-        items[i] = (exo_batch_item){s, NULL, T};
+        items[i] = (exo_batch_item){.seq = s, .tokens = NULL, .T = T};
         any |= want[i];
     }
     if (!is_last(d)) {
         if ((rc = ensure_hidden(d, f->T_total, err)) ||
-            (rc = exo_model_step_batch_shard(d->m, items, f->n_rows, f->data, d->hidden, NULL, err)))
+            (rc = exo_model_step_batch_shard(d->m, items, f->n_rows, f->data, d->hidden, NULL, NULL, err)))
             return rc;
         return exo_ring_send(d->ring, EXO_DIST_ROWS, m->a, m->b, m->payload, 16 * (size_t)f->n_rows, d->hidden,
                              sizeof(float) * (size_t)f->T_total * (size_t)d->shard.hidden_size, err);
@@ -565,14 +565,20 @@ static int serve_rows(exo_dist *d, const exo_ring_msg *m, const exo_dist_frame *
     if (any && !d->blogits && !(d->blogits = exo_try_malloc(sizeof(float) * V * EXO_DIST_BATCH_ROWS)))
         return exo_err_set(err, EXO_ENOMEM, "out of memory");
     float *logits = any ? d->blogits : NULL;
-    if ((rc = exo_model_step_batch_shard(d->m, items, f->n_rows, f->data, NULL, logits, err)))
+    exo_pick picks[EXO_DIST_BATCH_ROWS];
+    for (int i = 0; i < f->n_rows; i++) /* a greedy row's token found where the logits are */
+        items[i].greedy = want[i] && d->smp[bslot[i]] && exo_sampler_plain_greedy(d->smp[bslot[i]]);
+    if ((rc = exo_model_step_batch_shard(d->m, items, f->n_rows, f->data, NULL, logits, picks, err)))
         return rc;
     for (int i = 0; i < f->n_rows && any; i++) {
         if (!want[i])
             continue;
         exo_sample s;
-        if ((rc = sample_here(d, bslot[i], logits + (size_t)i * V, &s, err)) ||
-            (rc = send_sample(d, bslot[i], &s, err)))
+        if (picks[i].picked)
+            exo_sampler_take(d->smp[bslot[i]], picks[i].id, picks[i].logprob, &s);
+        else if ((rc = sample_here(d, bslot[i], logits + (size_t)i * V, &s, err)))
+            return rc;
+        if ((rc = send_sample(d, bslot[i], &s, err)))
             return rc;
     }
     return 0;

@@ -1931,16 +1931,18 @@ static bool slot_stepped(runner *r, batch_slot *b, int rc, const exo_err *err)
 
 /* One model call of the n slots at[]: their steps (tokens, T) run, and
  * those that want a sample are sampled with their own sampler. A single
- * slot takes the single-sequence step (recorded on a GPU, a greedy pick
- * made there). A failed call ends its requests with the error. */
+ * slot takes the single-sequence step (recorded on a GPU); a greedy
+ * request's pick is made where the logits are (a GPU: only its token id
+ * comes back). A failed call ends its requests with the error. */
 static void step_slots(runner *r, batch_slot *slots, const int *at, int n, const int32_t *const *tokens,
                        const int *T, const bool *want, float *logits)
 {
     exo_batch_item items[BATCH_ROWS];
+    exo_pick picks[BATCH_ROWS] = {{0}};
     size_t V = (size_t)exo_model_vocab(r->model);
-    for (int k = 0; k < n; k++)
-        items[k] = (exo_batch_item){r->bseqs[at[k]], tokens[at[k]], T[at[k]]};
-    exo_step st = {0};
+    for (int k = 0; k < n; k++) /* in a group every rank's share of the head joins the logits' gather */
+        items[k] = (exo_batch_item){.seq = r->bseqs[at[k]], .tokens = tokens[at[k]], .T = T[at[k]],
+                                    .greedy = want[at[k]] && !r->dist && exo_sampler_plain_greedy(slots[at[k]].smp)};
     exo_err err = {0};
     int rc = 0;
     bool with_logits = n > 1 || want[at[0]];
@@ -1955,24 +1957,15 @@ static void step_slots(runner *r, batch_slot *slots, const int *at, int n, const
         }
         rc = exo_dist_send_batch(r->dist, n, bslot, pos0, rows, ids, with_logits, &err);
     }
-    if (rc) {
-        /* failed */
-    } else if (n == 1) {
-        /* greedy picks on the device only alone: in a group every rank's
-         * share of the head joins the logits' gather */
-        st = (exo_step){.T = items[0].T, .tokens = items[0].tokens, .logits = with_logits ? logits : NULL,
-                        .greedy = with_logits && !r->dist && exo_sampler_plain_greedy(slots[at[0]].smp)};
-        rc = exo_model_step(r->model, items[0].seq, &st, &err);
-    } else {
-        rc = exo_model_step_batch(r->model, items, n, logits, &err);
-    }
+    if (!rc)
+        rc = exo_model_step_batch(r->model, items, n, with_logits ? logits : NULL, picks, &err);
     for (int k = 0; k < n; k++) {
         batch_slot *b = &slots[at[k]];
         if (!slot_stepped(r, b, rc, &err) || !want[at[k]])
             continue;
         exo_sample smp;
-        if (st.picked)
-            exo_sampler_take(b->smp, st.pick_id, st.pick_logprob, &smp);
+        if (picks[k].picked)
+            exo_sampler_take(b->smp, picks[k].id, picks[k].logprob, &smp);
         else
             exo_sampler_next(b->smp, logits + (size_t)k * V, &smp);
         exo_gen_seq_sampled(b->g->seq, &smp);
@@ -2017,7 +2010,7 @@ static void pipe_send(runner *r, batch_slot *slots, flights *fl, const int *at, 
     exo_batch_item items[BATCH_ROWS] = {{0}}; /* set to n, which gcc cannot tell is >= 1 */
     bool w[BATCH_ROWS] = {0};
     for (int k = 0; k < n; k++) {
-        items[k] = (exo_batch_item){r->bseqs[at[k]], tokens[at[k]], T[at[k]]};
+        items[k] = (exo_batch_item){.seq = r->bseqs[at[k]], .tokens = tokens[at[k]], .T = T[at[k]]};
         w[k] = want[at[k]];
     }
     exo_err err = {0};

@@ -2577,39 +2577,43 @@ Test(backend_ops, gpt_oss_decode_routes_on_the_device)
 
 /* The greedy pick on the device against the host's: the lowest index of
  * the largest value (ties, NaN and -inf among the values) and its
- * log-softmax; then a model's greedy steps, picked in place, against the
- * argmax of the logits the same steps give on another sequence. */
+ * log-softmax, each row of a call of several as alone (the same bits);
+ * then a model's greedy steps, picked in place, against the argmax of the
+ * logits the same steps give on another sequence. */
 Test(backend_ops, argmax_pick)
 {
     both b = both_open("argmax_pick");
     static const int sizes[] = {1, 7, 1000, 128256};
-    for (size_t k = 0; k < sizeof sizes / sizeof *sizes; k++)
-        for (int variant = 0; variant < 3; variant++) {
-            int n = sizes[k];
-            dual x = dual_rand(&b, (size_t)n, 3.0f);
-            float *h = x.init;
-            if (variant == 1 && n > 2) { /* a tie: the lower index wins */
-                h[n / 3] = 50.0f;
-                h[n - 1] = 50.0f;
-            }
-            if (variant == 2 && n > 2) { /* NaN and -inf never win */
-                h[0] = NAN;
-                h[1] = -INFINITY;
-            }
-            upload(b.gpu, x.gpu, x.init, x.n);
-            int32_t id = -1;
-            float lp = 0;
-            ON(b.gpu, argmax, x.gpu, n, &id, &lp);
+    enum { ROWS = 3 }; /* a row each: plain, a tie (the lower index wins), NaN and -inf (never win) */
+    for (size_t k = 0; k < sizeof sizes / sizeof *sizes; k++) {
+        int n = sizes[k];
+        dual x = dual_rand(&b, (size_t)n * ROWS, 3.0f);
+        if (n > 2) {
+            x.init[n + n / 3] = x.init[n + n - 1] = 50.0f;
+            x.init[2 * n] = NAN;
+            x.init[2 * n + 1] = -INFINITY;
+        }
+        upload(b.gpu, x.gpu, x.init, x.n);
+        int32_t id[ROWS], alone_id;
+        float lp[ROWS], alone_lp;
+        ON(b.gpu, argmax, x.gpu, ROWS, n, id, lp);
+        for (int r = 0; r < ROWS; r++) {
+            const float *h = x.init + (size_t)r * (size_t)n;
             int want = exo_cpu_argmax_f32(h, n);
             double sum = 0;
             for (int i = 0; i < n; i++)
                 if (!isnan(h[i]))
                     sum += exp((double)h[i] - h[want]);
-            cr_expect_eq(id, want, "n %d variant %d: %d, not %d", n, variant, id, want);
-            cr_expect(fabs(lp + log(sum)) < 1e-5 * (1 + log(sum)), "n %d variant %d: logprob %g, not %g", n,
-                      variant, lp, -log(sum));
-            dual_free(&b, &x);
+            cr_expect_eq(id[r], want, "n %d row %d: %d, not %d", n, r, id[r], want);
+            cr_expect(fabs(lp[r] + log(sum)) < 1e-5 * (1 + log(sum)), "n %d row %d: logprob %g, not %g", n, r,
+                      lp[r], -log(sum));
+            ON(b.gpu, argmax, x.gpu + (size_t)r * (size_t)n, 1, n, &alone_id, &alone_lp);
+            cr_expect(alone_id == id[r] && !memcmp(&alone_lp, &lp[r], sizeof alone_lp),
+                      "n %d row %d: alone %d %a, beside others %d %a", n, r, alone_id, alone_lp, id[r], lp[r]);
         }
+        cr_expect_eq(b.gpu->ops->argmax(b.gpu, x.gpu, EXO_ARGMAX_ROWS + 1, 1, id, lp), EXO_EINVAL);
+        dual_free(&b, &x);
+    }
     both_close(&b);
 
     exo_err err = {0};

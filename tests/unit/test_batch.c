@@ -87,9 +87,9 @@ static void decode_side_by_side(const char *name, int B)
         for (int i = 0; i < B; i++) {
             cr_assert_eq(exo_model_forward(m, alone[i], &next[i], 1, la + (size_t)i * V, false, &err), 0, "%s",
                          err.msg);
-            items[i] = (exo_batch_item){batched[i], &next[i], 1};
+            items[i] = (exo_batch_item){.seq = batched[i], .tokens = &next[i], .T = 1};
         }
-        cr_assert_eq(exo_model_step_batch(m, items, B, lb, &err), 0, "%s: %s", name, err.msg);
+        cr_assert_eq(exo_model_step_batch(m, items, B, lb, NULL, &err), 0, "%s: %s", name, err.msg);
         for (int i = 0; i < B; i++) {
             float d = max_diff(la + (size_t)i * V, lb + (size_t)i * V, V);
             worst = fmaxf(worst, d);
@@ -112,6 +112,73 @@ static void decode_side_by_side(const char *name, int B)
     exo_free(la);
     exo_free(lb);
     exo_model_free(m);
+}
+
+/* Every other sequence greedy: its batched row's pick (exo_pick, made on
+ * a GPU, where only its id comes back) is the pick it gets stepped alone,
+ * id and log-probability to the bit; where nothing picks (the CPU), its
+ * logits come back as the others' do. */
+static void greedy_picks_side_by_side(const char *name, int B)
+{
+    exo_model *m = load(name);
+    int V = exo_model_vocab(m);
+    exo_seq *alone[MAX_B], *batched[MAX_B];
+    float *la = exo_malloc(sizeof(float) * (size_t)V * B), *lb = exo_malloc(sizeof(float) * (size_t)V * B);
+    int32_t next[MAX_B], ids[96];
+    exo_err err = {0};
+    int picked = 0;
+    for (int i = 0; i < B; i++) {
+        alone[i] = seq(m);
+        batched[i] = seq(m);
+        int n = 5 + 3 * i;
+        prompt(m, i, ids, n);
+        cr_assert_eq(exo_model_forward(m, alone[i], ids, n, la, false, &err), 0, "%s", err.msg);
+        cr_assert_eq(exo_model_forward(m, batched[i], ids, n, lb, false, &err), 0, "%s", err.msg);
+        next[i] = argmax(la, V);
+    }
+    for (int step = 0; step < STEPS; step++) {
+        exo_batch_item items[MAX_B];
+        exo_pick picks[MAX_B], want[MAX_B];
+        for (int i = 0; i < B; i++) {
+            exo_step st = {.T = 1, .tokens = &next[i], .logits = la + (size_t)i * V, .greedy = i % 2 == 1};
+            cr_assert_eq(exo_model_step(m, alone[i], &st, &err), 0, "%s", err.msg);
+            want[i] = (exo_pick){st.picked, st.pick_id, st.pick_logprob};
+            items[i] = (exo_batch_item){.seq = batched[i], .tokens = &next[i], .T = 1, .greedy = i % 2 == 1};
+        }
+        cr_assert_eq(exo_model_step_batch(m, items, B, lb, picks, &err), 0, "%s: %s", name, err.msg);
+        for (int i = 0; i < B; i++) {
+            cr_expect_eq(picks[i].picked, want[i].picked, "%s, B %d, step %d, sequence %d: picked %d alone %d",
+                         name, B, step, i, picks[i].picked, want[i].picked);
+            if (want[i].picked && picks[i].picked) {
+                cr_expect(picks[i].id == want[i].id && !memcmp(&picks[i].logprob, &want[i].logprob, sizeof(float)),
+                          "%s, B %d, step %d, sequence %d: %d %a, alone %d %a", name, B, step, i, picks[i].id,
+                          picks[i].logprob, want[i].id, want[i].logprob);
+                next[i] = want[i].id;
+                picked++;
+                continue;
+            }
+            float d = max_diff(la + (size_t)i * V, lb + (size_t)i * V, V);
+            cr_expect_eq(d, 0.0f, "%s, B %d, step %d, sequence %d: logits differ by %g", name, B, step, i,
+                         (double)d);
+            next[i] = argmax(la + (size_t)i * V, V);
+        }
+    }
+    fprintf(stderr, "batch/%s: B %d, %d steps: %d greedy rows picked where the logits are\n", name, B, STEPS,
+            picked);
+    for (int i = 0; i < B; i++) {
+        exo_seq_free(alone[i]);
+        exo_seq_free(batched[i]);
+    }
+    exo_free(la);
+    exo_free(lb);
+    exo_model_free(m);
+}
+
+Test(batch, greedy_rows_pick_as_alone, .timeout = 120)
+{
+    greedy_picks_side_by_side("llama-q4g64", 5);
+    greedy_picks_side_by_side("llama-q4g64", 16);
+    greedy_picks_side_by_side("qwen3_moe-q4g64", 6);
 }
 
 static const char *const FAMILIES[] = {"llama-q4g64", "llama-bf16",   "qwen3-q4g64",     "gemma3-q4g64",
@@ -145,8 +212,9 @@ Test(batch, a_prompt_chunk_beside_decode_rows, .timeout = 120)
         prompt(m, 1, chunk, 3); /* the second sequence's prompt comes in with the first's next token */
         cr_assert_eq(exo_model_forward(m, alone[0], &tok, 1, la, false, &err), 0, "%s", err.msg);
         cr_assert_eq(exo_model_forward(m, alone[1], chunk, 3, la + V, false, &err), 0, "%s", err.msg);
-        exo_batch_item items[2] = {{batched[0], &tok, 1}, {batched[1], chunk, 3}};
-        cr_assert_eq(exo_model_step_batch(m, items, 2, lb, &err), 0, "%s: %s", names[f], err.msg);
+        exo_batch_item items[2] = {{.seq = batched[0], .tokens = &tok, .T = 1},
+                                   {.seq = batched[1], .tokens = chunk, .T = 3}};
+        cr_assert_eq(exo_model_step_batch(m, items, 2, lb, NULL, &err), 0, "%s: %s", names[f], err.msg);
         cr_expect_eq(max_diff(la, lb, V), 0.0f, "%s: the decode row's logits moved", names[f]);
         cr_expect_eq(max_diff(la + V, lb + V, V), 0.0f, "%s: the prompt's last logits moved", names[f]);
         cr_expect_eq(exo_seq_len(batched[1]), 3);
@@ -170,16 +238,16 @@ Test(batch, bad_batches_leave_every_sequence_alone)
     int32_t ids[4] = {1, 2, 3, 4}, bad = V;
     exo_err err = {0};
     cr_assert_eq(exo_model_forward(m, a, ids, 4, logits, false, &err), 0, "%s", err.msg);
-    exo_batch_item twice[2] = {{a, ids, 1}, {a, ids + 1, 1}};
-    cr_expect_eq(exo_model_step_batch(m, twice, 2, logits, &err), EXO_EINVAL);
-    exo_batch_item out_of_range[2] = {{a, ids, 1}, {b, &bad, 1}};
-    cr_expect_eq(exo_model_step_batch(m, out_of_range, 2, logits, &err), EXO_ERANGE);
+    exo_batch_item twice[2] = {{.seq = a, .tokens = ids, .T = 1}, {.seq = a, .tokens = ids + 1, .T = 1}};
+    cr_expect_eq(exo_model_step_batch(m, twice, 2, logits, NULL, &err), EXO_EINVAL);
+    exo_batch_item out_of_range[2] = {{.seq = a, .tokens = ids, .T = 1}, {.seq = b, .tokens = &bad, .T = 1}};
+    cr_expect_eq(exo_model_step_batch(m, out_of_range, 2, logits, NULL, &err), EXO_ERANGE);
     int rows = exo_model_max_batch_rows(m) + 1;
     int32_t *many = exo_calloc((size_t)rows, sizeof *many);
-    exo_batch_item too_many[2] = {{a, ids, 1}, {b, many, rows - 1}};
-    cr_expect_eq(exo_model_step_batch(m, too_many, 2, logits, &err), EXO_ERANGE);
-    exo_batch_item empty[2] = {{a, ids, 1}, {b, ids, 0}};
-    cr_expect_eq(exo_model_step_batch(m, empty, 2, logits, &err), EXO_EINVAL);
+    exo_batch_item too_many[2] = {{.seq = a, .tokens = ids, .T = 1}, {.seq = b, .tokens = many, .T = rows - 1}};
+    cr_expect_eq(exo_model_step_batch(m, too_many, 2, logits, NULL, &err), EXO_ERANGE);
+    exo_batch_item empty[2] = {{.seq = a, .tokens = ids, .T = 1}, {.seq = b, .tokens = ids, .T = 0}};
+    cr_expect_eq(exo_model_step_batch(m, empty, 2, logits, NULL, &err), EXO_EINVAL);
     cr_expect_eq(exo_seq_len(a), 4);
     cr_expect_eq(exo_seq_len(b), 0);
     exo_free(many);

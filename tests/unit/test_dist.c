@@ -499,10 +499,10 @@ static void tensor_batch_check(const char *dir, int world)
             pos[k] = exo_seq_len(bs[k]);
             T[k] = 1;
             rows[k] = &tok[k];
-            items[k] = (exo_batch_item){bs[k], &tok[k], 1};
+            items[k] = (exo_batch_item){.seq = bs[k], .tokens = &tok[k], .T = 1};
         }
         cr_assert_eq(exo_dist_send_batch(c0->d, NB, slots, pos, T, rows, true, &err), 0, "%s", err.msg);
-        cr_assert_eq(exo_model_step_batch(c0->m, items, NB, lb, &err), 0, "%s", err.msg);
+        cr_assert_eq(exo_model_step_batch(c0->m, items, NB, lb, NULL, &err), 0, "%s", err.msg);
         for (int k = 0; k < NB; k++) {
             exo_seq_truncate(bs[k], pos[k]);
             tensor_step_alone(c0, bs[k], k, &tok[k], 1, la);
@@ -591,7 +591,7 @@ static void pipeline_batch_check(const char *dir, int world)
             if (!exo_gen_seq_next(g[k], &tokens, &T, &w))
                 continue;
             live = true;
-            exo_batch_item it = {bs[k], tokens, T};
+            exo_batch_item it = {.seq = bs[k], .tokens = tokens, .T = T};
             if (exo_gen_seq_in_prefill(g[k])) { /* a prompt chunk goes alone */
                 cr_assert_eq(exo_dist_pipe_rows(c0->d, 1, &it, &k, &w, smp, &err), 0, "%s", err.msg);
                 exo_gen_seq_stepped(g[k]);

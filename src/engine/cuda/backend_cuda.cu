@@ -97,7 +97,7 @@ typedef struct cuda_backend {
     int n_retired;
     void *pinned;                 /* host staging for large copies to the host */
     size_t pinned_bytes;
-    struct pick_result *pick_host, *pick_dev; /* argmax's answer: pinned, device */
+    struct pick_result *pick_host, *pick_dev; /* argmax's answers (EXO_ARGMAX_ROWS): pinned, device */
     char *up_host;                /* pinned upload ring: two halves (stage_upload) */
     size_t up_used;
     int up_half;
@@ -1244,12 +1244,15 @@ static int cuda_head_matmul(exo_backend *be, int H, const exo_linear *w, const f
 
 #define PICK_THREADS 1024
 
-/* One block: the largest value (lowest index on ties, NaN never wins),
- * then the sum of exp(x - max) for its log-softmax. */
-__global__ void __launch_bounds__(PICK_THREADS) argmax_kernel(const float *x, int n, struct pick_result *out)
+/* A block a row of n: the largest value (lowest index on ties, NaN never
+ * wins), then the sum of exp(x - max) for its log-softmax. A row's answer
+ * does not depend on the rows beside it. */
+__global__ void __launch_bounds__(PICK_THREADS) argmax_kernel(const float *rows, int n, struct pick_result *picks)
 {
     exo_cuda_wait_inputs();
     exo_cuda_start_next();
+    const float *x = rows + (size_t)blockIdx.x * (size_t)n;
+    struct pick_result *out = picks + blockIdx.x;
     __shared__ float best_v[PICK_THREADS / 32], part[32];
     __shared__ int best_i[PICK_THREADS / 32];
     float bv = -INFINITY;
@@ -1319,24 +1322,28 @@ static int cuda_group_allreduce(exo_backend *be, float *x, size_t n)
 
 static void cuda_group_leave(exo_backend *be) { leave_group(cu(be)); }
 
-static int cuda_argmax(exo_backend *be, const float *x, int n, int32_t *id, float *logprob)
+static int cuda_argmax(exo_backend *be, const float *x, int rows, int n, int32_t *id, float *logprob)
 {
     cuda_backend *c = cu(be);
+    if (rows < 1 || rows > EXO_ARGMAX_ROWS)
+        return EXO_EINVAL;
     if (refuse_in_capture(c) || !c->pick_host || !c->pick_dev)
         return EXO_EBUSY;
     {
         prof_scope prof(c, "argmax");
-        exo_cuda_launch(argmax_kernel, dim3(1), dim3(PICK_THREADS), 0, c->stream, x, n, c->pick_dev);
+        exo_cuda_launch(argmax_kernel, dim3(rows), dim3(PICK_THREADS), 0, c->stream, x, n, c->pick_dev);
     }
     int rc = exo_cuda_launched("argmax");
     rc = rc ? rc
-            : check(cudaMemcpyAsync(c->pick_host, c->pick_dev, sizeof *c->pick_host, cudaMemcpyDeviceToHost,
-                                    c->stream), "argmax");
+            : check(cudaMemcpyAsync(c->pick_host, c->pick_dev, sizeof *c->pick_host * (size_t)rows,
+                                    cudaMemcpyDeviceToHost, c->stream), "argmax");
     rc = rc ? rc : check(cudaStreamSynchronize(c->stream), "argmax");
     if (rc)
         return rc;
-    *id = c->pick_host->id;
-    *logprob = c->pick_host->logprob;
+    for (int r = 0; r < rows; r++) {
+        id[r] = c->pick_host[r].id;
+        logprob[r] = c->pick_host[r].logprob;
+    }
     return 0;
 }
 
@@ -1846,8 +1853,8 @@ static exo_backend *create(int device, exo_err *err)
     c->graphs_off = c->prof || (graphs && !strcmp(graphs, "0"));
     if (cudaMallocHost((void **)&c->step_host, sizeof *c->step_host) != cudaSuccess ||
         cudaMalloc((void **)&c->step_dev, sizeof *c->step_dev) != cudaSuccess ||
-        cudaMallocHost((void **)&c->pick_host, sizeof *c->pick_host) != cudaSuccess ||
-        cudaMalloc((void **)&c->pick_dev, sizeof *c->pick_dev) != cudaSuccess ||
+        cudaMallocHost((void **)&c->pick_host, sizeof *c->pick_host * EXO_ARGMAX_ROWS) != cudaSuccess ||
+        cudaMalloc((void **)&c->pick_dev, sizeof *c->pick_dev * EXO_ARGMAX_ROWS) != cudaSuccess ||
         cudaEventCreateWithFlags(&c->step_read, cudaEventDisableTiming) != cudaSuccess ||
         cudaMallocHost((void **)&c->up_host, 2 * UPLOAD_HALF) != cudaSuccess ||
         cudaEventCreateWithFlags(&c->up_done[0], cudaEventDisableTiming) != cudaSuccess ||
