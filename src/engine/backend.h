@@ -27,6 +27,7 @@
 #define EXO_ENGINE_BACKEND_H
 
 #include "core/error.h"
+#include "core/threadpool.h"
 #include "engine/linear.h"
 
 #include <stdbool.h>
@@ -374,6 +375,8 @@ struct exo_backend {
 
 /* The CPU backend: n_threads <= 0 uses every online CPU. */
 exo_backend *exo_backend_cpu_create(int n_threads, exo_err *err);
+/* Its threads, idle between its ops (exo_model_host_pool). */
+exo_pool *exo_backend_cpu_pool(exo_backend *cpu);
 
 /* The CUDA backend on GPU `device` (cuda/plugin.c): NULL, with
  * EXO_EUNSUPPORTED and why, where the plugin (libexo_cuda.so, built when

@@ -3596,6 +3596,7 @@ int exo_model_step(exo_model *m, exo_seq *s, exo_step *st, exo_err *err)
 }
 
 int exo_model_max_batch_rows(const exo_model *m) { return m->max_chunk; }
+exo_pool *exo_model_host_pool(exo_model *m) { return exo_backend_cpu_pool(m->cpu); }
 
 int exo_model_step_batch_shard(exo_model *m, const exo_batch_item *items, int n, const float *hidden_in,
                                float *hidden_out, float *logits, exo_pick *picks, exo_err *err)

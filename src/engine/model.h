@@ -25,6 +25,7 @@
 #define EXO_ENGINE_MODEL_H
 
 #include "core/error.h"
+#include "core/threadpool.h"
 #include "engine/config.h"
 #include "engine/linear.h"
 
@@ -322,6 +323,10 @@ int exo_model_step_batch(exo_model *m, const exo_batch_item *items, int n, float
 int exo_model_step_batch_shard(exo_model *m, const exo_batch_item *items, int n, const float *hidden_in,
                                float *hidden_out, float *logits, exo_pick *picks, exo_err *err);
 int exo_model_max_batch_rows(const exo_model *m);
+/* The threads the model computes with on the CPU. Between its calls they
+ * idle: the thread that calls the model may run its own work on them
+ * (sampling a batched step's rows; a model on a GPU leaves them all idle). */
+exo_pool *exo_model_host_pool(exo_model *m);
 
 /* A whole model's step: tokens in, logits out (see exo_model_step).
  * logits may be NULL when nothing is wanted (e.g. a warm-up). */

@@ -99,6 +99,30 @@ void exo_sampler_next(exo_sampler *s, float *logits, exo_sample *out)
         s->hist[s->n_hist++] = out->id;
 }
 
+typedef struct rows_job {
+    exo_sampler *const *s;
+    float *const *logits;
+    exo_sample *const *out;
+    int n;
+} rows_job;
+
+static void next_rows(void *ctx, int ith, int nth)
+{
+    const rows_job *j = ctx;
+    for (int i = ith; i < j->n; i += nth)
+        exo_sampler_next(j->s[i], j->logits[i], j->out[i]);
+}
+
+void exo_sampler_next_rows(exo_pool *pool, exo_sampler *const *s, float *const *logits, exo_sample *const *out,
+                           int n)
+{
+    rows_job j = {s, logits, out, n};
+    if (n > 1 && pool)
+        exo_pool_run(pool, next_rows, &j);
+    else
+        next_rows(&j, 0, 1);
+}
+
 bool exo_sampler_plain_greedy(const exo_sampler *s)
 {
     const exo_sampler_params *p = &s->p;
@@ -151,11 +175,10 @@ static float log_sum_exp(const float *x, int n, float *max_out)
     return mx + (float)log(exo_cpu_exp_sum_f32(x, n, mx, NULL));
 }
 
-static const float *sort_logits; /* qsort has no context argument */
-
-static int by_logit_desc(const void *a, const void *b)
+static int by_logit_desc(const void *a, const void *b, void *logits)
 {
-    float la = sort_logits[*(const int32_t *)a], lb = sort_logits[*(const int32_t *)b];
+    const float *x = logits; /* qsort_r's context: samplers run on several threads at once */
+    float la = x[*(const int32_t *)a], lb = x[*(const int32_t *)b];
     if (la != lb)
         return la > lb ? -1 : 1;
     return *(const int32_t *)a - *(const int32_t *)b;
@@ -196,35 +219,50 @@ static void finish_sample(exo_sampler *s, const float *logits, float lse, int32_
     }
 }
 
+/* How many of the n candidates (sorted by logit) top-p keeps: the first
+ * whose cumulative probability reaches top_p; 0 where they never do. */
+static int top_p_cut(const exo_sampler *s, const float *logits, float lse, int n)
+{
+    double cum = 0;
+    for (int i = 0; i < n; i++) {
+        cum += exp((double)(logits[s->cand[i]] - lse));
+        if (cum >= s->p.top_p)
+            return i + 1;
+    }
+    return 0;
+}
+
 /* The prefix of the vocabulary sorted by logit that top-k and top-p keep,
  * into s->cand; returns its length. Sorting all of a 128k vocabulary took
  * 22 ms a token. The tokens within a span of the largest logit are sorted
  * first, and since ties go by id their order is the full order's prefix:
  * when the kept prefix ends inside them, it is exactly the one a full sort
  * keeps. Else the span widens, up to the whole vocabulary (a flat
- * distribution, a top-k past the head). */
+ * distribution, a top-k past the head). A top-k of up to TOP_K_SELECT is
+ * selected instead (top_n, the same prefix) where a span holds more than
+ * TOP_K_SORT_MAX tokens: a flat distribution sorts nothing then. */
+#define TOP_K_SELECT   256
+#define TOP_K_SORT_MAX 4096
 static int kept_prefix(exo_sampler *s, const float *logits, float lse, float mx)
 {
     static const float spans[] = {8.0f, 16.0f, 32.0f, INFINITY};
     const exo_sampler_params *p = &s->p;
     int V = s->vocab, limit = p->top_k > 0 && p->top_k < V ? p->top_k : V;
     bool by_p = p->top_p > 0 && p->top_p < 1;
-    sort_logits = logits;
     for (int pass = 0; pass < 4; pass++) {
         int k = 0;
         for (int i = 0; i < V; i++)
             if (pass == 3 || logits[i] >= mx - spans[pass])
                 s->cand[k++] = i;
-        qsort(s->cand, (size_t)k, sizeof(int32_t), by_logit_desc);
-        int n = limit < k ? limit : k;
-        if (by_p) {
-            double cum = 0;
-            for (int i = 0; i < n; i++) {
-                cum += exp((double)(logits[s->cand[i]] - lse));
-                if (cum >= p->top_p)
-                    return i + 1;
-            }
+        int picked = limit <= TOP_K_SELECT && k > TOP_K_SORT_MAX ? top_n(logits, V, limit, s->cand) : 0;
+        if (picked) { /* 0: every logit NaN */
+            int cut = by_p ? top_p_cut(s, logits, lse, picked) : 0;
+            return cut ? cut : picked;
         }
+        qsort_r(s->cand, (size_t)k, sizeof(int32_t), by_logit_desc, (void *)logits);
+        int n = limit < k ? limit : k, cut = by_p ? top_p_cut(s, logits, lse, n) : 0;
+        if (cut)
+            return cut;
         if (limit <= k || k == V) /* the cut fell inside what was sorted */
             return n;
     }

@@ -1959,17 +1959,26 @@ static void step_slots(runner *r, batch_slot *slots, const int *at, int n, const
     }
     if (!rc)
         rc = exo_model_step_batch(r->model, items, n, with_logits ? logits : NULL, picks, &err);
+    bool sample[BATCH_ROWS];
+    exo_sampler *smp[BATCH_ROWS];
+    float *rows[BATCH_ROWS];
+    exo_sample out[BATCH_ROWS], *row_out[BATCH_ROWS];
+    int n_rows = 0;
     for (int k = 0; k < n; k++) {
         batch_slot *b = &slots[at[k]];
-        if (!slot_stepped(r, b, rc, &err) || !want[at[k]])
-            continue;
-        exo_sample smp;
-        if (picks[k].picked)
-            exo_sampler_take(b->smp, picks[k].id, picks[k].logprob, &smp);
-        else
-            exo_sampler_next(b->smp, logits + (size_t)k * V, &smp);
-        exo_gen_seq_sampled(b->g->seq, &smp);
+        sample[k] = slot_stepped(r, b, rc, &err) && want[at[k]];
+        if (sample[k] && picks[k].picked)
+            exo_sampler_take(b->smp, picks[k].id, picks[k].logprob, &out[k]);
+        else if (sample[k]) {
+            smp[n_rows] = b->smp;
+            rows[n_rows] = logits + (size_t)k * V;
+            row_out[n_rows++] = &out[k];
+        }
     }
+    exo_sampler_next_rows(exo_model_host_pool(r->model), smp, rows, row_out, n_rows);
+    for (int k = 0; k < n; k++)
+        if (sample[k])
+            exo_gen_seq_sampled(slots[at[k]].g->seq, &out[k]);
 }
 
 /* ---- a pipeline's steps in flight (rank 0) -------------------------------

@@ -157,6 +157,99 @@ Test(sampler, top_p_past_the_head_is_the_full_sorts_cut)
     free(top);
 }
 
+/* A small top-k over a flat vocabulary (a random model's logits) is
+ * selected, not sorted: 10 scattered tokens at logit 1, the rest tied at
+ * 0, so top-k 40 keeps the 10 and the 30 lowest ids of the tie, as a full
+ * sort (ties by id) does; with top-p 0.0001 only the first of the 10 (each
+ * holds 0.000136). */
+Test(sampler, small_top_k_on_a_flat_vocabulary_is_the_full_sorts_prefix)
+{
+    enum { V = 20000, N = 4000 };
+    float *logits = calloc(V, sizeof(float)), *l = malloc(sizeof(float) * V);
+    bool *kept = calloc(V, 1);
+    int first_top = V;
+    for (int i = 0; i < 10; i++) {
+        int id = 5000 + i * 1499;
+        logits[id] = 1.0f;
+        kept[id] = true;
+        first_top = id < first_top ? id : first_top;
+    }
+    for (int id = 0, tied = 0; tied < 30; id++)
+        if (!kept[id]) {
+            kept[id] = true;
+            tied++;
+        }
+    exo_sampler_params p = exo_sampler_defaults();
+    p.temperature = 1.0f;
+    p.top_k = 40;
+    exo_sampler *s = exo_sampler_create(&p, V);
+    int from_tie = 0;
+    for (int n = 0; n < N; n++) {
+        memcpy(l, logits, sizeof(float) * V);
+        exo_sample out;
+        exo_sampler_sample(s, l, NULL, 0, &out);
+        cr_assert(kept[out.id], "token %d is not among the 40 most likely", out.id);
+        from_tie += logits[out.id] == 0.0f;
+    }
+    cr_expect(from_tie > N / 10, "the tied part was sampled %d times of %d", from_tie, N);
+    exo_sampler_free(s);
+    p.top_p = 0.0001f;
+    s = exo_sampler_create(&p, V);
+    for (int n = 0; n < 50; n++) {
+        memcpy(l, logits, sizeof(float) * V);
+        exo_sample out;
+        exo_sampler_sample(s, l, NULL, 0, &out);
+        cr_assert_eq(out.id, first_top);
+    }
+    exo_sampler_free(s);
+    free(logits);
+    free(l);
+    free(kept);
+}
+
+/* Rows sampled side by side on a pool's threads (exo_sampler_next_rows)
+ * draw what each sampler draws alone: samplers share nothing (the sort's
+ * comparator included). */
+Test(sampler, rows_side_by_side_as_alone)
+{
+    enum { V = 3000, ROWS = 7, STEPS = 20 };
+    exo_pool *pool = exo_pool_create(4);
+    exo_sampler *par[ROWS], *seq[ROWS];
+    float *logits = malloc(sizeof(float) * V * ROWS), *copy = malloc(sizeof(float) * V * ROWS);
+    float *rows[ROWS];
+    exo_sample out[ROWS], *outs[ROWS];
+    srand(7);
+    for (int r = 0; r < ROWS; r++) {
+        exo_sampler_params p = exo_sampler_defaults();
+        p.temperature = 0.8f;
+        p.top_k = r % 2 ? 300 : 0; /* past the selection: sorted */
+        p.top_p = 0.95f;
+        p.seed = (uint64_t)r;
+        par[r] = exo_sampler_create(&p, V);
+        seq[r] = exo_sampler_create(&p, V);
+        rows[r] = logits + (size_t)r * V;
+        outs[r] = &out[r];
+    }
+    for (int step = 0; step < STEPS; step++) {
+        for (int i = 0; i < V * ROWS; i++)
+            logits[i] = copy[i] = (float)(rand() % 1000) / 100.0f;
+        exo_sampler_next_rows(pool, par, rows, outs, ROWS);
+        for (int r = 0; r < ROWS; r++) {
+            exo_sample alone;
+            exo_sampler_next(seq[r], copy + (size_t)r * V, &alone);
+            cr_assert_eq(out[r].id, alone.id, "step %d row %d: %d beside others, %d alone", step, r, out[r].id,
+                         alone.id);
+        }
+    }
+    for (int r = 0; r < ROWS; r++) {
+        exo_sampler_free(par[r]);
+        exo_sampler_free(seq[r]);
+    }
+    free(logits);
+    free(copy);
+    exo_pool_free(pool);
+}
+
 Test(sampler, min_p_drops_tokens_below_fraction_of_max)
 {
     float l[4] = {logf(0.5f), logf(0.3f), logf(0.15f), logf(0.05f)};

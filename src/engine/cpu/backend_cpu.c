@@ -422,6 +422,8 @@ static const exo_backend_ops cpu_ops = {
     .sync = cpu_sync,
 };
 
+exo_pool *exo_backend_cpu_pool(exo_backend *cpu) { return ((cpu_backend *)cpu)->pool; }
+
 exo_backend *exo_backend_cpu_create(int n_threads, exo_err *err)
 {
     cpu_backend *c = exo_calloc(1, sizeof *c);
