@@ -141,6 +141,11 @@ typedef struct exo_backend_ops {
     void  (*release)(exo_backend *be, void *p);
     int   (*to_device)(exo_backend *be, void *dst, const void *host_src, size_t bytes);
     int   (*to_host)(exo_backend *be, void *host_dst, const void *src, size_t bytes);
+    /* Optional (NULL: plain host memory will do): host memory that to_host
+     * copies land in directly (a GPU's pinned memory; NULL where none is
+     * left). host_free gives it back: false where p is not such memory. */
+    void *(*host_alloc)(exo_backend *be, size_t bytes);
+    bool  (*host_free)(exo_backend *be, void *p);
 
     /* Weights. load_linear makes `dev` a backend-resident view or copy of a
      * host weight. from_file: host points into a file mapping (page cache),

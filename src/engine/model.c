@@ -3598,6 +3598,21 @@ int exo_model_step(exo_model *m, exo_seq *s, exo_step *st, exo_err *err)
 int exo_model_max_batch_rows(const exo_model *m) { return m->max_chunk; }
 exo_pool *exo_model_host_pool(exo_model *m) { return exo_backend_cpu_pool(m->cpu); }
 
+float *exo_model_logits_alloc(exo_model *m, int rows)
+{
+    size_t bytes = sizeof(float) * (size_t)(rows > 0 ? rows : 1) * (size_t)m->vocab;
+    exo_backend *be = m->n_layers ? m->layers[m->n_layers - 1].be : m->cpu;
+    void *p = be->ops->host_alloc ? be->ops->host_alloc(be, bytes) : NULL;
+    return p ? p : exo_malloc(bytes);
+}
+
+void exo_model_logits_free(exo_model *m, float *logits)
+{
+    exo_backend *be = m->n_layers ? m->layers[m->n_layers - 1].be : m->cpu;
+    if (!be->ops->host_free || !be->ops->host_free(be, logits))
+        exo_free(logits);
+}
+
 int exo_model_step_batch_shard(exo_model *m, const exo_batch_item *items, int n, const float *hidden_in,
                                float *hidden_out, float *logits, exo_pick *picks, exo_err *err)
 {

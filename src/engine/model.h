@@ -323,6 +323,13 @@ int exo_model_step_batch(exo_model *m, const exo_batch_item *items, int n, float
 int exo_model_step_batch_shard(exo_model *m, const exo_batch_item *items, int n, const float *hidden_in,
                                float *hidden_out, float *logits, exo_pick *picks, exo_err *err);
 int exo_model_max_batch_rows(const exo_model *m);
+/* Host memory for `rows` rows of logits (exo_model_step_batch's), where a
+ * GPU's copies of the head's logits land directly (no staging copy: 8 MB
+ * a step at 16 rows of a 128k vocabulary), else plain memory (aborts when
+ * there is none, as exo_malloc). Given back with exo_model_logits_free,
+ * before the model is freed. */
+float *exo_model_logits_alloc(exo_model *m, int rows);
+void   exo_model_logits_free(exo_model *m, float *logits);
 /* The threads the model computes with on the CPU. Between its calls they
  * idle: the thread that calls the model may run its own work on them
  * (sampling a batched step's rows; a model on a GPU leaves them all idle). */

@@ -493,10 +493,8 @@ static int serve_batch(exo_dist *d, const exo_ring_msg *m, const exo_dist_frame 
     int rc;
     if (!is_last(d) && (rc = exo_ring_send(d->ring, EXO_DIST_BATCH, m->a, m->b, m->payload, m->len, NULL, 0, err)))
         return rc;
-    size_t V = (size_t)exo_model_vocab(d->m);
-    if (f->want_logits && !d->blogits &&
-        !(d->blogits = exo_try_malloc(sizeof(float) * V * EXO_DIST_BATCH_ROWS)))
-        return exo_err_set(err, EXO_ENOMEM, "out of memory");
+    if (f->want_logits && !d->blogits)
+        d->blogits = exo_model_logits_alloc(d->m, EXO_DIST_BATCH_ROWS);
     /* the payload is the ring's receive buffer, which the collectives
      * inside the step reuse: the ids are copied out first */
     int32_t *ids = exo_try_malloc(m->len);
@@ -562,8 +560,8 @@ static int serve_rows(exo_dist *d, const exo_ring_msg *m, const exo_dist_frame *
     if (any && !d->logits)
         return exo_err_set(err, EXO_EFORMAT, "ring: a sample asked of a rank without the head");
     size_t V = (size_t)exo_model_vocab(d->m);
-    if (any && !d->blogits && !(d->blogits = exo_try_malloc(sizeof(float) * V * EXO_DIST_BATCH_ROWS)))
-        return exo_err_set(err, EXO_ENOMEM, "out of memory");
+    if (any && !d->blogits)
+        d->blogits = exo_model_logits_alloc(d->m, EXO_DIST_BATCH_ROWS);
     float *logits = any ? d->blogits : NULL;
     exo_pick picks[EXO_DIST_BATCH_ROWS];
     for (int i = 0; i < f->n_rows; i++) /* a greedy row's token found where the logits are */
@@ -623,7 +621,7 @@ exo_dist *exo_dist_new(exo_ring *ring, bool tensor, exo_model *m, exo_seq *const
     d->shard = exo_model_shard(m);
     d->base = (exo_gen_stepper){d, d_start, d_step, d_len, d_capacity, d_truncate, d_finish};
     if (d->shard.has_head)
-        d->logits = exo_try_malloc(sizeof(float) * (size_t)exo_model_vocab(m));
+        d->logits = exo_model_logits_alloc(m, 1);
     return d;
 }
 
@@ -637,9 +635,11 @@ void exo_dist_free(exo_dist *d)
         exo_kv_prefix_free(d->kept[i].p);
     for (int i = 1; i < EXO_DIST_MAX_BATCH; i++)
         exo_seq_free(d->bseqs[i]);
-    exo_free(d->blogits);
+    if (d->blogits)
+        exo_model_logits_free(d->m, d->blogits);
     exo_free(d->hidden);
-    exo_free(d->logits);
+    if (d->logits)
+        exo_model_logits_free(d->m, d->logits);
     exo_free(d);
 }
 

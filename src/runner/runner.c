@@ -2125,7 +2125,7 @@ static void run_batch(runner *r)
     batch_slot slots[BATCH_MAX] = {{0}};
     flights fl = {0};
     /* a pipeline's rank 0 has no head: its last rank samples */
-    float *logits = pipelined(r) ? NULL : exo_malloc(sizeof(float) * (size_t)exo_model_vocab(r->model) * BATCH_ROWS);
+    float *logits = pipelined(r) ? NULL : exo_model_logits_alloc(r->model, BATCH_ROWS);
     for (;;) {
         /* the finished and cancelled go first, their caches free for the rest */
         for (int i = 0; i < r->n_batch; i++) {
@@ -2197,7 +2197,8 @@ static void run_batch(runner *r)
         if (r->peer_gone)
             cancel_active(r, NULL);
     }
-    exo_free(logits);
+    if (logits)
+        exo_model_logits_free(r->model, logits);
 }
 
 /* ---- main loop ------------------------------------------------------------ */

@@ -2575,6 +2575,29 @@ Test(backend_ops, gpt_oss_decode_routes_on_the_device)
     free(out[1]);
 }
 
+/* Host memory from host_alloc takes to_host's copies (whole, and a piece
+ * inside it, large enough that other memory would be staged); host_free
+ * gives it back and refuses memory it did not give. */
+Test(backend_ops, host_memory_takes_copies)
+{
+    both b = both_open("host_memory_takes_copies");
+    enum { N = 1 << 18 };
+    dual x = dual_rand(&b, N, 1.0f);
+    float *h = b.gpu->ops->host_alloc(b.gpu, sizeof(float) * N);
+    cr_assert(h, "no pinned memory");
+    ON(b.gpu, to_host, h, x.gpu, sizeof(float) * N);
+    cr_expect(!memcmp(h, x.init, sizeof(float) * N), "the whole copy differs");
+    memset(h, 0, sizeof(float) * N);
+    ON(b.gpu, to_host, h + 1000, x.gpu + 5, sizeof(float) * (N / 2));
+    cr_expect(!memcmp(h + 1000, x.init + 5, sizeof(float) * (N / 2)) && h[999] == 0.0f && h[1000 + N / 2] == 0.0f,
+              "a piece copied inside it differs or spilled");
+    float other;
+    cr_expect(!b.gpu->ops->host_free(b.gpu, &other));
+    cr_expect(b.gpu->ops->host_free(b.gpu, h));
+    dual_free(&b, &x);
+    both_close(&b);
+}
+
 /* The greedy pick on the device against the host's: the lowest index of
  * the largest value (ties, NaN and -inf among the values) and its
  * log-softmax, each row of a call of several as alone (the same bits);

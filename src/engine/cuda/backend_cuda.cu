@@ -63,6 +63,8 @@ struct step_graph {
     uint64_t used;
 };
 
+#define HOST_BUFFERS 8 /* host_alloc's at once: a runner's logits, a rank's */
+
 typedef struct cuda_backend {
     exo_backend base;
     int device;
@@ -97,6 +99,7 @@ typedef struct cuda_backend {
     int n_retired;
     void *pinned;                 /* host staging for large copies to the host */
     size_t pinned_bytes;
+    struct { char *p; size_t bytes; } host[HOST_BUFFERS]; /* host_alloc's: copies land there directly */
     struct pick_result *pick_host, *pick_dev; /* argmax's answers (EXO_ARGMAX_ROWS): pinned, device */
     char *up_host;                /* pinned upload ring: two halves (stage_upload) */
     size_t up_used;
@@ -279,6 +282,8 @@ static void cuda_free_backend(exo_backend *be)
             cudaGraphExecDestroy(c->graphs[i].exec);
     free_retired(c);
     cudaFreeHost(c->pinned);
+    for (int i = 0; i < HOST_BUFFERS; i++)
+        cudaFreeHost(c->host[i].p);
     cudaFreeHost(c->pick_host);
     cudaFree(c->pick_dev);
     cudaFreeHost(c->up_host);
@@ -347,8 +352,13 @@ static int cuda_to_host(exo_backend *be, void *dst, const void *src, size_t byte
     /* a large copy (a step's logits) lands in pinned memory first: the
      * driver copies pageable memory through its own small staging buffer
      * at a fraction of the bus's speed (90 us for 128k logits on an H200
-     * host, against about 20 + 15 us this way) */
-    bool staged = bytes >= ((size_t)64 << 10) && bytes <= ((size_t)64 << 20);
+     * host, against about 20 + 15 us this way); in host_alloc's memory it
+     * lands directly */
+    bool pinned_dst = false;
+    for (int i = 0; i < HOST_BUFFERS && !pinned_dst; i++)
+        pinned_dst = c->host[i].p && (char *)dst >= c->host[i].p &&
+                     (char *)dst + bytes <= c->host[i].p + c->host[i].bytes;
+    bool staged = !pinned_dst && bytes >= ((size_t)64 << 10) && bytes <= ((size_t)64 << 20);
     if (staged && c->pinned_bytes < bytes) {
         cudaStreamSynchronize(c->stream);
         cudaFreeHost(c->pinned);
@@ -373,6 +383,36 @@ static int cuda_to_host(exo_backend *be, void *dst, const void *src, size_t byte
     if (c->prof)
         profile_collect(c->prof);
     return rc;
+}
+
+static void *cuda_host_alloc(exo_backend *be, size_t bytes)
+{
+    cuda_backend *c = cu(be);
+    for (int i = 0; i < HOST_BUFFERS; i++) {
+        if (c->host[i].p)
+            continue;
+        void *p = NULL;
+        if (cudaMallocHost(&p, bytes ? bytes : 1) != cudaSuccess) {
+            cudaGetLastError();
+            return NULL;
+        }
+        c->host[i].p = (char *)p;
+        c->host[i].bytes = bytes;
+        return p;
+    }
+    return NULL;
+}
+
+static bool cuda_host_free(exo_backend *be, void *p)
+{
+    cuda_backend *c = cu(be);
+    for (int i = 0; i < HOST_BUFFERS; i++)
+        if (p && c->host[i].p == (char *)p) {
+            cudaFreeHost(p);
+            c->host[i].p = NULL;
+            return true;
+        }
+    return false;
 }
 
 static int cuda_sync(exo_backend *be)
@@ -1742,6 +1782,8 @@ static const exo_backend_ops cuda_ops = {
     .release = cuda_release,
     .to_device = cuda_to_device,
     .to_host = cuda_to_host,
+    .host_alloc = cuda_host_alloc,
+    .host_free = cuda_host_free,
     .load_linear = cuda_load_linear,
     .load_vector = cuda_load_vector,
     .embed = cuda_embed,
