@@ -116,7 +116,7 @@ static int streams_tok_s(exo_model *m, int n, int steps, bool sampled, double *t
     exo_seq **seqs = exo_calloc((size_t)n, sizeof *seqs);
     exo_batch_item *items = exo_calloc((size_t)n, sizeof *items);
     int32_t *next = exo_calloc((size_t)n, sizeof *next), prompt[STREAM_PROMPT];
-    float *logits = exo_malloc(sizeof(float) * (size_t)V * (size_t)n);
+    float *logits = exo_model_logits_alloc(m, n); /* as the runner's: a GPU copies into it directly */
     for (int i = 0; i < n && !rc; i++) {
         for (int t = 0; t < STREAM_PROMPT; t++)
             prompt[t] = (int32_t)(((uint64_t)t * 7919u + (uint64_t)i * 104729u + 17u) % (uint64_t)V);
@@ -163,7 +163,7 @@ static int streams_tok_s(exo_model *m, int n, int steps, bool sampled, double *t
     exo_free(seqs);
     exo_free(items);
     exo_free(next);
-    exo_free(logits);
+    exo_model_logits_free(m, logits);
     return rc;
 }
 
