@@ -89,13 +89,14 @@ enum { HOST_LOGITS = 32 }; /* GPU decode tokens with every logit to the host */
 
 /* One greedy decode token as the runner serves it: the step asks for the
  * largest logit, which a GPU finds in place and hands over with only its
- * id (backend.h argmax); elsewhere the logits come back and the host picks.
+ * id (backend.h pick); elsewhere the logits come back and the host picks.
  * *tok is the token in and the next token out; *in_place is set when the
  * id came alone. */
 static int greedy_token(exo_model *m, exo_seq *seq, int32_t *tok, float *logits, int64_t V, bool *in_place,
                         exo_err *err)
 {
-    exo_step st = {.T = 1, .tokens = tok, .logits = logits, .greedy = true};
+    static const exo_pick_rule greedy = {0};
+    exo_step st = {.T = 1, .tokens = tok, .logits = logits, .pick = &greedy};
     int rc = exo_model_step(m, seq, &st, err);
     if (!rc)
         *tok = st.picked ? st.pick_id : exo_cpu_argmax_f32(logits, V);
@@ -103,14 +104,18 @@ static int greedy_token(exo_model *m, exo_seq *seq, int32_t *tok, float *logits,
     return rc;
 }
 
-/* Aggregate decode tokens/s of n sequences stepping together for `steps`
- * batched steps (after one untimed step), each from its own prompt:
- * greedy, picked where the logits are (exo_pick; else on the host), or,
- * with `sampled`, each row drawn on the host by its own sampler (the
- * server's path for a sampled request: STREAM_SAMPLING, the OpenAI
- * APIs' default). */
+/* How a streams run picks its tokens: greedy; sampled (STREAM_SAMPLING,
+ * the OpenAI APIs' default), drawn where the logits are when the model
+ * can (the server's path) or every row on the host by its own sampler,
+ * the rows side by side on the model's CPU threads. */
+typedef enum { STREAM_GREEDY, STREAM_DRAWN, STREAM_HOST } stream_picks;
 #define STREAM_SAMPLING "temperature 1"
-static int streams_tok_s(exo_model *m, int n, int steps, bool sampled, double *tok_s, exo_err *err)
+
+/* Aggregate decode tokens/s of n sequences stepping together for `steps`
+ * batched steps (after one untimed step), each from its own prompt;
+ * *in_place: some rows were picked where the logits are. */
+static int streams_tok_s(exo_model *m, int n, int steps, stream_picks how, double *tok_s, bool *in_place,
+                         exo_err *err)
 {
     int V = exo_model_vocab(m), rc = 0;
     exo_seq **seqs = exo_calloc((size_t)n, sizeof *seqs);
@@ -124,35 +129,53 @@ static int streams_tok_s(exo_model *m, int n, int steps, bool sampled, double *t
         if (!rc)
             rc = exo_model_forward(m, seqs[i], prompt, STREAM_PROMPT, logits, false, err);
         next[i] = exo_cpu_argmax_f32(logits, V);
-        items[i] = (exo_batch_item){.seq = seqs[i], .tokens = &next[i], .T = 1, .greedy = !sampled};
+        items[i] = (exo_batch_item){.seq = seqs[i], .tokens = &next[i], .T = 1};
     }
     exo_pick *pick = exo_calloc((size_t)n, sizeof *pick);
-    exo_sampler **smp = exo_calloc((size_t)n, sizeof *smp);
+    exo_pick_rule *rules = exo_calloc((size_t)n, sizeof *rules);
+    exo_sampler **smp = exo_calloc((size_t)n, sizeof *smp), **host_smp = exo_calloc((size_t)n, sizeof *host_smp);
     float **rows = exo_calloc((size_t)n, sizeof *rows);
     exo_sample *out = exo_calloc((size_t)n, sizeof *out), **row_out = exo_calloc((size_t)n, sizeof *row_out);
-    for (int i = 0; i < n && sampled; i++) {
+    for (int i = 0; i < n && how != STREAM_GREEDY; i++) {
         exo_sampler_params sp = exo_sampler_defaults();
         sp.temperature = 1.0f;
         sp.seed = (uint64_t)i;
         smp[i] = exo_sampler_create(&sp, V);
-        rows[i] = logits + (size_t)i * (size_t)V;
-        row_out[i] = &out[i];
     }
     double t0 = 0;
+    *in_place = false;
     for (int s = 0; s <= steps && !rc; s++) {
         if (s == 1) /* the first step warms the batch's buffers up */
             t0 = exo_clock_seconds();
+        for (int i = 0; i < n; i++)
+            items[i].pick = how == STREAM_GREEDY || (how == STREAM_DRAWN && exo_sampler_pick_rule(smp[i], &rules[i]))
+                                ? &rules[i]
+                                : NULL;
         rc = exo_model_step_batch(m, items, n, logits, pick, err);
-        if (!rc && sampled)
-            exo_sampler_next_rows(exo_model_host_pool(m), smp, rows, row_out, n);
-        for (int i = 0; i < n && !rc; i++)
-            next[i] = sampled          ? out[i].id
-                      : pick[i].picked ? pick[i].id
-                                       : exo_cpu_argmax_f32(logits + (size_t)i * (size_t)V, V);
+        int on_host = 0;
+        for (int i = 0; i < n && !rc; i++) {
+            *in_place |= pick[i].picked;
+            if (how == STREAM_GREEDY) {
+                next[i] = pick[i].picked ? pick[i].id : exo_cpu_argmax_f32(logits + (size_t)i * (size_t)V, V);
+            } else if (pick[i].picked) {
+                exo_sampler_take(smp[i], pick[i].id, pick[i].logprob, &out[i]);
+            } else {
+                host_smp[on_host] = smp[i];
+                rows[on_host] = logits + (size_t)i * (size_t)V;
+                row_out[on_host++] = &out[i];
+            }
+        }
+        if (!rc && how != STREAM_GREEDY) {
+            exo_sampler_next_rows(exo_model_host_pool(m), host_smp, rows, row_out, on_host);
+            for (int i = 0; i < n; i++)
+                next[i] = out[i].id;
+        }
     }
     for (int i = 0; i < n; i++)
         exo_sampler_free(smp[i]);
     exo_free(smp);
+    exo_free(host_smp);
+    exo_free(rules);
     exo_free(rows);
     exo_free(out);
     exo_free(row_out);
@@ -411,11 +434,17 @@ int exo_cmd_bench(int argc, char **argv)
     }
     /* Streams side by side: decode tokens of all of them a second. */
     double stream_tok_s[MAX_STREAM_RUNS] = {0}, stream_sampled_tok_s[MAX_STREAM_RUNS] = {0};
+    double stream_host_tok_s[MAX_STREAM_RUNS] = {0}; /* sampled on the host, where the model draws in place */
     int stream_steps = n_gen < MAX_STREAM_STEPS ? (int)n_gen : MAX_STREAM_STEPS;
-    for (int i = 0; i < n_streams; i++)
-        if (streams_tok_s(m, (int)streams[i], stream_steps, false, &stream_tok_s[i], &err) ||
-            streams_tok_s(m, (int)streams[i], stream_steps, true, &stream_sampled_tok_s[i], &err))
+    for (int i = 0; i < n_streams; i++) {
+        bool drawn = false, unused;
+        if (streams_tok_s(m, (int)streams[i], stream_steps, STREAM_GREEDY, &stream_tok_s[i], &unused, &err) ||
+            streams_tok_s(m, (int)streams[i], stream_steps, STREAM_DRAWN, &stream_sampled_tok_s[i], &drawn,
+                          &err) ||
+            (drawn &&
+             streams_tok_s(m, (int)streams[i], stream_steps, STREAM_HOST, &stream_host_tok_s[i], &unused, &err)))
             goto fail_pool;
+    }
     /* Paired: decode tokens alternating with reads of the probe, each
      * token against the read right after it. The read bandwidth a guest
      * gets drifts with its host's other tenants (a Zen 5 guest read 25 GB/s
@@ -492,8 +521,9 @@ int exo_cmd_bench(int argc, char **argv)
                avx2, avx2 > 0 ? prefill_gflops / avx2 : 0, t_load, fused_ms, unfused_ms, paired, dot_peak / 1e9,
                n_host ? (double)n_host / host_logits_s : 0);
         for (int i = 0; i < n_streams; i++)
-            printf("%s{\"n\":%ld,\"tok_s\":%.3f,\"sampled_tok_s\":%.3f,\"dot_fraction\":%.4f}",
-                   i ? "," : "", streams[i], stream_tok_s[i], stream_sampled_tok_s[i], dot_share[i]);
+            printf("%s{\"n\":%ld,\"tok_s\":%.3f,\"sampled_tok_s\":%.3f,\"sampled_host_tok_s\":%.3f,"
+                   "\"dot_fraction\":%.4f}", i ? "," : "", streams[i], stream_tok_s[i], stream_sampled_tok_s[i],
+                   stream_host_tok_s[i] > 0 ? stream_host_tok_s[i] : stream_sampled_tok_s[i], dot_share[i]);
         printf("]}\n");
     } else {
         printf("model            %s (%s), %d threads, isa %s%s\n", name,
@@ -538,8 +568,13 @@ int exo_cmd_bench(int argc, char **argv)
             if (dot_peak > 0)
                 printf(", %.0f%% of the int8 dot peak", 100.0 * dot_share[i]);
             printf("\n");
-            printf("                 %.2f tok/s sampled (" STREAM_SAMPLING "), each row on the host by its "
-                   "own sampler, %d threads\n", stream_sampled_tok_s[i], exo_pool_size(exo_model_host_pool(m)));
+            if (stream_host_tok_s[i] > 0)
+                printf("                 %.2f tok/s sampled (" STREAM_SAMPLING "), drawn where the logits are; "
+                       "%.2f on the host (%d threads)\n", stream_sampled_tok_s[i], stream_host_tok_s[i],
+                       exo_pool_size(exo_model_host_pool(m)));
+            else
+                printf("                 %.2f tok/s sampled (" STREAM_SAMPLING "), on the host (%d threads)\n",
+                       stream_sampled_tok_s[i], exo_pool_size(exo_model_host_pool(m)));
         }
         if (dot_peak > 0)
             printf("int8 dot peak    %.0f G products/s on %d threads (vpdpbusd; the compute limit of batched\n"

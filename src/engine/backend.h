@@ -29,6 +29,7 @@
 #include "core/error.h"
 #include "core/threadpool.h"
 #include "engine/linear.h"
+#include "proto/sampling.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -37,7 +38,7 @@
 typedef struct exo_backend exo_backend;
 
 #define EXO_KV_BLOCK 16
-#define EXO_ARGMAX_ROWS 16 /* rows an argmax call takes at most */
+#define EXO_PICK_ROWS 16 /* rows a pick call takes at most */
 
 /* A layer's rotary embedding as an attention call may apply it itself
  * (attention_rotates): each head of q and k through its RMSNorm (q_norm,
@@ -321,13 +322,16 @@ typedef struct exo_backend_ops {
      * it started reading them, 0 when it did not, or an error. */
     int  (*prefetch)(exo_backend *be, int n, const exo_linear *const *w);
 
-    /* Optional (NULL: the caller copies x to the host and looks there): for
-     * each of rows (1..EXO_ARGMAX_ROWS) consecutive rows of n values, the
-     * index of the largest (the lowest on ties; NaN never wins) and its
-     * log-softmax, x[id] - log(sum exp x), into host memory; a row's answer
-     * is the same whatever rows are beside it. Greedy decoding then takes
-     * token ids, not the vocabulary's logits, off the device. */
-    int  (*argmax)(exo_backend *be, const float *x, int rows, int n, int32_t *id, float *logprob);
+    /* Optional (NULL: the caller copies x to the host and picks there): for
+     * each of rows (1..EXO_PICK_ROWS) consecutive rows of n logits, the
+     * token its rule picks (proto/sampling.h: the largest, the lowest index
+     * on ties, NaN never winning; or a draw from softmax(x / temperature)
+     * with the rule's u) and its log-softmax, x[id] - log(sum exp x), into
+     * host memory; a row's answer is the same whatever rows are beside it.
+     * Decoding then takes token ids, not the vocabulary's logits, off the
+     * device. */
+    int  (*pick)(exo_backend *be, const float *x, int rows, int n, const exo_pick_rule *rules, int32_t *id,
+                 float *logprob);
 
     /* Optional (NULL: decode routes on the host through moe_route): the
      * router's choice made and used on the device, so a mixture-of-experts

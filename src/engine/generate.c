@@ -55,14 +55,15 @@ static int local_start(void *ctx, const exo_sampler_params *sp, const int32_t *p
 static int local_step(void *ctx, const int32_t *tokens, int T, exo_sample *sample, exo_err *err)
 {
     local_stepper *l = ctx;
+    exo_pick_rule rule;
     exo_step st = {.T = T, .tokens = tokens, .logits = sample ? l->logits : NULL,
-                   .greedy = sample && exo_sampler_plain_greedy(l->smp)};
+                   .pick = sample && exo_sampler_pick_rule(l->smp, &rule) ? &rule : NULL};
     int rc = exo_model_step(l->m, l->seq, &st, err);
     if (rc || !sample)
         return rc;
     if (st.picked) /* the backend found the token where the logits are */
         exo_sampler_take(l->smp, st.pick_id, st.pick_logprob, sample);
-    else
+    else /* with the number the rule took, if it took one */
         exo_sampler_next(l->smp, l->logits, sample);
     return 0;
 }

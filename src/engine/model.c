@@ -59,7 +59,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define MAX_LOGIT_ROWS EXO_ARGMAX_ROWS /* LM-head rows computed at once: argmax picks as many */
+#define MAX_LOGIT_ROWS EXO_PICK_ROWS /* LM-head rows computed at once: a pick call takes as many */
 #define EXO_MAX_TP     256
 
 typedef struct layer {
@@ -3392,29 +3392,32 @@ static int head_forward(exo_model *m, int r0, int rows, float *out, exo_err *err
     return 0;
 }
 
-/* head_forward for the rows of items[0 .. rows), where the greedy ones
- * take their token on the device (exo_pick) when the backend finds it
- * there and only the others' logits come to the host (picks: NULL, or an
- * answer a row). One argmax launch takes every row: a row's pick does not
+/* head_forward for the rows of items[0 .. rows), where those with a pick
+ * rule take their token on the device (exo_pick) when the backend picks
+ * there, and only the others' logits come to the host (picks: NULL, or an
+ * answer a row). One pick launch takes every row: a row's pick does not
  * depend on the others. */
 static int head_picks(exo_model *m, int r0, int rows, float *out, const exo_batch_item *items, exo_pick *picks,
                       exo_err *err)
 {
     exo_backend *be = m->layers[m->n_layers - 1].be;
+    exo_pick_rule rules[EXO_PICK_ROWS] = {{0}}; /* rows without one: the argmax, unused */
     bool any = false;
     for (int r = 0; picks && r < rows; r++) {
         picks[r].picked = false;
-        any |= items[r].greedy;
+        if (items[r].pick)
+            rules[r] = *items[r].pick;
+        any |= items[r].pick != NULL;
     }
-    if (!any || m->allgather || !be->ops->argmax)
+    if (!any || m->allgather || !be->ops->pick)
         return head_forward(m, r0, rows, out, err);
     OK(head_logits(m, r0, rows));
     const float *logits = acts_of(m, be)->logits;
-    int32_t id[EXO_ARGMAX_ROWS];
-    float logprob[EXO_ARGMAX_ROWS];
-    bool found = !be->ops->argmax(be, logits, rows, m->vocab, id, logprob);
+    int32_t id[EXO_PICK_ROWS];
+    float logprob[EXO_PICK_ROWS];
+    bool found = !be->ops->pick(be, logits, rows, m->vocab, rules, id, logprob);
     for (int r = 0; r < rows; r++)
-        if (found && items[r].greedy)
+        if (found && items[r].pick)
             picks[r] = (exo_pick){true, id[r], logprob[r]};
     size_t V = (size_t)m->vocab;
     for (int r = 0, run; r < rows; r += run) { /* the others' logits, a run of rows a copy */
@@ -3463,14 +3466,14 @@ static int step_one(exo_model *m, exo_seq *s, const exo_step *st, int t0, int n,
                        st->tokens ? NULL : st->hidden_in + (size_t)t0 * (size_t)m->dim, &one, 1, n, err);
 }
 
-/* A greedy step's token found where the logits are (backend.h argmax):
- * true when it was, and the logits stay there. */
+/* A step's token picked by its rule where the logits are (backend.h
+ * pick): true when it was, and the logits stay there. */
 static bool pick_in_place(exo_model *m, exo_step *st)
 {
     exo_backend *be = m->layers[m->n_layers - 1].be;
-    if (!st->greedy || st->all_logits || !be->ops->argmax || m->allgather)
+    if (!st->pick || st->all_logits || !be->ops->pick || m->allgather)
         return false;
-    st->picked = !be->ops->argmax(be, acts_of(m, be)->logits, 1, m->vocab, &st->pick_id, &st->pick_logprob);
+    st->picked = !be->ops->pick(be, acts_of(m, be)->logits, 1, m->vocab, st->pick, &st->pick_id, &st->pick_logprob);
     return st->picked;
 }
 
@@ -3540,7 +3543,7 @@ static int step_chunk(exo_model *m, exo_seq *s, exo_step *st, int t0, int n, exo
             OK(head_forward(m, r, rows, st->logits + (size_t)(t0 + r) * V, err));
         }
     } else if (t0 + n == st->T) {
-        if (st->greedy && !m->allgather) {
+        if (st->pick && !m->allgather) {
             OK(head_logits(m, n - 1, 1));
             if (!pick_in_place(m, st))
                 OK(last->ops->to_host(last, st->logits, acts_of(m, last)->logits, sizeof(float) * V));
@@ -3624,7 +3627,7 @@ int exo_model_step_batch_shard(exo_model *m, const exo_batch_item *items, int n,
         return exo_err_set(err, EXO_EINVAL, "batch: this shard has no LM head");
     if (n == 1) { /* the single-sequence step (chunked prompts, recorded decode) */
         exo_step st = {.T = items[0].T, .tokens = items[0].tokens, .hidden_in = hidden_in,
-                       .hidden_out = hidden_out, .logits = logits, .greedy = picks && items[0].greedy};
+                       .hidden_out = hidden_out, .logits = logits, .pick = picks ? items[0].pick : NULL};
         int rc = exo_model_step(m, items[0].seq, &st, err);
         if (picks)
             picks[0] = (exo_pick){st.picked, st.pick_id, st.pick_logprob};

@@ -28,6 +28,7 @@
 #include "core/threadpool.h"
 #include "engine/config.h"
 #include "engine/linear.h"
+#include "proto/sampling.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -257,11 +258,11 @@ typedef struct exo_step {
     float         *hidden_out;
     float         *logits;
     bool           all_logits;
-    /* greedy: the caller will take the largest logit. Where the backend
-     * finds it in place (backend.h argmax), picked is set with the id and
-     * its log-probability, and logits is left alone; else the logits are
-     * written as usual. */
-    bool           greedy;
+    /* pick (NULL: none): the caller's sampler picks by this rule
+     * (exo_sampler_pick_rule). Where the backend picks in place (backend.h
+     * pick), picked is set with the id and its log-probability, and logits
+     * is left alone; else the logits are written as usual. */
+    const exo_pick_rule *pick;
     bool           picked;
     int32_t        pick_id;
     float          pick_logprob;
@@ -284,18 +285,17 @@ exo_shard_info exo_model_shard(const exo_model *m);
 int exo_model_step(exo_model *m, exo_seq *s, exo_step *step, exo_err *err);
 
 /* One sequence's part of a batched step: T tokens (host memory) appended
- * at its end. greedy: the caller will take its largest logit (see
- * exo_pick). */
+ * at its end. pick: as exo_step's (see exo_pick). */
 typedef struct exo_batch_item {
-    exo_seq       *seq;
-    const int32_t *tokens;
-    int            T;
-    bool           greedy;
+    exo_seq             *seq;
+    const int32_t       *tokens;
+    int                  T;
+    const exo_pick_rule *pick;
 } exo_batch_item;
 
-/* A greedy item's token found where its logits are (backend.h argmax),
- * as exo_step's picked, pick_id and pick_logprob: then its logits row is
- * left alone. Not picked: its logits are written as usual. */
+/* An item's token picked by its rule where its logits are (backend.h
+ * pick), as exo_step's picked, pick_id and pick_logprob: then its logits
+ * row is left alone. Not picked: its logits are written as usual. */
 typedef struct exo_pick {
     bool    picked;
     int32_t id;
@@ -309,7 +309,7 @@ typedef struct exo_pick {
  * at most exo_model_max_batch_rows; each sequence appears once. Errors as
  * exo_model_step's (and EXO_EUNSUPPORTED for a pipeline shard, which
  * exo_model_step_batch_shard takes); picks (NULL: none) gets n answers
- * for the greedy items;
+ * for the items with a pick rule;
  * after one, every sequence is back at its length before the call. An
  * item's logits are those exo_model_step would give it alone up to the
  * rounding of products that take another kernel at more rows. */

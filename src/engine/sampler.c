@@ -19,6 +19,8 @@ struct exo_sampler {
     uint16_t *count;  /* (vocab) occurrences in the penalty window */
     int32_t *hist;    /* exo_sampler_next's history: the prompt, then its picks */
     int n_hist, cap_hist;
+    bool held;        /* exo_sampler_pick_rule took this token's number: */
+    double held_u;
 };
 
 static uint64_t splitmix64(uint64_t *x)
@@ -44,6 +46,16 @@ static uint64_t next_u64(uint64_t *s)
 }
 
 static double next_unit(uint64_t *s) { return (double)(next_u64(s) >> 11) * 0x1.0p-53; }
+
+/* A draw's uniform number: the one exo_sampler_pick_rule took for this
+ * token, else the stream's next. */
+static double draw_unit(exo_sampler *s)
+{
+    if (!s->held)
+        return next_unit(s->rng);
+    s->held = false;
+    return s->held_u;
+}
 
 exo_sampler *exo_sampler_create(const exo_sampler_params *p, int vocab)
 {
@@ -123,12 +135,24 @@ void exo_sampler_next_rows(exo_pool *pool, exo_sampler *const *s, float *const *
         next_rows(&j, 0, 1);
 }
 
-bool exo_sampler_plain_greedy(const exo_sampler *s)
+bool exo_sampler_pick_rule(exo_sampler *s, exo_pick_rule *rule)
 {
     const exo_sampler_params *p = &s->p;
     bool rep = p->repetition_penalty != 1.0f && p->repetition_penalty > 0;
-    return p->temperature <= 0 && !rep && p->presence_penalty == 0 && p->frequency_penalty == 0 &&
-           p->top_logprobs == 0;
+    bool plain = !rep && p->presence_penalty == 0 && p->frequency_penalty == 0 && p->top_logprobs == 0;
+    bool filters = (p->top_k > 0 && p->top_k < s->vocab) || (p->top_p > 0 && p->top_p < 1) || p->min_p > 0;
+    if (!plain || (p->temperature > 0 && filters))
+        return false;
+    rule->temperature = p->temperature > 0 ? p->temperature : 0;
+    rule->u = 0;
+    if (rule->temperature > 0) {
+        if (!s->held) {
+            s->held_u = next_unit(s->rng);
+            s->held = true;
+        }
+        rule->u = s->held_u;
+    }
+    return true;
 }
 
 void exo_sampler_take(exo_sampler *s, int32_t id, float logprob, exo_sample *out)
@@ -136,6 +160,7 @@ void exo_sampler_take(exo_sampler *s, int32_t id, float logprob, exo_sample *out
     memset(out, 0, sizeof *out);
     out->id = id;
     out->logprob = logprob;
+    s->held = false; /* the backend drew with it */
     if (s->n_hist < s->cap_hist)
         s->hist[s->n_hist++] = id;
 }
@@ -278,7 +303,7 @@ static void draw_whole_vocabulary(exo_sampler *s, const float *logits, float lse
     for (int i = 0; i < V; i++)
         s->prob[i] = (logits[i] - mx) * inv_t;
     double total = exo_cpu_exp_sum_f32(s->prob, V, 0.0f, s->prob);
-    double r = next_unit(s->rng) * total, acc = 0;
+    double r = draw_unit(s) * total, acc = 0;
     int32_t chosen = V - 1;
     for (int i = 0; i < V; i++) {
         acc += s->prob[i];
@@ -332,7 +357,7 @@ void exo_sampler_sample(exo_sampler *s, float *logits, const int32_t *history, i
             s->prob[i] = (float)w;
             total += w;
         }
-        double r = next_unit(s->rng) * total, acc = 0;
+        double r = draw_unit(s) * total, acc = 0;
         chosen = s->cand[n - 1];
         for (int i = 0; i < n; i++) {
             acc += s->prob[i];

@@ -53,10 +53,13 @@ void exo_sampler_next(exo_sampler *s, float *logits, exo_sample *out);
  * more than a GPU's whole batched step of a small model). */
 void exo_sampler_next_rows(exo_pool *pool, exo_sampler *const *s, float *const *logits, exo_sample *const *out,
                            int n);
-/* Whether the pick is the largest logit as it stands (no temperature, no
- * penalties, no alternatives asked for): then a backend may pick in place
- * (exo_step.greedy), and exo_sampler_take records its pick in the history. */
-bool exo_sampler_plain_greedy(const exo_sampler *s);
+/* Whether this token's pick may be made where the logits are (exo_step.pick,
+ * a GPU's): the largest logit as it stands, or a draw over the whole
+ * vocabulary (no penalties, filters or alternatives asked for). A draw's
+ * uniform number is the sampler's next, which it keeps for this token:
+ * exo_sampler_take records the backend's pick, or, where the backend made
+ * none, exo_sampler_next draws the logits with that same number. */
+bool exo_sampler_pick_rule(exo_sampler *s, exo_pick_rule *rule);
 void exo_sampler_take(exo_sampler *s, int32_t id, float logprob, exo_sample *out);
 
 #endif

@@ -9,6 +9,15 @@
 
 #define EXO_MAX_TOP_LOGPROBS 20
 
+/* A token picked where the logits are (a GPU, engine/sampler.h
+ * exo_sampler_pick_rule): the largest logit (temperature 0; lowest id on
+ * ties), or a draw from softmax(logits / temperature) over the whole
+ * vocabulary with the uniform number u in [0, 1). */
+typedef struct exo_pick_rule {
+    float  temperature;
+    double u;
+} exo_pick_rule;
+
 typedef struct exo_sampler_params {
     float    temperature;             /* 0 = greedy */
     int      top_k;                   /* 0 = off */

@@ -564,8 +564,10 @@ static int serve_rows(exo_dist *d, const exo_ring_msg *m, const exo_dist_frame *
         d->blogits = exo_model_logits_alloc(d->m, EXO_DIST_BATCH_ROWS);
     float *logits = any ? d->blogits : NULL;
     exo_pick picks[EXO_DIST_BATCH_ROWS];
-    for (int i = 0; i < f->n_rows; i++) /* a greedy row's token found where the logits are */
-        items[i].greedy = want[i] && d->smp[bslot[i]] && exo_sampler_plain_greedy(d->smp[bslot[i]]);
+    exo_pick_rule rules[EXO_DIST_BATCH_ROWS];
+    for (int i = 0; i < f->n_rows; i++) /* a row's token picked where the logits are, where its rule lets it */
+        if (want[i] && d->smp[bslot[i]] && exo_sampler_pick_rule(d->smp[bslot[i]], &rules[i]))
+            items[i].pick = &rules[i];
     if ((rc = exo_model_step_batch_shard(d->m, items, f->n_rows, f->data, NULL, logits, picks, err)))
         return rc;
     for (int i = 0; i < f->n_rows && any; i++) {

@@ -1931,18 +1931,22 @@ static bool slot_stepped(runner *r, batch_slot *b, int rc, const exo_err *err)
 
 /* One model call of the n slots at[]: their steps (tokens, T) run, and
  * those that want a sample are sampled with their own sampler. A single
- * slot takes the single-sequence step (recorded on a GPU); a greedy
- * request's pick is made where the logits are (a GPU: only its token id
- * comes back). A failed call ends its requests with the error. */
+ * slot takes the single-sequence step (recorded on a GPU); a greedy or
+ * plain temperature request's pick is made where the logits are (a GPU:
+ * only its token id comes back), the others' on the model's CPU threads
+ * side by side. A failed call ends its requests with the error. */
 static void step_slots(runner *r, batch_slot *slots, const int *at, int n, const int32_t *const *tokens,
                        const int *T, const bool *want, float *logits)
 {
     exo_batch_item items[BATCH_ROWS];
     exo_pick picks[BATCH_ROWS] = {{0}};
+    exo_pick_rule rules[BATCH_ROWS];
     size_t V = (size_t)exo_model_vocab(r->model);
-    for (int k = 0; k < n; k++) /* in a group every rank's share of the head joins the logits' gather */
+    for (int k = 0; k < n; k++) { /* in a group every rank's share of the head joins the logits' gather */
+        bool rule = want[at[k]] && !r->dist && exo_sampler_pick_rule(slots[at[k]].smp, &rules[k]);
         items[k] = (exo_batch_item){.seq = r->bseqs[at[k]], .tokens = tokens[at[k]], .T = T[at[k]],
-                                    .greedy = want[at[k]] && !r->dist && exo_sampler_plain_greedy(slots[at[k]].smp)};
+                                    .pick = rule ? &rules[k] : NULL};
+    }
     exo_err err = {0};
     int rc = 0;
     bool with_logits = n > 1 || want[at[0]];

@@ -2598,16 +2598,45 @@ Test(backend_ops, host_memory_takes_copies)
     both_close(&b);
 }
 
-/* The greedy pick on the device against the host's: the lowest index of
- * the largest value (ties, NaN and -inf among the values) and its
- * log-softmax, each row of a call of several as alone (the same bits);
- * then a model's greedy steps, picked in place, against the argmax of the
- * logits the same steps give on another sequence. */
-Test(backend_ops, argmax_pick)
+/* Where the host's draw with temperature T and number u lands: the CDF of
+ * exp((x - max) / T) in double, in index order; *margin is how far u is
+ * from the nearest boundary between two tokens, as a share of the total. */
+static int host_draw(const float *x, int n, float T, double u, double *margin)
 {
-    both b = both_open("argmax_pick");
+    float mx = x[0];
+    for (int i = 1; i < n; i++)
+        mx = x[i] > mx ? x[i] : mx;
+    double total = 0, acc = 0;
+    for (int i = 0; i < n; i++)
+        total += exp((double)(x[i] - mx) / T);
+    double r = u * total;
+    for (int i = 0; i < n; i++) {
+        double w = exp((double)(x[i] - mx) / T);
+        if (r < acc + w) {
+            *margin = fmin(r - acc, acc + w - r) / total;
+            return i;
+        }
+        acc += w;
+    }
+    *margin = 0;
+    return n - 1;
+}
+
+/* The device's pick against the host's. Greedy rows: the lowest index of
+ * the largest value (ties, NaN and -inf among the values) and its
+ * log-softmax. Rows drawn with a temperature: the token whose span of the
+ * CDF holds u (the host's order of sums differs, so u within 1e-5 of a
+ * boundary is not checked), and u spread evenly over [0, 1) gives each
+ * token its softmax share. Each row of a call of several as alone (the
+ * same bits). Then a model's greedy steps, picked in place, against the
+ * argmax of the logits the same steps give on another sequence. */
+Test(backend_ops, pick_greedy_and_drawn)
+{
+    both b = both_open("pick_greedy_and_drawn");
     static const int sizes[] = {1, 7, 1000, 128256};
-    enum { ROWS = 3 }; /* a row each: plain, a tie (the lower index wins), NaN and -inf (never win) */
+    enum { ROWS = 6 }; /* plain, a tie (the lower index wins), NaN and -inf (never win); then three drawn */
+    static const float temps[ROWS] = {0, 0, 0, 1.0f, 0.7f, 1.3f};
+    static const double us[ROWS] = {0, 0, 0, 0.1234, 0.5, 0.987};
     for (size_t k = 0; k < sizeof sizes / sizeof *sizes; k++) {
         int n = sizes[k];
         dual x = dual_rand(&b, (size_t)n * ROWS, 3.0f);
@@ -2617,24 +2646,58 @@ Test(backend_ops, argmax_pick)
             x.init[2 * n + 1] = -INFINITY;
         }
         upload(b.gpu, x.gpu, x.init, x.n);
+        exo_pick_rule rules[ROWS];
+        for (int r = 0; r < ROWS; r++)
+            rules[r] = (exo_pick_rule){temps[r], us[r]};
         int32_t id[ROWS], alone_id;
         float lp[ROWS], alone_lp;
-        ON(b.gpu, argmax, x.gpu, ROWS, n, id, lp);
+        ON(b.gpu, pick, x.gpu, ROWS, n, rules, id, lp);
         for (int r = 0; r < ROWS; r++) {
             const float *h = x.init + (size_t)r * (size_t)n;
-            int want = exo_cpu_argmax_f32(h, n);
+            double margin = 1;
+            int want = temps[r] > 0 ? host_draw(h, n, temps[r], us[r], &margin) : exo_cpu_argmax_f32(h, n);
+            int best = exo_cpu_argmax_f32(h, n);
             double sum = 0;
             for (int i = 0; i < n; i++)
                 if (!isnan(h[i]))
-                    sum += exp((double)h[i] - h[want]);
-            cr_expect_eq(id[r], want, "n %d row %d: %d, not %d", n, r, id[r], want);
-            cr_expect(fabs(lp[r] + log(sum)) < 1e-5 * (1 + log(sum)), "n %d row %d: logprob %g, not %g", n, r,
-                      lp[r], -log(sum));
-            ON(b.gpu, argmax, x.gpu + (size_t)r * (size_t)n, 1, n, &alone_id, &alone_lp);
+                    sum += exp((double)h[i] - h[best]);
+            double want_lp = (double)h[want] - h[best] - log(sum);
+            if (margin > 1e-5)
+                cr_expect_eq(id[r], want, "n %d row %d: %d, not %d", n, r, id[r], want);
+            cr_expect(fabs(lp[r] - want_lp) < 1e-5 * (1 + fabs(want_lp)), "n %d row %d: logprob %g, not %g", n, r,
+                      lp[r], want_lp);
+            ON(b.gpu, pick, x.gpu + (size_t)r * (size_t)n, 1, n, &rules[r], &alone_id, &alone_lp);
             cr_expect(alone_id == id[r] && !memcmp(&alone_lp, &lp[r], sizeof alone_lp),
                       "n %d row %d: alone %d %a, beside others %d %a", n, r, alone_id, alone_lp, id[r], lp[r]);
         }
-        cr_expect_eq(b.gpu->ops->argmax(b.gpu, x.gpu, EXO_ARGMAX_ROWS + 1, 1, id, lp), EXO_EINVAL);
+        cr_expect_eq(b.gpu->ops->pick(b.gpu, x.gpu, EXO_PICK_ROWS + 1, 1, rules, id, lp), EXO_EINVAL);
+        dual_free(&b, &x);
+    }
+    { /* 16 rows of one distribution, u spread evenly: each token its share */
+        enum { N = 5, CALLS = 64 };
+        const float l[N] = {1.0f, 2.5f, 0.0f, 2.5f, -1.0f};
+        dual x = dual_rand(&b, (size_t)N * EXO_PICK_ROWS, 1.0f);
+        for (int r = 0; r < EXO_PICK_ROWS; r++)
+            memcpy(x.init + r * N, l, sizeof l);
+        upload(b.gpu, x.gpu, x.init, x.n);
+        int count[N] = {0};
+        for (int c = 0; c < CALLS; c++) {
+            exo_pick_rule rules[EXO_PICK_ROWS];
+            int32_t id[EXO_PICK_ROWS];
+            float lp[EXO_PICK_ROWS];
+            for (int r = 0; r < EXO_PICK_ROWS; r++)
+                rules[r] = (exo_pick_rule){0.8f, ((double)(c * EXO_PICK_ROWS + r) + 0.5) / (CALLS * EXO_PICK_ROWS)};
+            ON(b.gpu, pick, x.gpu, EXO_PICK_ROWS, N, rules, id, lp);
+            for (int r = 0; r < EXO_PICK_ROWS; r++)
+                count[id[r]]++;
+        }
+        double z = 0;
+        for (int i = 0; i < N; i++)
+            z += exp(l[i] / 0.8);
+        for (int i = 0; i < N; i++) {
+            double share = (double)count[i] / (CALLS * EXO_PICK_ROWS), p = exp(l[i] / 0.8) / z;
+            cr_expect(fabs(share - p) < 2.0 / (CALLS * EXO_PICK_ROWS), "token %d: %g of the draws, p %g", i, share, p);
+        }
         dual_free(&b, &x);
     }
     both_close(&b);
@@ -2650,7 +2713,8 @@ Test(backend_ops, argmax_pick)
     for (int q = 0; q < 2; q++)
         cr_assert_eq(exo_seq_create(m, 64, &s[q], &err), 0, "%s", err.msg);
     for (int step = 0; step < 10; step++) {
-        exo_step g = {.T = 1, .tokens = &tok[0], .logits = logits, .greedy = true};
+        static const exo_pick_rule greedy = {0};
+        exo_step g = {.T = 1, .tokens = &tok[0], .logits = logits, .pick = &greedy};
         cr_assert_eq(exo_model_step(m, s[0], &g, &err), 0, "%s", err.msg);
         cr_assert(g.picked, "step %d: the GPU did not pick in place", step);
         exo_step l = {.T = 1, .tokens = &tok[1], .logits = logits};

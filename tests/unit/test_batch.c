@@ -114,11 +114,12 @@ static void decode_side_by_side(const char *name, int B)
     exo_model_free(m);
 }
 
-/* Every other sequence greedy: its batched row's pick (exo_pick, made on
- * a GPU, where only its id comes back) is the pick it gets stepped alone,
- * id and log-probability to the bit; where nothing picks (the CPU), its
- * logits come back as the others' do. */
-static void greedy_picks_side_by_side(const char *name, int B)
+/* A third of the sequences greedy, a third drawn with a temperature, the
+ * rest with no rule: a batched row's pick (exo_pick, made on a GPU, where
+ * only its id comes back) is the pick it gets stepped alone, id and
+ * log-probability to the bit; where nothing picks (the CPU), its logits
+ * come back as the others' do. */
+static void picks_side_by_side(const char *name, int B)
 {
     exo_model *m = load(name);
     int V = exo_model_vocab(m);
@@ -139,11 +140,14 @@ static void greedy_picks_side_by_side(const char *name, int B)
     for (int step = 0; step < STEPS; step++) {
         exo_batch_item items[MAX_B];
         exo_pick picks[MAX_B], want[MAX_B];
+        exo_pick_rule rules[MAX_B];
         for (int i = 0; i < B; i++) {
-            exo_step st = {.T = 1, .tokens = &next[i], .logits = la + (size_t)i * V, .greedy = i % 2 == 1};
+            rules[i] = (exo_pick_rule){i % 3 == 1 ? 0.9f : 0.0f, (double)((i * 7 + step * 3) % 10) / 10.0 + 0.05};
+            const exo_pick_rule *rule = i % 3 == 2 ? NULL : &rules[i];
+            exo_step st = {.T = 1, .tokens = &next[i], .logits = la + (size_t)i * V, .pick = rule};
             cr_assert_eq(exo_model_step(m, alone[i], &st, &err), 0, "%s", err.msg);
             want[i] = (exo_pick){st.picked, st.pick_id, st.pick_logprob};
-            items[i] = (exo_batch_item){.seq = batched[i], .tokens = &next[i], .T = 1, .greedy = i % 2 == 1};
+            items[i] = (exo_batch_item){.seq = batched[i], .tokens = &next[i], .T = 1, .pick = rule};
         }
         cr_assert_eq(exo_model_step_batch(m, items, B, lb, picks, &err), 0, "%s: %s", name, err.msg);
         for (int i = 0; i < B; i++) {
@@ -163,8 +167,7 @@ static void greedy_picks_side_by_side(const char *name, int B)
             next[i] = argmax(la + (size_t)i * V, V);
         }
     }
-    fprintf(stderr, "batch/%s: B %d, %d steps: %d greedy rows picked where the logits are\n", name, B, STEPS,
-            picked);
+    fprintf(stderr, "batch/%s: B %d, %d steps: %d rows picked where the logits are\n", name, B, STEPS, picked);
     for (int i = 0; i < B; i++) {
         exo_seq_free(alone[i]);
         exo_seq_free(batched[i]);
@@ -174,11 +177,11 @@ static void greedy_picks_side_by_side(const char *name, int B)
     exo_model_free(m);
 }
 
-Test(batch, greedy_rows_pick_as_alone, .timeout = 120)
+Test(batch, picked_rows_as_alone, .timeout = 120)
 {
-    greedy_picks_side_by_side("llama-q4g64", 5);
-    greedy_picks_side_by_side("llama-q4g64", 16);
-    greedy_picks_side_by_side("qwen3_moe-q4g64", 6);
+    picks_side_by_side("llama-q4g64", 5);
+    picks_side_by_side("llama-q4g64", 16);
+    picks_side_by_side("qwen3_moe-q4g64", 6);
 }
 
 static const char *const FAMILIES[] = {"llama-q4g64", "llama-bf16",   "qwen3-q4g64",     "gemma3-q4g64",

@@ -250,6 +250,65 @@ Test(sampler, rows_side_by_side_as_alone)
     exo_pool_free(pool);
 }
 
+/* exo_sampler_pick_rule: greedy and plain temperature requests may be
+ * picked in place, others not (and their stream does not move); a draw's
+ * number is the one the sampler's own draw would use, kept for the token:
+ * sampled on the host after the rule, the tokens are a twin's that never
+ * asked; after exo_sampler_take the next token takes the next number. */
+Test(sampler, pick_rule_takes_the_draws_own_number)
+{
+    enum { V = 50, N = 40 };
+    float logits[V], l[V];
+    for (int i = 0; i < V; i++)
+        logits[i] = (float)((i * 37) % 11) * 0.3f;
+    exo_sampler_params p = exo_sampler_defaults();
+    exo_pick_rule rule = {-1, -1};
+    exo_sampler *g = exo_sampler_create(&p, V);
+    cr_expect(exo_sampler_pick_rule(g, &rule) && rule.temperature == 0);
+    exo_sampler_free(g);
+    p.temperature = 0.8f;
+    p.seed = 9;
+    exo_sampler *a = exo_sampler_create(&p, V), *twin = exo_sampler_create(&p, V);
+    double last_u = -1;
+    for (int t = 0; t < N; t++) {
+        exo_sample x, y;
+        cr_assert(exo_sampler_pick_rule(a, &rule) && rule.temperature == 0.8f && rule.u >= 0 && rule.u < 1);
+        exo_pick_rule again;
+        cr_assert(exo_sampler_pick_rule(a, &again) && again.u == rule.u, "a token's number changed");
+        cr_expect(rule.u != last_u);
+        last_u = rule.u;
+        if (t % 2) { /* the backend drew: the twin draws its own, and they go on in step */
+            exo_sampler_take(a, 3, -1.0f, &x);
+            memcpy(l, logits, sizeof l);
+            exo_sampler_next(twin, l, &y);
+            continue;
+        }
+        memcpy(l, logits, sizeof l);
+        exo_sampler_next(a, l, &x);
+        memcpy(l, logits, sizeof l);
+        exo_sampler_next(twin, l, &y);
+        cr_expect_eq(x.id, y.id, "token %d: %d with the rule's number, %d without", t, x.id, y.id);
+    }
+    exo_sampler_free(a);
+    exo_sampler_free(twin);
+    p.top_p = 0.5f;
+    exo_sampler *f = exo_sampler_create(&p, V), *ftwin = exo_sampler_create(&p, V);
+    cr_expect(!exo_sampler_pick_rule(f, &rule), "a filter needs the host");
+    exo_sample x, y;
+    memcpy(l, logits, sizeof l);
+    exo_sampler_next(f, l, &x);
+    memcpy(l, logits, sizeof l);
+    exo_sampler_next(ftwin, l, &y);
+    cr_expect_eq(x.id, y.id);
+    exo_sampler_free(f);
+    exo_sampler_free(ftwin);
+    p.top_p = 1.0f;
+    p.repetition_penalty = 1.1f;
+    exo_sampler *r = exo_sampler_create(&p, V);
+    cr_expect(!exo_sampler_pick_rule(r, &rule), "a penalty needs the host");
+    exo_sampler_free(r);
+}
+
 Test(sampler, min_p_drops_tokens_below_fraction_of_max)
 {
     float l[4] = {logf(0.5f), logf(0.3f), logf(0.15f), logf(0.05f)};

@@ -100,7 +100,7 @@ typedef struct cuda_backend {
     void *pinned;                 /* host staging for large copies to the host */
     size_t pinned_bytes;
     struct { char *p; size_t bytes; } host[HOST_BUFFERS]; /* host_alloc's: copies land there directly */
-    struct pick_result *pick_host, *pick_dev; /* argmax's answers (EXO_ARGMAX_ROWS): pinned, device */
+    struct pick_result *pick_host, *pick_dev; /* pick's answers (EXO_PICK_ROWS): pinned, device */
     char *up_host;                /* pinned upload ring: two halves (stage_upload) */
     size_t up_used;
     int up_half;
@@ -1284,10 +1284,22 @@ static int cuda_head_matmul(exo_backend *be, int H, const exo_linear *w, const f
 
 #define PICK_THREADS 1024
 
+/* Each row's rule (proto/sampling.h), by value in the launch. */
+struct pick_rules {
+    float inv_t[EXO_PICK_ROWS]; /* 1 / temperature; 0: the largest */
+    double u[EXO_PICK_ROWS];
+};
+
 /* A block a row of n: the largest value (lowest index on ties, NaN never
- * wins), then the sum of exp(x - max) for its log-softmax. A row's answer
- * does not depend on the rows beside it. */
-__global__ void __launch_bounds__(PICK_THREADS) argmax_kernel(const float *rows, int n, struct pick_result *picks)
+ * wins), then the sum of exp(x - max) for its log-softmax; a row with a
+ * temperature draws instead: weights exp((x - max) / T) summed in double
+ * over each thread's contiguous run of the row, then thread 0 finds where
+ * u times their total falls, run by run and within the run, as the host's
+ * sampler does over the whole row (its sums are in another order, so a
+ * draw on the boundary of two tokens may go the other way). A row's
+ * answer does not depend on the rows beside it. */
+__global__ void __launch_bounds__(PICK_THREADS) pick_kernel(const float *rows, int n, struct pick_rules rules,
+                                                            struct pick_result *picks)
 {
     exo_cuda_wait_inputs();
     exo_cuda_start_next();
@@ -1295,6 +1307,7 @@ __global__ void __launch_bounds__(PICK_THREADS) argmax_kernel(const float *rows,
     struct pick_result *out = picks + blockIdx.x;
     __shared__ float best_v[PICK_THREADS / 32], part[32];
     __shared__ int best_i[PICK_THREADS / 32];
+    __shared__ double run_w[PICK_THREADS];
     float bv = -INFINITY;
     int bi = -1;
     for (int i = threadIdx.x; i < n; i += PICK_THREADS)
@@ -1329,10 +1342,41 @@ __global__ void __launch_bounds__(PICK_THREADS) argmax_kernel(const float *rows,
             if (!isnan(x[i]))
                 sum += __expf(x[i] - bv);
     sum = block_sum(sum, part);
-    if (threadIdx.x == 0) {
-        out->id = bi < 0 ? 0 : bi;
-        out->logprob = bi < 0 ? -INFINITY : -logf(sum);
+    const float inv_t = rules.inv_t[blockIdx.x];
+    if (inv_t == 0.0f || bi < 0) {
+        if (threadIdx.x == 0) {
+            out->id = bi < 0 ? 0 : bi;
+            out->logprob = bi < 0 ? -INFINITY : -logf(sum);
+        }
+        return;
     }
+    const int run = (n + PICK_THREADS - 1) / PICK_THREADS, lo = threadIdx.x * run;
+    const int hi = lo + run < n ? lo + run : n;
+    double w = 0;
+    for (int i = lo; i < hi; i++)
+        if (!isnan(x[i]))
+            w += (double)__expf((x[i] - bv) * inv_t);
+    run_w[threadIdx.x] = w;
+    __syncthreads();
+    if (threadIdx.x != 0)
+        return;
+    double total = 0, acc = 0;
+    for (int t = 0; t < PICK_THREADS; t++)
+        total += run_w[t];
+    const double r = rules.u[blockIdx.x] * total;
+    int chosen = n - 1, t = 0;
+    while (t < PICK_THREADS - 1 && !(r < acc + run_w[t])) /* the run where r falls */
+        acc += run_w[t++];
+    for (int i = t * run, end = i + run < n ? i + run : n; i < end; i++) {
+        if (isnan(x[i]))
+            continue;
+        chosen = i; /* a sum that rounds short of r ends on the run's last token */
+        acc += (double)__expf((x[i] - bv) * inv_t);
+        if (r < acc)
+            break;
+    }
+    out->id = chosen;
+    out->logprob = (x[chosen] - bv) - logf(sum);
 }
 
 static int cuda_group_new_id(exo_backend *be, uint8_t id[EXO_GROUP_ID_BYTES], exo_err *err)
@@ -1362,22 +1406,28 @@ static int cuda_group_allreduce(exo_backend *be, float *x, size_t n)
 
 static void cuda_group_leave(exo_backend *be) { leave_group(cu(be)); }
 
-static int cuda_argmax(exo_backend *be, const float *x, int rows, int n, int32_t *id, float *logprob)
+static int cuda_pick(exo_backend *be, const float *x, int rows, int n, const exo_pick_rule *rule, int32_t *id,
+                     float *logprob)
 {
     cuda_backend *c = cu(be);
-    if (rows < 1 || rows > EXO_ARGMAX_ROWS)
+    if (rows < 1 || rows > EXO_PICK_ROWS)
         return EXO_EINVAL;
     if (refuse_in_capture(c) || !c->pick_host || !c->pick_dev)
         return EXO_EBUSY;
-    {
-        prof_scope prof(c, "argmax");
-        exo_cuda_launch(argmax_kernel, dim3(rows), dim3(PICK_THREADS), 0, c->stream, x, n, c->pick_dev);
+    struct pick_rules rules = {};
+    for (int r = 0; r < rows; r++) {
+        rules.inv_t[r] = rule[r].temperature > 0 ? 1.0f / rule[r].temperature : 0.0f; /* as the host's sampler */
+        rules.u[r] = rule[r].u;
     }
-    int rc = exo_cuda_launched("argmax");
+    {
+        prof_scope prof(c, "pick");
+        exo_cuda_launch(pick_kernel, dim3(rows), dim3(PICK_THREADS), 0, c->stream, x, n, rules, c->pick_dev);
+    }
+    int rc = exo_cuda_launched("pick");
     rc = rc ? rc
             : check(cudaMemcpyAsync(c->pick_host, c->pick_dev, sizeof *c->pick_host * (size_t)rows,
-                                    cudaMemcpyDeviceToHost, c->stream), "argmax");
-    rc = rc ? rc : check(cudaStreamSynchronize(c->stream), "argmax");
+                                    cudaMemcpyDeviceToHost, c->stream), "pick");
+    rc = rc ? rc : check(cudaStreamSynchronize(c->stream), "pick");
     if (rc)
         return rc;
     for (int r = 0; r < rows; r++) {
@@ -1820,7 +1870,7 @@ static const exo_backend_ops cuda_ops = {
     .matmul_fused = cuda_matmul_fused,
     .matmul_glu = cuda_matmul_glu,
     .prefetch = cuda_prefetch,
-    .argmax = cuda_argmax,
+    .pick = cuda_pick,
     .moe_pick_table = cuda_moe_pick_table,
     .moe_pick = cuda_moe_pick,
     .add_weighted_rows = cuda_add_weighted_rows,
@@ -1895,8 +1945,8 @@ static exo_backend *create(int device, exo_err *err)
     c->graphs_off = c->prof || (graphs && !strcmp(graphs, "0"));
     if (cudaMallocHost((void **)&c->step_host, sizeof *c->step_host) != cudaSuccess ||
         cudaMalloc((void **)&c->step_dev, sizeof *c->step_dev) != cudaSuccess ||
-        cudaMallocHost((void **)&c->pick_host, sizeof *c->pick_host * EXO_ARGMAX_ROWS) != cudaSuccess ||
-        cudaMalloc((void **)&c->pick_dev, sizeof *c->pick_dev * EXO_ARGMAX_ROWS) != cudaSuccess ||
+        cudaMallocHost((void **)&c->pick_host, sizeof *c->pick_host * EXO_PICK_ROWS) != cudaSuccess ||
+        cudaMalloc((void **)&c->pick_dev, sizeof *c->pick_dev * EXO_PICK_ROWS) != cudaSuccess ||
         cudaEventCreateWithFlags(&c->step_read, cudaEventDisableTiming) != cudaSuccess ||
         cudaMallocHost((void **)&c->up_host, 2 * UPLOAD_HALF) != cudaSuccess ||
         cudaEventCreateWithFlags(&c->up_done[0], cudaEventDisableTiming) != cudaSuccess ||
