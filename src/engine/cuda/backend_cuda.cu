@@ -1280,9 +1280,10 @@ static int cuda_head_matmul(exo_backend *be, int H, const exo_linear *w, const f
     return 0;
 }
 
-/* ---- greedy pick ------------------------------------------------------------ */
+/* ---- picks: greedy or drawn ------------------------------------------------- */
 
 #define PICK_THREADS 1024
+static_assert(PICK_THREADS == 32 * 32, "pick_kernel: warp 0 scans the runs, 32 a lane");
 
 /* Each row's rule (proto/sampling.h), by value in the launch. */
 struct pick_rules {
@@ -1293,11 +1294,12 @@ struct pick_rules {
 /* A block a row of n: the largest value (lowest index on ties, NaN never
  * wins), then the sum of exp(x - max) for its log-softmax; a row with a
  * temperature draws instead: weights exp((x - max) / T) summed in double
- * over each thread's contiguous run of the row, then thread 0 finds where
- * u times their total falls, run by run and within the run, as the host's
- * sampler does over the whole row (its sums are in another order, so a
- * draw on the boundary of two tokens may go the other way). A row's
- * answer does not depend on the rows beside it. */
+ * over each thread's contiguous run of the row, the runs' sums scanned by
+ * one warp, then the lane where u times their total falls finds it run by
+ * run and within the run, as the host's sampler does over the whole row
+ * (its sums are in another order, so a draw on the boundary of two tokens
+ * may go the other way). A row's answer does not depend on the rows
+ * beside it. */
 __global__ void __launch_bounds__(PICK_THREADS) pick_kernel(const float *rows, int n, struct pick_rules rules,
                                                             struct pick_result *picks)
 {
@@ -1358,14 +1360,27 @@ __global__ void __launch_bounds__(PICK_THREADS) pick_kernel(const float *rows, i
             w += (double)__expf((x[i] - bv) * inv_t);
     run_w[threadIdx.x] = w;
     __syncthreads();
-    if (threadIdx.x != 0)
+    if (warp != 0)
         return;
-    double total = 0, acc = 0;
-    for (int t = 0; t < PICK_THREADS; t++)
-        total += run_w[t];
-    const double r = rules.u[blockIdx.x] * total;
-    int chosen = n - 1, t = 0;
-    while (t < PICK_THREADS - 1 && !(r < acc + run_w[t])) /* the run where r falls */
+    /* warp 0: lane l adds runs 32l .. 32l + 31, a scan over the lanes, and
+     * the lane where r falls walks its runs, then the run's tokens */
+    double mine = 0;
+    for (int j = 0; j < 32; j++)
+        mine += run_w[lane * 32 + j];
+    double incl = mine;
+    for (int o = 1; o < 32; o <<= 1) {
+        double v = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o)
+            incl += v;
+    }
+    double before = __shfl_up_sync(0xffffffffu, incl, 1);
+    const double r = rules.u[blockIdx.x] * __shfl_sync(0xffffffffu, incl, 31);
+    unsigned falls = __ballot_sync(0xffffffffu, r < incl);
+    if (lane != (falls ? __ffs(falls) - 1 : 31))
+        return;
+    double acc = lane ? before : 0;
+    int chosen = n - 1, t = lane * 32;
+    while (t < lane * 32 + 31 && !(r < acc + run_w[t])) /* the run where r falls */
         acc += run_w[t++];
     for (int i = t * run, end = i + run < n ? i + run : n; i < end; i++) {
         if (isnan(x[i]))
