@@ -1283,7 +1283,7 @@ static int cuda_head_matmul(exo_backend *be, int H, const exo_linear *w, const f
 /* ---- picks: greedy or drawn ------------------------------------------------- */
 
 #define PICK_THREADS 1024
-static_assert(PICK_THREADS == 32 * 32, "pick_kernel: warp 0 scans the runs, 32 a lane");
+static_assert(PICK_THREADS == 32 * 32, "pick_kernel: warp 0 scans the 32 warps' segments, one a lane");
 
 /* Each row's rule (proto/sampling.h), by value in the launch. */
 struct pick_rules {
@@ -1294,12 +1294,12 @@ struct pick_rules {
 /* A block a row of n: the largest value (lowest index on ties, NaN never
  * wins), then the sum of exp(x - max) for its log-softmax; a row with a
  * temperature draws instead: weights exp((x - max) / T) summed in double
- * over each thread's contiguous run of the row, the runs' sums scanned by
- * one warp, then the lane where u times their total falls finds it run by
- * run and within the run, as the host's sampler does over the whole row
- * (its sums are in another order, so a draw on the boundary of two tokens
- * may go the other way). A row's answer does not depend on the rows
- * beside it. */
+ * over 32 segments of the row (a warp each), then one warp finds where u
+ * times their total falls, segment by segment and within the segment 32
+ * tokens at a time, in the order of the tokens as the host's sampler does
+ * over the whole row (its sums are grouped otherwise, so a draw on the
+ * boundary of two tokens may go the other way). A row's answer does not
+ * depend on the rows beside it. */
 __global__ void __launch_bounds__(PICK_THREADS) pick_kernel(const float *rows, int n, struct pick_rules rules,
                                                             struct pick_result *picks)
 {
@@ -1309,7 +1309,7 @@ __global__ void __launch_bounds__(PICK_THREADS) pick_kernel(const float *rows, i
     struct pick_result *out = picks + blockIdx.x;
     __shared__ float best_v[PICK_THREADS / 32], part[32];
     __shared__ int best_i[PICK_THREADS / 32];
-    __shared__ double run_w[PICK_THREADS];
+    __shared__ double seg_w[PICK_THREADS / 32];
     float bv = -INFINITY;
     int bi = -1;
     for (int i = threadIdx.x; i < n; i += PICK_THREADS)
@@ -1352,22 +1352,22 @@ __global__ void __launch_bounds__(PICK_THREADS) pick_kernel(const float *rows, i
         }
         return;
     }
-    const int run = (n + PICK_THREADS - 1) / PICK_THREADS, lo = threadIdx.x * run;
-    const int hi = lo + run < n ? lo + run : n;
+    /* warp w sums segment w of the row (coalesced: a lane every 32nd token) */
+    const int seg = (n + 31) / 32, s_lo = warp * seg, s_hi = s_lo + seg < n ? s_lo + seg : n;
     double w = 0;
-    for (int i = lo; i < hi; i++)
+    for (int i = s_lo + lane; i < s_hi; i += 32)
         if (!isnan(x[i]))
             w += (double)__expf((x[i] - bv) * inv_t);
-    run_w[threadIdx.x] = w;
+    for (int o = 16; o; o >>= 1)
+        w += __shfl_xor_sync(0xffffffffu, w, o);
+    if (lane == 0)
+        seg_w[warp] = w;
     __syncthreads();
     if (warp != 0)
         return;
-    /* warp 0: lane l adds runs 32l .. 32l + 31, a scan over the lanes, and
-     * the lane where r falls walks its runs, then the run's tokens */
-    double mine = 0;
-    for (int j = 0; j < 32; j++)
-        mine += run_w[lane * 32 + j];
-    double incl = mine;
+    /* warp 0: the segment where r falls (a scan over the lanes), then its
+     * tokens 32 at a time, each 32 scanned in order */
+    double incl = seg_w[lane];
     for (int o = 1; o < 32; o <<= 1) {
         double v = __shfl_up_sync(0xffffffffu, incl, o);
         if (lane >= o)
@@ -1376,20 +1376,30 @@ __global__ void __launch_bounds__(PICK_THREADS) pick_kernel(const float *rows, i
     double before = __shfl_up_sync(0xffffffffu, incl, 1);
     const double r = rules.u[blockIdx.x] * __shfl_sync(0xffffffffu, incl, 31);
     unsigned falls = __ballot_sync(0xffffffffu, r < incl);
-    if (lane != (falls ? __ffs(falls) - 1 : 31))
-        return;
-    double acc = lane ? before : 0;
-    int chosen = n - 1, t = lane * 32;
-    while (t < lane * 32 + 31 && !(r < acc + run_w[t])) /* the run where r falls */
-        acc += run_w[t++];
-    for (int i = t * run, end = i + run < n ? i + run : n; i < end; i++) {
-        if (isnan(x[i]))
-            continue;
-        chosen = i; /* a sum that rounds short of r ends on the run's last token */
-        acc += (double)__expf((x[i] - bv) * inv_t);
-        if (r < acc)
-            break;
+    const int in = falls ? __ffs(falls) - 1 : 31;
+    double acc = in ? __shfl_sync(0xffffffffu, before, in) : 0;
+    int chosen = -1, last = -1;
+    for (int base = in * seg, end = base + seg < n ? base + seg : n; base < end && chosen < 0; base += 32) {
+        int i = base + lane;
+        double wi = i < end && !isnan(x[i]) ? (double)__expf((x[i] - bv) * inv_t) : 0.0;
+        double upto = wi;
+        for (int o = 1; o < 32; o <<= 1) {
+            double v = __shfl_up_sync(0xffffffffu, upto, o);
+            if (lane >= o)
+                upto += v;
+        }
+        unsigned hit = __ballot_sync(0xffffffffu, wi > 0 && r < acc + upto);
+        unsigned valid = __ballot_sync(0xffffffffu, wi > 0);
+        if (valid)
+            last = base + 31 - __clz(valid);
+        if (hit)
+            chosen = base + __ffs(hit) - 1;
+        acc += __shfl_sync(0xffffffffu, upto, 31);
     }
+    if (chosen < 0) /* a sum that rounds short of r ends on the segment's last token */
+        chosen = last >= 0 ? last : n - 1;
+    if (lane != 0)
+        return;
     out->id = chosen;
     out->logprob = (x[chosen] - bv) - logf(sum);
 }
