@@ -3625,6 +3625,8 @@ int exo_model_step_batch_shard(exo_model *m, const exo_batch_item *items, int n,
         return exo_err_set(err, EXO_EINVAL, "batch: this shard takes %s", m->embeds ? "token ids" : "hidden states");
     if (logits && !m->has_head)
         return exo_err_set(err, EXO_EINVAL, "batch: this shard has no LM head");
+    for (int i = 0; picks && i < n; i++)
+        picks[i].picked = false;
     if (n == 1) { /* the single-sequence step (chunked prompts, recorded decode) */
         exo_step st = {.T = items[0].T, .tokens = items[0].tokens, .hidden_in = hidden_in,
                        .hidden_out = hidden_out, .logits = logits, .pick = picks ? items[0].pick : NULL};

@@ -19,7 +19,7 @@ struct exo_sampler {
     uint16_t *count;  /* (vocab) occurrences in the penalty window */
     int32_t *hist;    /* exo_sampler_next's history: the prompt, then its picks */
     int n_hist, cap_hist;
-    bool held;        /* exo_sampler_pick_rule took this token's number: */
+    bool held;        /* held_u is the number exo_sampler_pick_rule took for this token */
     double held_u;
 };
 

@@ -570,17 +570,27 @@ static int serve_rows(exo_dist *d, const exo_ring_msg *m, const exo_dist_frame *
             items[i].pick = &rules[i];
     if ((rc = exo_model_step_batch_shard(d->m, items, f->n_rows, f->data, NULL, logits, picks, err)))
         return rc;
-    for (int i = 0; i < f->n_rows && any; i++) {
+    exo_sample out[EXO_DIST_BATCH_ROWS], *row_out[EXO_DIST_BATCH_ROWS];
+    exo_sampler *smp[EXO_DIST_BATCH_ROWS];
+    float *rows[EXO_DIST_BATCH_ROWS];
+    int on_host = 0;
+    for (int i = 0; i < f->n_rows && any; i++) { /* the rest side by side on the model's CPU threads */
         if (!want[i])
             continue;
-        exo_sample s;
-        if (picks[i].picked)
-            exo_sampler_take(d->smp[bslot[i]], picks[i].id, picks[i].logprob, &s);
-        else if ((rc = sample_here(d, bslot[i], logits + (size_t)i * V, &s, err)))
-            return rc;
-        if ((rc = send_sample(d, bslot[i], &s, err)))
-            return rc;
+        if (!d->smp[bslot[i]])
+            return exo_err_set(err, EXO_EFORMAT, "ring: a sample asked for before BEGIN");
+        if (picks[i].picked) {
+            exo_sampler_take(d->smp[bslot[i]], picks[i].id, picks[i].logprob, &out[i]);
+            continue;
+        }
+        smp[on_host] = d->smp[bslot[i]];
+        rows[on_host] = logits + (size_t)i * V;
+        row_out[on_host++] = &out[i];
     }
+    exo_sampler_next_rows(exo_model_host_pool(d->m), smp, rows, row_out, on_host);
+    for (int i = 0; i < f->n_rows && any; i++)
+        if (want[i] && (rc = send_sample(d, bslot[i], &out[i], err)))
+            return rc;
     return 0;
 }
 
