@@ -416,13 +416,17 @@ static int serve_step(exo_dist *d, const exo_ring_msg *m, const exo_dist_frame *
     }
     if (f->want_sample && !d->logits)
         return exo_err_set(err, EXO_EFORMAT, "ring: a sample asked of a rank without the head");
-    exo_step st = {.T = T, .hidden_in = in, .logits = f->want_sample ? d->logits : NULL};
+    exo_pick_rule rule; /* the token picked where the logits are, where its rule lets it */
+    bool ruled = f->want_sample && d->smp[f->slot] && exo_sampler_pick_rule(d->smp[f->slot], &rule);
+    exo_step st = {.T = T, .hidden_in = in, .logits = f->want_sample ? d->logits : NULL, .pick = ruled ? &rule : NULL};
     if ((rc = exo_model_step(d->m, sl->seq, &st, err)))
         return rc;
     if (!f->want_sample)
         return 0;
     exo_sample s;
-    if ((rc = sample_here(d, f->slot, d->logits, &s, err)))
+    if (st.picked)
+        exo_sampler_take(d->smp[f->slot], st.pick_id, st.pick_logprob, &s);
+    else if ((rc = sample_here(d, f->slot, d->logits, &s, err)))
         return rc;
     return send_sample(d, f->slot, &s, err);
 }
