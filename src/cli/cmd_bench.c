@@ -133,9 +133,8 @@ static int streams_tok_s(exo_model *m, int n, int steps, stream_picks how, doubl
     }
     exo_pick *pick = exo_calloc((size_t)n, sizeof *pick);
     exo_pick_rule *rules = exo_calloc((size_t)n, sizeof *rules);
-    exo_sampler **smp = exo_calloc((size_t)n, sizeof *smp), **host_smp = exo_calloc((size_t)n, sizeof *host_smp);
-    float **rows = exo_calloc((size_t)n, sizeof *rows);
-    exo_sample *out = exo_calloc((size_t)n, sizeof *out), **row_out = exo_calloc((size_t)n, sizeof *row_out);
+    exo_sampler **smp = exo_calloc((size_t)n, sizeof *smp);
+    exo_sample *out = exo_calloc((size_t)n, sizeof *out);
     for (int i = 0; i < n && how != STREAM_GREEDY; i++) {
         exo_sampler_params sp = exo_sampler_defaults();
         sp.temperature = 1.0f;
@@ -152,33 +151,20 @@ static int streams_tok_s(exo_model *m, int n, int steps, stream_picks how, doubl
                                 ? &rules[i]
                                 : NULL;
         rc = exo_model_step_batch(m, items, n, logits, pick, err);
-        int on_host = 0;
+        if (!rc && how != STREAM_GREEDY)
+            exo_sampler_rows(exo_model_host_pool(m), smp, pick, logits, out, n);
         for (int i = 0; i < n && !rc; i++) {
             *in_place |= pick[i].picked;
-            if (how == STREAM_GREEDY) {
-                next[i] = pick[i].picked ? pick[i].id : exo_cpu_argmax_f32(logits + (size_t)i * (size_t)V, V);
-            } else if (pick[i].picked) {
-                exo_sampler_take(smp[i], pick[i].id, pick[i].logprob, &out[i]);
-            } else {
-                host_smp[on_host] = smp[i];
-                rows[on_host] = logits + (size_t)i * (size_t)V;
-                row_out[on_host++] = &out[i];
-            }
-        }
-        if (!rc && how != STREAM_GREEDY) {
-            exo_sampler_next_rows(exo_model_host_pool(m), host_smp, rows, row_out, on_host);
-            for (int i = 0; i < n; i++)
-                next[i] = out[i].id;
+            next[i] = how != STREAM_GREEDY ? out[i].id
+                      : pick[i].picked     ? pick[i].id
+                                           : exo_cpu_argmax_f32(logits + (size_t)i * (size_t)V, V);
         }
     }
     for (int i = 0; i < n; i++)
         exo_sampler_free(smp[i]);
     exo_free(smp);
-    exo_free(host_smp);
     exo_free(rules);
-    exo_free(rows);
     exo_free(out);
-    exo_free(row_out);
     exo_free(pick);
     *tok_s = rc ? 0 : (double)n * steps / (exo_clock_seconds() - t0);
     for (int i = 0; i < n; i++)

@@ -294,13 +294,9 @@ typedef struct exo_batch_item {
 } exo_batch_item;
 
 /* An item's token picked by its rule where its logits are (backend.h
- * pick), as exo_step's picked, pick_id and pick_logprob: then its logits
- * row is left alone. Not picked: its logits are written as usual. */
-typedef struct exo_pick {
-    bool    picked;
-    int32_t id;
-    float   logprob;
-} exo_pick;
+ * pick; proto/sampling.h exo_pick), as exo_step's picked, pick_id and
+ * pick_logprob: then its logits row is left alone. Not picked: its logits
+ * are written as usual. */
 
 /* Several sequences through a whole model in one pass: every weight is
  * read once for all their rows, so decoding B sequences costs about one

@@ -113,25 +113,35 @@ void exo_sampler_next(exo_sampler *s, float *logits, exo_sample *out)
 
 typedef struct rows_job {
     exo_sampler *const *s;
-    float *const *logits;
-    exo_sample *const *out;
+    const exo_pick *picks;
+    float *logits;
+    exo_sample *out;
     int n;
 } rows_job;
+
+static bool drawn_here(const rows_job *j, int i) { return j->s[i] && !(j->picks && j->picks[i].picked); }
 
 static void next_rows(void *ctx, int ith, int nth)
 {
     const rows_job *j = ctx;
-    for (int i = ith; i < j->n; i += nth)
-        exo_sampler_next(j->s[i], j->logits[i], j->out[i]);
+    for (int i = 0, k = 0; i < j->n; i++) /* the k-th row drawn here goes to share k % nth */
+        if (drawn_here(j, i) && k++ % nth == ith)
+            exo_sampler_next(j->s[i], j->logits + (size_t)i * (size_t)j->s[i]->vocab, &j->out[i]);
 }
 
-void exo_sampler_next_rows(exo_pool *pool, exo_sampler *const *s, float *const *logits, exo_sample *const *out,
-                           int n)
+void exo_sampler_rows(exo_pool *pool, exo_sampler *const *s, const exo_pick *picks, float *logits, exo_sample *out,
+                      int n)
 {
-    rows_job j = {s, logits, out, n};
-    if (n > 1 && pool)
+    rows_job j = {s, picks, logits, out, n};
+    int here = 0;
+    for (int i = 0; i < n; i++) {
+        if (s[i] && picks && picks[i].picked)
+            exo_sampler_take(s[i], picks[i].id, picks[i].logprob, &out[i]);
+        here += drawn_here(&j, i);
+    }
+    if (here > 1 && pool)
         exo_pool_run(pool, next_rows, &j);
-    else
+    else if (here)
         next_rows(&j, 0, 1);
 }
 

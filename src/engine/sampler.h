@@ -48,11 +48,15 @@ void exo_sampler_sample(exo_sampler *s, float *logits, const int32_t *history, i
  * exo_sampler_next picks a token and adds it. */
 int  exo_sampler_begin(exo_sampler *s, const int32_t *prompt, int n, int max_tokens);
 void exo_sampler_next(exo_sampler *s, float *logits, exo_sample *out);
-/* exo_sampler_next of n rows, each its own sampler and logits, side by
- * side on pool's threads (a row of a 128k vocabulary takes 0.1-0.3 ms:
- * more than a GPU's whole batched step of a small model). */
-void exo_sampler_next_rows(exo_pool *pool, exo_sampler *const *s, float *const *logits, exo_sample *const *out,
-                           int n);
+/* The samples of a batched step's n rows, each with its own sampler
+ * (s[i] NULL: row i wants none): a row its backend picked (picks: NULL,
+ * or a row each) is taken as picked (exo_sampler_take), the others drawn
+ * from their logits (row i at logits + i * vocab, modified) with
+ * exo_sampler_next, side by side on pool's threads (a row of a 128k
+ * vocabulary takes 0.1-0.3 ms: more than a GPU's whole batched step of a
+ * small model). */
+void exo_sampler_rows(exo_pool *pool, exo_sampler *const *s, const exo_pick *picks, float *logits, exo_sample *out,
+                      int n);
 /* Whether this token's pick may be made where the logits are (exo_step.pick,
  * a GPU's): the largest logit as it stands, or a draw over the whole
  * vocabulary (no penalties, filters or alternatives asked for). A draw's

@@ -5,6 +5,7 @@
 #ifndef EXO_PROTO_SAMPLING_H
 #define EXO_PROTO_SAMPLING_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #define EXO_MAX_TOP_LOGPROBS 20
@@ -17,6 +18,15 @@ typedef struct exo_pick_rule {
     float  temperature;
     double u;
 } exo_pick_rule;
+
+/* A token a backend picked by its rule: the id and its log-probability
+ * (engine/model.h exo_model_step_batch). Not picked: the logits came to
+ * the host instead. */
+typedef struct exo_pick {
+    bool    picked;
+    int32_t id;
+    float   logprob;
+} exo_pick;
 
 typedef struct exo_sampler_params {
     float    temperature;             /* 0 = greedy */

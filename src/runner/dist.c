@@ -563,7 +563,6 @@ static int serve_rows(exo_dist *d, const exo_ring_msg *m, const exo_dist_frame *
     }
     if (any && !d->logits)
         return exo_err_set(err, EXO_EFORMAT, "ring: a sample asked of a rank without the head");
-    size_t V = (size_t)exo_model_vocab(d->m);
     if (any && !d->blogits)
         d->blogits = exo_model_logits_alloc(d->m, EXO_DIST_BATCH_ROWS);
     float *logits = any ? d->blogits : NULL;
@@ -574,24 +573,15 @@ static int serve_rows(exo_dist *d, const exo_ring_msg *m, const exo_dist_frame *
             items[i].pick = &rules[i];
     if ((rc = exo_model_step_batch_shard(d->m, items, f->n_rows, f->data, NULL, logits, picks, err)))
         return rc;
-    exo_sample out[EXO_DIST_BATCH_ROWS], *row_out[EXO_DIST_BATCH_ROWS];
-    exo_sampler *smp[EXO_DIST_BATCH_ROWS];
-    float *rows[EXO_DIST_BATCH_ROWS];
-    int on_host = 0;
-    for (int i = 0; i < f->n_rows && any; i++) { /* the rest side by side on the model's CPU threads */
-        if (!want[i])
-            continue;
-        if (!d->smp[bslot[i]])
+    exo_sample out[EXO_DIST_BATCH_ROWS];
+    exo_sampler *smp[EXO_DIST_BATCH_ROWS]; /* NULL: the row wants no sample */
+    for (int i = 0; i < f->n_rows; i++) {
+        if (want[i] && !d->smp[bslot[i]])
             return exo_err_set(err, EXO_EFORMAT, "ring: a sample asked for before BEGIN");
-        if (picks[i].picked) {
-            exo_sampler_take(d->smp[bslot[i]], picks[i].id, picks[i].logprob, &out[i]);
-            continue;
-        }
-        smp[on_host] = d->smp[bslot[i]];
-        rows[on_host] = logits + (size_t)i * V;
-        row_out[on_host++] = &out[i];
+        smp[i] = want[i] ? d->smp[bslot[i]] : NULL;
     }
-    exo_sampler_next_rows(exo_model_host_pool(d->m), smp, rows, row_out, on_host);
+    if (any) /* the rows not picked side by side on the model's CPU threads */
+        exo_sampler_rows(exo_model_host_pool(d->m), smp, picks, logits, out, f->n_rows);
     for (int i = 0; i < f->n_rows && any; i++)
         if (want[i] && (rc = send_sample(d, bslot[i], &out[i], err)))
             return rc;

@@ -1941,7 +1941,6 @@ static void step_slots(runner *r, batch_slot *slots, const int *at, int n, const
     exo_batch_item items[BATCH_ROWS];
     exo_pick picks[BATCH_ROWS] = {{0}};
     exo_pick_rule rules[BATCH_ROWS];
-    size_t V = (size_t)exo_model_vocab(r->model);
     for (int k = 0; k < n; k++) { /* in a group every rank's share of the head joins the logits' gather */
         bool rule = want[at[k]] && !r->dist && exo_sampler_pick_rule(slots[at[k]].smp, &rules[k]);
         items[k] = (exo_batch_item){.seq = r->bseqs[at[k]], .tokens = tokens[at[k]], .T = T[at[k]],
@@ -1963,25 +1962,13 @@ static void step_slots(runner *r, batch_slot *slots, const int *at, int n, const
     }
     if (!rc)
         rc = exo_model_step_batch(r->model, items, n, with_logits ? logits : NULL, picks, &err);
-    bool sample[BATCH_ROWS];
-    exo_sampler *smp[BATCH_ROWS];
-    float *rows[BATCH_ROWS];
-    exo_sample out[BATCH_ROWS], *row_out[BATCH_ROWS];
-    int n_rows = 0;
-    for (int k = 0; k < n; k++) {
-        batch_slot *b = &slots[at[k]];
-        sample[k] = slot_stepped(r, b, rc, &err) && want[at[k]];
-        if (sample[k] && picks[k].picked)
-            exo_sampler_take(b->smp, picks[k].id, picks[k].logprob, &out[k]);
-        else if (sample[k]) {
-            smp[n_rows] = b->smp;
-            rows[n_rows] = logits + (size_t)k * V;
-            row_out[n_rows++] = &out[k];
-        }
-    }
-    exo_sampler_next_rows(exo_model_host_pool(r->model), smp, rows, row_out, n_rows);
+    exo_sampler *smp[BATCH_ROWS]; /* NULL: the row wants no sample */
+    exo_sample out[BATCH_ROWS];
     for (int k = 0; k < n; k++)
-        if (sample[k])
+        smp[k] = slot_stepped(r, &slots[at[k]], rc, &err) && want[at[k]] ? slots[at[k]].smp : NULL;
+    exo_sampler_rows(exo_model_host_pool(r->model), smp, picks, logits, out, n);
+    for (int k = 0; k < n; k++)
+        if (smp[k])
             exo_gen_seq_sampled(slots[at[k]].g->seq, &out[k]);
 }
 

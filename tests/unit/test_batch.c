@@ -63,55 +63,80 @@ static float max_diff(const float *a, const float *b, int n)
     return d;
 }
 
+/* B sequences of one model, each twice: one to step alone, one batched,
+ * both after the same prompt (3, 7, 11, ... tokens); next holds each
+ * one's next token, la and lb a row of logits each. */
+typedef struct twins {
+    exo_model *m;
+    int V, B;
+    exo_seq *alone[MAX_B], *batched[MAX_B];
+    float *la, *lb;
+    int32_t next[MAX_B];
+} twins;
+
+static void twins_open(twins *t, const char *name, int B)
+{
+    t->m = load(name);
+    t->V = exo_model_vocab(t->m);
+    t->B = B;
+    t->la = exo_malloc(sizeof(float) * (size_t)t->V * B);
+    t->lb = exo_malloc(sizeof(float) * (size_t)t->V * B);
+    int32_t ids[96];
+    exo_err err = {0};
+    for (int i = 0; i < B; i++) {
+        t->alone[i] = seq(t->m);
+        t->batched[i] = seq(t->m);
+        int n = 3 + 4 * i;
+        prompt(t->m, i, ids, n);
+        cr_assert_eq(exo_model_forward(t->m, t->alone[i], ids, n, t->la, false, &err), 0, "%s", err.msg);
+        cr_assert_eq(exo_model_forward(t->m, t->batched[i], ids, n, t->lb, false, &err), 0, "%s", err.msg);
+        t->next[i] = argmax(t->la, t->V);
+    }
+}
+
+static void twins_close(twins *t)
+{
+    for (int i = 0; i < t->B; i++) {
+        exo_seq_free(t->alone[i]);
+        exo_seq_free(t->batched[i]);
+    }
+    exo_free(t->la);
+    exo_free(t->lb);
+    exo_model_free(t->m);
+}
+
 /* B sequences decode side by side, batched, against twins stepped alone. */
 static void decode_side_by_side(const char *name, int B)
 {
-    exo_model *m = load(name);
-    int V = exo_model_vocab(m);
-    exo_seq *alone[MAX_B], *batched[MAX_B];
-    float *la = exo_malloc(sizeof(float) * (size_t)V * B), *lb = exo_malloc(sizeof(float) * (size_t)V * B);
-    int32_t next[MAX_B], ids[96];
+    twins t;
+    twins_open(&t, name, B);
+    int V = t.V;
     exo_err err = {0};
-    for (int i = 0; i < B; i++) { /* prompts of 3, 7, 11, ... tokens */
-        alone[i] = seq(m);
-        batched[i] = seq(m);
-        int n = 3 + 4 * i;
-        prompt(m, i, ids, n);
-        cr_assert_eq(exo_model_forward(m, alone[i], ids, n, la, false, &err), 0, "%s", err.msg);
-        cr_assert_eq(exo_model_forward(m, batched[i], ids, n, lb, false, &err), 0, "%s", err.msg);
-        next[i] = argmax(la, V);
-    }
     float worst = 0;
     for (int step = 0; step < STEPS; step++) {
         exo_batch_item items[MAX_B];
         for (int i = 0; i < B; i++) {
-            cr_assert_eq(exo_model_forward(m, alone[i], &next[i], 1, la + (size_t)i * V, false, &err), 0, "%s",
-                         err.msg);
-            items[i] = (exo_batch_item){.seq = batched[i], .tokens = &next[i], .T = 1};
+            cr_assert_eq(exo_model_forward(t.m, t.alone[i], &t.next[i], 1, t.la + (size_t)i * V, false, &err), 0,
+                         "%s", err.msg);
+            items[i] = (exo_batch_item){.seq = t.batched[i], .tokens = &t.next[i], .T = 1};
         }
-        cr_assert_eq(exo_model_step_batch(m, items, B, lb, NULL, &err), 0, "%s: %s", name, err.msg);
+        cr_assert_eq(exo_model_step_batch(t.m, items, B, t.lb, NULL, &err), 0, "%s: %s", name, err.msg);
         for (int i = 0; i < B; i++) {
-            float d = max_diff(la + (size_t)i * V, lb + (size_t)i * V, V);
+            float d = max_diff(t.la + (size_t)i * V, t.lb + (size_t)i * V, V);
             worst = fmaxf(worst, d);
-            cr_assert_eq(exo_seq_len(batched[i]), exo_seq_len(alone[i]));
+            cr_assert_eq(exo_seq_len(t.batched[i]), exo_seq_len(t.alone[i]));
             if (B <= GEMV_ROWS)
                 cr_expect_eq(d, 0.0f, "%s, B %d, step %d, sequence %d: logits differ by %g from its own step",
                              name, B, step, i, (double)d);
             else
                 cr_expect_leq(d, GEMM_TOL, "%s, B %d, step %d, sequence %d: logits differ by %g", name, B, step,
                               i, (double)d);
-            next[i] = argmax(la + (size_t)i * V, V);
+            t.next[i] = argmax(t.la + (size_t)i * V, V);
         }
     }
     fprintf(stderr, "batch/%s: B %d, %d steps: largest logit difference from stepping alone %g\n", name, B, STEPS,
             (double)worst);
-    for (int i = 0; i < B; i++) {
-        exo_seq_free(alone[i]);
-        exo_seq_free(batched[i]);
-    }
-    exo_free(la);
-    exo_free(lb);
-    exo_model_free(m);
+    twins_close(&t);
 }
 
 /* A third of the sequences greedy, a third drawn with a temperature, the
@@ -121,22 +146,10 @@ static void decode_side_by_side(const char *name, int B)
  * come back as the others' do. */
 static void picks_side_by_side(const char *name, int B)
 {
-    exo_model *m = load(name);
-    int V = exo_model_vocab(m);
-    exo_seq *alone[MAX_B], *batched[MAX_B];
-    float *la = exo_malloc(sizeof(float) * (size_t)V * B), *lb = exo_malloc(sizeof(float) * (size_t)V * B);
-    int32_t next[MAX_B], ids[96];
+    twins t;
+    twins_open(&t, name, B);
+    int V = t.V, picked = 0;
     exo_err err = {0};
-    int picked = 0;
-    for (int i = 0; i < B; i++) {
-        alone[i] = seq(m);
-        batched[i] = seq(m);
-        int n = 5 + 3 * i;
-        prompt(m, i, ids, n);
-        cr_assert_eq(exo_model_forward(m, alone[i], ids, n, la, false, &err), 0, "%s", err.msg);
-        cr_assert_eq(exo_model_forward(m, batched[i], ids, n, lb, false, &err), 0, "%s", err.msg);
-        next[i] = argmax(la, V);
-    }
     for (int step = 0; step < STEPS; step++) {
         exo_batch_item items[MAX_B];
         exo_pick picks[MAX_B], want[MAX_B];
@@ -144,12 +157,12 @@ static void picks_side_by_side(const char *name, int B)
         for (int i = 0; i < B; i++) {
             rules[i] = (exo_pick_rule){i % 3 == 1 ? 0.9f : 0.0f, (double)((i * 7 + step * 3) % 10) / 10.0 + 0.05};
             const exo_pick_rule *rule = i % 3 == 2 ? NULL : &rules[i];
-            exo_step st = {.T = 1, .tokens = &next[i], .logits = la + (size_t)i * V, .pick = rule};
-            cr_assert_eq(exo_model_step(m, alone[i], &st, &err), 0, "%s", err.msg);
+            exo_step st = {.T = 1, .tokens = &t.next[i], .logits = t.la + (size_t)i * V, .pick = rule};
+            cr_assert_eq(exo_model_step(t.m, t.alone[i], &st, &err), 0, "%s", err.msg);
             want[i] = (exo_pick){st.picked, st.pick_id, st.pick_logprob};
-            items[i] = (exo_batch_item){.seq = batched[i], .tokens = &next[i], .T = 1, .pick = rule};
+            items[i] = (exo_batch_item){.seq = t.batched[i], .tokens = &t.next[i], .T = 1, .pick = rule};
         }
-        cr_assert_eq(exo_model_step_batch(m, items, B, lb, picks, &err), 0, "%s: %s", name, err.msg);
+        cr_assert_eq(exo_model_step_batch(t.m, items, B, t.lb, picks, &err), 0, "%s: %s", name, err.msg);
         for (int i = 0; i < B; i++) {
             cr_expect_eq(picks[i].picked, want[i].picked, "%s, B %d, step %d, sequence %d: picked %d alone %d",
                          name, B, step, i, picks[i].picked, want[i].picked);
@@ -157,24 +170,18 @@ static void picks_side_by_side(const char *name, int B)
                 cr_expect(picks[i].id == want[i].id && !memcmp(&picks[i].logprob, &want[i].logprob, sizeof(float)),
                           "%s, B %d, step %d, sequence %d: %d %a, alone %d %a", name, B, step, i, picks[i].id,
                           picks[i].logprob, want[i].id, want[i].logprob);
-                next[i] = want[i].id;
+                t.next[i] = want[i].id;
                 picked++;
                 continue;
             }
-            float d = max_diff(la + (size_t)i * V, lb + (size_t)i * V, V);
+            float d = max_diff(t.la + (size_t)i * V, t.lb + (size_t)i * V, V);
             cr_expect_eq(d, 0.0f, "%s, B %d, step %d, sequence %d: logits differ by %g", name, B, step, i,
                          (double)d);
-            next[i] = argmax(la + (size_t)i * V, V);
+            t.next[i] = argmax(t.la + (size_t)i * V, V);
         }
     }
     fprintf(stderr, "batch/%s: B %d, %d steps: %d rows picked where the logits are\n", name, B, STEPS, picked);
-    for (int i = 0; i < B; i++) {
-        exo_seq_free(alone[i]);
-        exo_seq_free(batched[i]);
-    }
-    exo_free(la);
-    exo_free(lb);
-    exo_model_free(m);
+    twins_close(&t);
 }
 
 Test(batch, picked_rows_as_alone, .timeout = 120)

@@ -22,6 +22,16 @@ static exo_sample sample_once(exo_sampler_params p, const float *logits, int V,
     return out;
 }
 
+/* One token drawn from a copy of logits (the sampler modifies what it
+ * samples), with no history. */
+static int32_t draw(exo_sampler *s, const float *logits, float *scratch, int V)
+{
+    memcpy(scratch, logits, sizeof(float) * (size_t)V);
+    exo_sample out;
+    exo_sampler_sample(s, scratch, NULL, 0, &out);
+    return out.id;
+}
+
 Test(sampler, greedy_is_argmax_lowest_id_on_ties)
 {
     float l[5] = {0.5f, 2.0f, -1.0f, 2.0f, 1.0f};
@@ -143,12 +153,10 @@ Test(sampler, top_p_past_the_head_is_the_full_sorts_cut)
     exo_sampler *s = exo_sampler_create(&p, V);
     int tied = 0;
     for (int n = 0; n < N; n++) {
-        memcpy(l, logits, sizeof(float) * V);
-        exo_sample out;
-        exo_sampler_sample(s, l, NULL, 0, &out);
-        cr_assert(top[out.id] || out.id <= last_tied, "token %d is outside the nucleus (last tied id %d)",
-                  out.id, last_tied);
-        tied += !top[out.id];
+        int32_t id = draw(s, logits, l, V);
+        cr_assert(top[id] || id <= last_tied, "token %d is outside the nucleus (last tied id %d)",
+                  id, last_tied);
+        tied += !top[id];
     }
     cr_expect(tied > N / 200, "the tied group was sampled %d times of %d", tied, N);
     exo_sampler_free(s);
@@ -185,21 +193,17 @@ Test(sampler, small_top_k_on_a_flat_vocabulary_is_the_full_sorts_prefix)
     exo_sampler *s = exo_sampler_create(&p, V);
     int from_tie = 0;
     for (int n = 0; n < N; n++) {
-        memcpy(l, logits, sizeof(float) * V);
-        exo_sample out;
-        exo_sampler_sample(s, l, NULL, 0, &out);
-        cr_assert(kept[out.id], "token %d is not among the 40 most likely", out.id);
-        from_tie += logits[out.id] == 0.0f;
+        int32_t id = draw(s, logits, l, V);
+        cr_assert(kept[id], "token %d is not among the 40 most likely", id);
+        from_tie += logits[id] == 0.0f;
     }
     cr_expect(from_tie > N / 10, "the tied part was sampled %d times of %d", from_tie, N);
     exo_sampler_free(s);
     p.top_p = 0.0001f;
     s = exo_sampler_create(&p, V);
     for (int n = 0; n < 50; n++) {
-        memcpy(l, logits, sizeof(float) * V);
-        exo_sample out;
-        exo_sampler_sample(s, l, NULL, 0, &out);
-        cr_assert_eq(out.id, first_top);
+        int32_t id = draw(s, logits, l, V);
+        cr_assert_eq(id, first_top);
     }
     exo_sampler_free(s);
     free(logits);
@@ -207,17 +211,18 @@ Test(sampler, small_top_k_on_a_flat_vocabulary_is_the_full_sorts_prefix)
     free(kept);
 }
 
-/* Rows sampled side by side on a pool's threads (exo_sampler_next_rows)
- * draw what each sampler draws alone: samplers share nothing (the sort's
- * comparator included). */
+/* A batch's rows (exo_sampler_rows): those drawn side by side on a pool's
+ * threads draw what each sampler draws alone (samplers share nothing, the
+ * sort's comparator included), a picked row takes its pick into its
+ * history, a row without a sampler is left alone. */
 Test(sampler, rows_side_by_side_as_alone)
 {
-    enum { V = 3000, ROWS = 7, STEPS = 20 };
+    enum { V = 3000, ROWS = 8, STEPS = 20 };
     exo_pool *pool = exo_pool_create(4);
     exo_sampler *par[ROWS], *seq[ROWS];
     float *logits = malloc(sizeof(float) * V * ROWS), *copy = malloc(sizeof(float) * V * ROWS);
-    float *rows[ROWS];
-    exo_sample out[ROWS], *outs[ROWS];
+    exo_sample out[ROWS];
+    exo_pick picks[ROWS] = {{0}};
     srand(7);
     for (int r = 0; r < ROWS; r++) {
         exo_sampler_params p = exo_sampler_defaults();
@@ -227,14 +232,21 @@ Test(sampler, rows_side_by_side_as_alone)
         p.seed = (uint64_t)r;
         par[r] = exo_sampler_create(&p, V);
         seq[r] = exo_sampler_create(&p, V);
-        rows[r] = logits + (size_t)r * V;
-        outs[r] = &out[r];
     }
+    picks[3] = (exo_pick){true, 17, -2.5f};
+    exo_sampler *with_none[ROWS];
+    memcpy(with_none, par, sizeof par);
+    with_none[5] = NULL;
     for (int step = 0; step < STEPS; step++) {
         for (int i = 0; i < V * ROWS; i++)
             logits[i] = copy[i] = (float)(rand() % 1000) / 100.0f;
-        exo_sampler_next_rows(pool, par, rows, outs, ROWS);
+        out[5].id = -7;
+        exo_sampler_rows(pool, with_none, picks, logits, out, ROWS);
+        cr_assert(out[3].id == 17 && out[3].logprob == -2.5f, "the picked row: %d %g", out[3].id, out[3].logprob);
+        cr_assert_eq(out[5].id, -7, "a row without a sampler was sampled");
         for (int r = 0; r < ROWS; r++) {
+            if (r == 3 || r == 5)
+                continue;
             exo_sample alone;
             exo_sampler_next(seq[r], copy + (size_t)r * V, &alone);
             cr_assert_eq(out[r].id, alone.id, "step %d row %d: %d beside others, %d alone", step, r, out[r].id,
@@ -250,11 +262,6 @@ Test(sampler, rows_side_by_side_as_alone)
     exo_pool_free(pool);
 }
 
-/* exo_sampler_pick_rule: greedy and plain temperature requests may be
- * picked in place, others not (and their stream does not move); a draw's
- * number is the one the sampler's own draw would use, kept for the token:
- * sampled on the host after the rule, the tokens are a twin's that never
- * asked; after exo_sampler_take the next token takes the next number. */
 Test(sampler, pick_rule_takes_the_draws_own_number)
 {
     enum { V = 50, N = 40 };
