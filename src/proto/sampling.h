@@ -1,7 +1,8 @@
 /* Sampling parameters: what a request asks of the sampler. A plain value
  * type, shared by the canonical request (proto/gen_types.h), which travels
  * between nodes and runners, and the engine's sampler (engine/sampler.h),
- * which implements them. */
+ * which implements them; and the rule a backend picks a token by where
+ * the logits are, and its pick, which the sampler and the model share. */
 #ifndef EXO_PROTO_SAMPLING_H
 #define EXO_PROTO_SAMPLING_H
 
