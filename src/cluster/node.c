@@ -714,9 +714,14 @@ static void submit(exo_node *n, exo_command *cmd)
     send_pending(n, false);
 }
 
-/* Held commands, when this node becomes the master. */
+/* Held commands, when this node is the master and no election is open:
+ * while one is, submit would hold them again, so they wait for its end
+ * (drive_election; running them here then looped forever: CI saw a
+ * daemon spin in this loop, a new campaign open as it became master). */
 static void run_pending_here(exo_node *n)
 {
+    if (exo_election_in_progress(n->election))
+        return;
     while (n->pending) {
         pending_cmd *p = n->pending;
         n->pending = p->next;
