@@ -104,18 +104,29 @@ static int greedy_token(exo_model *m, exo_seq *seq, int32_t *tok, float *logits,
     return rc;
 }
 
-/* How a streams run picks its tokens: greedy; sampled (STREAM_SAMPLING,
- * the OpenAI APIs' default), drawn where the logits are when the model
- * can (the server's path) or every row on the host by its own sampler,
- * the rows side by side on the model's CPU threads. */
+/* How a streams run picks its tokens: greedy; sampled, drawn where the
+ * logits are when the model can (the server's path) or every row on the
+ * host by its own sampler, the rows side by side on the model's CPU
+ * threads. Sampled by SAMPLINGS: the OpenAI APIs' default, and Ollama's
+ * (filters and a repetition penalty over the prompt's last tokens). */
 typedef enum { STREAM_GREEDY, STREAM_DRAWN, STREAM_HOST } stream_picks;
-#define STREAM_SAMPLING "temperature 1"
+typedef struct sampling {
+    const char *name, *json;
+    float temperature, top_p, repetition_penalty;
+    int top_k, window;
+} sampling;
+static const sampling SAMPLINGS[] = {
+    {"temperature 1", "sampled", 1.0f, 1.0f, 1.0f, 0, 0},
+    {"Ollama's: temperature 0.8, top-k 40, top-p 0.9, repeat penalty 1.1/64", "ollama",
+     0.8f, 0.9f, 1.1f, 40, 64},
+};
+#define N_SAMPLINGS ((int)(sizeof SAMPLINGS / sizeof *SAMPLINGS))
 
 /* Aggregate decode tokens/s of n sequences stepping together for `steps`
  * batched steps (after one untimed step), each from its own prompt;
  * *in_place: some rows were picked where the logits are. */
-static int streams_tok_s(exo_model *m, int n, int steps, stream_picks how, double *tok_s, bool *in_place,
-                         exo_err *err)
+static int streams_tok_s(exo_model *m, int n, int steps, stream_picks how, const sampling *how_sampled,
+                         double *tok_s, bool *in_place, exo_err *err)
 {
     int V = exo_model_vocab(m), rc = 0;
     exo_seq **seqs = exo_calloc((size_t)n, sizeof *seqs);
@@ -137,9 +148,16 @@ static int streams_tok_s(exo_model *m, int n, int steps, stream_picks how, doubl
     exo_sample *out = exo_calloc((size_t)n, sizeof *out);
     for (int i = 0; i < n && how != STREAM_GREEDY; i++) {
         exo_sampler_params sp = exo_sampler_defaults();
-        sp.temperature = 1.0f;
+        sp.temperature = how_sampled->temperature;
+        sp.top_k = how_sampled->top_k;
+        sp.top_p = how_sampled->top_p;
+        sp.repetition_penalty = how_sampled->repetition_penalty;
+        sp.repetition_context_size = how_sampled->window;
         sp.seed = (uint64_t)i;
         smp[i] = exo_sampler_create(&sp, V);
+        for (int t = 0; t < STREAM_PROMPT; t++) /* the prompt again: the penalties' window */
+            prompt[t] = (int32_t)(((uint64_t)t * 7919u + (uint64_t)i * 104729u + 17u) % (uint64_t)V);
+        rc = rc ? rc : exo_sampler_begin(smp[i], prompt, STREAM_PROMPT, steps + 1);
     }
     double t0 = 0;
     *in_place = false;
@@ -418,18 +436,24 @@ int exo_cmd_bench(int argc, char **argv)
         exo_free(tf);
         exo_free(tu);
     }
-    /* Streams side by side: decode tokens of all of them a second. */
-    double stream_tok_s[MAX_STREAM_RUNS] = {0}, stream_sampled_tok_s[MAX_STREAM_RUNS] = {0};
-    double stream_host_tok_s[MAX_STREAM_RUNS] = {0}; /* sampled on the host, where the model draws in place */
+    /* Streams side by side: decode tokens of all of them a second; sampled
+     * each way, drawn where the logits are and (where that is not the
+     * host) on the host. */
+    double stream_tok_s[MAX_STREAM_RUNS] = {0}, sampled_tok_s[MAX_STREAM_RUNS][N_SAMPLINGS] = {{0}};
+    double host_tok_s[MAX_STREAM_RUNS][N_SAMPLINGS] = {{0}}; /* 0: the same as sampled_tok_s */
     int stream_steps = n_gen < MAX_STREAM_STEPS ? (int)n_gen : MAX_STREAM_STEPS;
     for (int i = 0; i < n_streams; i++) {
-        bool drawn = false, unused;
-        if (streams_tok_s(m, (int)streams[i], stream_steps, STREAM_GREEDY, &stream_tok_s[i], &unused, &err) ||
-            streams_tok_s(m, (int)streams[i], stream_steps, STREAM_DRAWN, &stream_sampled_tok_s[i], &drawn,
-                          &err) ||
-            (drawn &&
-             streams_tok_s(m, (int)streams[i], stream_steps, STREAM_HOST, &stream_host_tok_s[i], &unused, &err)))
+        bool unused;
+        if (streams_tok_s(m, (int)streams[i], stream_steps, STREAM_GREEDY, NULL, &stream_tok_s[i], &unused, &err))
             goto fail_pool;
+        for (int k = 0; k < N_SAMPLINGS; k++) {
+            bool drawn = false;
+            if (streams_tok_s(m, (int)streams[i], stream_steps, STREAM_DRAWN, &SAMPLINGS[k], &sampled_tok_s[i][k],
+                              &drawn, &err) ||
+                (drawn && streams_tok_s(m, (int)streams[i], stream_steps, STREAM_HOST, &SAMPLINGS[k],
+                                        &host_tok_s[i][k], &unused, &err)))
+                goto fail_pool;
+        }
     }
     /* Paired: decode tokens alternating with reads of the probe, each
      * token against the read right after it. The read bandwidth a guest
@@ -506,10 +530,13 @@ int exo_cmd_bench(int argc, char **argv)
                achieved_median / read_bw, prefill_gflops,
                avx2, avx2 > 0 ? prefill_gflops / avx2 : 0, t_load, fused_ms, unfused_ms, paired, dot_peak / 1e9,
                n_host ? (double)n_host / host_logits_s : 0);
-        for (int i = 0; i < n_streams; i++)
-            printf("%s{\"n\":%ld,\"tok_s\":%.3f,\"sampled_tok_s\":%.3f,\"sampled_host_tok_s\":%.3f,"
-                   "\"dot_fraction\":%.4f}", i ? "," : "", streams[i], stream_tok_s[i], stream_sampled_tok_s[i],
-                   stream_host_tok_s[i] > 0 ? stream_host_tok_s[i] : stream_sampled_tok_s[i], dot_share[i]);
+        for (int i = 0; i < n_streams; i++) {
+            printf("%s{\"n\":%ld,\"tok_s\":%.3f", i ? "," : "", streams[i], stream_tok_s[i]);
+            for (int k = 0; k < N_SAMPLINGS; k++)
+                printf(",\"%s_tok_s\":%.3f,\"%s_host_tok_s\":%.3f", SAMPLINGS[k].json, sampled_tok_s[i][k],
+                       SAMPLINGS[k].json, host_tok_s[i][k] > 0 ? host_tok_s[i][k] : sampled_tok_s[i][k]);
+            printf(",\"dot_fraction\":%.4f}", dot_share[i]);
+        }
         printf("]}\n");
     } else {
         printf("model            %s (%s), %d threads, isa %s%s\n", name,
@@ -554,13 +581,14 @@ int exo_cmd_bench(int argc, char **argv)
             if (dot_peak > 0)
                 printf(", %.0f%% of the int8 dot peak", 100.0 * dot_share[i]);
             printf("\n");
-            if (stream_host_tok_s[i] > 0)
-                printf("                 %.2f tok/s sampled (" STREAM_SAMPLING "), drawn where the logits are; "
-                       "%.2f on the host (%d threads)\n", stream_sampled_tok_s[i], stream_host_tok_s[i],
-                       exo_pool_size(exo_model_host_pool(m)));
-            else
-                printf("                 %.2f tok/s sampled (" STREAM_SAMPLING "), on the host (%d threads)\n",
-                       stream_sampled_tok_s[i], exo_pool_size(exo_model_host_pool(m)));
+            for (int k = 0; k < N_SAMPLINGS; k++)
+                if (host_tok_s[i][k] > 0)
+                    printf("                 %.2f tok/s sampled (%s), drawn where the logits are; %.2f on the host "
+                           "(%d threads)\n", sampled_tok_s[i][k], SAMPLINGS[k].name, host_tok_s[i][k],
+                           exo_pool_size(exo_model_host_pool(m)));
+                else
+                    printf("                 %.2f tok/s sampled (%s), on the host (%d threads)\n",
+                           sampled_tok_s[i][k], SAMPLINGS[k].name, exo_pool_size(exo_model_host_pool(m)));
         }
         if (dot_peak > 0)
             printf("int8 dot peak    %.0f G products/s on %d threads (vpdpbusd; the compute limit of batched\n"

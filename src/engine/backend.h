@@ -324,13 +324,17 @@ typedef struct exo_backend_ops {
 
     /* Optional (NULL: the caller copies x to the host and picks there): for
      * each of rows (1..EXO_PICK_ROWS) consecutive rows of n logits, the
-     * token its rule picks (proto/sampling.h: the largest, the lowest index
-     * on ties, NaN never winning; or a draw from softmax(x / temperature)
-     * with the rule's u) and its log-softmax, x[id] - log(sum exp x), into
-     * host memory; a row's answer is the same whatever rows are beside it.
-     * Decoding then takes token ids, not the vocabulary's logits, off the
-     * device. */
-    int  (*pick)(exo_backend *be, const float *x, int rows, int n, const exo_pick_rule *rules, int32_t *id,
+     * token its rule picks (proto/sampling.h: penalties, then the largest,
+     * the lowest index on ties, NaN never winning; or a draw with the
+     * rule's u from softmax(x / temperature) over what its filters keep)
+     * and its log-softmax, x[id] - log(sum exp x) of the penalized x, into
+     * host memory; id -1 where the rule cannot be decided there (top-p
+     * reaching past EXO_PICK_TOP_K tokens): that row's logits go to the
+     * host. x is changed during the call and as it came after. A row's
+     * answer is the same whatever rows are beside it. Decoding then takes
+     * token ids, not the vocabulary's logits, off the device. EXO_EINVAL:
+     * a rule past EXO_PICK_TOP_K or EXO_PICK_PENALIZED. */
+    int  (*pick)(exo_backend *be, float *x, int rows, int n, const exo_pick_rule *rules, int32_t *id,
                  float *logprob);
 
     /* Optional (NULL: decode routes on the host through moe_route): the

@@ -3412,12 +3412,12 @@ static int head_picks(exo_model *m, int r0, int rows, float *out, const exo_batc
     if (!any || m->allgather || !be->ops->pick)
         return head_forward(m, r0, rows, out, err);
     OK(head_logits(m, r0, rows));
-    const float *logits = acts_of(m, be)->logits;
+    float *logits = acts_of(m, be)->logits;
     int32_t id[EXO_PICK_ROWS];
     float logprob[EXO_PICK_ROWS];
     bool found = !be->ops->pick(be, logits, rows, m->vocab, rules, id, logprob);
     for (int r = 0; r < rows; r++)
-        if (found && items[r].pick)
+        if (found && items[r].pick && id[r] >= 0)
             picks[r] = (exo_pick){true, id[r], logprob[r]};
     size_t V = (size_t)m->vocab;
     for (int r = 0, run; r < rows; r += run) { /* the others' logits, a run of rows a copy */
@@ -3473,7 +3473,8 @@ static bool pick_in_place(exo_model *m, exo_step *st)
     exo_backend *be = m->layers[m->n_layers - 1].be;
     if (!st->pick || st->all_logits || !be->ops->pick || m->allgather)
         return false;
-    st->picked = !be->ops->pick(be, acts_of(m, be)->logits, 1, m->vocab, st->pick, &st->pick_id, &st->pick_logprob);
+    st->picked = !be->ops->pick(be, acts_of(m, be)->logits, 1, m->vocab, st->pick, &st->pick_id, &st->pick_logprob) &&
+                 st->pick_id >= 0;
     return st->picked;
 }
 

@@ -21,6 +21,8 @@ struct exo_sampler {
     int n_hist, cap_hist;
     bool held;        /* held_u is the number exo_sampler_pick_rule took for this token */
     double held_u;
+    int32_t *penalized;        /* exo_sampler_pick_rule's: the window's distinct tokens, */
+    uint16_t *penalized_count; /* with their counts (EXO_PICK_PENALIZED) */
 };
 
 static uint64_t splitmix64(uint64_t *x)
@@ -87,6 +89,8 @@ void exo_sampler_free(exo_sampler *s)
     exo_free(s->prob);
     exo_free(s->count);
     exo_free(s->hist);
+    exo_free(s->penalized);
+    exo_free(s->penalized_count);
     exo_free(s);
 }
 
@@ -145,22 +149,53 @@ void exo_sampler_rows(exo_pool *pool, exo_sampler *const *s, const exo_pick *pic
         next_rows(&j, 0, 1);
 }
 
+/* The distinct tokens of the penalty window (as apply_penalties counts
+ * them: first seen first) and their counts, into s->penalized; how many. */
+static int window_tokens(exo_sampler *s)
+{
+    int n = s->n_hist, start = n > s->p.repetition_context_size ? n - s->p.repetition_context_size : 0, k = 0;
+    if (!s->penalized) {
+        s->penalized = exo_malloc(sizeof(int32_t) * EXO_PICK_PENALIZED);
+        s->penalized_count = exo_malloc(sizeof(uint16_t) * EXO_PICK_PENALIZED);
+    }
+    for (int i = start; i < n; i++)
+        if (s->hist[i] >= 0 && s->hist[i] < s->vocab && s->count[s->hist[i]]++ == 0)
+            s->penalized[k++] = s->hist[i];
+    for (int i = 0; i < k; i++) {
+        s->penalized_count[i] = s->count[s->penalized[i]];
+        s->count[s->penalized[i]] = 0;
+    }
+    return k;
+}
+
 bool exo_sampler_pick_rule(exo_sampler *s, exo_pick_rule *rule)
 {
     const exo_sampler_params *p = &s->p;
     bool rep = p->repetition_penalty != 1.0f && p->repetition_penalty > 0;
-    bool plain = !rep && p->presence_penalty == 0 && p->frequency_penalty == 0 && p->top_logprobs == 0;
-    bool filters = (p->top_k > 0 && p->top_k < s->vocab) || (p->top_p > 0 && p->top_p < 1) || p->min_p > 0;
-    if (!plain || (p->temperature > 0 && filters))
+    bool pres = p->presence_penalty != 0 || p->frequency_penalty != 0;
+    bool drawn = p->temperature > 0;
+    int top_k = drawn && p->top_k > 0 && p->top_k < s->vocab ? p->top_k : 0;
+    if (p->top_logprobs > 0 || top_k > EXO_PICK_TOP_K ||
+        ((rep || pres) && p->repetition_context_size > EXO_PICK_PENALIZED))
         return false;
-    rule->temperature = p->temperature > 0 ? p->temperature : 0;
-    rule->u = 0;
-    if (rule->temperature > 0) {
+    *rule = (exo_pick_rule){.temperature = drawn ? p->temperature : 0};
+    if (drawn) {
+        rule->top_k = top_k;
+        rule->top_p = p->top_p > 0 && p->top_p < 1 ? p->top_p : 0;
+        rule->min_p = p->min_p > 0 ? p->min_p : 0;
         if (!s->held) {
             s->held_u = next_unit(s->rng);
             s->held = true;
         }
         rule->u = s->held_u;
+    }
+    if ((rep || pres) && s->n_hist > 0) {
+        rule->repetition_penalty = rep ? p->repetition_penalty : 1.0f;
+        rule->presence_penalty = pres ? p->presence_penalty : 0;
+        rule->frequency_penalty = pres ? p->frequency_penalty : 0;
+        rule->n_penalized = window_tokens(s);
+        rule->penalized = s->penalized;
+        rule->penalized_count = s->penalized_count;
     }
     return true;
 }

@@ -12,12 +12,28 @@
 #define EXO_MAX_TOP_LOGPROBS 20
 
 /* A token picked where the logits are (a GPU, engine/sampler.h
- * exo_sampler_pick_rule): the largest logit (temperature 0; lowest id on
- * ties), or a draw from softmax(logits / temperature) over the whole
- * vocabulary with the uniform number u in [0, 1). */
+ * exo_sampler_pick_rule), with the host sampler's semantics: the
+ * penalties change the logits first (the named tokens': repetition,
+ * then presence and frequency, engine/sampler.h); then the largest logit
+ * (temperature 0; lowest id on ties; filters ignored), or a draw with the
+ * uniform number u in [0, 1) from softmax(logits / temperature) over what
+ * top-k, top-p (of the temperature-1 distribution, most likely first) and
+ * min-p keep: the whole vocabulary when none is on. Zero in every field
+ * but temperature and u: a plain draw. */
+#define EXO_PICK_TOP_K     256  /* the largest top-k a rule takes, and top-p's candidates without one */
+#define EXO_PICK_PENALIZED 1024 /* the most tokens a rule's penalties name */
 typedef struct exo_pick_rule {
     float  temperature;
     double u;
+    int    top_k;              /* 0: off; else 1 .. EXO_PICK_TOP_K */
+    float  top_p;              /* on in (0, 1) */
+    float  min_p;              /* on above 0 */
+    float  repetition_penalty; /* on above 0 but 1 */
+    float  presence_penalty;   /* on where either is not 0 */
+    float  frequency_penalty;
+    int    n_penalized;              /* tokens the penalties name: */
+    const int32_t  *penalized;       /* distinct ids */
+    const uint16_t *penalized_count; /* each one's count in the window */
 } exo_pick_rule;
 
 /* A token a backend picked by its rule: the id and its log-probability

@@ -62,6 +62,7 @@
 #include "engine/dtype.h"
 #include "engine/linear.h"
 #include "engine/router.h"
+#include "engine/sampler.h"
 
 #include <criterion/criterion.h>
 #include <math.h>
@@ -2648,7 +2649,7 @@ Test(backend_ops, pick_greedy_and_drawn)
         upload(b.gpu, x.gpu, x.init, x.n);
         exo_pick_rule rules[ROWS];
         for (int r = 0; r < ROWS; r++)
-            rules[r] = (exo_pick_rule){temps[r], us[r]};
+            rules[r] = (exo_pick_rule){.temperature = temps[r], .u = us[r]};
         int32_t id[ROWS], alone_id;
         float lp[ROWS], alone_lp;
         ON(b.gpu, pick, x.gpu, ROWS, n, rules, id, lp);
@@ -2686,7 +2687,8 @@ Test(backend_ops, pick_greedy_and_drawn)
             int32_t id[EXO_PICK_ROWS];
             float lp[EXO_PICK_ROWS];
             for (int r = 0; r < EXO_PICK_ROWS; r++)
-                rules[r] = (exo_pick_rule){0.8f, ((double)(c * EXO_PICK_ROWS + r) + 0.5) / (CALLS * EXO_PICK_ROWS)};
+                rules[r] = (exo_pick_rule){.temperature = 0.8f,
+                                           .u = ((double)(c * EXO_PICK_ROWS + r) + 0.5) / (CALLS * EXO_PICK_ROWS)};
             ON(b.gpu, pick, x.gpu, EXO_PICK_ROWS, N, rules, id, lp);
             for (int r = 0; r < EXO_PICK_ROWS; r++)
                 count[id[r]]++;
@@ -2730,4 +2732,95 @@ Test(backend_ops, pick_greedy_and_drawn)
         exo_seq_free(s[q]);
     exo_model_free(m);
     exo_synth_free(syn);
+}
+
+/* Rules with filters and penalties, picked on the device against the
+ * host's sampler drawing the same row with the same number (the rule's):
+ * the same token, and its log-probability within rounding. The rows are
+ * Ollama's defaults (top-k 40, top-p 0.9, repetition penalty 1.1), top-k
+ * alone (1, and the largest a rule takes, with min-p), top-p alone and
+ * min-p alone, greedy after penalties that reorder the head, a top-k
+ * among tied values (the lower ids first), and top-p alone over a flat
+ * row, whose EXO_PICK_TOP_K most likely do not reach p: not picked there
+ * (id -1). Each row's logits have a head of larger values (as real
+ * models' do), some of them in the history the penalties look at. The
+ * seeds are fixed, so the draws and cuts fall where they fall every run;
+ * none within rounding of a boundary. x comes back as it went; each row
+ * alone as beside the others; a rule out of bounds is refused. */
+Test(backend_ops, pick_filtered_and_penalized)
+{
+    both b = both_open("pick_filtered_and_penalized");
+    static const int sizes[] = {300, 1000, 128256};
+    enum { ROWS = 8, HEAD = 30, HIST = 80 };
+    for (size_t k = 0; k < sizeof sizes / sizeof *sizes; k++) {
+        const int n = sizes[k];
+        dual x = dual_rand(&b, (size_t)n * ROWS, 2.0f);
+        int32_t hist[HIST];
+        for (int r = 0; r < ROWS; r++) {
+            float *row = x.init + (size_t)r * (size_t)n;
+            for (int j = 0; j < HEAD; j++)
+                row[((size_t)r * 7919u + (size_t)j * 104729u) % (size_t)n] = 9.0f + 0.25f * (float)(j % 17);
+            if (r == 6)
+                for (int i = 0; i < n; i++)
+                    row[i] = 0.01f * (float)((i * 37) % 101);
+            if (r == 7)
+                for (int j = 0; j < 8; j++)
+                    row[(j * 31 + 5) % n] = 15.0f; /* 8 tied at the top: top-k 5 keeps the 5 lowest ids */
+        }
+        for (int i = 0; i < HIST; i++) /* the head of row 0 .. 4, and some others */
+            hist[i] = i % 3 ? (int32_t)(((size_t)(i % 5) * 7919u + (size_t)(i % 7) * 104729u) % (size_t)n)
+                            : (int32_t)((i * 13) % n);
+        upload(b.gpu, x.gpu, x.init, x.n);
+        exo_sampler *smp[ROWS];
+        exo_pick_rule rules[ROWS];
+        for (int r = 0; r < ROWS; r++) {
+            exo_sampler_params p = exo_sampler_defaults();
+            p.seed = 1000u * (unsigned)k + (unsigned)r;
+            p.temperature = r == 4 ? 0.0f : r == 2 ? 0.7f : r == 3 ? 1.2f : r == 0 ? 0.8f : 1.0f;
+            p.top_k = r == 0 ? 40 : r == 1 ? 1 : r == 5 ? EXO_PICK_TOP_K : r == 7 ? 5 : 0;
+            p.top_p = r == 0 || r == 6 ? 0.9f : r == 2 ? 0.5f : 1.0f;
+            p.min_p = r == 3 ? 0.1f : r == 5 ? 0.05f : 0.0f;
+            p.repetition_penalty = r == 0 ? 1.1f : r == 4 ? 1.3f : 1.0f;
+            p.repetition_context_size = r == 0 ? 64 : 30;
+            p.presence_penalty = r == 4 ? 0.4f : 0.0f;
+            p.frequency_penalty = r == 4 ? 0.2f : 0.0f;
+            smp[r] = exo_sampler_create(&p, n);
+            cr_assert(!exo_sampler_begin(smp[r], hist, HIST, 4));
+            cr_assert(exo_sampler_pick_rule(smp[r], &rules[r]), "row %d: no rule", r);
+        }
+        cr_assert(rules[0].n_penalized > 0 && rules[4].n_penalized > 0);
+        int32_t id[ROWS], alone_id;
+        float lp[ROWS], alone_lp;
+        ON(b.gpu, pick, x.gpu, ROWS, n, rules, id, lp);
+        float *back = exo_malloc(sizeof(float) * x.n);
+        download(b.gpu, back, x.gpu, x.n);
+        cr_expect(!memcmp(back, x.init, sizeof(float) * x.n), "n %d: the logits did not come back as they went", n);
+        exo_free(back);
+        for (int r = 0; r < ROWS; r++) {
+            ON(b.gpu, pick, x.gpu + (size_t)r * (size_t)n, 1, n, &rules[r], &alone_id, &alone_lp);
+            cr_expect(alone_id == id[r] && !memcmp(&alone_lp, &lp[r], sizeof alone_lp),
+                      "n %d row %d: alone %d %a, beside others %d %a", n, r, alone_id, alone_lp, id[r], lp[r]);
+        }
+        for (int r = 0; r < ROWS; r++) {
+            float *row = exo_malloc(sizeof(float) * (size_t)n);
+            memcpy(row, x.init + (size_t)r * (size_t)n, sizeof(float) * (size_t)n);
+            exo_sample want;
+            exo_sampler_next(smp[r], row, &want);
+            if (r == 6) {
+                cr_expect_eq(id[r], -1, "n %d: top-p over a flat row was picked (%d)", n, id[r]);
+            } else {
+                cr_expect_eq(id[r], want.id, "n %d row %d: %d, the host %d", n, r, id[r], want.id);
+                cr_expect(fabsf(lp[r] - want.logprob) < 1e-4f * (1 + fabsf(want.logprob)),
+                          "n %d row %d: logprob %g, the host %g", n, r, lp[r], want.logprob);
+            }
+            if (r == 7)
+                cr_expect(want.id <= (4 * 31 + 5) % n || n < 300, "row 7 drew past the 5 lowest tied ids");
+            exo_free(row);
+            exo_sampler_free(smp[r]);
+        }
+        exo_pick_rule wide = {.temperature = 1.0f, .top_k = EXO_PICK_TOP_K + 1};
+        cr_expect_eq(b.gpu->ops->pick(b.gpu, x.gpu, 1, n, &wide, id, lp), n > EXO_PICK_TOP_K + 1 ? EXO_EINVAL : 0);
+        dual_free(&b, &x);
+    }
+    both_close(&b);
 }

@@ -139,7 +139,8 @@ static void decode_side_by_side(const char *name, int B)
     twins_close(&t);
 }
 
-/* A third of the sequences greedy, a third drawn with a temperature, the
+/* A third of the sequences greedy, a third drawn with a temperature (every
+ * other one of those with Ollama's filters and a repetition penalty), the
  * rest with no rule: a batched row's pick (exo_pick, made on a GPU, where
  * only its id comes back) is the pick it gets stepped alone, id and
  * log-probability to the bit; where nothing picks (the CPU), its logits
@@ -155,7 +156,18 @@ static void picks_side_by_side(const char *name, int B)
         exo_pick picks[MAX_B], want[MAX_B];
         exo_pick_rule rules[MAX_B];
         for (int i = 0; i < B; i++) {
-            rules[i] = (exo_pick_rule){i % 3 == 1 ? 0.9f : 0.0f, (double)((i * 7 + step * 3) % 10) / 10.0 + 0.05};
+            rules[i] = (exo_pick_rule){.temperature = i % 3 == 1 ? 0.9f : 0.0f,
+                                       .u = (double)((i * 7 + step * 3) % 10) / 10.0 + 0.05};
+            static const int32_t penalized[] = {1, 2, 3, 5, 8};
+            static const uint16_t times[] = {1, 2, 1, 3, 1};
+            if (i % 6 == 4) {
+                rules[i].top_k = 40;
+                rules[i].top_p = 0.9f;
+                rules[i].repetition_penalty = 1.1f;
+                rules[i].n_penalized = 5;
+                rules[i].penalized = penalized;
+                rules[i].penalized_count = times;
+            }
             const exo_pick_rule *rule = i % 3 == 2 ? NULL : &rules[i];
             exo_step st = {.T = 1, .tokens = &t.next[i], .logits = t.la + (size_t)i * V, .pick = rule};
             cr_assert_eq(exo_model_step(t.m, t.alone[i], &st, &err), 0, "%s", err.msg);

@@ -269,7 +269,7 @@ Test(sampler, pick_rule_takes_the_draws_own_number)
     for (int i = 0; i < V; i++)
         logits[i] = (float)((i * 37) % 11) * 0.3f;
     exo_sampler_params p = exo_sampler_defaults();
-    exo_pick_rule rule = {-1, -1};
+    exo_pick_rule rule = {.temperature = -1, .u = -1};
     exo_sampler *g = exo_sampler_create(&p, V);
     cr_expect(exo_sampler_pick_rule(g, &rule) && rule.temperature == 0);
     exo_sampler_free(g);
@@ -298,21 +298,53 @@ Test(sampler, pick_rule_takes_the_draws_own_number)
     }
     exo_sampler_free(a);
     exo_sampler_free(twin);
+    /* filters and penalties go into the rule: the window's tokens, each once (first seen first), with
+     * their counts; making it leaves the host's penalties as they were */
+    p.top_k = 40;
     p.top_p = 0.5f;
+    p.min_p = 0.05f;
+    p.repetition_penalty = 1.1f;
+    p.repetition_context_size = 6;
+    p.presence_penalty = 0.5f;
+    static const int32_t prompt[] = {9, 1, 4, 1, 5, 9, 2, 1}, want_id[] = {4, 1, 5, 9, 2};
+    static const uint16_t want_n[] = {1, 2, 1, 1, 1};
     exo_sampler *f = exo_sampler_create(&p, V), *ftwin = exo_sampler_create(&p, V);
-    cr_expect(!exo_sampler_pick_rule(f, &rule), "a filter needs the host");
+    cr_assert(!exo_sampler_begin(f, prompt, 8, 4) && !exo_sampler_begin(ftwin, prompt, 8, 4));
+    cr_assert(exo_sampler_pick_rule(f, &rule));
+    cr_expect(rule.top_k == 40 && rule.top_p == 0.5f && rule.min_p == 0.05f && rule.repetition_penalty == 1.1f &&
+              rule.presence_penalty == 0.5f && rule.frequency_penalty == 0);
+    cr_assert_eq(rule.n_penalized, 5);
+    for (int i = 0; i < 5; i++)
+        cr_expect(rule.penalized[i] == want_id[i] && rule.penalized_count[i] == want_n[i], "token %d: %d x%d", i,
+                  rule.penalized[i], rule.penalized_count[i]);
     exo_sample x, y;
     memcpy(l, logits, sizeof l);
     exo_sampler_next(f, l, &x);
     memcpy(l, logits, sizeof l);
     exo_sampler_next(ftwin, l, &y);
-    cr_expect_eq(x.id, y.id);
+    cr_expect(x.id == y.id && x.logprob == y.logprob, "%d %g with a rule made, %d %g without", x.id, x.logprob, y.id,
+              y.logprob);
     exo_sampler_free(f);
     exo_sampler_free(ftwin);
-    p.top_p = 1.0f;
-    p.repetition_penalty = 1.1f;
-    exo_sampler *r = exo_sampler_create(&p, V);
-    cr_expect(!exo_sampler_pick_rule(r, &rule), "a penalty needs the host");
+    /* what a rule cannot carry: alternatives, a top-k past EXO_PICK_TOP_K (at or past the vocabulary it
+     * is off), a window past EXO_PICK_PENALIZED */
+    exo_sampler_params q = p;
+    q.top_logprobs = 2;
+    exo_sampler *r = exo_sampler_create(&q, V);
+    cr_expect(!exo_sampler_pick_rule(r, &rule), "alternatives need the host");
+    exo_sampler_free(r);
+    q = p;
+    q.top_k = EXO_PICK_TOP_K + 1;
+    r = exo_sampler_create(&q, 4 * EXO_PICK_TOP_K);
+    cr_expect(!exo_sampler_pick_rule(r, &rule), "a top-k past the device's");
+    exo_sampler_free(r);
+    r = exo_sampler_create(&q, V);
+    cr_expect(exo_sampler_pick_rule(r, &rule) && rule.top_k == 0, "a top-k past the vocabulary is off");
+    exo_sampler_free(r);
+    q = p;
+    q.repetition_context_size = EXO_PICK_PENALIZED + 1;
+    r = exo_sampler_create(&q, V);
+    cr_expect(!exo_sampler_pick_rule(r, &rule), "a window past the device's");
     exo_sampler_free(r);
 }
 

@@ -19,6 +19,7 @@
 #include "engine/cuda/cuda_internal.h"
 #include "engine/cuda/group.h"
 #include "engine/cuda/matmul.h"
+#include "engine/cuda/pick.h"
 #include "engine/cuda/plugin.h"
 
 extern "C" {
@@ -41,10 +42,6 @@ enum { SCRATCH_WEIGHT, SCRATCH_ACT, SCRATCH_SMALL, SCRATCH_ATTENTION, SCRATCH_NO
  * first node copies it from pinned host memory to the device, and the ops
  * that depend on it (embed, rope, attention) read it there. */
 #define STEP_MAX_T 4
-struct pick_result {
-    int32_t id;
-    float logprob;
-};
 struct step_io {
     int pos0;
     int32_t tokens[STEP_MAX_T];
@@ -100,8 +97,7 @@ typedef struct cuda_backend {
     void *pinned;                 /* host staging for large copies to the host */
     size_t pinned_bytes;
     struct { char *p; size_t bytes; } host[HOST_BUFFERS]; /* host_alloc's: copies land there directly */
-    struct pick_result *pick_host, *pick_dev; /* pick's answers (EXO_PICK_ROWS): pinned, device */
-    struct pick_scratch *pick_scratch;        /* device */
+    exo_cuda_picker *picker;      /* pick's buffers (pick.cu) */
     char *up_host;                /* pinned upload ring: two halves (stage_upload) */
     size_t up_used;
     int up_half;
@@ -285,9 +281,7 @@ static void cuda_free_backend(exo_backend *be)
     cudaFreeHost(c->pinned);
     for (int i = 0; i < HOST_BUFFERS; i++)
         cudaFreeHost(c->host[i].p);
-    cudaFreeHost(c->pick_host);
-    cudaFree(c->pick_dev);
-    cudaFree(c->pick_scratch);
+    exo_cuda_picker_free(c->picker);
     cudaFreeHost(c->up_host);
     cudaEventDestroy(c->up_done[0]);
     cudaEventDestroy(c->up_done[1]);
@@ -1282,203 +1276,6 @@ static int cuda_head_matmul(exo_backend *be, int H, const exo_linear *w, const f
     return 0;
 }
 
-/* ---- picks: greedy or drawn ------------------------------------------------- */
-
-/* A row of logits goes over PICK_BLOCKS blocks (one block a row left an
- * H100 reading 512 KB twice through one SM: ~20 us of a 1B model's 630 us
- * token); a block's warps take a segment each, PICK_SEGS a row. */
-#define PICK_THREADS 512
-#define PICK_BLOCKS  16
-#define PICK_SEGS    (PICK_BLOCKS * PICK_THREADS / 32)
-static_assert(PICK_SEGS == 32 * 8, "pick_sums_kernel: warp 0 scans the segments, 8 a lane");
-
-/* Each row's rule (proto/sampling.h), by value in the launch. */
-struct pick_rules {
-    float inv_t[EXO_PICK_ROWS]; /* 1 / temperature; 0: the largest */
-    double u[EXO_PICK_ROWS];
-};
-
-/* Device scratch of a pick call, a row each: the blocks' maxima, the
- * segments' sums, and the arrival counters of the last-block combines. */
-struct pick_scratch {
-    float block_v[EXO_PICK_ROWS][PICK_BLOCKS];
-    int block_i[EXO_PICK_ROWS][PICK_BLOCKS];
-    float best_v[EXO_PICK_ROWS];
-    int best_i[EXO_PICK_ROWS];
-    float seg_e[EXO_PICK_ROWS][PICK_SEGS];  /* sum exp(x - max): the log-softmax */
-    double seg_w[EXO_PICK_ROWS][PICK_SEGS]; /* sum exp((x - max) / T): a draw's weights */
-    int arrived[2][EXO_PICK_ROWS];
-};
-
-/* The better of two (value, index): the larger, the lower index on ties;
- * index -1 (nothing but NaN seen) never wins. */
-__device__ __forceinline__ void pick_better(float *bv, int *bi, float ov, int oi)
-{
-    if (oi >= 0 && (*bi < 0 || ov > *bv || (ov == *bv && oi < *bi))) {
-        *bv = ov;
-        *bi = oi;
-    }
-}
-
-/* Whether this block is the last of its row's PICK_BLOCKS to finish (its
- * writes before are then seen by the caller); the counter goes back to 0. */
-__device__ bool pick_last_block(int *arrived)
-{
-    __shared__ bool last;
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        last = atomicAdd(arrived, 1) == PICK_BLOCKS - 1;
-        if (last)
-            *arrived = 0;
-    }
-    __syncthreads();
-    if (last)
-        __threadfence();
-    return last;
-}
-
-/* Block (b, row): the largest value of its slice of the row (lowest index
- * on ties, NaN never wins); the row's last block combines the slices in
- * order. */
-__global__ void __launch_bounds__(PICK_THREADS) pick_max_kernel(const float *rows, int n, struct pick_scratch *ps)
-{
-    exo_cuda_wait_inputs();
-    exo_cuda_start_next();
-    const int row = blockIdx.y, b = blockIdx.x, slice = (n + PICK_BLOCKS - 1) / PICK_BLOCKS;
-    const float *x = rows + (size_t)row * (size_t)n;
-    const int lo = b * slice, hi = lo + slice < n ? lo + slice : n;
-    __shared__ float wv[PICK_THREADS / 32];
-    __shared__ int wi[PICK_THREADS / 32];
-    float bv = -INFINITY;
-    int bi = -1;
-    for (int i = lo + threadIdx.x; i < hi; i += PICK_THREADS)
-        if (x[i] > bv) { /* false for NaN; strided order keeps the lowest index per thread */
-            bv = x[i];
-            bi = i;
-        }
-    for (int o = 16; o; o >>= 1)
-        pick_better(&bv, &bi, __shfl_xor_sync(0xffffffffu, bv, o), __shfl_xor_sync(0xffffffffu, bi, o));
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    if (lane == 0) {
-        wv[warp] = bv;
-        wi[warp] = bi;
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        bv = -INFINITY;
-        bi = -1;
-        for (int w = 0; w < PICK_THREADS / 32; w++)
-            pick_better(&bv, &bi, wv[w], wi[w]);
-        ps->block_v[row][b] = bv;
-        ps->block_i[row][b] = bi;
-    }
-    if (!pick_last_block(&ps->arrived[0][row]) || threadIdx.x != 0)
-        return;
-    bv = -INFINITY;
-    bi = -1;
-    for (int k = 0; k < PICK_BLOCKS; k++)
-        pick_better(&bv, &bi, ps->block_v[row][k], ps->block_i[row][k]);
-    ps->best_v[row] = bv;
-    ps->best_i[row] = bi;
-}
-
-/* Block (b, row), warp w: segment b * 16 + w of the row, its sum of
- * exp(x - max) and, for a row with a temperature, of the draw's weights
- * exp((x - max) / T) in double (coalesced: a lane every 32nd token). The
- * row's last block: the log-softmax's sum over the segments in order, and
- * for a draw the segment where u times the weights' total falls (a scan
- * over the segments, 8 a lane), then its tokens 32 at a time, each 32
- * scanned in order: the order of the tokens, as the host's sampler draws
- * over the whole row (its sums are grouped otherwise, so a draw on the
- * boundary of two tokens may go the other way). A row's answer does not
- * depend on the rows beside it. */
-__global__ void __launch_bounds__(PICK_THREADS) pick_sums_kernel(const float *rows, int n, struct pick_rules rules,
-                                                                 struct pick_scratch *ps, struct pick_result *picks)
-{
-    exo_cuda_wait_inputs();
-    exo_cuda_start_next();
-    const int row = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int g = blockIdx.x * (PICK_THREADS / 32) + warp, seg = (n + PICK_SEGS - 1) / PICK_SEGS;
-    const float *x = rows + (size_t)row * (size_t)n;
-    const float bv = ps->best_v[row], inv_t = rules.inv_t[row];
-    const int bi = ps->best_i[row];
-    const int s_lo = g * seg, s_hi = s_lo + seg < n ? s_lo + seg : n;
-    float e = 0;
-    double w = 0;
-    for (int i = s_lo + lane; bi >= 0 && i < s_hi; i += 32)
-        if (!isnan(x[i])) {
-            e += __expf(x[i] - bv);
-            if (inv_t != 0.0f)
-                w += (double)__expf((x[i] - bv) * inv_t);
-        }
-    for (int o = 16; o; o >>= 1) {
-        e += __shfl_xor_sync(0xffffffffu, e, o);
-        w += __shfl_xor_sync(0xffffffffu, w, o);
-    }
-    if (lane == 0) {
-        ps->seg_e[row][g] = e;
-        ps->seg_w[row][g] = w;
-    }
-    if (!pick_last_block(&ps->arrived[1][row]) || warp != 0)
-        return;
-    float sum = 0;
-    for (int j = 0; j < PICK_SEGS / 32; j++)
-        sum += ps->seg_e[row][lane * (PICK_SEGS / 32) + j];
-    for (int o = 16; o; o >>= 1)
-        sum += __shfl_xor_sync(0xffffffffu, sum, o);
-    struct pick_result *out = picks + row;
-    if (inv_t == 0.0f || bi < 0) {
-        if (lane == 0) {
-            out->id = bi < 0 ? 0 : bi;
-            out->logprob = bi < 0 ? -INFINITY : -logf(sum);
-        }
-        return;
-    }
-    const double *sw = ps->seg_w[row];
-    double mine = 0;
-    for (int j = 0; j < PICK_SEGS / 32; j++)
-        mine += sw[lane * (PICK_SEGS / 32) + j];
-    double incl = mine;
-    for (int o = 1; o < 32; o <<= 1) {
-        double v = __shfl_up_sync(0xffffffffu, incl, o);
-        if (lane >= o)
-            incl += v;
-    }
-    double before = __shfl_up_sync(0xffffffffu, incl, 1);
-    const double r = rules.u[row] * __shfl_sync(0xffffffffu, incl, 31);
-    unsigned falls = __ballot_sync(0xffffffffu, r < incl);
-    const int in = falls ? __ffs(falls) - 1 : 31;
-    double acc = in ? __shfl_sync(0xffffffffu, before, in) : 0;
-    int t = in * (PICK_SEGS / 32); /* the segment where r falls: the lanes walk it alike */
-    while (t < in * (PICK_SEGS / 32) + PICK_SEGS / 32 - 1 && !(r < acc + sw[t]))
-        acc += sw[t++];
-    int chosen = -1, last = -1;
-    for (int base = t * seg, end = base + seg < n ? base + seg : n; base < end && chosen < 0; base += 32) {
-        int i = base + lane;
-        double wi = i < end && !isnan(x[i]) ? (double)__expf((x[i] - bv) * inv_t) : 0.0;
-        double upto = wi;
-        for (int o = 1; o < 32; o <<= 1) {
-            double v = __shfl_up_sync(0xffffffffu, upto, o);
-            if (lane >= o)
-                upto += v;
-        }
-        unsigned hit = __ballot_sync(0xffffffffu, wi > 0 && r < acc + upto);
-        unsigned valid = __ballot_sync(0xffffffffu, wi > 0);
-        if (valid)
-            last = base + 31 - __clz(valid);
-        if (hit)
-            chosen = base + __ffs(hit) - 1;
-        acc += __shfl_sync(0xffffffffu, upto, 31);
-    }
-    if (chosen < 0) /* a sum that rounds short of r ends on the segment's last token */
-        chosen = last >= 0 ? last : bi;
-    if (lane == 0) {
-        out->id = chosen;
-        out->logprob = (x[chosen] - bv) - logf(sum);
-    }
-}
-
 static int cuda_group_new_id(exo_backend *be, uint8_t id[EXO_GROUP_ID_BYTES], exo_err *err)
 {
     (void)be;
@@ -1506,38 +1303,16 @@ static int cuda_group_allreduce(exo_backend *be, float *x, size_t n)
 
 static void cuda_group_leave(exo_backend *be) { leave_group(cu(be)); }
 
-static int cuda_pick(exo_backend *be, const float *x, int rows, int n, const exo_pick_rule *rule, int32_t *id,
+static int cuda_pick(exo_backend *be, float *x, int rows, int n, const exo_pick_rule *rules, int32_t *id,
                      float *logprob)
 {
     cuda_backend *c = cu(be);
     if (rows < 1 || rows > EXO_PICK_ROWS)
         return EXO_EINVAL;
-    if (refuse_in_capture(c) || !c->pick_host || !c->pick_dev || !c->pick_scratch)
+    if (refuse_in_capture(c) || !c->picker)
         return EXO_EBUSY;
-    struct pick_rules rules = {};
-    for (int r = 0; r < rows; r++) {
-        rules.inv_t[r] = rule[r].temperature > 0 ? 1.0f / rule[r].temperature : 0.0f; /* as the host's sampler */
-        rules.u[r] = rule[r].u;
-    }
-    {
-        prof_scope prof(c, "pick");
-        exo_cuda_launch(pick_max_kernel, dim3(PICK_BLOCKS, rows), dim3(PICK_THREADS), 0, c->stream, x, n,
-                        c->pick_scratch);
-        exo_cuda_launch(pick_sums_kernel, dim3(PICK_BLOCKS, rows), dim3(PICK_THREADS), 0, c->stream, x, n, rules,
-                        c->pick_scratch, c->pick_dev);
-    }
-    int rc = exo_cuda_launched("pick");
-    rc = rc ? rc
-            : check(cudaMemcpyAsync(c->pick_host, c->pick_dev, sizeof *c->pick_host * (size_t)rows,
-                                    cudaMemcpyDeviceToHost, c->stream), "pick");
-    rc = rc ? rc : check(cudaStreamSynchronize(c->stream), "pick");
-    if (rc)
-        return rc;
-    for (int r = 0; r < rows; r++) {
-        id[r] = c->pick_host[r].id;
-        logprob[r] = c->pick_host[r].logprob;
-    }
-    return 0;
+    prof_scope prof(c, "pick");
+    return exo_cuda_pick(c->picker, c->stream, x, rows, n, rules, id, logprob);
 }
 
 /* ---- mixture of experts ------------------------------------------------------ */
@@ -2048,10 +1823,7 @@ static exo_backend *create(int device, exo_err *err)
     c->graphs_off = c->prof || (graphs && !strcmp(graphs, "0"));
     if (cudaMallocHost((void **)&c->step_host, sizeof *c->step_host) != cudaSuccess ||
         cudaMalloc((void **)&c->step_dev, sizeof *c->step_dev) != cudaSuccess ||
-        cudaMallocHost((void **)&c->pick_host, sizeof *c->pick_host * EXO_PICK_ROWS) != cudaSuccess ||
-        cudaMalloc((void **)&c->pick_dev, sizeof *c->pick_dev * EXO_PICK_ROWS) != cudaSuccess ||
-        cudaMalloc((void **)&c->pick_scratch, sizeof *c->pick_scratch) != cudaSuccess ||
-        cudaMemset(c->pick_scratch, 0, sizeof *c->pick_scratch) != cudaSuccess ||
+        !(c->picker = exo_cuda_picker_new()) ||
         cudaEventCreateWithFlags(&c->step_read, cudaEventDisableTiming) != cudaSuccess ||
         cudaMallocHost((void **)&c->up_host, 2 * UPLOAD_HALF) != cudaSuccess ||
         cudaEventCreateWithFlags(&c->up_done[0], cudaEventDisableTiming) != cudaSuccess ||
