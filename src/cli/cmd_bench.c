@@ -99,8 +99,8 @@ static int greedy_token(exo_model *m, exo_seq *seq, int32_t *tok, float *logits,
     exo_step st = {.T = 1, .tokens = tok, .logits = logits, .pick = &greedy};
     int rc = exo_model_step(m, seq, &st, err);
     if (!rc)
-        *tok = st.picked ? st.pick_id : exo_cpu_argmax_f32(logits, V);
-    *in_place = !rc && st.picked;
+        *tok = st.token.picked ? st.token.id : exo_cpu_argmax_f32(logits, V);
+    *in_place = !rc && st.token.picked;
     return rc;
 }
 

@@ -327,15 +327,15 @@ typedef struct exo_backend_ops {
      * token its rule picks (proto/sampling.h: penalties, then the largest,
      * the lowest index on ties, NaN never winning; or a draw with the
      * rule's u from softmax(x / temperature) over what its filters keep)
-     * and its log-softmax, x[id] - log(sum exp x) of the penalized x, into
-     * host memory; id -1 where the rule cannot be decided there (top-p
-     * reaching past EXO_PICK_TOP_K tokens): that row's logits go to the
-     * host. x is changed during the call and as it came after. A row's
-     * answer is the same whatever rows are beside it. Decoding then takes
-     * token ids, not the vocabulary's logits, off the device. EXO_EINVAL:
-     * a rule past EXO_PICK_TOP_K or EXO_PICK_PENALIZED. */
-    int  (*pick)(exo_backend *be, float *x, int rows, int n, const exo_pick_rule *rules, int32_t *id,
-                 float *logprob);
+     * and its log-softmax, x[id] - log(sum exp x) of the penalized x, and
+     * the alternatives the rule asks for, into out (host memory); not
+     * picked where the rule cannot be decided there (top-p reaching past
+     * EXO_PICK_TOP_K tokens): that row's logits go to the host. x is
+     * changed during the call and as it came after. A row's answer is the
+     * same whatever rows are beside it. Decoding then takes token ids, not
+     * the vocabulary's logits, off the device. EXO_EINVAL: a rule past
+     * EXO_PICK_TOP_K, EXO_PICK_PENALIZED or EXO_MAX_TOP_LOGPROBS. */
+    int  (*pick)(exo_backend *be, float *x, int rows, int n, const exo_pick_rule *rules, exo_pick *out);
 
     /* Optional (NULL: decode routes on the host through moe_route): the
      * router's choice made and used on the device, so a mixture-of-experts

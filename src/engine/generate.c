@@ -61,8 +61,8 @@ static int local_step(void *ctx, const int32_t *tokens, int T, exo_sample *sampl
     int rc = exo_model_step(l->m, l->seq, &st, err);
     if (rc || !sample)
         return rc;
-    if (st.picked) /* the backend found the token where the logits are */
-        exo_sampler_take(l->smp, st.pick_id, st.pick_logprob, sample);
+    if (st.token.picked) /* the backend found the token where the logits are */
+        exo_sampler_take(l->smp, &st.token, sample);
     else /* with the number the rule took, if it took one */
         exo_sampler_next(l->smp, l->logits, sample);
     return 0;

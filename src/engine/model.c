@@ -3413,12 +3413,11 @@ static int head_picks(exo_model *m, int r0, int rows, float *out, const exo_batc
         return head_forward(m, r0, rows, out, err);
     OK(head_logits(m, r0, rows));
     float *logits = acts_of(m, be)->logits;
-    int32_t id[EXO_PICK_ROWS];
-    float logprob[EXO_PICK_ROWS];
-    bool found = !be->ops->pick(be, logits, rows, m->vocab, rules, id, logprob);
+    exo_pick got[EXO_PICK_ROWS];
+    bool found = !be->ops->pick(be, logits, rows, m->vocab, rules, got);
     for (int r = 0; r < rows; r++)
-        if (found && items[r].pick && id[r] >= 0)
-            picks[r] = (exo_pick){true, id[r], logprob[r]};
+        if (found && items[r].pick && got[r].picked)
+            picks[r] = got[r];
     size_t V = (size_t)m->vocab;
     for (int r = 0, run; r < rows; r += run) { /* the others' logits, a run of rows a copy */
         for (run = 0; r + run < rows && !picks[r + run].picked; run++)
@@ -3473,9 +3472,9 @@ static bool pick_in_place(exo_model *m, exo_step *st)
     exo_backend *be = m->layers[m->n_layers - 1].be;
     if (!st->pick || st->all_logits || !be->ops->pick || m->allgather)
         return false;
-    st->picked = !be->ops->pick(be, acts_of(m, be)->logits, 1, m->vocab, st->pick, &st->pick_id, &st->pick_logprob) &&
-                 st->pick_id >= 0;
-    return st->picked;
+    if (be->ops->pick(be, acts_of(m, be)->logits, 1, m->vocab, st->pick, &st->token))
+        st->token.picked = false;
+    return st->token.picked;
 }
 
 /* A decode step of a model wholly on one GPU goes as one recorded unit
@@ -3558,6 +3557,7 @@ static int step_chunk(exo_model *m, exo_seq *s, exo_step *st, int t0, int n, exo
 int exo_model_step(exo_model *m, exo_seq *s, exo_step *st, exo_err *err)
 {
     int T = st->T;
+    st->token.picked = false;
     if (T <= 0)
         return exo_err_set(err, EXO_EINVAL, "forward: no tokens");
     if (s->m != m)
@@ -3633,7 +3633,7 @@ int exo_model_step_batch_shard(exo_model *m, const exo_batch_item *items, int n,
                        .hidden_out = hidden_out, .logits = logits, .pick = picks ? items[0].pick : NULL};
         int rc = exo_model_step(m, items[0].seq, &st, err);
         if (picks)
-            picks[0] = (exo_pick){st.picked, st.pick_id, st.pick_logprob};
+            picks[0] = st.token;
         return rc;
     }
     int T = 0;

@@ -260,12 +260,10 @@ typedef struct exo_step {
     bool           all_logits;
     /* pick (NULL: none): the caller's sampler picks by this rule
      * (exo_sampler_pick_rule). Where the backend picks in place (backend.h
-     * pick), picked is set with the id and its log-probability, and logits
-     * is left alone; else the logits are written as usual. */
+     * pick), token is that pick and logits is left alone; else
+     * token.picked is false and the logits are written as usual. */
     const exo_pick_rule *pick;
-    bool           picked;
-    int32_t        pick_id;
-    float          pick_logprob;
+    exo_pick             token;
 } exo_step;
 
 typedef struct exo_shard_info {
@@ -294,8 +292,8 @@ typedef struct exo_batch_item {
 } exo_batch_item;
 
 /* An item's token picked by its rule where its logits are (backend.h
- * pick; proto/sampling.h exo_pick), as exo_step's picked, pick_id and
- * pick_logprob: then its logits row is left alone. Not picked: its logits
+ * pick; proto/sampling.h exo_pick), as exo_step's token: then its logits
+ * row is left alone. Not picked: its logits
  * are written as usual. */
 
 /* Several sequences through a whole model in one pass: every weight is

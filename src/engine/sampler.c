@@ -140,7 +140,7 @@ void exo_sampler_rows(exo_pool *pool, exo_sampler *const *s, const exo_pick *pic
     int here = 0;
     for (int i = 0; i < n; i++) {
         if (s[i] && picks && picks[i].picked)
-            exo_sampler_take(s[i], picks[i].id, picks[i].logprob, &out[i]);
+            exo_sampler_take(s[i], &picks[i], &out[i]);
         here += drawn_here(&j, i);
     }
     if (here > 1 && pool)
@@ -175,10 +175,10 @@ bool exo_sampler_pick_rule(exo_sampler *s, exo_pick_rule *rule)
     bool pres = p->presence_penalty != 0 || p->frequency_penalty != 0;
     bool drawn = p->temperature > 0;
     int top_k = drawn && p->top_k > 0 && p->top_k < s->vocab ? p->top_k : 0;
-    if (p->top_logprobs > 0 || top_k > EXO_PICK_TOP_K ||
+    if (top_k > EXO_PICK_TOP_K ||
         ((rep || pres) && p->repetition_context_size > EXO_PICK_PENALIZED))
         return false;
-    *rule = (exo_pick_rule){.temperature = drawn ? p->temperature : 0};
+    *rule = (exo_pick_rule){.temperature = drawn ? p->temperature : 0, .top_logprobs = p->top_logprobs};
     if (drawn) {
         rule->top_k = top_k;
         rule->top_p = p->top_p > 0 && p->top_p < 1 ? p->top_p : 0;
@@ -200,14 +200,17 @@ bool exo_sampler_pick_rule(exo_sampler *s, exo_pick_rule *rule)
     return true;
 }
 
-void exo_sampler_take(exo_sampler *s, int32_t id, float logprob, exo_sample *out)
+void exo_sampler_take(exo_sampler *s, const exo_pick *pick, exo_sample *out)
 {
     memset(out, 0, sizeof *out);
-    out->id = id;
-    out->logprob = logprob;
+    out->id = pick->id;
+    out->logprob = pick->logprob;
+    out->n_top = pick->n_top < s->p.top_logprobs ? pick->n_top : s->p.top_logprobs;
+    memcpy(out->top_ids, pick->top_ids, sizeof(int32_t) * (size_t)out->n_top);
+    memcpy(out->top_logprobs, pick->top_logprobs, sizeof(float) * (size_t)out->n_top);
     s->held = false; /* the backend drew with it */
     if (s->n_hist < s->cap_hist)
-        s->hist[s->n_hist++] = id;
+        s->hist[s->n_hist++] = pick->id;
 }
 
 static void apply_penalties(exo_sampler *s, float *logits, const int32_t *hist, int n)

@@ -58,14 +58,13 @@ void exo_sampler_next(exo_sampler *s, float *logits, exo_sample *out);
 void exo_sampler_rows(exo_pool *pool, exo_sampler *const *s, const exo_pick *picks, float *logits, exo_sample *out,
                       int n);
 /* Whether this token's pick may be made where the logits are (exo_step.pick,
- * a GPU's), and by what rule (proto/sampling.h): any sampling but top
- * logprobs, a top-k past EXO_PICK_TOP_K or a penalty window past
- * EXO_PICK_PENALIZED tokens. The rule names the window's tokens from the
+ * a GPU's), and by what rule (proto/sampling.h): any sampling but a top-k
+ * past EXO_PICK_TOP_K or a penalty window past EXO_PICK_PENALIZED tokens. The rule names the window's tokens from the
  * sampler's memory: use it before the sampler's next call. A draw's
  * uniform number is the sampler's next, which it keeps for this token:
  * exo_sampler_take records the backend's pick, or, where the backend made
  * none, exo_sampler_next draws the logits with that same number. */
 bool exo_sampler_pick_rule(exo_sampler *s, exo_pick_rule *rule);
-void exo_sampler_take(exo_sampler *s, int32_t id, float logprob, exo_sample *out);
+void exo_sampler_take(exo_sampler *s, const exo_pick *pick, exo_sample *out);
 
 #endif

@@ -18,8 +18,10 @@
  * (temperature 0; lowest id on ties; filters ignored), or a draw with the
  * uniform number u in [0, 1) from softmax(logits / temperature) over what
  * top-k, top-p (of the temperature-1 distribution, most likely first) and
- * min-p keep: the whole vocabulary when none is on. Zero in every field
- * but temperature and u: a plain draw. */
+ * min-p keep: the whole vocabulary when none is on; and the top_logprobs
+ * most likely tokens of the penalized logits (ties: lower ids), with
+ * their log-softmax. Zero in every field but temperature and u: a plain
+ * draw. */
 #define EXO_PICK_TOP_K     256  /* the largest top-k a rule takes, and top-p's candidates without one */
 #define EXO_PICK_PENALIZED 1024 /* the most tokens a rule's penalties name */
 typedef struct exo_pick_rule {
@@ -31,18 +33,23 @@ typedef struct exo_pick_rule {
     float  repetition_penalty; /* on above 0 but 1 */
     float  presence_penalty;   /* on where either is not 0 */
     float  frequency_penalty;
+    int    top_logprobs;       /* alternatives to report, 0 .. EXO_MAX_TOP_LOGPROBS */
     int    n_penalized;              /* tokens the penalties name: */
     const int32_t  *penalized;       /* distinct ids */
     const uint16_t *penalized_count; /* each one's count in the window */
 } exo_pick_rule;
 
-/* A token a backend picked by its rule: the id and its log-probability
- * (engine/model.h exo_model_step_batch). Not picked: the logits came to
- * the host instead. */
+/* A token a backend picked by its rule: the id, its log-probability and
+ * the alternatives the rule asked for (engine/model.h exo_step,
+ * exo_model_step_batch). Not picked: the logits came to the host
+ * instead. */
 typedef struct exo_pick {
     bool    picked;
     int32_t id;
     float   logprob;
+    int     n_top; /* the most likely, as the rule asked (exo_sample's) */
+    int32_t top_ids[EXO_MAX_TOP_LOGPROBS];
+    float   top_logprobs[EXO_MAX_TOP_LOGPROBS];
 } exo_pick;
 
 typedef struct exo_sampler_params {

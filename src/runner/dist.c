@@ -424,8 +424,8 @@ static int serve_step(exo_dist *d, const exo_ring_msg *m, const exo_dist_frame *
     if (!f->want_sample)
         return 0;
     exo_sample s;
-    if (st.picked)
-        exo_sampler_take(d->smp[f->slot], st.pick_id, st.pick_logprob, &s);
+    if (st.token.picked)
+        exo_sampler_take(d->smp[f->slot], &st.token, &s);
     else if ((rc = sample_here(d, f->slot, d->logits, &s, err)))
         return rc;
     return send_sample(d, f->slot, &s, err);

@@ -2599,6 +2599,18 @@ Test(backend_ops, host_memory_takes_copies)
     both_close(&b);
 }
 
+/* backend.h pick's answers as ids (-1: not picked) and log-probabilities. */
+static int pick_ids(exo_backend *be, float *x, int rows, int n, const exo_pick_rule *rules, int32_t *id, float *lp)
+{
+    exo_pick got[EXO_PICK_ROWS + 1];
+    int rc = be->ops->pick(be, x, rows, n, rules, got);
+    for (int r = 0; !rc && r < rows; r++) {
+        id[r] = got[r].picked ? got[r].id : -1;
+        lp[r] = got[r].logprob;
+    }
+    return rc;
+}
+
 /* Where the host's draw with temperature T and number u lands: the CDF of
  * exp((x - max) / T) in double, in index order; *margin is how far u is
  * from the nearest boundary between two tokens, as a share of the total. */
@@ -2652,7 +2664,7 @@ Test(backend_ops, pick_greedy_and_drawn)
             rules[r] = (exo_pick_rule){.temperature = temps[r], .u = us[r]};
         int32_t id[ROWS], alone_id;
         float lp[ROWS], alone_lp;
-        ON(b.gpu, pick, x.gpu, ROWS, n, rules, id, lp);
+        ok(b.gpu, pick_ids(b.gpu, x.gpu, ROWS, n, rules, id, lp), "pick");
         for (int r = 0; r < ROWS; r++) {
             const float *h = x.init + (size_t)r * (size_t)n;
             double margin = 1;
@@ -2667,11 +2679,11 @@ Test(backend_ops, pick_greedy_and_drawn)
                 cr_expect_eq(id[r], want, "n %d row %d: %d, not %d", n, r, id[r], want);
             cr_expect(fabs(lp[r] - want_lp) < 1e-5 * (1 + fabs(want_lp)), "n %d row %d: logprob %g, not %g", n, r,
                       lp[r], want_lp);
-            ON(b.gpu, pick, x.gpu + (size_t)r * (size_t)n, 1, n, &rules[r], &alone_id, &alone_lp);
+            ok(b.gpu, pick_ids(b.gpu, x.gpu + (size_t)r * n, 1, n, &rules[r], &alone_id, &alone_lp), "pick");
             cr_expect(alone_id == id[r] && !memcmp(&alone_lp, &lp[r], sizeof alone_lp),
                       "n %d row %d: alone %d %a, beside others %d %a", n, r, alone_id, alone_lp, id[r], lp[r]);
         }
-        cr_expect_eq(b.gpu->ops->pick(b.gpu, x.gpu, EXO_PICK_ROWS + 1, 1, rules, id, lp), EXO_EINVAL);
+        cr_expect_eq(pick_ids(b.gpu, x.gpu, EXO_PICK_ROWS + 1, 1, rules, id, lp), EXO_EINVAL);
         dual_free(&b, &x);
     }
     { /* 16 rows of one distribution, u spread evenly: each token its share */
@@ -2689,7 +2701,7 @@ Test(backend_ops, pick_greedy_and_drawn)
             for (int r = 0; r < EXO_PICK_ROWS; r++)
                 rules[r] = (exo_pick_rule){.temperature = 0.8f,
                                            .u = ((double)(c * EXO_PICK_ROWS + r) + 0.5) / (CALLS * EXO_PICK_ROWS)};
-            ON(b.gpu, pick, x.gpu, EXO_PICK_ROWS, N, rules, id, lp);
+            ok(b.gpu, pick_ids(b.gpu, x.gpu, EXO_PICK_ROWS, N, rules, id, lp), "pick");
             for (int r = 0; r < EXO_PICK_ROWS; r++)
                 count[id[r]]++;
         }
@@ -2718,13 +2730,13 @@ Test(backend_ops, pick_greedy_and_drawn)
         static const exo_pick_rule greedy = {0};
         exo_step g = {.T = 1, .tokens = &tok[0], .logits = logits, .pick = &greedy};
         cr_assert_eq(exo_model_step(m, s[0], &g, &err), 0, "%s", err.msg);
-        cr_assert(g.picked, "step %d: the GPU did not pick in place", step);
+        cr_assert(g.token.picked, "step %d: the GPU did not pick in place", step);
         exo_step l = {.T = 1, .tokens = &tok[1], .logits = logits};
         cr_assert_eq(exo_model_step(m, s[1], &l, &err), 0, "%s", err.msg);
-        cr_assert(!l.picked);
+        cr_assert(!l.token.picked);
         int want = exo_cpu_argmax_f32(logits, V);
-        cr_expect_eq(g.pick_id, want, "step %d: picked %d, the logits say %d", step, g.pick_id, want);
-        tok[0] = g.pick_id;
+        cr_expect_eq(g.token.id, want, "step %d: picked %d, the logits say %d", step, g.token.id, want);
+        tok[0] = g.token.id;
         tok[1] = want;
     }
     free(logits);
@@ -2741,8 +2753,9 @@ Test(backend_ops, pick_greedy_and_drawn)
  * alone (1, and the largest a rule takes, with min-p), top-p alone and
  * min-p alone, greedy after penalties that reorder the head, a top-k
  * among tied values (the lower ids first), and top-p alone over a flat
- * row, whose EXO_PICK_TOP_K most likely do not reach p: not picked there
- * (id -1). Each row's logits have a head of larger values (as real
+ * row, whose EXO_PICK_TOP_K most likely do not reach p: not picked there;
+ * some with alternatives (the most likely tokens of the penalized logits,
+ * as the host's sample reports them). Each row's logits have a head of larger values (as real
  * models' do), some of them in the history the penalties look at. The
  * seeds are fixed, so the draws and cuts fall where they fall every run;
  * none within rounding of a boundary. x comes back as it went; each row
@@ -2760,9 +2773,9 @@ Test(backend_ops, pick_filtered_and_penalized)
             float *row = x.init + (size_t)r * (size_t)n;
             for (int j = 0; j < HEAD; j++)
                 row[((size_t)r * 7919u + (size_t)j * 104729u) % (size_t)n] = 9.0f + 0.25f * (float)(j % 17);
-            if (r == 6)
+            if (r == 6) /* flat: any 256 tokens hold 256 / n of it */
                 for (int i = 0; i < n; i++)
-                    row[i] = 0.01f * (float)((i * 37) % 101);
+                    row[i] = 0.5f;
             if (r == 7)
                 for (int j = 0; j < 8; j++)
                     row[(j * 31 + 5) % n] = 15.0f; /* 8 tied at the top: top-k 5 keeps the 5 lowest ids */
@@ -2784,34 +2797,48 @@ Test(backend_ops, pick_filtered_and_penalized)
             p.repetition_context_size = r == 0 ? 64 : 30;
             p.presence_penalty = r == 4 ? 0.4f : 0.0f;
             p.frequency_penalty = r == 4 ? 0.2f : 0.0f;
+            p.top_logprobs = r == 0 ? 5 : r == 4 ? EXO_MAX_TOP_LOGPROBS : r == 3 ? 3 : r == 7 ? 8 : 0;
             smp[r] = exo_sampler_create(&p, n);
             cr_assert(!exo_sampler_begin(smp[r], hist, HIST, 4));
             cr_assert(exo_sampler_pick_rule(smp[r], &rules[r]), "row %d: no rule", r);
         }
         cr_assert(rules[0].n_penalized > 0 && rules[4].n_penalized > 0);
-        int32_t id[ROWS], alone_id;
-        float lp[ROWS], alone_lp;
-        ON(b.gpu, pick, x.gpu, ROWS, n, rules, id, lp);
+        exo_pick got[ROWS], alone;
+        ok(b.gpu, b.gpu->ops->pick(b.gpu, x.gpu, ROWS, n, rules, got), "pick");
         float *back = exo_malloc(sizeof(float) * x.n);
         download(b.gpu, back, x.gpu, x.n);
         cr_expect(!memcmp(back, x.init, sizeof(float) * x.n), "n %d: the logits did not come back as they went", n);
         exo_free(back);
         for (int r = 0; r < ROWS; r++) {
-            ON(b.gpu, pick, x.gpu + (size_t)r * (size_t)n, 1, n, &rules[r], &alone_id, &alone_lp);
-            cr_expect(alone_id == id[r] && !memcmp(&alone_lp, &lp[r], sizeof alone_lp),
-                      "n %d row %d: alone %d %a, beside others %d %a", n, r, alone_id, alone_lp, id[r], lp[r]);
+            ok(b.gpu, b.gpu->ops->pick(b.gpu, x.gpu + (size_t)r * n, 1, n, &rules[r], &alone), "pick");
+            bool same = alone.picked == got[r].picked && alone.n_top == got[r].n_top;
+            if (same && alone.picked)
+                same = alone.id == got[r].id && !memcmp(&alone.logprob, &got[r].logprob, sizeof(float)) &&
+                       !memcmp(alone.top_ids, got[r].top_ids, sizeof(int32_t) * (size_t)alone.n_top) &&
+                       !memcmp(alone.top_logprobs, got[r].top_logprobs, sizeof(float) * (size_t)alone.n_top);
+            cr_expect(same, "n %d row %d: alone %d %a, beside others %d %a", n, r, alone.id, alone.logprob,
+                      got[r].id, got[r].logprob);
         }
         for (int r = 0; r < ROWS; r++) {
             float *row = exo_malloc(sizeof(float) * (size_t)n);
             memcpy(row, x.init + (size_t)r * (size_t)n, sizeof(float) * (size_t)n);
             exo_sample want;
             exo_sampler_next(smp[r], row, &want);
+            const exo_pick *g = &got[r];
             if (r == 6) {
-                cr_expect_eq(id[r], -1, "n %d: top-p over a flat row was picked (%d)", n, id[r]);
+                cr_expect(!g->picked, "n %d: top-p over a flat row was picked (%d)", n, g->id);
             } else {
-                cr_expect_eq(id[r], want.id, "n %d row %d: %d, the host %d", n, r, id[r], want.id);
-                cr_expect(fabsf(lp[r] - want.logprob) < 1e-4f * (1 + fabsf(want.logprob)),
-                          "n %d row %d: logprob %g, the host %g", n, r, lp[r], want.logprob);
+                cr_expect(g->picked && g->id == want.id, "n %d row %d: %d, the host %d", n, r, g->id, want.id);
+                cr_expect(fabsf(g->logprob - want.logprob) < 1e-4f * (1 + fabsf(want.logprob)),
+                          "n %d row %d: logprob %g, the host %g", n, r, g->logprob, want.logprob);
+                cr_expect_eq(g->n_top, want.n_top, "n %d row %d: %d alternatives, the host %d", n, r, g->n_top,
+                             want.n_top);
+                for (int j = 0; j < want.n_top && j < g->n_top; j++)
+                    cr_expect(g->top_ids[j] == want.top_ids[j] &&
+                                  fabsf(g->top_logprobs[j] - want.top_logprobs[j]) <
+                                      1e-4f * (1 + fabsf(want.top_logprobs[j])),
+                              "n %d row %d alternative %d: %d %g, the host %d %g", n, r, j, g->top_ids[j],
+                              g->top_logprobs[j], want.top_ids[j], want.top_logprobs[j]);
             }
             if (r == 7)
                 cr_expect(want.id <= (4 * 31 + 5) % n || n < 300, "row 7 drew past the 5 lowest tied ids");
@@ -2819,7 +2846,9 @@ Test(backend_ops, pick_filtered_and_penalized)
             exo_sampler_free(smp[r]);
         }
         exo_pick_rule wide = {.temperature = 1.0f, .top_k = EXO_PICK_TOP_K + 1};
-        cr_expect_eq(b.gpu->ops->pick(b.gpu, x.gpu, 1, n, &wide, id, lp), n > EXO_PICK_TOP_K + 1 ? EXO_EINVAL : 0);
+        cr_expect_eq(b.gpu->ops->pick(b.gpu, x.gpu, 1, n, &wide, got), n > EXO_PICK_TOP_K + 1 ? EXO_EINVAL : 0);
+        exo_pick_rule many = {.top_logprobs = EXO_MAX_TOP_LOGPROBS + 1};
+        cr_expect_eq(b.gpu->ops->pick(b.gpu, x.gpu, 1, n, &many, got), EXO_EINVAL);
         dual_free(&b, &x);
     }
     both_close(&b);

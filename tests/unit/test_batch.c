@@ -171,7 +171,7 @@ static void picks_side_by_side(const char *name, int B)
             const exo_pick_rule *rule = i % 3 == 2 ? NULL : &rules[i];
             exo_step st = {.T = 1, .tokens = &t.next[i], .logits = t.la + (size_t)i * V, .pick = rule};
             cr_assert_eq(exo_model_step(t.m, t.alone[i], &st, &err), 0, "%s", err.msg);
-            want[i] = (exo_pick){st.picked, st.pick_id, st.pick_logprob};
+            want[i] = st.token;
             items[i] = (exo_batch_item){.seq = t.batched[i], .tokens = &t.next[i], .T = 1, .pick = rule};
         }
         cr_assert_eq(exo_model_step_batch(t.m, items, B, t.lb, picks, &err), 0, "%s: %s", name, err.msg);

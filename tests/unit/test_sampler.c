@@ -233,7 +233,7 @@ Test(sampler, rows_side_by_side_as_alone)
         par[r] = exo_sampler_create(&p, V);
         seq[r] = exo_sampler_create(&p, V);
     }
-    picks[3] = (exo_pick){true, 17, -2.5f};
+    picks[3] = (exo_pick){.picked = true, .id = 17, .logprob = -2.5f};
     exo_sampler *with_none[ROWS];
     memcpy(with_none, par, sizeof par);
     with_none[5] = NULL;
@@ -285,7 +285,7 @@ Test(sampler, pick_rule_takes_the_draws_own_number)
         cr_expect(rule.u != last_u);
         last_u = rule.u;
         if (t % 2) { /* the backend drew: the twin draws its own, and they go on in step */
-            exo_sampler_take(a, 3, -1.0f, &x);
+            exo_sampler_take(a, &(exo_pick){.picked = true, .id = 3, .logprob = -1.0f}, &x);
             memcpy(l, logits, sizeof l);
             exo_sampler_next(twin, l, &y);
             continue;
@@ -326,12 +326,17 @@ Test(sampler, pick_rule_takes_the_draws_own_number)
               y.logprob);
     exo_sampler_free(f);
     exo_sampler_free(ftwin);
-    /* what a rule cannot carry: alternatives, a top-k past EXO_PICK_TOP_K (at or past the vocabulary it
-     * is off), a window past EXO_PICK_PENALIZED */
+    /* alternatives go into the rule, and a pick's come out as the sample's; what a rule cannot carry: a
+     * top-k past EXO_PICK_TOP_K (at or past the vocabulary it is off), a window past EXO_PICK_PENALIZED */
     exo_sampler_params q = p;
     q.top_logprobs = 2;
     exo_sampler *r = exo_sampler_create(&q, V);
-    cr_expect(!exo_sampler_pick_rule(r, &rule), "alternatives need the host");
+    cr_expect(exo_sampler_pick_rule(r, &rule) && rule.top_logprobs == 2);
+    exo_pick three = {.picked = true, .id = 7, .logprob = -0.5f, .n_top = 3, .top_ids = {7, 1, 2},
+                      .top_logprobs = {-0.5f, -1.0f, -2.0f}};
+    exo_sampler_take(r, &three, &x);
+    cr_expect(x.id == 7 && x.n_top == 2 && x.top_ids[1] == 1 && x.top_logprobs[1] == -1.0f,
+              "the sample: %d, %d alternatives", x.id, x.n_top);
     exo_sampler_free(r);
     q = p;
     q.top_k = EXO_PICK_TOP_K + 1;

@@ -1303,8 +1303,7 @@ static int cuda_group_allreduce(exo_backend *be, float *x, size_t n)
 
 static void cuda_group_leave(exo_backend *be) { leave_group(cu(be)); }
 
-static int cuda_pick(exo_backend *be, float *x, int rows, int n, const exo_pick_rule *rules, int32_t *id,
-                     float *logprob)
+static int cuda_pick(exo_backend *be, float *x, int rows, int n, const exo_pick_rule *rules, exo_pick *out)
 {
     cuda_backend *c = cu(be);
     if (rows < 1 || rows > EXO_PICK_ROWS)
@@ -1312,7 +1311,7 @@ static int cuda_pick(exo_backend *be, float *x, int rows, int n, const exo_pick_
     if (refuse_in_capture(c) || !c->picker)
         return EXO_EBUSY;
     prof_scope prof(c, "pick");
-    return exo_cuda_pick(c->picker, c->stream, x, rows, n, rules, id, logprob);
+    return exo_cuda_pick(c->picker, c->stream, x, rows, n, rules, out);
 }
 
 /* ---- mixture of experts ------------------------------------------------------ */

@@ -20,7 +20,8 @@
  *    and min-p, then draws over what is left, most likely first, as the
  *    host does. Top-p without top-k looks at the EXO_PICK_TOP_K most
  *    likely; where they do not reach p the row is not picked (id -1) and
- *    its logits go to the host, which sorts the vocabulary.
+ *    its logits go to the host, which sorts the vocabulary. Rows asking
+ *    for alternatives select them here too (the sorted candidates' first).
  * The device's sums are grouped otherwise than the host's, so a draw or a
  * top-p cut within a rounding of a boundary may go the other way. A row's
  * answer does not depend on the rows beside it. */
@@ -29,6 +30,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #define PICK_THREADS 512
 #define PICK_WARPS   (PICK_THREADS / 32)
@@ -42,15 +44,20 @@ static_assert(PICK_WARPS * 256 * sizeof(int) <= PICK_MERGE * sizeof(uint64_t), "
 struct pick_result {
     int32_t id;
     float logprob;
+    int n_top;
+    int32_t top_ids[EXO_MAX_TOP_LOGPROBS];
+    float top_logprobs[EXO_MAX_TOP_LOGPROBS];
 };
 
 /* Each row's rule as the kernels take it, by value in the launch. */
 struct pick_rules {
     float inv_t[EXO_PICK_ROWS]; /* 1 / temperature; 0: the largest */
     double u[EXO_PICK_ROWS];
-    int k[EXO_PICK_ROWS];       /* candidates pick_top_kernel selects; 0: the row is not filtered */
-    bool top_k[EXO_PICK_ROWS];  /* k is the rule's top-k, not top-p's look */
-    float top_p[EXO_PICK_ROWS]; /* 0: off */
+    int k[EXO_PICK_ROWS];         /* candidates pick_top_kernel selects; 0: none */
+    bool filtered[EXO_PICK_ROWS]; /* drawn after top-k or top-p: pick_top_kernel draws */
+    int top_k[EXO_PICK_ROWS];     /* 0: off */
+    int n_top[EXO_PICK_ROWS];     /* alternatives */
+    float top_p[EXO_PICK_ROWS];   /* 0: off */
     float min_p[EXO_PICK_ROWS]; /* 0: off */
 };
 
@@ -218,7 +225,7 @@ __global__ void __launch_bounds__(PICK_THREADS) pick_sums_kernel(const float *ro
     const float *x = rows + (size_t)row * (size_t)n;
     const float bv = ps->best_v[row], inv_t = rules.inv_t[row];
     const int bi = ps->best_i[row];
-    const bool draws = inv_t != 0.0f && !rules.k[row];
+    const bool draws = inv_t != 0.0f && !rules.filtered[row];
     const float cut = rules.min_p[row] > 0 ? bv + logf(rules.min_p[row]) : -INFINITY; /* as the host's */
     const int s_lo = g * seg, s_hi = s_lo + seg < n ? s_lo + seg : n;
     float e = 0;
@@ -245,10 +252,12 @@ __global__ void __launch_bounds__(PICK_THREADS) pick_sums_kernel(const float *ro
     for (int o = 16; o; o >>= 1)
         sum += __shfl_xor_sync(0xffffffffu, sum, o);
     struct pick_result *out = picks + row;
-    if (lane == 0)
+    if (lane == 0) {
         ps->sum[row] = sum;
+        out->n_top = 0; /* pick_top_kernel's, where the rule asks */
+    }
     if (inv_t == 0.0f || bi < 0) {
-        if (lane == 0) {
+        if (lane == 0) { /* and of a filtered row with nothing but NaN */
             out->id = bi < 0 ? 0 : bi;
             out->logprob = bi < 0 ? -INFINITY : -logf(sum);
         }
@@ -354,13 +363,15 @@ __device__ int pick_block_first(bool cond)
     return f;
 }
 
-/* Block (b, row) of a row with top-k or top-p (rules.k[row] candidates):
+/* Block (b, row) of a row with top-k, top-p or alternatives (rules.k[row]
+ * candidates):
  * the k largest of its slice, found by their keys' bits 8 at a time (a
  * histogram a warp, so that a peaked row's many values of one exponent do
  * not queue on one counter), then gathered: every key above the k-th's,
  * and of the keys equal to it the lowest indices. The row's last block
  * sorts the blocks' candidates (bitonic, descending) and, a thread a
- * candidate of the k most likely: top-p keeps the first whose cumulative
+ * candidate of the k most likely: the first are the alternatives; top-p
+ * (within top-k) keeps the first whose cumulative
  * probability (temperature 1) reaches p, min-p those within its ratio of
  * the largest, and u picks among the rest by their weights
  * exp((x - max) / T), summed as the host sums them. */
@@ -370,7 +381,7 @@ __global__ void __launch_bounds__(PICK_THREADS) pick_top_kernel(const float *row
     exo_cuda_wait_inputs();
     exo_cuda_start_next();
     const int row = blockIdx.y, b = blockIdx.x, K = rules.k[row];
-    if (!K || ps->best_i[row] < 0) /* not filtered, or nothing but NaN: pick_sums_kernel answered */
+    if (!K || ps->best_i[row] < 0) /* nothing to select, or nothing but NaN: pick_sums_kernel answered */
         return;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, slice = (n + PICK_BLOCKS - 1) / PICK_BLOCKS;
     const int lo = b * slice < n ? b * slice : n, hi = lo + slice < n ? lo + slice : n;
@@ -505,19 +516,29 @@ __global__ void __launch_bounds__(PICK_THREADS) pick_top_kernel(const float *row
     const bool in = i < kc;
     const int id = in ? (int)~(uint32_t)sorted[i] : 0;
     const float xi = in ? x[id] : 0.0f, bv = ps->best_v[row], sum = ps->sum[row], lse = bv + logf(sum);
-    int keep = kc;
+    const int n_top = rules.n_top[row] < kc ? rules.n_top[row] : kc;
+    struct pick_result *out = picks + row;
+    if (i < n_top) {
+        out->top_ids[i] = id;
+        out->top_logprobs[i] = (xi - bv) - logf(sum);
+    }
+    if (i == 0)
+        out->n_top = n_top;
+    if (!rules.filtered[row])
+        return;
+    int keep = rules.top_k[row] && rules.top_k[row] < kc ? rules.top_k[row] : kc;
     double total;
     if (rules.top_p[row] > 0) {
-        const double cum = pick_block_scan(in ? exp((double)(xi - lse)) : 0.0, &total);
-        const int cut = pick_block_first(in && cum >= (double)rules.top_p[row]);
+        const double cum = pick_block_scan(in && i < keep ? exp((double)(xi - lse)) : 0.0, &total);
+        const int cut = pick_block_first(in && i < keep && cum >= (double)rules.top_p[row]);
         int valid = 0;
         for (int k = 0; k < PICK_BLOCKS; k++)
             valid += ps->n_valid[row][k];
-        if (cut < kc) {
+        if (cut < keep) {
             keep = cut + 1;
         } else if (!rules.top_k[row] && kc < valid) { /* p lies past the candidates: the host's to sort */
             if (i == 0)
-                picks[row] = (struct pick_result){-1, 0.0f};
+                out->id = -1;
             return;
         }
     }
@@ -531,8 +552,10 @@ __global__ void __launch_bounds__(PICK_THREADS) pick_top_kernel(const float *row
     pick_block_scan(w, &weights);
     const double acc = pick_block_scan((double)(float)w, &rounded), r = rules.u[row] * weights;
     const int hit = pick_block_first(i < keep && r < acc);
-    if (i == (hit < keep ? hit : keep - 1)) /* a sum that rounds short of r ends on the last kept */
-        picks[row] = (struct pick_result){id, (xi - bv) - logf(sum)};
+    if (i == (hit < keep ? hit : keep - 1)) { /* a sum that rounds short of r ends on the last kept */
+        out->id = id;
+        out->logprob = (xi - bv) - logf(sum);
+    }
 }
 
 exo_cuda_picker *exo_cuda_picker_new(void)
@@ -575,10 +598,14 @@ static int take_rule(const exo_pick_rule *rule, int r, int n, struct pick_rules 
     rules->u[r] = rule->u;
     const bool by_p = drawn && rule->top_p > 0 && rule->top_p < 1;
     const int top_k = drawn && rule->top_k > 0 && rule->top_k < n ? rule->top_k : 0;
-    if (top_k > EXO_PICK_TOP_K)
+    if (top_k > EXO_PICK_TOP_K || rule->top_logprobs < 0 || rule->top_logprobs > EXO_MAX_TOP_LOGPROBS)
         return EXO_EINVAL;
-    rules->top_k[r] = top_k > 0;
-    rules->k[r] = top_k ? top_k : by_p ? (n < EXO_PICK_TOP_K ? n : EXO_PICK_TOP_K) : 0;
+    const int n_top = rule->top_logprobs < n ? rule->top_logprobs : n;
+    const int filter_k = top_k ? top_k : by_p ? (n < EXO_PICK_TOP_K ? n : EXO_PICK_TOP_K) : 0;
+    rules->filtered[r] = filter_k > 0;
+    rules->top_k[r] = top_k;
+    rules->n_top[r] = n_top;
+    rules->k[r] = filter_k > n_top ? filter_k : n_top;
     rules->top_p[r] = by_p ? rule->top_p : 0.0f;
     rules->min_p[r] = drawn && rule->min_p > 0 ? rule->min_p : 0.0f;
     const bool rep = rule->repetition_penalty > 0 && rule->repetition_penalty != 1.0f;
@@ -598,18 +625,18 @@ static int take_rule(const exo_pick_rule *rule, int r, int n, struct pick_rules 
 }
 
 int exo_cuda_pick(exo_cuda_picker *p, cudaStream_t stream, float *x, int rows, int n, const exo_pick_rule *rule,
-                  int32_t *id, float *logprob)
+                  exo_pick *out)
 {
     if (rows < 1 || rows > EXO_PICK_ROWS || n < 1)
         return EXO_EINVAL;
     struct pick_rules rules = {};
     int n_pen = 0;
-    bool filtered = false;
+    bool selects = false;
     for (int r = 0; r < rows; r++) {
         int rc = take_rule(&rule[r], r, n, &rules, p->pen_host, &n_pen);
         if (rc)
             return rc;
-        filtered |= rules.k[r] > 0;
+        selects |= rules.k[r] > 0;
     }
     const dim3 grid(PICK_BLOCKS, rows);
     if (n_pen) {
@@ -620,7 +647,7 @@ int exo_cuda_pick(exo_cuda_picker *p, cudaStream_t stream, float *x, int rows, i
     }
     exo_cuda_launch(pick_max_kernel, grid, dim3(PICK_THREADS), 0, stream, x, n, p->scratch);
     exo_cuda_launch(pick_sums_kernel, grid, dim3(PICK_THREADS), 0, stream, x, n, rules, p->scratch, p->dev);
-    if (filtered)
+    if (selects)
         exo_cuda_launch(pick_top_kernel, grid, dim3(PICK_THREADS), 0, stream, x, n, rules, p->scratch, p->dev);
     if (n_pen)
         exo_cuda_launch(pick_restore_kernel, dim3(rows), dim3(256), 0, stream, x, n, p->pen_dev, p->scratch->orig);
@@ -632,8 +659,13 @@ int exo_cuda_pick(exo_cuda_picker *p, cudaStream_t stream, float *x, int rows, i
         cudaStreamSynchronize(stream) != cudaSuccess)
         return exo_cuda_launched("pick: answers");
     for (int r = 0; r < rows; r++) {
-        id[r] = p->host[r].id;
-        logprob[r] = p->host[r].logprob;
+        const struct pick_result *h = &p->host[r];
+        out[r].picked = h->id >= 0;
+        out[r].id = h->id;
+        out[r].logprob = h->logprob;
+        out[r].n_top = h->n_top;
+        memcpy(out[r].top_ids, h->top_ids, sizeof(int32_t) * (size_t)h->n_top);
+        memcpy(out[r].top_logprobs, h->top_logprobs, sizeof(float) * (size_t)h->n_top);
     }
     return 0;
 }

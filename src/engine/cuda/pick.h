@@ -14,6 +14,6 @@ void             exo_cuda_picker_free(exo_cuda_picker *p);
 
 /* backend.h pick on device rows x, queued on `stream`, then waited for. */
 int exo_cuda_pick(exo_cuda_picker *p, cudaStream_t stream, float *x, int rows, int n, const exo_pick_rule *rules,
-                  int32_t *id, float *logprob);
+                  exo_pick *out);
 
 #endif
