@@ -6,15 +6,16 @@
  * A row of logits goes over PICK_BLOCKS blocks (one block a row left an
  * H100 reading 512 KB twice through one SM: ~20 us of a 1B model's 630 us
  * token), and the last of a row's blocks to finish combines their parts.
- * A call queues, in order:
- *  - penalize (rows whose rules name tokens): those logits changed in
- *    place, the originals kept; restore, the call's last launch, puts them
- *    back, so x is as it came whatever the rules;
- *  - max: the row's largest (lowest index on ties, NaN never);
+ * A call uploads the penalties' tokens (where a rule names any) and
+ * queues, in order:
+ *  - max: each block's slice penalized in place (the originals kept: the
+ *    row's last reader, sums or top, puts them back, so x is as it came
+ *    whatever the rules), then the row's largest (lowest index on ties,
+ *    NaN never);
  *  - sums: the log-softmax's sum; greedy rows answer here, and so do rows
  *    drawn over the whole vocabulary (min-p masks the weights), walking
  *    the CDF in the tokens' order as the host's sampler does;
- *  - top (rows with top-k or top-p): each block selects its slice's k
+ *  - top (rows with top-k, top-p or alternatives): each block selects its slice's k
  *    largest by their bits (a radix select, 8 bits a pass), the row's last
  *    block sorts the blocks' candidates in shared memory and cuts top-p
  *    and min-p, then draws over what is left, most likely first, as the
@@ -124,18 +125,19 @@ __device__ bool pick_last_block(int *arrived)
     return last;
 }
 
-/* Block r: row r's named tokens penalized as the host's sampler does
- * (rounded op by op, never fused), their values kept in orig. */
-__global__ void pick_penalize_kernel(float *rows, int n, const struct pick_penalties *pen, float *orig)
+/* Row x's named tokens (pen: NULL, none) within [lo, hi) penalized as the
+ * host's sampler does (rounded op by op, never fused), their values kept
+ * in orig; each thread from `first` takes every `stride`-th. */
+__device__ void pick_penalize(float *x, int row, int lo, int hi, const struct pick_penalties *pen, float *orig,
+                              int first, int stride)
 {
-    exo_cuda_wait_inputs();
-    exo_cuda_start_next();
-    const int row = blockIdx.x, off = pen->off[row];
-    float *x = rows + (size_t)row * (size_t)n;
+    if (!pen)
+        return;
+    const int off = pen->off[row];
     const float rep = pen->rep[row], pres = pen->pres[row], freq = pen->freq[row];
-    for (int j = threadIdx.x; j < pen->n[row]; j += blockDim.x) {
+    for (int j = first; j < pen->n[row]; j += stride) {
         const struct pick_penalty t = pen->tok[off + j];
-        if (t.id < 0 || t.id >= n)
+        if (t.id < lo || t.id >= hi)
             continue;
         float l = x[t.id];
         orig[off + j] = l;
@@ -147,30 +149,33 @@ __global__ void pick_penalize_kernel(float *rows, int n, const struct pick_penal
     }
 }
 
-/* Block r: row r's penalized tokens back as they came. */
-__global__ void pick_restore_kernel(float *rows, int n, const struct pick_penalties *pen, const float *orig)
+/* Row x's penalized tokens back as they came, by the row's last reader. */
+__device__ void pick_restore(float *x, int row, int n, const struct pick_penalties *pen, const float *orig,
+                             int first, int stride)
 {
-    exo_cuda_wait_inputs();
-    exo_cuda_start_next();
-    const int row = blockIdx.x, off = pen->off[row];
-    float *x = rows + (size_t)row * (size_t)n;
-    for (int j = threadIdx.x; j < pen->n[row]; j += blockDim.x) {
+    if (!pen)
+        return;
+    const int off = pen->off[row];
+    for (int j = first; j < pen->n[row]; j += stride) {
         const int32_t id = pen->tok[off + j].id;
         if (id >= 0 && id < n)
             x[id] = orig[off + j];
     }
 }
 
-/* Block (b, row): the largest value of its slice of the row (lowest index
- * on ties, NaN never wins); the row's last block combines the slices in
- * order. */
-__global__ void __launch_bounds__(PICK_THREADS) pick_max_kernel(const float *rows, int n, struct pick_scratch *ps)
+/* Block (b, row): its slice of the row penalized, then the largest value
+ * there (lowest index on ties, NaN never wins); the row's last block
+ * combines the slices in order. */
+__global__ void __launch_bounds__(PICK_THREADS) pick_max_kernel(float *rows, int n, const struct pick_penalties *pen,
+                                                                struct pick_scratch *ps)
 {
     exo_cuda_wait_inputs();
     exo_cuda_start_next();
     const int row = blockIdx.y, b = blockIdx.x, slice = (n + PICK_BLOCKS - 1) / PICK_BLOCKS;
-    const float *x = rows + (size_t)row * (size_t)n;
+    float *x = rows + (size_t)row * (size_t)n;
     const int lo = b * slice, hi = lo + slice < n ? lo + slice : n;
+    pick_penalize(x, row, lo, hi, pen, ps->orig, threadIdx.x, PICK_THREADS);
+    __syncthreads();
     __shared__ float wv[PICK_WARPS];
     __shared__ int wi[PICK_WARPS];
     float bv = -INFINITY;
@@ -206,52 +211,21 @@ __global__ void __launch_bounds__(PICK_THREADS) pick_max_kernel(const float *row
     ps->best_i[row] = bi;
 }
 
-/* Block (b, row), warp w: segment b * 16 + w of the row, its sum of
- * exp(x - max) and, for a row drawn over the whole vocabulary, of the
- * draw's weights exp((x - max) / T) in double (coalesced: a lane every
- * 32nd token), tokens below min-p's cut weighing nothing. The row's last
- * block: the log-softmax's sum over the segments in order, and for a draw
- * the segment where u times the weights' total falls (a scan over the
- * segments, 8 a lane), then its tokens 32 at a time, each 32 scanned in
- * order: the order of the tokens, as the host's sampler draws. Rows with
- * top-k or top-p leave their draw to pick_top_kernel. */
-__global__ void __launch_bounds__(PICK_THREADS) pick_sums_kernel(const float *rows, int n, struct pick_rules rules,
-                                                                 struct pick_scratch *ps, struct pick_result *picks)
+/* pick_sums_kernel's answer for its row, by its last block's first warp:
+ * the log-softmax's sum, and a greedy row's or a whole-vocabulary draw's
+ * token. */
+__device__ void pick_sums_answer(const float *x, int n, int row, int seg, const struct pick_rules &rules,
+                                 struct pick_scratch *ps, struct pick_result *out)
 {
-    exo_cuda_wait_inputs();
-    exo_cuda_start_next();
-    const int row = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int g = blockIdx.x * PICK_WARPS + warp, seg = (n + PICK_SEGS - 1) / PICK_SEGS;
-    const float *x = rows + (size_t)row * (size_t)n;
+    const int lane = threadIdx.x & 31, bi = ps->best_i[row];
     const float bv = ps->best_v[row], inv_t = rules.inv_t[row];
-    const int bi = ps->best_i[row];
     const bool draws = inv_t != 0.0f && !rules.filtered[row];
-    const float cut = rules.min_p[row] > 0 ? bv + logf(rules.min_p[row]) : -INFINITY; /* as the host's */
-    const int s_lo = g * seg, s_hi = s_lo + seg < n ? s_lo + seg : n;
-    float e = 0;
-    double w = 0;
-    for (int i = s_lo + lane; bi >= 0 && i < s_hi; i += 32)
-        if (!isnan(x[i])) {
-            e += __expf(x[i] - bv);
-            if (draws && x[i] >= cut)
-                w += (double)__expf((x[i] - bv) * inv_t);
-        }
-    for (int o = 16; o; o >>= 1) {
-        e += __shfl_xor_sync(0xffffffffu, e, o);
-        w += __shfl_xor_sync(0xffffffffu, w, o);
-    }
-    if (lane == 0) {
-        ps->seg_e[row][g] = e;
-        ps->seg_w[row][g] = w;
-    }
-    if (!pick_last_block(&ps->arrived[1][row]) || warp != 0)
-        return;
+    const float cut = rules.min_p[row] > 0 ? bv + logf(rules.min_p[row]) : -INFINITY;
     float sum = 0;
     for (int j = 0; j < PICK_SEGS / 32; j++)
         sum += ps->seg_e[row][lane * (PICK_SEGS / 32) + j];
     for (int o = 16; o; o >>= 1)
         sum += __shfl_xor_sync(0xffffffffu, sum, o);
-    struct pick_result *out = picks + row;
     if (lane == 0) {
         ps->sum[row] = sum;
         out->n_top = 0; /* pick_top_kernel's, where the rule asks */
@@ -309,6 +283,55 @@ __global__ void __launch_bounds__(PICK_THREADS) pick_sums_kernel(const float *ro
     }
 }
 
+/* Block (b, row), warp w: segment b * 16 + w of the row, its sum of
+ * exp(x - max) and, for a row drawn over the whole vocabulary, of the
+ * draw's weights exp((x - max) / T) in double (coalesced: a lane every
+ * 32nd token), tokens below min-p's cut weighing nothing. The row's last
+ * block: the log-softmax's sum over the segments in order, and for a draw
+ * the segment where u times the weights' total falls (a scan over the
+ * segments, 8 a lane), then its tokens 32 at a time, each 32 scanned in
+ * order: the order of the tokens, as the host's sampler draws. Rows with
+ * top-k or top-p leave their draw to pick_top_kernel. The row's last
+ * reader puts its penalized tokens back: here, unless pick_top_kernel
+ * reads it after. */
+__global__ void __launch_bounds__(PICK_THREADS) pick_sums_kernel(float *rows, int n, struct pick_rules rules,
+                                                                 const struct pick_penalties *pen,
+                                                                 struct pick_scratch *ps, struct pick_result *picks)
+{
+    exo_cuda_wait_inputs();
+    exo_cuda_start_next();
+    const int row = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int g = blockIdx.x * PICK_WARPS + warp, seg = (n + PICK_SEGS - 1) / PICK_SEGS;
+    float *x = rows + (size_t)row * (size_t)n;
+    const float bv = ps->best_v[row], inv_t = rules.inv_t[row];
+    const int bi = ps->best_i[row];
+    const bool draws = inv_t != 0.0f && !rules.filtered[row];
+    const float cut = rules.min_p[row] > 0 ? bv + logf(rules.min_p[row]) : -INFINITY; /* as the host's */
+    const int s_lo = g * seg, s_hi = s_lo + seg < n ? s_lo + seg : n;
+    float e = 0;
+    double w = 0;
+    for (int i = s_lo + lane; bi >= 0 && i < s_hi; i += 32)
+        if (!isnan(x[i])) {
+            e += __expf(x[i] - bv);
+            if (draws && x[i] >= cut)
+                w += (double)__expf((x[i] - bv) * inv_t);
+        }
+    for (int o = 16; o; o >>= 1) {
+        e += __shfl_xor_sync(0xffffffffu, e, o);
+        w += __shfl_xor_sync(0xffffffffu, w, o);
+    }
+    if (lane == 0) {
+        ps->seg_e[row][g] = e;
+        ps->seg_w[row][g] = w;
+    }
+    if (!pick_last_block(&ps->arrived[1][row]) || warp != 0)
+        return;
+    pick_sums_answer(x, n, row, seg, rules, ps, picks + row);
+    __syncwarp(); /* lane 0 read its answer's logit */
+    if (!(rules.k[row] > 0 && bi >= 0))
+        pick_restore(x, row, n, pen, ps->orig, lane, 32);
+}
+
 /* A value's bits as an unsigned that orders as the values do; NaN 0,
  * below every other. */
 __device__ __forceinline__ uint32_t pick_key(float v)
@@ -363,19 +386,69 @@ __device__ int pick_block_first(bool cond)
     return f;
 }
 
+/* pick_top_kernel's answer for its row, by the row's last block, a thread
+ * a candidate of the kc most likely (sorted): the alternatives; then, for
+ * a drawn row with filters, top-k, top-p (the first whose cumulative
+ * probability at temperature 1 reaches p), min-p (those within its ratio
+ * of the largest) and the draw by the weights exp((x - max) / T), summed
+ * as the host sums them. */
+__device__ void pick_top_answer(const float *x, int row, int kc, const uint64_t *sorted, const struct pick_rules &rules,
+                                struct pick_scratch *ps, struct pick_result *out)
+{
+    const int i = threadIdx.x;
+    const bool in = i < kc;
+    const int id = in ? (int)~(uint32_t)sorted[i] : 0;
+    const float xi = in ? x[id] : 0.0f, bv = ps->best_v[row], sum = ps->sum[row], lse = bv + logf(sum);
+    const int n_top = rules.n_top[row] < kc ? rules.n_top[row] : kc;
+    if (i < n_top) {
+        out->top_ids[i] = id;
+        out->top_logprobs[i] = (xi - bv) - logf(sum);
+    }
+    if (i == 0)
+        out->n_top = n_top;
+    if (!rules.filtered[row])
+        return;
+    int keep = rules.top_k[row] && rules.top_k[row] < kc ? rules.top_k[row] : kc;
+    double total;
+    if (rules.top_p[row] > 0) {
+        const double cum = pick_block_scan(in && i < keep ? exp((double)(xi - lse)) : 0.0, &total);
+        const int cut = pick_block_first(in && i < keep && cum >= (double)rules.top_p[row]);
+        int valid = 0;
+        for (int k = 0; k < PICK_BLOCKS; k++)
+            valid += ps->n_valid[row][k];
+        if (cut < keep) {
+            keep = cut + 1;
+        } else if (!rules.top_k[row] && kc < valid) { /* p lies past the candidates: the host's to sort */
+            if (i == 0)
+                out->id = -1;
+            return;
+        }
+    }
+    if (rules.min_p[row] > 0) { /* sorted: what min-p keeps is a prefix */
+        const float cut = bv + logf(rules.min_p[row]);
+        const int m = pick_block_first(!(in && i < keep && xi >= cut));
+        keep = m > 0 ? m : 1;
+    }
+    const double w = in && i < keep ? exp((double)((xi - bv) * rules.inv_t[row])) : 0.0;
+    double weights, rounded;
+    pick_block_scan(w, &weights);
+    const double acc = pick_block_scan((double)(float)w, &rounded), r = rules.u[row] * weights;
+    const int hit = pick_block_first(i < keep && r < acc);
+    if (i == (hit < keep ? hit : keep - 1)) { /* a sum that rounds short of r ends on the last kept */
+        out->id = id;
+        out->logprob = (xi - bv) - logf(sum);
+    }
+}
+
 /* Block (b, row) of a row with top-k, top-p or alternatives (rules.k[row]
- * candidates):
- * the k largest of its slice, found by their keys' bits 8 at a time (a
- * histogram a warp, so that a peaked row's many values of one exponent do
- * not queue on one counter), then gathered: every key above the k-th's,
- * and of the keys equal to it the lowest indices. The row's last block
- * sorts the blocks' candidates (bitonic, descending) and, a thread a
- * candidate of the k most likely: the first are the alternatives; top-p
- * (within top-k) keeps the first whose cumulative
- * probability (temperature 1) reaches p, min-p those within its ratio of
- * the largest, and u picks among the rest by their weights
- * exp((x - max) / T), summed as the host sums them. */
-__global__ void __launch_bounds__(PICK_THREADS) pick_top_kernel(const float *rows, int n, struct pick_rules rules,
+ * candidates): the k largest of its slice, found by their keys' bits 8 at
+ * a time (a histogram a warp, so that a peaked row's many values of one
+ * exponent do not queue on one counter), then gathered: every key above
+ * the k-th's, and of the keys equal to it the lowest indices. The row's
+ * last block sorts the blocks' candidates (bitonic, descending) and
+ * answers (pick_top_answer). */
+__global__ void __launch_bounds__(PICK_THREADS) pick_top_kernel(float *rows, int n, struct pick_rules rules,
+                                                                const struct pick_penalties *pen,
                                                                 struct pick_scratch *ps, struct pick_result *picks)
 {
     exo_cuda_wait_inputs();
@@ -385,7 +458,7 @@ __global__ void __launch_bounds__(PICK_THREADS) pick_top_kernel(const float *row
         return;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, slice = (n + PICK_BLOCKS - 1) / PICK_BLOCKS;
     const int lo = b * slice < n ? b * slice : n, hi = lo + slice < n ? lo + slice : n;
-    const float *x = rows + (size_t)row * (size_t)n;
+    float *x = rows + (size_t)row * (size_t)n;
     __shared__ uint64_t sorted[PICK_MERGE]; /* the histograms first, then the row's candidates */
     __shared__ int tot[256], eq_warp[PICK_WARPS], off[PICK_BLOCKS + 1];
     __shared__ int need_s, left_s, n_gt, eq_base;
@@ -484,7 +557,7 @@ __global__ void __launch_bounds__(PICK_THREADS) pick_top_kernel(const float *row
             off[k + 1] = off[k] + ps->n_cand[row][k];
     }
     __syncthreads();
-    const int M = off[PICK_BLOCKS];
+    const int M = off[PICK_BLOCKS], kc = K < M ? K : M;
     int P = 2;
     while (P < M)
         P <<= 1;
@@ -512,50 +585,9 @@ __global__ void __launch_bounds__(PICK_THREADS) pick_top_kernel(const float *row
             __syncthreads();
         }
 
-    const int kc = K < M ? K : M, i = threadIdx.x;
-    const bool in = i < kc;
-    const int id = in ? (int)~(uint32_t)sorted[i] : 0;
-    const float xi = in ? x[id] : 0.0f, bv = ps->best_v[row], sum = ps->sum[row], lse = bv + logf(sum);
-    const int n_top = rules.n_top[row] < kc ? rules.n_top[row] : kc;
-    struct pick_result *out = picks + row;
-    if (i < n_top) {
-        out->top_ids[i] = id;
-        out->top_logprobs[i] = (xi - bv) - logf(sum);
-    }
-    if (i == 0)
-        out->n_top = n_top;
-    if (!rules.filtered[row])
-        return;
-    int keep = rules.top_k[row] && rules.top_k[row] < kc ? rules.top_k[row] : kc;
-    double total;
-    if (rules.top_p[row] > 0) {
-        const double cum = pick_block_scan(in && i < keep ? exp((double)(xi - lse)) : 0.0, &total);
-        const int cut = pick_block_first(in && i < keep && cum >= (double)rules.top_p[row]);
-        int valid = 0;
-        for (int k = 0; k < PICK_BLOCKS; k++)
-            valid += ps->n_valid[row][k];
-        if (cut < keep) {
-            keep = cut + 1;
-        } else if (!rules.top_k[row] && kc < valid) { /* p lies past the candidates: the host's to sort */
-            if (i == 0)
-                out->id = -1;
-            return;
-        }
-    }
-    if (rules.min_p[row] > 0) { /* sorted: what min-p keeps is a prefix */
-        const float cut = bv + logf(rules.min_p[row]);
-        const int m = pick_block_first(!(in && i < keep && xi >= cut));
-        keep = m > 0 ? m : 1;
-    }
-    const double w = in && i < keep ? exp((double)((xi - bv) * rules.inv_t[row])) : 0.0;
-    double weights, rounded;
-    pick_block_scan(w, &weights);
-    const double acc = pick_block_scan((double)(float)w, &rounded), r = rules.u[row] * weights;
-    const int hit = pick_block_first(i < keep && r < acc);
-    if (i == (hit < keep ? hit : keep - 1)) { /* a sum that rounds short of r ends on the last kept */
-        out->id = id;
-        out->logprob = (xi - bv) - logf(sum);
-    }
+    pick_top_answer(x, row, kc, sorted, rules, ps, picks + row);
+    __syncthreads(); /* every candidate's logit read */
+    pick_restore(x, row, n, pen, ps->orig, threadIdx.x, PICK_THREADS);
 }
 
 exo_cuda_picker *exo_cuda_picker_new(void)
@@ -643,14 +675,12 @@ int exo_cuda_pick(exo_cuda_picker *p, cudaStream_t stream, float *x, int rows, i
         size_t bytes = offsetof(struct pick_penalties, tok) + sizeof(struct pick_penalty) * (size_t)n_pen;
         if (cudaMemcpyAsync(p->pen_dev, p->pen_host, bytes, cudaMemcpyHostToDevice, stream) != cudaSuccess)
             return exo_cuda_launched("pick: penalties");
-        exo_cuda_launch(pick_penalize_kernel, dim3(rows), dim3(256), 0, stream, x, n, p->pen_dev, p->scratch->orig);
     }
-    exo_cuda_launch(pick_max_kernel, grid, dim3(PICK_THREADS), 0, stream, x, n, p->scratch);
-    exo_cuda_launch(pick_sums_kernel, grid, dim3(PICK_THREADS), 0, stream, x, n, rules, p->scratch, p->dev);
+    const struct pick_penalties *pen = n_pen ? p->pen_dev : NULL;
+    exo_cuda_launch(pick_max_kernel, grid, dim3(PICK_THREADS), 0, stream, x, n, pen, p->scratch);
+    exo_cuda_launch(pick_sums_kernel, grid, dim3(PICK_THREADS), 0, stream, x, n, rules, pen, p->scratch, p->dev);
     if (selects)
-        exo_cuda_launch(pick_top_kernel, grid, dim3(PICK_THREADS), 0, stream, x, n, rules, p->scratch, p->dev);
-    if (n_pen)
-        exo_cuda_launch(pick_restore_kernel, dim3(rows), dim3(256), 0, stream, x, n, p->pen_dev, p->scratch->orig);
+        exo_cuda_launch(pick_top_kernel, grid, dim3(PICK_THREADS), 0, stream, x, n, rules, pen, p->scratch, p->dev);
     int rc = exo_cuda_launched("pick");
     if (rc)
         return rc;
