@@ -21,8 +21,8 @@ struct exo_sampler {
     int n_hist, cap_hist;
     bool held;        /* held_u is the number exo_sampler_pick_rule took for this token */
     double held_u;
-    int32_t *penalized;        /* exo_sampler_pick_rule's: the window's distinct tokens, */
-    uint16_t *penalized_count; /* with their counts (EXO_PICK_PENALIZED) */
+    int32_t *penalized;        /* window_tokens': the penalty window's distinct tokens, */
+    uint16_t *penalized_count; /* with their counts */
 };
 
 static uint64_t splitmix64(uint64_t *x)
@@ -78,6 +78,9 @@ exo_sampler *exo_sampler_create(const exo_sampler_params *p, int vocab)
     s->cand = exo_malloc(sizeof(int32_t) * (size_t)vocab);
     s->prob = exo_malloc(sizeof(float) * (size_t)vocab);
     s->count = exo_calloc((size_t)vocab, sizeof(uint16_t));
+    size_t distinct = (size_t)(s->p.repetition_context_size < vocab ? s->p.repetition_context_size : vocab);
+    s->penalized = exo_malloc(sizeof(int32_t) * (distinct ? distinct : 1));
+    s->penalized_count = exo_malloc(sizeof(uint16_t) * (distinct ? distinct : 1));
     return s;
 }
 
@@ -149,18 +152,22 @@ void exo_sampler_rows(exo_pool *pool, exo_sampler *const *s, const exo_pick *pic
         next_rows(&j, 0, 1);
 }
 
-/* The distinct tokens of the penalty window (as apply_penalties counts
- * them: first seen first) and their counts, into s->penalized; how many. */
-static int window_tokens(exo_sampler *s)
+/* The distinct tokens of the penalty window, the last
+ * repetition_context_size of hist[0 .. n) (first seen first), and their
+ * counts, into s->penalized; how many. The host's penalties and the rule
+ * a backend picks by (exo_sampler_pick_rule) both take them from here. */
+static int window_tokens(exo_sampler *s, const int32_t *hist, int n)
 {
-    int n = s->n_hist, start = n > s->p.repetition_context_size ? n - s->p.repetition_context_size : 0, k = 0;
-    if (!s->penalized) {
-        s->penalized = exo_malloc(sizeof(int32_t) * EXO_PICK_PENALIZED);
-        s->penalized_count = exo_malloc(sizeof(uint16_t) * EXO_PICK_PENALIZED);
+    int start = n > s->p.repetition_context_size ? n - s->p.repetition_context_size : 0, k = 0;
+    for (int i = start; i < n; i++) {
+        int32_t t = hist[i];
+        if (t < 0 || t >= s->vocab)
+            continue;
+        if (!s->count[t])
+            s->penalized[k++] = t;
+        if (s->count[t] < UINT16_MAX)
+            s->count[t]++;
     }
-    for (int i = start; i < n; i++)
-        if (s->hist[i] >= 0 && s->hist[i] < s->vocab && s->count[s->hist[i]]++ == 0)
-            s->penalized[k++] = s->hist[i];
     for (int i = 0; i < k; i++) {
         s->penalized_count[i] = s->count[s->penalized[i]];
         s->count[s->penalized[i]] = 0;
@@ -193,7 +200,7 @@ bool exo_sampler_pick_rule(exo_sampler *s, exo_pick_rule *rule)
         rule->repetition_penalty = rep ? p->repetition_penalty : 1.0f;
         rule->presence_penalty = pres ? p->presence_penalty : 0;
         rule->frequency_penalty = pres ? p->frequency_penalty : 0;
-        rule->n_penalized = window_tokens(s);
+        rule->n_penalized = window_tokens(s, s->hist, s->n_hist);
         rule->penalized = s->penalized;
         rule->penalized_count = s->penalized_count;
     }
@@ -220,21 +227,13 @@ static void apply_penalties(exo_sampler *s, float *logits, const int32_t *hist, 
     bool pres = p->presence_penalty != 0 || p->frequency_penalty != 0;
     if ((!rep && !pres) || n <= 0)
         return;
-    int start = n > p->repetition_context_size ? n - p->repetition_context_size : 0;
-    for (int i = start; i < n; i++)
-        if (hist[i] >= 0 && hist[i] < s->vocab && s->count[hist[i]] < UINT16_MAX)
-            s->count[hist[i]]++;
-    for (int i = start; i < n; i++) {
-        int32_t t = hist[i];
-        if (t < 0 || t >= s->vocab || !s->count[t])
-            continue;
-        float l = logits[t];
+    for (int j = 0, k = window_tokens(s, hist, n); j < k; j++) {
+        float l = logits[s->penalized[j]];
         if (rep)
             l = l < 0 ? l * p->repetition_penalty : l / p->repetition_penalty;
         if (pres)
-            l -= p->presence_penalty + p->frequency_penalty * (float)s->count[t];
-        logits[t] = l;
-        s->count[t] = 0; /* each distinct token once; also resets for the next call */
+            l -= p->presence_penalty + p->frequency_penalty * (float)s->penalized_count[j];
+        logits[s->penalized[j]] = l;
     }
 }
 

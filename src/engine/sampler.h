@@ -59,8 +59,9 @@ void exo_sampler_rows(exo_pool *pool, exo_sampler *const *s, const exo_pick *pic
                       int n);
 /* Whether this token's pick may be made where the logits are (exo_step.pick,
  * a GPU's), and by what rule (proto/sampling.h): any sampling but a top-k
- * past EXO_PICK_TOP_K or a penalty window past EXO_PICK_PENALIZED tokens. The rule names the window's tokens from the
- * sampler's memory: use it before the sampler's next call. A draw's
+ * past EXO_PICK_TOP_K or a penalty window past EXO_PICK_PENALIZED tokens.
+ * The rule names the window's tokens from the sampler's memory: use it
+ * before the sampler's next call. A draw's
  * uniform number is the sampler's next, which it keeps for this token:
  * exo_sampler_take records the backend's pick, or, where the backend made
  * none, exo_sampler_next draws the logits with that same number. */
