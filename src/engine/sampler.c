@@ -296,18 +296,9 @@ static int top_p_cut(const exo_sampler *s, const float *logits, float lse, int n
     return 0;
 }
 
-/* The prefix of the vocabulary sorted by logit that top-k and top-p keep,
- * into s->cand; returns its length. Sorting all of a 128k vocabulary took
- * 22 ms a token. The tokens within a span of the largest logit are sorted
- * first, and since ties go by id their order is the full order's prefix:
- * when the kept prefix ends inside them, it is exactly the one a full sort
- * keeps. Else the span widens, up to the whole vocabulary (a flat
- * distribution, a top-k past the head). A top-k of up to TOP_K_SELECT is
- * selected instead (top_n, the same prefix) where a span holds more than
- * TOP_K_SORT_MAX tokens: a flat distribution sorts nothing then. */
 /* s->cand's first k ids (ascending, as the scan made them) by logit, most
  * likely first, ties by id (qsort_r through the index took 18 ms over a
- * flat 128k vocabulary, exo_order_desc about 1). */
+ * flat 128k vocabulary; this orders it in about 1). */
 static void order_candidates(const float *logits, int32_t *cand, int k)
 {
     uint64_t *scratch = exo_malloc(2 * sizeof(uint64_t) * (size_t)(k > 0 ? k : 1));
@@ -315,6 +306,15 @@ static void order_candidates(const float *logits, int32_t *cand, int k)
     exo_free(scratch);
 }
 
+/* The prefix of the vocabulary sorted by logit that top-k and top-p keep,
+ * into s->cand; returns its length. Ordering all of a 128k vocabulary is
+ * the costly case (about 1 ms; 22 with qsort). The tokens within a span of the largest logit are sorted
+ * first, and since ties go by id their order is the full order's prefix:
+ * when the kept prefix ends inside them, it is exactly the one a full sort
+ * keeps. Else the span widens, up to the whole vocabulary (a flat
+ * distribution, a top-k past the head). A top-k of up to TOP_K_SELECT is
+ * selected instead (top_n, the same prefix) where a span holds more than
+ * TOP_K_SORT_MAX tokens: a flat distribution sorts nothing then. */
 #define TOP_K_SELECT   256
 #define TOP_K_SORT_MAX 4096
 static int kept_prefix(exo_sampler *s, const float *logits, float lse, float mx)
