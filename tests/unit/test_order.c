@@ -51,7 +51,8 @@ Test(order, same_as_a_comparison_sort)
             for (int stride = 1; stride <= 3; stride += 2) {
                 int n = lengths[li], V = n * stride + 1;
                 float *x = malloc(sizeof(float) * (size_t)V);
-                int32_t *ids = malloc(sizeof(int32_t) * (size_t)(n + 1)), *want = malloc(sizeof(int32_t) * (size_t)(n + 1));
+                int32_t *ids = malloc(sizeof(int32_t) * (size_t)(n + 1));
+                int32_t *want = malloc(sizeof(int32_t) * (size_t)(n + 1));
                 uint64_t *scratch = malloc(2 * sizeof(uint64_t) * (size_t)(n + 1));
                 for (int i = 0; i < V; i++)
                     x[i] = value(kind);
