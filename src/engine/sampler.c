@@ -308,13 +308,14 @@ static void order_candidates(const float *logits, int32_t *cand, int k)
 
 /* The prefix of the vocabulary sorted by logit that top-k and top-p keep,
  * into s->cand; returns its length. Ordering all of a 128k vocabulary is
- * the costly case (about 1 ms; 22 with qsort). The tokens within a span of the largest logit are sorted
- * first, and since ties go by id their order is the full order's prefix:
- * when the kept prefix ends inside them, it is exactly the one a full sort
- * keeps. Else the span widens, up to the whole vocabulary (a flat
- * distribution, a top-k past the head). A top-k of up to TOP_K_SELECT is
- * selected instead (top_n, the same prefix) where a span holds more than
- * TOP_K_SORT_MAX tokens: a flat distribution sorts nothing then. */
+ * the costly case (about 1 ms; 22 with qsort). The tokens within a span
+ * of the largest logit are sorted first, and since ties go by id their
+ * order is the full order's prefix: when the kept prefix ends inside
+ * them, it is exactly the one a full sort keeps. Else the span widens, up
+ * to the whole vocabulary (a flat distribution, a top-k past the head). A
+ * top-k of up to TOP_K_SELECT is selected instead (top_n, the same prefix)
+ * where a span holds more than TOP_K_SORT_MAX tokens: a flat distribution
+ * sorts nothing then. */
 #define TOP_K_SELECT   256
 #define TOP_K_SORT_MAX 4096
 static int kept_prefix(exo_sampler *s, const float *logits, float lse, float mx)
