@@ -817,8 +817,8 @@ template <int DPL, int GMAX, bool ROPE, bool HALF>
 __global__ void __launch_bounds__(DEC_WARPS * 32)
 attention_decode_kernel(const __grid_constant__ att_args a, int *arrivals)
 {
+    exo_cuda_start_next(); /* before the wait: see cuda_internal.h */
     exo_cuda_wait_inputs();
-    exo_cuda_start_next();
     decode_attend<DPL, GMAX, ROPE, HALF>(a, blockIdx.x, blockIdx.y, arrivals + blockIdx.x);
 }
 
@@ -826,8 +826,8 @@ template <int DPL, int GMAX, bool ROPE, bool HALF>
 __global__ void __launch_bounds__(DEC_WARPS * 32)
 attention_decode_rows_kernel(const __grid_constant__ att_rows b, int *arrivals)
 {
+    exo_cuda_start_next(); /* before the wait: see cuda_internal.h */
     exo_cuda_wait_inputs();
-    exo_cuda_start_next();
     const att_args &a = b.a[blockIdx.z];
     if ((int)blockIdx.y < a.n_split) /* the sequences' split counts differ; the grid has the most */
         decode_attend<DPL, GMAX, ROPE, HALF>(a, blockIdx.x, blockIdx.y,

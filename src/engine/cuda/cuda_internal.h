@@ -34,8 +34,13 @@ static inline unsigned exo_cuda_blocks(size_t n, unsigned per)
  * left before waiting would count as finished while its predecessor still
  * runs, and the next kernel's wait would no longer cover the predecessor.
  * exo_cuda_start_next() lets the next such kernel start now rather than
- * when this one's blocks exit. Before Hopper both are no-ops and the
- * launch is an ordinary one. */
+ * when this one's blocks exit. The short kernels between a decode step's
+ * products (quantizing an input, a norm, attention) call it before their
+ * wait, so the product after them launches while the kernel before them
+ * still runs and its blocks load their first weights meanwhile. That cannot
+ * starve a grid: the next one launches only once every block of this one
+ * has started. Before Hopper both are no-ops and the launch is an ordinary
+ * one. */
 __device__ __forceinline__ void exo_cuda_wait_inputs(void)
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900

@@ -596,8 +596,8 @@ struct quant_batch {
 template <bool Q4>
 __global__ void quantize_x_kernel(const __grid_constant__ quant_batch q)
 {
+    exo_cuda_start_next(); /* before the wait: the product after it starts loading its weights (cuda_internal.h) */
     exo_cuda_wait_inputs();
-    exo_cuda_start_next();
     const int i = blockIdx.y;
     int64_t blk = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) / 32;
     int lane = threadIdx.x & 31;
@@ -628,9 +628,9 @@ norm_quantize_x_kernel(const float *x, const float *norm, float eps, int64_t T, 
                        int64_t xs_rows, int8_t *xq, float2 *xs)
 {
     const int64_t t = blockIdx.x, c = (int64_t)blockIdx.y * NORM_Q_THREADS + threadIdx.x;
+    exo_cuda_start_next(); /* before the wait, as quantize_x_kernel */
     const float nv = c < cols ? norm[c] : 0.0f; /* a weight: no kernel writes it */
     exo_cuda_wait_inputs();
-    exo_cuda_start_next();
     __shared__ float part[NORM_Q_THREADS / 32];
     const float *xr = x + t * ldx;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
