@@ -28,6 +28,7 @@ import {
   formatBandwidth,
   formatBytes,
   formatContext,
+  formatCount,
   formatLatency,
   formatLayers,
   formatMessageStats,
@@ -61,6 +62,7 @@ const API = {
   instance: (id) => `instance/${encodeURIComponent(id)}`,
   chat: 'v1/chat/completions',
   addModel: 'models/add',
+  search: (query) => `models/search?query=${encodeURIComponent(query)}&limit=10`,
   customModel: (modelId) => `models/custom/${modelPath(modelId)}`,
   downloadStart: 'download/start',
   downloadCancel: 'download/cancel',
@@ -91,6 +93,8 @@ const ui = {
   busy: new Set(),
   adding: false, // POST /models/add under way
   addError: null,
+  searching: false, // GET /models/search under way
+  searchResults: null, // its answer: [{id, downloads, likes}], shown under the box
   chat: {
     model: null,
     messages: [],
@@ -449,6 +453,32 @@ async function addModel() {
     ui.adding = false;
     render();
   }
+}
+
+/** GET /models/search with the words in the add box: Hugging Face models
+ * (mlx-community's first, most downloaded first); picking one puts its id
+ * in the box, to add. */
+async function searchModels() {
+  if (ui.searching || ui.adding) return;
+  ui.searching = true;
+  ui.addError = null;
+  renderAddModel();
+  try {
+    const found = await api('GET', API.search($('add-model-id').value.trim()));
+    ui.searchResults = Array.isArray(found) ? found.filter((m) => m && typeof m.id === 'string') : [];
+  } catch (e) {
+    ui.searchResults = null;
+    ui.addError = e.message;
+  } finally {
+    ui.searching = false;
+    renderAddModel();
+  }
+}
+
+function pickSearchResult(id) {
+  $('add-model-id').value = id;
+  ui.searchResults = null;
+  renderAddModel();
 }
 
 // ---- rendering: cluster ---------------------------------------------------------------
@@ -883,9 +913,29 @@ function renderAddModel() {
   btn.disabled = ui.adding;
   btn.textContent = ui.adding ? 'Adding…' : 'Add';
   $('add-model-id').disabled = ui.adding;
+  const search = $('add-model-search');
+  search.disabled = ui.adding || ui.searching;
+  search.textContent = ui.searching ? 'Searching…' : 'Search';
   const err = $('add-model-error');
   err.hidden = !ui.addError;
   err.textContent = ui.addError || '';
+  const list = $('add-model-results');
+  const found = ui.searchResults;
+  list.hidden = !found;
+  list.replaceChildren(
+    ...(found || []).map((m) =>
+      h('button', {
+        type: 'button',
+        class: 'search-result',
+        title: `Put ${m.id} in the box, to add it`,
+        onclick: () => pickSearchResult(m.id),
+      },
+      h('span', { class: 'search-id', text: m.id }),
+      h('span', {
+        class: 'search-meta',
+        text: `${formatCount(m.downloads)} downloads · ${formatCount(m.likes)} likes`,
+      }))),
+    ...(found && !found.length ? [h('p', { class: 'empty', text: 'No model on Hugging Face matches.' })] : []));
 }
 
 // ---- rendering: models -----------------------------------------------------------------
@@ -1411,6 +1461,7 @@ function wire() {
     e.preventDefault();
     addModel();
   });
+  $('add-model-search').addEventListener('click', () => searchModels());
   $('add-model-id').addEventListener('input', () => {
     if (ui.addError) {
       ui.addError = null;

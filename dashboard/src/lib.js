@@ -74,6 +74,14 @@ export function formatContext(n) {
   return String(n);
 }
 
+/** A count for people: 950 -> "950", 12345 -> "12.3k", 4567890 -> "4.6M". */
+export function formatCount(n) {
+  if (typeof n !== 'number' || !Number.isFinite(n) || n < 0) return '—';
+  if (n >= 999500) return `${n >= 1e7 ? Math.round(n / 1e6) : (n / 1e6).toFixed(1).replace(/\.0$/, '')}M`;
+  if (n >= 1000) return `${(n / 1e3).toFixed(1).replace(/\.0$/, '')}k`;
+  return String(Math.round(n));
+}
+
 /** A uuid shortened for display: "25d2d2b1-3cc0-…" -> "25d2d2b1". */
 export function shortId(id) {
   if (typeof id !== 'string') return '';

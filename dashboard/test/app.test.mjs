@@ -348,6 +348,15 @@ test('the page, end to end on a fake DOM and a fake daemon', async (t) => {
       models = { ...models, data: [...models.data, card] };
       return json(200, card);
     }
+    if (url.startsWith('models/search?')) {
+      const q = new URLSearchParams(url.slice(url.indexOf('?') + 1));
+      if (q.get('query') === 'offline') return json(503, { error: { message: 'model search: offline mode (HF_HUB_OFFLINE): not fetched' } });
+      if (q.get('query') === 'nothing') return json(200, []);
+      return json(200, [
+        { id: 'mlx-community/Qwen3-4B-4bit', author: 'mlx-community', downloads: 123456, likes: 12, last_modified: null, tags: [] },
+        { id: 'mlx-community/Qwen3-4B-8bit', author: 'mlx-community', downloads: 950, likes: 0, last_modified: null, tags: [] },
+      ]);
+    }
     if (url.startsWith('models/custom/') && method === 'DELETE') {
       const id = url.slice('models/custom/'.length);
       models = { ...models, data: models.data.filter((m) => m.id !== id) };
@@ -769,6 +778,32 @@ test('the page, end to end on a fake DOM and a fake daemon', async (t) => {
     assert.equal($('add-model-id').value, '');
     assert.equal($('add-model-error').hidden, true);
     assert.ok(modelRow('new-org/New-Model').textContent.includes('custom'));
+
+    // Search Hugging Face: the results under the box; a pick fills the box
+    const searches = () => calls.filter((c) => c.url.startsWith('models/search?'));
+    $('add-model-id').value = ' qwen3 4b ';
+    $('add-model-search').dispatch('click');
+    await waitFor(() => $('add-model-results').hidden === false, 'the search results');
+    assert.equal(searches().at(-1).url, 'models/search?query=qwen3%204b&limit=10');
+    const results = findAll($('add-model-results'), (e) => e.tagName === 'BUTTON');
+    assert.equal(results.length, 2);
+    assert.ok(results[0].textContent.includes('mlx-community/Qwen3-4B-4bit'));
+    assert.ok(results[0].textContent.includes('123.5k downloads'), results[0].textContent);
+    assert.equal($('add-model-search').disabled, false);
+    results[1].click();
+    assert.equal($('add-model-id').value, 'mlx-community/Qwen3-4B-8bit');
+    assert.equal($('add-model-results').hidden, true);
+    $('add-model-id').value = 'nothing';
+    $('add-model-search').dispatch('click');
+    await waitFor(() => $('add-model-results').hidden === false, 'an empty answer');
+    assert.ok($('add-model-results').textContent.includes('No model on Hugging Face matches'));
+    $('add-model-id').value = 'offline';
+    $('add-model-search').dispatch('click');
+    await waitFor(() => $('add-model-error').hidden === false, 'the search error');
+    assert.ok($('add-model-error').textContent.includes('offline mode'), $('add-model-error').textContent);
+    assert.equal($('add-model-results').hidden, true);
+    $('add-model-id').value = '';
+    $('add-model-id').dispatch('input');
 
     // Remove a custom model
     button(modelRow('me/custom-model'), 'Remove')[0].click();

@@ -6,6 +6,7 @@ import {
   errorMessageFromJson,
   formatBytes,
   formatContext,
+  formatCount,
   formatDuration,
   formatPercent,
   formatRate,
@@ -68,6 +69,17 @@ test('formatDuration', () => {
   assert.equal(formatDuration(12345), '12.3 s');
   assert.equal(formatDuration(75000), '1m 15s');
   assert.equal(formatDuration(null), '—');
+});
+
+test('formatCount: thousands and millions for people', () => {
+  assert.equal(formatCount(0), '0');
+  assert.equal(formatCount(950), '950');
+  assert.equal(formatCount(1000), '1k');
+  assert.equal(formatCount(12345), '12.3k');
+  assert.equal(formatCount(4567890), '4.6M');
+  assert.equal(formatCount(45678901), '46M');
+  assert.equal(formatCount(-1), '—');
+  assert.equal(formatCount(undefined), '—');
 });
 
 test('formatContext and shortId', () => {

@@ -573,6 +573,39 @@ static void has_custom_card(void *ctx, const exo_state *st)
 
 /* POST /models/add {model_id}: the model's card from the hub (config.json
  * and file list), added for every node as a custom model. */
+/* GET /models/search?query=&limit=20: models on the hub to add, as exo
+ * finds them: mlx-community's (the format exo's catalogue uses) most
+ * downloaded first, and where it has none, anyone's. */
+static void h_models_search(exo_http_request *r, void *ud)
+{
+    exo_api_server *s = ud;
+    const char *query = exo_http_query(r, "query"), *lim = exo_http_query(r, "limit");
+    long limit = 20;
+    if (lim) {
+        char *end;
+        limit = strtol(lim, &end, 10);
+        if (!*lim || *end || limit < 1 || limit > EXO_HUB_SEARCH_MAX) {
+            respond_error(r, 400, "limit: an integer from 1 to 100");
+            return;
+        }
+    }
+    exo_hub_opts hub = *exo_node_hub(s->node);
+    hub.attempts = hub.attempts < 2 ? hub.attempts : 2; /* a person waits for the answer */
+    hub.api_timeout_s = 15;
+    json_t *found;
+    exo_err err = {0};
+    int rc = exo_hub_search(&hub, query ? query : "", "mlx-community", (int)limit, &found, &err);
+    if (!rc && !json_array_size(found)) {
+        json_decref(found);
+        rc = exo_hub_search(&hub, query ? query : "", NULL, (int)limit, &found, &err);
+    }
+    if (rc) {
+        respond_error(r, rc == EXO_EUNSUPPORTED ? 503 : rc == EXO_EPERM ? 403 : 502, err.msg);
+        return;
+    }
+    respond_json(r, 200, found);
+}
+
 static void h_models_add(exo_http_request *r, void *ud)
 {
     exo_api_server *s = ud;
@@ -980,6 +1013,7 @@ static const route routes[] = {
     {"GET", "/models", h_models},
     {"GET", "/v1/models", h_models},
     {"GET", "/v1/models/{id:path}", h_model_get},
+    {"GET", "/models/search", h_models_search},
     {"POST", "/models/add", h_models_add},
     {"DELETE", "/models/custom/{model_id:path}", h_models_custom_delete},
     {"POST", "/download/start", h_download_start},

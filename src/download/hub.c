@@ -33,6 +33,9 @@
 #define WRITEBACK_STEP   ((int64_t)32 << 20)
 #define WRITE_CHUNK      ((size_t)1 << 20)
 #define FLUSH_NS         250000000ull
+#define URL_MAX          4096
+#define TREE_PAGES_MAX   1000 /* of 1000 files each on huggingface.co: past the parser's 100000 */
+#define TREE_FILES_MAX   100000
 
 static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
 static void curl_init_once(void) { curl_global_init(CURL_GLOBAL_DEFAULT); }
@@ -201,6 +204,8 @@ done:
 typedef struct exchange {
     long   status;
     char   retry_after[64], ratelimit[128];
+    char   link[URL_MAX + 64]; /* a listing's next page; link_cut: longer than that */
+    bool   link_cut;
     char   error_body[ERROR_BODY_MAX];
     size_t error_len;
 } exchange;
@@ -224,7 +229,8 @@ static size_t on_header(char *line, size_t size, size_t n, void *ud)
     exchange *x = ud;
     size_t len = size * n;
     if (len >= 5 && !strncmp(line, "HTTP/", 5)) { /* a new response (after a redirect) */
-        x->retry_after[0] = x->ratelimit[0] = 0;
+        x->retry_after[0] = x->ratelimit[0] = x->link[0] = 0;
+        x->link_cut = false;
         x->status = 0;
         return len;
     }
@@ -238,7 +244,84 @@ static size_t on_header(char *line, size_t size, size_t n, void *ud)
         trim_copy(x->retry_after, sizeof x->retry_after, v, vlen);
     else if (name == 9 && !strncasecmp(line, "ratelimit", 9))
         trim_copy(x->ratelimit, sizeof x->ratelimit, v, vlen);
+    else if (name == 4 && !strncasecmp(line, "link", 4)) {
+        trim_copy(x->link, sizeof x->link, v, vlen);
+        x->link_cut = strlen(x->link) + 1 == sizeof x->link;
+    }
     return len;
+}
+
+/* Whether a space-separated list of relation types holds "next". */
+static bool rel_has_next(const char *v, size_t n)
+{
+    for (size_t i = 0; i < n;) {
+        while (i < n && v[i] == ' ')
+            i++;
+        size_t w = 0;
+        while (i + w < n && v[i + w] != ' ')
+            w++;
+        if (w == 4 && !strncasecmp(v + i, "next", 4))
+            return true;
+        i += w;
+    }
+    return false;
+}
+
+bool exo_hub_next_link(const char *link, char *url, size_t cap)
+{
+    /* link-value *( "," link-value ), each "<" URI ">" *( ";" name [ "=" token / quoted-string ] ) */
+    const char *p = link;
+    while (p && *p) {
+        const char *lt = strchr(p, '<');
+        const char *gt = lt ? strchr(lt + 1, '>') : NULL;
+        if (!gt)
+            return false;
+        bool next = false;
+        p = gt + 1;
+        while (*p == ' ' || *p == ';') {
+            while (*p == ' ' || *p == ';')
+                p++;
+            const char *name = p;
+            while (*p && *p != '=' && *p != ';' && *p != ',' && *p != ' ')
+                p++;
+            size_t name_len = (size_t)(p - name);
+            while (*p == ' ')
+                p++;
+            const char *v = p;
+            size_t v_len = 0;
+            if (*p == '=') {
+                p++;
+                while (*p == ' ')
+                    p++;
+                if (*p == '"') { /* a quoted string may hold ',' and ';' */
+                    v = ++p;
+                    while (*p && *p != '"')
+                        p++;
+                    v_len = (size_t)(p - v);
+                    if (*p)
+                        p++;
+                } else {
+                    v = p;
+                    while (*p && *p != ';' && *p != ',')
+                        p++;
+                    v_len = (size_t)(p - v);
+                }
+            }
+            if (name_len == 3 && !strncasecmp(name, "rel", 3) && rel_has_next(v, v_len))
+                next = true;
+        }
+        size_t n = (size_t)(gt - lt - 1);
+        if (next) {
+            if (!n || n >= cap)
+                return false;
+            memcpy(url, lt + 1, n);
+            url[n] = 0;
+            return true;
+        }
+        while (*p && *p != ',') /* whatever does not parse, up to the next link-value */
+            p++;
+    }
+    return false;
 }
 
 int exo_hub_retry_after(const char *retry_after, const char *ratelimit)
@@ -418,8 +501,11 @@ static size_t on_mem(char *p, size_t size, size_t n, void *ud)
     return len;
 }
 
-static int get_small(const exo_hub_opts *o, const char *model_id, const char *path, bool tree, size_t max,
-                     char **body, size_t *len, exo_err *err)
+/* One small GET into memory, retried. A listing (tree) asks for page_url
+ * when given (a Link header's next page) and gives the next page's URL in
+ * next ("" on the last page). */
+static int get_small(const exo_hub_opts *o, const char *model_id, const char *path, bool tree, const char *page_url,
+                     size_t max, char **body, size_t *len, char next[URL_MAX], exo_err *err)
 {
     *body = NULL;
     *len = 0;
@@ -434,8 +520,10 @@ static int get_small(const exo_hub_opts *o, const char *model_id, const char *pa
         CURL *c = new_handle(o, &h, &x);
         if (!c)
             return exo_err_set(err, EXO_ENOMEM, "%s: curl_easy_init failed", what);
-        char url[4096];
-        if (!build_url(o, c, model_id, path, tree, url, sizeof url)) {
+        char url[URL_MAX];
+        if (page_url)
+            snprintf(url, sizeof url, "%s", page_url);
+        else if (!build_url(o, c, model_id, path, tree, url, sizeof url)) {
             curl_easy_cleanup(c);
             curl_slist_free_all(h);
             return exo_err_set(err, EXO_EINVAL, "%s: URL too long", what);
@@ -458,6 +546,14 @@ static int get_small(const exo_hub_opts *o, const char *model_id, const char *pa
             return exo_err_set(err, EXO_ETOOBIG, "%s: larger than %zu bytes", what, max);
         }
         if (cc == CURLE_OK && x.status == 200) {
+            if (next) {
+                next[0] = 0;
+                if (x.link_cut || (x.link[0] && strstr(x.link, "next") &&
+                                   !exo_hub_next_link(x.link, next, URL_MAX))) {
+                    exo_free(m.data);
+                    return exo_err_set(err, EXO_EFORMAT, "%s: a Link header that names no usable next page", what);
+                }
+            }
             if (!m.data)
                 m.data = exo_malloc(1);
             m.data[m.len] = 0;
@@ -478,18 +574,141 @@ static int get_small(const exo_hub_opts *o, const char *model_id, const char *pa
     return rc;
 }
 
+/* The hub lists a tree in pages (1000 entries on huggingface.co), each
+ * naming the next in a Link header, which is followed only within the
+ * endpoint: the token goes with every page, and a listing that sent it
+ * elsewhere would hand it to whoever is there. */
 int exo_hub_list_files(const exo_hub_opts *o, const char *model_id, exo_hub_file_list *out, exo_err *err)
 {
     memset(out, 0, sizeof *out);
+    char next[URL_MAX] = "";
+    const size_t origin = strlen(o->endpoint);
+    int rc = 0;
+    for (int page = 0;; page++) {
+        char *body;
+        size_t len;
+        char *page_url = page ? exo_strdup(next) : NULL;
+        rc = get_small(o, model_id, NULL, true, page_url, 64u << 20, &body, &len, next, err);
+        exo_free(page_url);
+        if (rc)
+            break;
+        exo_hub_file_list l;
+        rc = exo_hub_parse_tree(body, len, &l, err);
+        exo_free(body);
+        if (rc) {
+            exo_err_wrap(err, "%s", model_id);
+            break;
+        }
+        if (out->n + l.n > TREE_FILES_MAX) {
+            exo_hub_file_list_free(&l);
+            rc = exo_err_set(err, EXO_ETOOBIG, "%s: file list: more than %d files", model_id, TREE_FILES_MAX);
+            break;
+        }
+        if (l.n) {
+            out->v = exo_realloc(out->v, (out->n + l.n) * sizeof *out->v);
+            memcpy(out->v + out->n, l.v, l.n * sizeof *l.v);
+            out->n += l.n;
+        }
+        exo_free(l.v); /* its paths now belong to out */
+        if (!next[0])
+            break;
+        if (strncmp(next, o->endpoint, origin) || next[origin] != '/') {
+            rc = exo_err_set(err, EXO_EFORMAT, "%s: file list: the next page is outside %s (%.200s): not followed",
+                             model_id, o->endpoint, next);
+            break;
+        }
+        if (page + 1 == TREE_PAGES_MAX) {
+            rc = exo_err_set(err, EXO_ETOOBIG, "%s: file list: more than %d pages", model_id, TREE_PAGES_MAX);
+            break;
+        }
+    }
+    if (rc)
+        exo_hub_file_list_free(out);
+    return rc;
+}
+
+/* One model of a search answer, in the fields exo's /models/search gives;
+ * NULL for an entry without an id (skipped, as the hub never sends one). */
+static json_t *search_entry(json_t *e)
+{
+    const char *id = json_string_value(json_object_get(e, "id"));
+    if (!id || !*id)
+        return NULL;
+    const char *author = json_string_value(json_object_get(e, "author"));
+    const char *slash = strchr(id, '/');
+    json_t *out = json_object();
+    json_object_set_new(out, "id", json_string(id));
+    if (author)
+        json_object_set_new(out, "author", json_string(author));
+    else if (slash)
+        json_object_set_new(out, "author", json_stringn(id, (size_t)(slash - id)));
+    else
+        json_object_set_new(out, "author", json_null());
+    json_t *n = json_object_get(e, "downloads");
+    json_object_set_new(out, "downloads", json_integer(json_is_integer(n) ? json_integer_value(n) : 0));
+    n = json_object_get(e, "likes");
+    json_object_set_new(out, "likes", json_integer(json_is_integer(n) ? json_integer_value(n) : 0));
+    const char *when = json_string_value(json_object_get(e, "lastModified"));
+    json_object_set_new(out, "last_modified", when ? json_string(when) : json_null());
+    json_t *tags = json_array(), *t = json_object_get(e, "tags");
+    for (size_t i = 0; json_is_array(t) && i < json_array_size(t) && i < 64; i++) {
+        const char *tag = json_string_value(json_array_get(t, i));
+        if (tag)
+            json_array_append_new(tags, json_string(tag));
+    }
+    json_object_set_new(out, "tags", tags);
+    return out;
+}
+
+int exo_hub_parse_search(const char *json, size_t len, int limit, json_t **out, exo_err *err)
+{
+    *out = NULL;
+    json_error_t je;
+    json_t *root = json_loadb(json, len, 0, &je);
+    if (!root)
+        return exo_err_set(err, EXO_EFORMAT, "model search: %s", je.text);
+    if (!json_is_array(root)) {
+        json_decref(root);
+        return exo_err_set(err, EXO_EFORMAT, "model search: not a JSON array");
+    }
+    json_t *models = json_array();
+    for (size_t i = 0; i < json_array_size(root) && json_array_size(models) < (size_t)limit; i++) {
+        json_t *m = search_entry(json_array_get(root, i));
+        if (m)
+            json_array_append_new(models, m);
+    }
+    json_decref(root);
+    *out = models;
+    return 0;
+}
+
+int exo_hub_search(const exo_hub_opts *o, const char *query, const char *author, int limit, json_t **out,
+                   exo_err *err)
+{
+    *out = NULL;
+    if (limit < 1 || limit > EXO_HUB_SEARCH_MAX)
+        return exo_err_set(err, EXO_EINVAL, "model search: limit must be 1..%d", EXO_HUB_SEARCH_MAX);
+    pthread_once(&curl_once, curl_init_once);
+    CURL *c = curl_easy_init();
+    if (!c)
+        return exo_err_set(err, EXO_ENOMEM, "model search: curl_easy_init failed");
+    char *q = curl_easy_escape(c, query, 0), *a = curl_easy_escape(c, author ? author : "", 0);
+    char url[URL_MAX];
+    int n = q && a ? snprintf(url, sizeof url, "%s/api/models?search=%s%s%s&sort=downloads&direction=-1&limit=%d",
+                              o->endpoint, q, *a ? "&author=" : "", a, limit)
+                   : -1;
+    curl_free(q);
+    curl_free(a);
+    curl_easy_cleanup(c);
+    if (n < 0 || (size_t)n >= sizeof url)
+        return exo_err_set(err, EXO_EINVAL, "model search: query too long");
     char *body;
     size_t len;
-    int rc = get_small(o, model_id, NULL, true, 64u << 20, &body, &len, err);
+    int rc = get_small(o, "model search", query, false, url, 8u << 20, &body, &len, NULL, err);
     if (rc)
         return rc;
-    rc = exo_hub_parse_tree(body, len, out, err);
+    rc = exo_hub_parse_search(body, len, limit, out, err);
     exo_free(body);
-    if (rc)
-        exo_err_wrap(err, "%s", model_id);
     return rc;
 }
 
@@ -498,7 +717,7 @@ int exo_hub_get_file(const exo_hub_opts *o, const char *model_id, const char *pa
 {
     if (!exo_hub_path_safe(path))
         return exo_err_set(err, EXO_EINVAL, "unsafe path '%s'", path);
-    return get_small(o, model_id, path, false, max_bytes, body, len, err);
+    return get_small(o, model_id, path, false, NULL, max_bytes, body, len, NULL, err);
 }
 
 /* ---- big files ------------------------------------------------------------------ */

@@ -4,6 +4,9 @@
  *
  * Endpoints (huggingface.co, or HF_ENDPOINT):
  *   GET  {endpoint}/api/models/{id}/tree/{rev}?recursive=true   file list
+ *        (in pages: each names the next in a Link header, followed
+ *        within the endpoint only)
+ *   GET  {endpoint}/api/models?search={query}&sort=downloads   model search
  *   GET  {endpoint}/{id}/resolve/{rev}/{path}                   file bytes
  *        (LFS files answer 302 to a CDN; followed, with Range)
  *
@@ -30,6 +33,8 @@
 #define EXO_DOWNLOAD_HUB_H
 
 #include "core/error.h"
+
+#include <jansson.h>
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -97,9 +102,26 @@ typedef bool (*exo_hub_progress_fn)(void *ctx, int64_t delta);
 int exo_hub_fetch(const exo_hub_opts *o, const char *model_id, const exo_hub_file *f, const char *dest,
                   exo_hub_progress_fn progress, void *ctx, exo_err *err);
 
+/* Models of the hub whose names match query (its /api/models?search=),
+ * most downloaded first, at most limit (1..EXO_HUB_SEARCH_MAX), of author
+ * (an organisation) unless it is NULL or "": *out a JSON array of {id,
+ * author, downloads, likes, last_modified, tags} (json_decref). */
+#define EXO_HUB_SEARCH_MAX 100
+int exo_hub_search(const exo_hub_opts *o, const char *query, const char *author, int limit, json_t **out,
+                   exo_err *err);
+
+/* The answer of the search endpoint into that array; entries without an
+ * id are skipped, missing counts are 0. Exposed for tests and fuzzing. */
+int exo_hub_parse_search(const char *json, size_t len, int limit, json_t **out, exo_err *err);
+
 /* The seconds a 429 asks to wait: Retry-After (seconds) or the hub's
  * RateLimit header ("...;t=<seconds>"); -1 if neither parses. Exposed for
  * tests. */
 int exo_hub_retry_after(const char *retry_after, const char *ratelimit);
+
+/* The URL of the link whose relation types include "next" in a Link header
+ * (RFC 8288: `<url>; rel="next", <url2>; rel="last"`); false if there is
+ * none or it does not fit in cap. Exposed for tests. */
+bool exo_hub_next_link(const char *link, char *url, size_t cap);
 
 #endif

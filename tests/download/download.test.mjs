@@ -531,6 +531,35 @@ test('cli: a file deleted from a complete download is fetched again', async () =
     `the files still there are not:\n${fmtLog(log)}`);
 });
 
+test('cli: a file list in pages is followed to its end; a next page elsewhere is not', async () => {
+  // huggingface.co lists 1000 entries a page; these hubs list 2
+  const paged = await startHub(['--tree-page', '2']);
+  const repo = makeRepo('paged', { extra: { 'a.txt': 10, 'b.txt': 20 } });
+  fs.mkdirSync(path.join(repo.dir, 'sub'));
+  fs.writeFileSync(path.join(repo.dir, 'sub/c.txt'), 'in a folder\n');
+  const models = modelsDir();
+  let r = await exoDownload([repo.id, '--models-dir', models], { env: { HF_ENDPOINT: paged.base } });
+  assert.equal(r.code, 0, tail(r));
+  const dir = path.join(models, dirName(repo.id));
+  assertSameFiles(repo.dir, dir);
+  assert.deepEqual(readMeta(dir).files.map((f) => f.path).sort(), listFiles(repo.dir), 'every page\'s files');
+  const entries = listFiles(repo.dir).length + 1; // and the folder
+  const pages = (await paged.log()).filter((e) => e.path === treePath(repo.id));
+  assert.equal(pages.length, Math.ceil(entries / 2), `${entries} entries, 2 a page:\n${fmtLog(pages)}`);
+
+  // A listing whose next page is on another host would take the token
+  // there: refused, and nothing is downloaded from a partial list.
+  const elsewhere = await startHub(['--tree-page', '2', '--link-origin', 'http://127.0.0.2:9']);
+  const other = modelsDir();
+  r = await exoDownload([repo.id, '--models-dir', other], { env: { HF_ENDPOINT: elsewhere.base, HF_TOKEN: TOKEN } });
+  assert.notEqual(r.code, 0, 'a list that leaves the endpoint fails');
+  assert.match(r.stderr, /next page is outside/, tail(r));
+  assert.deepEqual(listFiles(other).filter((f) => !f.endsWith('.json') && !f.includes('lock')), [],
+    `no file fetched from a partial list: ${listFiles(other).join(', ')}`);
+  paged.child.kill('SIGKILL');
+  elsewhere.child.kill('SIGKILL');
+});
+
 test('cli: a connection dropped mid-file resumes with a Range request', async () => {
   await hub.reset();
   const repo = makeRepo('drop', { extra: { 'extra.safetensors': 8 * MiB } });
@@ -948,6 +977,64 @@ test('daemon: first run from nothing: add, place, download, chat', async () => {
     await chat(d, repo.id);
   } finally {
     await d.stop();
+  }
+});
+
+test('daemon: /models/search: mlx-community\'s most downloaded first, anyone\'s where it has none', async () => {
+  await hub.reset();
+  const repo = (id, downloads) => {
+    const dir = path.join(HUB_ROOT, id);
+    fs.mkdirSync(dir, { recursive: true });
+    fs.writeFileSync(path.join(dir, 'config.json'), '{}');
+    fs.writeFileSync(path.join(dir, '.downloads'), String(downloads));
+    fs.writeFileSync(path.join(dir, '.likes'), String(downloads % 7));
+  };
+  repo('mlx-community/Findable-4bit', 5);
+  repo('mlx-community/Findable-8bit', 50);
+  repo('someone/Findable-bf16', 500);
+  repo('someone/Elsewhere-Only', 3);
+  const d = await startDaemon({ dataDir: fs.mkdtempSync(path.join(TMP, 'data-')), models: modelsDir() });
+  try {
+    let r = await d.req('GET', '/models/search?query=findable');
+    assert.equal(r.status, 200, r.text);
+    assert.deepEqual(r.json.map((m) => m.id), ['mlx-community/Findable-8bit', 'mlx-community/Findable-4bit'],
+      'mlx-community only, most downloaded first');
+    assert.deepEqual(r.json[0], { id: 'mlx-community/Findable-8bit', author: 'mlx-community', downloads: 50,
+      likes: 1, last_modified: null, tags: ['safetensors', 'text-generation'] });
+    r = await d.req('GET', '/models/search?query=ELSEWHERE');
+    assert.deepEqual(r.json.map((m) => m.id), ['someone/Elsewhere-Only'], 'anyone\'s where mlx-community has none');
+    assert.equal(r.json[0].author, 'someone', 'the author from the id, which the hub\'s list does not send');
+    r = await d.req('GET', '/models/search?query=findable&limit=1');
+    assert.deepEqual(r.json.map((m) => m.id), ['mlx-community/Findable-8bit']);
+    r = await d.req('GET', '/models/search?query=no-such-thing-anywhere');
+    assert.equal(r.status, 200);
+    assert.deepEqual(r.json, []);
+    for (const bad of ['0', '101', 'x', '']) {
+      r = await d.req('GET', `/models/search?query=a&limit=${bad}`);
+      assert.equal(r.status, 400, `limit=${bad}: ${r.text}`);
+    }
+    const log = (await hub.log()).filter((e) => e.path === '/api/models');
+    assert.equal(log.length, 6,
+      `one request a search, two where the first found nothing, none for a bad limit:\n${fmtLog(log)}`);
+    await hub.faults([{ match: '/api/models', kind: 'status', code: 500, times: -1 }]);
+    r = await d.req('GET', '/models/search?query=findable');
+    assert.equal(r.status, 502, r.text);
+    assert.match(r.json?.error?.message ?? '', /500/, r.text);
+    await hub.reset();
+  } finally {
+    await d.stop();
+  }
+  const off = await startDaemon({
+    dataDir: fs.mkdtempSync(path.join(TMP, 'data-')), models: modelsDir(), offline: true,
+  });
+  try {
+    await hub.reset();
+    const r = await off.req('GET', '/models/search?query=findable');
+    assert.equal(r.status, 503, r.text);
+    assert.match(r.json?.error?.message ?? '', /offline/i, r.text);
+    assert.equal((await hub.log()).length, 0, 'offline: no request');
+  } finally {
+    await off.stop();
   }
 });
 

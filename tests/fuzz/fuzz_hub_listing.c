@@ -3,7 +3,10 @@
  * or give files whose paths are safe to join under a model directory, with
  * sizes >= 0 and well-formed hashes; the same bytes as a safetensors index
  * must pick files only among the names given; the same bytes as rate-limit
- * headers give a wait in [-1, 300]. */
+ * headers give a wait in [-1, 300]; as a Link header, a next page whose URL
+ * fits the room given and is a part of the header; as a model search's
+ * answer, at most the limit of models, each with an id, counts and string
+ * tags. */
 // FUZZ_SOURCES: src/download/hub.c src/download/downloader.c src/download/model_store.c src/proto/shard.c src/core/*.c
 // FUZZ_LIBS: -lcurl -lcrypto
 #include "download/downloader.h"
@@ -53,5 +56,39 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     int w = exo_hub_retry_after(a, b);
     if (w < -1 || w > 300)
         abort();
+
+    char *link = malloc(size + 1), url[48];
+    memcpy(link, data, size);
+    link[size] = 0;
+    memset(url, 'x', sizeof url);
+    if (exo_hub_next_link(link, url, sizeof url)) {
+        size_t n = strnlen(url, sizeof url);
+        if (n == 0 || n == sizeof url || !strstr(link, url))
+            abort();
+    }
+    free(link);
+
+    json_t *found;
+    err = (exo_err){0};
+    if (exo_hub_parse_search((const char *)data, size, 20, &found, &err) == 0) {
+        if (!json_is_array(found) || json_array_size(found) > 20)
+            abort();
+        size_t i;
+        json_t *m;
+        json_array_foreach(found, i, m) {
+            const char *id = json_string_value(json_object_get(m, "id"));
+            json_t *tags = json_object_get(m, "tags"), *author = json_object_get(m, "author");
+            if (!id || !*id || !json_is_integer(json_object_get(m, "downloads")) ||
+                !json_is_integer(json_object_get(m, "likes")) || !json_is_array(tags) ||
+                !(json_is_string(author) || json_is_null(author)))
+                abort();
+            for (size_t k = 0; k < json_array_size(tags); k++)
+                if (!json_is_string(json_array_get(tags, k)))
+                    abort();
+        }
+        json_decref(found);
+    } else if (found || !err.msg[0]) {
+        abort();
+    }
     return 0;
 }

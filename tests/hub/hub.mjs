@@ -6,7 +6,8 @@
 // request. See README.md next to this file.
 //
 //   node tests/hub/hub.mjs --root DIR [--port 0] [--host 127.0.0.1]
-//        [--token TOKEN] [--lfs-threshold BYTES] [--warm]
+//        [--token TOKEN] [--lfs-threshold BYTES] [--warm] [--tree-page N]
+//        [--link-origin URL]
 //
 // DIR/<org>/<name>/ is the repo "org/name". Once listening it prints exactly
 // one line, {"port":N}, on stdout and runs until SIGTERM / SIGINT.
@@ -32,12 +33,13 @@ const JSON_TYPE = 'application/json; charset=utf-8';
 function usage(msg) {
   if (msg) process.stderr.write(`hub: ${msg}\n`);
   process.stderr.write('usage: node hub.mjs --root DIR [--port 0] [--host 127.0.0.1] ' +
-    '[--token TOKEN] [--lfs-threshold BYTES] [--warm]\n');
+    '[--token TOKEN] [--lfs-threshold BYTES] [--warm] [--tree-page N] [--link-origin URL]\n');
   process.exit(2);
 }
 
 function parseArgs(argv) {
-  const opts = { root: null, port: 0, host: '127.0.0.1', token: null, lfsThreshold: MiB, warm: false };
+  const opts = { root: null, port: 0, host: '127.0.0.1', token: null, lfsThreshold: MiB, warm: false,
+    treePage: 1000, linkOrigin: null };
   for (let i = 0; i < argv.length; i++) {
     let [flag, value] = argv[i].split(/=(.*)/s);
     const next = () => {
@@ -57,6 +59,11 @@ function parseArgs(argv) {
       case '--token': opts.token = next(); break;
       case '--lfs-threshold': opts.lfsThreshold = int(); break;
       case '--warm': opts.warm = true; break; // hash every file before announcing the port
+      // huggingface.co answers a tree in pages of 1000 entries, the next one named by a Link header
+      case '--tree-page': opts.treePage = int(); if (!opts.treePage) usage('--tree-page must be >= 1'); break;
+      // where the Link header's next page points (default: the origin asked); a test of a hub
+      // that sends a client elsewhere
+      case '--link-origin': opts.linkOrigin = next(); break;
       case '-h': case '--help': usage();
       default: usage(`unknown argument ${argv[i]}`);
     }
@@ -286,7 +293,10 @@ function modelInfo(repo) {
   });
 }
 
-async function tree(repo, sub, recursive) {
+// A page of a tree: entries from the cursor's offset on, and a Link header
+// naming the next page while any are left (huggingface_hub's paginate()
+// follows rel="next"; the cursor is opaque to clients).
+async function tree(req, repo, sub, recursive, cursor) {
   if (sub && !repo.entries.some((e) => e.type === 'directory' && e.path === sub)) return entryNotFound();
   const prefix = sub ? `${sub}/` : '';
   const out = [];
@@ -304,7 +314,15 @@ async function tree(repo, sub, recursive) {
     item.path = e.path;
     out.push(item);
   }
-  return jsonPlan(200, out);
+  const from = cursor === null ? 0 : Number(Buffer.from(cursor, 'base64url').toString());
+  if (!Number.isInteger(from) || from < 0 || from > out.length) return errorPlan(400, null, 'Invalid cursor');
+  const page = out.slice(from, from + OPTS.treePage), headers = {};
+  if (from + page.length < out.length) {
+    const url = new URL(req.url, OPTS.linkOrigin ?? `http://${req.headers.host}`);
+    url.searchParams.set('cursor', Buffer.from(String(from + page.length)).toString('base64url'));
+    headers.link = `<${url}>; rel="next"`;
+  }
+  return jsonPlan(200, page, headers);
 }
 
 // /api/models/<org>/<name>[/tree/<rev>[/<dir>]|/revision/<rev>]
@@ -324,7 +342,7 @@ async function apiRoute(req, segs, query) {
     if (subSegs.length && subSegs[subSegs.length - 1] === '') subSegs = subSegs.slice(0, -1); // "tree/main/"
     const sub = subSegs.length ? decodePath(subSegs) : '';
     const r = (query.get('recursive') ?? '').toLowerCase();
-    return tree(repo, sub, r === 'true' || r === '1');
+    return tree(req, repo, sub, r === 'true' || r === '1', query.get('cursor'));
   }
   return notFound();
 }
@@ -375,10 +393,40 @@ async function cdnRoute(req, segs) {
   });
 }
 
+// /api/models?search=Q[&author=ORG][&sort=downloads&direction=-1][&limit=N]:
+// the public repos whose id contains Q (case-insensitive), as the hub's
+// model list answers without full=true (no author, no lastModified). A
+// repo's downloads and likes come from root control files .downloads and
+// .likes (a number each; 0 without). Gated repos are listed, as on the hub.
+async function searchRoute(req, query) {
+  if (OPTS.token !== null && bearer(req) !== OPTS.token)
+    return errorPlan(401, null, 'Invalid credentials in Authorization header');
+  const q = (query.get('search') ?? '').toLowerCase(), author = query.get('author');
+  const limit = Number(query.get('limit') ?? 1000);
+  if (!Number.isInteger(limit) || limit < 1) return errorPlan(400, null, 'Invalid limit');
+  const count = async (dir, f) => Number((await fsp.readFile(path.join(dir, f), 'utf8').catch(() => '0')).trim()) || 0;
+  const out = [];
+  for (const org of (await fsp.readdir(OPTS.root)).sort()) {
+    if (author && org !== author) continue;
+    const orgDir = path.join(OPTS.root, org);
+    if (!(await fsp.stat(orgDir)).isDirectory()) continue;
+    for (const name of (await fsp.readdir(orgDir)).sort()) {
+      const id = `${org}/${name}`, dir = path.join(orgDir, name);
+      if (!id.toLowerCase().includes(q) || !(await fsp.stat(dir)).isDirectory()) continue;
+      out.push({ _id: sha1Hex(id).slice(0, 24), id, likes: await count(dir, '.likes'), private: false,
+        downloads: await count(dir, '.downloads'), tags: ['safetensors', 'text-generation'],
+        pipeline_tag: 'text-generation', createdAt: (await fsp.stat(dir)).birthtime.toISOString(), modelId: id });
+    }
+  }
+  if (query.get('sort') === 'downloads') out.sort((x, y) => y.downloads - x.downloads || x.id.localeCompare(y.id));
+  return jsonPlan(200, out.slice(0, limit));
+}
+
 async function route(req, rawPath, query) {
   if (req.method !== 'GET' && req.method !== 'HEAD') return notFound();
   const segs = rawPath.split('/').slice(1);
   try {
+    if (segs[0] === 'api' && segs[1] === 'models' && segs.length === 2) return await searchRoute(req, query);
     if (segs[0] === 'api' && segs[1] === 'models' && segs.length >= 4) return await apiRoute(req, segs.slice(2), query);
     if (segs[0] === '_cdn') return await cdnRoute(req, segs.slice(1));
     if (segs[2] === 'resolve') return await resolveRoute(req, segs);

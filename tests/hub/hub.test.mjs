@@ -176,6 +176,52 @@ test('tree: non-recursive, subdirectory, bad revision', async () => {
   assert.equal((await get('/api/models/test-org/tiny/tree/%C3%A9t%C3%A9')).r.status, 404, 'non-ASCII revision');
 });
 
+test('tree: --tree-page pages with a Link to the next; a bad cursor is 400', async () => {
+  const h = await startHub(['--tree-page', '1']);
+  const all = JSON.parse((await get(`${hub.base}/api/models/test-org/tiny/tree/main?recursive=true`)).body)
+    .map((e) => e.path);
+  const seen = [];
+  let url = `${h.base}/api/models/test-org/tiny/tree/main?recursive=true`;
+  while (url) {
+    const { r, body } = await get(url);
+    assert.equal(r.status, 200);
+    const page = JSON.parse(body);
+    assert.equal(page.length, 1);
+    seen.push(...page.map((e) => e.path));
+    const link = r.headers.get('link');
+    url = link ? /^<([^>]+)>; rel="next"$/.exec(link)[1] : null;
+    if (url) assert.ok(url.startsWith(`${h.base}/api/models/test-org/tiny/tree/main?recursive=true&cursor=`), url);
+  }
+  assert.deepEqual(seen, all, 'the pages are the whole tree, in order');
+  const cursor = Buffer.from('99').toString('base64url');
+  const bad = await get(`${h.base}/api/models/test-org/tiny/tree/main?cursor=${cursor}`);
+  assert.equal(bad.r.status, 400);
+  const away = await startHub(['--tree-page', '1', '--link-origin', 'http://example.invalid:1']);
+  const r = (await get(`${away.base}/api/models/test-org/tiny/tree/main`)).r;
+  assert.ok(r.headers.get('link').startsWith('<http://example.invalid:1/api/models/test-org/tiny/tree/main?cursor='),
+    r.headers.get('link'));
+  assert.equal(await h.stop(), 0);
+  assert.equal(await away.stop(), 0);
+});
+
+test('model search: substring of the id, author, sort by downloads, limit', async () => {
+  for (const [id, n] of [['srch-a/Alpha-Model', 3], ['srch-a/beta-model', 30], ['srch-b/Gamma-MODEL', 10]]) {
+    fs.mkdirSync(path.join(tmp, id), { recursive: true });
+    fs.writeFileSync(path.join(tmp, id, '.downloads'), String(n));
+  }
+  const ids = async (q) => JSON.parse((await get(`/api/models?${q}`)).body).map((m) => m.id);
+  assert.deepEqual(await ids('search=-model&sort=downloads&direction=-1'),
+    ['srch-a/beta-model', 'srch-b/Gamma-MODEL', 'srch-a/Alpha-Model']);
+  assert.deepEqual(await ids('search=MODEL&author=srch-a&sort=downloads'), ['srch-a/beta-model', 'srch-a/Alpha-Model']);
+  assert.deepEqual(await ids('search=-model&sort=downloads&limit=1'), ['srch-a/beta-model']);
+  assert.deepEqual(await ids('search=-model&author=nobody'), []);
+  const m = JSON.parse((await get('/api/models?search=gamma')).body)[0];
+  assert.equal(m.downloads, 10);
+  assert.equal(m.author, undefined, 'the list has no author without full=true, as the hub\'s');
+  assert.equal((await get('/api/models?search=x&limit=0')).r.status, 400);
+  assert.equal((await get(`${tokHub.base}/api/models?search=x`)).r.status, 401, 'a token hub wants the token');
+});
+
 test('model info', async () => {
   const { r, body } = await get('/api/models/test-org/tiny');
   assert.equal(r.status, 200);
