@@ -508,10 +508,8 @@ test('cli: a clean download is byte-identical, recorded complete, nothing in fli
   }
 });
 
-// TODO(bug: a model dir whose .exo-download.json says complete is taken as
-// on disk without looking at its files: exo_download_locate -> dir_satisfies
-// returns true for complete:true, so a deleted or truncated weight file is
-// never fetched again and `exo download` exits 0 printing "files 3/4").
+// Once a dir whose .exo-download.json said complete was taken as on disk
+// without looking at its files, so a deleted weight file was never fetched.
 test('cli: a file deleted from a complete download is fetched again', async () => {
   await hub.reset();
   const repo = makeRepo('heal');
@@ -839,11 +837,8 @@ test('cli: SIGINT / SIGTERM keep the partial file (exit 130); the next run resum
   assert.equal(log.filter((e) => e.path === resolvePath(repo.id, 'config.json')).length, 0, fmtLog(log));
 });
 
-// TODO(bug: cancel is not honoured while the file list (or any small file)
-// is retried: hub.c get_small() waits with wait_ms(..., NULL, NULL) and runs
-// curl without a progress callback, so SIGINT / SIGTERM, /download/cancel,
-// DELETE and daemon shutdown wait out every Retry-After (up to 300 s each,
-// EXO_DOWNLOAD_ATTEMPTS times) instead of stopping within ~100 ms.)
+// Once the file list's retries slept out every Retry-After (up to 300 s)
+// whatever asked them to stop: a signal, a cancel, a shutdown.
 test('cli: SIGINT during a rate-limit wait on the file list exits at once', async () => {
   await hub.reset();
   const repo = makeRepo('ratecancel');
@@ -856,12 +851,8 @@ test('cli: SIGINT during a rate-limit wait on the file list exits at once', asyn
   assert.ok(r.ms < 500 + 1200, `exited ${(r.ms - 500).toFixed(0)} ms after SIGINT: the 429 wait was not interrupted`);
 });
 
-// TODO(bug: two downloads of one model into one models dir at once (two
-// `exo download`s, or `exo download` while the daemon fetches it) share
-// "<file>.partial" with no lock: the slower one's rename() finds the partial
-// already renamed by the other and fails "rename ...partial: No such file or
-// directory" (exit 1) although the file is complete; one's checksum failure
-// or restart would also unlink / truncate the other's bytes.)
+// Two downloads of one model into one dir share "<file>.partial": once with
+// no lock, the slower one's rename failed although the file was complete.
 test('cli: two concurrent downloads of one model into one dir both succeed', async () => {
   await hub.reset();
   const repo = makeRepo('concurrent', { extra: { 'extra.safetensors': 6 * MiB } });
@@ -1153,11 +1144,8 @@ test('daemon: the same model asked for three times (place + two starts) is fetch
   }
 });
 
-// TODO(bug, seen with EXO_BIN=build-asan/exo: every failed or cancelled
-// download overflows the stack in cluster/downloads.c publish():
-// exo_strndup(p->err.msg, EXO_MESSAGE_MAX - 1) copies 64 KiB (exo_strndup is
-// a memcpy of n bytes) out of a ~4.6 KB exo_download_progress on the stack;
-// this test, the offline one and the rate-limit cancel kill the ASan daemon.)
+// Under ASan (EXO_BIN=build-asan/exo) this once caught a failed or cancelled
+// download's message copied 64 KiB past its 4.6 KB struct on the stack.
 test('daemon: cancel keeps the partial file, start resumes; delete removes; read-only refuses', async () => {
   await hub.reset();
   const repo = makeRepo('cancel');
@@ -1213,8 +1201,7 @@ test('daemon: cancel keeps the partial file, start resumes; delete removes; read
   }
 });
 
-// TODO(bug: see 'cli: SIGINT during a rate-limit wait': the daemon's cancel,
-// DELETE and shutdown join a download thread that sleeps out Retry-After).
+// As 'cli: SIGINT during a rate-limit wait', for the daemon's cancel.
 test('daemon: cancel is prompt while the file list is rate-limited', async () => {
   await hub.reset();
   const repo = makeRepo('ratecanceld');
