@@ -501,9 +501,9 @@ static size_t on_mem(char *p, size_t size, size_t n, void *ud)
     return len;
 }
 
-/* One small GET into memory, retried. A listing (tree) asks for page_url
- * when given (a Link header's next page) and gives the next page's URL in
- * next ("" on the last page). */
+/* One small GET into memory, retried: of page_url where given (a
+ * listing's next page, a search), else of what build_url makes. With next,
+ * the URL of the page after it, as its Link header names it ("": none). */
 static int get_small(const exo_hub_opts *o, const char *model_id, const char *path, bool tree, const char *page_url,
                      size_t max, char **body, size_t *len, char next[URL_MAX], exo_err *err)
 {
