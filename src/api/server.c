@@ -571,8 +571,15 @@ static void has_custom_card(void *ctx, const exo_state *st)
     *p->known = exo_state_custom_card(st, p->model_id) != NULL;
 }
 
-/* POST /models/add {model_id}: the model's card from the hub (config.json
- * and file list), added for every node as a custom model. */
+/* The hub as a request a person waits on asks it: fewer tries, shorter. */
+static exo_hub_opts hub_for_a_person(exo_api_server *s)
+{
+    exo_hub_opts hub = *exo_node_hub(s->node);
+    hub.attempts = hub.attempts < 2 ? hub.attempts : 2;
+    hub.api_timeout_s = 15;
+    return hub;
+}
+
 /* GET /models/search?query=&limit=20: models on the hub to add, as exo
  * finds them: mlx-community's (the format exo's catalogue uses) most
  * downloaded first, and where it has none, anyone's. */
@@ -589,9 +596,7 @@ static void h_models_search(exo_http_request *r, void *ud)
             return;
         }
     }
-    exo_hub_opts hub = *exo_node_hub(s->node);
-    hub.attempts = hub.attempts < 2 ? hub.attempts : 2; /* a person waits for the answer */
-    hub.api_timeout_s = 15;
+    exo_hub_opts hub = hub_for_a_person(s);
     json_t *found;
     exo_err err = {0};
     int rc = exo_hub_search(&hub, query ? query : "", "mlx-community", (int)limit, &found, &err);
@@ -606,6 +611,8 @@ static void h_models_search(exo_http_request *r, void *ud)
     respond_json(r, 200, found);
 }
 
+/* POST /models/add {model_id}: the model's card from the hub (config.json
+ * and file list), added for every node as a custom model. */
 static void h_models_add(exo_http_request *r, void *ud)
 {
     exo_api_server *s = ud;
@@ -619,9 +626,7 @@ static void h_models_add(exo_http_request *r, void *ud)
         respond_error(r, 400, "model_id: a Hugging Face model id (org/name) is required");
         return;
     }
-    exo_hub_opts hub = *exo_node_hub(s->node);
-    hub.attempts = hub.attempts < 2 ? hub.attempts : 2; /* a person waits for the answer */
-    hub.api_timeout_s = 15;
+    exo_hub_opts hub = hub_for_a_person(s);
     exo_model_entry e;
     exo_err err = {0};
     int rc = exo_download_card(&hub, id, &e, &err);
