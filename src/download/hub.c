@@ -34,8 +34,8 @@
 #define WRITE_CHUNK      ((size_t)1 << 20)
 #define FLUSH_NS         250000000ull
 #define URL_MAX          4096
-#define TREE_PAGES_MAX   1000 /* of 1000 files each on huggingface.co: past the parser's 100000 */
-#define TREE_FILES_MAX   100000
+#define TREE_FILES_MAX   100000 /* of a repository, over all its listing's pages */
+#define TREE_PAGES_MAX   1000   /* a hub that keeps naming a next page (empty ones too) stops here */
 
 static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
 static void curl_init_once(void) { curl_global_init(CURL_GLOBAL_DEFAULT); }
@@ -147,7 +147,7 @@ int exo_hub_parse_tree(const char *json, size_t len, exo_hub_file_list *out, exo
         goto done;
     }
     size_t n = json_array_size(root);
-    if (n > 100000) {
+    if (n > TREE_FILES_MAX) {
         rc = exo_err_set(err, EXO_ETOOBIG, "file list: %zu entries", n);
         goto done;
     }
@@ -267,15 +267,17 @@ static bool rel_has_next(const char *v, size_t n)
     return false;
 }
 
-bool exo_hub_next_link(const char *link, char *url, size_t cap)
+int exo_hub_next_link(const char *link, char *url, size_t cap)
 {
     /* link-value *( "," link-value ), each "<" URI ">" *( ";" name [ "=" token / quoted-string ] ) */
     const char *p = link;
     while (p && *p) {
         const char *lt = strchr(p, '<');
-        const char *gt = lt ? strchr(lt + 1, '>') : NULL;
+        if (!lt)
+            return 0;
+        const char *gt = strchr(lt + 1, '>');
         if (!gt)
-            return false;
+            return -1; /* a link cut short: it may have been the next one */
         bool next = false;
         p = gt + 1;
         while (*p == ' ' || *p == ';') {
@@ -313,15 +315,15 @@ bool exo_hub_next_link(const char *link, char *url, size_t cap)
         size_t n = (size_t)(gt - lt - 1);
         if (next) {
             if (!n || n >= cap)
-                return false;
+                return -1;
             memcpy(url, lt + 1, n);
             url[n] = 0;
-            return true;
+            return 1;
         }
         while (*p && *p != ',') /* whatever does not parse, up to the next link-value */
             p++;
     }
-    return false;
+    return 0;
 }
 
 int exo_hub_retry_after(const char *retry_after, const char *ratelimit)
@@ -548,8 +550,7 @@ static int get_small(const exo_hub_opts *o, const char *model_id, const char *pa
         if (cc == CURLE_OK && x.status == 200) {
             if (next) {
                 next[0] = 0;
-                if (x.link_cut || (x.link[0] && strstr(x.link, "next") &&
-                                   !exo_hub_next_link(x.link, next, URL_MAX))) {
+                if (x.link_cut || exo_hub_next_link(x.link, next, URL_MAX) < 0) {
                     exo_free(m.data);
                     return exo_err_set(err, EXO_EFORMAT, "%s: a Link header that names no usable next page", what);
                 }

@@ -120,8 +120,10 @@ int exo_hub_parse_search(const char *json, size_t len, int limit, json_t **out, 
 int exo_hub_retry_after(const char *retry_after, const char *ratelimit);
 
 /* The URL of the link whose relation types include "next" in a Link header
- * (RFC 8288: `<url>; rel="next", <url2>; rel="last"`); false if there is
- * none or it does not fit in cap. Exposed for tests. */
-bool exo_hub_next_link(const char *link, char *url, size_t cap);
+ * (RFC 8288: `<url>; rel="next", <url2>; rel="last"`) into url: 1; 0 if
+ * there is none; -1 if it is empty or does not fit in cap, or a link is
+ * cut short (so a listing is never taken as ended when it may go on).
+ * Exposed for tests. */
+int exo_hub_next_link(const char *link, char *url, size_t cap);
 
 #endif

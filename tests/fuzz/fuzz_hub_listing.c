@@ -61,7 +61,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     memcpy(link, data, size);
     link[size] = 0;
     memset(url, 'x', sizeof url);
-    if (exo_hub_next_link(link, url, sizeof url)) {
+    int linked = exo_hub_next_link(link, url, sizeof url);
+    if (linked < -1 || linked > 1)
+        abort();
+    if (linked == 1) {
         size_t n = strnlen(url, sizeof url);
         if (n == 0 || n == sizeof url || !strstr(link, url))
             abort();

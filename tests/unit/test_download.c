@@ -103,22 +103,23 @@ Test(download, retry_after)
 Test(download, next_link)
 {
     char url[64];
-    cr_assert(exo_hub_next_link("<http://h/a?cursor=x>; rel=\"next\"", url, sizeof url));
+    cr_assert_eq(exo_hub_next_link("<http://h/a?cursor=x>; rel=\"next\"", url, sizeof url), 1);
     cr_assert_str_eq(url, "http://h/a?cursor=x");
-    cr_assert(exo_hub_next_link("<http://h/p>; rel=\"prev\", <http://h/n>; rel=next", url, sizeof url));
+    cr_assert_eq(exo_hub_next_link("<http://h/p>; rel=\"prev\", <http://h/n>; rel=next", url, sizeof url), 1);
     cr_assert_str_eq(url, "http://h/n", "the second link-value, an unquoted relation");
-    cr_assert(exo_hub_next_link("<http://h/1>; title=\"a, rel=next\", <http://h/2>; rel=\"last NEXT\"", url,
-                                sizeof url),
+    cr_assert_eq(exo_hub_next_link("<http://h/1>; title=\"a, rel=next\", <http://h/2>; rel=\"last NEXT\"", url,
+                                   sizeof url), 1,
               "a comma and rel= inside a quoted parameter belong to it; relation types are a list");
     cr_assert_str_eq(url, "http://h/2");
-    cr_assert(!exo_hub_next_link("<http://h/l>; rel=\"last\"", url, sizeof url));
-    cr_assert(!exo_hub_next_link("<http://h/l>; rel=\"nextpage\"", url, sizeof url), "a longer word");
-    cr_assert(!exo_hub_next_link("http://h/l; rel=\"next\"", url, sizeof url), "no brackets");
-    cr_assert(!exo_hub_next_link("<http://h/l; rel=\"next\"", url, sizeof url), "unclosed");
-    cr_assert(!exo_hub_next_link("<>; rel=\"next\"", url, sizeof url), "empty");
-    cr_assert(!exo_hub_next_link("<http://h/a-url-longer-than-the-room-given-for-it-here-is-0123456789>; rel=next",
-                                 url, sizeof url), "too long for cap: not cut");
-    cr_assert(!exo_hub_next_link("", url, sizeof url));
+    cr_assert_eq(exo_hub_next_link("<http://h/l>; rel=\"last\"", url, sizeof url), 0);
+    cr_assert_eq(exo_hub_next_link("<http://h/next>; rel=\"nextpage\"", url, sizeof url), 0,
+                 "a longer word; \"next\" in a URL means nothing");
+    cr_assert_eq(exo_hub_next_link("http://h/l; rel=\"next\"", url, sizeof url), 0, "no brackets: no link");
+    cr_assert_eq(exo_hub_next_link("<http://h/l; rel=\"next\"", url, sizeof url), -1, "cut short");
+    cr_assert_eq(exo_hub_next_link("<>; rel=\"next\"", url, sizeof url), -1, "empty");
+    cr_assert_eq(exo_hub_next_link("<http://h/a-url-longer-than-the-room-given-for-it-here-is-0123456789>; rel=next",
+                                   url, sizeof url), -1, "too long for cap: not cut");
+    cr_assert_eq(exo_hub_next_link("", url, sizeof url), 0);
 }
 
 Test(download, tensor_layers)
