@@ -358,7 +358,7 @@ Test(matmul, each_weight_its_own_input)
     }
 }
 
-Test(matmul, dense_all_paths)
+static void dense_all_paths(void)
 {
     static const exo_dtype dts[] = {EXO_DTYPE_F32, EXO_DTYPE_BF16, EXO_DTYPE_F16};
     static const int64_t shapes[][2] = {{1, 16}, {5, 40}, {67, 96}, {130, 257}, {33, 1024}};
@@ -379,6 +379,8 @@ Test(matmul, dense_all_paths)
         exo_pool_free(pool);
     }
 }
+
+Test(matmul, dense_all_paths) { dense_all_paths(); }
 
 static void affine_all_paths(int bits)
 {
@@ -805,16 +807,14 @@ Test(matmul, qact_builders_agree)
  * on. Shapes cover ragged row tiles (rows not a multiple of 16), groups of
  * 32/64/128, 4 and 8 bits, MXFP4, and column counts the tile kernel takes
  * (multiples of 256) and one it leaves to the vector kernel. */
-Test(matmul, batched_rows_same_bits_as_one_row)
+static void batched_rows_same_bits_as_one_row(void)
 {
-    if (exo_cpu_isa() < EXO_ISA_AVX512)
-        return;
     static const struct { exo_wformat fmt; int bits, G; int64_t rows, cols; } cases[] = {
         {EXO_WFORMAT_AFFINE, 4, 64, 70, 2048},  {EXO_WFORMAT_AFFINE, 4, 32, 33, 512},
         {EXO_WFORMAT_AFFINE, 4, 128, 17, 768},  {EXO_WFORMAT_AFFINE, 8, 64, 40, 1024},
         {EXO_WFORMAT_AFFINE, 8, 32, 16, 256},   {EXO_WFORMAT_AFFINE, 8, 128, 5, 1280},
         {EXO_WFORMAT_MXFP4, 4, 32, 48, 512},    {EXO_WFORMAT_AFFINE, 4, 64, 9, 320},
-        {EXO_WFORMAT_AFFINE, 3, 64, 20, 512},
+        {EXO_WFORMAT_AFFINE, 3, 64, 20, 512},   {EXO_WFORMAT_DENSE, 0, 0, 21, 300},
     };
     static const int Ts[] = {2, 3, 4, 5, 9, 16};
     exo_pool *pool = exo_pool_create(2);
@@ -826,6 +826,8 @@ Test(matmul, batched_rows_same_bits_as_one_row)
         tweight tw;
         tweight_make(&tw, cases[c].fmt, cases[c].fmt == EXO_WFORMAT_MXFP4 ? EXO_DTYPE_U8 : EXO_DTYPE_BF16,
                      cases[c].rows, cases[c].cols, cases[c].bits, cases[c].G);
+        cr_assert(exo_cpu_matmul_has_gemv(&tw.l), "the GEMV takes fmt %d bits %d G %d on %s", tw.l.format,
+                  tw.l.bits, tw.l.group_size, exo_isa_name(exo_cpu_isa()));
         const exo_linear *w = &tw.l;
         const int64_t rows = w->rows, cols = w->cols;
         for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++) {
@@ -856,6 +858,53 @@ Test(matmul, batched_rows_same_bits_as_one_row)
     }
     exo_cpu_matmul_ctx_free(ctx);
     exo_pool_free(pool);
+}
+
+Test(matmul, batched_rows_same_bits_as_one_row)
+{
+    if (exo_cpu_isa() < EXO_ISA_AVX2)
+        return;
+    batched_rows_same_bits_as_one_row();
+}
+
+/* The AVX2 kernels (gemv_avx2.c, gemv_mxfp4_avx2.c) on every CPU that has
+ * AVX2, AVX-512 ones included: EXO_CPU_ISA caps the level for the test's
+ * own process (Criterion runs each test in one). */
+static void cap_at_avx2(void)
+{
+    setenv("EXO_CPU_ISA", "avx2", 1);
+    if (exo_cpu_isa() != EXO_ISA_AVX2)
+        cr_skip_test("this CPU has no AVX2, or the ISA was read before the cap (%s)", exo_isa_name(exo_cpu_isa()));
+}
+
+Test(matmul, avx2_dense_all_paths)
+{
+    cap_at_avx2();
+    dense_all_paths();
+}
+
+Test(matmul, avx2_affine_q4_all_paths)
+{
+    cap_at_avx2();
+    affine_all_paths(4);
+}
+
+Test(matmul, avx2_affine_q8_all_paths)
+{
+    cap_at_avx2();
+    affine_all_paths(8);
+}
+
+Test(matmul, avx2_affine_q3_all_paths)
+{
+    cap_at_avx2();
+    affine_all_paths(3);
+}
+
+Test(matmul, avx2_batched_rows_same_bits_as_one_row)
+{
+    cap_at_avx2();
+    batched_rows_same_bits_as_one_row();
 }
 
 /* ---- affine panels (linear.h) ------------------------------------------ */

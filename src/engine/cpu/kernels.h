@@ -1,5 +1,5 @@
 /* Internal interface between the matmul driver (matmul.c) and the ISA
- * specific kernel files (gemv_avx512.c, gemv_mxfp4_avx2.c, gemm_avx2.c).
+ * specific kernel files (gemv_avx512.c, gemv_avx2.c, gemv_mxfp4_avx2.c, gemm_avx2.c).
  * Not a public API.
  *
  * The driver owns all memory and threading; kernels work on a row range
@@ -166,5 +166,11 @@ void exo_qact_build_avx2(const float *x, int64_t cols, int G, int layout, exo_qa
                          int8_t *tmp /* 2 * exo_qact_q_len(cols) */);
 void exo_gemv_mxfp4_avx2(const exo_linear *w, int64_t r0, int64_t r1, int T, const exo_qact *qa,
                          float *y, int64_t ldy, exo_gemv_scratch *s);
+/* AVX2 + FMA (gemv_avx2.c): affine rows of groups of 32, 64, 128, ... on
+ * their exo_qact (the weight's layout and group size), and dense f32/f16/bf16 rows on X itself; the contracts
+ * of the AVX-512 kernels. */
+void exo_gemv_affine_avx2(const exo_linear *w, int64_t r0, int64_t r1, int T, const exo_qact *qa, float *y,
+                          int64_t ldy, exo_gemv_scratch *s);
+void exo_gemv_dense_avx2(const exo_linear *w, int64_t r0, int64_t r1, int T, const float *x, float *y, int64_t ldy);
 
 #endif

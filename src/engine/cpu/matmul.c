@@ -23,8 +23,10 @@
  *    Q4/group-32 activations (one set shared with affine q4 g32 weights of
  *    the same call) through exo_gemv_mxfp4_avx512 or, on AVX2-only CPUs,
  *    exo_gemv_mxfp4_avx2; GEMM panels are expanded to bf16 exactly.
- * Without AVX-512 the GEMV path runs MXFP4 weights on the AVX2 kernel and
- * everything else on the reference path, and GEMM panels are f32. */
+ * Without AVX-512 the GEMV path runs MXFP4, affine (groups of 32, 64, 128,
+ * ...) and dense weights on the AVX2 kernels (gemv_mxfp4_avx2.c,
+ * gemv_avx2.c), anything else on the reference path, and GEMM panels are
+ * f32. */
 #include "engine/cpu/matmul.h"
 #include "core/alloc.h"
 #include "core/cpu_features.h"
@@ -319,11 +321,23 @@ static int qact_group(const exo_linear *w)
     return w->format == EXO_WFORMAT_MXFP4 ? 32 : w->group_size;
 }
 
-/* Whether this CPU has a GEMV kernel for w (else its rows take ref_rows). */
+/* Whether this CPU has a GEMV kernel for w (else its rows take ref_rows).
+ * The AVX2 one takes groups of 32, 64, 128, ... (a chunk of 32 codes in
+ * one group; 64 nibble codes in one or two). */
 static int has_gemv_kernel(exo_isa isa, const exo_linear *w)
 {
-    return isa >= EXO_ISA_AVX512 || (isa >= EXO_ISA_AVX2 && w->format == EXO_WFORMAT_MXFP4);
+    if (isa >= EXO_ISA_AVX512)
+        return 1;
+    if (isa < EXO_ISA_AVX2)
+        return 0;
+    if (w->format == EXO_WFORMAT_AFFINE)
+        return w->group_size >= 32 && !(w->group_size & (w->group_size - 1));
+    if (w->format == EXO_WFORMAT_DENSE)
+        return w->dtype == EXO_DTYPE_F32 || w->dtype == EXO_DTYPE_F16 || w->dtype == EXO_DTYPE_BF16;
+    return w->format == EXO_WFORMAT_MXFP4;
 }
+
+int exo_cpu_matmul_has_gemv(const exo_linear *w) { return has_gemv_kernel(exo_cpu_isa(), w); }
 
 static void gemv_rows(const rows_job *job, int wi, int64_t r0, int64_t r1, unsigned char *scratch)
 {
@@ -333,7 +347,11 @@ static void gemv_rows(const rows_job *job, int wi, int64_t r0, int64_t r1, unsig
         return;
     }
     if (w->format == EXO_WFORMAT_DENSE) {
-        exo_gemv_dense_avx512(w, r0, r1, job->T, job->xs ? job->xs[wi] : job->x, job->y[wi], w->rows);
+        const float *x = job->xs ? job->xs[wi] : job->x;
+        if (job->isa >= EXO_ISA_AVX512)
+            exo_gemv_dense_avx512(w, r0, r1, job->T, x, job->y[wi], w->rows);
+        else
+            exo_gemv_dense_avx2(w, r0, r1, job->T, x, job->y[wi], w->rows);
         return;
     }
     const exo_qact *qa = job->qaw ? job->qaw[wi] : NULL;
@@ -360,8 +378,10 @@ static void gemv_rows(const rows_job *job, int wi, int64_t r0, int64_t r1, unsig
     s.sd = (float *)scratch;
     s.codes = (uint8_t *)(s.sd + EXO_GEMV_SD_SLOTS * s.sf_stride);
     s.group_sums = job->group_sums;
-    if (w->format == EXO_WFORMAT_AFFINE)
+    if (w->format == EXO_WFORMAT_AFFINE && job->isa >= EXO_ISA_AVX512)
         exo_gemv_affine_avx512(w, r0, r1, job->T, qa, job->y[wi], w->rows, &s);
+    else if (w->format == EXO_WFORMAT_AFFINE)
+        exo_gemv_affine_avx2(w, r0, r1, job->T, qa, job->y[wi], w->rows, &s);
     else if (job->isa >= EXO_ISA_AVX512)
         exo_gemv_mxfp4_avx512(w, r0, r1, job->T, qa, job->y[wi], w->rows, &s);
     else
@@ -817,8 +837,8 @@ void exo_cpu_matmul(exo_cpu_matmul_ctx *ctx, int n, const exo_linear *const *w, 
 void exo_cpu_matmul_rows(exo_cpu_matmul_ctx *ctx, int n, const exo_linear *const *w, const float *x,
                          int T, float *const *y)
 {
-    /* where a weight has no GEMV kernel on this CPU (AVX2 only) the
-     * portable path would be far slower than the GEMM: AUTO, and the
+    /* where a weight has no GEMV kernel on this CPU (no AVX2, an odd
+     * group) the portable path would be far slower than the GEMM: AUTO, and the
      * model's exactness check finds the rows' bits differ */
     exo_matmul_path path = ctx->force != EXO_MATMUL_AUTO ? ctx->force : EXO_MATMUL_GEMV;
     for (int i = 0; i < n && path == EXO_MATMUL_GEMV && ctx->force == EXO_MATMUL_AUTO; i++)

@@ -16,13 +16,15 @@
  *     (16 rows in the vector lanes). Affine results carry the activation rounding:
  *     NMSE ~1e-5..1e-4 against f32 (what llama.cpp's Q8 activations do).
  *     MXFP4 weights take the same integer path (each E2M1 code looked up
- *     as 2*value + 12, an affine code with bias -12 * scale/2), on AVX-512
- *     VNNI or, without it, AVX2 (vpmaddubsw).
+ *     as 2*value + 12, an affine code with bias -12 * scale/2). On CPUs with
+ *     AVX2 and no AVX-512 the affine, MXFP4 and dense kernels are AVX2 ones
+ *     (vpmaddubsw instead of VNNI).
  *   - T large (prefill): weights are expanded to bf16 (or kept f32 for f32
  *     checkpoints, for exactness) panel by panel and multiplied with oneDNN,
  *     which uses AMX on CPUs that have it.
- *   - a portable C reference for everything, used on CPUs without AVX-512
- *     and by the tests as the oracle for the SIMD paths.
+ *   - a portable C reference for everything, used where no kernel takes a
+ *     weight (CPUs without AVX2, odd group sizes) and by the tests as the
+ *     oracle for the SIMD paths.
  *
  * The context owns the thread pool and scratch buffers, sized on first use
  * and grown only when a bigger shape arrives, so steady-state decode does
@@ -67,6 +69,9 @@ typedef enum exo_matmul_path {
     EXO_MATMUL_GEMM,      /* oneDNN */
 } exo_matmul_path;
 void exo_cpu_matmul_force_path(exo_cpu_matmul_ctx *ctx, exo_matmul_path path);
+/* Whether this CPU's GEMV has a kernel for w (else its rows take the
+ * reference path's arithmetic, far slower). */
+int exo_cpu_matmul_has_gemv(const exo_linear *w);
 
 /* Whether GEMV calls of 4 or 5 to 16 rows of X may use the tile units (on
  * by default where there are any). With them on, every affine/MXFP4 GEMV
