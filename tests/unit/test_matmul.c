@@ -901,6 +901,45 @@ Test(matmul, avx2_affine_q3_all_paths)
     affine_all_paths(3);
 }
 
+/* Without AVX-512 the prefill GEMM is the plain AVX2 one, whose rows keep
+ * their bits whatever the call's row count and a row's place in it
+ * (oneDNN's f32 GEMM did not, on a Zen 3 guest; model.h
+ * exo_model_exact_rows relies on it). */
+Test(matmul, avx2_gemm_rows_keep_their_bits)
+{
+    cap_at_avx2();
+    enum { ALL = 152 };
+    static const int calls[][2] = {{17, 0}, {17, 37}, {40, 100}, {128, 23}, {32, 5}, {64, 60}};
+    exo_pool *pool = exo_pool_create(2);
+    exo_cpu_matmul_ctx *ctx = exo_cpu_matmul_ctx_create(pool);
+    exo_cpu_matmul_force_path(ctx, EXO_MATMUL_GEMM);
+    tweight tw[2];
+    tweight_make(&tw[0], EXO_WFORMAT_DENSE, EXO_DTYPE_F32, 300, 520, 0, 0);
+    tweight_make(&tw[1], EXO_WFORMAT_AFFINE, EXO_DTYPE_BF16, 100, 512, 4, 64);
+    for (int k = 0; k < 2; k++) {
+        const exo_linear *w = &tw[k].l;
+        const int64_t K = w->cols, N = w->rows;
+        float *x = rand_x(ALL, K), *all = exo_malloc(sizeof(float) * ALL * (size_t)N);
+        float *some = exo_malloc(sizeof(float) * ALL * (size_t)N);
+        exo_cpu_matmul(ctx, 1, &w, x, ALL, (float *const[]){all});
+        for (size_t c = 0; c < sizeof calls / sizeof calls[0]; c++) {
+            const int T = calls[c][0], at = calls[c][1];
+            exo_cpu_matmul(ctx, 1, &w, x + (size_t)at * (size_t)K, T, (float *const[]){some});
+            int differ = 0;
+            for (int64_t i = 0; i < T * N; i++)
+                differ += memcmp(&some[i], &all[at * N + i], sizeof(float)) != 0;
+            cr_expect_eq(differ, 0, "fmt %d: %d rows from row %d: %d of %lld outputs differ from one call of %d",
+                         w->format, T, at, differ, (long long)(T * N), ALL);
+        }
+        exo_free(x);
+        exo_free(all);
+        exo_free(some);
+        tweight_free(&tw[k]);
+    }
+    exo_cpu_matmul_ctx_free(ctx);
+    exo_pool_free(pool);
+}
+
 Test(matmul, avx2_batched_rows_same_bits_as_one_row)
 {
     cap_at_avx2();

@@ -7,7 +7,15 @@
  * (K x 16, L2 resident), then a 6x16 register-blocked micro-kernel (12 ymm
  * accumulators, 2 B loads + 6 A broadcasts per k step) sweeps all rows of A.
  * A is read in place (broadcasts from 6 row pointers), ragged edges go
- * through zero-padded tiles. Threads split the N dimension. */
+ * through zero-padded tiles. Threads split the N dimension.
+ *
+ * Every element of C is one FMA chain over its k in order, a KC block at a
+ * time, whichever tile holds its row and however many rows A has: a row of
+ * A gets the same bits in any call. oneDNN's f32 GEMM does not give that
+ * on CPUs without AVX-512 (a Zen 3 guest: rows 23.. of a 128-row call
+ * differ from the same rows in a call of 152), so there the prefill
+ * products take this one (matmul.c), as exact rows need (model.h
+ * exo_model_exact_rows). */
 #include "engine/cpu/matmul.h"
 #include "core/alloc.h"
 
@@ -72,14 +80,10 @@ static void micro_6x16(int kc, const float *const *arow, const float *bp, float 
     }
 }
 
-static void gemm_thread(void *p, int ith, int nth)
+/* The strips of 16 columns [nb0, nb1). */
+static void gemm_strips(const gemm_job *job, long nb0, long nb1)
 {
-    const gemm_job *job = p;
     const int M = job->M, N = job->N, K = job->K;
-    long nb0, nb1;
-    exo_split_range((N + NR - 1) / NR, 1, ith, nth, &nb0, &nb1);
-    if (nb0 >= nb1)
-        return;
     float *bp = exo_alloc_aligned((size_t)KC * NC * sizeof(float));
     float *zero_row = exo_alloc_aligned(KC * sizeof(float));
     float *ctile = exo_alloc_aligned((size_t)MR * NR * sizeof(float));
@@ -133,6 +137,15 @@ static void gemm_thread(void *p, int ith, int nth)
     exo_free_aligned(bp);
 }
 
+static void gemm_thread(void *p, int ith, int nth)
+{
+    const gemm_job *job = p;
+    long nb0, nb1;
+    exo_split_range((job->N + NR - 1) / NR, 1, ith, nth, &nb0, &nb1);
+    if (nb0 < nb1)
+        gemm_strips(job, nb0, nb1);
+}
+
 void exo_gemm_f32_avx2(int M, int N, int K, const float *A, const float *B, float *C,
                        exo_pool *pool)
 {
@@ -145,4 +158,17 @@ void exo_gemm_f32_avx2(int M, int N, int K, const float *A, const float *B, floa
     }
     gemm_job job = {M, N, K, A, B, C};
     exo_pool_run(pool, gemm_thread, &job);
+}
+
+void exo_gemm_f32_avx2_serial(int M, int N, int K, const float *A, const float *B, float *C)
+{
+    if (M <= 0 || N <= 0)
+        return;
+    if (K <= 0) {
+        for (int i = 0; i < M; i++)
+            memset(C + (size_t)i * (size_t)N, 0, (size_t)N * sizeof(float));
+        return;
+    }
+    gemm_job job = {M, N, K, A, B, C};
+    gemm_strips(&job, 0, (N + NR - 1) / NR);
 }

@@ -644,12 +644,14 @@ typedef struct gemm_job {
     const uint16_t *xb;
     int T;
     int avx512;
+    int plain; /* AVX2 without AVX-512: the plain GEMM (gemm_avx2.c), whose rows keep their bits */
 } gemm_job;
 
 /* Thread ith computes output columns [r0, r1) of every weight: slices of
  * up to P rows are expanded (affine, F16) or used in place (F32, BF16),
  * multiplied into a dense T x P buffer (oneDNN 2.6 only takes its AMX
- * kernel for a dense destination) and copied out. */
+ * kernel for a dense destination) and copied out. Without AVX-512 the
+ * product is the plain AVX2 GEMM's, not oneDNN's (gemm_avx2.c says why). */
 static void gemm_thread(void *p, int ith, int nth)
 {
     gemm_job *job = p;
@@ -695,7 +697,10 @@ static void gemm_thread(void *p, int ith, int nth)
                 wp = panel;
             }
             const int wt = bf16 && w->format == EXO_WFORMAT_AFFINE_PANELS;
-            sl->rc = dnnl_mm(ctx->eng, sl, bf16, wt, T, K, pn, src, wp, dt);
+            if (job->plain)
+                exo_gemm_f32_avx2_serial(T, (int)pn, (int)K, job->x, wp, dt);
+            else
+                sl->rc = dnnl_mm(ctx->eng, sl, bf16, wt, T, K, pn, src, wp, dt);
             for (int64_t t = 0; t < T && sl->rc == 0; t++)
                 memcpy(job->y[i] + t * N + p0, dt + t * pn, (size_t)pn * sizeof(float));
         }
@@ -709,7 +714,7 @@ static int run_gemm(exo_cpu_matmul_ctx *ctx, int n, const exo_linear *const *w, 
         return EXO_EUNSUPPORTED;
     int64_t K = w[0]->cols;
     gemm_job job = {.ctx = ctx, .n = n, .w = w, .y = y, .x = x, .T = T,
-                    .avx512 = exo_cpu_isa() >= EXO_ISA_AVX512};
+                    .avx512 = exo_cpu_isa() >= EXO_ISA_AVX512, .plain = exo_cpu_isa() == EXO_ISA_AVX2};
     int need_bf16 = 0;
     for (int i = 0; i < n; i++)
         need_bf16 |= !(w[i]->format == EXO_WFORMAT_DENSE && w[i]->dtype == EXO_DTYPE_F32);

@@ -21,7 +21,9 @@
  *     (vpmaddubsw instead of VNNI).
  *   - T large (prefill): weights are expanded to bf16 (or kept f32 for f32
  *     checkpoints, for exactness) panel by panel and multiplied with oneDNN,
- *     which uses AMX on CPUs that have it.
+ *     which uses AMX on CPUs that have it; without AVX-512, expanded to f32
+ *     and multiplied by the plain AVX2 GEMM (gemm_avx2.c), whose rows keep
+ *     their bits in any call.
  *   - a portable C reference for everything, used where no kernel takes a
  *     weight (CPUs without AVX2, odd group sizes) and by the tests as the
  *     oracle for the SIMD paths.
@@ -92,5 +94,8 @@ bool exo_cpu_matmul_wants_panels(const exo_cpu_matmul_ctx *ctx);
  * all row-major and dense. The CPU must support AVX2 and FMA. */
 void exo_gemm_f32_avx2(int M, int N, int K, const float *A, const float *B, float *C,
                        exo_pool *pool);
+/* The same on the calling thread alone; a row of A gets the same bits in
+ * any call, whatever M is and wherever the row sits. */
+void exo_gemm_f32_avx2_serial(int M, int N, int K, const float *A, const float *B, float *C);
 
 #endif
