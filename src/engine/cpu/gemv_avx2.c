@@ -17,8 +17,9 @@
  *    128, and multiplied as |c| (0..128, unsigned) by xq with c's sign
  *    (vpsignb): a pair is at most 2 * 128 * 127 = 32512. The 128 comes
  *    back in the bias: b'_g = b_g + 128 s_g, since sx_g = dx_g sum(xhat).
- * Dense rows (f32, f16, bf16) are converted to f32 and multiplied with
- * FMA against X itself.
+ * Dense rows multiply X itself: bf16 and f16 converted to f32, 32 partial
+ * sums a row; f32 rows (the test models' exact format) in double, whose
+ * parity limits f32 sums missed (qwen3_next-f32 0.00109 against 0.001).
  *
  * EXO_GEMV_ROWS rows share X's loads; rows of a block lie a page apart and
  * the next super-block is prefetched, as in the AVX-512 kernel. Each row
@@ -278,43 +279,103 @@ void exo_gemv_affine_avx2(const exo_linear *w, int64_t r0, int64_t r1, int T, co
 /* ---------------------------------------------------------------------- */
 /* Dense                                                                  */
 
+/* R rows against x, 32 partial sums a row (four accumulators of 8 lanes,
+ * as many as the AVX-512 kernel keeps): fewer and f32 rounding grows past
+ * the parity tests' limits on the f32 models (qwen3_next-f32's prompt
+ * logits 0.00126 off with one accumulator, against 0.001). */
 INLINE void dense_rows(int R, exo_dtype dt, const char *const *wrow, int64_t cols, const float *x, int64_t pf_dist,
                        float *out)
 {
     const size_t es = exo_dtype_size(dt);
     const int64_t line = 64 / (int64_t)es - 1; /* elements of a cache line, less one */
-    __m256 acc[EXO_GEMV_ROWS];
+    __m256 acc[2][4];
     #pragma GCC unroll 8
     for (int i = 0; i < R; i++)
-        acc[i] = _mm256_setzero_ps();
+        for (int j = 0; j < 4; j++)
+            acc[i][j] = _mm256_setzero_ps();
     int64_t c = 0;
-    for (; c + 8 <= cols; c += 8) {
-        const __m256 xv = _mm256_loadu_ps(x + c);
+    for (; c + 32 <= cols; c += 32) {
+        __m256 xv[4];
+        for (int j = 0; j < 4; j++)
+            xv[j] = _mm256_loadu_ps(x + c + 8 * j);
         #pragma GCC unroll 8
         for (int i = 0; i < R; i++) {
             if (pf_dist && !(c & line))
                 _mm_prefetch(wrow[i] + (size_t)c * es + pf_dist, _MM_HINT_T0);
-            acc[i] = _mm256_fmadd_ps(load8_f32(dt, wrow[i], c), xv, acc[i]);
+            for (int j = 0; j < 4; j++)
+                acc[i][j] = _mm256_fmadd_ps(load8_f32(dt, wrow[i], c + 8 * j), xv[j], acc[i][j]);
         }
+    }
+    for (; c + 8 <= cols; c += 8) {
+        const __m256 xv = _mm256_loadu_ps(x + c);
+        #pragma GCC unroll 8
+        for (int i = 0; i < R; i++)
+            acc[i][0] = _mm256_fmadd_ps(load8_f32(dt, wrow[i], c), xv, acc[i][0]);
     }
     #pragma GCC unroll 8
     for (int i = 0; i < R; i++) {
-        float sum = hsum8(acc[i]);
+        float sum = hsum8(_mm256_add_ps(_mm256_add_ps(acc[i][0], acc[i][1]), _mm256_add_ps(acc[i][2], acc[i][3])));
         for (int64_t e = c; e < cols; e++)
             sum = fmaf(exo_affine_param_f32(dt, wrow[i], e), x[e], sum);
         out[i] = sum;
     }
 }
 
+/* f32 rows, products and sums in double (four lanes of 4): f32 weights are
+ * the test models' exact format, whose parity limits f32 sums miss. */
+INLINE void dense_rows_f64(int R, const char *const *wrow, int64_t cols, const float *x, int64_t pf_dist, float *out)
+{
+    __m256d acc[2][4];
+    #pragma GCC unroll 8
+    for (int i = 0; i < R; i++)
+        for (int j = 0; j < 4; j++)
+            acc[i][j] = _mm256_setzero_pd();
+    int64_t c = 0;
+    for (; c + 16 <= cols; c += 16) {
+        __m256d xv[4];
+        for (int j = 0; j < 4; j++)
+            xv[j] = _mm256_cvtps_pd(_mm_loadu_ps(x + c + 4 * j));
+        #pragma GCC unroll 8
+        for (int i = 0; i < R; i++) {
+            const float *wr = (const float *)wrow[i];
+            if (pf_dist)
+                _mm_prefetch(wrow[i] + (size_t)c * 4 + pf_dist, _MM_HINT_T0);
+            for (int j = 0; j < 4; j++)
+                acc[i][j] = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm_loadu_ps(wr + c + 4 * j)), xv[j], acc[i][j]);
+        }
+    }
+    #pragma GCC unroll 8
+    for (int i = 0; i < R; i++) {
+        __m256d s4 = _mm256_add_pd(_mm256_add_pd(acc[i][0], acc[i][1]), _mm256_add_pd(acc[i][2], acc[i][3]));
+        __m128d s2 = _mm_add_pd(_mm256_castpd256_pd128(s4), _mm256_extractf128_pd(s4, 1));
+        double sum = _mm_cvtsd_f64(_mm_add_sd(s2, _mm_unpackhi_pd(s2, s2)));
+        const float *wr = (const float *)wrow[i];
+        for (int64_t e = c; e < cols; e++)
+            sum += (double)wr[e] * (double)x[e];
+        out[i] = (float)sum;
+    }
+}
+
+/* A block of four rows as two pairs: four accumulators a row leave room
+ * for two rows' in the 16 registers. */
 static void dense_rows4(exo_dtype dt, const char *const *wrow, int64_t cols, const float *x, int64_t pf_dist,
                         float *out)
 {
-    dense_rows(EXO_GEMV_ROWS, dt, wrow, cols, x, pf_dist, out);
+    if (dt == EXO_DTYPE_F32) {
+        dense_rows_f64(2, wrow, cols, x, pf_dist, out);
+        dense_rows_f64(2, wrow + 2, cols, x, pf_dist, out + 2);
+    } else {
+        dense_rows(2, dt, wrow, cols, x, pf_dist, out);
+        dense_rows(2, dt, wrow + 2, cols, x, pf_dist, out + 2);
+    }
 }
 
 static void dense_rows1(exo_dtype dt, const char *const *wrow, int64_t cols, const float *x, float *out)
 {
-    dense_rows(1, dt, wrow, cols, x, 0, out);
+    if (dt == EXO_DTYPE_F32)
+        dense_rows_f64(1, wrow, cols, x, 0, out);
+    else
+        dense_rows(1, dt, wrow, cols, x, 0, out);
 }
 
 void exo_gemv_dense_avx2(const exo_linear *w, int64_t r0, int64_t r1, int T, const float *x, float *y, int64_t ldy)
