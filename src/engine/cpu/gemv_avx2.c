@@ -17,9 +17,10 @@
  *    128, and multiplied as |c| (0..128, unsigned) by xq with c's sign
  *    (vpsignb): a pair is at most 2 * 128 * 127 = 32512. The 128 comes
  *    back in the bias: b'_g = b_g + 128 s_g, since sx_g = dx_g sum(xhat).
- * Dense rows multiply X itself: bf16 and f16 converted to f32, 32 partial
- * sums a row; f32 rows (the test models' exact format) in double, whose
- * parity limits f32 sums missed (qwen3_next-f32 0.00109 against 0.001).
+ * Dense rows multiply X itself: bf16 and f16 converted to f32, four rows
+ * at once, 8 partial sums a row; f32 rows (the test models' exact format)
+ * in double, whose parity limits f32 sums missed (qwen3_next-f32 0.00126
+ * against 0.001 with 8 partial sums, 0.00109 with 32).
  *
  * EXO_GEMV_ROWS rows share X's loads; rows of a block lie a page apart and
  * the next super-block is prefetched, as in the AVX-512 kernel. Each row
@@ -279,42 +280,29 @@ void exo_gemv_affine_avx2(const exo_linear *w, int64_t r0, int64_t r1, int T, co
 /* ---------------------------------------------------------------------- */
 /* Dense                                                                  */
 
-/* R rows against x, 32 partial sums a row (four accumulators of 8 lanes,
- * as many as the AVX-512 kernel keeps): fewer and f32 rounding grows past
- * the parity tests' limits on the f32 models (qwen3_next-f32's prompt
- * logits 0.00126 off with one accumulator, against 0.001). */
+/* R rows against x in f32, a row's 8 lanes of partial sums. */
 INLINE void dense_rows(int R, exo_dtype dt, const char *const *wrow, int64_t cols, const float *x, int64_t pf_dist,
                        float *out)
 {
     const size_t es = exo_dtype_size(dt);
     const int64_t line = 64 / (int64_t)es - 1; /* elements of a cache line, less one */
-    __m256 acc[2][4];
+    __m256 acc[EXO_GEMV_ROWS];
     #pragma GCC unroll 8
     for (int i = 0; i < R; i++)
-        for (int j = 0; j < 4; j++)
-            acc[i][j] = _mm256_setzero_ps();
+        acc[i] = _mm256_setzero_ps();
     int64_t c = 0;
-    for (; c + 32 <= cols; c += 32) {
-        __m256 xv[4];
-        for (int j = 0; j < 4; j++)
-            xv[j] = _mm256_loadu_ps(x + c + 8 * j);
+    for (; c + 8 <= cols; c += 8) {
+        const __m256 xv = _mm256_loadu_ps(x + c);
         #pragma GCC unroll 8
         for (int i = 0; i < R; i++) {
             if (pf_dist && !(c & line))
                 _mm_prefetch(wrow[i] + (size_t)c * es + pf_dist, _MM_HINT_T0);
-            for (int j = 0; j < 4; j++)
-                acc[i][j] = _mm256_fmadd_ps(load8_f32(dt, wrow[i], c + 8 * j), xv[j], acc[i][j]);
+            acc[i] = _mm256_fmadd_ps(load8_f32(dt, wrow[i], c), xv, acc[i]);
         }
-    }
-    for (; c + 8 <= cols; c += 8) {
-        const __m256 xv = _mm256_loadu_ps(x + c);
-        #pragma GCC unroll 8
-        for (int i = 0; i < R; i++)
-            acc[i][0] = _mm256_fmadd_ps(load8_f32(dt, wrow[i], c), xv, acc[i][0]);
     }
     #pragma GCC unroll 8
     for (int i = 0; i < R; i++) {
-        float sum = hsum8(_mm256_add_ps(_mm256_add_ps(acc[i][0], acc[i][1]), _mm256_add_ps(acc[i][2], acc[i][3])));
+        float sum = hsum8(acc[i]);
         for (int64_t e = c; e < cols; e++)
             sum = fmaf(exo_affine_param_f32(dt, wrow[i], e), x[e], sum);
         out[i] = sum;
@@ -356,8 +344,9 @@ INLINE void dense_rows_f64(int R, const char *const *wrow, int64_t cols, const f
     }
 }
 
-/* A block of four rows as two pairs: four accumulators a row leave room
- * for two rows' in the 16 registers. */
+/* A block of four rows: bf16 and f16 all four at once; f32 as two pairs
+ * (four double accumulators a row leave room for two rows' in the 16
+ * registers). */
 static void dense_rows4(exo_dtype dt, const char *const *wrow, int64_t cols, const float *x, int64_t pf_dist,
                         float *out)
 {
@@ -365,8 +354,7 @@ static void dense_rows4(exo_dtype dt, const char *const *wrow, int64_t cols, con
         dense_rows_f64(2, wrow, cols, x, pf_dist, out);
         dense_rows_f64(2, wrow + 2, cols, x, pf_dist, out + 2);
     } else {
-        dense_rows(2, dt, wrow, cols, x, pf_dist, out);
-        dense_rows(2, dt, wrow + 2, cols, x, pf_dist, out + 2);
+        dense_rows(EXO_GEMV_ROWS, dt, wrow, cols, x, pf_dist, out);
     }
 }
 
