@@ -146,29 +146,31 @@ static void gemm_thread(void *p, int ith, int nth)
         gemm_strips(job, nb0, nb1);
 }
 
+/* Whether C (M x N) has nothing to multiply: empty, or K = 0 (C zeroed). */
+static int gemm_trivial(int M, int N, int K, float *C)
+{
+    if (M <= 0 || N <= 0)
+        return 1;
+    if (K > 0)
+        return 0;
+    for (int i = 0; i < M; i++)
+        memset(C + (size_t)i * (size_t)N, 0, (size_t)N * sizeof(float));
+    return 1;
+}
+
 void exo_gemm_f32_avx2(int M, int N, int K, const float *A, const float *B, float *C,
                        exo_pool *pool)
 {
-    if (M <= 0 || N <= 0)
+    if (gemm_trivial(M, N, K, C))
         return;
-    if (K <= 0) {
-        for (int i = 0; i < M; i++)
-            memset(C + (size_t)i * (size_t)N, 0, (size_t)N * sizeof(float));
-        return;
-    }
     gemm_job job = {M, N, K, A, B, C};
     exo_pool_run(pool, gemm_thread, &job);
 }
 
 void exo_gemm_f32_avx2_serial(int M, int N, int K, const float *A, const float *B, float *C)
 {
-    if (M <= 0 || N <= 0)
+    if (gemm_trivial(M, N, K, C))
         return;
-    if (K <= 0) {
-        for (int i = 0; i < M; i++)
-            memset(C + (size_t)i * (size_t)N, 0, (size_t)N * sizeof(float));
-        return;
-    }
     gemm_job job = {M, N, K, A, B, C};
     gemm_strips(&job, 0, (N + NR - 1) / NR);
 }

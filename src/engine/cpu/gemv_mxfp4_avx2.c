@@ -219,9 +219,9 @@ void exo_gemv_mxfp4_avx2(const exo_linear *w, int64_t r0, int64_t r1, int T, con
     const int64_t S = exo_gemv_page_stride(wbytes);
     const int64_t SB = EXO_GEMV_ROWS * S;
     for (int64_t sb = r0; sb < r1; sb += SB) {
-        const int strided = S > 1 && sb + SB <= r1;
-        const int64_t end = sb + SB < r1 ? sb + SB : r1;
-        const int64_t nblocks = strided ? S : (end - sb + EXO_GEMV_ROWS - 1) / EXO_GEMV_ROWS;
+        int strided;
+        int64_t end;
+        const int64_t nblocks = exo_gemv_superblock(sb, r1, S, &strided, &end);
         for (int64_t j = 0; j < nblocks; j++) {
             int64_t rix[EXO_GEMV_ROWS];
             const uint8_t *wrow[EXO_GEMV_ROWS];

@@ -42,6 +42,16 @@ static inline int exo_gemv_block_rows(int64_t sb, int64_t j, int64_t S, int stri
     }
     return R;
 }
+/* Super-block sb of a range ending at r1 (EXO_GEMV_ROWS * S rows, the
+ * last one cut short): whether its blocks are page-strided (whole ones
+ * only), where it ends, and how many row blocks it has. */
+static inline int64_t exo_gemv_superblock(int64_t sb, int64_t r1, int64_t S, int *strided, int64_t *end)
+{
+    const int64_t SB = EXO_GEMV_ROWS * S;
+    *strided = S > 1 && sb + SB <= r1;
+    *end = sb + SB < r1 ? sb + SB : r1;
+    return *strided ? S : (*end - sb + EXO_GEMV_ROWS - 1) / EXO_GEMV_ROWS;
+}
 /* Row ranges handed to the kernels start at multiples of this, so that
  * super-blocks (EXO_GEMV_ROWS * stride rows) stay whole for rows of 256
  * bytes and more. */
