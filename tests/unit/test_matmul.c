@@ -183,12 +183,14 @@ static void qact_alloc(exo_qact *qa, int64_t cols)
     qa->q2 = exo_malloc((size_t)exo_qact_q_len(cols));
     qa->dx = exo_malloc((size_t)exo_qact_sx_len(cols) * sizeof(float));
     qa->sx = exo_malloc((size_t)exo_qact_sx_len(cols) * sizeof(float));
+    qa->x16 = exo_malloc((size_t)exo_qact_q_len(cols) * sizeof(int16_t));
 }
 
 static void qact_free(exo_qact *qa)
 {
     exo_free(qa->q);
     exo_free(qa->q2);
+    exo_free(qa->x16);
     exo_free(qa->dx);
     exo_free(qa->sx);
 }

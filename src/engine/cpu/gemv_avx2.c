@@ -6,27 +6,32 @@
  * (exo_qact), a group contributing s_g dx_g dot(q, 256 xq + xq2) + b_g sx_g,
  * the int32 lanes converted to f32 and multiplied by their group's s_g dx_g
  * (its "lane sums" family), the row reduced once at the end. Without VNNI
- * the byte products are vpmaddubsw (unsigned x signed bytes, pairs summed
- * to s16, saturating) and vpmaddwd (pairs to s32, the first level times
- * 256):
- *  - 4-bit codes (0..15, EXO_QLAYOUT_Q4: low nibbles against the even
- *    elements, high nibbles the odd ones) go in as they are: a pair is at
- *    most 2 * 15 * 127;
- *  - byte codes (8-bit, and 2/3/5/6-bit unpacked to bytes first, Q8
- *    layout) would saturate (2 * 255 * 127), so they are centred, c = q -
- *    128, and multiplied as |c| (0..128, unsigned) by xq with c's sign
- *    (vpsignb): a pair is at most 2 * 128 * 127 = 32512. The 128 comes
- *    back in the bias: b'_g = b_g + 128 s_g, since sx_g = dx_g sum(xhat).
+ * there is no byte product of unsigned codes and signed activations that
+ * cannot saturate, so the kernel takes two forms with the same integers:
+ *  - 4-bit codes (0..15; Q4 layout, low nibbles against the even
+ *    elements, high nibbles the odd ones) against one row of X: vpmaddubsw
+ *    for each level (a pair at most 2 * 15 * 127), vpmaddwd to s32, the
+ *    first level times 256;
+ *  - codes widened to 16 bits against the two levels as one 16-bit
+ *    activation, 256 xq + xq2 (exo_qact.x16): vpmaddwd sums pairs exactly
+ *    to s32. Byte codes (8-bit, and 2/3/5/6-bit unpacked to bytes first)
+ *    always take this form (zero-extended, no centring needed); 4-bit
+ *    codes do where one widening serves four rows of X (x16's Q4 order
+ *    puts nibble m of a 16-bit lane of codes against its element, so a
+ *    lane sums the same 8 elements as in the first form).
+ * Tiles: 4 rows of codes x 1 row of X (X's loads shared), 1 x 4 (the
+ * widening shared), 1 x 1 for a short block.
  * Dense rows multiply X itself: bf16 and f16 converted to f32, four rows
  * at once, 8 partial sums a row; f32 rows (the test models' exact format)
  * in double, whose parity limits f32 sums missed (qwen3_next-f32 0.00126
  * against 0.001 with 8 partial sums, 0.00109 with 32).
  *
- * EXO_GEMV_ROWS rows share X's loads; rows of a block lie a page apart and
- * the next super-block is prefetched, as in the AVX-512 kernel. Each row
- * of X is its own pass with the same instructions, so a row gets the same
- * bits at any row count (a batch of decode rows gives each sequence what
- * it would get alone). Reads stay inside the rows. */
+ * Rows of a block (EXO_GEMV_ROWS) lie a page apart and the next
+ * super-block is prefetched, as in the AVX-512 kernel. Every (row, X row)
+ * pair has one accumulator fed the same lane sums in the same order in
+ * any tile, so a row of X gets the same bits at any row count (a batch of
+ * decode rows gives each sequence what it would get alone). Reads stay
+ * inside the rows. */
 #include "engine/cpu/kernels.h"
 #include "engine/quant.h"
 
@@ -59,37 +64,33 @@ INLINE __m256 load8_f32(exo_dtype t, const void *p, int64_t i)
 /* Affine                                                                 */
 
 /* sd[g] = s_g * dx_g of row r (zero-padded by 8 past ng) and the row's
- * bias term sum_g (b_g + centre * s_g) * sx_g. */
-INLINE float prep_row_as(exo_dtype t, const exo_linear *w, int64_t r, int64_t ng, const exo_qact *qa, float centre,
-                         float *sd)
+ * bias term sum_g b_g * sx_g. */
+INLINE float prep_row_as(exo_dtype t, const exo_linear *w, int64_t r, int64_t ng, const exo_qact *qa, float *sd)
 {
     const size_t ps = t == EXO_DTYPE_F32 ? 4 : 2;
     const char *sc = (const char *)w->scales + (size_t)(r * ng) * ps;
     const char *bi = (const char *)w->biases + (size_t)(r * ng) * ps;
-    const __m256 vc = _mm256_set1_ps(centre);
     __m256 bacc = _mm256_setzero_ps();
     int64_t g = 0;
     for (; g + 8 <= ng; g += 8) {
-        __m256 s = load8_f32(t, sc, g), b = _mm256_fmadd_ps(vc, s, load8_f32(t, bi, g));
-        _mm256_storeu_ps(sd + g, _mm256_mul_ps(s, _mm256_loadu_ps(qa->dx + g)));
-        bacc = _mm256_fmadd_ps(b, _mm256_loadu_ps(qa->sx + g), bacc);
+        _mm256_storeu_ps(sd + g, _mm256_mul_ps(load8_f32(t, sc, g), _mm256_loadu_ps(qa->dx + g)));
+        bacc = _mm256_fmadd_ps(load8_f32(t, bi, g), _mm256_loadu_ps(qa->sx + g), bacc);
     }
     float bias = hsum8(bacc);
     for (; g < ng; g++) { /* one by one: the parameters may end the mapping */
-        float s = exo_affine_param_f32(t, sc, g), b = fmaf(centre, s, exo_affine_param_f32(t, bi, g));
-        sd[g] = s * qa->dx[g];
-        bias = fmaf(b, qa->sx[g], bias);
+        sd[g] = exo_affine_param_f32(t, sc, g) * qa->dx[g];
+        bias = fmaf(exo_affine_param_f32(t, bi, g), qa->sx[g], bias);
     }
     _mm256_storeu_ps(sd + ng, _mm256_setzero_ps());
     return bias;
 }
 
-static float prep_row(const exo_linear *w, int64_t r, int64_t ng, const exo_qact *qa, float centre, float *sd)
+static float prep_row(const exo_linear *w, int64_t r, int64_t ng, const exo_qact *qa, float *sd)
 {
     switch (w->dtype) {
-    case EXO_DTYPE_F32: return prep_row_as(EXO_DTYPE_F32, w, r, ng, qa, centre, sd);
-    case EXO_DTYPE_F16: return prep_row_as(EXO_DTYPE_F16, w, r, ng, qa, centre, sd);
-    default: return prep_row_as(EXO_DTYPE_BF16, w, r, ng, qa, centre, sd);
+    case EXO_DTYPE_F32: return prep_row_as(EXO_DTYPE_F32, w, r, ng, qa, sd);
+    case EXO_DTYPE_F16: return prep_row_as(EXO_DTYPE_F16, w, r, ng, qa, sd);
+    default: return prep_row_as(EXO_DTYPE_BF16, w, r, ng, qa, sd);
     }
 }
 
@@ -105,6 +106,7 @@ static void prefetch_params(const exo_linear *w, int64_t r, int64_t ng)
         _mm_prefetch(bi + o, _MM_HINT_T0);
     }
 }
+
 /* A chunk's s_g dx_g for its 8 lanes: with groups of 32, chunk k of 64
  * nibble codes spans groups 2k (lanes 0-3) and 2k + 1; else one group. */
 INLINE __m256 chunk_scales(const float *sd, int64_t first_group, int two)
@@ -114,115 +116,166 @@ INLINE __m256 chunk_scales(const float *sd, int64_t first_group, int two)
     return _mm256_broadcast_ss(sd + first_group);
 }
 
-/* The R rows of a block lie rstride bytes apart (a page run apart, or
- * consecutive), their s_g dx_g sdstride floats apart: one pointer each,
- * so the loop keeps its rows and scales in registers. */
-typedef struct row_block {
+/* A tile: RW rows of codes rstride bytes apart (a page run apart, or
+ * consecutive) against TX rows of X, the s_g dx_g of row i against X row
+ * t at sd + (i * TX + t) * sdstride. One pointer and a stride each, so the
+ * loop keeps its rows in registers. */
+typedef struct tile {
     const uint8_t *w;
     int64_t rstride;
     const float *sd;
     int64_t sdstride;
-} row_block;
+    const exo_qact *qa;
+} tile;
 
-/* 32 bytes of 4-bit codes (chunk k: elements 64k .. 64k + 63) of R rows;
- * tail: only the first 16 bytes exist. Groups of 2^gshift elements. */
-INLINE void nibble_chunk(int R, row_block b, int64_t k, int tail, int g32, int gshift, const exo_qact *qa,
-                         __m256 *acc)
+/* Lane sums of 32 bytes of 4-bit codes (chunk k: elements 64k .. 64k +
+ * 63; tail: only the first 16 bytes exist) against one row of X in its two
+ * int8 levels: low nibbles against the even elements, high nibbles the
+ * odd ones (Q4 layout), vpmaddubsw for each level (a pair at most 2 * 15 *
+ * 127) and vpmaddwd to s32, the first level times 256. Lane j sums
+ * elements 8j .. 8j + 7, as nibbles16_sums's lane j does, and to the
+ * same integer. */
+INLINE __m256i nibbles8_sums(const uint8_t *p, int tail, const exo_qact *qa, int64_t k)
 {
     const __m256i nib = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1), x256 = _mm256_set1_epi16(256);
-    const int64_t xo = 128 * (k >> 1) + 32 * (k & 1), g = (64 * k) >> gshift;
-    const __m256i xa = _mm256_loadu_si256((const __m256i *)(qa->q + xo));
-    const __m256i xb = _mm256_loadu_si256((const __m256i *)(qa->q + xo + 64));
-    const __m256i xa2 = _mm256_loadu_si256((const __m256i *)(qa->q2 + xo));
-    const __m256i xb2 = _mm256_loadu_si256((const __m256i *)(qa->q2 + xo + 64));
-    #pragma GCC unroll 8
-    for (int i = 0; i < R; i++) {
-        const uint8_t *p = b.w + i * b.rstride + 32 * k;
+    const int64_t xo = 128 * (k >> 1) + 32 * (k & 1);
+    __m256i v = tail ? _mm256_inserti128_si256(_mm256_setzero_si256(), _mm_loadu_si128((const __m128i *)p), 0)
+                     : _mm256_loadu_si256((const __m256i *)p);
+    __m256i lo = _mm256_and_si256(v, nib), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
+    __m256i s1 = _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)(qa->q + xo))),
+                                  _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(qa->q + xo + 64))));
+    __m256i s2 = _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)(qa->q2 + xo))),
+                                  _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(qa->q2 + xo + 64))));
+    return _mm256_add_epi32(_mm256_madd_epi16(s1, x256), _mm256_madd_epi16(s2, ones));
+}
+
+/* A chunk's codes widened to 16 bits, c[m] to be multiplied by the
+ * activation at x16 + 16m. Nibbles: a 16-bit lane holds elements 4L ..
+ * 4L + 3 as its four nibbles, c[m] nibble m of every lane (x16's Q4
+ * order). Bytes: chunk k is 32 codes, elements 32k .. 32k + 31, in order. */
+INLINE void codes16(int nibbles, const uint8_t *p, int tail, __m256i *c)
+{
+    if (nibbles) {
+        const __m256i m = _mm256_set1_epi16(0x000f);
         __m256i v = tail ? _mm256_inserti128_si256(_mm256_setzero_si256(), _mm_loadu_si128((const __m128i *)p), 0)
                          : _mm256_loadu_si256((const __m256i *)p);
-        __m256i lo = _mm256_and_si256(v, nib), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
-        __m256i s1 = _mm256_add_epi16(_mm256_maddubs_epi16(lo, xa), _mm256_maddubs_epi16(hi, xb));
-        __m256i s2 = _mm256_add_epi16(_mm256_maddubs_epi16(lo, xa2), _mm256_maddubs_epi16(hi, xb2));
-        __m256i d = _mm256_add_epi32(_mm256_madd_epi16(s1, x256), _mm256_madd_epi16(s2, ones));
-        acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), chunk_scales(b.sd + i * b.sdstride, g, g32), acc[i]);
+        c[0] = _mm256_and_si256(v, m);
+        c[1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m);
+        c[2] = _mm256_and_si256(_mm256_srli_epi16(v, 8), m);
+        c[3] = _mm256_srli_epi16(v, 12);
+    } else {
+        c[0] = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)p));
+        c[1] = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(p + 16)));
     }
 }
 
-/* 32 byte codes (chunk k: elements 32k .. 32k + 31) of R rows, centred. */
-INLINE void byte_chunk(int R, row_block b, int64_t k, int gshift, const exo_qact *qa, __m256 *acc)
+/* Lane sums of widened codes against one row of X's x16 (a pair of
+ * products at most 2 * 255 * 32639, exact in s32). */
+INLINE __m256i sums16(int nibbles, const __m256i *c, const int16_t *x)
 {
-    const __m256i flip = _mm256_set1_epi8((char)0x80), ones = _mm256_set1_epi16(1), x256 = _mm256_set1_epi16(256);
-    const __m256i xa = _mm256_loadu_si256((const __m256i *)(qa->q + 32 * k));
-    const __m256i xa2 = _mm256_loadu_si256((const __m256i *)(qa->q2 + 32 * k));
-    const int64_t g = (32 * k) >> gshift;
-    #pragma GCC unroll 8
-    for (int i = 0; i < R; i++) {
+    __m256i d = _mm256_madd_epi16(c[0], _mm256_loadu_si256((const __m256i *)x));
+    for (int m = 1; m < (nibbles ? 4 : 2); m++)
+        d = _mm256_add_epi32(d, _mm256_madd_epi16(c[m], _mm256_loadu_si256((const __m256i *)(x + 16 * m))));
+    return d;
+}
+
+/* Chunk k of a tile (nibbles: 32 bytes, 64 elements; bytes: 32 elements),
+ * each lane's sum times its group's s_g dx_g into the (row, X row) pair's
+ * accumulator. A row of codes against one row of X sums its nibbles in
+ * the two int8 levels (fewer instructions than widening when nothing
+ * shares the widening); against four, widens them once; bytes are always
+ * widened. Each pair's lanes get the same integers either way, so a row
+ * of X gets the same bits in any tile. */
+INLINE void tile_chunk(int RW, int TX, int nibbles, int g32, tile b, int64_t k, int tail, int gshift, __m256 *acc)
+{
+    const int64_t xo = nibbles ? 64 * k : 32 * k, g = xo >> gshift;
+    #pragma GCC unroll 4
+    for (int i = 0; i < RW; i++) {
         const uint8_t *p = b.w + i * b.rstride + 32 * k;
-        __m256i c = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)p), flip); /* q - 128, signed */
-        __m256i mag = _mm256_abs_epi8(c);                                            /* 0..128, unsigned */
-        __m256i s1 = _mm256_maddubs_epi16(mag, _mm256_sign_epi8(xa, c));
-        __m256i s2 = _mm256_maddubs_epi16(mag, _mm256_sign_epi8(xa2, c));
-        __m256i d = _mm256_add_epi32(_mm256_madd_epi16(s1, x256), _mm256_madd_epi16(s2, ones));
-        acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), _mm256_broadcast_ss(b.sd + i * b.sdstride + g), acc[i]);
+        __m256i c[4];
+        if (!(nibbles && TX == 1))
+            codes16(nibbles, p, tail, c);
+        #pragma GCC unroll 4
+        for (int t = 0; t < TX; t++) {
+            __m256i d = nibbles && TX == 1 ? nibbles8_sums(p, tail, &b.qa[t], k) : sums16(nibbles, c, b.qa[t].x16 + xo);
+            const __m256 sd = chunk_scales(b.sd + (i * TX + t) * b.sdstride, g, nibbles && g32);
+            acc[i * TX + t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), sd, acc[i * TX + t]);
+        }
     }
 }
 
 /* Each row's 64-byte line pf_dist ahead of chunk k (0: none). */
-INLINE void prefetch_rows(int R, row_block b, int64_t k, int64_t pf_dist)
+INLINE void prefetch_rows(int R, tile b, int64_t k, int64_t pf_dist)
 {
     if (!pf_dist)
         return;
-    #pragma GCC unroll 8
+    #pragma GCC unroll 4
     for (int i = 0; i < R; i++)
         _mm_prefetch((const char *)b.w + i * b.rstride + 32 * k + pf_dist, _MM_HINT_T0);
 }
 
-/* R rows of codes (nibbles: rowbytes = cols / 2; bytes: cols) against one
- * row of X, two chunks (a cache line of each row) a step. */
-INLINE void affine_rows(int R, int nibbles, int g32, row_block b, int64_t rowbytes, int gshift, const float *bias,
-                        const exo_qact *qa, int64_t pf_dist, float *out)
+/* A whole tile (nibbles: rowbytes = cols / 2; bytes: cols), two chunks (a
+ * cache line of each row) a step; out[i * TX + t], bias added. */
+INLINE void affine_tile(int RW, int TX, int nibbles, int g32, tile b, int64_t rowbytes, int gshift,
+                        const float *bias, int64_t pf_dist, float *out)
 {
-    __m256 acc[EXO_GEMV_ROWS];
-    #pragma GCC unroll 8
-    for (int i = 0; i < R; i++)
+    __m256 acc[4];
+    #pragma GCC unroll 4
+    for (int i = 0; i < RW * TX; i++)
         acc[i] = _mm256_setzero_ps();
     const int64_t nfull = rowbytes / 32; /* cols is a multiple of the group, at least 32 */
     int64_t k = 0;
     for (; k + 2 <= nfull; k += 2) {
-        prefetch_rows(R, b, k, pf_dist);
-        if (nibbles) {
-            nibble_chunk(R, b, k, 0, g32, gshift, qa, acc);
-            nibble_chunk(R, b, k + 1, 0, g32, gshift, qa, acc);
-        } else {
-            byte_chunk(R, b, k, gshift, qa, acc);
-            byte_chunk(R, b, k + 1, gshift, qa, acc);
-        }
+        prefetch_rows(RW, b, k, pf_dist);
+        tile_chunk(RW, TX, nibbles, g32, b, k, 0, gshift, acc);
+        tile_chunk(RW, TX, nibbles, g32, b, k + 1, 0, gshift, acc);
     }
     if (k < nfull)
-        nibbles ? nibble_chunk(R, b, k, 0, g32, gshift, qa, acc) : byte_chunk(R, b, k, gshift, qa, acc);
+        tile_chunk(RW, TX, nibbles, g32, b, k, 0, gshift, acc);
     if (nibbles && rowbytes % 32)
-        nibble_chunk(R, b, nfull, 1, g32, gshift, qa, acc);
-    #pragma GCC unroll 8
-    for (int i = 0; i < R; i++)
+        tile_chunk(RW, TX, nibbles, g32, b, nfull, 1, gshift, acc);
+    #pragma GCC unroll 4
+    for (int i = 0; i < RW * TX; i++)
         out[i] = hsum8(acc[i]) + bias[i];
 }
 
-/* One function per (rows, codes, groups of 32 or not), each compiled with
- * its rows in registers and its group arithmetic constant but a shift. */
-typedef void rows_fn(row_block b, int64_t rowbytes, int gshift, const float *bias, const exo_qact *qa,
-                     int64_t pf_dist, float *out);
-#define ROWS_FN(name, R, nibbles, g32)                                                                        \
-    static void name(row_block b, int64_t rowbytes, int gshift, const float *bias, const exo_qact *qa,        \
-                     int64_t pf_dist, float *out)                                                             \
-    {                                                                                                         \
-        affine_rows(R, nibbles, g32, b, rowbytes, g32 ? 5 : gshift, bias, qa, pf_dist, out);                  \
+/* One function per tile shape (4 rows x 1 X row, 1 x 4, 1 x 1) and codes
+ * (nibbles with groups of 32 or more, bytes), each compiled with its
+ * accumulators in registers and its group arithmetic constant but a shift. */
+typedef void tile_fn(tile b, int64_t rowbytes, int gshift, const float *bias, int64_t pf_dist, float *out);
+#define TILE_FN(name, RW, TX, nibbles, g32)                                                                    \
+    static void name(tile b, int64_t rowbytes, int gshift, const float *bias, int64_t pf_dist, float *out)     \
+    {                                                                                                          \
+        affine_tile(RW, TX, nibbles, g32, b, rowbytes, g32 ? 5 : gshift, bias, pf_dist, out);                  \
     }
-ROWS_FN(nibbles4_g32, EXO_GEMV_ROWS, 1, 1)
-ROWS_FN(nibbles4, EXO_GEMV_ROWS, 1, 0)
-ROWS_FN(bytes4, EXO_GEMV_ROWS, 0, 0)
-ROWS_FN(nibbles1_g32, 1, 1, 1)
-ROWS_FN(nibbles1, 1, 1, 0)
-ROWS_FN(bytes1, 1, 0, 0)
+TILE_FN(nibbles41_g32, 4, 1, 1, 1)
+TILE_FN(nibbles41, 4, 1, 1, 0)
+TILE_FN(bytes41, 4, 1, 0, 0)
+TILE_FN(nibbles14_g32, 1, 4, 1, 1)
+TILE_FN(nibbles14, 1, 4, 1, 0)
+TILE_FN(bytes14, 1, 4, 0, 0)
+TILE_FN(nibbles11_g32, 1, 1, 1, 1)
+TILE_FN(nibbles11, 1, 1, 1, 0)
+TILE_FN(bytes11, 1, 1, 0, 0)
+
+/* Rows rix[0..RW) (evenly spaced, codes from b.w) against X rows t0 ..
+ * t0 + TX: their s_g dx_g and biases, then the products into y. */
+static void run_tile(tile_fn *fn, int RW, int TX, tile b, const exo_linear *w, const int64_t *rix, int t0,
+                     const exo_qact *qa, int64_t ng, int64_t rowbytes, int gshift, int64_t pf_dist,
+                     exo_gemv_scratch *s, float *y, int64_t ldy)
+{
+    float bias[4], out[4];
+    b.qa = qa + t0;
+    b.sd = s->sd;
+    b.sdstride = s->sf_stride;
+    for (int i = 0; i < RW; i++)
+        for (int t = 0; t < TX; t++)
+            bias[i * TX + t] = prep_row(w, rix[i], ng, &qa[t0 + t], s->sd + (i * TX + t) * s->sf_stride);
+    fn(b, rowbytes, gshift, bias, pf_dist, out);
+    for (int i = 0; i < RW; i++)
+        for (int t = 0; t < TX; t++)
+            y[(int64_t)(t0 + t) * ldy + rix[i]] = out[i * TX + t];
+}
 
 void exo_gemv_affine_avx2(const exo_linear *w, int64_t r0, int64_t r1, int T, const exo_qact *qa, float *y,
                           int64_t ldy, exo_gemv_scratch *s)
@@ -233,21 +286,20 @@ void exo_gemv_affine_avx2(const exo_linear *w, int64_t r0, int64_t r1, int T, co
     const uint8_t *base = w->w;
     const int64_t S = exo_gemv_page_stride(wbytes);
     const int64_t SB = EXO_GEMV_ROWS * S;
-    const float centre = nibbles ? 0.0f : 128.0f;
     const int gshift = __builtin_ctzll((unsigned long long)G); /* a power of two (has_gemv_kernel) */
-    rows_fn *four = nibbles ? (G == 32 ? nibbles4_g32 : nibbles4) : bytes4;
-    rows_fn *one = nibbles ? (G == 32 ? nibbles1_g32 : nibbles1) : bytes1;
+    const int g32 = nibbles && G == 32;
+    tile_fn *four = nibbles ? (g32 ? nibbles41_g32 : nibbles41) : bytes41;
+    tile_fn *wide = nibbles ? (g32 ? nibbles14_g32 : nibbles14) : bytes14;
+    tile_fn *one = nibbles ? (g32 ? nibbles11_g32 : nibbles11) : bytes11;
     for (int64_t sb = r0; sb < r1; sb += SB) {
         int strided;
         int64_t end;
         const int64_t nblocks = exo_gemv_superblock(sb, r1, S, &strided, &end);
         for (int64_t j = 0; j < nblocks; j++) {
             int64_t rix[EXO_GEMV_ROWS];
-            float bias[EXO_GEMV_ROWS];
             const int R = exo_gemv_block_rows(sb, j, S, strided, end, rix);
             /* a whole block's rows are evenly spaced (exo_gemv_block_rows) */
-            row_block b = {base + (size_t)rix[0] * (size_t)wbytes, R > 1 ? (rix[1] - rix[0]) * wbytes : 0, s->sd,
-                           s->sf_stride};
+            tile b = {.w = base + (size_t)rix[0] * (size_t)wbytes, .rstride = R > 1 ? (rix[1] - rix[0]) * wbytes : 0};
             if (unpack) { /* 2/3/5/6-bit codes to bytes, once for every row of X */
                 for (int i = 0; i < R; i++)
                     exo_affine_unpack_row((const uint32_t *)(base + (size_t)rix[i] * (size_t)wbytes), cols, w->bits,
@@ -258,20 +310,24 @@ void exo_gemv_affine_avx2(const exo_linear *w, int64_t r0, int64_t r1, int T, co
             for (int i = 0; i < R; i++)
                 if (rix[i] + SB < r1)
                     prefetch_params(w, rix[i] + SB, ng);
-            for (int t = 0; t < T; t++) {
-                float out[EXO_GEMV_ROWS];
-                for (int i = 0; i < R; i++)
-                    bias[i] = prep_row(w, rix[i], ng, &qa[t], centre, s->sd + i * s->sf_stride);
+            const int64_t pf = unpack ? 0 : SB * wbytes; /* the first pass over a row fetches ahead */
+            int t = 0;
+            for (; t + 4 <= T; t += 4) /* each row's codes widened once for four rows of X */
+                for (int i = 0; i < R; i++) {
+                    tile bi = b;
+                    bi.w += i * b.rstride;
+                    run_tile(wide, 1, 4, bi, w, &rix[i], t, qa, ng, rowbytes, gshift, t ? 0 : pf, s, y, ldy);
+                }
+            for (; t < T; t++) {
                 if (R == EXO_GEMV_ROWS) {
-                    four(b, rowbytes, gshift, bias, &qa[t], t == 0 && !unpack ? SB * wbytes : 0, out);
+                    run_tile(four, 4, 1, b, w, rix, t, qa, ng, rowbytes, gshift, t ? 0 : pf, s, y, ldy);
                 } else {
                     for (int i = 0; i < R; i++) {
-                        row_block bi = {b.w + i * b.rstride, 0, b.sd + i * b.sdstride, 0};
-                        one(bi, rowbytes, gshift, &bias[i], &qa[t], 0, &out[i]);
+                        tile bi = b;
+                        bi.w += i * b.rstride;
+                        run_tile(one, 1, 1, bi, w, &rix[i], t, qa, ng, rowbytes, gshift, 0, s, y, ldy);
                     }
                 }
-                for (int i = 0; i < R; i++)
-                    y[(int64_t)t * ldy + rix[i]] = out[i];
             }
         }
     }

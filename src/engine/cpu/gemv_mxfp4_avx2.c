@@ -49,6 +49,14 @@ static void permute_q4(const int8_t *plain, int64_t qlen, int8_t *q)
         }
 }
 
+/* exo_qact.x16 from the two levels in element order (qlen a multiple of 64). */
+static void build_x16(const int8_t *q, const int8_t *q2, int64_t qlen, int q4, int16_t *x16)
+{
+    for (int64_t c = 0; c < qlen; c += 64)
+        for (int e = 0; e < 64; e++)
+            x16[c + (q4 ? 16 * (e & 3) + (e >> 2) : e)] = (int16_t)(256 * q[c + e] + q2[c + e]);
+}
+
 void exo_qact_build_avx2(const float *x, int64_t cols, int G, int layout, exo_qact *out,
                          int8_t *tmp)
 {
@@ -98,6 +106,8 @@ void exo_qact_build_avx2(const float *x, int64_t cols, int G, int layout, exo_qa
         out->sx[g] = dl * (float)_mm_cvtsi128_si32(s4);
         out->dx[g] = dl;
     }
+    if (out->x16)
+        build_x16(plain, plain2, qlen, q4, out->x16);
     if (q4) {
         permute_q4(plain, qlen, out->q);
         permute_q4(plain2, qlen, out->q2);

@@ -80,6 +80,13 @@ typedef struct exo_qact {
     int8_t *q2;
     float  *dx;
     float  *sx;
+    /* AVX2's affine kernel multiplies one 16-bit activation, 256 q + q2
+     * (exactly the two levels' sum), against codes widened to 16 bits:
+     * exo_qact_q_len(cols) of them, built by exo_qact_build_avx2 where
+     * not NULL. Q8 layout: in element order; Q4 layout: each 64 elements
+     * as four vectors of 16, vector m's lane L element 4L + m (the order
+     * a 16-bit lane of nibble codes holds them). */
+    int16_t *x16;
 } exo_qact;
 
 enum { EXO_QLAYOUT_Q8 = 0, EXO_QLAYOUT_Q4 = 1 };

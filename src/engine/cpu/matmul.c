@@ -499,7 +499,8 @@ static void run_gemv(exo_cpu_matmul_ctx *ctx, rows_job *job)
         size_t qb = round64((size_t)exo_qact_q_len(cols));
         size_t db = round64((size_t)exo_qact_sx_len(cols) * sizeof(float));
         size_t sb = round64((size_t)exo_qact_sx_len(cols) * sizeof(float));
-        size_t per = 2 * qb + db + sb;
+        size_t xb = job->isa >= EXO_ISA_AVX512 ? 0 : 2 * qb; /* exo_qact.x16, AVX2's alone */
+        size_t per = 2 * qb + db + sb + xb;
         size_t hdr = round64(sizeof(exo_qact) * (size_t)T * MAX_QACT);
         unsigned char *mem = buf_get(&ctx->act, hdr + 2 * qb + per * (size_t)T * (size_t)job->nqa);
         exo_qact *hd = (exo_qact *)mem;
@@ -512,6 +513,7 @@ static void run_gemv(exo_cpu_matmul_ctx *ctx, rows_job *job)
                 qa[t].q2 = (int8_t *)(p + qb);
                 qa[t].dx = (float *)(p + 2 * qb);
                 qa[t].sx = (float *)(p + 2 * qb + db);
+                qa[t].x16 = xb ? (int16_t *)(p + 2 * qb + db + sb) : NULL;
                 p += per;
                 if (job->isa >= EXO_ISA_AVX512)
                     exo_qact_build_avx512(job->x + (int64_t)t * cols, cols, job->qa_group[k],
@@ -740,7 +742,8 @@ static void build_each_qact(exo_cpu_matmul_ctx *ctx, rows_job *job)
     int T = job->T, n = job->n;
     size_t qb = round64((size_t)exo_qact_q_len(cols));
     size_t db = round64((size_t)exo_qact_sx_len(cols) * sizeof(float));
-    size_t per = 2 * qb + 2 * db;
+    size_t xb = job->isa >= EXO_ISA_AVX512 ? 0 : 2 * qb; /* exo_qact.x16, AVX2's alone */
+    size_t per = 2 * qb + 2 * db + xb;
     size_t hdr = round64(sizeof(exo_qact) * (size_t)T * (size_t)n), ptrs = round64(sizeof(void *) * (size_t)n);
     size_t panx = 0; /* a panels weight's interleaved rows (exo_qpanel) */
     for (int i = 0; i < n; i++)
@@ -764,6 +767,7 @@ static void build_each_qact(exo_cpu_matmul_ctx *ctx, rows_job *job)
             qa[t].q2 = (int8_t *)(p + qb);
             qa[t].dx = (float *)(p + 2 * qb);
             qa[t].sx = (float *)(p + 2 * qb + db);
+            qa[t].x16 = xb ? (int16_t *)(p + 2 * qb + 2 * db) : NULL;
             p += per;
             const float *x = job->xs[i] + (int64_t)t * cols;
             if (job->isa >= EXO_ISA_AVX512)
