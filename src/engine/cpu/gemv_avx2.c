@@ -63,34 +63,59 @@ INLINE __m256 load8_f32(exo_dtype t, const void *p, int64_t i)
 /* ---------------------------------------------------------------------- */
 /* Affine                                                                 */
 
-/* sd[g] = s_g * dx_g of row r (zero-padded by 8 past ng) and the row's
- * bias term sum_g b_g * sx_g. */
-INLINE float prep_row_as(exo_dtype t, const exo_linear *w, int64_t r, int64_t ng, const exo_qact *qa, float *sd)
+/* Four sums of 8 lanes, each added in the same order whichever lane of
+ * the result it takes: ((v0 + v1) + (v2 + v3)) + ((v4 + v5) + (v6 + v7)). */
+INLINE __m128 hsum8x4(__m256 a, __m256 b, __m256 c, __m256 d)
 {
-    const size_t ps = t == EXO_DTYPE_F32 ? 4 : 2;
-    const char *sc = (const char *)w->scales + (size_t)(r * ng) * ps;
-    const char *bi = (const char *)w->biases + (size_t)(r * ng) * ps;
-    __m256 bacc = _mm256_setzero_ps();
-    int64_t g = 0;
-    for (; g + 8 <= ng; g += 8) {
-        _mm256_storeu_ps(sd + g, _mm256_mul_ps(load8_f32(t, sc, g), _mm256_loadu_ps(qa->dx + g)));
-        bacc = _mm256_fmadd_ps(load8_f32(t, bi, g), _mm256_loadu_ps(qa->sx + g), bacc);
-    }
-    float bias = hsum8(bacc);
-    for (; g < ng; g++) { /* one by one: the parameters may end the mapping */
-        sd[g] = exo_affine_param_f32(t, sc, g) * qa->dx[g];
-        bias = fmaf(exo_affine_param_f32(t, bi, g), qa->sx[g], bias);
-    }
-    _mm256_storeu_ps(sd + ng, _mm256_setzero_ps());
-    return bias;
+    __m256 abcd = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
+    return _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1));
 }
 
-static float prep_row(const exo_linear *w, int64_t r, int64_t ng, const exo_qact *qa, float *sd)
+/* For each (row i, X row t) pair of a tile, p = i * TX + t: sd + p *
+ * sdstride gets s_g dx_g of its groups (zero-padded by 8 past ng), bias[p]
+ * its bias term sum_g b_g sx_g. */
+INLINE void prep_tile_as(exo_dtype dt, int RW, int TX, const exo_linear *w, const int64_t *rix, int64_t ng,
+                         const exo_qact *qa, float *sd, int64_t sdstride, float *bias)
+{
+    const size_t ps = dt == EXO_DTYPE_F32 ? 4 : 2;
+    const char *sc[4], *bi[4];
+    __m256 bacc[4];
+    for (int i = 0; i < RW; i++) {
+        sc[i] = (const char *)w->scales + (size_t)(rix[i] * ng) * ps;
+        bi[i] = (const char *)w->biases + (size_t)(rix[i] * ng) * ps;
+    }
+    for (int p = 0; p < 4; p++)
+        bacc[p] = _mm256_setzero_ps();
+    int64_t g = 0;
+    for (; g + 8 <= ng; g += 8)
+        for (int i = 0; i < RW; i++) {
+            const __m256 s = load8_f32(dt, sc[i], g), b = load8_f32(dt, bi[i], g);
+            for (int t = 0; t < TX; t++) {
+                _mm256_storeu_ps(sd + (i * TX + t) * sdstride + g, _mm256_mul_ps(s, _mm256_loadu_ps(qa[t].dx + g)));
+                bacc[i * TX + t] = _mm256_fmadd_ps(b, _mm256_loadu_ps(qa[t].sx + g), bacc[i * TX + t]);
+            }
+        }
+    float sums[4];
+    _mm_storeu_ps(sums, hsum8x4(bacc[0], bacc[1], bacc[2], bacc[3]));
+    for (int i = 0; i < RW; i++)
+        for (int t = 0; t < TX; t++) {
+            float *sdp = sd + (i * TX + t) * sdstride, sum = sums[i * TX + t];
+            for (int64_t e = g; e < ng; e++) { /* one by one: the parameters may end the mapping */
+                sdp[e] = exo_affine_param_f32(dt, sc[i], e) * qa[t].dx[e];
+                sum = fmaf(exo_affine_param_f32(dt, bi[i], e), qa[t].sx[e], sum);
+            }
+            _mm256_storeu_ps(sdp + ng, _mm256_setzero_ps());
+            bias[i * TX + t] = sum;
+        }
+}
+
+INLINE void prep_tile(int RW, int TX, const exo_linear *w, const int64_t *rix, int64_t ng, const exo_qact *qa,
+                      float *sd, int64_t sdstride, float *bias)
 {
     switch (w->dtype) {
-    case EXO_DTYPE_F32: return prep_row_as(EXO_DTYPE_F32, w, r, ng, qa, sd);
-    case EXO_DTYPE_F16: return prep_row_as(EXO_DTYPE_F16, w, r, ng, qa, sd);
-    default: return prep_row_as(EXO_DTYPE_BF16, w, r, ng, qa, sd);
+    case EXO_DTYPE_F32: prep_tile_as(EXO_DTYPE_F32, RW, TX, w, rix, ng, qa, sd, sdstride, bias); break;
+    case EXO_DTYPE_F16: prep_tile_as(EXO_DTYPE_F16, RW, TX, w, rix, ng, qa, sd, sdstride, bias); break;
+    default: prep_tile_as(EXO_DTYPE_BF16, RW, TX, w, rix, ng, qa, sd, sdstride, bias); break;
     }
 }
 
@@ -123,7 +148,7 @@ INLINE __m256 chunk_scales(const float *sd, int64_t first_group, int two)
 typedef struct tile {
     const uint8_t *w;
     int64_t rstride;
-    const float *sd;
+    float *sd;
     int64_t sdstride;
     const exo_qact *qa;
 } tile;
@@ -234,19 +259,25 @@ INLINE void affine_tile(int RW, int TX, int nibbles, int g32, tile b, int64_t ro
         tile_chunk(RW, TX, nibbles, g32, b, k, 0, gshift, acc);
     if (nibbles && rowbytes % 32)
         tile_chunk(RW, TX, nibbles, g32, b, nfull, 1, gshift, acc);
-    #pragma GCC unroll 4
-    for (int i = 0; i < RW * TX; i++)
-        out[i] = hsum8(acc[i]) + bias[i];
+    for (int i = RW * TX; i < 4; i++)
+        acc[i] = _mm256_setzero_ps();
+    _mm_storeu_ps(out, _mm_add_ps(hsum8x4(acc[0], acc[1], acc[2], acc[3]), _mm_loadu_ps(bias)));
 }
 
 /* One function per tile shape (4 rows x 1 X row, 1 x 4, 1 x 1) and codes
  * (nibbles with groups of 32 or more, bytes), each compiled with its
- * accumulators in registers and its group arithmetic constant but a shift. */
-typedef void tile_fn(tile b, int64_t rowbytes, int gshift, const float *bias, int64_t pf_dist, float *out);
-#define TILE_FN(name, RW, TX, nibbles, g32)                                                                    \
-    static void name(tile b, int64_t rowbytes, int gshift, const float *bias, int64_t pf_dist, float *out)     \
-    {                                                                                                          \
-        affine_tile(RW, TX, nibbles, g32, b, rowbytes, g32 ? 5 : gshift, bias, pf_dist, out);                  \
+ * accumulators in registers and its group arithmetic constant but a shift:
+ * rows rix (codes from b.w, evenly spaced) against b.qa's rows, their
+ * s_g dx_g and biases first, out[i * TX + t]. */
+typedef void tile_fn(tile b, const exo_linear *w, const int64_t *rix, int64_t ng, int64_t rowbytes, int gshift,
+                     int64_t pf_dist, float *out);
+#define TILE_FN(name, RW, TX, nibbles, g32)                                                                     \
+    static void name(tile b, const exo_linear *w, const int64_t *rix, int64_t ng, int64_t rowbytes, int gshift, \
+                     int64_t pf_dist, float *out)                                                               \
+    {                                                                                                           \
+        float bias[4] = {0};                                                                                    \
+        prep_tile(RW, TX, w, rix, ng, b.qa, b.sd, b.sdstride, bias);                                            \
+        affine_tile(RW, TX, nibbles, g32, b, rowbytes, g32 ? 5 : gshift, bias, pf_dist, out);                   \
     }
 TILE_FN(nibbles41_g32, 4, 1, 1, 1)
 TILE_FN(nibbles41, 4, 1, 1, 0)
@@ -258,20 +289,16 @@ TILE_FN(nibbles11_g32, 1, 1, 1, 1)
 TILE_FN(nibbles11, 1, 1, 1, 0)
 TILE_FN(bytes11, 1, 1, 0, 0)
 
-/* Rows rix[0..RW) (evenly spaced, codes from b.w) against X rows t0 ..
- * t0 + TX: their s_g dx_g and biases, then the products into y. */
+/* A tile of rows rix[0..RW) against X rows t0 .. t0 + TX, into y. */
 static void run_tile(tile_fn *fn, int RW, int TX, tile b, const exo_linear *w, const int64_t *rix, int t0,
                      const exo_qact *qa, int64_t ng, int64_t rowbytes, int gshift, int64_t pf_dist,
                      exo_gemv_scratch *s, float *y, int64_t ldy)
 {
-    float bias[4], out[4];
+    float out[4];
     b.qa = qa + t0;
     b.sd = s->sd;
     b.sdstride = s->sf_stride;
-    for (int i = 0; i < RW; i++)
-        for (int t = 0; t < TX; t++)
-            bias[i * TX + t] = prep_row(w, rix[i], ng, &qa[t0 + t], s->sd + (i * TX + t) * s->sf_stride);
-    fn(b, rowbytes, gshift, bias, pf_dist, out);
+    fn(b, w, rix, ng, rowbytes, gshift, pf_dist, out);
     for (int i = 0; i < RW; i++)
         for (int t = 0; t < TX; t++)
             y[(int64_t)(t0 + t) * ldy + rix[i]] = out[i * TX + t];
