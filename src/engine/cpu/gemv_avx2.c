@@ -158,8 +158,8 @@ typedef struct tile {
  * int8 levels: low nibbles against the even elements, high nibbles the
  * odd ones (Q4 layout), vpmaddubsw for each level (a pair at most 2 * 15 *
  * 127) and vpmaddwd to s32, the first level times 256. Lane j sums
- * elements 8j .. 8j + 7, as nibbles16_sums's lane j does, and to the
- * same integer. */
+ * elements 8j .. 8j + 7, as the widened form's lane j does (codes16,
+ * sums16), and to the same integer. */
 INLINE __m256i nibbles8_sums(const uint8_t *p, int tail, const exo_qact *qa, int64_t k)
 {
     const __m256i nib = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1), x256 = _mm256_set1_epi16(256);
