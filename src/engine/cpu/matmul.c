@@ -339,6 +339,12 @@ static int has_gemv_kernel(exo_isa isa, const exo_linear *w)
 
 int exo_cpu_matmul_has_gemv(const exo_linear *w) { return has_gemv_kernel(exo_cpu_isa(), w); }
 
+/* Whether w's kernel reads exo_qact.x16: AVX2's affine one alone. */
+static int reads_x16(exo_isa isa, const exo_linear *w)
+{
+    return isa < EXO_ISA_AVX512 && w->format == EXO_WFORMAT_AFFINE;
+}
+
 static void gemv_rows(const rows_job *job, int wi, int64_t r0, int64_t r1, unsigned char *scratch)
 {
     const exo_linear *w = job->w[wi];
@@ -499,7 +505,7 @@ static void run_gemv(exo_cpu_matmul_ctx *ctx, rows_job *job)
         size_t qb = round64((size_t)exo_qact_q_len(cols));
         size_t db = round64((size_t)exo_qact_sx_len(cols) * sizeof(float));
         size_t sb = round64((size_t)exo_qact_sx_len(cols) * sizeof(float));
-        size_t xb = job->isa >= EXO_ISA_AVX512 ? 0 : 2 * qb; /* exo_qact.x16, AVX2's alone */
+        size_t xb = job->isa >= EXO_ISA_AVX512 ? 0 : 2 * qb; /* room for exo_qact.x16 */
         size_t per = 2 * qb + db + sb + xb;
         size_t hdr = round64(sizeof(exo_qact) * (size_t)T * MAX_QACT);
         unsigned char *mem = buf_get(&ctx->act, hdr + 2 * qb + per * (size_t)T * (size_t)job->nqa);
@@ -508,12 +514,16 @@ static void run_gemv(exo_cpu_matmul_ctx *ctx, rows_job *job)
         unsigned char *p = mem + hdr + 2 * qb;
         for (int k = 0; k < job->nqa; k++) {
             exo_qact *qa = hd + (size_t)k * (size_t)T;
+            int x16 = 0; /* built only where an affine weight reads it (not for MXFP4 alone) */
+            for (int i = 0; i < job->n; i++)
+                x16 |= reads_x16(job->isa, job->w[i]) && qact_layout(job->w[i]) == job->qa_layout[k] &&
+                       qact_group(job->w[i]) == job->qa_group[k];
             for (int t = 0; t < T; t++) {
                 qa[t].q = (int8_t *)p;
                 qa[t].q2 = (int8_t *)(p + qb);
                 qa[t].dx = (float *)(p + 2 * qb);
                 qa[t].sx = (float *)(p + 2 * qb + db);
-                qa[t].x16 = xb ? (int16_t *)(p + 2 * qb + db + sb) : NULL;
+                qa[t].x16 = x16 ? (int16_t *)(p + 2 * qb + db + sb) : NULL;
                 p += per;
                 if (job->isa >= EXO_ISA_AVX512)
                     exo_qact_build_avx512(job->x + (int64_t)t * cols, cols, job->qa_group[k],
@@ -742,7 +752,7 @@ static void build_each_qact(exo_cpu_matmul_ctx *ctx, rows_job *job)
     int T = job->T, n = job->n;
     size_t qb = round64((size_t)exo_qact_q_len(cols));
     size_t db = round64((size_t)exo_qact_sx_len(cols) * sizeof(float));
-    size_t xb = job->isa >= EXO_ISA_AVX512 ? 0 : 2 * qb; /* exo_qact.x16, AVX2's alone */
+    size_t xb = job->isa >= EXO_ISA_AVX512 ? 0 : 2 * qb; /* room for exo_qact.x16 */
     size_t per = 2 * qb + 2 * db + xb;
     size_t hdr = round64(sizeof(exo_qact) * (size_t)T * (size_t)n), ptrs = round64(sizeof(void *) * (size_t)n);
     size_t panx = 0; /* a panels weight's interleaved rows (exo_qpanel) */
@@ -767,7 +777,7 @@ static void build_each_qact(exo_cpu_matmul_ctx *ctx, rows_job *job)
             qa[t].q2 = (int8_t *)(p + qb);
             qa[t].dx = (float *)(p + 2 * qb);
             qa[t].sx = (float *)(p + 2 * qb + db);
-            qa[t].x16 = xb ? (int16_t *)(p + 2 * qb + 2 * db) : NULL;
+            qa[t].x16 = reads_x16(job->isa, w) ? (int16_t *)(p + 2 * qb + 2 * db) : NULL;
             p += per;
             const float *x = job->xs[i] + (int64_t)t * cols;
             if (job->isa >= EXO_ISA_AVX512)
